@@ -1,0 +1,5 @@
+import sys
+
+from hydra_hf.cli import main
+
+sys.exit(main())

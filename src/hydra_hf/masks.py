@@ -1,0 +1,221 @@
+"""The head-masks file: which attention heads every member of a Hydra Ensemble keeps.
+
+Format (JSON, ``version`` 1)::
+
+    {
+      "format": "hydra-head-masks",
+      "version": 1,
+      "num_layers": L,
+      "num_heads": H,
+      "members": [
+        {"kept_heads": [[0, 3, 5], [1, 2], ...one sorted list per layer...], ...optional metadata...},
+        ...one object per member...
+      ],
+      ...optional top-level metadata (method, base model, seed, budget, ...)...
+    }
+
+A member may keep any number of heads in a layer, 0 included. ``HeadMasks`` reads, writes and
+validates this file; every error names the bad value and how to fix it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .modeling.configuration_hydra import check_kept_heads
+
+FORMAT_NAME = "hydra-head-masks"
+FORMAT_VERSION = 1
+
+
+# One validator for the masks file and the shipped config (the config cannot import hydra_hf).
+validate_kept_heads = check_kept_heads
+
+
+@dataclass
+class HeadMasks:
+    """Kept heads of M members over L layers of H heads each.
+
+    Attributes:
+        kept_heads: ``kept_heads[m][l]`` = sorted head indices member ``m`` keeps in layer ``l``.
+        num_heads: heads per layer in the base model (H).
+        member_metadata: one dict per member (method, seed, scores, ranking, ...), saved beside
+            ``kept_heads``.
+        metadata: top-level metadata (base model, method, budget, ...).
+    """
+
+    kept_heads: list[list[list[int]]]
+    num_heads: int
+    member_metadata: list[dict[str, Any]] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_heads, bool) or not isinstance(self.num_heads, int) or self.num_heads < 1:
+            raise ValueError(f"num_heads must be a positive integer, got {self.num_heads!r}")
+        self.kept_heads = [[list(heads) for heads in member] for member in self.kept_heads]
+        num_layers = len(self.kept_heads[0]) if self.kept_heads and isinstance(self.kept_heads[0], list) else 0
+        validate_kept_heads(self.kept_heads, num_layers, self.num_heads)
+        if num_layers == 0:
+            raise ValueError("kept_heads[0] has no layers; give one list of kept heads per layer")
+        if not self.member_metadata:
+            self.member_metadata = [{} for _ in self.kept_heads]
+        if len(self.member_metadata) != len(self.kept_heads):
+            raise ValueError(
+                f"member_metadata has {len(self.member_metadata)} entries for {len(self.kept_heads)} members; "
+                "give one dict per member (or none)"
+            )
+
+    # ------------------------------------------------------------------ shape
+    @property
+    def num_members(self) -> int:
+        return len(self.kept_heads)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.kept_heads[0])
+
+    def num_kept(self, member: int) -> int:
+        """Total heads member ``member`` keeps over all layers."""
+        return sum(len(h) for h in self.kept_heads[member])
+
+    def removed_heads(self, member: int) -> list[list[int]]:
+        """``removed[l]`` = heads member ``member`` removes in layer ``l``."""
+        return [[h for h in range(self.num_heads) if h not in set(kept)] for kept in self.kept_heads[member]]
+
+    def gates(self, member: int | None = None) -> torch.Tensor:
+        """0/1 gates: ``(L, H)`` for one member, ``(M, L, H)`` for all."""
+        members = range(self.num_members) if member is None else [member]
+        out = torch.zeros(len(members), self.num_layers, self.num_heads)
+        for i, m in enumerate(members):
+            for layer, heads in enumerate(self.kept_heads[m]):
+                out[i, layer, heads] = 1.0
+        return out if member is None else out[0]
+
+    @classmethod
+    def from_gates(cls, gates: torch.Tensor, **kwargs: Any) -> HeadMasks:
+        """Build from 0/1 gates of shape ``(M, L, H)`` (or ``(L, H)`` for one member)."""
+        if gates.dim() == 2:
+            gates = gates.unsqueeze(0)
+        if gates.dim() != 3:
+            raise ValueError(f"gates must have shape (M, L, H) or (L, H), got {tuple(gates.shape)}")
+        kept = [[torch.nonzero(g > 0.5).flatten().tolist() for g in member] for member in gates]
+        return cls(kept_heads=kept, num_heads=gates.shape[-1], **kwargs)
+
+    # -------------------------------------------------------------- diversity
+    def jaccard(self) -> torch.Tensor:
+        """Pairwise Jaccard overlap of the members' kept (layer, head) sets, shape ``(M, M)``."""
+        sets = [{(layer, h) for layer, heads in enumerate(member) for h in heads} for member in self.kept_heads]
+        out = torch.ones(self.num_members, self.num_members)
+        for i, j in itertools.combinations(range(self.num_members), 2):
+            union = len(sets[i] | sets[j])
+            out[i, j] = out[j, i] = len(sets[i] & sets[j]) / union if union else 1.0
+        return out
+
+    def summary(self) -> str:
+        """A few human-readable lines: heads kept per member and the pairwise Jaccard overlap."""
+        total = self.num_layers * self.num_heads
+        lines = [f"{self.num_members} members, {self.num_layers} layers x {self.num_heads} heads"]
+        for m in range(self.num_members):
+            per_layer = ",".join(str(len(h)) for h in self.kept_heads[m])
+            lines.append(f"  member {m}: keeps {self.num_kept(m)}/{total} heads (per layer: {per_layer})")
+        jac = self.jaccard()
+        pairs = [f"{i}-{j}: {jac[i, j]:.2f}" for i, j in itertools.combinations(range(self.num_members), 2)]
+        if pairs:
+            lines.append("  pairwise Jaccard overlap of kept heads: " + ", ".join(pairs))
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------- I/O
+    def to_dict(self) -> dict[str, Any]:
+        reserved = {"format", "version", "num_layers", "num_heads", "members"}
+        clash = reserved & set(self.metadata)
+        if clash:
+            raise ValueError(f"metadata keys {sorted(clash)} are reserved by the masks format; rename them")
+        members = []
+        for kept, meta in zip(self.kept_heads, self.member_metadata):
+            if "kept_heads" in meta:
+                raise ValueError("member metadata may not contain 'kept_heads'; it is the mask itself")
+            members.append({"kept_heads": kept, **meta})
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "members": members,
+            **self.metadata,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "masks") -> HeadMasks:
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
+        if data.get("format") != FORMAT_NAME:
+            raise ValueError(f"{source}: 'format' is {data.get('format')!r}; a masks file has \"format\": \"{FORMAT_NAME}\"")
+        if data.get("version") != FORMAT_VERSION:
+            raise ValueError(
+                f"{source}: 'version' is {data.get('version')!r}; this hydra_hf reads version {FORMAT_VERSION}"
+            )
+        if "towers" in data:
+            raise ValueError(f"{source}: has 'towers' (a two-tower CLIP masks file); load it with load_masks()")
+        for key in ("num_layers", "num_heads", "members"):
+            if key not in data:
+                raise ValueError(f"{source}: missing key {key!r}; see the masks format in the README")
+        members = data["members"]
+        if not isinstance(members, list) or not members or not all(isinstance(m, dict) for m in members):
+            raise ValueError(f"{source}: 'members' must be a non-empty list of objects with 'kept_heads'")
+        for i, m in enumerate(members):
+            if "kept_heads" not in m:
+                raise ValueError(f"{source}: members[{i}] has no 'kept_heads'")
+        kept = [m["kept_heads"] for m in members]
+        num_layers, num_heads = data["num_layers"], data["num_heads"]
+        validate_kept_heads(kept, num_layers, num_heads, where=f"{source}: members[*].kept_heads")
+        meta = {k: v for k, v in data.items() if k not in {"format", "version", "num_layers", "num_heads", "members"}}
+        return cls(
+            kept_heads=kept,
+            num_heads=num_heads,
+            member_metadata=[{k: v for k, v in m.items() if k != "kept_heads"} for m in members],
+            metadata=meta,
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> HeadMasks:
+        """Read a masks file; a missing file or bad JSON raises ``ValueError`` naming the path."""
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"masks file {str(path)!r} does not exist; create one with `hydra-hf prune` or by hand")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"masks file {str(path)!r} is not valid JSON ({exc}); fix or regenerate it") from None
+        return cls.from_dict(data, source=f"masks file {str(path)!r}")
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write atomically (a temporary file renamed into place): never a half-written masks file."""
+        path = Path(path)
+        text = json.dumps(self.to_dict(), indent=2, default=_json_default)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text + "\n")
+        os.replace(tmp, path)
+
+    def check_compatible(self, num_layers: int, num_heads: int, *, model: str = "the model") -> None:
+        """Raise ``ValueError`` unless these masks fit a model of ``num_layers`` x ``num_heads``."""
+        if (self.num_layers, self.num_heads) != (num_layers, num_heads):
+            raise ValueError(
+                f"the masks are for {self.num_layers} layers x {self.num_heads} heads but {model} has "
+                f"{num_layers} layers x {num_heads} heads; use masks made for this model (hydra-hf prune --model ...)"
+            )
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    if hasattr(obj, "tolist"):  # numpy
+        return obj.tolist()
+    raise TypeError(f"cannot write {type(obj).__name__} into a masks file")

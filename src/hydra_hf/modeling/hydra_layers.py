@@ -1,0 +1,355 @@
+# Shipped with every Hydra Ensemble model folder (remote code): imports only the standard library,
+# torch, transformers and sibling files.
+"""Fused building blocks of a Hydra Ensemble, shared by every architecture.
+
+Notation: M members, B batch, T tokens, d hidden size, H heads of the base, dk = d // H head size,
+k_m heads kept by member m in this layer, K = sum_m k_m.
+
+Inside the model the residual streams are stored member-major, ``(M, B, T, d)``, so that member m's
+stream ``hidden[m]`` is contiguous and the grouped projections are batched matrix products over M
+without copies. The models transpose to the public ``(B, M, T, d)`` layout on output.
+
+The reference for every fused computation is the stock model with member m's removed heads zeroed in
+W_O (their block of output-projection columns); see ``tests/`` for the numerical comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.activations import ACT2FN
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+
+@dataclass(frozen=True)
+class HydraLayerSpec:
+    """Everything one fused transformer layer needs: the base layer's sizes and the members' heads.
+
+    ``kept_heads[m]`` = sorted head indices member m keeps in this layer (may be empty).
+    """
+
+    hidden_size: int
+    num_heads: int
+    kept_heads: tuple[tuple[int, ...], ...]
+    intermediate_size: int
+    hidden_act: str
+    layer_norm_eps: float
+    attention_dropout: float
+    hidden_dropout: float
+    mlp_fusion: str
+
+    @property
+    def num_members(self) -> int:
+        return len(self.kept_heads)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def widths(self) -> tuple[int, ...]:
+        """Heads kept per member, ``(k_1, ..., k_M)``."""
+        return tuple(len(h) for h in self.kept_heads)
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Plain softmax attention over all members' kept heads at once.
+
+    Shape:
+        query, key, value: ``(B, K, T, dk)``; attention_mask: additive, broadcastable to ``(B, K, T, T)``.
+        Returns the context ``(B, T, K, dk)`` and the attention weights ``(B, K, T, T)``.
+    """
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, K, T, T)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = F.softmax(scores, dim=-1)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    context = torch.matmul(weights, value)  # (B, K, T, dk)
+    return context.transpose(1, 2).contiguous(), weights
+
+
+class HydraSelfAttention(nn.Module):
+    """Self-attention of M pruned members computed jointly.
+
+    Member m projects its own residual stream with the Q, K, V rows of its kept heads only (grouped
+    projections), attention runs over all members' kept heads in one call (heads never mix: each
+    head has its own Q, K, V), and member m's output projection uses the W_O columns of its kept
+    heads plus its own output bias.
+
+    Parameters (member-major packing, member m owns rows ``[3*dk*o_m, 3*dk*(o_m+k_m))`` of
+    ``qkv_weight`` with ``o_m = k_1 + ... + k_{m-1}``, as [its Q rows; its K rows; its V rows]):
+        qkv_weight ``(3*K*dk, d)``, qkv_bias ``(3*K*dk,)``,
+        o_weight ``(K*dk, d)`` = member blocks of ``W_O[:, kept columns].T`` stacked,
+        o_bias ``(M, d)``.
+
+    When all members keep the same number of heads the projections are single batched products
+    (``baddbmm`` over M); otherwise one product per member (never one per head, and never padded to
+    equal widths, which would waste multiply-adds).
+    """
+
+    def __init__(self, config, spec: HydraLayerSpec, is_causal: bool = False) -> None:
+        super().__init__()
+        self.config = config
+        self.spec = spec
+        self.is_causal = is_causal
+        self.num_members = spec.num_members
+        self.head_dim = spec.head_dim
+        self.widths = spec.widths
+        self.total_heads = sum(self.widths)
+        self.offsets = [sum(self.widths[:m]) for m in range(self.num_members)]
+        self.uniform = self.total_heads > 0 and len(set(self.widths)) == 1
+        self.scaling = self.head_dim**-0.5
+        self.dropout = spec.attention_dropout
+        d, kd = spec.hidden_size, self.total_heads * self.head_dim
+        self.qkv_weight = nn.Parameter(torch.empty(3 * kd, d))
+        self.qkv_bias = nn.Parameter(torch.empty(3 * kd))
+        self.o_weight = nn.Parameter(torch.empty(kd, d))
+        self.o_bias = nn.Parameter(torch.empty(self.num_members, d))
+
+    # -------------------------------------------------------------------------------- helpers
+    def _member_rows(self, m: int, per_head: int) -> slice:
+        return slice(per_head * self.head_dim * self.offsets[m], per_head * self.head_dim * (self.offsets[m] + self.widths[m]))
+
+    def _project_qkv(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Grouped Q, K, V projections. Returns ``(3, B, K, T, dk)``, heads in member order."""
+        M, dk, K = self.num_members, self.head_dim, self.total_heads
+        shared = hidden.dim() == 3  # the same input for every member (the first layer)
+        B, T = hidden.shape[-3], hidden.shape[-2]
+        if shared:
+            qkv = F.linear(hidden, self.qkv_weight, self.qkv_bias)  # (B, T, 3*K*dk): one product for all members
+            if self.uniform:
+                k = K // M
+                qkv = qkv.view(B, T, M, 3, k, dk).permute(3, 0, 2, 4, 1, 5)  # (3, B, M, k, T, dk)
+                return qkv.reshape(3, B, K, T, dk)
+            chunks = qkv.split([3 * w * dk for w in self.widths], dim=-1)  # per member (B, T, 3*k_m*dk)
+        elif self.uniform:
+            k, d = K // M, hidden.shape[-1]
+            x = hidden.reshape(M, B * T, d)  # (M, BT, d)
+            w = self.qkv_weight.view(M, 3 * k * dk, d)  # (M, 3k*dk, d)
+            qkv = torch.baddbmm(self.qkv_bias.view(M, 1, 3 * k * dk), x, w.transpose(1, 2))  # (M, BT, 3k*dk)
+            qkv = qkv.view(M, B, T, 3, k, dk).permute(3, 1, 0, 4, 2, 5)  # (3, B, M, k, T, dk)
+            return qkv.reshape(3, B, K, T, dk)
+        else:
+            chunks = []
+            for m in range(M):
+                rows = self._member_rows(m, 3)
+                chunks.append(F.linear(hidden[m], self.qkv_weight[rows], self.qkv_bias[rows]))  # (B, T, 3*k_m*dk)
+        parts = [
+            c.view(B, T, 3, w, dk).permute(2, 0, 3, 1, 4)  # (3, B, k_m, T, dk)
+            for c, w in zip(chunks, self.widths)
+            if w > 0
+        ]
+        return torch.cat(parts, dim=2)  # (3, B, K, T, dk)
+
+    def _project_out(self, context: torch.Tensor) -> torch.Tensor:
+        """Grouped output projection of ``context (B, T, K, dk)``. Returns ``(M, B, T, d)``."""
+        M, dk = self.num_members, self.head_dim
+        B, T, K, _ = context.shape
+        d = self.o_bias.shape[-1]
+        if self.uniform:
+            k = K // M
+            x = context.view(B, T, M, k * dk).permute(2, 0, 1, 3).reshape(M, B * T, k * dk)  # (M, BT, k*dk)
+            out = torch.baddbmm(self.o_bias.unsqueeze(1), x, self.o_weight.view(M, k * dk, d))  # (M, BT, d)
+            return out.view(M, B, T, d)
+        outs = []
+        for m in range(M):
+            if self.widths[m] == 0:  # no head left: the attention block adds only its output bias
+                outs.append(self.o_bias[m].expand(B, T, d))
+                continue
+            lo = self.offsets[m]
+            x = context[:, :, lo : lo + self.widths[m]].reshape(B * T, self.widths[m] * dk)  # (BT, k_m*dk)
+            outs.append(torch.addmm(self.o_bias[m], x, self.o_weight[self._member_rows(m, 1)]).view(B, T, d))
+        return torch.stack(outs)  # (M, B, T, d)
+
+    # -------------------------------------------------------------------------------- forward
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """
+        Args:
+            hidden: ``(M, B, T, d)`` member streams, or ``(B, T, d)`` when all members share the input.
+            attention_mask: additive mask broadcastable to ``(B, K, T, T)`` (0 = attend), or None.
+        Returns:
+            the attention block's output per member ``(M, B, T, d)`` (before dropout and residual), and
+            the attention weights ``(B, K, T, T)`` over all kept heads in member order (eager only).
+        """
+        B, T, d = hidden.shape[-3], hidden.shape[-2], hidden.shape[-1]
+        if self.total_heads == 0:  # every member removed every head of this layer
+            return self.o_bias[:, None, None, :].expand(self.num_members, B, T, d), None
+        query, key, value = self._project_qkv(hidden)  # each (B, K, T, dk)
+        attention_interface: Callable = eager_attention_forward
+        if self.config._attn_implementation != "eager":
+            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation, eager_attention_forward
+            )
+        context, weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scaling,
+            is_causal=self.is_causal and attention_mask is None,
+        )  # context (B, T, K, dk)
+        return self._project_out(context), weights
+
+
+class HydraLayerNorm(nn.Module):
+    """One LayerNorm per member over the last dimension: ``weight``/``bias`` of shape ``(M, d)``.
+
+    Input ``(M, ..., d)``, or ``(..., d)`` shared by all members (then the output gains the M axis).
+    """
+
+    def __init__(self, num_members: int, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(num_members, hidden_size))
+        self.bias = nn.Parameter(torch.zeros(num_members, hidden_size))
+
+    def forward(self, x: torch.Tensor, shared: bool = False) -> torch.Tensor:
+        d = x.shape[-1]
+        x = F.layer_norm(x, (d,), eps=self.eps)
+        extra = x.dim() - (0 if shared else 1) - 1  # dimensions between M and d
+        shape = (self.weight.shape[0],) + (1,) * extra + (d,)
+        return x * self.weight.view(shape) + self.bias.view(shape)
+
+
+class HydraMLP(nn.Module):
+    """The feed-forward block: ``fc2(act(fc1(x)))``.
+
+    ``mlp_fusion="average"``: one MLP shared by all members, its weights the members' average
+    (``fc1_weight (I, d)``, ``fc1_bias (I,)``, ``fc2_weight (d, I)``, ``fc2_bias (d,)``).
+    ``mlp_fusion="per_member"``: one MLP per member, the same names with a leading M axis, computed as
+    batched products over M.
+    """
+
+    def __init__(self, spec: HydraLayerSpec) -> None:
+        super().__init__()
+        self.per_member = spec.mlp_fusion == "per_member"
+        d, inner = spec.hidden_size, spec.intermediate_size
+        lead = (spec.num_members,) if self.per_member else ()
+        self.fc1_weight = nn.Parameter(torch.empty(*lead, inner, d))
+        self.fc1_bias = nn.Parameter(torch.empty(*lead, inner))
+        self.fc2_weight = nn.Parameter(torch.empty(*lead, d, inner))
+        self.fc2_bias = nn.Parameter(torch.empty(*lead, d))
+        self.act = ACT2FN[spec.hidden_act]
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(M, B, T, d)`` -> ``(M, B, T, d)``."""
+        if not self.per_member:  # the shared MLP sees all members' tokens in one product
+            return F.linear(self.act(F.linear(hidden, self.fc1_weight, self.fc1_bias)), self.fc2_weight, self.fc2_bias)
+        M, d = hidden.shape[0], hidden.shape[-1]
+        x = hidden.reshape(M, -1, d)  # (M, BT, d)
+        x = self.act(torch.baddbmm(self.fc1_bias.unsqueeze(1), x, self.fc1_weight.transpose(1, 2)))  # (M, BT, I)
+        x = torch.baddbmm(self.fc2_bias.unsqueeze(1), x, self.fc2_weight.transpose(1, 2))  # (M, BT, d)
+        return x.view(hidden.shape)
+
+
+class HydraMemberLinear(nn.Module):
+    """M independent linear maps applied member-wise: ``weight (M, out, in)``, ``bias (M, out)``.
+
+    Used for the per-member poolers, classifiers and projections. Input ``(M, ..., in)``.
+    """
+
+    def __init__(self, num_members: int, in_features: int, out_features: int, bias: bool = True) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_members, out_features, in_features))
+        self.bias = nn.Parameter(torch.empty(num_members, out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        M, n_in = x.shape[0], x.shape[-1]
+        flat = x.reshape(M, -1, n_in)  # (M, N, in)
+        if self.bias is None:
+            out = torch.bmm(flat, self.weight.transpose(1, 2))
+        else:
+            out = torch.baddbmm(self.bias.unsqueeze(1), flat, self.weight.transpose(1, 2))  # (M, N, out)
+        return out.view(*x.shape[:-1], self.weight.shape[1])
+
+
+def padding_mask_to_additive(
+    attention_mask: torch.Tensor | None, dtype: torch.dtype, num_tokens: int
+) -> torch.Tensor | None:
+    """``(B, T)`` 1/0 padding mask -> additive ``(B, 1, 1, T)`` mask (0 keep, dtype-min drop).
+
+    Returns None when nothing is padded, which lets SDPA use its fastest kernels.
+    """
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2 or attention_mask.shape[-1] != num_tokens:
+        raise ValueError(
+            f"attention_mask must have shape (batch, {num_tokens}) with 1 for tokens and 0 for padding, "
+            f"got {tuple(attention_mask.shape)}"
+        )
+    if bool(attention_mask.bool().all()):
+        return None
+    keep = attention_mask[:, None, None, :].to(dtype)  # (B, 1, 1, T)
+    return (1.0 - keep) * torch.finfo(dtype).min
+
+
+def ensemble_log_probs(member_logits: torch.Tensor) -> torch.Tensor:
+    """Log of the mean of the members' softmaxes.
+
+    Shape: ``member_logits (B, M, C)`` -> ``(B, C)``. Its softmax is the ensemble's predictive
+    distribution, so any code that applies softmax to ``logits`` (pipelines) gets the ensemble mean.
+    """
+    log_probs = F.log_softmax(member_logits.float(), dim=-1)  # (B, M, C)
+    return (torch.logsumexp(log_probs, dim=1) - math.log(member_logits.shape[1])).to(member_logits.dtype)
+
+
+def ensemble_sigmoid_logits(member_logits: torch.Tensor) -> torch.Tensor:
+    """Multi-label: logit of the mean of the members' sigmoids, ``(B, M, C)`` -> ``(B, C)``."""
+    p = torch.sigmoid(member_logits.float()).mean(dim=1).clamp(1e-7, 1 - 1e-7)
+    return torch.log(p / (1 - p)).to(member_logits.dtype)
+
+
+def ensemble_outputs(
+    member_logits: torch.Tensor, labels: torch.Tensor | None, config
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Ensemble ``logits (B, C)`` and the mean of the members' losses (None without labels).
+
+    The problem type follows transformers' sequence classifiers: ``regression`` (``num_labels == 1``:
+    mean of the members' outputs, MSE), ``single_label_classification`` (log-mean-softmax,
+    cross-entropy) or ``multi_label_classification`` (mean of sigmoids, BCE).
+    """
+    num_members, num_labels = member_logits.shape[1], member_logits.shape[-1]
+    if config.problem_type is None and labels is not None:
+        if num_labels == 1:
+            config.problem_type = "regression"
+        elif labels.dtype in (torch.long, torch.int):
+            config.problem_type = "single_label_classification"
+        else:
+            config.problem_type = "multi_label_classification"
+    problem = config.problem_type or ("regression" if num_labels == 1 else "single_label_classification")
+    if problem == "regression":
+        logits = member_logits.mean(dim=1)
+    elif problem == "multi_label_classification":
+        logits = ensemble_sigmoid_logits(member_logits)
+    else:
+        logits = ensemble_log_probs(member_logits)
+    if labels is None:
+        return logits, None
+    flat = member_logits.transpose(0, 1)  # (M, B, C)
+    if problem == "regression":
+        target = labels.to(member_logits.dtype).view(1, -1, num_labels).expand_as(flat)
+        loss = F.mse_loss(flat, target)
+    elif problem == "multi_label_classification":
+        loss = F.binary_cross_entropy_with_logits(flat, labels.to(member_logits.dtype).unsqueeze(0).expand_as(flat))
+    else:
+        # mean over members of each member's mean cross-entropy
+        loss = F.cross_entropy(flat.reshape(-1, num_labels), labels.view(1, -1).expand(num_members, -1).reshape(-1))
+    return logits, loss
