@@ -94,12 +94,28 @@ def copy_preprocessor(source: str | os.PathLike, folder: Path) -> list[str]:
         if kind == "processor" and not hasattr(obj, "tokenizer") and not hasattr(obj, "image_processor"):
             continue  # AutoProcessor fell back to a bare tokenizer/image processor: saved below
         obj.save_pretrained(str(folder))
+        _drop_loading_flags(folder)
         copied.append(kind)
         if kind == "processor":
             break
     if not copied:
         logger.warning("%s has no tokenizer or image processor files: the output folder will have none", source)
     return copied
+
+
+def _drop_loading_flags(folder: Path) -> None:
+    """transformers saves how the source was loaded (``local_files_only``, ``is_local``) into the
+    preprocessor configs; on the Hub those flags would stop users from downloading anything."""
+    import json
+
+    for name in ("tokenizer_config.json", "preprocessor_config.json", "processor_config.json"):
+        file = folder / name
+        if file.is_file():
+            data = json.loads(file.read_text())
+            if isinstance(data, dict) and ({"local_files_only", "is_local"} & set(data)):
+                for key in ("local_files_only", "is_local"):
+                    data.pop(key, None)
+                file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def save_hydra_model(

@@ -1,0 +1,24 @@
+# The two entry points. Both set up .venv idempotently first (tools/bootstrap.sh).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
+
+.PHONY: setup demo test bench clean
+
+setup:
+	@./tools/bootstrap.sh
+
+demo: setup
+	$(PY) examples/demo.py --output outputs/demo
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) bench/bench_bert.py
+
+clean:
+	rm -rf outputs .pytest_cache

