@@ -1,0 +1,66 @@
+"""OOD-detection AUPR-In and AUPR-Out as an ``evaluate`` metric, backed by :func:`hydra_hf.metrics.aupr_in`.
+
+Load it offline with ``evaluate.load(hydra_hf.metrics.module_path("aupr"))``; the numbers are
+exactly those of the plain function on the ID / OOD split of the inputs.
+"""
+
+import datasets
+import evaluate
+import numpy as np
+
+from hydra_hf.metrics import aupr_in, aupr_out
+
+_DESCRIPTION = """
+Average precision with in-distribution as the positive class (AUPR-In) and with OOD as the
+positive class on negated scores (AUPR-Out). Higher is better.
+
+Scores follow the convention "higher = more in-distribution" (e.g. the maximum softmax
+probability); references say which samples are in-distribution (1) and which are OOD (0).
+"""
+
+_KWARGS_DESCRIPTION = """
+Args:
+    predictions: N OOD scores, higher = more in-distribution.
+    references: N labels, 1 for an in-distribution sample and 0 for an OOD sample; both values
+        must occur.
+Returns:
+    aupr_in (float): in [0, 1].
+    aupr_out (float): in [0, 1].
+Examples:
+    >>> metric = evaluate.load(hydra_hf.metrics.module_path("aupr"))
+    >>> metric.compute(predictions=[0.9, 0.8, 0.4, 0.3], references=[1, 1, 0, 0])
+"""
+
+_CITATION = """
+Hendrycks, Gimpel. A Baseline for Detecting Misclassified and Out-of-Distribution Examples in
+Neural Networks. ICLR 2017.
+"""
+
+
+def _split(predictions, references):
+    scores = np.asarray(predictions, dtype=np.float64)  # (N,)
+    is_id = np.asarray(references, dtype=np.int64)  # (N,)
+    bad = sorted(set(np.unique(is_id).tolist()) - {0, 1})
+    if bad:
+        raise ValueError(f"references must be 1 (in-distribution) or 0 (OOD), got values {bad}")
+    return scores[is_id == 1], scores[is_id == 0]
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class AUPR(evaluate.Metric):
+    def _info(self):
+        return evaluate.MetricInfo(
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=datasets.Features(
+                {
+                    "predictions": datasets.Value("float64"),
+                    "references": datasets.Value("int64"),
+                }
+            ),
+        )
+
+    def _compute(self, predictions, references):
+        scores_id, scores_ood = _split(predictions, references)
+        return {"aupr_in": aupr_in(scores_id, scores_ood), "aupr_out": aupr_out(scores_id, scores_ood)}

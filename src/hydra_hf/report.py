@@ -1,0 +1,335 @@
+"""Markdown tables and report files in the layout of the Hydra Ensembles paper.
+
+Rows are plain dicts of numbers, so any evaluation code can fill them::
+
+    row = {"method": "Hydra (M=4)", **metrics.calibration_report(probs, labels),
+           "svhn": metrics.ood_report(msp_id, msp_svhn), "latency_ms": 3.1, "params_m": 86.6}
+
+OOD numbers live under ``"<set>/<metric>"`` keys (``"svhn/auroc"``) or, as above, in a nested
+dict ``{set: {metric: value}}`` that is flattened to those keys. Missing, ``None`` and NaN values
+render as "–".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "MISSING",
+    "BASE_COLUMNS",
+    "OOD_COLUMNS",
+    "TAIL_COLUMNS",
+    "default_columns",
+    "render_markdown_table",
+    "write_report",
+]
+
+Column = tuple[str, str, str]
+"""``(key, header, format_spec)``; the format spec is applied to numbers (``""`` = ``str``)."""
+
+MISSING = "–"
+"""What a missing / None / NaN value renders as (an en dash)."""
+
+BASE_COLUMNS: tuple[Column, ...] = (
+    ("method", "Method", ""),
+    ("accuracy", "Acc ↑", ".4f"),
+    ("brier", "Brier ↓", ".4f"),
+    ("nll", "NLL ↓", ".4f"),
+    ("ece", "ECE ↓", ".4f"),
+    ("aece", "aECE ↓", ".4f"),
+)
+OOD_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("auroc", "AUROC ↑", ".4f"),
+    ("fpr95", "FPR95 ↓", ".4f"),
+    ("aupr_in", "AUPR-In ↑", ".4f"),
+    ("aupr_out", "AUPR-Out ↑", ".4f"),
+)
+"""Per OOD set ``s``: columns ``"s/auroc"`` … with headers ``"s AUROC ↑"`` …"""
+TAIL_COLUMNS: tuple[Column, ...] = (
+    ("latency_ms", "latency (ms)", ".2f"),
+    ("params_m", "params (M)", ".1f"),
+)
+
+
+def _flatten_row(row: Any, index: int) -> dict[str, Any]:
+    """Flatten one level of nesting: ``{"svhn": {"auroc": x}}`` -> ``{"svhn/auroc": x}``."""
+    if not isinstance(row, Mapping):
+        raise TypeError(f"rows[{index}] must be a dict of column values, got {type(row).__name__}")
+    flat: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, Mapping):
+            for sub_key, sub_value in value.items():
+                flat[f"{key}/{sub_key}"] = sub_value
+        else:
+            flat[str(key)] = value
+    return flat
+
+
+def _flatten_rows(rows: Any) -> list[dict[str, Any]]:
+    if isinstance(rows, (str, bytes, Mapping)) or not isinstance(rows, Sequence):
+        raise TypeError(f"rows must be a list of dicts, got {type(rows).__name__}")
+    if not rows:
+        raise ValueError("rows is empty; pass at least one row (one dict per method)")
+    return [_flatten_row(row, i) for i, row in enumerate(rows)]
+
+
+def default_columns(rows: Sequence[Mapping[str, Any]], ood_sets: Sequence[str] | None = None) -> list[Column]:
+    """The paper's column layout for ``rows``.
+
+    Method | Acc | Brier | NLL | ECE | aECE | per OOD set: AUROC / FPR95 / AUPR-In / AUPR-Out |
+    latency (ms) | params (M). OOD sets are ``ood_sets`` in that order, or else every ``"<set>/"``
+    prefix of a known OOD metric found in the rows, in order of first appearance.
+    """
+    flat = _flatten_rows(rows)
+    if ood_sets is None:
+        known = {key for key, _, _ in OOD_COLUMNS}
+        found: list[str] = []
+        for row in flat:
+            for key in row:
+                prefix, _, metric = key.rpartition("/")
+                if prefix and metric in known and prefix not in found:
+                    found.append(prefix)
+        ood_sets = found
+    columns = list(BASE_COLUMNS)
+    for set_name in ood_sets:
+        columns.extend((f"{set_name}/{key}", f"{set_name} {header}", spec) for key, header, spec in OOD_COLUMNS)
+    columns.extend(TAIL_COLUMNS)
+    return columns
+
+
+def _as_number(value: Any) -> float | int | None:
+    """Python number for numeric values (numpy / 0-d torch included), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, np.generic) and np.issubdtype(value.dtype, np.number):
+        return value.item()
+    if isinstance(value, np.ndarray) and value.size == 1 and np.issubdtype(value.dtype, np.number):
+        return value.item()
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.dtype == torch.bool:
+        return value.item()
+    return None
+
+
+def _format_cell(value: Any, spec: str, where: str) -> str:
+    if value is None:
+        return MISSING
+    number = _as_number(value)
+    if number is not None:
+        if isinstance(number, float) and math.isnan(number):
+            return MISSING
+        return format(number, spec) if spec else str(number)
+    if isinstance(value, str):
+        return value.replace("|", "\\|").replace("\n", " ")
+    raise TypeError(f"{where} is a {type(value).__name__}; table cells must be numbers, strings or None")
+
+
+def _is_better(a: float, b: float, higher: bool) -> bool:
+    return a > b if higher else a < b
+
+
+def render_markdown_table(
+    rows: Sequence[Mapping[str, Any]],
+    columns: Sequence[Column] | Sequence[tuple[str, str]] | None = None,
+    *,
+    ood_sets: Sequence[str] | None = None,
+    bold_best: bool = False,
+) -> str:
+    """A GitHub-flavoured markdown table, one line per row.
+
+    Args:
+        rows: one dict per method (see the module docstring for keys).
+        columns: ``(key, header)`` or ``(key, header, format_spec)`` tuples (numbers in a
+            2-tuple column are formatted with ``".4f"``); default :func:`default_columns` (the
+            paper's layout).
+        ood_sets: OOD set names for the default columns (default: found in the rows).
+        bold_best: bold the best value of every column whose header ends in ↑ (highest) or ↓
+            (lowest) and that has at least two values; ties are all bold.
+
+    Returns:
+        The table, ending with a newline.
+    """
+    flat = _flatten_rows(rows)
+    if columns is None:
+        cols: list[Column] = default_columns(flat, ood_sets)
+    else:
+        cols = []
+        for i, col in enumerate(columns):
+            if isinstance(col, str) or not isinstance(col, Sequence) or len(col) not in (2, 3):
+                raise TypeError(
+                    f"columns[{i}] must be a (key, header) or (key, header, format_spec) tuple, got {col!r}"
+                )
+            cols.append((str(col[0]), str(col[1]), str(col[2]) if len(col) == 3 else ".4f"))
+    cells = [
+        [_format_cell(row.get(key), spec, f"rows[{i}][{key!r}]") for key, _, spec in cols] for i, row in enumerate(flat)
+    ]
+    if bold_best:
+        for j, (key, header, _) in enumerate(cols):
+            direction = header.rstrip()[-1:] if header.rstrip() else ""
+            if direction not in ("↑", "↓"):
+                continue
+            values = [(_as_number(row.get(key)), i) for i, row in enumerate(flat)]
+            values = [(v, i) for v, i in values if v is not None and not math.isnan(v)]
+            if len(values) < 2:  # nothing to compare against
+                continue
+            best = values[0][0]
+            for v, _ in values[1:]:
+                if _is_better(v, best, direction == "↑"):
+                    best = v
+            for v, i in values:
+                if v == best:
+                    cells[i][j] = f"**{cells[i][j]}**"
+    lines = [
+        "| " + " | ".join(header for _, header, _ in cols) + " |",
+        "|" + "|".join(":---" if j == 0 else "---:" for j in range(len(cols))) + "|",
+    ]
+    lines.extend("| " + " | ".join(row_cells) + " |" for row_cells in cells)
+    return "\n".join(lines) + "\n"
+
+
+def _jsonable(value: Any, where: str = "report") -> Any:
+    """Convert to JSON-safe python objects; NaN/inf become null (strict JSON has no NaN)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (np.generic, np.ndarray)):
+        return _jsonable(value.tolist(), where)
+    if isinstance(value, torch.Tensor):
+        return _jsonable(value.detach().cpu().tolist(), where)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v, f"{where}[{k!r}]") for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    raise TypeError(
+        f"{where} has type {type(value).__name__}, which cannot be written to report.json; "
+        f"convert it to a number, string, list or dict"
+    )
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    # a fresh name opened with "x" (not mkstemp) so the file gets the usual umask permissions
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def _settings_paragraph(settings: Any) -> str:
+    if isinstance(settings, str):
+        return settings.strip()
+    if isinstance(settings, Mapping):
+        return "; ".join(f"**{key}**: {value}" for key, value in settings.items()) + "."
+    raise TypeError(f"report['settings'] must be a str or a dict, got {type(settings).__name__}")
+
+
+def _figure_links(report: Mapping[str, Any], out_dir: Path) -> list[tuple[str, str]]:
+    """(caption, relative link) for listed figures that exist, then other PNGs in out_dir."""
+    figures = report.get("figures") or {}
+    if isinstance(figures, (str, os.PathLike)):
+        figures = [figures]
+    if isinstance(figures, Mapping):
+        listed = [(str(caption), Path(p)) for caption, p in figures.items()]
+    elif isinstance(figures, Sequence):
+        listed = [(Path(p).stem.replace("_", " "), Path(p)) for p in figures]
+    else:
+        raise TypeError(f"report['figures'] must be a dict or list of paths, got {type(figures).__name__}")
+    links: list[tuple[str, str]] = []
+    seen: set[Path] = set()
+    for caption, p in listed:
+        full = p if p.is_absolute() else out_dir / p
+        if not full.is_file():
+            logger.warning("figure %s listed in the report does not exist; not linking it", full)
+            continue
+        full = full.resolve()
+        seen.add(full)
+        try:
+            link = full.relative_to(out_dir.resolve()).as_posix()
+        except ValueError:
+            link = full.as_posix()
+        links.append((caption, link))
+    for png in sorted(out_dir.glob("*.png")):
+        if png.resolve() not in seen:
+            links.append((png.stem.replace("_", " "), png.name))
+    return links
+
+
+def write_report(
+    report: Mapping[str, Any], out_dir: str | os.PathLike[str], *, bold_best: bool = True
+) -> dict[str, str]:
+    """Write ``report.json`` (all numbers) and ``report.md`` (human-readable) into ``out_dir``.
+
+    Args:
+        report: a dict with ``"rows"`` (list of row dicts, required) and optionally ``"title"``
+            (str), ``"settings"`` (str or dict, rendered as a paragraph), ``"columns"`` and
+            ``"ood_sets"`` (passed to :func:`render_markdown_table`), ``"figures"`` (dict caption ->
+            PNG path, or list of paths; relative paths are relative to ``out_dir``) and ``"notes"``
+            (str). Any other keys are kept in ``report.json``. PNGs already in ``out_dir`` are
+            linked as well.
+        out_dir: output folder (created if needed).
+        bold_best: bold the best value of each ↑/↓ column (see :func:`render_markdown_table`).
+
+    Returns:
+        ``{"json": path, "markdown": path}``. Both files are written atomically, and nothing is
+        written if the report is invalid.
+    """
+    if not isinstance(report, Mapping):
+        raise TypeError(f"report must be a dict, got {type(report).__name__}")
+    if "rows" not in report:
+        raise ValueError("report has no 'rows'; pass report={'rows': [ {...one dict per method...} ], ...}")
+    # build everything before touching the disk
+    table = render_markdown_table(
+        report["rows"], report.get("columns"), ood_sets=report.get("ood_sets"), bold_best=bold_best
+    )
+    payload = json.dumps(_jsonable(dict(report)), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+    title = str(report.get("title") or "Hydra Ensembles evaluation")
+    parts = [f"# {title}\n"]
+    if report.get("settings"):
+        parts.append("## Settings\n\n" + _settings_paragraph(report["settings"]) + "\n")
+    parts.append(
+        "## Results\n\n"
+        + table
+        + "\n↑ higher is better, ↓ lower is better; best in bold. Brier is the multi-class sum "
+        "(in [0, 2]); NLL in nats; ECE with equal-width and aECE with equal-mass bins (top label). "
+        "OOD scores are \"higher = more in-distribution\"; AUROC and AUPR-In treat in-distribution as "
+        "positive, AUPR-Out treats OOD as positive; FPR95 is the fraction of OOD samples accepted at "
+        "95 % in-distribution recall.\n"
+    )
+    if report.get("notes"):
+        parts.append("## Notes\n\n" + str(report["notes"]).strip() + "\n")
+
+    out = Path(out_dir)
+    links = _figure_links(report, out)
+    if links:
+        parts.append("## Figures\n\n" + "\n\n".join(f"![{caption}]({link})" for caption, link in links) + "\n")
+    markdown = "\n".join(parts)
+
+    out.mkdir(parents=True, exist_ok=True)
+
+    json_path, md_path = out / "report.json", out / "report.md"
+    _write_text_atomic(json_path, payload)
+    _write_text_atomic(md_path, markdown)
+    logger.info("wrote %s and %s", json_path, md_path)
+    return {"json": str(json_path), "markdown": str(md_path)}
