@@ -1,0 +1,120 @@
+"""`hydra-hf evaluate`: calibration and OOD detection of a Hydra model and its baselines, written as
+report.json, report.md, a reliability diagram and OOD-score histograms."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        help="evaluate calibration and OOD detection against baselines",
+        description="Evaluate a model (and baselines) on labelled ID data and one or more OOD sets; write a "
+        "report folder (report.json, report.md, reliability.png, ood_scores.png).",
+    )
+    p.add_argument("--model", required=True, help="model folder to evaluate (Hydra or any classifier)")
+    p.add_argument("--name", default="Hydra", help="name of --model in the report")
+    p.add_argument("--baseline", action="append", default=[], metavar="NAME=DIR",
+                   help="another model folder to compare with (repeatable), e.g. Single=runs/single")
+    p.add_argument("--mc-dropout", action="append", default=[], metavar="NAME",
+                   help="add MC Dropout of the model NAME (repeatable)")
+    p.add_argument("--mc-samples", type=int, default=10, help="MC Dropout samples (default 10)")
+    p.add_argument("--deep-ensemble", default=None, metavar="NAME",
+                   help="add Deep Ensembles (D): 3 classifier heads trained on NAME's frozen features (needs --train-data)")
+    p.add_argument("--ensemble-size", type=int, default=3, help="heads of Deep Ensembles (D) (default 3)")
+    p.add_argument("--temperature-scaling", action="store_true",
+                   help="add a temperature-scaled copy of every model, fitted on --val-data")
+    p.add_argument("--id-data", required=True, help="labelled in-distribution test data (file, folder or NAME:SPLIT)")
+    p.add_argument("--ood-data", action="append", required=True, metavar="SPEC",
+                   help="OOD data (repeatable); NAME=SPEC sets the name shown in the report")
+    p.add_argument("--val-data", default=None, help="labelled validation data for temperature scaling")
+    p.add_argument("--train-data", default=None, help="labelled training data for Deep Ensembles (D) heads")
+    p.add_argument("--text-column", default="text")
+    p.add_argument("--label-column", default="label")
+    p.add_argument("--image-column", default=None)
+    p.add_argument("--score", default="msp", choices=["msp", "entropy", "mutual_information", "energy"],
+                   help="OOD score (higher = more in-distribution); the paper uses msp")
+    p.add_argument("--max-samples", type=int, default=None, help="cap every data set at this many examples")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--report", required=True, help="output folder for the report")
+    p.set_defaults(func=run)
+
+
+def _named(spec: str, default_name: str) -> tuple[str, str]:
+    if "=" in spec:
+        name, _, path = spec.partition("=")
+        return name.strip(), path.strip()
+    return default_name, spec
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import evaluation as ev
+    from ..data import parse_spec, resolve_dataset
+
+    if args.temperature_scaling and not args.val_data:
+        raise ValueError("--temperature-scaling needs --val-data (a labelled validation split)")
+    if args.deep_ensemble and not args.train_data:
+        raise ValueError("--deep-ensemble needs --train-data to train its classifier heads")
+    models = {args.name: args.model}
+    for spec in args.baseline:
+        name, path = _named(spec, "")
+        if not name:
+            raise ValueError(f"--baseline {spec!r}: write NAME=DIR, e.g. Single=runs/single")
+        if name in models:
+            raise ValueError(f"--baseline name {name!r} is used twice")
+        models[name] = path
+    for name in args.mc_dropout + ([args.deep_ensemble] if args.deep_ensemble else []):
+        if name not in models:
+            raise ValueError(f"{name!r} is not a model of this run; known: {sorted(models)}")
+
+    loaded = {name: ev.load_classifier(path) for name, path in models.items()}
+    modalities = {m for _, _, m in loaded.values()}
+    if len(modalities) != 1:
+        raise ValueError(f"models mix text and image inputs ({sorted(modalities)}); evaluate one modality at a time")
+    _, preprocessor, modality = loaded[args.name]
+    cols = dict(text_column=args.text_column if modality == "text" else None, label_column=args.label_column,
+                image_column=args.image_column if modality == "image" else None)
+    num_labels = loaded[args.name][0].config.num_labels
+    label2id = loaded[args.name][0].config.label2id
+
+    def data(spec: str, labelled: bool):
+        return resolve_dataset(spec, **cols, require_labels=labelled, num_labels=num_labels if labelled else None,
+                               label2id=label2id if labelled else None, max_samples=args.max_samples)
+
+    def loader(dataset):
+        return ev.make_loader(dataset, preprocessor, modality, batch_size=args.batch_size, max_length=args.max_length)
+
+    id_loader = loader(data(args.id_data, True))
+    ood_loaders = {}
+    for spec in args.ood_data:
+        name, path = _named(spec, parse_spec(spec)[0])
+        ood = data(path, False)
+        ood_loaders[name] = loader(ood.remove_columns([c for c in ("label",) if c in ood.column_names]))
+
+    predictors: dict[str, ev.Predictor] = {name: ev.ModelPredictor(model) for name, (model, _, _) in loaded.items()}
+    for name in args.mc_dropout:
+        predictors[f"{name} + MC Dropout"] = ev.MCDropoutPredictor(loaded[name][0], samples=args.mc_samples)
+    if args.deep_ensemble:
+        heads = ev.train_ensemble_heads(loaded[args.deep_ensemble][0], loader(data(args.train_data, True)),
+                                        num_heads=args.ensemble_size)
+        predictors["Deep Ensembles (D)"] = ev.HeadsEnsemblePredictor(loaded[args.deep_ensemble][0], heads)
+    if args.temperature_scaling:
+        val_loader = loader(data(args.val_data, True))
+        for name in list(predictors):
+            t = ev.fit_temperature(ev.predict(predictors[name], val_loader, desc=f"{name}: validation"))
+            predictors[f"{name} + TS"] = ev.TemperatureScaledPredictor(predictors[name], t)
+    latency_batch = {k: v for k, v in next(iter(id_loader)).items() if k != "labels"}
+    result = ev.evaluate_predictors(predictors, id_loader, ood_loaders, score=args.score, latency_batch=latency_batch)
+    settings = {"id_data": args.id_data, "ood_data": list(ood_loaders), "score": args.score,
+                "latency": f"median ms per batch of {args.batch_size} on this machine"}
+    paths = ev.write_evaluation_report(result, args.report, settings=settings)
+    from ..report import render_markdown_table
+
+    print(render_markdown_table(result.rows))
+    logger.info("report: %s", paths["markdown"])
+    return 0

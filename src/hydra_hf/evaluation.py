@@ -1,0 +1,390 @@
+"""Evaluation runs: the baselines of the paper, predictions on ID and OOD data, metrics, latency,
+report files and plots.
+
+Every model is wrapped in a :class:`Predictor` that returns *member logits* ``(B, M, C)``: M = 1 for
+a single model, M members for a Hydra Ensemble, M dropout samples for MC Dropout, M classifier heads
+for Deep Ensembles (D). The ensemble prediction is always the mean of the members' softmaxes, so all
+baselines go through the same metric code.
+
+Baselines (paper, Section 5):
+- **Single**: the fine-tuned base model (:class:`ModelPredictor`).
+- **Deep Ensembles (D)**: the fine-tuned backbone shared by M classifier heads trained from
+  different seeds on its frozen features — the paper's text variant (:func:`train_ensemble_heads`,
+  :class:`HeadsEnsemblePredictor`).
+- **MC Dropout**: the single model with dropout on at test time, M samples (:class:`MCDropoutPredictor`).
+- **Temperature scaling**: any predictor with its logits divided by a temperature fitted on a
+  validation split (:func:`fit_temperature`, :class:`TemperatureScaledPredictor`).
+- Single pruned models and Hydra Ensembles are model folders: :class:`ModelPredictor`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from . import metrics
+
+logger = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------ predictors
+def _model_inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in batch.items() if k != "labels"}
+
+
+class Predictor(nn.Module):
+    """A model seen as M members: ``forward(batch) -> member_logits (B, M, C)``."""
+
+    def member_logits(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def forward(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return self.member_logits(batch)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+class ModelPredictor(Predictor):
+    """A classifier: its ``member_logits`` output when it has one (Hydra), else ``logits`` as M = 1."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model.eval()
+
+    def member_logits(self, batch):
+        out = self.model(**_model_inputs(batch))
+        member = getattr(out, "member_logits", None)
+        return member if member is not None else out.logits.unsqueeze(1)  # (B, M, C)
+
+
+class MCDropoutPredictor(Predictor):
+    """MC Dropout: ``samples`` forward passes with the model's dropout layers active.
+
+    Only ``nn.Dropout`` modules are switched to training mode (LayerNorm/BatchNorm stay in eval), and
+    each call draws its masks from a generator seeded with ``seed`` + a call counter, so a run is
+    reproducible.
+    """
+
+    def __init__(self, model: nn.Module, samples: int = 10, seed: int = 0) -> None:
+        super().__init__()
+        if samples < 2:
+            raise ValueError(f"MC Dropout needs at least 2 samples, got samples={samples}")
+        self.model = model.eval()
+        self.samples = samples
+        self.seed = seed
+        self._calls = 0
+        self._dropouts = [m for m in model.modules() if isinstance(m, nn.Dropout)]
+        if not any(m.p > 0 for m in self._dropouts):
+            raise ValueError("MC Dropout needs a model with dropout (p > 0); this model has none")
+
+    def member_logits(self, batch):
+        for m in self._dropouts:
+            m.train()
+        state = torch.random.get_rng_state()
+        try:
+            torch.manual_seed(self.seed + self._calls)
+            self._calls += 1
+            outs = [self.model(**_model_inputs(batch)).logits for _ in range(self.samples)]
+        finally:
+            torch.random.set_rng_state(state)
+            for m in self._dropouts:
+                m.eval()
+        return torch.stack(outs, dim=1)  # (B, samples, C)
+
+
+def pooled_features(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """The features a stock sequence classifier feeds its classifier: BERT's pooled ``[CLS]`` output."""
+    backbone = getattr(model, "bert", None)
+    if backbone is None:
+        raise ValueError(
+            f"Deep Ensembles (D) needs a BERT-family classifier with a `.bert` backbone, got {type(model).__name__}"
+        )
+    return backbone(**_model_inputs(batch)).pooler_output  # (B, d)
+
+
+class HeadsEnsemblePredictor(Predictor):
+    """Deep Ensembles (D): one shared backbone, M linear classifier heads ``(d -> C)``."""
+
+    def __init__(self, model: nn.Module, heads: nn.ModuleList) -> None:
+        super().__init__()
+        self.model = model.eval()
+        self.heads = heads.eval()
+
+    def member_logits(self, batch):
+        feats = pooled_features(self.model, batch)  # (B, d)
+        return torch.stack([head(feats) for head in self.heads], dim=1)  # (B, M, C)
+
+
+class TemperatureScaledPredictor(Predictor):
+    """Member logits divided by a fitted temperature (ensembles: the same T for every member)."""
+
+    def __init__(self, base: Predictor, temperature: float) -> None:
+        super().__init__()
+        if not temperature > 0:
+            raise ValueError(f"temperature must be positive, got {temperature}")
+        self.base = base
+        self.temperature = float(temperature)
+
+    def member_logits(self, batch):
+        return self.base.member_logits(batch) / self.temperature
+
+
+# ------------------------------------------------------------------------------------ predicting
+@dataclass
+class Predictions:
+    """Outputs of one predictor on one data set.
+
+    Shape:
+        member_logits: ``(N, M, C)``; labels: ``(N,)`` or None for unlabelled (OOD) data.
+    """
+
+    member_logits: torch.Tensor
+    labels: torch.Tensor | None
+
+    @property
+    def member_probs(self) -> torch.Tensor:  # (N, M, C)
+        return torch.softmax(self.member_logits.double(), dim=-1)
+
+    @property
+    def probs(self) -> torch.Tensor:  # (N, C): the ensemble's predictive distribution
+        return self.member_probs.mean(dim=1)
+
+    def ood_scores(self, score: str = "msp") -> torch.Tensor:
+        """Per-sample OOD score, higher = more in-distribution (see ``metrics.ood_score``).
+
+        ``energy`` uses the mean of the member logits (for M = 1, the logits).
+        """
+        if score == "energy":
+            return metrics.ood_score("energy", logits=self.member_logits.double().mean(dim=1))
+        if score == "mutual_information":
+            return metrics.ood_score(score, member_probs=self.member_probs)
+        return metrics.ood_score(score, probs=self.probs)
+
+
+@torch.inference_mode()
+def predict(predictor: Predictor, loader: Iterable, desc: str = "predict") -> Predictions:
+    """Run ``predictor`` over ``loader`` (batches of model inputs, optionally ``labels``)."""
+    predictor.eval()
+    outs, labels = [], []
+    for batch in tqdm(loader, desc=desc, leave=False):
+        outs.append(predictor.member_logits(batch).float().cpu())
+        if "labels" in batch:
+            labels.append(batch["labels"].cpu())
+    if not outs:
+        raise ValueError(f"{desc}: the data loader produced no batches (empty data?)")
+    return Predictions(torch.cat(outs), torch.cat(labels) if labels else None)
+
+
+def fit_temperature(predictions: Predictions, max_iter: int = 100) -> float:
+    """The temperature T > 0 that minimises the NLL of ``mean_m softmax(member_logits / T)`` on
+    labelled validation predictions (Guo et al. 2017; for M = 1 the classic temperature scaling)."""
+    if predictions.labels is None:
+        raise ValueError("temperature scaling needs labelled validation data")
+    logits = predictions.member_logits.double().clone()  # clone: predictions may be inference tensors
+    labels = predictions.labels.clone()
+    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([log_t], lr=0.1, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def nll():
+        opt.zero_grad()
+        log_probs = torch.log_softmax(logits / log_t.exp(), dim=-1)  # (N, M, C)
+        mixture = torch.logsumexp(log_probs, dim=1) - math.log(logits.shape[1])  # (N, C)
+        loss = F.nll_loss(mixture, labels)
+        loss.backward()
+        return loss
+
+    opt.step(nll)
+    temperature = float(log_t.detach().exp())
+    logger.info("fitted temperature %.3f on %d validation examples", temperature, len(labels))
+    return temperature
+
+
+def train_ensemble_heads(
+    model: nn.Module,
+    train_loader: Iterable,
+    num_heads: int = 3,
+    epochs: int = 20,
+    lr: float = 1e-2,
+    weight_decay: float = 0.01,
+    seed: int = 0,
+) -> nn.ModuleList:
+    """Deep Ensembles (D): train ``num_heads`` linear heads on the frozen pooled features of a
+    fine-tuned classifier, each from its own random initialisation and data order (``seed + i``).
+
+    Head i starts from the model's own classifier plus noise of the same scale as a fresh
+    initialisation, so the heads agree where the data is clear and diverge where it is not.
+    """
+    feats, labels = [], []
+    with torch.inference_mode():
+        model.eval()
+        for batch in tqdm(train_loader, desc="features for ensemble heads", leave=False):
+            feats.append(pooled_features(model, batch).float().cpu())
+            labels.append(batch["labels"].cpu())
+    x, y = torch.cat(feats), torch.cat(labels)
+    base = model.classifier
+    heads = nn.ModuleList()
+    for i in range(num_heads):
+        g = torch.Generator().manual_seed(seed + i)
+        head = nn.Linear(x.shape[1], base.out_features)
+        with torch.no_grad():
+            std = model.config.initializer_range
+            head.weight.copy_(base.weight.detach().cpu() + std * torch.randn(head.weight.shape, generator=g))
+            head.bias.copy_(base.bias.detach().cpu())
+        opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
+        for _ in range(epochs):
+            order = torch.randperm(len(x), generator=g)
+            for start in range(0, len(x), 64):
+                idx = order[start : start + 64]
+                loss = F.cross_entropy(head(x[idx]), y[idx])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        heads.append(head.eval())
+    return heads
+
+
+def measure_latency_ms(predictor: Predictor, batch: Mapping[str, torch.Tensor], repeats: int = 5, warmup: int = 1) -> float:
+    """Median wall time (ms) of one ``member_logits`` call on ``batch``."""
+    times = []
+    with torch.inference_mode():
+        for i in range(warmup + repeats):
+            t0 = time.perf_counter()
+            predictor.member_logits(batch)
+            if i >= warmup:
+                times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------------------------- evaluating
+@dataclass
+class EvaluationResult:
+    rows: list[dict[str, Any]]
+    id_predictions: dict[str, Predictions]
+    ood_predictions: dict[str, dict[str, Predictions]]
+    score: str
+
+
+def evaluate_predictors(
+    predictors: Mapping[str, Predictor],
+    id_loader: Iterable,
+    ood_loaders: Mapping[str, Iterable],
+    *,
+    score: str = "msp",
+    n_bins: int = 15,
+    latency_batch: Mapping[str, torch.Tensor] | None = None,
+) -> EvaluationResult:
+    """Metrics of every predictor: calibration on the labelled ID data, OOD detection against each
+    OOD set with ``score`` (higher = more ID), latency on ``latency_batch`` and parameters."""
+    if score not in metrics.OOD_SCORE_NAMES:
+        raise ValueError(f"unknown OOD score {score!r}; use one of {list(metrics.OOD_SCORE_NAMES)}")
+    rows, id_preds, ood_preds = [], {}, {}
+    for name, predictor in predictors.items():
+        logger.info("evaluating %s", name)
+        preds = predict(predictor, id_loader, desc=f"{name}: ID")
+        if preds.labels is None:
+            raise ValueError("the in-distribution data has no labels; pass labelled --id-data")
+        member_probs = preds.member_probs if preds.member_logits.shape[1] > 1 else None
+        row: dict[str, Any] = {"method": name, **metrics.calibration_report(preds.probs, preds.labels, member_probs, n_bins=n_bins)}
+        id_scores = preds.ood_scores(score)
+        ood_preds[name] = {}
+        for ood_name, loader in ood_loaders.items():
+            ood = predict(predictor, loader, desc=f"{name}: {ood_name}")
+            ood_preds[name][ood_name] = ood
+            row[ood_name] = metrics.ood_report(id_scores, ood.ood_scores(score))
+        if latency_batch is not None:
+            row["latency_ms"] = measure_latency_ms(predictor, latency_batch)
+        row["params_m"] = predictor.num_parameters() / 1e6
+        row["members"] = int(preds.member_logits.shape[1])
+        rows.append(row)
+        id_preds[name] = preds
+    return EvaluationResult(rows=rows, id_predictions=id_preds, ood_predictions=ood_preds, score=score)
+
+
+def write_evaluation_report(
+    result: EvaluationResult,
+    out_dir: str | os.PathLike,
+    *,
+    title: str = "Hydra Ensembles evaluation",
+    settings: Any = None,
+    notes: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, str]:
+    """Write ``report.json``, ``report.md``, ``reliability.png`` and ``ood_scores.png`` into ``out_dir``."""
+    from . import plots
+    from .report import write_report
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    reliability = plots.reliability_diagram(
+        {name: (p.probs, p.labels) for name, p in result.id_predictions.items()}, out / "reliability.png",
+        title="Reliability (in-distribution test data)",
+    )
+    histogram = plots.ood_histogram(
+        {
+            name: (result.id_predictions[name].ood_scores(result.score),
+                   {o: p.ood_scores(result.score) for o, p in result.ood_predictions[name].items()})
+            for name in result.id_predictions
+        },
+        out / "ood_scores.png",
+        score_name=result.score.upper() if result.score == "msp" else result.score,
+    )
+    report = {
+        "title": title,
+        "rows": result.rows,
+        "ood_score": result.score,
+        "ood_sets": sorted({o for preds in result.ood_predictions.values() for o in preds}),
+        "figures": {"Reliability diagram": os.path.basename(reliability), "OOD score histograms": os.path.basename(histogram)},
+    }
+    if settings is not None:
+        report["settings"] = settings
+    if notes:
+        report["notes"] = notes
+    if extra:
+        report.update(extra)
+    return write_report(report, out)
+
+
+
+# ------------------------------------------------------------------------------ loading models
+def load_classifier(path: str | os.PathLike) -> tuple[nn.Module, Any, str]:
+    """Load a classifier folder (stock or Hydra) with its preprocessor.
+
+    Returns ``(model, preprocessor, modality)`` with modality ``"text"`` or ``"image"``.
+    """
+    import hydra_hf  # noqa: F401  (registers the Hydra classes with the Auto classes)
+    from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification, AutoModelForSequenceClassification, AutoTokenizer
+
+    from .convert.io import checkpoint_dir
+
+    folder = checkpoint_dir(path, what="model")
+    config = AutoConfig.from_pretrained(str(folder), trust_remote_code=True)
+    image = getattr(config, "base_model_type", config.model_type) in ("vit",) or config.model_type in ("vit", "hydra_ensemble_vit")
+    if image:
+        model = AutoModelForImageClassification.from_pretrained(str(folder), trust_remote_code=True)
+        return model.eval(), AutoImageProcessor.from_pretrained(str(folder)), "image"
+    model = AutoModelForSequenceClassification.from_pretrained(str(folder), trust_remote_code=True)
+    return model.eval(), AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True), "text"
+
+
+def make_loader(dataset, preprocessor: Any, modality: str, batch_size: int = 32, max_length: int = 128):
+    """A loader of model inputs for ``dataset`` (text: tokenizer; image: image processor)."""
+    from .data import make_image_loader, make_text_loader
+
+    if modality == "image":
+        return make_image_loader(
+            dataset, lambda im: preprocessor(im, return_tensors="pt")["pixel_values"][0], batch_size=batch_size
+        )
+    return make_text_loader(dataset, preprocessor, batch_size=batch_size, max_length=max_length)

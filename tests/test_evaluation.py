@@ -1,0 +1,123 @@
+"""Evaluation: baselines' predictors, temperature scaling, `hydra-hf evaluate` end to end on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import BertForSequenceClassification
+
+from hydra_hf import evaluation as ev
+from hydra_hf.cli import main as cli_main
+from hydra_hf.convert import convert_checkpoint
+from hydra_hf.masks import HeadMasks
+
+KEPT = [[[0, 1], [2, 3], [1]], [[1, 2, 3], [0], []], [[0], [0, 1, 2, 3], [0, 2]]]
+WORDS = "the a movie film good bad great awful plot actor fun boring i it was is and not very".split()
+
+
+def _texts(n: int, seed: int) -> list[str]:
+    g = torch.Generator().manual_seed(seed)
+    return [" ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (int(torch.randint(3, 9, (1,), generator=g)),), generator=g)) for _ in range(n)]
+
+
+@pytest.fixture
+def tiny_data(tmp_path):
+    import pandas as pd
+
+    texts = _texts(40, 0)
+    pd.DataFrame({"text": texts, "label": [i % 3 for i in range(40)]}).to_csv(tmp_path / "id.csv", index=False)
+    ood = ["zzz qqq xxx" * (1 + i % 3) for i in range(20)]
+    pd.DataFrame({"text": ood}).to_csv(tmp_path / "ood.csv", index=False)
+    return tmp_path / "id.csv", tmp_path / "ood.csv"
+
+
+def test_temperature_scaling_recovers_the_temperature():
+    """Labels drawn from softmax(z); the model reports 3 z: the fitted T must be close to 3."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(4000, 4, generator=g) * 2
+    labels = torch.multinomial(torch.softmax(z, -1), 1, generator=g).squeeze(1)
+    t = ev.fit_temperature(ev.Predictions(member_logits=(3 * z).unsqueeze(1), labels=labels))
+    assert abs(t - 3) < 0.25, t
+    scaled = ev.Predictions(member_logits=(3 * z / t).unsqueeze(1), labels=labels)
+    from hydra_hf import metrics
+
+    before = metrics.nll(torch.softmax(3 * z, -1), labels)
+    assert metrics.nll(scaled.probs, labels) < before
+
+
+def test_mc_dropout_samples_differ_and_are_reproducible(tiny_bert_dir):
+    model = BertForSequenceClassification.from_pretrained(tiny_bert_dir, hidden_dropout_prob=0.3)
+    batch = {"input_ids": torch.randint(5, 99, (2, 7))}
+    a = ev.MCDropoutPredictor(model, samples=4, seed=1).member_logits(batch)
+    b = ev.MCDropoutPredictor(model, samples=4, seed=1).member_logits(batch)
+    assert a.shape == (2, 4, 3)
+    torch.testing.assert_close(a, b)
+    assert (a[:, 0] - a[:, 1]).abs().max() > 1e-4
+    assert not any(m.training for m in model.modules())  # dropout switched off again
+    with torch.no_grad():
+        plain = ev.ModelPredictor(model).member_logits(batch)
+    assert plain.shape == (2, 1, 3)
+
+
+def test_deep_ensemble_heads_are_distinct_and_hydra_predictor_uses_members(tiny_bert_dir, tiny_data):
+    from transformers import AutoTokenizer
+
+    from hydra_hf.data import resolve_dataset
+
+    model = BertForSequenceClassification.from_pretrained(tiny_bert_dir).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
+    loader = ev.make_loader(resolve_dataset(str(tiny_data[0])), tok, "text", batch_size=8)
+    heads = ev.train_ensemble_heads(model, loader, num_heads=3, epochs=2)
+    pred = ev.predict(ev.HeadsEnsemblePredictor(model, heads), loader)
+    assert pred.member_logits.shape == (40, 3, 3)
+    assert (pred.member_logits[:, 0] - pred.member_logits[:, 1]).abs().max() > 1e-4
+    hydra = convert_checkpoint(HeadMasks(kept_heads=KEPT, num_heads=4), base=tiny_bert_dir)
+    hp = ev.predict(ev.ModelPredictor(hydra), loader)
+    assert hp.member_logits.shape == (40, 3, 3)
+    # the ensemble's probabilities are the mean of the members' softmaxes
+    torch.testing.assert_close(hp.probs, torch.softmax(hp.member_logits.double(), -1).mean(1))
+
+
+def test_evaluate_cli_writes_complete_report(tiny_bert_dir, tiny_data, tmp_path, capsys):
+    id_csv, ood_csv = tiny_data
+    hydra_dir = tmp_path / "hydra"
+    convert_checkpoint(HeadMasks(kept_heads=KEPT, num_heads=4), base=tiny_bert_dir, output_dir=hydra_dir)
+    report = tmp_path / "report"
+    code = cli_main([
+        "evaluate", "--model", str(hydra_dir), "--baseline", f"Single={tiny_bert_dir}", "--mc-dropout", "Single",
+        "--mc-samples", "3", "--deep-ensemble", "Single", "--train-data", str(id_csv),
+        "--temperature-scaling", "--val-data", str(id_csv),
+        "--id-data", str(id_csv), "--ood-data", f"noise={ood_csv}", "--report", str(report), "--batch-size", "16",
+    ])
+    assert code == 0
+    data = json.loads((report / "report.json").read_text())
+    methods = [r["method"] for r in data["rows"]]
+    assert methods[:4] == ["Hydra", "Single", "Single + MC Dropout", "Deep Ensembles (D)"]
+    assert "Hydra + TS" in methods and "Single + TS" in methods
+    for row in data["rows"]:
+        for key in ("accuracy", "brier", "nll", "ece", "aece", "latency_ms", "params_m"):
+            assert isinstance(row[key], float) and math.isfinite(row[key]), (row["method"], key)
+        assert 0 <= row["noise"]["auroc"] <= 1
+    hydra_row = data["rows"][0]
+    assert hydra_row["members"] == 3 and hydra_row["mutual_information"] > 0
+    md = (report / "report.md").read_text()
+    assert "| Hydra |" in md and "noise AUROC" in md
+    for png in ("reliability.png", "ood_scores.png"):
+        assert (report / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Hydra" in capsys.readouterr().out
+
+
+def test_evaluate_cli_bad_inputs(tiny_bert_dir, tiny_data, tmp_path, capsys):
+    id_csv, ood_csv = tiny_data
+    base = ["evaluate", "--model", str(tiny_bert_dir), "--id-data", str(id_csv), "--ood-data", str(ood_csv),
+            "--report", str(tmp_path / "r")]
+    assert cli_main([*base, "--temperature-scaling"]) == 2
+    assert "--val-data" in capsys.readouterr().err
+    assert cli_main([*base, "--mc-dropout", "Nope"]) == 2
+    assert "'Nope' is not a model" in capsys.readouterr().err
+    assert cli_main([*base[:4], str(ood_csv), *base[5:]]) == 2  # OOD file as ID data: no labels
+    assert "label" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
