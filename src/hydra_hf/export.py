@@ -31,6 +31,23 @@ SHIPPED: dict[str, dict] = {
             "AutoModelForSequenceClassification": "modeling_hydra_bert.HydraEnsembleForSequenceClassification",
         },
     },
+    "vit": {  # HF ViT and timm vit_* checkpoints
+        "files": ["configuration_hydra.py", "hydra_layers.py", "modeling_hydra_vit.py"],
+        "auto_map": {
+            "AutoConfig": "configuration_hydra.HydraEnsembleViTConfig",
+            "AutoModel": "modeling_hydra_vit.HydraEnsembleViTModel",
+            "AutoModelForImageClassification": "modeling_hydra_vit.HydraEnsembleForImageClassification",
+        },
+    },
+    "clip": {  # HF CLIP and open_clip checkpoints; the CLIP towers reuse the ViT file's pre-LN layer
+        "files": ["configuration_hydra.py", "hydra_layers.py", "modeling_hydra_vit.py", "modeling_hydra_clip.py"],
+        "auto_map": {
+            "AutoConfig": "configuration_hydra.HydraEnsembleCLIPConfig",
+            "AutoModel": "modeling_hydra_clip.HydraEnsembleCLIPModel",
+            # what pipeline("zero-shot-image-classification") loads
+            "AutoModelForZeroShotImageClassification": "modeling_hydra_clip.HydraEnsembleCLIPModel",
+        },
+    },
 }
 
 
@@ -69,11 +86,35 @@ def atomic_folder(output_dir: str | os.PathLike, write: Callable[[Path], None], 
     return out
 
 
+# Shipped with every architecture: the pipelines that add uncertainty to their results.
+PIPELINE_FILE = "pipeline_hydra.py"
+
+# auto_map class -> the custom pipeline (config.custom_pipelines entry) that uses it.
+PIPELINE_TASKS: dict[str, tuple[str, str, str]] = {
+    # auto class: (task name, pipeline class in PIPELINE_FILE, input type)
+    "AutoModelForSequenceClassification": ("hydra-text-classification", "HydraTextClassificationPipeline", "text"),
+    "AutoModelForImageClassification": ("hydra-image-classification", "HydraImageClassificationPipeline", "image"),
+    "AutoModelForZeroShotImageClassification": (
+        "hydra-zero-shot-image-classification", "HydraZeroShotImageClassificationPipeline", "multimodal"),
+}
+
+
+def custom_pipelines_for(auto_map: dict[str, str]) -> dict[str, dict]:
+    """``config.custom_pipelines`` for a folder with this ``auto_map``: one uncertainty pipeline per
+    task head the folder ships, so ``pipeline(model=folder, trust_remote_code=True)`` finds it."""
+    module = PIPELINE_FILE.removesuffix(".py")
+    return {
+        task: {"impl": f"{module}.{cls}", "pt": [auto_class], "type": kind}
+        for auto_class, (task, cls, kind) in PIPELINE_TASKS.items()
+        if auto_class in auto_map
+    }
+
+
 def copy_modeling_code(folder: Path, arch: str) -> None:
-    """Copy the shipped modeling files of ``arch`` flat into ``folder``."""
+    """Copy the shipped modeling files of ``arch`` and the uncertainty pipelines flat into ``folder``."""
     if arch not in SHIPPED:
         raise ValueError(f"no shipped modeling code for base architecture {arch!r}; known: {sorted(SHIPPED)}")
-    for name in SHIPPED[arch]["files"]:
+    for name in [*SHIPPED[arch]["files"], PIPELINE_FILE]:
         shutil.copyfile(MODELING_DIR / name, folder / name)
 
 
@@ -133,6 +174,7 @@ def save_hydra_model(
 
     def write(tmp: Path) -> None:
         model.config.auto_map = dict(SHIPPED[arch]["auto_map"])
+        model.config.custom_pipelines = custom_pipelines_for(model.config.auto_map)
         model.save_pretrained(str(tmp), safe_serialization=True)
         copy_modeling_code(tmp, arch)
         if preprocessor_from is not None:

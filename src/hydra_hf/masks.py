@@ -16,6 +16,9 @@ Format (JSON, ``version`` 1)::
 
 A member may keep any number of heads in a layer, 0 included. ``HeadMasks`` reads, writes and
 validates this file; every error names the bad value and how to fix it.
+
+Two-tower models (CLIP) use a variant with ``"towers"`` instead of ``num_layers``/``num_heads`` and
+kept heads per tower (``TowerHeadMasks``); ``load_masks(path)`` returns the right class for a file.
 """
 
 from __future__ import annotations
@@ -219,3 +222,186 @@ def _json_default(obj: Any) -> Any:
     if hasattr(obj, "tolist"):  # numpy
         return obj.tolist()
     raise TypeError(f"cannot write {type(obj).__name__} into a masks file")
+
+
+# ---------------------------------------------------------------------------------- two towers
+TOWER_NAMES = ("vision", "text")
+
+
+@dataclass
+class TowerHeadMasks:
+    """Kept heads of M members in each tower of a two-tower model (CLIP: ``"vision"`` and ``"text"``).
+
+    Format (JSON, ``version`` 1)::
+
+        {
+          "format": "hydra-head-masks",
+          "version": 1,
+          "towers": {"vision": {"num_layers": 12, "num_heads": 12}, "text": {"num_layers": 12, "num_heads": 8}},
+          "members": [
+            {"kept_heads": {"vision": [[...one sorted list per layer...]], "text": [[...]]}, ...metadata...},
+            ...one object per member...
+          ],
+          ...optional top-level metadata...
+        }
+
+    Every member names the tower of each of its layer lists. A tower left out of ``towers`` is not
+    pruned (its members keep all heads); asking to prune it (``require``) raises ``ValueError``.
+
+    Attributes:
+        towers: tower name -> ``HeadMasks`` of that tower (all with the same M).
+        member_metadata: one dict per member.
+        metadata: top-level metadata.
+    """
+
+    towers: dict[str, HeadMasks]
+    member_metadata: list[dict[str, Any]] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.towers, dict) or not self.towers:
+            raise ValueError(f"towers must name at least one tower of {list(TOWER_NAMES)}, got {self.towers!r}")
+        unknown = [t for t in self.towers if t not in TOWER_NAMES]
+        if unknown:
+            raise ValueError(f"unknown tower {unknown[0]!r} in the masks; towers are named {list(TOWER_NAMES)}")
+        counts = {t: m.num_members for t, m in self.towers.items()}
+        if len(set(counts.values())) != 1:
+            raise ValueError(f"the towers have different numbers of members {counts}; give every member both towers")
+        if not self.member_metadata:
+            self.member_metadata = [{} for _ in range(self.num_members)]
+        if len(self.member_metadata) != self.num_members:
+            raise ValueError(
+                f"member_metadata has {len(self.member_metadata)} entries for {self.num_members} members; "
+                "give one dict per member (or none)"
+            )
+
+    @property
+    def num_members(self) -> int:
+        return next(iter(self.towers.values())).num_members
+
+    def tower(self, name: str) -> HeadMasks:
+        """The masks of one tower; ``ValueError`` naming the tower when the file has none for it."""
+        if name not in TOWER_NAMES:
+            raise ValueError(f"unknown tower {name!r}; towers are named {list(TOWER_NAMES)}")
+        if name not in self.towers:
+            raise ValueError(
+                f"the masks have no {name!r} tower (they prune {sorted(self.towers)}); add "
+                f"\"towers\": {{\"{name}\": ...}} and every member's kept_heads[{name!r}], or do not ask to prune it"
+            )
+        return self.towers[name]
+
+    def require(self, names: list[str] | tuple[str, ...]) -> None:
+        """Raise ``ValueError`` unless every tower in ``names`` is in the masks."""
+        for name in names:
+            self.tower(name)
+
+    def kept_heads(self, name: str) -> list[list[list[int]]]:
+        return self.tower(name).kept_heads
+
+    def summary(self) -> str:
+        return "\n".join(f"[{name}] " + masks.summary() for name, masks in self.towers.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        reserved = {"format", "version", "towers", "members", "num_layers", "num_heads"}
+        clash = reserved & set(self.metadata)
+        if clash:
+            raise ValueError(f"metadata keys {sorted(clash)} are reserved by the masks format; rename them")
+        members = []
+        for m, meta in enumerate(self.member_metadata):
+            if "kept_heads" in meta:
+                raise ValueError("member metadata may not contain 'kept_heads'; it is the mask itself")
+            members.append({"kept_heads": {t: masks.kept_heads[m] for t, masks in self.towers.items()}, **meta})
+        return {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "towers": {t: {"num_layers": masks.num_layers, "num_heads": masks.num_heads} for t, masks in self.towers.items()},
+            "members": members,
+            **self.metadata,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "masks") -> TowerHeadMasks:
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
+        if data.get("format") != FORMAT_NAME:
+            raise ValueError(f"{source}: 'format' is {data.get('format')!r}; a masks file has \"format\": \"{FORMAT_NAME}\"")
+        if data.get("version") != FORMAT_VERSION:
+            raise ValueError(f"{source}: 'version' is {data.get('version')!r}; this hydra_hf reads version {FORMAT_VERSION}")
+        towers, members = data.get("towers"), data.get("members")
+        if not isinstance(towers, dict) or not towers:
+            raise ValueError(f"{source}: 'towers' must map tower names {list(TOWER_NAMES)} to {{num_layers, num_heads}}")
+        unknown = [t for t in towers if t not in TOWER_NAMES]
+        if unknown:
+            raise ValueError(f"{source}: unknown tower {unknown[0]!r}; towers are named {list(TOWER_NAMES)}")
+        if not isinstance(members, list) or not members or not all(isinstance(m, dict) for m in members):
+            raise ValueError(f"{source}: 'members' must be a non-empty list of objects with 'kept_heads'")
+        per_tower: dict[str, HeadMasks] = {}
+        for name, shape in towers.items():
+            if not isinstance(shape, dict) or "num_layers" not in shape or "num_heads" not in shape:
+                raise ValueError(f"{source}: towers[{name!r}] must be {{\"num_layers\": L, \"num_heads\": H}}")
+            kept = []
+            for i, m in enumerate(members):
+                heads = m.get("kept_heads")
+                if not isinstance(heads, dict):
+                    raise ValueError(
+                        f"{source}: members[{i}].kept_heads must map each tower to its layer lists "
+                        f"(e.g. {{\"vision\": [[...]], \"text\": [[...]]}}), got {type(heads).__name__}"
+                    )
+                extra = [t for t in heads if t not in towers]
+                if extra:
+                    raise ValueError(
+                        f"{source}: members[{i}].kept_heads names tower {extra[0]!r} that 'towers' does not list "
+                        f"(towers: {sorted(towers)}); add it to 'towers' or remove it"
+                    )
+                if name not in heads:
+                    raise ValueError(f"{source}: members[{i}].kept_heads misses the {name!r} tower; give its layer lists")
+                kept.append(heads[name])
+            validate_kept_heads(kept, shape["num_layers"], shape["num_heads"], where=f"{source}: members[*].kept_heads[{name!r}]")
+            per_tower[name] = HeadMasks(kept_heads=kept, num_heads=shape["num_heads"])
+        meta = {k: v for k, v in data.items() if k not in {"format", "version", "towers", "members"}}
+        return cls(
+            towers=per_tower,
+            member_metadata=[{k: v for k, v in m.items() if k != "kept_heads"} for m in members],
+            metadata=meta,
+        )
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> TowerHeadMasks:
+        loaded = load_masks(path)
+        if not isinstance(loaded, TowerHeadMasks):
+            raise ValueError(
+                f"masks file {str(path)!r} has no 'towers': it is a single-tower masks file; a CLIP model needs "
+                f"kept heads per tower ({list(TOWER_NAMES)})"
+            )
+        return loaded
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write atomically (a temporary file renamed into place)."""
+        path = Path(path)
+        text = json.dumps(self.to_dict(), indent=2, default=_json_default)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text + "\n")
+        os.replace(tmp, path)
+
+    def check_compatible(self, shapes: dict[str, tuple[int, int]], *, model: str = "the model") -> None:
+        """Raise ``ValueError`` unless every tower in the masks fits ``shapes[tower] = (L, H)``."""
+        for name, masks in self.towers.items():
+            if name not in shapes:
+                raise ValueError(f"the masks prune a {name!r} tower but {model} has towers {sorted(shapes)}")
+            masks.check_compatible(*shapes[name], model=f"the {name} tower of {model}")
+
+
+def load_masks(path: str | os.PathLike) -> HeadMasks | TowerHeadMasks:
+    """Read a masks file: ``TowerHeadMasks`` when it has ``towers`` (CLIP), else ``HeadMasks``."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"masks file {str(path)!r} does not exist; create one with `hydra-hf prune` or by hand")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"masks file {str(path)!r} is not valid JSON ({exc}); fix or regenerate it") from None
+    source = f"masks file {str(path)!r}"
+    if isinstance(data, dict) and "towers" in data:
+        return TowerHeadMasks.from_dict(data, source=source)
+    return HeadMasks.from_dict(data, source=source)

@@ -26,7 +26,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="average the members' MLPs (paper, default) or keep one MLP per member (exact, larger)")
     p.add_argument("--shared-weights", choices=["error", "average", "first"], default="error",
                    help="when members' shared parts (embeddings) differ: fail (default), average them, or take the first")
-    p.add_argument("--arch", default=None, help="force the base architecture instead of detecting it")
+    p.add_argument("--arch", default=None, choices=["bert", "vit", "timm-vit", "clip", "open-clip"],
+                   help="force the base architecture instead of detecting it (HF BERT/ViT/CLIP folders, timm vit_* "
+                   "folders: config.json with 'architecture' + model.safetensors, open_clip folders: "
+                   "open_clip_config.json + open_clip_model.safetensors)")
+    p.add_argument("--towers", nargs="+", choices=["vision", "text"], default=None,
+                   help="CLIP: the towers to prune; each must be in the masks file (default: the towers it lists)")
     p.add_argument("--num-labels", type=int, default=None, help="classes of a classifier built from a bare encoder")
     p.add_argument("--labels", default=None, help="comma-separated class names for a bare encoder (e.g. neg,pos)")
     p.add_argument("--seed", type=int, default=0, help="seed for newly initialised per-member classifiers")
@@ -36,9 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..convert import convert_checkpoint
-    from ..masks import HeadMasks
+    from ..masks import load_masks
 
-    masks = HeadMasks.load(args.masks)
+    masks = load_masks(args.masks)  # HeadMasks, or TowerHeadMasks for a two-tower (CLIP) masks file
     logger.info("masks: %s", masks.summary())
     id2label = None
     if args.labels:
@@ -58,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         id2label=id2label,
         seed=args.seed,
         overwrite=args.overwrite,
+        towers=args.towers,
     )
     n_params = sum(p.numel() for p in model.parameters())
     print(json.dumps({"output": args.output, "members": model.config.num_members,

@@ -7,11 +7,26 @@ reads files, validates and builds models.
 from .api import SUPPORTED_ARCHS, convert_checkpoint, detect_arch
 from .fuse import fuse_layer, head_rows, shared_tensor, unfuse_layer
 from .hf_bert import bert_member_from_state_dict, fuse_bert, unfuse_bert
+from .hf_clip import CLIPMember, clip_member_from_state_dict, fuse_clip, unfuse_clip
+from .hf_vit import ViTMember, fuse_vit, unfuse_vit, vit_member_from_state_dict
 from .io import read_config, read_state_dict
+from .open_clip import clip_tokenizer_from_open_clip, open_clip_member_from_state_dict
+from .timm_vit import timm_vit_member_from_state_dict
 
 __all__ = [
     "SUPPORTED_ARCHS",
+    "CLIPMember",
+    "ViTMember",
     "bert_member_from_state_dict",
+    "clip_member_from_state_dict",
+    "clip_tokenizer_from_open_clip",
+    "fuse_clip",
+    "fuse_vit",
+    "open_clip_member_from_state_dict",
+    "timm_vit_member_from_state_dict",
+    "unfuse_clip",
+    "unfuse_vit",
+    "vit_member_from_state_dict",
     "convert_checkpoint",
     "detect_arch",
     "fuse_bert",

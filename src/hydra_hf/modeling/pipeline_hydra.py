@@ -1,0 +1,259 @@
+# Shipped with every Hydra Ensemble model folder (remote code): imports only the standard library,
+# torch and transformers.
+"""Pipelines that return the Hydra Ensemble's prediction *and* its uncertainty.
+
+The stock pipelines already give the ensemble mean (a Hydra model's ``logits`` are the log of the
+mean of its members' softmaxes). These subclasses read ``member_logits`` as well and add, per input:
+
+- ``label``, ``score``: the ensemble's top class and its mean probability;
+- ``scores``: every class (sorted, best first; ``top_k`` keeps the first k);
+- ``uncertainty``: ``predictive_entropy`` (total), ``expected_entropy`` (aleatoric) and
+  ``mutual_information`` (epistemic: the members' disagreement), in nats;
+- ``member_scores``: one ``{label: probability}`` dict per member, and ``member_labels``: each
+  member's top class;
+- ``flagged``: ``True`` when the chosen uncertainty is above the threshold (the call's
+  ``uncertainty_threshold=``, else ``config.uncertainty_threshold`` chosen on validation data),
+  ``None`` when there is no threshold.
+
+The folder's ``config.json`` names the pipeline in ``custom_pipelines``, so that
+``pipeline(model=folder_or_repo, trust_remote_code=True)`` builds it. The entropies are computed
+here in float64 with the same formulas as ``hydra_hf.metrics`` (which this file cannot import).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import UserDict
+from typing import Any
+
+import torch
+from transformers import ImageClassificationPipeline, TextClassificationPipeline, ZeroShotImageClassificationPipeline
+
+UNCERTAINTY_METRICS = ("predictive_entropy", "expected_entropy", "mutual_information")
+DEFAULT_METRIC = "mutual_information"
+
+
+# ------------------------------------------------------------------------------------- maths
+def _entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Entropy in nats over the last dimension, with ``0 * log 0 = 0``."""
+    probs = probs.clamp(min=0)
+    return -torch.special.xlogy(probs, probs).sum(dim=-1)
+
+
+def uncertainty_from_member_logits(member_logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Ensemble probabilities and the three uncertainties, in float64.
+
+    Shape:
+        member_logits: ``(..., M, C)`` -> ``probs (..., C)``, ``member_probs (..., M, C)`` and one
+        ``(...)`` tensor per name of ``UNCERTAINTY_METRICS``.
+    """
+    member_probs = torch.softmax(member_logits.detach().to("cpu", torch.float64), dim=-1)  # (..., M, C)
+    probs = member_probs.mean(dim=-2)  # (..., C)
+    total = _entropy(probs)
+    aleatoric = _entropy(member_probs).mean(dim=-1)
+    return {
+        "probs": probs,
+        "member_probs": member_probs,
+        "predictive_entropy": total,
+        "expected_entropy": aleatoric,
+        "mutual_information": (total - aleatoric).clamp(min=0),  # >= 0 by Jensen; removes rounding noise
+    }
+
+
+def resolve_threshold(threshold: Any, config: Any) -> dict[str, Any] | None:
+    """``{"metric": name, "value": float}`` from a call argument or the config, or None.
+
+    ``threshold`` may be a number (uses the config's metric, else mutual information), a dict with
+    ``metric`` and ``value``, ``False`` (no flagging) or ``None`` (the config's threshold, if any).
+    """
+    if threshold is False:
+        return None
+    stored = getattr(config, "uncertainty_threshold", None)
+    if threshold is None:
+        threshold = stored
+        if threshold is None:
+            return None
+    if isinstance(threshold, (int, float)) and not isinstance(threshold, bool):
+        metric = stored.get("metric", DEFAULT_METRIC) if isinstance(stored, dict) else DEFAULT_METRIC
+        threshold = {"metric": metric, "value": float(threshold)}
+    if not isinstance(threshold, dict) or "value" not in threshold:
+        raise ValueError(
+            f"uncertainty_threshold={threshold!r} is not understood; pass a number, "
+            f'{{"metric": one of {list(UNCERTAINTY_METRICS)}, "value": number}} or False'
+        )
+    metric = threshold.get("metric", DEFAULT_METRIC)
+    if metric not in UNCERTAINTY_METRICS:
+        raise ValueError(f"uncertainty threshold metric {metric!r} is unknown; use one of {list(UNCERTAINTY_METRICS)}")
+    value = threshold["value"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"uncertainty threshold value must be a finite number, got {value!r}")
+    return {"metric": metric, "value": float(value)}
+
+
+def _check_single_label(config: Any) -> None:
+    problem = getattr(config, "problem_type", None)
+    if problem in ("regression", "multi_label_classification") or getattr(config, "num_labels", 2) < 2:
+        raise ValueError(
+            f"the Hydra uncertainty pipelines need a single-label classifier (softmax over >= 2 classes), "
+            f"but this model has problem_type={problem!r}; use the stock pipeline instead"
+        )
+
+
+def _member_logits(model_outputs: Any, key: str = "member_logits") -> torch.Tensor:
+    try:
+        member_logits = model_outputs[key]
+    except (KeyError, TypeError):
+        member_logits = None
+    if member_logits is None:
+        raise ValueError(
+            f"the model returned no {key!r}; the Hydra pipelines need a Hydra Ensemble model "
+            "(HydraEnsembleFor... loaded with trust_remote_code=True)"
+        )
+    return member_logits
+
+
+def format_result(
+    member_logits: torch.Tensor, labels: list[str], threshold: dict[str, Any] | None, top_k: int | None
+) -> dict[str, Any]:
+    """The pipeline's result for one input.
+
+    Shape:
+        member_logits: ``(M, C)``; ``labels``: the C class names in class order.
+    """
+    if member_logits.dim() != 2 or member_logits.shape[-1] != len(labels):
+        raise ValueError(
+            f"member_logits has shape {tuple(member_logits.shape)}; expected (M, C) with C = {len(labels)} labels"
+        )
+    u = uncertainty_from_member_logits(member_logits)
+    probs, member_probs = u["probs"], u["member_probs"]  # (C,), (M, C)
+    order = sorted(range(len(labels)), key=lambda c: -float(probs[c]))
+    if top_k is not None:
+        order = order[: max(int(top_k), 1)]
+    uncertainty = {name: float(u[name]) for name in UNCERTAINTY_METRICS}
+    flagged = None if threshold is None else bool(uncertainty[threshold["metric"]] > threshold["value"])
+    return {
+        "label": labels[order[0]],
+        "score": float(probs[order[0]]),
+        "scores": [{"label": labels[c], "score": float(probs[c])} for c in order],
+        "uncertainty": uncertainty,
+        "flagged": flagged,
+        "member_labels": [labels[int(p.argmax())] for p in member_probs],
+        "member_scores": [{labels[c]: float(p[c]) for c in range(len(labels))} for p in member_probs],
+    }
+
+
+def _config_labels(config: Any) -> list[str]:
+    id2label = config.id2label
+    return [str(id2label[i]) for i in range(len(id2label))]
+
+
+class _HydraUncertaintyMixin:
+    """Shared parameter handling: ``uncertainty_threshold`` and ``top_k`` go to ``postprocess``."""
+
+    def _hydra_postprocess_params(self, uncertainty_threshold: Any, top_k: Any) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        if uncertainty_threshold is not None:
+            resolve_threshold(uncertainty_threshold, self.model.config)  # fail at call time, not per input
+            params["uncertainty_threshold"] = uncertainty_threshold
+        if top_k is not None and top_k != "":
+            if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+                raise ValueError(f"top_k must be a positive integer or None, got {top_k!r}")
+            params["top_k"] = top_k
+        return params
+
+
+class HydraTextClassificationPipeline(_HydraUncertaintyMixin, TextClassificationPipeline):
+    """Text classification with the ensemble's uncertainty (see the module docstring for the result).
+
+    Example::
+
+        pipe = pipeline(model="org/hydra-bert-sst2", trust_remote_code=True, revision="<commit>")
+        pipe("a gripping film")  # {"label": ..., "score": ..., "uncertainty": {...}, "flagged": ..., ...}
+
+    Call options: ``uncertainty_threshold`` (number, ``{"metric", "value"}`` or ``False``), ``top_k``
+    (classes kept in ``scores``), and the tokenizer's keyword arguments (``truncation=True``, ...).
+    """
+
+    def _sanitize_parameters(self, uncertainty_threshold=None, top_k=None, function_to_apply=None, **tokenizer_kwargs):
+        if function_to_apply is not None and str(function_to_apply).lower() != "softmax":
+            raise ValueError(
+                f"function_to_apply={function_to_apply!r}: a Hydra Ensemble's prediction is the mean of its "
+                "members' softmaxes; use the stock text-classification pipeline for raw scores"
+            )
+        preprocess_params, forward_params, _ = super()._sanitize_parameters(**tokenizer_kwargs)
+        return preprocess_params, forward_params, self._hydra_postprocess_params(uncertainty_threshold, top_k)
+
+    def __call__(self, inputs, **kwargs):
+        """One result dict per input: a dict for one text (or text pair), a list for a list."""
+        # skip TextClassificationPipeline.__call__, whose legacy mode wraps a single result in a list
+        return super(TextClassificationPipeline, self).__call__(inputs, **kwargs)
+
+    def _forward(self, model_inputs):
+        outputs = self.model(**model_inputs)
+        return {"logits": outputs["logits"], "member_logits": _member_logits(outputs)}
+
+    def postprocess(self, model_outputs, uncertainty_threshold=None, top_k=None):
+        _check_single_label(self.model.config)
+        threshold = resolve_threshold(uncertainty_threshold, self.model.config)
+        return format_result(model_outputs["member_logits"][0], _config_labels(self.model.config), threshold, top_k)
+
+
+class HydraImageClassificationPipeline(_HydraUncertaintyMixin, ImageClassificationPipeline):
+    """Image classification with the ensemble's uncertainty (see the module docstring for the result).
+
+    Call options: ``uncertainty_threshold``, ``top_k`` (classes kept in ``scores``; default all) and
+    ``timeout`` (for image URLs).
+    """
+
+    def _sanitize_parameters(self, uncertainty_threshold=None, top_k=None, function_to_apply=None, timeout=None):
+        if function_to_apply is not None and str(function_to_apply).lower() != "softmax":
+            raise ValueError(
+                f"function_to_apply={function_to_apply!r}: a Hydra Ensemble's prediction is the mean of its "
+                "members' softmaxes; use the stock image-classification pipeline for raw scores"
+            )
+        preprocess_params, forward_params, _ = super()._sanitize_parameters(timeout=timeout)
+        return preprocess_params, forward_params, self._hydra_postprocess_params(uncertainty_threshold, top_k)
+
+    def _forward(self, model_inputs):
+        outputs = self.model(**model_inputs)
+        return {"logits": outputs["logits"], "member_logits": _member_logits(outputs)}
+
+    def postprocess(self, model_outputs, uncertainty_threshold=None, top_k=None):
+        _check_single_label(self.model.config)
+        threshold = resolve_threshold(uncertainty_threshold, self.model.config)
+        return format_result(model_outputs["member_logits"][0], _config_labels(self.model.config), threshold, top_k)
+
+
+class HydraZeroShotImageClassificationPipeline(_HydraUncertaintyMixin, ZeroShotImageClassificationPipeline):
+    """Zero-shot image classification with the ensemble's uncertainty.
+
+    Each member scores the image against the candidate labels' prompts (a softmax over the labels);
+    the prediction is the members' mean. The result has the keys listed in the module docstring,
+    with the candidate labels as classes.
+
+    Call options: ``candidate_labels`` (required), ``hypothesis_template``, ``uncertainty_threshold``,
+    ``top_k``, ``timeout``.
+    """
+
+    def _sanitize_parameters(self, uncertainty_threshold=None, top_k=None, **kwargs):
+        preprocess_params, forward_params, _ = super()._sanitize_parameters(**kwargs)
+        return preprocess_params, forward_params, self._hydra_postprocess_params(uncertainty_threshold, top_k)
+
+    def _forward(self, model_inputs):
+        candidate_labels = model_inputs.pop("candidate_labels")
+        text_inputs = model_inputs.pop("text_inputs")
+        if isinstance(text_inputs[0], UserDict):
+            text_inputs = text_inputs[0]
+        else:  # batched by the pipeline's loader
+            text_inputs = text_inputs[0][0]
+        outputs = self.model(**text_inputs, **model_inputs)
+        return {
+            "candidate_labels": candidate_labels,
+            "logits": outputs["logits_per_image"],
+            "member_logits": _member_logits(outputs, "member_logits_per_image"),  # (1, M, N)
+        }
+
+    def postprocess(self, model_outputs, uncertainty_threshold=None, top_k=None):
+        threshold = resolve_threshold(uncertainty_threshold, self.model.config)
+        labels = [str(label) for label in model_outputs["candidate_labels"]]
+        return format_result(model_outputs["member_logits"][0], labels, threshold, top_k)
