@@ -74,3 +74,73 @@ def table(rows: list[dict], columns: list[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(fmt(r.get(c, "–")) for c in columns) + " |" for r in rows]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ Single / Deep / Naive / Hydra
+NAMES = {"single": "Single", "deep": "Deep Ensemble (3)", "naive": "Naive members (3)", "fused": "Hydra fused (3)"}
+COLUMNS = ["batch", "model", "latency_ms", "x Single", "x Deep", "x Naive", "params_M", "GMACs", "GFLOP/s",
+           "% of matmul peak"]
+
+
+def random_kept_heads(num_members: int, num_layers: int, num_heads: int, keep: int, seed: int = 0) -> list:
+    """``kept[m][l]``: ``keep`` random heads of ``num_heads`` per member and layer (seeded)."""
+    g = torch.Generator().manual_seed(seed)
+    return [
+        [sorted(torch.randperm(num_heads, generator=g)[:keep].tolist()) for _ in range(num_layers)]
+        for _ in range(num_members)
+    ]
+
+
+def group_parameters(group) -> int:
+    return sum(count_parameters(m) for m in group) if isinstance(group, list) else count_parameters(group)
+
+
+def compare_contenders(models: dict, inputs_for_batch: Callable[[int], dict], batch_sizes: list[int], *,
+                       device: str = "cpu", rounds: int = 5, repeats: int = 2, warmup: int = 2) -> list[dict]:
+    """Time ``models`` (``{"single", "deep", "naive", "fused"}``: a model or a list run one after
+    another) side by side on the inputs of each batch size; one row per model and batch size."""
+    peak = matmul_peak_gflops() if device == "cpu" else float("nan")
+    rows = []
+    for batch in batch_sizes:
+        inputs = inputs_for_batch(batch)
+
+        def call(group):
+            if isinstance(group, list):
+                return lambda: [m(**inputs).logits for m in group]
+            return lambda: group(**inputs).logits
+
+        fns = {name: call(group) for name, group in models.items()}
+        sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
+        timed = {name: (lambda f=f: (f(), sync())) for name, f in fns.items()}
+        ms = interleaved_medians(timed, rounds=rounds, repeats=repeats, warmup=warmup)
+        for name, group in models.items():
+            macs = count_matmul_macs(fns[name])
+            gflops = 2 * macs / (ms[name] * 1e-3) / 1e9
+            rows.append({
+                "batch": batch, "model": NAMES[name], "latency_ms": ms[name],
+                "x Single": ms[name] / ms["single"], "x Deep": ms[name] / ms["deep"], "x Naive": ms[name] / ms["naive"],
+                "params_M": group_parameters(group) / 1e6, "GMACs": macs / 1e9, "GFLOP/s": gflops,
+                "% of matmul peak": 100 * gflops / peak,
+            })
+    return rows
+
+
+def summary_lines(rows: list[dict]) -> list[str]:
+    """One line per batch size with the ratios the targets are stated in."""
+    lines = []
+    for batch in sorted({r["batch"] for r in rows}):
+        r = {row["model"]: row for row in rows if row["batch"] == batch}
+        fused = r[NAMES["fused"]]
+        lines.append(f"batch {batch}: Hydra/Deep = {fused['x Deep']:.2f}, Hydra/Naive = {fused['x Naive']:.2f}, "
+                     f"Hydra/Single = {fused['x Single']:.2f}, params Hydra/Single = "
+                     f"{fused['params_M'] / r[NAMES['single']]['params_M']:.2f}")
+    return lines
+
+
+def add_timing_args(parser, rounds: int = 5, repeats: int = 2) -> None:
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")

@@ -25,20 +25,12 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import count_matmul_macs, count_parameters, interleaved_medians, matmul_peak_gflops, table  # noqa: E402
+from _common import COLUMNS, add_timing_args, compare_contenders, random_kept_heads, summary_lines, table  # noqa: E402
 
 from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig  # noqa: E402
 from hydra_hf.modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification  # noqa: E402
 
 logger = logging.getLogger("bench_bert")
-
-
-def random_kept_heads(num_members: int, num_layers: int, num_heads: int, keep: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    return [
-        [sorted(torch.randperm(num_heads, generator=g)[:keep].tolist()) for _ in range(num_layers)]
-        for _ in range(num_members)
-    ]
 
 
 def build(members: int = 3, keep: int = 6, attn: str = "sdpa", device: str = "cpu"):
@@ -62,64 +54,25 @@ def build(members: int = 3, keep: int = 6, attn: str = "sdpa", device: str = "cp
     return models
 
 
-def run(batch_sizes: list[int], seq_len: int, device: str, rounds: int, repeats: int) -> list[dict]:
-    models = build(device=device)
-    peak = matmul_peak_gflops() if device == "cpu" else float("nan")
-    logger.info("measured fp32 matmul peak: %.1f GFLOP/s", peak)
-    rows = []
-    for batch in batch_sizes:
+def inputs_for(seq_len: int, device: str):
+    def make(batch: int) -> dict:
         ids = torch.randint(1000, 30000, (batch, seq_len), device=device)
-        inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
-        def call(group):
-            if isinstance(group, list):
-                return lambda: [m(**inputs).logits for m in group]
-            return lambda: group(**inputs).logits
-
-        fns = {name: call(group) for name, group in models.items()}
-        sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
-        timed = {name: (lambda f=f: (f(), sync())) for name, f in fns.items()}
-        ms = interleaved_medians(timed, rounds=rounds, repeats=repeats)
-        for name, group in models.items():
-            params = sum(count_parameters(m) for m in group) if isinstance(group, list) else count_parameters(group)
-            macs = count_matmul_macs(fns[name])
-            rows.append({
-                "batch": batch,
-                "model": {"single": "Single", "deep": "Deep Ensemble (3)", "naive": "Naive members (3)",
-                          "fused": "Hydra fused (3)"}[name],
-                "latency_ms": ms[name],
-                "x Single": ms[name] / ms["single"],
-                "x Deep": ms[name] / ms["deep"],
-                "x Naive": ms[name] / ms["naive"],
-                "params_M": params / 1e6,
-                "GMACs": macs / 1e9,
-                "GFLOP/s": 2 * macs / (ms[name] * 1e-3) / 1e9,
-                "% of matmul peak": 100 * 2 * macs / (ms[name] * 1e-3) / 1e9 / peak,
-            })
-    return rows
+    return make
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    add_timing_args(parser)
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logger.info("torch %s, %d threads, device %s", torch.__version__, torch.get_num_threads(), args.device)
-    rows = run(args.batch_sizes, args.seq_len, args.device, args.rounds, args.repeats)
-    cols = ["batch", "model", "latency_ms", "x Single", "x Deep", "x Naive", "params_M", "GMACs", "GFLOP/s",
-            "% of matmul peak"]
-    print(table(rows, cols))
-    for batch in args.batch_sizes:
-        r = {row["model"]: row for row in rows if row["batch"] == batch}
-        fused = r["Hydra fused (3)"]
-        print(f"batch {batch}: Hydra/Deep = {fused['x Deep']:.2f}, Hydra/Naive = {fused['x Naive']:.2f}, "
-              f"Hydra/Single = {fused['x Single']:.2f}, params Hydra/Single = "
-              f"{fused['params_M'] / r['Single']['params_M']:.2f}")
+    rows = compare_contenders(build(device=args.device), inputs_for(args.seq_len, args.device), args.batch_sizes,
+                              device=args.device, rounds=args.rounds, repeats=args.repeats, warmup=args.warmup)
+    print(table(rows, COLUMNS))
+    print("\n".join(summary_lines(rows)))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

@@ -26,7 +26,16 @@ import torch
 from transformers import ViTConfig, ViTForImageClassification
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import count_matmul_macs, count_parameters, interleaved_medians, matmul_peak_gflops, table  # noqa: E402
+from _common import (  # noqa: E402
+    COLUMNS,
+    NAMES,
+    add_timing_args,
+    compare_contenders,
+    group_parameters,
+    random_kept_heads,
+    summary_lines,
+    table,
+)
 
 from hydra_hf.modeling.configuration_hydra import HydraEnsembleViTConfig  # noqa: E402
 from hydra_hf.modeling.modeling_hydra_vit import HydraEnsembleForImageClassification  # noqa: E402
@@ -34,15 +43,6 @@ from hydra_hf.modeling.modeling_hydra_vit import HydraEnsembleForImageClassifica
 logger = logging.getLogger("bench_vit")
 
 PAPER_PARAMS_M = {"Single": 86.57, "Hydra fused (3)": 116.31, "Deep Ensemble (3)": 259.7}
-NAMES = {"single": "Single", "deep": "Deep Ensemble (3)", "naive": "Naive members (3)", "fused": "Hydra fused (3)"}
-
-
-def random_kept_heads(num_members: int, num_layers: int, num_heads: int, keep: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    return [
-        [sorted(torch.randperm(num_heads, generator=g)[:keep].tolist()) for _ in range(num_layers)]
-        for _ in range(num_members)
-    ]
 
 
 def build(members: int = 3, keep: int = 8, attn: str = "sdpa", device: str = "cpu") -> dict:
@@ -65,57 +65,17 @@ def build(members: int = 3, keep: int = 8, attn: str = "sdpa", device: str = "cp
 
 
 def parameter_counts(models: dict) -> dict[str, int]:
-    return {
-        NAMES[name]: sum(count_parameters(m) for m in group) if isinstance(group, list) else count_parameters(group)
-        for name, group in models.items()
-    }
+    return {NAMES[name]: group_parameters(group) for name, group in models.items()}
 
 
-def run(batch_sizes: list[int], device: str, rounds: int, repeats: int, warmup: int) -> list[dict]:
-    models = build(device=device)
-    params = parameter_counts(models)
-    peak = matmul_peak_gflops() if device == "cpu" else float("nan")
-    logger.info("measured fp32 matmul peak: %.1f GFLOP/s", peak)
-    rows = []
-    for batch in batch_sizes:
-        x = torch.randn(batch, 3, 224, 224, device=device)
-
-        def call(group):
-            if isinstance(group, list):
-                return lambda: [m(x).logits for m in group]
-            return lambda: group(x).logits
-
-        fns = {name: call(group) for name, group in models.items()}
-        sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
-        timed = {name: (lambda f=f: (f(), sync())) for name, f in fns.items()}
-        ms = interleaved_medians(timed, rounds=rounds, repeats=repeats, warmup=warmup)
-        for name in models:
-            macs = count_matmul_macs(fns[name])
-            rows.append({
-                "batch": batch,
-                "model": NAMES[name],
-                "latency_ms": ms[name],
-                "x Single": ms[name] / ms["single"],
-                "x Deep": ms[name] / ms["deep"],
-                "x Naive": ms[name] / ms["naive"],
-                "params_M": params[NAMES[name]] / 1e6,
-                "paper params_M": PAPER_PARAMS_M.get(NAMES[name], float("nan")),
-                "GMACs": macs / 1e9,
-                "GFLOP/s": 2 * macs / (ms[name] * 1e-3) / 1e9,
-                "% of matmul peak": 100 * 2 * macs / (ms[name] * 1e-3) / 1e9 / peak,
-            })
-    return rows
+def inputs_for(device: str):
+    return lambda batch: {"pixel_values": torch.randn(batch, 3, 224, 224, device=device)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--warmup", type=int, default=1)
+    add_timing_args(parser, rounds=3, repeats=1)
     parser.add_argument("--params-only", action="store_true", help="print the parameter counts and exit")
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logger.info("torch %s, %d threads, device %s", torch.__version__, torch.get_num_threads(), args.device)
@@ -125,16 +85,13 @@ def main() -> None:
             paper = PAPER_PARAMS_M.get(name)
             print(f"{name}: {n / 1e6:.2f}M" + (f" (paper: {paper}M)" if paper else ""))
         return
-    rows = run(args.batch_sizes, args.device, args.rounds, args.repeats, args.warmup)
-    cols = ["batch", "model", "latency_ms", "x Single", "x Deep", "x Naive", "params_M", "paper params_M", "GMACs",
-            "GFLOP/s", "% of matmul peak"]
-    print(table(rows, cols))
-    for batch in args.batch_sizes:
-        r = {row["model"]: row for row in rows if row["batch"] == batch}
-        fused = r["Hydra fused (3)"]
-        print(f"batch {batch}: Hydra/Deep = {fused['x Deep']:.2f}, Hydra/Naive = {fused['x Naive']:.2f}, "
-              f"Hydra/Single = {fused['x Single']:.2f}, params Hydra/Single = "
-              f"{fused['params_M'] / r['Single']['params_M']:.2f}")
+    models = build(device=args.device)
+    rows = compare_contenders(models, inputs_for(args.device), args.batch_sizes, device=args.device,
+                              rounds=args.rounds, repeats=args.repeats, warmup=args.warmup)
+    for row in rows:
+        row["paper params_M"] = PAPER_PARAMS_M.get(row["model"], float("nan"))
+    print(table(rows, COLUMNS[:7] + ["paper params_M"] + COLUMNS[7:]))
+    print("\n".join(summary_lines(rows)))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 
