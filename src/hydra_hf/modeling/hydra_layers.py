@@ -227,7 +227,7 @@ class HydraLayerNorm(nn.Module):
         x = F.layer_norm(x, (d,), eps=self.eps)
         extra = x.dim() - (0 if shared else 1) - 1  # dimensions between M and d
         shape = (self.weight.shape[0],) + (1,) * extra + (d,)
-        return x * self.weight.view(shape) + self.bias.view(shape)
+        return torch.addcmul(self.bias.view(shape), x, self.weight.view(shape))  # bias + x * weight, one pass
 
 
 class HydraMLP(nn.Module):
