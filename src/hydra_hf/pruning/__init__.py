@@ -1,0 +1,47 @@
+"""Choosing which attention heads each Hydra member keeps.
+
+- :mod:`.adapters` — where the heads of BERT / ViT / CLIP / timm / open_clip models live;
+- :mod:`.gates` — :class:`HeadGates`: switch heads on/off (and differentiate) on stock models;
+- :mod:`.taylor` — Strategy 1, Taylor importance with prune–recompute;
+- :mod:`.circuits` — Strategy 2, greedy circuit search (CircAcc / CircOOD / CircAvg), cached;
+- :mod:`.diversity` — M members from seeds, criteria and user masks.
+"""
+
+from .adapters import AttentionLayer, ModelAdapter, get_adapter
+from .budget import Budget
+from .circuits import (
+    CachedBertEvaluator,
+    GatedEvaluator,
+    auroc,
+    circuit_prune,
+    circuit_score,
+    make_evaluator,
+    reference_circuit_ranking,
+)
+from .diversity import METHODS, parse_methods, prune_members, random_prune
+from .gates import HeadGates, zero_head_columns_
+from .taylor import PruneResult, select_top, taylor_prune, taylor_scores
+
+__all__ = [
+    "METHODS",
+    "AttentionLayer",
+    "Budget",
+    "CachedBertEvaluator",
+    "GatedEvaluator",
+    "HeadGates",
+    "ModelAdapter",
+    "PruneResult",
+    "auroc",
+    "circuit_prune",
+    "circuit_score",
+    "get_adapter",
+    "make_evaluator",
+    "parse_methods",
+    "prune_members",
+    "random_prune",
+    "reference_circuit_ranking",
+    "select_top",
+    "taylor_prune",
+    "taylor_scores",
+    "zero_head_columns_",
+]

@@ -1,0 +1,257 @@
+"""Architecture adapters: where a model's attention heads live and how to get logits from a batch.
+
+Pruning (gates, Taylor scores, circuit search) only needs, for every attention layer,
+
+- the output projection ``W_O`` (an ``nn.Linear`` whose input columns ``h*dk:(h+1)*dk`` belong to
+  head ``h``) — gates scale those column blocks;
+- the rows of ``W_q``, ``W_k``, ``W_v`` that belong to each head — Taylor scores read them;
+
+and a way to compute class logits from a batch. :func:`get_adapter` builds a :class:`ModelAdapter`
+holding exactly this for
+
+- Hugging Face BERT-like encoders (``BertModel`` / ``BertFor*`` and models with the same
+  ``encoder.layer[i].attention.{self.query,key,value; output.dense}`` layout, e.g. RoBERTa);
+- Hugging Face ViT (``ViTModel`` / ``ViTForImageClassification``; transformers 5 layout
+  ``layers[i].attention.{q,k,v,o}_proj``);
+- Hugging Face CLIP (``CLIPModel``: towers ``"vision"`` and ``"text"``);
+- timm ``VisionTransformer`` (``blocks[i].attn.{qkv, proj}``);
+- open_clip ``CLIP`` (towers ``"vision"`` and ``"text"``, ``nn.MultiheadAttention`` with
+  ``in_proj_weight`` and ``out_proj``).
+
+Single-tower models have one tower, named ``"text"`` (BERT) or ``"vision"`` (ViT, timm).
+CLIP logits are zero-shot logits: scaled cosine similarity of each image with the class prompts
+(``class_text_inputs``, tokenized by the caller).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass
+class AttentionLayer:
+    """One self-attention layer, seen from the pruning code.
+
+    Attributes:
+        out_proj: the output projection; its input features are ``num_heads`` blocks of ``head_dim``.
+        qkv: ``[(weight, row_offset)]`` for Q, K and V: head ``h``'s rows of that projection are
+            ``weight[row_offset + h*head_dim : row_offset + (h+1)*head_dim]``.
+        num_heads: heads in the layer (``H``).
+        head_dim: features per head (``dk``).
+    """
+
+    out_proj: nn.Linear
+    qkv: list[tuple[nn.Parameter, int]]
+    num_heads: int
+    head_dim: int
+
+
+@dataclass
+class ModelAdapter:
+    """What pruning needs to know about one architecture.
+
+    Attributes:
+        kind: ``"hf_bert"``, ``"hf_vit"``, ``"hf_clip"``, ``"timm_vit"`` or ``"open_clip"``.
+        model: the wrapped model.
+        towers: tower name -> its attention layers, in depth order.
+        logits_fn: ``(model, batch) -> logits (B, C)``.
+        input_keys: batch keys the model reads (``labels`` is never passed to the model).
+    """
+
+    kind: str
+    model: nn.Module
+    towers: dict[str, list[AttentionLayer]]
+    logits_fn: Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
+    input_keys: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def tower_names(self) -> list[str]:
+        return list(self.towers)
+
+    def shape(self, tower: str | None = None) -> tuple[int, int]:
+        """``(L, H)`` of one tower (the only one when ``tower`` is None)."""
+        layers = self.towers[self.resolve_tower(tower)]
+        return len(layers), layers[0].num_heads
+
+    def resolve_tower(self, tower: str | None) -> str:
+        if tower is None:
+            if len(self.towers) != 1:
+                raise ValueError(
+                    f"this {self.kind} model has towers {list(self.towers)}; choose one with tower=... (or --tower)"
+                )
+            return next(iter(self.towers))
+        if tower not in self.towers:
+            raise ValueError(f"unknown tower {tower!r}; this {self.kind} model has {list(self.towers)}")
+        return tower
+
+    def logits(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """Class logits ``(B, C)`` of a batch (moved to the model's device)."""
+        device = next(self.model.parameters()).device
+        inputs = {k: v.to(device) for k, v in batch.items() if k in self.input_keys}
+        return self.logits_fn(self.model, inputs)
+
+
+def _bert_layers(encoder_layers: Any) -> list[AttentionLayer]:
+    out = []
+    for layer in encoder_layers:
+        att = layer.attention.self
+        H, dk = att.num_attention_heads, att.attention_head_size
+        out.append(
+            AttentionLayer(
+                out_proj=layer.attention.output.dense,
+                qkv=[(att.query.weight, 0), (att.key.weight, 0), (att.value.weight, 0)],
+                num_heads=H,
+                head_dim=dk,
+            )
+        )
+    return out
+
+
+def _qkv_proj_layers(attn_modules: list[nn.Module], out_name: str, num_heads: int) -> list[AttentionLayer]:
+    out = []
+    for att in attn_modules:
+        o = getattr(att, out_name)
+        dk = o.in_features // num_heads
+        out.append(
+            AttentionLayer(
+                out_proj=o,
+                qkv=[(att.q_proj.weight, 0), (att.k_proj.weight, 0), (att.v_proj.weight, 0)],
+                num_heads=num_heads,
+                head_dim=dk,
+            )
+        )
+    return out
+
+
+def _fused_qkv_layers(pairs: list[tuple[nn.Parameter, nn.Linear]], num_heads: int) -> list[AttentionLayer]:
+    """Layers whose Q, K, V are one fused ``(3*H*dk, d)`` weight (timm ``qkv``, torch MHA ``in_proj``)."""
+    out = []
+    for weight, proj in pairs:
+        attn_dim = weight.shape[0] // 3
+        out.append(
+            AttentionLayer(
+                out_proj=proj,
+                qkv=[(weight, 0), (weight, attn_dim), (weight, 2 * attn_dim)],
+                num_heads=num_heads,
+                head_dim=attn_dim // num_heads,
+            )
+        )
+    return out
+
+
+def _hf_classifier_logits(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return model(**inputs).logits
+
+
+def get_adapter(model: nn.Module, *, class_text_inputs: Mapping[str, torch.Tensor] | torch.Tensor | None = None) -> ModelAdapter:
+    """Build the :class:`ModelAdapter` of a supported model.
+
+    Args:
+        model: a supported model (see the module docstring).
+        class_text_inputs: CLIP models only: the tokenized class prompts (HF: a dict with
+            ``input_ids``/``attention_mask`` of shape ``(C, T)``; open_clip: token ids ``(C, T)``),
+            needed for zero-shot logits. Gates work without them.
+
+    Raises:
+        TypeError: the architecture is not supported.
+    """
+    from transformers import PreTrainedModel
+
+    if isinstance(model, PreTrainedModel):
+        model_type = getattr(model.config, "model_type", "")
+        if model_type == "clip":
+            return _hf_clip_adapter(model, class_text_inputs)
+        if model_type == "vit":
+            vit = model if hasattr(model, "layers") else getattr(model, "vit", None)
+            if vit is None or not hasattr(vit, "layers"):
+                raise TypeError(f"cannot find the ViT layers of {type(model).__name__}")
+            H = model.config.num_attention_heads
+            layers = _qkv_proj_layers([layer.attention for layer in vit.layers], "o_proj", H)
+            return ModelAdapter("hf_vit", model, {"vision": layers}, _hf_classifier_logits, ("pixel_values",))
+        base = getattr(model, model.base_model_prefix, model) if hasattr(model, "base_model_prefix") else model
+        encoder = getattr(base, "encoder", None)
+        if encoder is not None and hasattr(encoder, "layer") and hasattr(encoder.layer[0], "attention"):
+            att = encoder.layer[0].attention
+            if hasattr(att, "self") and hasattr(att.self, "query") and hasattr(att, "output"):
+                return ModelAdapter(
+                    "hf_bert",
+                    model,
+                    {"text": _bert_layers(encoder.layer)},
+                    _hf_classifier_logits,
+                    ("input_ids", "attention_mask", "token_type_ids"),
+                )
+        raise TypeError(
+            f"hydra_hf pruning does not support {type(model).__name__} (model_type {model_type!r}); "
+            "supported: BERT-like encoders, ViT, CLIP, timm VisionTransformer, open_clip CLIP"
+        )
+    try:
+        import timm.models.vision_transformer as timm_vit
+    except ImportError:  # pragma: no cover - timm is a dependency
+        timm_vit = None
+    if timm_vit is not None and isinstance(model, timm_vit.VisionTransformer):
+        H = model.blocks[0].attn.num_heads
+        pairs = [(blk.attn.qkv.weight, blk.attn.proj) for blk in model.blocks]
+        return ModelAdapter(
+            "timm_vit", model, {"vision": _fused_qkv_layers(pairs, H)}, lambda m, b: m(b["pixel_values"]), ("pixel_values",)
+        )
+    try:
+        import open_clip
+    except ImportError:  # pragma: no cover - open_clip is a dependency
+        open_clip = None
+    if open_clip is not None and isinstance(model, (open_clip.CLIP, open_clip.CustomTextCLIP)):
+        return _open_clip_adapter(model, class_text_inputs)
+    raise TypeError(
+        f"hydra_hf pruning does not support {type(model).__name__}; supported: BERT-like encoders, ViT, CLIP "
+        "(transformers), timm VisionTransformer, open_clip CLIP"
+    )
+
+
+def _hf_clip_adapter(model: nn.Module, class_text_inputs: Any) -> ModelAdapter:
+    vis, txt = model.vision_model, model.text_model
+    towers = {
+        "vision": _qkv_proj_layers([l.self_attn for l in vis.encoder.layers], "out_proj", model.config.vision_config.num_attention_heads),
+        "text": _qkv_proj_layers([l.self_attn for l in txt.encoder.layers], "out_proj", model.config.text_config.num_attention_heads),
+    }
+
+    def logits_fn(m: nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        if class_text_inputs is None:
+            raise ValueError("CLIP logits need the tokenized class prompts: get_adapter(model, class_text_inputs=...)")
+        device = inputs["pixel_values"].device
+        text = {k: v.to(device) for k, v in dict(class_text_inputs).items()}
+        out = m(pixel_values=inputs["pixel_values"], **text)
+        return out.logits_per_image  # (B, C)
+
+    return ModelAdapter("hf_clip", model, towers, logits_fn, ("pixel_values",))
+
+
+def _open_clip_adapter(model: nn.Module, class_text_inputs: Any) -> ModelAdapter:
+    towers: dict[str, list[AttentionLayer]] = {}
+    visual_tf = getattr(model.visual, "transformer", None)
+    if visual_tf is not None and isinstance(visual_tf.resblocks[0].attn, nn.MultiheadAttention):
+        towers["vision"] = _fused_qkv_layers(
+            [(b.attn.in_proj_weight, b.attn.out_proj) for b in visual_tf.resblocks], visual_tf.resblocks[0].attn.num_heads
+        )
+    text_tf = getattr(model, "transformer", None)
+    if text_tf is not None and isinstance(text_tf.resblocks[0].attn, nn.MultiheadAttention):
+        towers["text"] = _fused_qkv_layers(
+            [(b.attn.in_proj_weight, b.attn.out_proj) for b in text_tf.resblocks], text_tf.resblocks[0].attn.num_heads
+        )
+    if not towers:
+        raise TypeError(
+            "this open_clip model uses custom attention blocks; only nn.MultiheadAttention towers are supported"
+        )
+
+    def logits_fn(m: nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        if class_text_inputs is None:
+            raise ValueError("CLIP logits need the tokenized class prompts: get_adapter(model, class_text_inputs=...)")
+        tokens = class_text_inputs.to(inputs["pixel_values"].device)
+        image = nn.functional.normalize(m.encode_image(inputs["pixel_values"]), dim=-1)  # (B, E)
+        text = nn.functional.normalize(m.encode_text(tokens), dim=-1)  # (C, E)
+        return m.logit_scale.exp() * image @ text.T  # (B, C)
+
+    return ModelAdapter("open_clip", model, towers, logits_fn, ("pixel_values",))

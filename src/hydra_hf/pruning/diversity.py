@@ -1,0 +1,213 @@
+"""M different members: seeds, criteria and user masks, and how different the members are.
+
+The paper finds the pruning *seed* to be the main source of useful diversity (its Table 9). What the
+seed of member ``m`` (``seed + m``) changes, per method:
+
+- ``taylor`` / ``taylor-gate``: (1) the calibration data is a seeded random subset
+  (``data_fraction`` of the ID data, in a seeded order) and (2) the kept heads are *sampled* from the
+  importance ranking with seeded Gumbel-top-k at ``temperature`` (Plackett–Luce ∝ score^(1/T));
+  ``temperature=0`` and ``data_fraction=1`` make every member identical.
+- ``circuit-acc`` / ``circuit-ood`` / ``circuit-avg``: the ID and OOD validation data are seeded
+  random subsets (``data_fraction`` of each) and exact ties between candidates are broken at random
+  (seeded).
+- ``random``: which heads are removed (uniformly at random within the budget).
+
+Members from different criteria: ``methods=["circuit-acc", "circuit-ood", "circuit-avg"]`` gives one
+member per method (cycled, with the next seed, when ``members`` is larger). Members from user masks:
+``include`` (a :class:`~hydra_hf.masks.HeadMasks`) adds its members, unchanged, after the computed ones.
+
+:func:`HeadMasks.jaccard <hydra_hf.masks.HeadMasks.jaccard>` gives the pairwise overlap of the
+members' kept heads; :func:`prune_members` stores it in the masks metadata and logs the summary.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+import datasets
+
+from ..masks import HeadMasks
+from .adapters import ModelAdapter
+from .budget import Budget
+from .circuits import as_metadata, circuit_prune
+from .taylor import PruneResult, taylor_prune
+
+logger = logging.getLogger(__name__)
+
+METHODS = ("taylor", "taylor-gate", "circuit-acc", "circuit-ood", "circuit-avg", "random")
+Batches = list[dict[str, torch.Tensor]]
+
+
+def random_prune(num_layers: int, num_heads: int, budget: Budget, *, seed: int = 0) -> PruneResult:
+    """Remove heads uniformly at random within the budget (a baseline and a diversity check)."""
+    budget.check(num_layers, num_heads)
+    generator = torch.Generator().manual_seed(seed)
+    gates = torch.ones(num_layers, num_heads)
+    removal: list[tuple[int, int]] = []
+    if budget.heads_per_layer is not None:
+        for layer in range(num_layers):
+            perm = torch.randperm(num_heads, generator=generator).tolist()
+            for h in perm[: num_heads - budget.heads_per_layer]:
+                gates[layer, h] = 0.0
+                removal.append((layer, h))
+    else:
+        perm = torch.randperm(num_layers * num_heads, generator=generator).tolist()
+        for i in perm[: int(budget.remove)]:  # type: ignore[arg-type]
+            layer, h = divmod(i, num_heads)
+            gates[layer, h] = 0.0
+            removal.append((layer, h))
+    return PruneResult(
+        gates=gates,
+        scores=torch.full((num_layers, num_heads), float("nan")),
+        removal_order=removal,
+        metadata={"method": "random", "seed": seed},
+    )
+
+
+def _subset(dataset: datasets.Dataset | None, fraction: float, seed: int) -> datasets.Dataset | None:
+    if dataset is None or fraction >= 1.0:
+        return dataset
+    n = max(1, round(len(dataset) * fraction))
+    idx = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))[:n].sort().values.tolist()
+    return dataset.select(idx)
+
+
+def parse_methods(methods: str | Sequence[str]) -> list[str]:
+    """``"circuit-acc,circuit-ood"`` or a list -> validated list of method names."""
+    items = [m.strip() for m in methods.split(",")] if isinstance(methods, str) else [str(m).strip() for m in methods]
+    items = [m for m in items if m]
+    if not items:
+        raise ValueError(f"no pruning method given; choose from {list(METHODS)}")
+    bad = [m for m in items if m not in METHODS]
+    if bad:
+        raise ValueError(f"unknown pruning method(s) {bad}; choose from {list(METHODS)} (comma-separated for several)")
+    return items
+
+
+def prune_members(
+    adapter: ModelAdapter,
+    *,
+    methods: str | Sequence[str],
+    budget: Budget,
+    make_batches: Callable[[datasets.Dataset, int], Batches],
+    id_data: datasets.Dataset,
+    ood_data: datasets.Dataset | None = None,
+    members: int = 3,
+    seed: int = 0,
+    tower: str | None = None,
+    temperature: float | None = None,
+    data_fraction: float | None = None,
+    heads_per_step: int = 1,
+    taylor_rounds: int = 1,
+    include: HeadMasks | None = None,
+    fast: bool = True,
+    progress: bool = True,
+    metadata: dict[str, Any] | None = None,
+) -> HeadMasks:
+    """Compute ``members`` pruning masks and return them as :class:`~hydra_hf.masks.HeadMasks`.
+
+    Args:
+        adapter: adapter of the (classification) model to prune.
+        methods: one method or several (one member per method, cycled); see :data:`METHODS`.
+        budget: the pruning budget of every member.
+        make_batches: ``(dataset, seed) -> list of batches`` (tokenize / transform; the seed may
+            shuffle).
+        id_data: labelled ID data (calibration for Taylor, validation for circuits).
+        ood_data: OOD validation data (circuit-ood / circuit-avg).
+        members: number of members to compute.
+        seed: seed of member 0; member ``m`` uses ``seed + m``.
+        temperature: Taylor sampling temperature (default: 1.0 with several members, else 0).
+        data_fraction: fraction of the data each member sees (default: 0.8 with several members,
+            else 1.0).
+        heads_per_step: circuit heads removed per greedy step (1 = exact).
+        taylor_rounds: recompute rounds of the global Taylor ranking (``Budget(remove=N)``).
+        include: user masks whose members are appended unchanged.
+        metadata: extra top-level metadata (e.g. the base model path).
+
+    Returns:
+        The masks; ``member_metadata[m]`` holds ``method``, ``seed``, ``scores``, ``ranking``, ...;
+        ``metadata`` holds ``method``, ``seed``, ``budget`` and ``pairwise_jaccard``.
+    """
+    method_list = parse_methods(methods)
+    if isinstance(members, bool) or not isinstance(members, int) or members < 0:
+        raise ValueError(f"members must be a non-negative integer, got {members!r}")
+    if members == 0 and include is None:
+        raise ValueError("members is 0 and no masks are included; ask for at least one member")
+    tower = adapter.resolve_tower(tower)
+    L, H = adapter.shape(tower)
+    budget.check(L, H)
+    if any(m.startswith("circuit") and m != "circuit-acc" for m in method_list) and ood_data is None:
+        raise ValueError("circuit-ood and circuit-avg need OOD validation data; give --ood-data")
+    if "label" not in id_data.column_names and any(m != "random" for m in method_list):
+        raise ValueError("the ID data has no labels; Taylor and circuit pruning need labelled ID data (--label-column)")
+    if len(id_data) == 0:
+        raise ValueError("the ID data is empty; give at least one labelled example")
+    several = members > 1
+    temperature = (1.0 if several else 0.0) if temperature is None else float(temperature)
+    data_fraction = (0.8 if several else 1.0) if data_fraction is None else float(data_fraction)
+    if not 0.0 < data_fraction <= 1.0:
+        raise ValueError(f"data_fraction must be in (0, 1], got {data_fraction}")
+    if include is not None:
+        include.check_compatible(L, H, model="the model being pruned")
+
+    kept: list[list[list[int]]] = []
+    member_meta: list[dict[str, Any]] = []
+    for m in range(members):
+        method = method_list[m % len(method_list)]
+        member_seed = seed + m
+        logger.info("member %d/%d: %s, seed %d", m + 1, members, method, member_seed)
+        if method == "random":
+            result = random_prune(L, H, budget, seed=member_seed)
+        elif method.startswith("taylor"):
+            batches = make_batches(_subset(id_data, data_fraction, member_seed), member_seed)
+            result = taylor_prune(
+                adapter,
+                batches,
+                budget,
+                criterion="gate" if method == "taylor-gate" else "weight",
+                tower=tower,
+                seed=member_seed,
+                temperature=temperature,
+                rounds=taylor_rounds,
+                progress=progress,
+            )
+        else:
+            id_batches = make_batches(_subset(id_data, data_fraction, member_seed), member_seed)
+            ood_subset = _subset(ood_data, data_fraction, member_seed + 7919) if ood_data is not None else None
+            ood_batches = make_batches(ood_subset, member_seed) if ood_subset is not None else None
+            result = circuit_prune(
+                adapter,
+                id_batches,
+                ood_batches,
+                budget,
+                score=method.split("-", 1)[1],
+                tower=tower,
+                heads_per_step=heads_per_step,
+                seed=member_seed,
+                random_ties=several,
+                fast=fast,
+                progress=progress,
+            )
+        meta = as_metadata(result)
+        meta.update({"method": method, "seed": member_seed, "data_fraction": data_fraction})
+        kept.append([torch.nonzero(row > 0.5).flatten().tolist() for row in result.gates])
+        member_meta.append(meta)
+    if include is not None:
+        for k, meta in zip(include.kept_heads, include.member_metadata):
+            kept.append([list(h) for h in k])
+            member_meta.append({**meta, "source": "included"})
+    masks = HeadMasks(kept_heads=kept, num_heads=H, member_metadata=member_meta)
+    masks.metadata = {
+        **(metadata or {}),
+        "method": ",".join(method_list),
+        "seed": seed,
+        "budget": budget.to_dict(),
+        "tower": tower,
+        "pairwise_jaccard": [[round(v, 4) for v in row] for row in masks.jaccard().tolist()],
+    }
+    logger.info("%s", masks.summary())
+    return masks

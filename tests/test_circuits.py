@@ -1,0 +1,96 @@
+"""Circuit search: planted heads survive, the cached/batched greedy equals plain Algorithm 1."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+
+from _tiny_models import SIGNAL_HEAD, image_batches, planted_bert, signal_batches, text_batches, tiny_bert, tiny_vit
+from hydra_hf.pruning import (
+    Budget,
+    CachedBertEvaluator,
+    GatedEvaluator,
+    auroc,
+    circuit_prune,
+    get_adapter,
+    reference_circuit_ranking,
+)
+
+
+def test_auroc_matches_sklearn_with_ties():
+    g = torch.Generator().manual_seed(0)
+    pos = torch.randint(0, 5, (40,), generator=g).double()
+    neg = torch.randint(0, 5, (30,), generator=g).double()
+    expected = roc_auc_score([1] * 40 + [0] * 30, torch.cat([pos, neg]).numpy())
+    assert auroc(pos, neg) == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("score", ["acc", "ood", "avg"])
+def test_planted_signal_head_is_kept(score):
+    model = planted_bert()
+    result = circuit_prune(
+        get_adapter(model), signal_batches(96, 5), signal_batches(96, 6, ood=True), Budget(remove=7), score=score, progress=False
+    )
+    assert result.gates.nonzero().tolist() == [list(SIGNAL_HEAD)]
+    assert SIGNAL_HEAD not in result.removal_order
+
+
+def test_circuit_ood_prefers_the_separating_head():
+    model = planted_bert()
+    adapter = get_adapter(model)
+    id_b, ood_b = signal_batches(96, 5), signal_batches(96, 6, ood=True)
+    ev = GatedEvaluator(adapter, id_b, ood_b)
+    # the signal head separates the planted OOD set; without it MSP is the same for every input
+    with_head = ev.score_of(torch.ones(2, 4), "ood")
+    without = torch.ones(2, 4)
+    without[SIGNAL_HEAD] = 0
+    assert with_head > 0.75 and ev.score_of(without, "ood") == pytest.approx(0.5)
+    result = circuit_prune(adapter, id_b, ood_b, Budget(heads_per_layer=1), score="ood", progress=False)
+    assert result.gates[SIGNAL_HEAD] == 1 and (result.gates.sum(dim=1) == 1).all()
+
+
+def test_cached_evaluator_matches_plain_scores():
+    model = tiny_bert(layers=3, seed=3)
+    adapter = get_adapter(model)
+    id_b, ood_b = text_batches(40, 1, batch_size=20), text_batches(40, 2, batch_size=20)
+    gates = torch.ones(3, 4)
+    gates[1, 2] = gates[0, 0] = 0
+    candidates = [(l, h) for l in range(3) for h in range(4) if gates[l, h] > 0]
+    plain, cached = GatedEvaluator(adapter, id_b, ood_b), CachedBertEvaluator(adapter, id_b, ood_b, bucket_size=16, max_rows=1000)
+    for score in ("acc", "ood", "avg"):
+        assert torch.allclose(plain.evaluate(gates, candidates, score), cached.evaluate(gates, candidates, score), atol=1e-12)
+    assert cached.score_of(gates, "avg") == pytest.approx(plain.score_of(gates, "avg"))
+
+
+@pytest.mark.parametrize("score", ["ood", "avg"])
+def test_fast_greedy_equals_plain_algorithm_1(score):
+    model = tiny_bert(layers=3, seed=4)
+    id_b, ood_b = text_batches(32, 11, batch_size=16), text_batches(32, 12, batch_size=16)
+    reference = reference_circuit_ranking(model, id_b, ood_b, n_remove=4, score=score)
+    fast = circuit_prune(get_adapter(model), id_b, ood_b, Budget(remove=4), score=score, progress=False)
+    assert fast.removal_order == reference
+    plain = circuit_prune(get_adapter(model), id_b, ood_b, Budget(remove=4), score=score, fast=False, progress=False)
+    assert plain.removal_order == reference
+
+
+def test_per_layer_budget_k_heads_per_step_and_vit():
+    model = tiny_bert(layers=3, seed=5)
+    adapter = get_adapter(model)
+    id_b, ood_b = text_batches(32, 1), text_batches(32, 2)
+    res = circuit_prune(adapter, id_b, ood_b, Budget(heads_per_layer=2), score="avg", heads_per_step=3, progress=False)
+    assert (res.gates.sum(dim=1) == 2).all() and len(res.removal_order) == 6
+    assert len(res.metadata["score_history"]) == 3  # unpruned + 2 steps of 3 heads
+    vit = get_adapter(tiny_vit())
+    res = circuit_prune(vit, image_batches(16, 0), image_batches(16, 1), Budget(remove=3), score="avg", progress=False)
+    assert res.gates.sum() == 5
+
+
+def test_circuit_errors():
+    adapter = get_adapter(tiny_bert(layers=2))
+    with pytest.raises(ValueError, match="ood-data"):
+        circuit_prune(adapter, text_batches(8, 0), None, Budget(remove=1), score="avg", progress=False)
+    with pytest.raises(ValueError, match="larger than"):
+        circuit_prune(adapter, text_batches(8, 0), text_batches(8, 1), Budget(remove=9), progress=False)
+    with pytest.raises(ValueError, match="exactly one budget"):
+        Budget(heads_per_layer=1, remove=2)
