@@ -256,16 +256,20 @@ def train_ensemble_heads(
     return heads
 
 
-def measure_latency_ms(predictor: Predictor, batch: Mapping[str, torch.Tensor], repeats: int = 5, warmup: int = 1) -> float:
-    """Median wall time (ms) of one ``member_logits`` call on ``batch``."""
-    times = []
+def interleaved_latency_ms(predictors: list[Predictor], batch: Mapping[str, torch.Tensor], rounds: int = 5) -> list[float]:
+    """Median wall time (ms) of one ``member_logits`` call on ``batch`` per predictor, measured
+    round-robin (one call each per round, after a warm-up call) so that changes in machine load hit
+    every predictor alike."""
+    times: list[list[float]] = [[] for _ in predictors]
     with torch.inference_mode():
-        for i in range(warmup + repeats):
-            t0 = time.perf_counter()
+        for predictor in predictors:
             predictor.member_logits(batch)
-            if i >= warmup:
-                times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        for _ in range(rounds):
+            for i, predictor in enumerate(predictors):
+                t0 = time.perf_counter()
+                predictor.member_logits(batch)
+                times[i].append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(t) for t in times]
 
 
 # ---------------------------------------------------------------------------------- evaluating
@@ -304,12 +308,13 @@ def evaluate_predictors(
             ood = predict(predictor, loader, desc=f"{name}: {ood_name}")
             ood_preds[name][ood_name] = ood
             row[ood_name] = metrics.ood_report(id_scores, ood.ood_scores(score))
-        if latency_batch is not None:
-            row["latency_ms"] = measure_latency_ms(predictor, latency_batch)
         row["params_m"] = predictor.num_parameters() / 1e6
         row["members"] = int(preds.member_logits.shape[1])
         rows.append(row)
         id_preds[name] = preds
+    if latency_batch is not None:
+        for row, ms in zip(rows, interleaved_latency_ms(list(predictors.values()), latency_batch)):
+            row["latency_ms"] = ms
     return EvaluationResult(rows=rows, id_predictions=id_preds, ood_predictions=ood_preds, score=score)
 
 
