@@ -106,13 +106,17 @@ class MCDropoutPredictor(Predictor):
 
 
 def pooled_features(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The features a stock sequence classifier feeds its classifier: BERT's pooled ``[CLS]`` output."""
+    """The features a stock classifier feeds its classifier: BERT's pooled ``[CLS]`` output, or ViT's
+    ``[CLS]`` token after the final LayerNorm (``ViTForImageClassification``)."""
     backbone = getattr(model, "bert", None)
-    if backbone is None:
-        raise ValueError(
-            f"Deep Ensembles (D) needs a BERT-family classifier with a `.bert` backbone, got {type(model).__name__}"
-        )
-    return backbone(**_model_inputs(batch)).pooler_output  # (B, d)
+    if backbone is not None:
+        return backbone(**_model_inputs(batch)).pooler_output  # (B, d)
+    vit = getattr(model, "vit", None)
+    if vit is not None:
+        return vit(**_model_inputs(batch)).last_hidden_state[:, 0]  # (B, d): ViTModel ends with its LayerNorm
+    raise ValueError(
+        f"Deep Ensembles (D) needs a BERT-family classifier (`.bert`) or a ViT classifier (`.vit`), got {type(model).__name__}"
+    )
 
 
 class HeadsEnsemblePredictor(Predictor):

@@ -1,0 +1,127 @@
+"""`hydra-hf finetune`: fine-tune every pruned member on a task (Accelerate), then fuse them into one
+Hydra Ensemble folder. Runs as is, or under `accelerate launch` for several processes/GPUs:
+
+    accelerate launch --multi_gpu --num_processes 2 -m hydra_hf.cli finetune --model ... --output ...
+
+Every `FinetuneConfig` setting has a flag (`--learning-rate`, `--num-epochs`, ...); `--config FILE`
+(JSON or YAML) sets many at once and the flags given on the command line override it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def _optional(kind: type):
+    def parse(text: str):
+        return None if text.lower() in ("none", "off", "null") else kind(text)
+
+    parse.__name__ = f"{kind.__name__} or none"
+    return parse
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per ``FinetuneConfig`` field; unset flags stay absent from the namespace."""
+    from ..finetune import (
+        MIXED_PRECISION,
+        MLP_FUSIONS,
+        OPTIMIZERS,
+        SCHEDULERS,
+        FinetuneConfig,
+    )
+
+    choices = {"optimizer": OPTIMIZERS, "scheduler": SCHEDULERS, "mixed_precision": MIXED_PRECISION, "mlp_fusion": MLP_FUSIONS}
+    group = parser.add_argument_group("training settings (override --recipe and --config)")
+    for f in dataclasses.fields(FinetuneConfig):
+        flag = "--" + f.name.replace("_", "-")
+        helptext = f"{f.metadata.get('help', '')} (default {f.default})"
+        kwargs: dict = dict(dest=f.name, default=argparse.SUPPRESS, help=helptext)
+        if f.type == "bool":
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+            continue
+        base = f.type.replace(" | None", "")
+        kind = {"int": int, "float": float, "str": str}[base]
+        kwargs["type"] = _optional(kind) if f.type.endswith("| None") else kind
+        if f.name in choices:
+            kwargs["choices"] = list(choices[f.name])
+        group.add_argument(flag, **kwargs)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="base checkpoint folder (BERT classifier or bare encoder)")
+    p.add_argument("--masks", required=True, help="masks JSON file for this base model")
+    p.add_argument("--train-data", required=True, help="training data: NAME[:SPLIT] (e.g. rotten_tomatoes:train), a csv/jsonl/parquet file or a save_to_disk folder")
+    p.add_argument("--eval-data", default=None, help="validation data for early stopping (same forms as --train-data)")
+    p.add_argument("--output", required=True, help="the fused model folder (must not exist or be empty, unless --overwrite)")
+    p.add_argument("--work-dir", default=None, help="checkpoints, logs and per-member folders (default: OUTPUT.work)")
+    p.add_argument("--members", type=int, nargs="+", default=None, metavar="M",
+                   help="train only these members (e.g. one launch per GPU sharing --work-dir); fusing waits for all")
+    p.add_argument("--fused", action="store_true",
+                   help="train the fused model directly (loss = mean member cross-entropy) instead of member by member")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run from its last checkpoint in --work-dir")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --output and start --work-dir afresh")
+    p.add_argument("--recipe", choices=["text", "image"], default=None, help="preset settings (default: the paper's recipe for the base: image for ViT, text otherwise)")
+    p.add_argument("--config", default=None, help="JSON/YAML file of training settings (keys as the flags, with _)")
+    p.add_argument("--labels", default=None, help="comma-separated class names for a bare encoder (e.g. negative,positive)")
+    add_config_flags(p)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "finetune",
+        help="fine-tune the pruned members on a task, then fuse them",
+        description="Fine-tune every member (the base with that member's heads removed) independently — its own "
+        "seed, the same data — then fuse them into one Hydra Ensemble folder. Use `accelerate launch` for "
+        "several processes or GPUs.",
+    )
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace):
+    """The ``FinetuneConfig`` of the parsed arguments: recipe, then --config file, then flags."""
+    from ..finetune import FinetuneConfig, default_recipe, image_recipe, text_recipe
+
+    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(FinetuneConfig) if hasattr(args, f.name)}
+    if args.config:
+        if args.recipe:
+            overrides["recipe"] = args.recipe
+        return FinetuneConfig.from_file(args.config, **overrides)
+    if args.recipe is None:  # the paper's recipe for this base: image for ViT, text otherwise
+        return FinetuneConfig(**{**default_recipe(args.model).to_dict(), **overrides})
+    return (image_recipe if args.recipe == "image" else text_recipe)(**overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..finetune import finetune_fused, finetune_members
+
+    if not getattr(args, "verbose", False):
+        logging.getLogger("accelerate").setLevel(logging.WARNING)  # a line per checkpoint file is too chatty
+    config = config_from_args(args)
+    id2label = None
+    if args.labels:
+        names = [s.strip() for s in args.labels.split(",") if s.strip()]
+        if len(names) < 2:
+            raise ValueError(f"--labels needs at least two comma-separated class names, got {args.labels!r}")
+        id2label = dict(enumerate(names))
+    common = dict(
+        model_dir=args.model, masks=args.masks, train_data=args.train_data, eval_data=args.eval_data,
+        output_dir=args.output, config=config, work_dir=args.work_dir, resume=args.resume, overwrite=args.overwrite,
+        id2label=id2label,
+    )  # fmt: skip
+    if args.fused:
+        if args.members is not None:
+            raise ValueError("--members selects members to train one by one; it cannot be combined with --fused")
+        out = finetune_fused(**common)
+    else:
+        out = finetune_members(**common, members=args.members)
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:
+        print(json.dumps({"output": str(out) if out is not None else None, "mode": "fused" if args.fused else "members"}))
+    return 0

@@ -1,0 +1,224 @@
+"""The end-to-end image pipeline of the paper (ViT), as one function: the CIFAR-100 recipe runs it.
+
+The stages mirror :mod:`hydra_hf.recipes` (each writes one folder under ``output_dir``; with
+``resume=True`` a finished stage is kept):
+
+1. ``single/``      fine-tune the base Hugging Face ViT with all its heads (the **Single** baseline);
+                    its stock checkpoint is ``single.work/member_0/model``.
+2. ``masks.json``   M members by Taylor importance (default; seeds ``seed, seed+1, ...``: each member
+                    sees its own seeded subset of the ID validation split and samples its kept heads
+                    from the ranking) on the fine-tuned single model.
+3. ``hydra/``       fine-tune every member (its own seed, embeddings frozen) and fuse them.
+4. ``report/``      Hydra against Single, Single + temperature scaling, MC Dropout (when the model has
+                    dropout), Deep Ensembles (D) and one pruned member on the ID test split and every OOD
+                    test set.
+5. ``hub/``         the Hub-ready repository, validated in a fresh process (``hub.validate_staged``).
+
+Fine-tuning goes through :func:`hydra_hf.finetune.finetune_members`, which trains Hugging Face ViT
+folders (``ViTForImageClassification`` or a bare ``ViTModel``); a timm ViT is not fine-tuned here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .recipes import PipelineResult, _all_heads_masks, _stage_done, timed_stage
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ImagePipeline:
+    """Every choice of an image run. The defaults are the paper's CIFAR-100 / ViT-B/16 setting
+    (3 members, 10 heads removed each, the paper's image recipe for 7 epochs)."""
+
+    base_model: str  # a Hugging Face ViT folder with its image processor
+    train_data: str  # data specs: an image folder (one sub-folder per class) or FOLDER:SPLIT
+    validation_data: str
+    test_data: str
+    ood_test_data: dict[str, str] = field(default_factory=dict)
+    labels: tuple[str, ...] | None = None  # class names of a bare encoder (default: from the data)
+    # members
+    members: int = 3
+    method: str = "taylor"
+    remove: int = 10  # heads removed per member (of L x H)
+    prune_samples: int = 512  # ID validation images per member's Taylor scores
+    prune_data_fraction: float = 0.8
+    # fine-tuning (single model and members): the paper's image recipe (finetune.image_recipe)
+    batch_size: int = 64
+    learning_rate: float = 0.01
+    member_learning_rate: float = 0.01
+    single_steps: int | None = None
+    member_steps: int | None = None
+    num_epochs: int = 7
+    early_stopping_patience: int | None = 2
+    max_train_samples: int | None = None
+    max_validation_samples: int | None = None
+    mlp_fusion: str = "average"
+    # evaluation
+    max_test_samples: int | None = None
+    max_ood_samples: int | None = None
+    eval_batch_size: int = 64
+    mc_samples: int = 10
+    ensemble_heads: int = 3
+    seed: int = 0
+    # report and Hub folder
+    report_title: str = "Hydra Ensembles (ViT)"
+    report_notes: str = ""
+    hub_base_model: str | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _finetune_config(p: ImagePipeline, steps: int | None, learning_rate: float):
+    from .finetune import image_recipe
+
+    return image_recipe(
+        learning_rate=learning_rate, max_steps=steps, num_epochs=p.num_epochs, batch_size=p.batch_size,
+        eval_batch_size=p.eval_batch_size, max_train_samples=p.max_train_samples,
+        max_eval_samples=p.max_validation_samples, early_stopping_patience=p.early_stopping_patience, seed=p.seed,
+        mlp_fusion=p.mlp_fusion, log_every_steps=20,
+    )  # fmt: skip
+
+
+def _load_images(spec: str, labelled: bool, limit: int | None):
+    from .data import resolve_dataset
+
+    return resolve_dataset(spec, text_column=None, image_column="image", label_column="label" if labelled else None,
+                           require_labels=labelled, max_samples=limit)
+
+
+def build_image_members(p: ImagePipeline, model_dir: Path, out_file: Path):
+    """Stage 2: M members by ``p.method`` on the fine-tuned single model, ID validation data only."""
+    from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+    from .data import make_image_loader
+    from .pruning.adapters import get_adapter
+    from .pruning.budget import Budget
+    from .pruning.diversity import prune_members
+
+    model = AutoModelForImageClassification.from_pretrained(str(model_dir)).eval()
+    processor = AutoImageProcessor.from_pretrained(str(model_dir))
+    id_data = _load_images(p.validation_data, True, p.prune_samples)
+
+    def make_batches(dataset, seed):
+        transform = lambda im: processor(im, return_tensors="pt")["pixel_values"][0]  # noqa: E731  (3, H, W)
+        return list(make_image_loader(dataset, transform, batch_size=32))
+
+    masks = prune_members(
+        get_adapter(model), methods=p.method, budget=Budget(remove=p.remove), make_batches=make_batches,
+        id_data=id_data, members=p.members, seed=p.seed, data_fraction=p.prune_data_fraction,
+        metadata={"base_model": str(model_dir), "id_validation": p.validation_data},
+    )  # fmt: skip
+    masks.save(out_file)
+    logger.info("members:\n%s", masks.summary())
+    return masks
+
+
+def evaluate_image_pipeline(p: ImagePipeline, single_dir: Path, hydra_dir: Path, member_dir: Path, report_dir: Path,
+                            settings: dict[str, Any]) -> dict[str, Any]:
+    """Stage 4: Hydra vs the paper's baselines on the ID test split and every OOD test set."""
+    from torch import nn
+
+    from . import evaluation as ev
+
+    single, processor, _ = ev.load_classifier(single_dir)
+    hydra, _, _ = ev.load_classifier(hydra_dir)
+    pruned, _, _ = ev.load_classifier(member_dir)
+
+    def loader(spec, labelled, limit):
+        return ev.make_loader(_load_images(spec, labelled, limit), processor, "image", batch_size=p.eval_batch_size)
+
+    test = loader(p.test_data, True, p.max_test_samples)
+    val = loader(p.validation_data, True, p.max_validation_samples)
+    oods = {name: loader(spec, False, p.max_ood_samples) for name, spec in p.ood_test_data.items()}
+    train = loader(p.train_data, True, p.max_train_samples)
+
+    predictors: dict[str, ev.Predictor] = {
+        f"Hydra ({p.method}, M={p.members})": ev.ModelPredictor(hydra),
+        "Single": ev.ModelPredictor(single),
+        "Single pruned (member 0)": ev.ModelPredictor(pruned),
+    }
+    notes = [p.report_notes] if p.report_notes else []
+    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in single.modules()):
+        predictors["MC Dropout"] = ev.MCDropoutPredictor(single, samples=p.mc_samples, seed=p.seed)
+    else:
+        notes.append("MC Dropout is left out: the single model has no dropout (p = 0 in its config).")
+    predictors[f"Deep Ensembles (D, M={p.ensemble_heads})"] = ev.HeadsEnsemblePredictor(
+        single, ev.train_ensemble_heads(single, train, num_heads=p.ensemble_heads, seed=p.seed))
+    t_single = ev.fit_temperature(ev.predict(predictors["Single"], val, desc="Single: validation"))
+    predictors["Single + TS"] = ev.TemperatureScaledPredictor(predictors["Single"], t_single)
+    latency_batch = {k: v for k, v in next(iter(test)).items() if k != "labels"}
+    result = ev.evaluate_predictors(predictors, test, oods, score="msp", latency_batch=latency_batch)
+    notes.insert(0, f"Latency: median ms for one batch of {len(latency_batch['pixel_values'])} test images on this machine.")
+    ev.write_evaluation_report(result, report_dir, title=p.report_title, settings=settings,
+                               extra={"model_row": 0, "temperature_single": t_single}, notes=" ".join(notes))
+    return json.loads((report_dir / "report.json").read_text())
+
+
+def run_image_pipeline(p: ImagePipeline, output_dir: str | os.PathLike, *, resume: bool = False,
+                       repo_id: str = "your-org/hydra-vit") -> PipelineResult:
+    """Run all stages (see the module docstring) and return the report and timings.
+
+    ``PipelineResult.hub_check`` is the summary of :func:`hydra_hf.hub.validate_staged`.
+    """
+    from . import hub
+    from .finetune import finetune_members
+    from .masks import HeadMasks
+    from .report import render_markdown_table
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base = Path(p.base_model)
+    id2label = dict(enumerate(p.labels)) if p.labels else None
+    timings: dict[str, float] = {}
+
+    single_out, single_work = out / "single", out / "single.work"
+    if not _stage_done(single_out, resume):
+        timed_stage(timings, "1. fine-tune the single model", lambda: finetune_members(
+            base, _all_heads_masks(base), p.train_data, p.validation_data, single_out,
+            _finetune_config(p, p.single_steps, p.learning_rate), work_dir=single_work, overwrite=True,
+            id2label=id2label))
+    single_dir = single_work / "member_0" / "model"
+
+    masks_file = out / "masks.json"
+    if _stage_done(masks_file, resume):
+        masks = HeadMasks.load(masks_file)
+    else:
+        masks = timed_stage(timings, "2. build the members", lambda: build_image_members(p, single_dir, masks_file))
+
+    hydra_dir, hydra_work = out / "hydra", out / "hydra.work"
+    if not _stage_done(hydra_dir, resume):
+        timed_stage(timings, "3. fine-tune and fuse the members", lambda: finetune_members(
+            single_dir, masks, p.train_data, p.validation_data, hydra_dir,
+            _finetune_config(p, p.member_steps, p.member_learning_rate), work_dir=hydra_work, overwrite=True))
+
+    settings = {**p.describe(), "jaccard": masks.metadata.get("pairwise_jaccard")}
+    report_dir = out / "report"
+    if report_dir.exists():
+        shutil.rmtree(report_dir)
+    report = timed_stage(timings, "4. evaluate", lambda: evaluate_image_pipeline(
+        p, single_dir, hydra_dir, hydra_work / "member_0" / "model", report_dir, settings))
+
+    hub_dir = out / "hub"
+    if hub_dir.exists():
+        shutil.rmtree(hub_dir)
+
+    def stage_hub():
+        hub.stage_repository(hydra_dir, hub_dir, repo_id=repo_id, report=report_dir / "report.json",
+                             base_model=p.hub_base_model,
+                             training=f"{p.method} members (seeds {p.seed}..{p.seed + p.members - 1}) fine-tuned on {p.train_data}")
+        return hub.validate_staged(hub_dir)
+
+    hub_check = timed_stage(timings, "5. Hub-ready folder and fresh-process check", stage_hub)
+    table = render_markdown_table(report["rows"], bold_best=False)
+    (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
+    return PipelineResult(output_dir=out, report=report, table=table, timings_s=timings, hub_check=hub_check)

@@ -1,0 +1,92 @@
+"""The paper-setting recipes (`examples/recipe_*.py`) in their `--smoke` mode: the same code as the
+real runs (data preparation from DatasetDicts, pipeline, report, Hub folder) on tiny local models and
+generated data, offline."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check_report(result, out: Path, ood_sets: list[str]) -> None:
+    run = out / "run"
+    for stage in ("single", "masks.json", "hydra", "report/report.json", "report/report.md", "hub/README.md",
+                  "hub/config.json", "timings.json"):
+        assert (run / stage).exists(), stage
+    report = json.loads((run / "report" / "report.json").read_text())
+    assert sorted(report["ood_sets"]) == sorted(ood_sets)
+    methods = [row["method"] for row in report["rows"]]
+    assert methods[0].startswith("Hydra") and "Single" in methods and "Single + TS" in methods and "MC Dropout" in methods
+    assert any(m.startswith("Deep Ensembles") for m in methods)
+    for row in report["rows"]:
+        for key in ("accuracy", "nll", "ece", "brier"):
+            assert math.isfinite(row[key]), (row["method"], key)
+        for name in ood_sets:
+            assert 0.0 <= row[name]["auroc"] <= 1.0
+    masks = json.loads((run / "masks.json").read_text())
+    kept = [m["kept_heads"] for m in masks["members"]]
+    assert len(kept) == 3 and kept[0] != kept[1]  # three members that differ
+    assert json.loads((run / "hydra" / "config.json").read_text())["kept_heads"] == kept
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+
+
+def test_sst2_bert_smoke(tmp_path):
+    recipe = _load("recipe_sst2_bert")
+    out = tmp_path / "sst2"
+    result = recipe.main(["--smoke", "--output", str(out)])
+    _check_report(result, out, list(recipe.OOD_SETS))
+    masks = json.loads((out / "run" / "masks.json").read_text())
+    assert all(sum(4 - len(h) for h in m["kept_heads"]) == 4 for m in masks["members"])  # 4 of 2 x 4 heads removed
+    assert result.hub_check["max_abs_prob_diff"] < 1e-4
+    # the data went through the real preparation: GLUE validation became the test split
+    import datasets
+
+    sst2 = datasets.load_from_disk(str(out / "data" / "sst2"))
+    assert sorted(sst2) == ["test", "train", "validation"] and len(sst2["test"]) == 32 and len(sst2["validation"]) == 32
+    settings = result.report["settings"]
+    assert settings["early_stopping_patience"] == 2 and settings["max_length"] == 16 and settings["labels"] == ["negative", "positive"]
+
+
+def test_cifar100_vit_smoke(tmp_path):
+    recipe = _load("recipe_cifar100_vit")
+    out = tmp_path / "vit"
+    result = recipe.main(["--smoke", "--output", str(out)])
+    _check_report(result, out, list(recipe.OOD_SETS))
+    masks = json.loads((out / "run" / "masks.json").read_text())
+    assert all(sum(4 - len(h) for h in m["kept_heads"]) == 3 for m in masks["members"])
+    assert masks["method"] == "taylor"
+
+
+def test_vit_pooled_features_feed_the_classifier():
+    """Deep Ensembles (D) on ViT: the pooled features are exactly what the stock classifier sees."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    from hydra_hf.evaluation import pooled_features
+
+    torch.manual_seed(0)
+    model = ViTForImageClassification(ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                intermediate_size=64, image_size=16, patch_size=8, num_labels=3)).eval()
+    batch = {"pixel_values": torch.randn(2, 3, 16, 16), "labels": torch.tensor([0, 1])}
+    with torch.no_grad():
+        feats = pooled_features(model, batch)  # (B, d)
+        assert feats.shape == (2, 32)
+        torch.testing.assert_close(model.classifier(feats), model(pixel_values=batch["pixel_values"]).logits, atol=1e-5, rtol=0)
