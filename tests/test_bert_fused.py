@@ -279,3 +279,35 @@ def test_masks_file_roundtrip_and_errors(tmp_path):
         HeadMasks.load(tmp_path / "range.json")
     with pytest.raises(ValueError, match="does not exist"):
         HeadMasks.load(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("kept", [UNIFORM, UNEQUAL], ids=["uniform", "unequal"])
+def test_attention_maps_are_the_members_heads(tiny_bert_dir, kept):
+    """Eager attention maps: layer l's map k belongs to (member, head) in member order and equals the
+    stock reference's map of that head."""
+    base = BertForSequenceClassification.from_pretrained(tiny_bert_dir, attn_implementation="eager").eval()
+    model = convert_checkpoint(HeadMasks(kept_heads=kept, num_heads=H), base=tiny_bert_dir)
+    model.set_attn_implementation("eager")
+    batch = _batch(3)
+    with torch.no_grad():
+        maps = model(**batch, output_attentions=True).attentions
+        for m in range(3):
+            ref = zero_removed_heads(base, kept[m])(**batch, output_attentions=True).attentions
+            for layer in range(3):
+                start = sum(len(kept[j][layer]) for j in range(m))
+                heads = kept[m][layer]
+                got = maps[layer][:, start : start + len(heads)]
+                torch.testing.assert_close(got, ref[layer][:, heads], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("fusion", ["average", "per_member"])
+def test_chunked_mlp_equals_one_pass(tiny_bert_dir, fusion, monkeypatch):
+    from hydra_hf.modeling.hydra_layers import HydraMLP
+
+    model = convert_checkpoint(HeadMasks(kept_heads=UNIFORM, num_heads=H), base=tiny_bert_dir, mlp_fusion=fusion)
+    batch = _batch(4)
+    with torch.no_grad():
+        whole = model(**batch).member_logits
+        monkeypatch.setattr(HydraMLP, "chunk_rows", 5)  # 4 x 11 tokens (x 3 members): several partial chunks
+        chunked = model(**batch).member_logits
+    torch.testing.assert_close(chunked, whole, atol=1e-6, rtol=0)

@@ -27,6 +27,24 @@ from transformers.activations import ACT2FN
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 
+def grouped_linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """M independent affine maps: ``out[m] = bias[m] + x[m] @ weight_t[m]``.
+
+    Shape: ``x (M, N, in)``, ``weight_t (M, in, out)`` (may be a transposed view), ``bias (M, out)``
+    -> ``(M, N, out)``. On accelerators one batched kernel (``baddbmm``). On CPU, in inference, one
+    GEMM per member into a single output buffer: measured 10-25 % faster than ``baddbmm`` on a 2-core
+    machine, where the batched kernel splits its M items unevenly over the threads while each
+    member's GEMM uses every thread. Same arithmetic, same output layout.
+    """
+    needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight_t.requires_grad or bias.requires_grad)
+    if x.device.type != "cpu" or needs_grad:
+        return torch.baddbmm(bias.unsqueeze(1), x, weight_t)
+    out = x.new_empty(x.shape[0], x.shape[1], weight_t.shape[-1])
+    for m in range(x.shape[0]):
+        torch.addmm(bias[m], x[m], weight_t[m], out=out[m])
+    return out
+
+
 @dataclass(frozen=True)
 class HydraLayerSpec:
     """Everything one fused transformer layer needs: the base layer's sizes and the members' heads.
@@ -89,7 +107,9 @@ class HydraSelfAttention(nn.Module):
     Member m projects its own residual stream with the Q, K, V rows of its kept heads only (grouped
     projections), attention runs over all members' kept heads in one call (heads never mix: each
     head has its own Q, K, V), and member m's output projection uses the W_O columns of its kept
-    heads plus its own output bias.
+    heads plus its own output bias. When all members keep ``k`` heads, the attention call sees the
+    members folded into its batch axis, ``(M*B, k, T, dk)``: a free view of the batched Q/K/V
+    product whose output is a free view for the batched output projection (no permute copies).
 
     Parameters (member-major packing, member m owns rows ``[3*dk*o_m, 3*dk*(o_m+k_m))`` of
     ``qkv_weight`` with ``o_m = k_1 + ... + k_{m-1}``, as [its Q rows; its K rows; its V rows]):
@@ -126,24 +146,30 @@ class HydraSelfAttention(nn.Module):
         return slice(per_head * self.head_dim * self.offsets[m], per_head * self.head_dim * (self.offsets[m] + self.widths[m]))
 
     def _project_qkv(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Grouped Q, K, V projections. Returns ``(3, B, K, T, dk)``, heads in member order."""
+        """Grouped Q, K, V projections.
+
+        Returns ``(3, M*B, k, T, dk)`` when every member keeps ``k`` heads (members folded into the
+        batch axis: a free view of the batched product, no copy), else ``(3, B, K, T, dk)`` with the
+        heads in member order.
+        """
         M, dk, K = self.num_members, self.head_dim, self.total_heads
         shared = hidden.dim() == 3  # the same input for every member (the first layer)
         B, T = hidden.shape[-3], hidden.shape[-2]
-        if shared:
-            qkv = F.linear(hidden, self.qkv_weight, self.qkv_bias)  # (B, T, 3*K*dk): one product for all members
-            if self.uniform:
-                k = K // M
-                qkv = qkv.view(B, T, M, 3, k, dk).permute(3, 0, 2, 4, 1, 5)  # (3, B, M, k, T, dk)
-                return qkv.reshape(3, B, K, T, dk)
-            chunks = qkv.split([3 * w * dk for w in self.widths], dim=-1)  # per member (B, T, 3*k_m*dk)
-        elif self.uniform:
-            k, d = K // M, hidden.shape[-1]
+        if self.uniform:
+            k = K // M
+            if shared:  # one product for all members
+                qkv = F.linear(hidden, self.qkv_weight, self.qkv_bias)  # (B, T, M*3*k*dk)
+                qkv = qkv.view(B, T, M, 3, k, dk).permute(3, 2, 0, 4, 1, 5)  # (3, M, B, k, T, dk)
+                return qkv.reshape(3, M * B, k, T, dk)
+            d = hidden.shape[-1]
             x = hidden.reshape(M, B * T, d)  # (M, BT, d)
             w = self.qkv_weight.view(M, 3 * k * dk, d)  # (M, 3k*dk, d)
-            qkv = torch.baddbmm(self.qkv_bias.view(M, 1, 3 * k * dk), x, w.transpose(1, 2))  # (M, BT, 3k*dk)
-            qkv = qkv.view(M, B, T, 3, k, dk).permute(3, 1, 0, 4, 2, 5)  # (3, B, M, k, T, dk)
-            return qkv.reshape(3, B, K, T, dk)
+            qkv = grouped_linear(x, w.transpose(1, 2), self.qkv_bias.view(M, 3 * k * dk))  # (M, BT, 3k*dk)
+            qkv = qkv.view(M, B, T, 3, k, dk).permute(3, 0, 1, 4, 2, 5)  # (3, M, B, k, T, dk), strided view
+            return qkv.reshape(3, M * B, k, T, dk)  # merging M and B is a view: no copy
+        if shared:
+            qkv = F.linear(hidden, self.qkv_weight, self.qkv_bias)  # (B, T, 3*K*dk): one product for all members
+            chunks = qkv.split([3 * w * dk for w in self.widths], dim=-1)  # per member (B, T, 3*k_m*dk)
         else:
             chunks = []
             for m in range(M):
@@ -156,24 +182,25 @@ class HydraSelfAttention(nn.Module):
         ]
         return torch.cat(parts, dim=2)  # (3, B, K, T, dk)
 
-    def _project_out(self, context: torch.Tensor) -> torch.Tensor:
-        """Grouped output projection of ``context (B, T, K, dk)``. Returns ``(M, B, T, d)``."""
+    def _project_out(self, context: torch.Tensor, batch: int) -> torch.Tensor:
+        """Grouped output projection. ``context`` is ``(M*B, T, k, dk)`` (equal widths) or
+        ``(B, T, K, dk)``. Returns ``(M, B, T, d)``."""
         M, dk = self.num_members, self.head_dim
-        B, T, K, _ = context.shape
         d = self.o_bias.shape[-1]
+        T = context.shape[1]
         if self.uniform:
-            k = K // M
-            x = context.view(B, T, M, k * dk).permute(2, 0, 1, 3).reshape(M, B * T, k * dk)  # (M, BT, k*dk)
-            out = torch.baddbmm(self.o_bias.unsqueeze(1), x, self.o_weight.view(M, k * dk, d))  # (M, BT, d)
-            return out.view(M, B, T, d)
+            k = self.total_heads // M
+            x = context.reshape(M, batch * T, k * dk)  # a view of the attention output
+            out = grouped_linear(x, self.o_weight.view(M, k * dk, d), self.o_bias)  # (M, BT, d)
+            return out.view(M, batch, T, d)
         outs = []
         for m in range(M):
             if self.widths[m] == 0:  # no head left: the attention block adds only its output bias
-                outs.append(self.o_bias[m].expand(B, T, d))
+                outs.append(self.o_bias[m].expand(batch, T, d))
                 continue
             lo = self.offsets[m]
-            x = context[:, :, lo : lo + self.widths[m]].reshape(B * T, self.widths[m] * dk)  # (BT, k_m*dk)
-            outs.append(torch.addmm(self.o_bias[m], x, self.o_weight[self._member_rows(m, 1)]).view(B, T, d))
+            x = context[:, :, lo : lo + self.widths[m]].reshape(batch * T, self.widths[m] * dk)  # (BT, k_m*dk)
+            outs.append(torch.addmm(self.o_bias[m], x, self.o_weight[self._member_rows(m, 1)]).view(batch, T, d))
         return torch.stack(outs)  # (M, B, T, d)
 
     # -------------------------------------------------------------------------------- forward
@@ -191,7 +218,10 @@ class HydraSelfAttention(nn.Module):
         B, T, d = hidden.shape[-3], hidden.shape[-2], hidden.shape[-1]
         if self.total_heads == 0:  # every member removed every head of this layer
             return self.o_bias[:, None, None, :].expand(self.num_members, B, T, d), None
-        query, key, value = self._project_qkv(hidden)  # each (B, K, T, dk)
+        M = self.num_members
+        query, key, value = self._project_qkv(hidden)  # each (M*B, k, T, dk) or (B, K, T, dk)
+        if self.uniform and attention_mask is not None:  # members are folded into the batch axis
+            attention_mask = attention_mask.expand(M, *attention_mask.shape).reshape(M * attention_mask.shape[0], *attention_mask.shape[1:])
         attention_interface: Callable = eager_attention_forward
         if self.config._attn_implementation != "eager":
             attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -206,8 +236,11 @@ class HydraSelfAttention(nn.Module):
             dropout=self.dropout if self.training else 0.0,
             scaling=self.scaling,
             is_causal=self.is_causal and attention_mask is None,
-        )  # context (B, T, K, dk)
-        return self._project_out(context), weights
+        )  # context (M*B, T, k, dk) or (B, T, K, dk)
+        if weights is not None and self.uniform:  # report (B, K, T, T), heads in member order
+            k = self.total_heads // M
+            weights = weights.view(M, B, k, T, T).transpose(0, 1).reshape(B, self.total_heads, T, T)
+        return self._project_out(context, B), weights
 
 
 class HydraLayerNorm(nn.Module):
@@ -250,15 +283,29 @@ class HydraMLP(nn.Module):
         self.fc2_bias = nn.Parameter(torch.empty(*lead, d))
         self.act = ACT2FN[spec.hidden_act]
 
+    # Rows per pass: beyond about this many rows the (rows, I) intermediate no longer stays in the CPU
+    # cache between the two products and the activation (measured: -10 % time at 3072 rows).
+    chunk_rows = 1024
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """Shared MLP on ``(N, d)`` rows, or per-member MLP on ``(M, N, d)``."""
+        if not self.per_member:
+            return F.linear(self.act(F.linear(x, self.fc1_weight, self.fc1_bias)), self.fc2_weight, self.fc2_bias)
+        x = self.act(grouped_linear(x, self.fc1_weight.transpose(1, 2), self.fc1_bias))  # (M, N, I)
+        return grouped_linear(x, self.fc2_weight.transpose(1, 2), self.fc2_bias)  # (M, N, d)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``(M, B, T, d)`` -> ``(M, B, T, d)``."""
-        if not self.per_member:  # the shared MLP sees all members' tokens in one product
-            return F.linear(self.act(F.linear(hidden, self.fc1_weight, self.fc1_bias)), self.fc2_weight, self.fc2_bias)
+        """``(M, B, T, d)`` -> ``(M, B, T, d)``. The averaged MLP sees all members' tokens in one
+        product (its weights are read once for all members)."""
         M, d = hidden.shape[0], hidden.shape[-1]
-        x = hidden.reshape(M, -1, d)  # (M, BT, d)
-        x = self.act(torch.baddbmm(self.fc1_bias.unsqueeze(1), x, self.fc1_weight.transpose(1, 2)))  # (M, BT, I)
-        x = torch.baddbmm(self.fc2_bias.unsqueeze(1), x, self.fc2_weight.transpose(1, 2))  # (M, BT, d)
-        return x.view(hidden.shape)
+        x = hidden.reshape(M, -1, d) if self.per_member else hidden.reshape(-1, d)  # (M, BT, d) or (M*BT, d)
+        rows = x.shape[-2]
+        if rows <= self.chunk_rows:
+            return self._mlp(x).view(hidden.shape)
+        out = torch.empty_like(x)
+        for start in range(0, rows, self.chunk_rows):
+            out[..., start : start + self.chunk_rows, :] = self._mlp(x[..., start : start + self.chunk_rows, :])
+        return out.view(hidden.shape)
 
 
 class HydraMemberLinear(nn.Module):
