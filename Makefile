@@ -19,6 +19,8 @@ test: setup
 
 bench: setup
 	$(PY) bench/bench_bert.py
+	$(PY) bench/bench_vit.py
+	$(PY) bench/bench_circuits.py
 
 clean:
 	rm -rf outputs .pytest_cache
