@@ -25,6 +25,44 @@ from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import ModelOutput
+
+
+@dataclass
+class HydraModelOutput(ModelOutput):
+    """Output of a fused encoder (every Hydra family).
+
+    Args:
+        last_hidden_state: ``(B, M, T, d)`` every member's final hidden states (after the final
+            LayerNorm for ViT; before it for the CLIP towers, as in transformers' CLIP).
+        pooler_output: ``(B, M, d)`` every member's pooled output (BERT pooler, CLIP towers; None for ViT).
+        hidden_states: per layer (embeddings first) ``(B, M, T, d)``, with ``output_hidden_states``.
+        attentions: per layer ``(B, K_l, T, T)`` over the K_l heads all members keep in layer l (member
+            order, each member's heads ascending), with ``output_attentions`` and eager attention.
+    """
+
+    last_hidden_state: torch.Tensor | None = None
+    pooler_output: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class HydraClassifierOutput(ModelOutput):
+    """Output of a fused classifier (text or image).
+
+    Args:
+        loss: mean over members of each member's loss, when ``labels`` are given.
+        logits: ``(B, C)`` log of the mean of the members' softmaxes (ensemble prediction).
+        member_logits: ``(B, M, C)`` every member's own logits.
+        hidden_states, attentions: as in ``HydraModelOutput``.
+    """
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    member_logits: torch.Tensor | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
 
 
 def grouped_linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -23,12 +23,26 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import CLIPConfig, CLIPTextConfig, CLIPVisionConfig, PreTrainedModel
 from transformers import initialization as init
-from transformers.models.clip.modeling_clip import CLIPTextEmbeddings, CLIPVisionEmbeddings
+from transformers.models.clip.modeling_clip import (
+    CLIPTextEmbeddings,
+    CLIPVisionEmbeddings,
+)
 from transformers.utils import ModelOutput
 
 from .configuration_hydra import HydraEnsembleCLIPConfig
-from .hydra_layers import HydraLayerNorm, HydraMemberLinear, ensemble_log_probs, init_hydra_weights
-from .modeling_hydra_vit import HydraPreLNLayer, HydraTowerOutput, check_pixel_values, layer_spec, run_layers
+from .hydra_layers import (
+    HydraLayerNorm,
+    HydraMemberLinear,
+    ensemble_log_probs,
+    init_hydra_weights,
+)
+from .modeling_hydra_vit import (
+    HydraPreLNLayer,
+    HydraTowerOutput,
+    check_pixel_values,
+    layer_spec,
+    run_layers,
+)
 
 
 @dataclass

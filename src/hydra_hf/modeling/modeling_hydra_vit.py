@@ -18,60 +18,28 @@ transformers' ``ViTForImageClassification``), the base's image size; anything el
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 from transformers import PreTrainedModel, ViTConfig
 from transformers import initialization as init
 from transformers.models.vit.modeling_vit import ViTEmbeddings
-from transformers.utils import ModelOutput
 
 from .configuration_hydra import HydraEnsembleViTConfig
 from .hydra_layers import (
-    init_hydra_weights,
+    HydraClassifierOutput,
     HydraLayerNorm,
     HydraLayerSpec,
     HydraMemberLinear,
     HydraMLP,
+    HydraModelOutput,
     HydraSelfAttention,
     ensemble_outputs,
+    init_hydra_weights,
 )
 
-
-@dataclass
-class HydraTowerOutput(ModelOutput):
-    """
-    Args:
-        last_hidden_state: ``(B, M, T, d)`` every member's final hidden states (after the final LayerNorm
-            for ViT; before it for the CLIP towers, as in transformers' CLIP).
-        pooler_output: ``(B, M, d)`` every member's pooled token (CLIP towers; None for ViT).
-        hidden_states: per layer (embeddings first) ``(B, M, T, d)``, with ``output_hidden_states``.
-        attentions: per layer ``(B, K_l, T, T)`` over the K_l heads all members keep in layer l (member
-            order, each member's heads ascending), with ``output_attentions`` and eager attention.
-    """
-
-    last_hidden_state: torch.Tensor | None = None
-    pooler_output: torch.Tensor | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
-
-
-@dataclass
-class HydraImageClassifierOutput(ModelOutput):
-    """
-    Args:
-        loss: mean over members of each member's loss, when ``labels`` are given.
-        logits: ``(B, C)`` log of the mean of the members' softmaxes (ensemble prediction).
-        member_logits: ``(B, M, C)`` every member's own logits.
-        hidden_states, attentions: as in ``HydraTowerOutput``.
-    """
-
-    loss: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
-    member_logits: torch.Tensor | None = None
-    hidden_states: tuple[torch.Tensor, ...] | None = None
-    attentions: tuple[torch.Tensor, ...] | None = None
+# the output classes are shared by every family (hydra_layers); these names are kept for ViT/CLIP
+HydraTowerOutput = HydraModelOutput
+HydraImageClassifierOutput = HydraClassifierOutput
 
 
 def layer_spec(

@@ -27,7 +27,11 @@ from collections import UserDict
 from typing import Any
 
 import torch
-from transformers import ImageClassificationPipeline, TextClassificationPipeline, ZeroShotImageClassificationPipeline
+from transformers import (
+    ImageClassificationPipeline,
+    TextClassificationPipeline,
+    ZeroShotImageClassificationPipeline,
+)
 
 UNCERTAINTY_METRICS = ("predictive_entropy", "expected_entropy", "mutual_information")
 DEFAULT_METRIC = "mutual_information"
