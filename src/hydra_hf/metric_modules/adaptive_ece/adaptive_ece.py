@@ -4,10 +4,10 @@ Load it offline with ``evaluate.load(hydra_hf.metrics.module_path("adaptive_ece"
 exactly those of the plain function.
 """
 
-import datasets
 import evaluate
 import numpy as np
 
+from hydra_hf.evaluate_support import metric_info, PROBS_FEATURES, stack_rows
 from hydra_hf.metrics import adaptive_ece
 
 _DESCRIPTION = """
@@ -33,29 +33,13 @@ Nixon, Dusenberry, Zhang, Jerfel, Tran. Measuring Calibration in Deep Learning. 
 """
 
 
-def _stack(rows, name):
-    try:
-        return np.asarray(rows, dtype=np.float64)
-    except ValueError as err:
-        raise ValueError(f"{name} must be N vectors of the same length C: {err}") from err
-
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class AdaptiveECE(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {
-                    "predictions": datasets.Sequence(datasets.Value("float64")),
-                    "references": datasets.Value("int64"),
-                }
-            ),
-        )
+        return metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, PROBS_FEATURES)
 
     def _compute(self, predictions, references, n_bins=15):
-        probs = _stack(predictions, "predictions")  # (N, C)
+        probs = stack_rows(predictions, "predictions")  # (N, C)
         labels = np.asarray(references, dtype=np.int64)  # (N,)
         return {"adaptive_ece": adaptive_ece(probs, labels, n_bins=n_bins)}

@@ -4,10 +4,10 @@ Load it offline with ``evaluate.load(hydra_hf.metrics.module_path("aurc"))``; th
 exactly those of the plain function.
 """
 
-import datasets
 import evaluate
 import numpy as np
 
+from hydra_hf.evaluate_support import metric_info, PROBS_FEATURES, stack_rows
 from hydra_hf.metrics import aurc, eaurc
 
 _DESCRIPTION = """
@@ -34,29 +34,13 @@ Geifman, Uziel, El-Yaniv. Bias-Reduced Uncertainty Estimation for Deep Neural Cl
 """
 
 
-def _stack(rows, name):
-    try:
-        return np.asarray(rows, dtype=np.float64)
-    except ValueError as err:
-        raise ValueError(f"{name} must be N vectors of the same length C: {err}") from err
-
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class AURC(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {
-                    "predictions": datasets.Sequence(datasets.Value("float64")),
-                    "references": datasets.Value("int64"),
-                }
-            ),
-        )
+        return metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, PROBS_FEATURES)
 
     def _compute(self, predictions, references):
-        probs = _stack(predictions, "predictions")  # (N, C)
+        probs = stack_rows(predictions, "predictions")  # (N, C)
         labels = np.asarray(references, dtype=np.int64)  # (N,)
         return {"aurc": aurc(probs, labels), "eaurc": eaurc(probs, labels)}

@@ -4,10 +4,9 @@ Load it offline with ``evaluate.load(hydra_hf.metrics.module_path("fpr95"))``; t
 exactly those of the plain function on the ID / OOD split of the inputs.
 """
 
-import datasets
 import evaluate
-import numpy as np
 
+from hydra_hf.evaluate_support import metric_info, SCORES_FEATURES, split_ood_scores
 from hydra_hf.metrics import fpr_at_95_tpr
 
 _DESCRIPTION = """
@@ -36,30 +35,12 @@ Liang, Li, Srikant. Enhancing The Reliability of Out-of-distribution Image Detec
 """
 
 
-def _split(predictions, references):
-    scores = np.asarray(predictions, dtype=np.float64)  # (N,)
-    is_id = np.asarray(references, dtype=np.int64)  # (N,)
-    bad = sorted(set(np.unique(is_id).tolist()) - {0, 1})
-    if bad:
-        raise ValueError(f"references must be 1 (in-distribution) or 0 (OOD), got values {bad}")
-    return scores[is_id == 1], scores[is_id == 0]
-
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class FPR95(evaluate.Metric):
     def _info(self):
-        return evaluate.MetricInfo(
-            description=_DESCRIPTION,
-            citation=_CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {
-                    "predictions": datasets.Value("float64"),
-                    "references": datasets.Value("int64"),
-                }
-            ),
-        )
+        return metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, SCORES_FEATURES)
 
     def _compute(self, predictions, references, tpr=0.95):
-        scores_id, scores_ood = _split(predictions, references)
+        scores_id, scores_ood = split_ood_scores(predictions, references)
         return {"fpr95": fpr_at_95_tpr(scores_id, scores_ood, tpr=tpr)}
