@@ -367,6 +367,29 @@ class HydraMemberLinear(nn.Module):
         return out.view(*x.shape[:-1], self.weight.shape[1])
 
 
+def run_layers(
+    layers: nn.ModuleList, embeddings: torch.Tensor, num_members: int, attention_mask: torch.Tensor | None,
+    output_hidden_states: bool, output_attentions: bool,
+) -> tuple[torch.Tensor, tuple | None, tuple | None]:
+    """Run the fused layers on shared ``embeddings (B, T, d)``.
+
+    Returns the members' streams ``(M, B, T, d)``, the hidden states per layer ``(B, M, T, d)`` (embeddings
+    first) and the attention weights per layer, the last two only when asked for.
+    """
+    B = embeddings.shape[0]
+    hidden = embeddings  # shared until the first layer gives every member its own stream
+    all_hidden = (embeddings.unsqueeze(1).expand(B, num_members, *embeddings.shape[1:]),) if output_hidden_states else None
+    all_attentions = () if output_attentions else None
+    for layer in layers:
+        hidden, weights = layer(hidden, attention_mask)  # (M, B, T, d)
+        if output_hidden_states:
+            all_hidden += (hidden.transpose(0, 1),)
+        if output_attentions:
+            all_attentions += (weights,)
+    if hidden.dim() == 3:  # a tower with no layers
+        hidden = hidden.unsqueeze(0).expand(num_members, *hidden.shape)
+    return hidden, all_hidden, all_attentions
+
 def padding_mask_to_additive(
     attention_mask: torch.Tensor | None, dtype: torch.dtype, num_tokens: int
 ) -> torch.Tensor | None:

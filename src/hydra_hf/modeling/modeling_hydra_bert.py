@@ -28,6 +28,7 @@ from .hydra_layers import (
     ensemble_outputs,
     init_hydra_weights,
     padding_mask_to_additive,
+    run_layers,
 )
 
 # the output classes are shared by every family (hydra_layers); these names are kept for BERT
@@ -141,17 +142,9 @@ class HydraEnsembleModel(HydraEnsemblePreTrainedModel):
         mask = padding_mask_to_additive(attention_mask, embeddings.dtype, T)  # (B, 1, 1, T) or None
         M = self.config.num_members
 
-        hidden = embeddings  # shared until the first layer gives every member its own stream
-        all_hidden = (embeddings.unsqueeze(1).expand(B, M, *embeddings.shape[1:]),) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
-        for layer in self.layers:
-            hidden, weights = layer(hidden, mask)  # (M, B, T, d)
-            if output_hidden_states:
-                all_hidden += (hidden.transpose(0, 1),)
-            if output_attentions:
-                all_attentions += (weights,)
-        if hidden.dim() == 3:  # a model with no layers
-            hidden = hidden.unsqueeze(0).expand(M, *hidden.shape)
+        hidden, all_hidden, all_attentions = run_layers(
+            self.layers, embeddings, M, mask, output_hidden_states, output_attentions
+        )  # (M, B, T, d)
         pooled = torch.tanh(self.pooler(hidden[:, :, 0])).transpose(0, 1) if self.pooler is not None else None  # (B, M, d)
         last = hidden.transpose(0, 1)  # (B, M, T, d)
         if not return_dict:

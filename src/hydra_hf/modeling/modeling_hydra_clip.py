@@ -35,14 +35,9 @@ from .hydra_layers import (
     HydraMemberLinear,
     ensemble_log_probs,
     init_hydra_weights,
-)
-from .modeling_hydra_vit import (
-    HydraPreLNLayer,
-    HydraTowerOutput,
-    check_pixel_values,
-    layer_spec,
     run_layers,
 )
+from .modeling_hydra_vit import HydraPreLNLayer, HydraTowerOutput, check_pixel_values, layer_spec
 
 
 @dataclass

@@ -35,6 +35,7 @@ from .hydra_layers import (
     HydraSelfAttention,
     ensemble_outputs,
     init_hydra_weights,
+    run_layers,
 )
 
 # the output classes are shared by every family (hydra_layers); these names are kept for ViT/CLIP
@@ -81,30 +82,6 @@ class HydraPreLNLayer(nn.Module):
         hidden = hidden + self.dropout(attn)  # broadcasts a shared input over M
         hidden = hidden + self.dropout(self.mlp(self.norm2(hidden)))
         return hidden, weights
-
-
-def run_layers(
-    layers: nn.ModuleList, embeddings: torch.Tensor, num_members: int, attention_mask: torch.Tensor | None,
-    output_hidden_states: bool, output_attentions: bool,
-) -> tuple[torch.Tensor, tuple | None, tuple | None]:
-    """Run the fused layers on shared ``embeddings (B, T, d)``.
-
-    Returns the members' streams ``(M, B, T, d)``, the hidden states per layer ``(B, M, T, d)`` (embeddings
-    first) and the attention weights per layer, the last two only when asked for.
-    """
-    B = embeddings.shape[0]
-    hidden = embeddings  # shared until the first layer gives every member its own stream
-    all_hidden = (embeddings.unsqueeze(1).expand(B, num_members, *embeddings.shape[1:]),) if output_hidden_states else None
-    all_attentions = () if output_attentions else None
-    for layer in layers:
-        hidden, weights = layer(hidden, attention_mask)  # (M, B, T, d)
-        if output_hidden_states:
-            all_hidden += (hidden.transpose(0, 1),)
-        if output_attentions:
-            all_attentions += (weights,)
-    if hidden.dim() == 3:  # a tower with no layers
-        hidden = hidden.unsqueeze(0).expand(num_members, *hidden.shape)
-    return hidden, all_hidden, all_attentions
 
 
 def check_pixel_values(
