@@ -19,6 +19,7 @@ Baselines (paper, Section 5):
 
 from __future__ import annotations
 
+import abc
 import logging
 import math
 import os
@@ -44,11 +45,12 @@ def _model_inputs(batch: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k: v for k, v in batch.items() if k != "labels"}
 
 
-class Predictor(nn.Module):
+class Predictor(nn.Module, metaclass=abc.ABCMeta):
     """A model seen as M members: ``forward(batch) -> member_logits (B, M, C)``."""
 
-    def member_logits(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def member_logits(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``(B, M, C)`` logits of every member for one batch of model inputs."""
 
     def forward(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return self.member_logits(batch)
