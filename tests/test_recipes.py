@@ -29,7 +29,7 @@ def _reviews(n: int, seed: int) -> pd.DataFrame:
     return pd.DataFrame({"text": texts, "label": labels})
 
 
-def test_text_pipeline_smoke(tmp_path, tiny_bert_dir):
+def test_text_pipeline_smoke(tmp_path, tiny_bert_dir, monkeypatch):
     from transformers import BertForSequenceClassification
 
     from conftest import tiny_bert_config, write_tiny_tokenizer
@@ -51,8 +51,9 @@ def test_text_pipeline_smoke(tmp_path, tiny_bert_dir):
         learning_rate=1e-3, single_steps=6, member_steps=4, max_train_samples=96, max_validation_samples=32,
         max_test_samples=32, max_ood_samples=24, mc_samples=3, ensemble_heads=2,
     )
+    monkeypatch.chdir(tmp_path)
+    result = run_text_pipeline(p, "run")  # a relative output folder, as `make demo` passes
     out = tmp_path / "run"
-    result = run_text_pipeline(p, out)
     for stage in ("single", "masks.json", "hydra", "report/report.json", "report/reliability.png",
                   "report/ood_scores.png", "hub/README.md", "hub/config.json", "timings.json"):
         assert (out / stage).exists(), stage

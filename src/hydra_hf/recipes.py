@@ -229,7 +229,7 @@ def check_hub_folder(hub_dir: Path, hydra, tokenizer, texts: list[str]) -> dict[
     code = (
         "import sys, json, torch\nsys.modules['hydra_hf'] = None\n"
         "from transformers import pipeline\n"
-        f"pipe = pipeline('text-classification', model={str(hub_dir)!r}, trust_remote_code=True, top_k=None)\n"
+        f"pipe = pipeline('text-classification', model={str(hub_dir.resolve())!r}, trust_remote_code=True, top_k=None)\n"
         f"out = pipe({texts!r})\n"
         "print(json.dumps([{d['label']: d['score'] for d in row} for row in out]))\n"
     )
@@ -256,7 +256,7 @@ def run_text_pipeline(p: TextPipeline, output_dir: str | os.PathLike, *, resume:
     from .masks import HeadMasks
     from .report import render_markdown_table
 
-    out = Path(output_dir)
+    out = Path(output_dir).resolve()  # absolute: the fresh-process check runs from another directory
     out.mkdir(parents=True, exist_ok=True)
     base = Path(p.base_model) if p.base_model else packaged_minilm()
     id2label = dict(enumerate(p.labels))

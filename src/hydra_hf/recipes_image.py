@@ -175,7 +175,7 @@ def run_image_pipeline(p: ImagePipeline, output_dir: str | os.PathLike, *, resum
     from .masks import HeadMasks
     from .report import render_markdown_table
 
-    out = Path(output_dir)
+    out = Path(output_dir).resolve()  # absolute, as in the text pipeline
     out.mkdir(parents=True, exist_ok=True)
     base = Path(p.base_model)
     id2label = dict(enumerate(p.labels)) if p.labels else None
