@@ -121,6 +121,19 @@ def unfuse_layer(
     return out
 
 
+def unfuse_member_layers(
+    state: dict[str, torch.Tensor], prefix: str, kept_heads: list[list[list[int]]], num_heads: int,
+    head_dim: int, member: int,
+) -> list[dict[str, torch.Tensor]]:
+    """Every layer of ``member`` in canonical form, from a fused state dict whose layer ``i`` lives
+    under ``f"{prefix}{i}."`` (``kept_heads[m][l]`` as in the config; one entry per layer)."""
+    layers = []
+    for i in range(len(kept_heads[0])):
+        pre = f"{prefix}{i}."
+        fused = {k[len(pre):]: v for k, v in state.items() if k.startswith(pre)}
+        layers.append(unfuse_layer(fused, [kh[i] for kh in kept_heads], num_heads, head_dim, member))
+    return layers
+
 def average(tensors: torch.Tensor) -> torch.Tensor:
     """Mean over the leading member axis, computed in float64 and cast back."""
     return tensors.double().mean(dim=0).to(tensors.dtype)

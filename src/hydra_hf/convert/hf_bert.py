@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .fuse import fuse_layer, shared_tensor, unfuse_layer
+from .fuse import fuse_layer, shared_tensor, unfuse_member_layers
 from .io import strip_prefix
 
 _LAYER_MAP = {
@@ -134,10 +134,7 @@ def unfuse_bert(state: dict[str, torch.Tensor], hydra_config) -> list[dict[str, 
     members = []
     for m in range(hydra_config.num_members):
         sd = {f"bert.embeddings.{k}": state[f"embeddings.{k}"].clone() for k in EMBEDDING_KEYS}
-        for i in range(base["num_hidden_layers"]):
-            prefix = f"layers.{i}."
-            fused = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-            canon = unfuse_layer(fused, [kh[i] for kh in hydra_config.kept_heads], H, dk, m)
+        for i, canon in enumerate(unfuse_member_layers(state, "layers.", hydra_config.kept_heads, H, dk, m)):
             for short, long in _LAYER_MAP.items():
                 for p in ("weight", "bias"):
                     sd[f"bert.encoder.layer.{i}.{long}.{p}"] = canon[f"{short}.{p}"]

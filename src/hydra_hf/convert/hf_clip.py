@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .fuse import fuse_layer, shared_tensor, unfuse_layer
+from .fuse import fuse_layer, shared_tensor, unfuse_member_layers
 from .hf_vit import _describe, check_layer_shapes
 
 TOWERS = ("vision", "text")
@@ -151,10 +151,8 @@ def unfuse_clip(state: dict[str, torch.Tensor], hydra_config) -> list[dict[str, 
             sub = base[f"{tower}_config"]
             H, dk = sub["num_attention_heads"], sub["hidden_size"] // sub["num_attention_heads"]
             kept = hydra_config.kept_heads_of(tower)
-            for i in range(sub["num_hidden_layers"]):
-                pre = f"{TOWER_PREFIX[tower]}.layers.{i}."
-                fused = {k[len(pre):]: v for k, v in state.items() if k.startswith(pre)}
-                canon = unfuse_layer(fused, [kh[i] for kh in kept], H, dk, m)
+            layers = unfuse_member_layers(state, f"{TOWER_PREFIX[tower]}.layers.", kept, H, dk, m)
+            for i, canon in enumerate(layers):
                 for short, long in LAYER_MAP.items():
                     for p in ("weight", "bias"):
                         sd[f"{TOWER_PREFIX[tower]}.encoder.layers.{i}.{long}.{p}"] = canon[f"{short}.{p}"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .fuse import fuse_layer, shared_tensor, unfuse_layer
+from .fuse import fuse_layer, shared_tensor, unfuse_member_layers
 from .io import strip_prefix
 
 # canonical name -> module path inside layer i, in the saved-file layout and in transformers 5's modules
@@ -183,10 +183,7 @@ def unfuse_vit(state: dict[str, torch.Tensor], hydra_config, names: str = "check
     members = []
     for m in range(hydra_config.num_members):
         sd = {f"vit.embeddings.{k}": state[f"embeddings.{k}"].clone() for k in EMBEDDING_KEYS}
-        for i in range(base["num_hidden_layers"]):
-            pre = f"layers.{i}."
-            fused = {k[len(pre):]: v for k, v in state.items() if k.startswith(pre)}
-            canon = unfuse_layer(fused, [kh[i] for kh in hydra_config.kept_heads], H, dk, m)
+        for i, canon in enumerate(unfuse_member_layers(state, "layers.", hydra_config.kept_heads, H, dk, m)):
             for short, long in layer_map.items():
                 for p in ("weight", "bias"):
                     if p == "bias" and short in ("q", "k", "v") and base.get("qkv_bias") is False:
