@@ -3,14 +3,16 @@
 - :mod:`.adapters` — where the heads of BERT / ViT / CLIP / timm / open_clip models live;
 - :mod:`.gates` — :class:`HeadGates`: switch heads on/off (and differentiate) on stock models;
 - :mod:`.taylor` — Strategy 1, Taylor importance with prune–recompute;
-- :mod:`.circuits` — Strategy 2, greedy circuit search (CircAcc / CircOOD / CircAvg), cached;
+- :mod:`.circuits` — Strategy 2, greedy circuit search (CircAcc / CircOOD / CircAvg);
+- :mod:`.cached_bert` — the cached, batched circuit evaluator for BERT classifiers;
 - :mod:`.diversity` — M members from seeds, criteria and user masks.
 """
 
 from .adapters import AttentionLayer, ModelAdapter, get_adapter
 from .budget import Budget
+from .cached_bert import CachedBertEvaluator
 from .circuits import (
-    CachedBertEvaluator,
+    Evaluator,
     GatedEvaluator,
     auroc,
     circuit_prune,
@@ -27,6 +29,7 @@ __all__ = [
     "AttentionLayer",
     "Budget",
     "CachedBertEvaluator",
+    "Evaluator",
     "GatedEvaluator",
     "HeadGates",
     "ModelAdapter",
