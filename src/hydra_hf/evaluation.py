@@ -20,12 +20,13 @@ Baselines (paper, Section 5):
 from __future__ import annotations
 
 import abc
+import functools
 import logging
 import math
 import os
 import statistics
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -146,6 +147,139 @@ class TemperatureScaledPredictor(Predictor):
 
     def member_logits(self, batch):
         return self.base.member_logits(batch) / self.temperature
+
+
+def zero_shot_prompts(class_names: Sequence[str], templates: Sequence[str]) -> list[str]:
+    """The ``C x K`` prompts of zero-shot classification, class-major: prompt ``c * K + k`` is
+    ``templates[k].format(class_names[c])``."""
+    if isinstance(class_names, str) or not class_names or not all(isinstance(n, str) and n.strip() for n in class_names):
+        raise ValueError(f"class_names must be a non-empty list of non-empty strings, got {class_names!r}")
+    if isinstance(templates, str) or not templates:
+        raise ValueError(f"templates must be a non-empty list of strings with one '{{}}' each, got {templates!r}")
+    bad = [t for t in templates if not isinstance(t, str) or t.count("{}") != 1]
+    if bad:
+        raise ValueError(f"every template needs exactly one '{{}}' for the class name, got {bad[0]!r} (e.g. 'a photo of a {{}}.')")
+    return [t.format(name) for name in class_names for t in templates]
+
+
+def _as_member_features(features: Any) -> torch.Tensor:
+    """``(N, P)`` (one model) or ``(N, M, P)`` (Hydra) projected features -> ``(N, M, P)``."""
+    if not isinstance(features, torch.Tensor):  # transformers 5 CLIPModel: an output with the projection in pooler_output
+        features = features.pooler_output
+    return features.unsqueeze(1) if features.dim() == 2 else features
+
+
+class ZeroShotPredictor(Predictor):
+    """A zero-shot CLIP classifier over fixed classes: ``member_logits[b, m, c]`` is member m's scaled
+    cosine similarity (``logit_scale.exp() * cos``) of image b with the embedding of class c.
+
+    The class embedding is CLIP's prompt ensemble: each of the K prompts of a class
+    (:func:`zero_shot_prompts`) is embedded and L2-normalised, the K embeddings are averaged and the
+    mean is L2-normalised again, per member. It is computed once, on first use, and cached
+    (:meth:`class_embeddings`); a batch then runs only the image tower.
+
+    Models:
+        - a Hydra CLIP (``HydraEnsembleCLIPModel``, also loaded with ``trust_remote_code``): M members,
+          the ensemble is the mean of their softmaxes (so mutual information and disagreement work);
+        - a transformers ``CLIPModel`` (M = 1);
+        - an open_clip ``CLIP`` (``encode_image`` / ``encode_text``; M = 1).
+
+    Args:
+        model: the CLIP model (its parameters stay where they are; batches are moved to its device).
+        class_names: the C class names, in label order.
+        templates: the K prompt templates, each with one ``{}`` for the class name.
+        tokenizer: a transformers tokenizer (called with ``padding=True, return_tensors="pt"``), or
+            any callable ``texts -> (N, T) ids`` such as an open_clip tokenizer (its ids are fed as
+            ``input_ids`` to transformers models too). Default: ``open_clip.tokenize`` at the
+            model's context length for open_clip models; transformers models need one.
+        text_batch_size: prompts per text-tower call.
+
+    Shape:
+        batch["pixel_values"]: ``(B, 3, H, W)`` -> member logits ``(B, M, C)``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        class_names: Sequence[str],
+        templates: Sequence[str] = ("a photo of a {}.",),
+        *,
+        tokenizer: Any = None,
+        text_batch_size: int = 256,
+    ) -> None:
+        super().__init__()
+        self.prompts = zero_shot_prompts(class_names, templates)
+        self.class_names = list(class_names)
+        self.templates = list(templates)
+        self.model = model.eval()
+        self.open_clip = hasattr(model, "encode_image") and hasattr(model, "encode_text")
+        if not self.open_clip and not (hasattr(model, "get_image_features") and hasattr(model, "get_text_features")):
+            raise TypeError(
+                f"ZeroShotPredictor needs a CLIP model (transformers CLIPModel, a Hydra CLIP or an open_clip CLIP), "
+                f"got {type(model).__name__}"
+            )
+        if tokenizer is None:
+            if not self.open_clip:
+                raise ValueError(
+                    "a transformers CLIP model needs its tokenizer: ZeroShotPredictor(model, names, templates, "
+                    "tokenizer=AutoTokenizer.from_pretrained(folder))"
+                )
+            import open_clip
+
+            tokenizer = functools.partial(open_clip.tokenize, context_length=model.context_length)
+        if text_batch_size < 1:
+            raise ValueError(f"text_batch_size must be positive, got {text_batch_size}")
+        self.tokenizer = tokenizer
+        self.text_batch_size = text_batch_size
+        self._class_embeds: torch.Tensor | None = None  # (C, M, P), unit norm
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        from transformers import PreTrainedTokenizerBase
+
+        if isinstance(self.tokenizer, PreTrainedTokenizerBase):
+            enc = self.tokenizer(texts, padding=True, return_tensors="pt")
+        else:  # open_clip tokenizers and plain callables: texts -> (N, T) ids (or a dict of tensors)
+            enc = self.tokenizer(texts)
+        if isinstance(enc, torch.Tensor):
+            return {"input_ids": enc}
+        return {k: enc[k] for k in ("input_ids", "attention_mask") if k in enc}
+
+    def _encode_text(self, texts: list[str]) -> torch.Tensor:  # (N, M, P), not normalised
+        inputs = {k: v.to(self._device()) for k, v in self._tokenize(texts).items()}
+        if self.open_clip:
+            return _as_member_features(self.model.encode_text(inputs["input_ids"]))
+        return _as_member_features(self.model.get_text_features(**inputs))
+
+    def class_embeddings(self) -> torch.Tensor:
+        """``(C, M, P)`` unit-norm class embeddings: per member, the normalised mean over the K
+        templates of the normalised prompt embeddings (computed once, then cached)."""
+        if self._class_embeds is None:
+            # outside inference mode: a cached inference tensor could not be used later where autograd records
+            with torch.inference_mode(False), torch.no_grad():
+                feats = torch.cat([
+                    self._encode_text(self.prompts[i : i + self.text_batch_size])
+                    for i in range(0, len(self.prompts), self.text_batch_size)
+                ]).float()  # (C*K, M, P)
+                C, K = len(self.class_names), len(self.templates)
+                per_prompt = F.normalize(feats.view(C, K, *feats.shape[1:]), dim=-1)  # (C, K, M, P)
+                self._class_embeds = F.normalize(per_prompt.mean(dim=1), dim=-1)  # (C, M, P)
+        return self._class_embeds
+
+    def member_logits(self, batch):
+        text = self.class_embeddings()  # (C, M, P)
+        pixels = batch["pixel_values"].to(self._device())
+        if self.open_clip:
+            image = _as_member_features(self.model.encode_image(pixels))  # (B, 1, P)
+        else:
+            image = _as_member_features(self.model.get_image_features(pixel_values=pixels))  # (B, M, P)
+        image = F.normalize(image.float(), dim=-1)
+        if image.shape[1] != text.shape[1]:
+            raise ValueError(f"the image tower gives {image.shape[1]} members but the text tower {text.shape[1]}")
+        scale = self.model.logit_scale.detach().float().exp()
+        return scale * torch.einsum("bmp,cmp->bmc", image, text.to(image.device))  # (B, M, C)
 
 
 # ------------------------------------------------------------------------------------ predicting
