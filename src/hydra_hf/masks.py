@@ -298,8 +298,28 @@ class TowerHeadMasks:
     def kept_heads(self, name: str) -> list[list[list[int]]]:
         return self.tower(name).kept_heads
 
+    def jaccard(self) -> torch.Tensor:
+        """Pairwise Jaccard overlap of the members' kept ``(tower, layer, head)`` sets (the union over
+        the towers), shape ``(M, M)``."""
+        sets = [
+            {(t, layer, h) for t, masks in self.towers.items() for layer, heads in enumerate(masks.kept_heads[m]) for h in heads}
+            for m in range(self.num_members)
+        ]
+        out = torch.ones(self.num_members, self.num_members)
+        for i, j in itertools.combinations(range(self.num_members), 2):
+            union = len(sets[i] | sets[j])
+            out[i, j] = out[j, i] = len(sets[i] & sets[j]) / union if union else 1.0
+        return out
+
     def summary(self) -> str:
-        return "\n".join(f"[{name}] " + masks.summary() for name, masks in self.towers.items())
+        """Per tower: heads kept per member (and that tower's overlap); then the overlap over both towers."""
+        lines = [f"[{name}] " + masks.summary() for name, masks in self.towers.items()]
+        if len(self.towers) > 1:
+            jac = self.jaccard()
+            pairs = [f"{i}-{j}: {jac[i, j]:.2f}" for i, j in itertools.combinations(range(self.num_members), 2)]
+            if pairs:
+                lines.append("pairwise Jaccard overlap of kept heads, all towers: " + ", ".join(pairs))
+        return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
         reserved = {"format", "version", "towers", "members", "num_layers", "num_heads"}

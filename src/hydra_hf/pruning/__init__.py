@@ -2,6 +2,7 @@
 
 - :mod:`.adapters` — where the heads of BERT / ViT / CLIP / timm / open_clip models live;
 - :mod:`.gates` — :class:`HeadGates`: switch heads on/off (and differentiate) on stock models;
+- :mod:`.layout` — :class:`HeadLayout`: one tower, or both towers of CLIP stacked (``tower="joint"``);
 - :mod:`.taylor` — Strategy 1, Taylor importance with prune–recompute;
 - :mod:`.circuits` — Strategy 2, greedy circuit search (CircAcc / CircOOD / CircAvg);
 - :mod:`.cached_bert` — the cached, batched circuit evaluator for BERT classifiers;
@@ -20,9 +21,10 @@ from .circuits import (
     make_evaluator,
     reference_circuit_ranking,
 )
-from .diversity import METHODS, parse_methods, prune_members, random_prune
+from .diversity import METHODS, parse_methods, prune_members, random_prune, random_prune_layout
 from .gates import HeadGates, zero_head_columns_
-from .taylor import PruneResult, select_top, taylor_prune, taylor_scores
+from .layout import JOINT, HeadLayout
+from .taylor import PruneResult, normalize_layer_scores, select_top, taylor_prune, taylor_scores
 
 __all__ = [
     "METHODS",
@@ -32,6 +34,8 @@ __all__ = [
     "Evaluator",
     "GatedEvaluator",
     "HeadGates",
+    "HeadLayout",
+    "JOINT",
     "ModelAdapter",
     "PruneResult",
     "auroc",
@@ -39,9 +43,11 @@ __all__ = [
     "circuit_score",
     "get_adapter",
     "make_evaluator",
+    "normalize_layer_scores",
     "parse_methods",
     "prune_members",
     "random_prune",
+    "random_prune_layout",
     "reference_circuit_ranking",
     "select_top",
     "taylor_prune",

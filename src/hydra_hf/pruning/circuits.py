@@ -11,6 +11,13 @@ whose removal gives the *highest* ``S``; repeat until ``B`` heads are removed. S
 Ties are broken by the lower ``(layer, head)`` (or at random with ``random_ties``). The result holds
 the gates, the full removal ranking and the score after every step.
 
+Two towers (CLIP, ``tower="joint"``): the candidates of a step are the remaining heads of *both*
+towers; each evaluation sets the gates of both towers and scores the zero-shot logits. The search
+runs on the stacked gate matrix of :class:`~hydra_hf.pruning.layout.HeadLayout` (the layers of the
+towers stacked into rows, padding cells never candidates), so it is the same loop as for one tower;
+ties are broken by the lower stacked ``(row, head)`` (vision before text), and the result names heads
+``(tower, layer, head)``.
+
 Speed (the search costs O(heads x budget) evaluations of the model):
 
 - evaluation runs in ``torch.inference_mode``;
@@ -47,6 +54,7 @@ from tqdm.auto import tqdm
 from .adapters import ModelAdapter
 from .budget import Budget
 from .gates import HeadGates
+from .layout import HeadLayout
 from .taylor import PruneResult
 
 logger = logging.getLogger(__name__)
@@ -110,7 +118,11 @@ class Evaluator(Protocol):
     """What the greedy search needs from an evaluator (plain, cached, ...)."""
 
     def evaluate(self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], score: str) -> torch.Tensor:
-        """Score ``S`` of the model with ``gates (L, H)`` and, in turn, each candidate head also off. ``(C,)``."""
+        """Score ``S`` of the model with ``gates`` and, in turn, each candidate ``(row, head)`` also off. ``(C,)``.
+
+        ``gates`` is the search's gate matrix: ``(L, H)`` for one tower, the stacked ``(R, H_max)`` of
+        a :class:`~hydra_hf.pruning.layout.HeadLayout` for several.
+        """
         ...
 
     def score_of(self, gates: torch.Tensor, score: str) -> float:
@@ -121,19 +133,21 @@ class Evaluator(Protocol):
 class GatedEvaluator:
     """Scores candidate ablations by re-running the full model with :class:`HeadGates` (plain path).
 
-    Works for every architecture the adapters support.
+    Works for every architecture the adapters support, on one tower (``tower`` a name, or ``None``
+    for the only one) or on both towers of a CLIP model (``tower="joint"``: gates and candidates are
+    rows of the stacked :class:`~hydra_hf.pruning.layout.HeadLayout`).
     """
 
     def __init__(self, adapter: ModelAdapter, id_batches: Sequence[Batch], ood_batches: Sequence[Batch] | None, *, tower: str | None = None) -> None:
         self.adapter = adapter
-        self.tower = adapter.resolve_tower(tower)
+        self.layout = HeadLayout.of(adapter, tower)
         self.id_batches = list(id_batches)
         self.ood_batches = list(ood_batches) if ood_batches is not None else None
         self.id_labels = _labels(self.id_batches)
 
     @torch.inference_mode()
     def _logits(self, hg: HeadGates, gates: torch.Tensor, batches: Sequence[Batch]) -> torch.Tensor:
-        hg.set(gates, tower=self.tower)
+        hg.set(self.layout.split(gates))  # every tower of the layout
         return torch.cat([self.adapter.logits(b).float().cpu() for b in batches])
 
     def evaluate(self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], score: str) -> torch.Tensor:
@@ -215,8 +229,11 @@ def circuit_prune(
         id_batches: labelled ID validation batches.
         ood_batches: OOD validation batches (needed for ``score`` ``"ood"`` / ``"avg"``).
         budget: ``Budget(remove=N)`` removes ``N`` heads anywhere; ``Budget(heads_per_layer=K)``
-            removes ``L*(H-K)`` heads, never taking a layer below ``K`` heads.
+            removes ``L*(H-K)`` heads, never taking a layer below ``K`` heads. With
+            ``tower="joint"``, ``N`` counts the heads of both towers and ``K`` applies to every
+            layer of each tower.
         score: ``"acc"``, ``"ood"`` or ``"avg"``.
+        tower: a tower name (``None``: the only one) or ``"joint"`` (both towers of a CLIP model).
         heads_per_step: ``k`` heads removed per step (``1`` = the exact greedy; ``> 1`` is the
             documented approximation of the module docstring).
         seed / random_ties: with ``random_ties``, tied best candidates are chosen at random (seeded);
@@ -227,7 +244,9 @@ def circuit_prune(
     Returns:
         :class:`PruneResult`; ``scores[l, h]`` = ``S`` right after head ``(l, h)`` was removed (NaN
         for kept heads), ``removal_order`` = the ranking (first removed = least useful),
-        ``metadata["score_history"]`` = ``S`` after each step (index 0: the unpruned model).
+        ``metadata["score_history"]`` = ``S`` after each step (index 0: the unpruned model). With
+        ``tower="joint"``, ``gates`` and ``scores`` are ``{tower: (L_t, H_t)}`` and the ranking holds
+        ``(tower, layer, head)`` triples.
     """
     if score not in SCORES:
         raise ValueError(f"unknown circuit score {score!r}; choose one of {list(SCORES)}")
@@ -235,16 +254,17 @@ def circuit_prune(
         raise ValueError(f"circuit-{score} needs OOD validation data; give --ood-data")
     if heads_per_step < 1:
         raise ValueError(f"heads_per_step must be >= 1, got {heads_per_step}")
-    tower = adapter.resolve_tower(tower)
-    L, H = adapter.shape(tower)
-    n_remove = budget.num_removed(L, H)
+    layout = HeadLayout.of(adapter, tower)
+    tower = "joint" if layout.joint else layout.names[0]
+    n_remove = layout.num_removed(budget)
     min_keep = budget.min_kept_per_layer()
     if evaluator is None:
         evaluator = make_evaluator(adapter, id_batches, ood_batches, tower=tower, fast=fast)
     generator = torch.Generator().manual_seed(seed if seed is not None else 0)
-    gates = torch.ones(L, H)
-    scores = torch.full((L, H), float("nan"))
-    removal: list[tuple[int, int]] = []
+    gates = layout.ones()  # (R, H_max): one tower's (L, H), or the stacked towers (padding 0)
+    R, H = gates.shape
+    scores = torch.full((R, H), float("nan"))
+    removal: list[tuple[int, int] | tuple[str, int, int]] = []
     history = [evaluator.score_of(gates, score)]
     n_evals = 0
     start_time = time.perf_counter()
@@ -252,7 +272,7 @@ def circuit_prune(
     while len(removal) < n_remove:
         kept_per_layer = gates.sum(dim=1)
         candidates = [
-            (layer, h) for layer in range(L) if kept_per_layer[layer] > min_keep for h in range(H) if gates[layer, h] > 0.5
+            (row, h) for row in range(R) if kept_per_layer[row] > min_keep for h in range(H) if gates[row, h] > 0.5
         ]
         if not candidates:  # cannot happen with a checked budget; guard against an endless loop
             raise RuntimeError("no candidate head left to remove")
@@ -261,20 +281,20 @@ def circuit_prune(
         take = min(heads_per_step, n_remove - len(removal))
         chosen: list[int] = []
         order = _rank_candidates(s, tie_tolerance, generator if random_ties else None)
-        per_layer_left = {layer: int(kept_per_layer[layer]) for layer in range(L)}
+        per_row_left = {row: int(kept_per_layer[row]) for row in range(R)}
         for i in order:
-            layer, h = candidates[i]
-            if per_layer_left[layer] <= min_keep:
+            row, h = candidates[i]
+            if per_row_left[row] <= min_keep:
                 continue
             chosen.append(i)
-            per_layer_left[layer] -= 1
+            per_row_left[row] -= 1
             if len(chosen) == take:
                 break
         for i in chosen:
-            layer, h = candidates[i]
-            gates[layer, h] = 0.0
-            scores[layer, h] = float(s[i])
-            removal.append((layer, h))
+            row, h = candidates[i]
+            gates[row, h] = 0.0
+            scores[row, h] = float(s[i])
+            removal.append(layout.label(row, h))
         history.append(float(s[chosen[0]]) if take == 1 else evaluator.score_of(gates, score))
         bar.update(len(chosen))
         bar.set_postfix(S=f"{history[-1]:.4f}")
@@ -282,8 +302,8 @@ def circuit_prune(
     elapsed = time.perf_counter() - start_time
     logger.info("circuit-%s: %d evaluations in %.1f s (%.1f / s)", score, n_evals, elapsed, n_evals / max(elapsed, 1e-9))
     return PruneResult(
-        gates=gates,
-        scores=scores,
+        gates=layout.unstack(gates),
+        scores=layout.unstack(scores),
         removal_order=removal,
         metadata={
             "method": f"circuit-{score}",
@@ -375,6 +395,14 @@ def reference_circuit_ranking(
 
 
 def as_metadata(result: PruneResult) -> dict[str, Any]:
-    """JSON-ready member metadata: method fields, ``scores`` ``(L, H)`` and the ``ranking``."""
-    scores = [[None if math.isnan(v) else round(float(v), 6) for v in row] for row in result.scores.tolist()]
+    """JSON-ready member metadata: method fields, ``scores`` and the ``ranking``.
+
+    One tower: ``scores`` is ``(L, H)`` and the ranking ``[layer, head]`` pairs; joint (two towers):
+    ``scores`` is ``{tower: (L_t, H_t)}`` and the ranking ``[tower, layer, head]`` triples.
+    """
+
+    def rows(t: torch.Tensor) -> list[list[float | None]]:
+        return [[None if math.isnan(v) else round(float(v), 6) for v in row] for row in t.tolist()]
+
+    scores: Any = {t: rows(v) for t, v in result.scores.items()} if isinstance(result.scores, dict) else rows(result.scores)
     return {**result.metadata, "scores": scores, "ranking": [list(p) for p in result.removal_order]}

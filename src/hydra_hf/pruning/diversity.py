@@ -30,10 +30,11 @@ import torch
 
 import datasets
 
-from ..masks import HeadMasks
+from ..masks import HeadMasks, TowerHeadMasks
 from .adapters import ModelAdapter
 from .budget import Budget
 from .circuits import as_metadata, circuit_prune
+from .layout import HeadLayout
 from .taylor import PruneResult, taylor_prune
 
 logger = logging.getLogger(__name__)
@@ -44,27 +45,34 @@ Batches = list[dict[str, torch.Tensor]]
 
 def random_prune(num_layers: int, num_heads: int, budget: Budget, *, seed: int = 0) -> PruneResult:
     """Remove heads uniformly at random within the budget (a baseline and a diversity check)."""
-    budget.check(num_layers, num_heads)
+    return random_prune_layout(HeadLayout((("model", num_layers, num_heads),)), budget, seed=seed)
+
+
+def random_prune_layout(layout: HeadLayout, budget: Budget, *, seed: int = 0) -> PruneResult:
+    """:func:`random_prune` over a :class:`~hydra_hf.pruning.layout.HeadLayout` (one tower or both:
+    with ``Budget(remove=N)`` the ``N`` heads are drawn uniformly from the heads of all its towers)."""
+    layout.check(budget)
     generator = torch.Generator().manual_seed(seed)
-    gates = torch.ones(num_layers, num_heads)
-    removal: list[tuple[int, int]] = []
+    gates = layout.ones()  # (R, H_max)
+    removal: list[Any] = []
     if budget.heads_per_layer is not None:
-        for layer in range(num_layers):
-            perm = torch.randperm(num_heads, generator=generator).tolist()
-            for h in perm[: num_heads - budget.heads_per_layer]:
-                gates[layer, h] = 0.0
-                removal.append((layer, h))
+        for row, H in enumerate(layout.heads_in_row()):
+            perm = torch.randperm(H, generator=generator).tolist()
+            for h in perm[: H - budget.heads_per_layer]:
+                gates[row, h] = 0.0
+                removal.append(layout.label(row, h))
     else:
-        perm = torch.randperm(num_layers * num_heads, generator=generator).tolist()
+        cells = torch.nonzero(gates > 0.5).tolist()  # existing heads, row-major
+        perm = torch.randperm(len(cells), generator=generator).tolist()
         for i in perm[: int(budget.remove)]:  # type: ignore[arg-type]
-            layer, h = divmod(i, num_heads)
-            gates[layer, h] = 0.0
-            removal.append((layer, h))
+            row, h = cells[i]
+            gates[row, h] = 0.0
+            removal.append(layout.label(row, h))
     return PruneResult(
-        gates=gates,
-        scores=torch.full((num_layers, num_heads), float("nan")),
+        gates=layout.unstack(gates),
+        scores=layout.unstack(torch.full(gates.shape, float("nan"))),
         removal_order=removal,
-        metadata={"method": "random", "seed": seed},
+        metadata={"method": "random", "seed": seed, **({"tower": "joint"} if layout.joint else {})},
     )
 
 
@@ -103,12 +111,13 @@ def prune_members(
     data_fraction: float | None = None,
     heads_per_step: int = 1,
     taylor_rounds: int = 1,
-    include: HeadMasks | None = None,
+    include: HeadMasks | TowerHeadMasks | None = None,
     fast: bool = True,
     progress: bool = True,
     metadata: dict[str, Any] | None = None,
-) -> HeadMasks:
-    """Compute ``members`` pruning masks and return them as :class:`~hydra_hf.masks.HeadMasks`.
+) -> HeadMasks | TowerHeadMasks:
+    """Compute ``members`` pruning masks and return them as :class:`~hydra_hf.masks.HeadMasks`
+    (one tower) or :class:`~hydra_hf.masks.TowerHeadMasks` (``tower="joint"``).
 
     Args:
         adapter: adapter of the (classification) model to prune.
@@ -120,26 +129,33 @@ def prune_members(
         ood_data: OOD validation data (circuit-ood / circuit-avg).
         members: number of members to compute.
         seed: seed of member 0; member ``m`` uses ``seed + m``.
+        tower: the tower to prune (``None``: the only one); ``"joint"`` selects every member's heads
+            over both towers of a CLIP model at once (``Budget(remove=N)``: ``N`` heads over both
+            towers; ``Budget(heads_per_layer=K)``: ``K`` in every layer of each tower).
         temperature: Taylor sampling temperature (default: 1.0 with several members, else 0).
         data_fraction: fraction of the data each member sees (default: 0.8 with several members,
             else 1.0).
         heads_per_step: circuit heads removed per greedy step (1 = exact).
         taylor_rounds: recompute rounds of the global Taylor ranking (``Budget(remove=N)``).
-        include: user masks whose members are appended unchanged.
+        include: user masks whose members are appended unchanged (a ``TowerHeadMasks`` for
+            ``tower="joint"``; a tower it does not list keeps all its heads).
         metadata: extra top-level metadata (e.g. the base model path).
 
     Returns:
         The masks; ``member_metadata[m]`` holds ``method``, ``seed``, ``scores``, ``ranking``, ...;
-        ``metadata`` holds ``method``, ``seed``, ``budget`` and ``pairwise_jaccard``.
+        ``metadata`` holds ``method``, ``seed``, ``budget`` and ``pairwise_jaccard``. With
+        ``tower="joint"``: a ``TowerHeadMasks`` (one ``HeadMasks`` per tower, the same members),
+        ``scores`` per tower, the ``ranking`` as ``[tower, layer, head]`` triples and the Jaccard
+        overlap over the union of the kept heads of both towers.
     """
     method_list = parse_methods(methods)
     if isinstance(members, bool) or not isinstance(members, int) or members < 0:
         raise ValueError(f"members must be a non-negative integer, got {members!r}")
     if members == 0 and include is None:
         raise ValueError("members is 0 and no masks are included; ask for at least one member")
-    tower = adapter.resolve_tower(tower)
-    L, H = adapter.shape(tower)
-    budget.check(L, H)
+    layout = HeadLayout.of(adapter, tower)
+    tower = "joint" if layout.joint else layout.names[0]
+    layout.check(budget)
     if any(m.startswith("circuit") and m != "circuit-acc" for m in method_list) and ood_data is None:
         raise ValueError("circuit-ood and circuit-avg need OOD validation data; give --ood-data")
     if "label" not in id_data.column_names and any(m != "random" for m in method_list):
@@ -152,16 +168,16 @@ def prune_members(
     if not 0.0 < data_fraction <= 1.0:
         raise ValueError(f"data_fraction must be in (0, 1], got {data_fraction}")
     if include is not None:
-        include.check_compatible(L, H, model="the model being pruned")
+        _check_include(include, layout)
 
-    kept: list[list[list[int]]] = []
+    kept: list[Any] = []  # per member: [[heads] per layer], or {tower: [[heads] per layer]} when joint
     member_meta: list[dict[str, Any]] = []
     for m in range(members):
         method = method_list[m % len(method_list)]
         member_seed = seed + m
         logger.info("member %d/%d: %s, seed %d", m + 1, members, method, member_seed)
         if method == "random":
-            result = random_prune(L, H, budget, seed=member_seed)
+            result = random_prune_layout(layout, budget, seed=member_seed)
         elif method.startswith("taylor"):
             batches = make_batches(_subset(id_data, data_fraction, member_seed), member_seed)
             result = taylor_prune(
@@ -194,13 +210,18 @@ def prune_members(
             )
         meta = as_metadata(result)
         meta.update({"method": method, "seed": member_seed, "data_fraction": data_fraction})
-        kept.append([torch.nonzero(row > 0.5).flatten().tolist() for row in result.gates])
+        kept.append(_kept_heads(result.gates))
         member_meta.append(meta)
     if include is not None:
-        for k, meta in zip(include.kept_heads, include.member_metadata):
-            kept.append([list(h) for h in k])
+        for m, meta in enumerate(include.member_metadata):
+            kept.append(_included_member(include, m, layout))
             member_meta.append({**meta, "source": "included"})
-    masks = HeadMasks(kept_heads=kept, num_heads=H, member_metadata=member_meta)
+    masks: HeadMasks | TowerHeadMasks
+    if layout.joint:
+        towers = {t: HeadMasks(kept_heads=[k[t] for k in kept], num_heads=H) for t, _, H in layout.towers}
+        masks = TowerHeadMasks(towers=towers, member_metadata=member_meta)
+    else:
+        masks = HeadMasks(kept_heads=kept, num_heads=layout.towers[0][2], member_metadata=member_meta)
     masks.metadata = {
         **(metadata or {}),
         "method": ",".join(method_list),
@@ -211,3 +232,37 @@ def prune_members(
     }
     logger.info("%s", masks.summary())
     return masks
+
+
+def _kept_heads(gates: torch.Tensor | dict[str, torch.Tensor]) -> Any:
+    """0/1 gates ``(L, H)`` (or ``{tower: (L_t, H_t)}``) -> kept head lists per layer (per tower)."""
+    if isinstance(gates, dict):
+        return {t: _kept_heads(g) for t, g in gates.items()}
+    return [torch.nonzero(row > 0.5).flatten().tolist() for row in gates]
+
+
+def _check_include(include: HeadMasks | TowerHeadMasks, layout: HeadLayout) -> None:
+    if layout.joint:
+        if not isinstance(include, TowerHeadMasks):
+            raise ValueError(
+                "tower='joint' includes two-tower masks (a TowerHeadMasks, a masks file with 'towers'); "
+                "the included masks have one tower"
+            )
+        include.check_compatible({t: (L, H) for t, L, H in layout.towers}, model="the model being pruned")
+        return
+    if isinstance(include, TowerHeadMasks):
+        raise ValueError(
+            f"the included masks have towers {sorted(include.towers)}; pruning one tower ({layout.names[0]!r}) "
+            "includes single-tower masks (or prune with tower='joint')"
+        )
+    _, L, H = layout.towers[0]
+    include.check_compatible(L, H, model="the model being pruned")
+
+
+def _included_member(include: HeadMasks | TowerHeadMasks, member: int, layout: HeadLayout) -> Any:
+    if not layout.joint:
+        return [list(h) for h in include.kept_heads[member]]  # type: ignore[union-attr]
+    return {
+        t: [list(h) for h in include.towers[t].kept_heads[member]] if t in include.towers else [list(range(H))] * L  # type: ignore[union-attr]
+        for t, L, H in layout.towers
+    }

@@ -12,7 +12,10 @@ Variants:
   averaged;
 - a global budget (``Budget(remove=N)``): heads are ranked across layers after normalizing each
   layer's scores to unit L2 norm (Michel et al.), and removed in ``rounds`` chunks with a recompute
-  between chunks (``rounds=1``: one shot).
+  between chunks (``rounds=1``: one shot);
+- both towers of a CLIP model at once (``tower="joint"``): per-layer budgets prune every tower's
+  layers depth by depth; a global budget ranks the heads of both towers after the per-layer
+  normalisation of :func:`normalize_layer_scores` (see :func:`taylor_prune` for why).
 
 Selection is deterministic (top scores) with ``temperature=0``. With ``temperature > 0`` the kept
 heads are *sampled* from the ranking with the seeded Gumbel-top-k trick on
@@ -34,6 +37,7 @@ from tqdm.auto import tqdm
 from .adapters import ModelAdapter
 from .budget import Budget
 from .gates import HeadGates
+from .layout import HeadLayout
 
 logger = logging.getLogger(__name__)
 
@@ -46,16 +50,18 @@ class PruneResult:
     """The outcome of pruning one member.
 
     Attributes:
-        gates: ``(L, H)`` 0/1, 1 = kept.
+        gates: ``(L, H)`` 0/1, 1 = kept; ``{tower: (L_t, H_t)}`` for a joint two-tower search.
         scores: ``(L, H)`` importance of each head when it was scored (higher = more important);
-            for circuits, the score ``S`` of the model right after the head was removed.
-        removal_order: ``[(layer, head), ...]`` in the order the heads were removed.
+            for circuits, the score ``S`` of the model right after the head was removed
+            (``{tower: (L_t, H_t)}`` for a joint search).
+        removal_order: ``[(layer, head), ...]`` in the order the heads were removed
+            (``(tower, layer, head)`` for a joint search).
         metadata: method, criterion, seed, ... (saved with the member in the masks file).
     """
 
-    gates: torch.Tensor
-    scores: torch.Tensor
-    removal_order: list[tuple[int, int]]
+    gates: torch.Tensor | dict[str, torch.Tensor]
+    scores: torch.Tensor | dict[str, torch.Tensor]
+    removal_order: list[tuple[int, int]] | list[tuple[str, int, int]]
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
@@ -69,28 +75,47 @@ def taylor_scores(
     adapter: ModelAdapter,
     batches: Iterable[Mapping[str, torch.Tensor]],
     *,
-    gates: torch.Tensor | None = None,
+    gates: torch.Tensor | Mapping[str, torch.Tensor] | None = None,
     criterion: str = "weight",
     tower: str | None = None,
     progress: bool = False,
     desc: str = "taylor scores",
-) -> torch.Tensor:
-    """Taylor importance of every head of one tower, with the heads of ``gates`` switched off.
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """Taylor importance of every head of one tower (or of both, ``tower="joint"``), with the heads of
+    ``gates`` switched off.
 
     Args:
         adapter: the model's adapter; batches need ``labels``.
         batches: the calibration batches (iterated once).
-        gates: ``(L, H)`` current 0/1 gates (``None``: all heads on).
+        gates: ``(L, H)`` current 0/1 gates of ``tower`` (``None``: all heads on); with
+            ``tower="joint"``, ``{tower: (L_t, H_t)}``.
         criterion: ``"weight"`` (``|W ⊙ dL/dW|`` on Q/K/V rows) or ``"gate"`` (``|dL/dgate|``).
+        tower: a tower name (``None``: the only one) or ``"joint"`` (every tower, one backward pass
+            per batch).
 
     Returns:
-        ``(L, H)`` scores, averaged over batches; switched-off heads score 0.
+        ``(L, H)`` scores, averaged over batches; switched-off heads score 0. With ``tower="joint"``,
+        ``{tower: (L_t, H_t)}`` raw scores (not comparable across towers; see :func:`taylor_prune`).
     """
+    layout = HeadLayout.of(adapter, tower)
+    if gates is not None and not isinstance(gates, Mapping):
+        gates = {layout.names[0]: gates}
+    scores = _tower_scores(adapter, batches, layout.names, gates, criterion, progress, desc)
+    return scores if layout.joint else scores[layout.names[0]]
+
+
+def _tower_scores(
+    adapter: ModelAdapter,
+    batches: Iterable[Mapping[str, torch.Tensor]],
+    towers: list[str],
+    gates: Mapping[str, torch.Tensor] | None,
+    criterion: str,
+    progress: bool,
+    desc: str,
+) -> dict[str, torch.Tensor]:
+    """Raw Taylor scores ``{tower: (L_t, H_t)}`` of ``towers``, accumulated in one pass over ``batches``."""
     if criterion not in CRITERIA:
         raise ValueError(f"unknown Taylor criterion {criterion!r}; choose one of {list(CRITERIA)}")
-    tower = adapter.resolve_tower(tower)
-    layers = adapter.towers[tower]
-    L, H = len(layers), layers[0].num_heads
     model = adapter.model
     was_training = model.training
     model.eval()  # dropout off: the scores describe the deterministic model
@@ -98,38 +123,40 @@ def taylor_scores(
     requires = [p.requires_grad for p in params]
     for p in params:
         p.requires_grad_(False)
-    weights = {id(w): w for layer in layers for w, _ in layer.qkv}
+    weights = {id(w): w for t in towers for layer in adapter.towers[t] for w, _ in layer.qkv}
     if criterion == "weight":
         for w in weights.values():
             w.requires_grad_(True)
-    scores = torch.zeros(L, H)
+    scores = {t: torch.zeros(*adapter.shape(t)) for t in towers}
     n_batches = 0
     try:
         with HeadGates(model, adapter=adapter, requires_grad=(criterion == "gate")) as hg:
             if gates is not None:
-                hg.set(gates, tower=tower)
-            gate_tensor = hg.tower_gates[tower]
+                hg.set(gates)
             for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
                 if "labels" not in batch:
                     raise ValueError("Taylor scores need labelled calibration data (a 'labels' key in every batch)")
                 for w in weights.values():
                     w.grad = None
-                gate_tensor.grad = None
+                for t in towers:
+                    hg.tower_gates[t].grad = None
                 logits = adapter.logits(batch)
                 loss = F.cross_entropy(logits, batch["labels"].to(logits.device))
                 loss.backward()
                 with torch.no_grad():
-                    if criterion == "gate":
-                        scores += gate_tensor.grad.detach().abs().cpu()
-                    else:
-                        for index, layer in enumerate(layers):
+                    for t in towers:
+                        if criterion == "gate":
+                            scores[t] += hg.tower_gates[t].grad.detach().abs().cpu()
+                            continue
+                        for index, layer in enumerate(adapter.towers[t]):
+                            H = layer.num_heads
                             per_proj = [
                                 _head_rows_importance(w, w.grad, off, H, layer.head_dim)
                                 if w.grad is not None
                                 else torch.zeros(H, device=w.device)
                                 for w, off in layer.qkv
                             ]
-                            scores[index] += torch.stack(per_proj).mean(dim=0).cpu()
+                            scores[t][index] += torch.stack(per_proj).mean(dim=0).cpu()
                 n_batches += 1
     finally:
         for p, r in zip(params, requires):
@@ -138,10 +165,31 @@ def taylor_scores(
         model.train(was_training)
     if n_batches == 0:
         raise ValueError("the calibration data is empty; give at least one labelled batch")
-    scores /= n_batches
-    if gates is not None:
-        scores = scores * (gates.cpu() > 0.5)
+    for t in towers:
+        scores[t] /= n_batches
+        if gates is not None and t in gates:
+            scores[t] = scores[t] * (torch.as_tensor(gates[t]).cpu() > 0.5)
     return scores
+
+
+def normalize_layer_scores(scores: torch.Tensor, heads_in_row: list[int] | None = None) -> torch.Tensor:
+    """Per-layer normalisation of Taylor scores before a ranking across layers (and towers).
+
+    Each row (layer) is divided by its L2 norm (Michel et al., 2019; Molchanov et al., 2017 normalise
+    per layer too), so that no layer dominates the ranking by the raw scale of its gradients. With
+    ``heads_in_row`` (the joint two-tower ranking), row ``r`` is further multiplied by
+    ``sqrt(heads_in_row[r])``: its mean *squared* score becomes 1 whatever the layer's head count, so
+    that a tower with fewer heads per layer (open_clip ViT-B/32: 8 text vs 12 vision heads) is not
+    favoured by the bare L2 normalisation (which gives a uniform layer of ``H`` heads scores
+    ``1/sqrt(H)``). Padding cells must be 0 and stay 0.
+
+    Shape:
+        scores: ``(R, H_max)`` non-negative; returns ``(R, H_max)``.
+    """
+    norm = scores / scores.norm(dim=1, keepdim=True).clamp_min(_EPS)  # (R, H_max)
+    if heads_in_row is not None:
+        norm = norm * torch.tensor(heads_in_row, dtype=norm.dtype).sqrt().unsqueeze(1)
+    return norm
 
 
 def select_top(
@@ -190,56 +238,86 @@ def taylor_prune(
             each layer; ``Budget(remove=N)`` → global ranking over all layers (per-layer L2-normalized
             scores), ``N`` heads removed in ``rounds`` recompute rounds.
         criterion: ``"weight"`` (paper D.1.1) or ``"gate"`` (Michel et al.).
+        tower: a tower name (``None``: the only one) or ``"joint"``: both towers of a CLIP model.
         seed: seeds the sampling of heads (only used when ``temperature > 0``).
         temperature: 0 = deterministic top-k; > 0 = sample the kept heads (see module docstring).
 
+    Both towers (``tower="joint"``), how raw scores of different towers are compared:
+
+    - ``Budget(heads_per_layer=K)`` needs no comparison: every layer keeps its own top ``K``.
+      Prune–recompute goes by depth: step ``d`` scores layer ``d`` of *every* tower in one
+      recompute (with the layers above ``d`` of both towers already pruned) and prunes each.
+    - ``Budget(remove=N)`` ranks the heads of both towers together after normalising every layer
+      of every tower (:func:`normalize_layer_scores`: unit L2 norm, times ``sqrt(H_t)``). Raw
+      ``|W ⊙ dL/dW|`` differ between towers by the scale of their weights and gradients (the image
+      tower's gradients reach the loss through the image embedding, the text tower's through the
+      class prompts); after the normalisation each layer, in either tower, brings the same total
+      importance, and a head is ranked by its share of its layer's importance. This is the
+      cross-layer normalisation of Michel et al. / Molchanov et al. applied to layers of two towers;
+      the result does not change when one tower's raw scores are scaled by any constant. How the
+      ``N`` heads split between the towers is left to the scores (not fixed in proportion to head
+      counts).
+
     Returns:
-        :class:`PruneResult` with the gates, the scores at scoring time and the removal order.
+        :class:`PruneResult` with the gates, the scores at scoring time and the removal order (with
+        ``tower="joint"``: ``{tower: (L_t, H_t)}`` gates and scores, ``(tower, layer, head)`` triples).
     """
-    tower = adapter.resolve_tower(tower)
-    L, H = adapter.shape(tower)
-    budget.check(L, H)
+    layout = HeadLayout.of(adapter, tower)
+    layout.check(budget)
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     generator = torch.Generator().manual_seed(seed)
-    gates = torch.ones(L, H)
-    scores_at_pruning = torch.zeros(L, H)
-    removal: list[tuple[int, int]] = []
+    gates = layout.ones()  # (R, H_max): one tower's (L, H), or the towers stacked (padding 0)
+    R, H_max = gates.shape
+    heads_in_row = layout.heads_in_row()
+    scores_at_pruning = torch.zeros(R, H_max)
+    removal: list[tuple[int, int] | tuple[str, int, int]] = []
+
+    def score(desc: str) -> torch.Tensor:  # (R, H_max) raw scores with the current gates
+        raw = _tower_scores(adapter, batches, layout.names, layout.split(gates), criterion, False, desc)
+        return layout.stack(raw)
+
     if budget.heads_per_layer is not None:
         keep = budget.heads_per_layer
-        for layer in tqdm(range(L), desc="taylor: layers", disable=not progress):
-            scores = taylor_scores(adapter, batches, gates=gates, criterion=criterion, tower=tower, desc=f"layer {layer}")
-            scores_at_pruning[layer] = scores[layer]
-            kept = select_top(scores[layer], keep, temperature=temperature, generator=generator)
-            dropped = [h for h in torch.sort(scores[layer], stable=True).indices.tolist() if h not in set(kept.tolist())]
-            gates[layer] = 0.0
-            gates[layer, kept] = 1.0
-            removal.extend((layer, h) for h in dropped)
+        depth_rows = [[r for r, (_, layer) in enumerate(layout.rows) if layer == d] for d in range(max(L for _, L, _ in layout.towers))]
+        for d, rows in enumerate(tqdm(depth_rows, desc="taylor: layers", disable=not progress)):
+            scores = score(f"layer {d}")
+            for row in rows:
+                row_scores = scores[row, : heads_in_row[row]]  # (H_t,)
+                scores_at_pruning[row] = scores[row]
+                kept = select_top(row_scores, keep, temperature=temperature, generator=generator)
+                dropped = [h for h in torch.sort(row_scores, stable=True).indices.tolist() if h not in set(kept.tolist())]
+                gates[row] = 0.0
+                gates[row, kept] = 1.0
+                removal.extend(layout.label(row, h) for h in dropped)
     else:
         n_remove = int(budget.remove)  # type: ignore[arg-type]
         per_round = [n_remove // rounds + (1 if r < n_remove % rounds else 0) for r in range(rounds)]
         for r, n in enumerate(tqdm(per_round, desc="taylor: rounds", disable=not progress)):
             if n == 0:
                 continue
-            scores = taylor_scores(adapter, batches, gates=gates, criterion=criterion, tower=tower, desc=f"round {r}")
-            norm = scores / scores.norm(dim=1, keepdim=True).clamp_min(_EPS)  # (L, H) per-layer L2 normalization
+            scores = score(f"round {r}")
+            norm = normalize_layer_scores(scores, heads_in_row if layout.joint else None)  # (R, H_max)
             alive = torch.nonzero(gates.flatten() > 0.5).flatten()
             flat = norm.flatten()[alive]
             kept = select_top(flat, len(alive) - n, temperature=temperature, generator=generator)
             kept_set = set(alive[kept].tolist())
             dropped = [int(i) for i in alive[torch.sort(flat, stable=True).indices].tolist() if int(i) not in kept_set]
             for i in dropped:
-                layer, h = divmod(i, H)
-                gates[layer, h] = 0.0
-                scores_at_pruning[layer, h] = norm[layer, h]
-                removal.append((layer, h))
+                row, h = divmod(i, H_max)
+                gates[row, h] = 0.0
+                scores_at_pruning[row, h] = norm[row, h]
+                removal.append(layout.label(row, h))
             for i in kept_set:
-                layer, h = divmod(i, H)
-                scores_at_pruning[layer, h] = norm[layer, h]
+                row, h = divmod(i, H_max)
+                scores_at_pruning[row, h] = norm[row, h]
     method = "taylor" if criterion == "weight" else "taylor-gate"
     return PruneResult(
-        gates=gates,
-        scores=scores_at_pruning,
+        gates=layout.unstack(gates),
+        scores=layout.unstack(scores_at_pruning),
         removal_order=removal,
-        metadata={"method": method, "criterion": criterion, "seed": seed, "temperature": temperature, "tower": tower},
+        metadata={
+            "method": method, "criterion": criterion, "seed": seed, "temperature": temperature,
+            "tower": "joint" if layout.joint else layout.names[0],
+        },  # fmt: skip
     )
