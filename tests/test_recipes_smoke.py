@@ -90,3 +90,41 @@ def test_vit_pooled_features_feed_the_classifier():
         feats = pooled_features(model, batch)  # (B, d)
         assert feats.shape == (2, 32)
         torch.testing.assert_close(model.classifier(feats), model(pixel_values=batch["pixel_values"]).logits, atol=1e-5, rtol=0)
+
+
+def test_openclip_zeroshot_smoke(tmp_path):
+    """The zero-shot OpenCLIP recipe (joint two-tower selection, 4 heads removed per member over both
+    towers): report, Hub folder, and the fresh-process reload's member probabilities."""
+    recipe = _load("recipe_openclip_zeroshot")
+    out = tmp_path / "openclip"
+    result = recipe.main(["--smoke", "--output", str(out)])
+    run = out / "run"
+    for stage in ("single.json", "masks.json", "hydra/config.json", "member_0/config.json", "report/report.json",
+                  "report/report.md", "report/reliability.png", "report/ood_scores.png", "hub/README.md",
+                  "hub/config.json", "hub/tokenizer.json", "hub/evaluation/report.json", "timings.json"):
+        assert (run / stage).exists(), stage
+    report = json.loads((run / "report" / "report.json").read_text())
+    assert sorted(report["ood_sets"]) == ["noise", "photos"] and report["test_images"] == 48
+    rows = {row["method"]: row for row in report["rows"]}
+    assert list(rows)[0] == "Hydra (taylor, M=3, joint)"
+    assert {"Single", "Single + TS", "Hydra + TS", "Single pruned (member 0)"} <= set(rows)
+    assert rows["Hydra (taylor, M=3, joint)"]["members"] == 3 and rows["Single"]["members"] == 1
+    for row in report["rows"]:
+        for key in ("accuracy", "nll", "ece", "brier"):
+            assert math.isfinite(row[key]), (row["method"], key)
+        for name in ("noise", "photos"):
+            assert 0.0 <= row[name]["auroc"] <= 1.0
+    assert rows["Hydra (taylor, M=3, joint)"]["mutual_information"] > 0  # the members disagree
+    assert report["temperature_single"] > 0 and report["single_validation"]["validation_images"] == 32
+    # joint selection: 4 heads removed per member, counted over both towers (2 layers x 4 heads each)
+    masks = json.loads((run / "masks.json").read_text())
+    assert masks["tower"] == "joint" and sorted(masks["towers"]) == ["text", "vision"]
+    kept = [m["kept_heads"] for m in masks["members"]]
+    assert len(kept) == 3 and kept[0] != kept[1]
+    assert all(sum(4 - len(h) for t in ("vision", "text") for h in k[t]) == 4 for k in kept)
+    hydra_config = json.loads((run / "hydra" / "config.json").read_text())
+    assert hydra_config["vision_kept_heads"] == [k["vision"] for k in kept]
+    assert hydra_config["text_kept_heads"] == [k["text"] for k in kept]
+    # the Hub folder reloads in a fresh process (no hydra_hf) with the same member probabilities
+    assert result.hub_check["predictions"]["max_abs_prob_diff"] < 1e-4 and result.hub_check["predictions"]["members"] == 3
+    assert result.hub_check["validate"]["pipeline"] is not None
