@@ -6,15 +6,34 @@ Example::
         --id-data rotten_tomatoes:validation --ood-data guardian_headlines:ood_validation \\
         --output masks.json
 
-Text models (BERT-like sequence classifiers) and HF ViT image classifiers are loaded from ``--model``;
-other architectures (timm, open_clip, CLIP zero-shot) are pruned through the library API
-(:func:`hydra_hf.pruning.prune_members`).
+Models:
+
+- ``--model DIR``: a Hugging Face checkpoint folder: a text classifier (BERT-like), a ViT image
+  classifier, or a ``CLIPModel`` (detected from ``config.json``), pruned as a zero-shot classifier;
+- ``--open-clip NAME --checkpoint PATH``: an open_clip CLIP model (a model name such as ``ViT-B-32``,
+  or a local ``open_clip_config.json`` / a folder holding one) with local weights, zero-shot;
+- ``--timm NAME --checkpoint PATH``: a timm ViT image classifier with local weights (a file, or a
+  ``save_for_hf`` folder whose ``model_args`` are used). Nothing is downloaded.
+
+CLIP models classify images zero-shot: ``--class-names`` (comma-separated, or a file with one name
+per line, in label order) and ``--prompt-template`` (default ``"a photo of a {}."``) give the class
+prompts; label values must be ``0 .. C-1`` (or the class names themselves; image-folder classes are
+matched by name). ``--tower joint`` (the default for two-tower models) selects every member's heads
+over both towers at once (``--remove N`` counts the heads of both, ``--heads-per-layer K`` applies
+to every layer of each); ``--tower vision`` / ``text`` prunes one tower and keeps the other whole.
+CLIP masks are written in the two-tower format that ``hydra-hf convert`` reads; the file is written
+atomically, never half.
+
+The command is a thin layer over :func:`hydra_hf.pruning.prune_members` (and
+:mod:`hydra_hf.pruning.loading` for open_clip / timm models and class prompts).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +50,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="choose the heads every member keeps (Taylor / circuits / random) and write masks.json",
         description=__doc__.split("\n\n")[0],
     )
-    p.add_argument("--model", required=True, help="folder of a Hugging Face checkpoint (text or ViT classifier)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="Hugging Face checkpoint folder: text classifier, ViT classifier or CLIPModel")
+    source.add_argument("--open-clip", metavar="NAME", help="open_clip model name (e.g. ViT-B-32) or local open_clip_config.json; weights from --checkpoint")
+    source.add_argument("--timm", metavar="NAME", help="timm ViT architecture (e.g. vit_base_patch16_224); weights from --checkpoint")
+    p.add_argument("--checkpoint", help="local weights of --open-clip / --timm: a .safetensors/.bin/.pt file or a checkpoint folder")
+    p.add_argument("--class-names", help="CLIP: class names in label order, comma-separated or a file with one per line")
+    p.add_argument("--prompt-template", default=None, help='CLIP: prompt of each class (default "a photo of a {}.")')
+    p.add_argument("--tower", help="two-tower models: vision, text or joint (default joint: both towers together)")
     p.add_argument(
         "--method",
         default="taylor",
@@ -56,7 +82,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--data-fraction", type=float, help="fraction of the data per member (default 0.8 for several)")
     p.add_argument("--heads-per-step", type=int, default=1, help="circuit heads removed per step (1 = exact greedy)")
     p.add_argument("--taylor-rounds", type=int, default=1, help="recompute rounds of the global Taylor ranking")
-    p.add_argument("--include-masks", help="masks file whose members are added to the output unchanged")
+    p.add_argument("--include-masks", help="masks file whose members are added to the output unchanged (two-tower for --tower joint)")
     p.add_argument("--no-fast", action="store_true", help="circuits: re-run the full model per candidate")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
@@ -65,24 +91,114 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _load_model(path: str, num_labels: int | None) -> tuple[torch.nn.Module, Any, str]:
-    """Load a sequence or image classifier; returns ``(model, tokenizer_or_processor, modality)``."""
+TOWERS = ("vision", "text", "joint")
+
+
+@dataclass
+class _Target:
+    """What pruning needs from the loaded model, whatever its source."""
+
+    adapter: Any
+    transform: Callable[[Any], torch.Tensor] | None  # images: PIL -> (3, S, S); None for text models
+    tokenizer: Any  # text models only
+    num_labels: int
+    label2id: dict[str, int] | None
+    zero_shot: bool  # CLIP: labels index the class names
+
+
+def _check_source(args: argparse.Namespace) -> None:
+    """Cheap argument checks, before anything is loaded."""
+    from ..pruning.loading import class_prompts, read_class_names
+
+    if args.checkpoint and not (args.open_clip or args.timm):
+        raise ValueError("--checkpoint gives the weights of --open-clip / --timm models; a --model folder holds its own")
+    if (args.open_clip or args.timm) and not args.checkpoint:
+        flag = "--open-clip" if args.open_clip else "--timm"
+        raise ValueError(f"{flag} needs --checkpoint PATH: the local weights of the model (nothing is downloaded)")
+    if args.checkpoint and not Path(args.checkpoint).exists():
+        raise FileNotFoundError(f"--checkpoint {args.checkpoint!r} does not exist; give the local weights file or folder")
+    if args.tower is not None and args.tower not in TOWERS:
+        raise ValueError(f"unknown --tower {args.tower!r}; choose one of {', '.join(TOWERS)}")
+    if args.prompt_template is not None:
+        class_prompts(["x"], args.prompt_template)  # ValueError for a template without exactly one {}
+    if args.class_names is not None:
+        read_class_names(args.class_names)  # ValueError for an empty list or a name given twice
+
+
+def _hf_config(path: str) -> Any:
     from transformers import AutoConfig
 
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"--model {path!r} is not a Hugging Face checkpoint folder (no config.json there)")
-    config = AutoConfig.from_pretrained(folder)
-    kwargs = {"num_labels": num_labels} if num_labels is not None else {}
+    return AutoConfig.from_pretrained(folder)
+
+
+def _clip_text_inputs(adapter_kind: str, tokenize: Callable[[list[str]], Any], args: argparse.Namespace) -> tuple[Any, list[str]]:
+    from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, read_class_names
+
+    if not args.class_names:
+        raise ValueError(
+            f"a CLIP model ({adapter_kind}) classifies zero-shot: give --class-names (comma-separated or a file, one per "
+            "line, in label order)"
+        )
+    names = read_class_names(args.class_names)
+    prompts = class_prompts(names, args.prompt_template or DEFAULT_PROMPT_TEMPLATE)
+    return tokenize(prompts), names
+
+
+def _load_target(args: argparse.Namespace) -> _Target:
+    from ..pruning.adapters import get_adapter
+
+    if args.prompt_template and args.timm:
+        raise ValueError("--prompt-template applies to CLIP models (zero-shot); a timm classifier has its own head")
+    if args.open_clip:
+        from ..pruning.loading import load_open_clip
+
+        model, preprocess, tokenize = load_open_clip(args.open_clip, args.checkpoint)
+        tokens, names = _clip_text_inputs("open_clip", tokenize, args)
+        adapter = get_adapter(model, class_text_inputs=tokens)  # tokens: (C, T)
+        return _Target(adapter, preprocess, None, len(names), {n: i for i, n in enumerate(names)}, True)
+    if args.timm:
+        from ..pruning.loading import load_timm_vit
+
+        model, transform, label_names = load_timm_vit(args.timm, args.checkpoint)
+        label2id = {str(n): i for i, n in enumerate(label_names)} if label_names else None
+        return _Target(get_adapter(model), transform, None, model.num_classes, label2id, False)
+    config = _hf_config(args.model)
+    folder = Path(args.model)
+    kwargs = {"num_labels": args.num_labels} if args.num_labels is not None else {}
+    if config.model_type == "clip":
+        from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+
+        if args.num_labels is not None:
+            raise ValueError("--num-labels does not apply to a CLIP model; its classes are --class-names")
+        model = CLIPModel.from_pretrained(folder).eval()
+        try:
+            tokenizer, image_processor = AutoTokenizer.from_pretrained(folder), AutoImageProcessor.from_pretrained(folder)
+        except (OSError, ValueError) as exc:
+            raise ValueError(
+                f"--model {args.model!r} needs its tokenizer and image processor for zero-shot pruning "
+                f"(save them with CLIPProcessor.save_pretrained): {exc}"
+            ) from None
+        tokens, names = _clip_text_inputs("hf_clip", lambda p: dict(tokenizer(p, padding=True, return_tensors="pt")), args)
+        adapter = get_adapter(model, class_text_inputs={k: tokens[k] for k in ("input_ids", "attention_mask") if k in tokens})
+        transform = lambda image: image_processor(image, return_tensors="pt")["pixel_values"][0]  # noqa: E731
+        return _Target(adapter, transform, None, len(names), {n: i for i, n in enumerate(names)}, True)
+    if args.class_names or args.prompt_template:
+        raise ValueError(f"--class-names / --prompt-template apply to CLIP models; {args.model!r} is a {config.model_type} classifier")
     if config.model_type == "vit":
         from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-        model = AutoModelForImageClassification.from_pretrained(folder, **kwargs)
-        return model, AutoImageProcessor.from_pretrained(folder), "image"
+        model = AutoModelForImageClassification.from_pretrained(folder, **kwargs).eval()
+        processor = AutoImageProcessor.from_pretrained(folder)
+        transform = lambda image: processor(image, return_tensors="pt")["pixel_values"][0]  # noqa: E731
+        return _Target(get_adapter(model), transform, None, model.config.num_labels, _label2id(model.config), False)
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    model = AutoModelForSequenceClassification.from_pretrained(folder, **kwargs)
-    return model, AutoTokenizer.from_pretrained(folder), "text"
+    model = AutoModelForSequenceClassification.from_pretrained(folder, **kwargs).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return _Target(get_adapter(model), None, tokenizer, model.config.num_labels, _label2id(model.config), False)
 
 
 def _label2id(config: Any) -> dict[str, int] | None:
@@ -91,12 +207,38 @@ def _label2id(config: Any) -> dict[str, int] | None:
     return None if not mapping or mapping == default else {str(k): int(v) for k, v in mapping.items()}
 
 
+def _zero_shot_labels(dataset: Any, names: list[str], source: str) -> Any:
+    """Match the ID labels to the class names: image-folder classes by name, integers as indices."""
+    import datasets
+
+    feature = dataset.features.get("label")
+    if isinstance(feature, datasets.ClassLabel):
+        folder_names = list(feature.names)
+        if set(folder_names) <= set(names):
+            index = [names.index(n) for n in folder_names]
+            dataset = dataset.cast_column("label", datasets.Value("int64"))
+            return dataset.map(lambda label: {"label": index[label]}, input_columns="label")
+        if len(folder_names) != len(names):
+            raise ValueError(
+                f"{source} has {len(folder_names)} classes {folder_names[:5]} but --class-names gives {len(names)} "
+                f"{names[:5]}; give one class name per class, in label order"
+            )
+    labels = dataset["label"]
+    bad = sorted({int(v) for v in labels if not 0 <= int(v) < len(names)})
+    if bad:
+        raise ValueError(
+            f"{source} has label values {bad[:5]} but --class-names gives {len(names)} classes (labels 0..{len(names) - 1}); "
+            "give one class name per label value, in label order"
+        )
+    return dataset
+
+
 def run(args: argparse.Namespace) -> int:
     from ..data import make_image_loader, make_text_loader, resolve_dataset
-    from ..masks import HeadMasks
-    from ..pruning.adapters import get_adapter
+    from ..masks import HeadMasks, TowerHeadMasks, load_masks
     from ..pruning.budget import Budget
     from ..pruning.diversity import parse_methods, prune_members
+    from ..pruning.layout import HeadLayout
 
     # --- cheap checks first: fail before loading anything heavy
     methods = parse_methods(args.method)
@@ -108,48 +250,69 @@ def run(args: argparse.Namespace) -> int:
         raise FileExistsError(f"--output {str(output)!r} exists; pass --overwrite to replace it")
     if args.members < 0:
         raise ValueError(f"--members must be >= 0, got {args.members}")
-    include = HeadMasks.load(args.include_masks) if args.include_masks else None
+    _check_source(args)
+    include = load_masks(args.include_masks) if args.include_masks else None
 
-    model, processor, modality = _load_model(args.model, args.num_labels)
-    model.eval()
-    adapter = get_adapter(model)
-    L, H = adapter.shape(None)
-    budget.check(L, H)
+    target = _load_target(args)
+    adapter = target.adapter
+    two_towers = len(adapter.towers) > 1
+    tower = args.tower or ("joint" if two_towers else None)
+    layout = HeadLayout.of(adapter, tower)  # ValueError for joint on one tower / an unknown tower
+    layout.check(budget)
+    if include is not None and two_towers and not layout.joint and isinstance(include, TowerHeadMasks):
+        include = include.tower(layout.names[0])
 
+    image_model = target.transform is not None
     data_kwargs = dict(
-        text_column=None if args.image_column else args.text_column,
+        text_column=None if image_model else args.text_column,
         image_column=args.image_column,
         max_samples=args.max_samples,
     )
-    num_labels = model.config.num_labels
+    source = f"--id-data {args.id_data!r}"
     id_data = resolve_dataset(
         args.id_data,
         label_column=args.label_column,
-        label2id=_label2id(model.config),
-        num_labels=num_labels,
+        label2id=target.label2id,
+        num_labels=None if target.zero_shot else target.num_labels,
         require_labels=any(m != "random" for m in methods),
         **data_kwargs,
     )
     ood_kwargs = {**data_kwargs}
-    if args.ood_text_column and not args.image_column:
+    if args.ood_text_column and not image_model:
         ood_kwargs["text_column"] = args.ood_text_column
     ood_data = resolve_dataset(args.ood_data, label_column=None, **ood_kwargs) if args.ood_data else None
+    modality = "image" if image_model else "text"
+    for name, data in (("--id-data", id_data), ("--ood-data", ood_data)):
+        if data is not None and modality not in data.column_names:
+            raise ValueError(
+                f"the model reads {modality}s but {name} has columns {data.column_names}; "
+                + ("give an image folder or --image-column" if image_model else "give text data (--text-column)")
+            )
+    if target.zero_shot and "label" in id_data.column_names:
+        id_data = _zero_shot_labels(id_data, list(target.label2id or {}), source)
     logger.info("ID data: %d examples%s", len(id_data), f"; OOD data: {len(ood_data)}" if ood_data is not None else "")
 
-    if modality == "text":
-        if "text" not in id_data.column_names:
-            raise ValueError(f"--model {args.model} is a text model but the ID data has no text column")
+    if image_model:
 
         def make_batches(dataset: Any, seed: int) -> list[dict[str, torch.Tensor]]:
-            return list(make_text_loader(dataset, processor, args.batch_size, args.max_length))
+            return list(make_image_loader(dataset, target.transform, args.batch_size))
     else:
 
-        def transform(image: Any) -> torch.Tensor:
-            return processor(image, return_tensors="pt")["pixel_values"][0]
-
         def make_batches(dataset: Any, seed: int) -> list[dict[str, torch.Tensor]]:
-            return list(make_image_loader(dataset, transform, args.batch_size))
+            return list(make_text_loader(dataset, target.tokenizer, args.batch_size, args.max_length))
 
+    base = args.model or args.checkpoint
+    metadata: dict[str, Any] = {
+        "base_model": str(base),
+        "id_data": args.id_data,
+        "ood_data": args.ood_data,
+        "num_labels": target.num_labels,
+    }
+    if args.open_clip or args.timm:
+        metadata["architecture"] = {"open_clip": args.open_clip} if args.open_clip else {"timm": args.timm}
+    if target.zero_shot:
+        metadata["class_names"] = list(target.label2id or {})
+        metadata["prompt_template"] = args.prompt_template or "a photo of a {}."
     masks = prune_members(
         adapter,
         methods=methods,
@@ -159,6 +322,7 @@ def run(args: argparse.Namespace) -> int:
         ood_data=ood_data,
         members=args.members,
         seed=args.seed,
+        tower=tower,
         temperature=args.temperature,
         data_fraction=args.data_fraction,
         heads_per_step=args.heads_per_step,
@@ -166,13 +330,14 @@ def run(args: argparse.Namespace) -> int:
         include=include,
         fast=not args.no_fast,
         progress=not args.no_progress,
-        metadata={
-            "base_model": str(args.model),
-            "id_data": args.id_data,
-            "ood_data": args.ood_data,
-            "num_labels": num_labels,
-        },
+        metadata=metadata,
     )
+    if two_towers and isinstance(masks, HeadMasks):  # one tower of a CLIP model: the converter reads tower masks
+        masks = TowerHeadMasks(
+            towers={layout.names[0]: HeadMasks(kept_heads=masks.kept_heads, num_heads=masks.num_heads)},
+            member_metadata=masks.member_metadata,
+            metadata=masks.metadata,
+        )
     masks.save(output)
     print(masks.summary())
     print(f"wrote {output}")

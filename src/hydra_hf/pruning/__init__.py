@@ -6,7 +6,8 @@
 - :mod:`.taylor` — Strategy 1, Taylor importance with prune–recompute;
 - :mod:`.circuits` — Strategy 2, greedy circuit search (CircAcc / CircOOD / CircAvg);
 - :mod:`.cached_bert` — the cached, batched circuit evaluator for BERT classifiers;
-- :mod:`.diversity` — M members from seeds, criteria and user masks.
+- :mod:`.diversity` — M members from seeds, criteria and user masks;
+- :mod:`.loading` — open_clip / timm models from local weights, zero-shot class prompts (the CLI's loaders).
 """
 
 from .adapters import AttentionLayer, ModelAdapter, get_adapter
