@@ -94,3 +94,75 @@ def test_circuit_errors():
         circuit_prune(adapter, text_batches(8, 0), text_batches(8, 1), Budget(remove=9), progress=False)
     with pytest.raises(ValueError, match="exactly one budget"):
         Budget(heads_per_layer=1, remove=2)
+
+
+# ------------------------------------------------------------------ screened (bf16 -> fp32) scoring
+def _evaluators(model, **kwargs):
+    adapter = get_adapter(model)
+    id_b, ood_b = text_batches(48, 21, batch_size=16), text_batches(48, 22, batch_size=16)
+    fp32 = CachedBertEvaluator(adapter, id_b, ood_b, precision="fp32")
+    return adapter, id_b, ood_b, fp32, {p: CachedBertEvaluator(adapter, id_b, ood_b, precision=p, **kwargs) for p in ("bf16", "screened")}
+
+
+def test_screened_scores_are_float32_where_it_matters():
+    model = tiny_bert(layers=3, seed=7)
+    _, _, _, fp32, ev = _evaluators(model)
+    gates = torch.ones(3, 4)
+    gates[1, 1] = 0
+    candidates = [(l, h) for l in range(3) for h in range(4) if gates[l, h] > 0]
+    exact = fp32.evaluate(gates, candidates, "avg")
+    low = ev["bf16"].evaluate(gates, candidates, "avg")
+    screened = ev["screened"].evaluate(gates, candidates, "avg")
+    assert not torch.equal(low, exact)  # bf16 really rounds differently...
+    assert (low - exact).abs().max() < 0.1  # ...but stays close
+    confirmed = screened == exact
+    # the best candidate is chosen on float32 scores; every unconfirmed one is more than the margin below it
+    assert int(screened.argmax()) == int(exact.argmax()) and confirmed[int(exact.argmax())]
+    margin = max(ev["screened"].margin, ev["screened"].safety * ev["screened"].max_error)
+    assert (screened[~confirmed] < float(screened.max()) - margin).all()
+    assert ev["screened"].stats["screened"] == len(candidates)
+    assert ev["screened"].stats["confirmed"] == int(confirmed.sum())
+
+
+def test_screening_margins_bound_the_float32_work():
+    model = tiny_bert(layers=3, seed=8)
+    adapter, id_b, ood_b, fp32, _ = _evaluators(model)
+    candidates = [(l, h) for l in range(3) for h in range(4)]
+    gates = torch.ones(3, 4)
+    exact = fp32.evaluate(gates, candidates, "ood")
+    everything = CachedBertEvaluator(adapter, id_b, ood_b, precision="screened", margin=10.0)
+    assert torch.equal(everything.evaluate(gates, candidates, "ood"), exact)  # a huge margin confirms all
+    least = CachedBertEvaluator(adapter, id_b, ood_b, precision="screened", margin=0.0, safety=1.0)
+    s = least.evaluate(gates, candidates, "ood")
+    assert 1 <= least.stats["confirmed"] < len(candidates) or torch.equal(s, exact)
+    with pytest.raises(ValueError, match="precision"):
+        CachedBertEvaluator(adapter, id_b, ood_b, precision="fp16")
+    with pytest.raises(ValueError, match="margin"):
+        CachedBertEvaluator(adapter, id_b, ood_b, precision="screened", margin=-1.0)
+
+
+@pytest.mark.parametrize("score", ["acc", "avg"])
+def test_screened_greedy_equals_plain_algorithm_1(score):
+    model = tiny_bert(layers=3, seed=4)
+    id_b, ood_b = text_batches(32, 11, batch_size=16), text_batches(32, 12, batch_size=16)
+    reference = reference_circuit_ranking(model, id_b, ood_b, n_remove=5, score=score)
+    screened = circuit_prune(get_adapter(model), id_b, ood_b, Budget(remove=5), score=score, precision="screened", progress=False)
+    assert screened.removal_order == reference
+    with pytest.raises(ValueError, match="circuit precision"):
+        circuit_prune(get_adapter(model), id_b, ood_b, Budget(remove=1), precision="double", progress=False)
+
+
+def test_screened_confirms_the_k_best_for_heads_per_step():
+    model = tiny_bert(layers=3, seed=9)
+    adapter, id_b, ood_b, fp32, ev = _evaluators(model)
+    candidates = [(l, h) for l in range(3) for h in range(4)]
+    gates = torch.ones(3, 4)
+    exact = fp32.evaluate(gates, candidates, "avg")
+    screened = ev["screened"].evaluate(gates, candidates, "avg", top=4)
+    best4 = torch.sort(-exact, stable=True).indices[:4]
+    assert torch.equal(screened[best4], exact[best4])  # the 4 best are float32 scores
+    assert set(torch.sort(-screened, stable=True).indices[:4].tolist()) == set(best4.tolist())
+    kwargs = dict(score="avg", heads_per_step=3, progress=False)
+    a = circuit_prune(adapter, id_b, ood_b, Budget(remove=6), precision="screened", **kwargs)
+    b = circuit_prune(adapter, id_b, ood_b, Budget(remove=6), precision="fp32", **kwargs)
+    assert a.removal_order == b.removal_order

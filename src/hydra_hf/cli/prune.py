@@ -84,6 +84,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--taylor-rounds", type=int, default=1, help="recompute rounds of the global Taylor ranking")
     p.add_argument("--include-masks", help="masks file whose members are added to the output unchanged (two-tower for --tower joint)")
     p.add_argument("--no-fast", action="store_true", help="circuits: re-run the full model per candidate")
+    p.add_argument(
+        "--circuit-precision",
+        default="auto",
+        choices=["auto", "fp32", "screened", "bf16"],
+        help="circuits on BERT: fp32 scores every candidate in float32; screened scores in bf16 and re-scores "
+        "every candidate near the best in float32 (decisions on float32 scores); bf16 is approximate; "
+        "auto = screened where bf16 is fast (AVX512-BF16/AMX CPUs, GPUs), else fp32",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     p.add_argument("--output", required=True, help="masks file to write (JSON)")
@@ -329,6 +337,7 @@ def run(args: argparse.Namespace) -> int:
         taylor_rounds=args.taylor_rounds,
         include=include,
         fast=not args.no_fast,
+        precision=args.circuit_precision,
         progress=not args.no_progress,
         metadata=metadata,
     )

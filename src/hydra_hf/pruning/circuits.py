@@ -117,11 +117,14 @@ def _labels(batches: Sequence[Batch]) -> torch.Tensor:
 class Evaluator(Protocol):
     """What the greedy search needs from an evaluator (plain, cached, ...)."""
 
-    def evaluate(self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], score: str) -> torch.Tensor:
+    def evaluate(
+        self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], score: str, *, top: int = 1
+    ) -> torch.Tensor:
         """Score ``S`` of the model with ``gates`` and, in turn, each candidate ``(row, head)`` also off. ``(C,)``.
 
         ``gates`` is the search's gate matrix: ``(L, H)`` for one tower, the stacked ``(R, H_max)`` of
-        a :class:`~hydra_hf.pruning.layout.HeadLayout` for several.
+        a :class:`~hydra_hf.pruning.layout.HeadLayout` for several. ``top``: the caller will take the
+        ``top`` best candidates (an evaluator that approximates some scores must get those exact).
         """
         ...
 
@@ -150,7 +153,9 @@ class GatedEvaluator:
         hg.set(self.layout.split(gates))  # every tower of the layout
         return torch.cat([self.adapter.logits(b).float().cpu() for b in batches])
 
-    def evaluate(self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], score: str) -> torch.Tensor:
+    def evaluate(
+        self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], score: str, *, top: int = 1
+    ) -> torch.Tensor:
         """Score of the model with ``gates`` and, in turn, each candidate head also off. Shape ``(C,)``."""
         model = self.adapter.model
         was_training = model.training
@@ -190,17 +195,25 @@ def make_evaluator(
     *,
     tower: str | None = None,
     fast: bool = True,
-    bf16: bool = False,
+    precision: str = "auto",
 ) -> Evaluator:
     """The fastest evaluator available for the model (``fast=False``: always the plain one).
 
-    ``bf16`` (cached evaluator only) trades exactness for speed; see
+    ``precision`` (cached evaluator only): ``"fp32"`` (every candidate in float32), ``"screened"``
+    (bf16 screening, float32 decisions), ``"bf16"`` (approximate) or ``"auto"``: ``"screened"``
+    where bf16 is fast (CPUs with AVX512-BF16/AMX, GPUs with bf16), else ``"fp32"``; see
     :class:`~hydra_hf.pruning.cached_bert.CachedBertEvaluator`.
     """
-    from .cached_bert import CachedBertEvaluator, supports_cached_bert
+    from .cached_bert import PRECISIONS, CachedBertEvaluator, fast_bf16, supports_cached_bert
 
+    if precision not in (*PRECISIONS, "auto"):
+        raise ValueError(f"unknown circuit precision {precision!r}; choose one of {['auto', *PRECISIONS]}")
     if fast and adapter.kind == "hf_bert" and supports_cached_bert(adapter.model):
-        return CachedBertEvaluator(adapter, id_batches, ood_batches, bf16=bf16)
+        if precision == "auto":
+            precision = "screened" if fast_bf16(next(adapter.model.parameters()).device) else "fp32"
+        return CachedBertEvaluator(adapter, id_batches, ood_batches, precision=precision)
+    if precision not in ("fp32", "auto"):
+        logger.warning("precision=%r needs the cached BERT evaluator; scoring in float32", precision)
     if fast:
         logger.info("no cached circuit evaluator for %s; re-running the full model per candidate", type(adapter.model).__name__)
     return GatedEvaluator(adapter, id_batches, ood_batches, tower=tower)
@@ -219,6 +232,7 @@ def circuit_prune(
     random_ties: bool = False,
     tie_tolerance: float = 1e-12,
     fast: bool = True,
+    precision: str = "auto",
     evaluator: Evaluator | None = None,
     progress: bool = True,
 ) -> PruneResult:
@@ -240,6 +254,9 @@ def circuit_prune(
             otherwise the lowest ``(layer, head)`` wins.
         tie_tolerance: scores within this of the best count as tied.
         fast: use the cached evaluator when the architecture has one.
+        precision: the cached evaluator's arithmetic (``"auto"``, ``"fp32"``, ``"screened"``,
+            ``"bf16"``); see :func:`make_evaluator`.
+        evaluator: a ready evaluator (overrides ``fast`` and ``precision``).
 
     Returns:
         :class:`PruneResult`; ``scores[l, h]`` = ``S`` right after head ``(l, h)`` was removed (NaN
@@ -259,7 +276,7 @@ def circuit_prune(
     n_remove = layout.num_removed(budget)
     min_keep = budget.min_kept_per_layer()
     if evaluator is None:
-        evaluator = make_evaluator(adapter, id_batches, ood_batches, tower=tower, fast=fast)
+        evaluator = make_evaluator(adapter, id_batches, ood_batches, tower=tower, fast=fast, precision=precision)
     generator = torch.Generator().manual_seed(seed if seed is not None else 0)
     gates = layout.ones()  # (R, H_max): one tower's (L, H), or the stacked towers (padding 0)
     R, H = gates.shape
@@ -276,9 +293,9 @@ def circuit_prune(
         ]
         if not candidates:  # cannot happen with a checked budget; guard against an endless loop
             raise RuntimeError("no candidate head left to remove")
-        s = evaluator.evaluate(gates, candidates, score)  # (C,)
-        n_evals += len(candidates)
         take = min(heads_per_step, n_remove - len(removal))
+        s = evaluator.evaluate(gates, candidates, score, top=take)  # (C,)
+        n_evals += len(candidates)
         chosen: list[int] = []
         order = _rank_candidates(s, tie_tolerance, generator if random_ties else None)
         per_row_left = {row: int(kept_per_layer[row]) for row in range(R)}

@@ -113,6 +113,7 @@ def prune_members(
     taylor_rounds: int = 1,
     include: HeadMasks | TowerHeadMasks | None = None,
     fast: bool = True,
+    precision: str = "auto",
     progress: bool = True,
     metadata: dict[str, Any] | None = None,
 ) -> HeadMasks | TowerHeadMasks:
@@ -139,6 +140,9 @@ def prune_members(
         taylor_rounds: recompute rounds of the global Taylor ranking (``Budget(remove=N)``).
         include: user masks whose members are appended unchanged (a ``TowerHeadMasks`` for
             ``tower="joint"``; a tower it does not list keeps all its heads).
+        fast: circuits: use the cached evaluator where the architecture has one.
+        precision: circuits on BERT: the cached evaluator's arithmetic (``"auto"``, ``"fp32"``,
+            ``"screened"``, ``"bf16"``; see :func:`~hydra_hf.pruning.circuits.make_evaluator`).
         metadata: extra top-level metadata (e.g. the base model path).
 
     Returns:
@@ -206,6 +210,7 @@ def prune_members(
                 seed=member_seed,
                 random_ties=several,
                 fast=fast,
+                precision=precision,
                 progress=progress,
             )
         meta = as_metadata(result)
