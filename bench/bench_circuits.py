@@ -1,13 +1,21 @@
 """Benchmark: exact greedy CircAvg on the packaged all-MiniLM-L6-v2 (6 layers x 12 heads).
 
-Setup: the real MiniLM encoder with a *randomly initialised* 2-class classifier head (seeded; no
-training), 256 rotten-tomatoes validation reviews (ID) + 256 Guardian headlines (OOD), at most 64
-tokens each; remove 36 of the 72 heads with the exact greedy (one head per step).
+Setup: the real MiniLM encoder (its pooler included) with a 2-class classifier head, 256
+rotten-tomatoes validation reviews (ID) + 256 Guardian headlines (OOD), at most 64 tokens each;
+remove 36 of the 72 heads with the exact greedy (one head per step). The head (``--head``):
+``probe`` (default) = a logistic-regression probe fitted on the pooled outputs of 2,000
+rotten-tomatoes *training* reviews (a trained classifier, as users prune: ~75 % validation accuracy);
+``random`` = a seeded random head (no training: a flat score landscape, S rises as heads go).
+The search cost in fp32 does not depend on the head; how many candidates the screened evaluator
+re-scores in fp32 does (it grows with the number of near-ties).
 
-Prints the wall time and evaluations per second of the cached/batched search, and the time per step
-of the plain reference (full model per candidate through HeadGates) for a few steps, with the ratio.
+Runs the whole search once per ``--precisions`` entry of the cached evaluator, side by side in one
+process: ``fp32`` (every candidate in float32: the exact greedy) and ``screened`` (bf16 screening,
+float32 decisions; see ``CachedBertEvaluator``). Prints each one's wall time and evaluations per
+second, their ratio, and whether their removal orders are identical; then the time per evaluation
+of the plain reference (full model per candidate through HeadGates) for a few candidates.
 
-    .venv/bin/python bench/bench_circuits.py [--remove 36] [--n 256] [--reference-steps 2]
+    .venv/bin/python bench/bench_circuits.py [--remove 36] [--n 256] [--precisions fp32,screened]
 """
 
 from __future__ import annotations
@@ -36,6 +44,24 @@ def minilm_dir() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
+@torch.inference_mode()
+def fit_probe(model: BertForSequenceClassification, tokenizer, max_length: int, n: int = 2000) -> None:
+    """Fit the classifier as a logistic-regression probe on pooled outputs of training reviews."""
+    from sklearn.linear_model import LogisticRegression
+
+    train = load_embedded("rotten_tomatoes", "train", max_samples=n)
+    feats, labels = [], []
+    for batch in make_text_loader(train, tokenizer, batch_size=64, max_length=max_length):
+        labels.append(batch.pop("labels"))
+        feats.append(model.bert(**batch).pooler_output)
+    probe = LogisticRegression(max_iter=2000, C=1.0).fit(torch.cat(feats).numpy(), torch.cat(labels).numpy())
+    # two logits whose difference is the probe's decision function
+    w = torch.tensor(probe.coef_[0], dtype=torch.float32) / 2
+    b = float(probe.intercept_[0]) / 2
+    model.classifier.weight.copy_(torch.stack([-w, w]))
+    model.classifier.bias.copy_(torch.tensor([-b, b]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--remove", type=int, default=36)
@@ -43,9 +69,9 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--reference-steps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--bf16", action="store_true", help="bf16 autocast in the cached evaluator (approximate)")
-    parser.add_argument("--save-ranking", help="write the removal order to this JSON file")
-    parser.add_argument("--compare-ranking", help="JSON removal order (e.g. of an fp32 run) to compare with")
+    parser.add_argument("--head", choices=["probe", "random"], default="probe", help="the 2-class classifier head")
+    parser.add_argument("--precisions", default="fp32,screened", help="comma list of fp32, screened, bf16")
+    parser.add_argument("--save-ranking", help="write the removal orders to this JSON file")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -53,38 +79,52 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     path = minilm_dir()
-    torch.manual_seed(0)  # the random 2-class head
+    torch.manual_seed(0)  # the random 2-class head (replaced by the probe with --head probe)
     model = BertForSequenceClassification.from_pretrained(path, num_labels=2).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
+    if args.head == "probe":
+        fit_probe(model, tokenizer, args.max_length)
     id_data = load_embedded("rotten_tomatoes", "validation", max_samples=args.n)
     ood_data = load_embedded("guardian_headlines", "ood_validation", max_samples=args.n)
     id_batches = list(make_text_loader(id_data, tokenizer, batch_size=64, max_length=args.max_length))
     ood_batches = list(make_text_loader(ood_data, tokenizer, batch_size=64, max_length=args.max_length))
     tokens = sum(int(b["attention_mask"].sum()) for b in id_batches + ood_batches)
-    print(f"model: all-MiniLM-L6-v2 + random 2-class head; threads: {torch.get_num_threads()}; bf16: {args.bf16}")
+    print(f"model: all-MiniLM-L6-v2 + {args.head} 2-class head; threads: {torch.get_num_threads()}")
     print(f"data: {len(id_data)} ID + {len(ood_data)} OOD texts, {tokens / (len(id_data) + len(ood_data)):.1f} tokens/text")
 
     adapter = get_adapter(model)
-    t0 = time.perf_counter()
-    evaluator = make_evaluator(adapter, id_batches, ood_batches, bf16=args.bf16)
-    result = circuit_prune(adapter, id_batches, ood_batches, Budget(remove=args.remove), score="avg", evaluator=evaluator)
-    fast_s = time.perf_counter() - t0
-    n_evals = result.metadata["evaluations"]
-    print(
-        f"cached exact greedy (k=1) CircAvg{' [bf16 autocast]' if args.bf16 else ' [fp32]'}, remove {args.remove}/72: {fast_s:.1f} s wall, {n_evals} evaluations, "
-        f"{n_evals / fast_s:.2f} evaluations/s ({type(evaluator).__name__})"
-    )
-    hist = result.metadata["score_history"]
-    print(f"S_avg: {hist[0]:.4f} (unpruned) -> {hist[-1]:.4f} (after {args.remove} removals)")
-    print(f"first heads removed: {result.removal_order[:8]}")
-    ranking = [list(p) for p in result.removal_order]
+    runs: dict[str, dict] = {}
+    for precision in args.precisions.split(","):
+        t0 = time.perf_counter()
+        evaluator = make_evaluator(adapter, id_batches, ood_batches, precision=precision)
+        result = circuit_prune(adapter, id_batches, ood_batches, Budget(remove=args.remove), score="avg", evaluator=evaluator)
+        seconds = time.perf_counter() - t0
+        n_evals = result.metadata["evaluations"]
+        runs[precision] = {"seconds": seconds, "ranking": [list(p) for p in result.removal_order], "history": result.metadata["score_history"]}
+        extra = ""
+        if precision == "screened":
+            stats = evaluator.stats
+            extra = (f"; {stats['confirmed']} of {stats['screened']} candidates re-scored in fp32 "
+                     f"({stats['confirmed'] / max(stats['screened'], 1):.1%}), largest bf16 error seen {evaluator.max_error:.2e}")
+        print(
+            f"[{precision}] exact greedy (k=1) CircAvg, remove {args.remove}/72: {seconds:.1f} s ({seconds / 60:.1f} min) wall, "
+            f"{n_evals} evaluations, {n_evals / seconds:.2f} evaluations/s{extra}"
+        )
+        hist = result.metadata["score_history"]
+        print(f"[{precision}] S_avg: {hist[0]:.4f} (unpruned) -> {hist[-1]:.4f} (after {args.remove} removals); first removed {result.removal_order[:6]}")
+    if "fp32" in runs:
+        for precision, run in runs.items():
+            if precision == "fp32":
+                continue
+            a, b = runs["fp32"]["ranking"], run["ranking"]
+            same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            print(
+                f"{precision} vs fp32: time ratio {run['seconds'] / runs['fp32']['seconds']:.2f}; removal order identical for the "
+                f"first {same} of {len(a)} removals; kept heads {'identical' if sorted(map(tuple, a)) == sorted(map(tuple, b)) else 'differ'}"
+            )
     if args.save_ranking:
-        Path(args.save_ranking).write_text(json.dumps(ranking))
-    if args.compare_ranking:
-        other = json.loads(Path(args.compare_ranking).read_text())
-        same = next((i for i, (a, b) in enumerate(zip(ranking, other)) if a != b), min(len(ranking), len(other)))
-        print(f"ranking vs {args.compare_ranking}: identical for the first {same} of {len(ranking)} removals; "
-              f"kept-head sets {'identical' if sorted(map(tuple, ranking)) == sorted(map(tuple, other)) else 'differ'}")
+        Path(args.save_ranking).write_text(json.dumps(runs))
+    evaluator = make_evaluator(adapter, id_batches, ood_batches, precision="fp32")
 
     if args.reference_steps > 0:
         plain = GatedEvaluator(adapter, id_batches, ood_batches)
@@ -96,7 +136,9 @@ def main() -> None:
         fast_scores = evaluator.evaluate(gates, candidates[: 12 * args.reference_steps], "avg")
         print(
             f"plain reference: {ref_s:.3f} s/evaluation ({1 / ref_s:.2f} evaluations/s) -> the full search would take "
-            f"~{ref_s * n_evals:.0f} s; speed-up {ref_s * n_evals / fast_s:.1f}x; "
+            f"~{ref_s * n_evals:.0f} s; "
+            + "; ".join(f"{p} is {ref_s * n_evals / run['seconds']:.1f}x faster" for p, run in runs.items())
+            + "; "
             f"max |S_fast - S_plain| on {len(ref)} candidates = {float((ref - fast_scores).abs().max()):.2e}"
         )
 
