@@ -86,11 +86,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--no-fast", action="store_true", help="circuits: re-run the full model per candidate")
     p.add_argument(
         "--circuit-precision",
-        default="auto",
-        choices=["auto", "fp32", "screened", "bf16"],
+        default="fp32",
+        choices=["fp32", "screened", "bf16"],
         help="circuits on BERT: fp32 scores every candidate in float32; screened scores in bf16 and re-scores "
-        "every candidate near the best in float32 (decisions on float32 scores); bf16 is approximate; "
-        "auto = screened where bf16 is fast (AVX512-BF16/AMX CPUs, GPUs), else fp32",
+        "every candidate near the best in float32 (decisions on float32 scores; faster only when few "
+        "candidates are near-tied); bf16 is approximate (default: fp32)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")

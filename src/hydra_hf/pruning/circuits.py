@@ -21,14 +21,22 @@ ties are broken by the lower stacked ``(row, head)`` (vision before text), and t
 Speed (the search costs O(heads x budget) evaluations of the model):
 
 - evaluation runs in ``torch.inference_mode``;
-- :class:`~hydra_hf.pruning.cached_bert.CachedBertEvaluator` (BERT-like sequence classifiers) runs the encoder layer by layer from
-  cached states: once per step it runs the model with the permanent ablations, caching the hidden
+- :class:`~hydra_hf.pruning.cached_bert.CachedBertEvaluator` (BERT-like sequence classifiers) runs
+  the encoder layer by layer from cached states: once per step it runs the model with the permanent ablations, caching the hidden
   states entering each layer and each head's context; ablating head ``h`` of layer ``l`` then only
   subtracts that head's cached contribution from layer ``l``'s attention output and re-runs the rest
   of layer ``l`` and the layers above it; all candidate heads of a layer are evaluated in one batched
   forward pass (the candidates are stacked along the batch dimension); in the last layer only the
   [CLS] row, which the classifier reads, is computed;
-- text batches are re-bucketed by length, so little padding is computed.
+- text batches are re-bucketed by length, so little padding is computed;
+- screening (opt-in, ``precision="screened"``; pays off only where bf16 matrix products are fast —
+  AVX512-BF16/AMX CPUs, GPUs — *and* few candidates are near-tied): every candidate is scored in
+  bf16 first, and every candidate whose bf16 score is within a margin of the best float32-confirmed
+  score is re-scored in float32, so the head removed at each step is chosen on float32 scores. It
+  equals the float32 greedy unless a bf16 score is off by more than the margin, which adapts to
+  twice the largest bf16 error seen so far. Measured on MiniLM with a trained head
+  (``bench/bench_circuits.py``): identical ranking, but 59 % of the candidates were near-tied and
+  re-scored, so it was no faster than float32 there; hence float32 is the default.
 
 Other architectures use :class:`GatedEvaluator`, which re-runs the full model per candidate through
 :class:`~hydra_hf.pruning.gates.HeadGates` (the plain Algorithm 1). Both evaluators compute the same
@@ -195,24 +203,21 @@ def make_evaluator(
     *,
     tower: str | None = None,
     fast: bool = True,
-    precision: str = "auto",
+    precision: str = "fp32",
 ) -> Evaluator:
     """The fastest evaluator available for the model (``fast=False``: always the plain one).
 
-    ``precision`` (cached evaluator only): ``"fp32"`` (every candidate in float32), ``"screened"``
-    (bf16 screening, float32 decisions), ``"bf16"`` (approximate) or ``"auto"``: ``"screened"``
-    where bf16 is fast (CPUs with AVX512-BF16/AMX, GPUs with bf16), else ``"fp32"``; see
+    ``precision`` (cached evaluator only): ``"fp32"`` (every candidate in float32, the default),
+    ``"screened"`` (bf16 screening, float32 decisions) or ``"bf16"`` (approximate); see
     :class:`~hydra_hf.pruning.cached_bert.CachedBertEvaluator`.
     """
-    from .cached_bert import PRECISIONS, CachedBertEvaluator, fast_bf16, supports_cached_bert
+    from .cached_bert import PRECISIONS, CachedBertEvaluator, supports_cached_bert
 
-    if precision not in (*PRECISIONS, "auto"):
-        raise ValueError(f"unknown circuit precision {precision!r}; choose one of {['auto', *PRECISIONS]}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown circuit precision {precision!r}; choose one of {list(PRECISIONS)}")
     if fast and adapter.kind == "hf_bert" and supports_cached_bert(adapter.model):
-        if precision == "auto":
-            precision = "screened" if fast_bf16(next(adapter.model.parameters()).device) else "fp32"
         return CachedBertEvaluator(adapter, id_batches, ood_batches, precision=precision)
-    if precision not in ("fp32", "auto"):
+    if precision != "fp32":
         logger.warning("precision=%r needs the cached BERT evaluator; scoring in float32", precision)
     if fast:
         logger.info("no cached circuit evaluator for %s; re-running the full model per candidate", type(adapter.model).__name__)
@@ -232,7 +237,7 @@ def circuit_prune(
     random_ties: bool = False,
     tie_tolerance: float = 1e-12,
     fast: bool = True,
-    precision: str = "auto",
+    precision: str = "fp32",
     evaluator: Evaluator | None = None,
     progress: bool = True,
 ) -> PruneResult:
@@ -254,8 +259,8 @@ def circuit_prune(
             otherwise the lowest ``(layer, head)`` wins.
         tie_tolerance: scores within this of the best count as tied.
         fast: use the cached evaluator when the architecture has one.
-        precision: the cached evaluator's arithmetic (``"auto"``, ``"fp32"``, ``"screened"``,
-            ``"bf16"``); see :func:`make_evaluator`.
+        precision: the cached evaluator's arithmetic (``"fp32"``, ``"screened"``, ``"bf16"``); see
+            :func:`make_evaluator`.
         evaluator: a ready evaluator (overrides ``fast`` and ``precision``).
 
     Returns:

@@ -113,7 +113,7 @@ def prune_members(
     taylor_rounds: int = 1,
     include: HeadMasks | TowerHeadMasks | None = None,
     fast: bool = True,
-    precision: str = "auto",
+    precision: str = "fp32",
     progress: bool = True,
     metadata: dict[str, Any] | None = None,
 ) -> HeadMasks | TowerHeadMasks:
@@ -141,7 +141,7 @@ def prune_members(
         include: user masks whose members are appended unchanged (a ``TowerHeadMasks`` for
             ``tower="joint"``; a tower it does not list keeps all its heads).
         fast: circuits: use the cached evaluator where the architecture has one.
-        precision: circuits on BERT: the cached evaluator's arithmetic (``"auto"``, ``"fp32"``,
+        precision: circuits on BERT: the cached evaluator's arithmetic (``"fp32"``,
             ``"screened"``, ``"bf16"``; see :func:`~hydra_hf.pruning.circuits.make_evaluator`).
         metadata: extra top-level metadata (e.g. the base model path).
 
