@@ -29,15 +29,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     start = time.perf_counter()
     result = run_text_pipeline(TextPipeline(seed=args.seed), args.output, resume=args.resume)
-    minutes = (time.perf_counter() - start) / 60
-    print()
-    print(result.table)
-    print()
-    for stage, seconds in result.timings_s.items():
-        print(f"  {stage}: {seconds:.0f} s")
-    print(f"total: {minutes:.1f} min")
+    print(result.summary(time.perf_counter() - start) + " (+ reliability.png, ood_scores.png)")
     out = result.output_dir
-    print(f"report:            {out / 'report' / 'report.md'} (+ reliability.png, ood_scores.png)")
     print(f"masks:             {out / 'masks.json'}")
     print(f"Hydra model:       {out / 'hydra'}")
     print(f"Hub-ready folder:  {out / 'hub'}  (hydra-hf push {out / 'hydra'} --repo-id ORG/NAME)")

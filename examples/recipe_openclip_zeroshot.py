@@ -206,12 +206,7 @@ def main(argv: list[str] | None = None) -> PipelineResult:
         hub_base_model=None if args.smoke else HUB_IDS.get(args.pretrained), **overrides,
     )  # fmt: skip
     result = run_zero_shot_pipeline(p, out / "run", resume=args.resume, repo_id="your-org/hydra-openclip-vit-b32-zero-shot")
-    print()
-    print(result.table)
-    print()
-    for stage, seconds in result.timings_s.items():
-        print(f"  {stage}: {seconds:.0f} s")
-    print(f"total: {(time.perf_counter() - start) / 60:.1f} min; report: {out / 'run' / 'report' / 'report.md'}")
+    print(result.summary(time.perf_counter() - start))
     return result
 
 

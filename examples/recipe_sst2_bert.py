@@ -210,12 +210,7 @@ def main(argv: list[str] | None = None) -> PipelineResult:
         overrides = {"remove": args.remove}
     p = paper_pipeline(base, specs, members=args.members, seed=args.seed, method=args.method, **overrides)
     result = run_text_pipeline(p, out / "run", resume=args.resume, repo_id="your-org/hydra-bert-base-sst2")
-    print()
-    print(result.table)
-    print()
-    for stage, seconds in result.timings_s.items():
-        print(f"  {stage}: {seconds:.0f} s")
-    print(f"total: {(time.perf_counter() - start) / 60:.1f} min; report: {out / 'run' / 'report' / 'report.md'}")
+    print(result.summary(time.perf_counter() - start))
     return result
 
 

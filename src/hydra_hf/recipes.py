@@ -107,6 +107,11 @@ class PipelineResult:
     timings_s: dict[str, float]
     hub_check: dict[str, Any]
 
+    def summary(self, total_s: float) -> str:
+        """The result table, the time of every stage and the total, for a script to print."""
+        stages = "\n".join(f"  {stage}: {seconds:.0f} s" for stage, seconds in self.timings_s.items())
+        return f"\n{self.table}\n\n{stages}\ntotal: {total_s / 60:.1f} min; report: {self.output_dir / 'report' / 'report.md'}"
+
 
 def _finetune_config(p: TextPipeline, steps: int | None, learning_rate: float):
     from .finetune import text_recipe
