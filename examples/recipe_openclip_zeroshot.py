@@ -38,12 +38,12 @@ photographs (an image folder) and uniform noise (a ``save_to_disk`` data set) as
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
+from hydra_hf.pruning import loading
 from hydra_hf.recipes import PipelineResult
 from hydra_hf.recipes_zero_shot import TOWER_CHOICES, ZeroShotPipeline, run_zero_shot_pipeline, save_open_clip_folder
 
@@ -67,12 +67,12 @@ def read_class_names(spec: str) -> list[str]:
         from open_clip.zero_shot_metadata import IMAGENET_CLASSNAMES
 
         return list(IMAGENET_CLASSNAMES)
-    path = Path(spec)
-    if not path.is_file():
+    if not Path(spec).is_file():
         raise SystemExit(f"--class-names {spec!r}: give 'imagenet' or a file with one class name per line (or a JSON list)")
-    text = path.read_text()
-    names = json.loads(text) if text.lstrip().startswith("[") else [line.strip() for line in text.splitlines() if line.strip()]
-    return [str(n) for n in names]
+    try:
+        return loading.read_class_names(spec)
+    except ValueError as err:
+        raise SystemExit(f"--class-names {spec!r}: {err}") from None
 
 
 def read_templates(spec: str) -> list[str]:

@@ -202,3 +202,17 @@ def test_open_clip_and_timm_errors(open_clip_dir, timm_dir, images, tmp_path, ca
         err = capsys.readouterr().err
         assert rc == 2 and message in err, (extra, err)
         assert not out.exists()
+
+
+def test_read_class_names_formats(tmp_path):
+    from hydra_hf.pruning.loading import class_prompts, read_class_names
+
+    lines, js = tmp_path / "names.txt", tmp_path / "names.json"
+    lines.write_text("cat\n\ndog\n")
+    js.write_text('["cat", "dog"]')
+    assert read_class_names(lines) == read_class_names(js) == read_class_names("cat, dog") == ["cat", "dog"]
+    assert class_prompts(["cat"], "a {} photo") == ["a cat photo"]
+    with pytest.raises(ValueError, match="more than once"):
+        read_class_names("cat,cat")
+    with pytest.raises(ValueError, match="no class names"):
+        read_class_names(" , ")

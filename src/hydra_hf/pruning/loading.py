@@ -33,7 +33,8 @@ OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 
 # ------------------------------------------------------------------------------- class prompts
 def read_class_names(spec: str | os.PathLike | list[str]) -> list[str]:
-    """Class names, in label order: a list, a file with one name per line, or a comma-separated string.
+    """Class names, in label order: a list, a file (one name per line, or a JSON list), or a
+    comma-separated string.
 
     Raises:
         ValueError: no names, or a name given twice.
@@ -41,7 +42,11 @@ def read_class_names(spec: str | os.PathLike | list[str]) -> list[str]:
     if isinstance(spec, (list, tuple)):
         names = [str(n).strip() for n in spec]
     elif os.path.isfile(spec):
-        names = [line.strip() for line in Path(spec).read_text().splitlines()]
+        text = Path(spec).read_text()
+        if text.lstrip().startswith("["):
+            names = [str(n).strip() for n in json.loads(text)]
+        else:
+            names = [line.strip() for line in text.splitlines()]
     else:
         names = [n.strip() for n in str(spec).split(",")]
     names = [n for n in names if n]
