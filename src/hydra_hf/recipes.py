@@ -107,6 +107,15 @@ class PipelineResult:
     timings_s: dict[str, float]
     hub_check: dict[str, Any]
 
+    @classmethod
+    def finish(cls, out: Path, report: dict[str, Any], timings: dict[str, float], hub_check: dict[str, Any]) -> PipelineResult:
+        """The last step every pipeline shares: the result table, ``timings.json``, the result."""
+        from .report import render_markdown_table
+
+        (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
+        return cls(output_dir=out, report=report, table=render_markdown_table(report["rows"], bold_best=False),
+                   timings_s=timings, hub_check=hub_check)
+
     def summary(self, total_s: float) -> str:
         """The result table, the time of every stage and the total, for a script to print."""
         stages = "\n".join(f"  {stage}: {seconds:.0f} s" for stage, seconds in self.timings_s.items())
@@ -259,7 +268,6 @@ def run_text_pipeline(p: TextPipeline, output_dir: str | os.PathLike, *, resume:
     from . import hub
     from .finetune import finetune_members
     from .masks import HeadMasks
-    from .report import render_markdown_table
 
     out = Path(output_dir).resolve()  # absolute: the fresh-process check runs from another directory
     out.mkdir(parents=True, exist_ok=True)
@@ -314,6 +322,4 @@ def run_text_pipeline(p: TextPipeline, output_dir: str | os.PathLike, *, resume:
         return check_hub_folder(hub_dir, hydra, tok, texts)
 
     hub_check = timed("5. Hub-ready folder and fresh-process check", stage_hub)
-    table = render_markdown_table(report["rows"], bold_best=False)
-    (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
-    return PipelineResult(output_dir=out, report=report, table=table, timings_s=timings, hub_check=hub_check)
+    return PipelineResult.finish(out, report, timings, hub_check)

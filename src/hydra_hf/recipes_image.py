@@ -173,7 +173,6 @@ def run_image_pipeline(p: ImagePipeline, output_dir: str | os.PathLike, *, resum
     from . import hub
     from .finetune import finetune_members
     from .masks import HeadMasks
-    from .report import render_markdown_table
 
     out = Path(output_dir).resolve()  # absolute, as in the text pipeline
     out.mkdir(parents=True, exist_ok=True)
@@ -219,6 +218,4 @@ def run_image_pipeline(p: ImagePipeline, output_dir: str | os.PathLike, *, resum
         return hub.validate_staged(hub_dir)
 
     hub_check = timed_stage(timings, "5. Hub-ready folder and fresh-process check", stage_hub)
-    table = render_markdown_table(report["rows"], bold_best=False)
-    (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
-    return PipelineResult(output_dir=out, report=report, table=table, timings_s=timings, hub_check=hub_check)
+    return PipelineResult.finish(out, report, timings, hub_check)

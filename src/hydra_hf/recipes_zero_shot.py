@@ -365,7 +365,6 @@ def run_zero_shot_pipeline(p: ZeroShotPipeline, output_dir: str | os.PathLike, *
     from .convert import convert_checkpoint
     from .masks import TowerHeadMasks
     from .modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
-    from .report import render_markdown_table
 
     out = Path(output_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -418,6 +417,4 @@ def run_zero_shot_pipeline(p: ZeroShotPipeline, output_dir: str | os.PathLike, *
         return {"validate": validated["load"], "predictions": check_zero_shot_hub_folder(hub_dir, predictor, pixels)}
 
     hub_check = timed_stage(timings, "5. Hub-ready folder and fresh-process check", stage_hub)
-    table = render_markdown_table(report["rows"], bold_best=False)
-    (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
-    return PipelineResult(output_dir=out, report=report, table=table, timings_s=timings, hub_check=hub_check)
+    return PipelineResult.finish(out, report, timings, hub_check)
