@@ -1,0 +1,377 @@
+"""What hydra_hf may read and write: paths kept inside the folders the user named, and output folders
+that are claimed exclusively, written atomically and replaced only when they are ours.
+
+Rules every command follows (README, "What each command promises"):
+
+- **Paths taken from files stay inside their folder.** A name read from a file (``auto_map`` entries,
+  a shard index's ``weight_map``, a report's figures) is resolved with :func:`resolve_inside`, which
+  refuses absolute paths, ``..`` escapes and symlinks that leave the folder.
+- **Outputs are written atomically.** :func:`write_output_folder` writes into a temporary sibling
+  ``.NAME.tmp-PID-XXXX`` and renames it into place; a failure leaves the output as it was.
+- **Two writers never both succeed.** An exclusive lock file ``.NAME.lock`` (holding the writer's
+  PID) is created beside the output for the whole write; a second writer gets a one-line error.
+- **--overwrite replaces only our own output.** A folder written by hydra-hf holds the marker file
+  ``.hydra_hf_output.json`` naming the command that wrote it; ``--overwrite`` replaces a non-empty
+  folder only when its marker names the same command, and never a folder that is, or contains, one
+  of the command's inputs.
+- **Leftovers of killed processes are removed.** Temporary folders and locks carry their writer's
+  PID; the next write beside them removes those whose process is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from .errors import HydraInputError, HydraOutputError, HydraUnsafeError
+
+logger = logging.getLogger(__name__)
+
+MARKER = ".hydra_hf_output.json"
+_TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)-[A-Za-z0-9_]+$")
+_TEMP_SENTINEL = ".hydra_hf_tmp"
+
+
+# --------------------------------------------------------------------------------------------------
+# reading: paths from files stay inside their folder
+
+
+def resolve_inside(root: str | os.PathLike, name: str | os.PathLike, *, what: str) -> Path:
+    """``root / name`` if it stays inside ``root`` (after resolving ``..`` and symlinks).
+
+    Raises:
+        HydraUnsafeError: ``name`` is absolute, escapes ``root`` with ``..``, or is (or passes
+            through) a symlink whose target lies outside ``root``.
+    """
+    root = Path(root)
+    text = os.fspath(name)
+    if not isinstance(text, str) or not text or "\x00" in text:
+        raise HydraUnsafeError(f"{what} {text!r} is not a file name; expected a path relative to {str(root)!r}")
+    if os.path.isabs(text) or text.startswith("~"):
+        raise HydraUnsafeError(
+            f"{what} {text!r} is an absolute path; it must name a file inside {str(root)!r} (a relative path)"
+        )
+    real_root = root.resolve()
+    target = (root / text).resolve()
+    if target != real_root and real_root not in target.parents:
+        raise HydraUnsafeError(
+            f"{what} {text!r} leads outside {str(root)!r} (to {str(target)!r}); only files inside the folder are used"
+        )
+    return root / text
+
+
+def regular_files(root: str | os.PathLike, *, what: str = "folder") -> list[Path]:
+    """Every file under ``root`` (sorted, relative paths), refusing symlinks that leave ``root``.
+
+    A symlink whose target stays inside ``root`` is listed (its target is what gets read); one that
+    points outside, or dangles, raises :class:`HydraUnsafeError`.
+    """
+    root = Path(root)
+    real_root = root.resolve()
+    found: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        for entry in [*dirnames, *filenames]:
+            path = Path(dirpath) / entry
+            if path.is_symlink():
+                target = path.resolve()
+                if not target.exists() or (target != real_root and real_root not in target.parents):
+                    raise HydraUnsafeError(
+                        f"{str(path)!r} is a symlink to {os.readlink(path)!r}, outside {str(root)!r}; "
+                        "replace it with the file itself"
+                    )
+                if target.is_dir():
+                    raise HydraUnsafeError(f"{str(path)!r} is a symlink to a folder; copy the files instead")
+        for entry in filenames:
+            found.append((Path(dirpath) / entry).relative_to(root))
+    return sorted(found)
+
+
+# --------------------------------------------------------------------------------------------------
+# writing: owned, locked, atomic output folders
+
+
+def read_marker(folder: str | os.PathLike) -> dict | None:
+    """The marker a hydra-hf command left in ``folder`` (None when there is none or it is unreadable)."""
+    file = Path(folder) / MARKER
+    if file.is_symlink() or not file.is_file():
+        return None
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_marker(folder: str | os.PathLike, command: str, **extra) -> None:
+    """Mark ``folder`` as the output of ``hydra-hf COMMAND`` (what ``--overwrite`` may later replace)."""
+    from . import __version__
+
+    data = {"command": command, "hydra_hf": __version__,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **extra}
+    (Path(folder) / MARKER).write_text(json.dumps(data, indent=2) + "\n")
+
+
+def is_owned(folder: str | os.PathLike, command: str) -> bool:
+    marker = read_marker(folder)
+    return marker is not None and marker.get("command") == command
+
+
+def _check_not_input(out: Path, inputs: Iterable[str | os.PathLike | None]) -> None:
+    real_out = out.resolve()
+    for item in inputs:
+        if item is None:
+            continue
+        real_in = Path(item).resolve()
+        if real_in == real_out or real_out in real_in.parents:
+            raise HydraUnsafeError(
+                f"output {str(out)!r} is (or contains) the input {str(item)!r}; choose an output folder "
+                "outside the inputs"
+            )
+
+
+def check_output(
+    output: str | os.PathLike,
+    *,
+    command: str,
+    overwrite: bool,
+    inputs: Iterable[str | os.PathLike | None] = (),
+) -> Path:
+    """Check, before any work, that ``output`` may be written by ``hydra-hf COMMAND``.
+
+    Allowed: a path that does not exist, an empty folder, or -- with ``overwrite`` -- a folder whose
+    marker says ``command`` wrote it. Never a file, a symlink, or a folder that is or contains an input.
+    """
+    out = Path(output)
+    if out.is_symlink():
+        raise HydraOutputError(f"output {str(out)!r} is a symlink; pass the real folder path")
+    if out.exists() and not out.is_dir():
+        raise HydraOutputError(f"output {str(out)!r} is a file; choose a folder path")
+    _check_not_input(out, inputs)
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise HydraOutputError(
+                f"output folder {str(out)!r} exists and is not empty; choose another folder or pass --overwrite"
+            )
+        if not is_owned(out, command):
+            raise HydraOutputError(
+                f"output folder {str(out)!r} was not written by `hydra-hf {command}` (it has no {MARKER} "
+                f"marker of that command); --overwrite only replaces such a folder: remove it yourself or "
+                "choose another folder"
+            )
+    return out
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(output: str | os.PathLike) -> list[Path]:
+    """Remove ``.NAME.tmp-PID-*`` / ``.NAME.old-PID-*`` folders beside ``output`` whose process is gone.
+
+    Only folders that hydra-hf created (they hold a sentinel file) are removed. Returns what was removed.
+    """
+    out = Path(output)
+    parent = out.parent if str(out.parent) else Path(".")
+    removed = []
+    if not parent.is_dir():
+        return removed
+    for entry in parent.iterdir():
+        match = _TEMP_RE.match(entry.name)
+        if not match or match["name"] != out.name or entry.is_symlink() or not entry.is_dir():
+            continue
+        if not (entry / _TEMP_SENTINEL).is_file() or _pid_alive(int(match["pid"])):
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        logger.info("removed %s, left by a process that no longer runs", entry)
+        removed.append(entry)
+    return removed
+
+
+@contextlib.contextmanager
+def output_lock(output: str | os.PathLike) -> Iterator[Path]:
+    """Hold the exclusive lock file ``.NAME.lock`` beside ``output`` (stale locks of dead PIDs are taken over)."""
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = out.parent / f".{out.name}.lock"
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and _pid_alive(pid):
+                raise HydraOutputError(
+                    f"another hydra-hf process (pid {pid}) is writing {str(out)!r}; wait for it to finish or "
+                    "choose another output"
+                ) from None
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()  # its writer is gone
+            continue
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"{os.getpid()}\n")
+        break
+    else:
+        raise HydraOutputError(f"could not lock {str(lock)!r}; remove it if no hydra-hf process is running")
+    try:
+        yield lock
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+
+
+def make_temporary(output: str | os.PathLike) -> Path:
+    """A fresh ``.NAME.tmp-PID-XXXX`` folder beside ``output`` (removed later if this process dies)."""
+    out = Path(output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+    (tmp / _TEMP_SENTINEL).write_text("")
+    return tmp
+
+
+def write_output_folder(
+    output: str | os.PathLike,
+    write: Callable[[Path], None],
+    *,
+    command: str,
+    overwrite: bool = False,
+    inputs: Iterable[str | os.PathLike | None] = (),
+) -> Path:
+    """Call ``write(tmp)`` on a fresh temporary sibling folder, then move it to ``output``.
+
+    ``output`` is checked (:func:`check_output`) before and again under the exclusive lock, so two
+    writers never both succeed; on any error the temporary folder is removed and ``output`` is left
+    as it was. The finished folder holds the marker of ``command``.
+    """
+    inputs = list(inputs)
+    out = check_output(output, command=command, overwrite=overwrite, inputs=inputs)
+    with output_lock(out):
+        remove_stale_temporaries(out)
+        check_output(out, command=command, overwrite=overwrite, inputs=inputs)  # another writer may have finished
+        tmp = make_temporary(out)
+        try:
+            write(tmp)
+            (tmp / _TEMP_SENTINEL).unlink()
+            write_marker(tmp, command)
+            if out.exists():
+                old = out.with_name(f".{out.name}.old-{os.getpid()}-{tmp.name.rsplit('-', 1)[-1]}")
+                os.replace(out, old)
+                (old / _TEMP_SENTINEL).write_text("")  # if we die now, the next run removes it
+                os.replace(tmp, out)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    logger.debug("wrote %s", out)
+    return out
+
+
+def prepare_owned_folder(
+    folder: str | os.PathLike,
+    *,
+    command: str,
+    overwrite: bool,
+    inputs: Iterable[str | os.PathLike | None] = (),
+    keep: bool = False,
+) -> Path:
+    """Make ``folder`` a (possibly persistent) working folder owned by ``command``.
+
+    - missing or empty: created and marked;
+    - ours (marker of ``command``) and ``keep``: left as it is (e.g. to resume from it);
+    - ours and ``overwrite``: emptied and marked again;
+    - anything else non-empty: :class:`HydraOutputError` -- nothing of the user's is deleted.
+    """
+    inputs = list(inputs)
+    path = Path(folder)
+    if path.is_symlink():
+        raise HydraOutputError(f"{str(path)!r} is a symlink; pass the real folder path")
+    if path.exists() and not path.is_dir():
+        raise HydraOutputError(f"{str(path)!r} is a file; choose a folder path")
+    _check_not_input(path, inputs)
+    if path.is_dir() and any(path.iterdir()):
+        if not is_owned(path, command):
+            raise HydraOutputError(
+                f"folder {str(path)!r} is not empty and was not created by `hydra-hf {command}` (no {MARKER} "
+                "marker); hydra-hf never deletes such a folder: choose an empty or new folder"
+            )
+        if keep:
+            return path
+        if not overwrite:
+            raise HydraOutputError(
+                f"folder {str(path)!r} holds an earlier `hydra-hf {command}` run; pass --overwrite to replace "
+                "it (or --resume to continue it)"
+            )
+        remove_owned(path, command)
+    path.mkdir(parents=True, exist_ok=True)
+    write_marker(path, command)
+    return path
+
+
+def remove_owned(folder: str | os.PathLike, command: str) -> None:
+    """Delete ``folder`` only if its marker says ``command`` created it."""
+    path = Path(folder)
+    if path.is_symlink() or not is_owned(path, command):
+        raise HydraOutputError(
+            f"refusing to delete {str(path)!r}: it was not created by `hydra-hf {command}` (no {MARKER} marker)"
+        )
+    shutil.rmtree(path)
+
+
+def check_output_file(
+    output: str | os.PathLike, *, overwrite: bool, accept: Callable[[Path], bool] | None = None, what: str = "output file"
+) -> Path:
+    """Check a single output file: not a folder or symlink; an existing file only with ``overwrite`` and
+    only if ``accept(path)`` says it is a previous output of the same kind."""
+    path = Path(output)
+    if path.is_symlink():
+        raise HydraOutputError(f"{what} {str(path)!r} is a symlink; pass a real file path")
+    if path.is_dir():
+        raise HydraOutputError(f"{what} {str(path)!r} is a folder; pass a file path (e.g. {str(path / 'masks.json')!r})")
+    if path.exists():
+        if not overwrite:
+            raise HydraOutputError(f"{what} {str(path)!r} exists; choose another path or pass --overwrite")
+        if accept is not None and not accept(path):
+            raise HydraOutputError(
+                f"{what} {str(path)!r} exists and is not a previous hydra-hf output of this kind; --overwrite "
+                "does not replace it: remove it yourself or choose another path"
+            )
+    if not path.parent.exists() and str(path.parent):
+        raise HydraInputError(f"folder {str(path.parent)!r} of the {what} does not exist; create it first")
+    return path
+
+
+def write_output_file(output: str | os.PathLike, data: bytes | str) -> Path:
+    """Write a single file atomically (a temporary sibling, then ``os.replace``)."""
+    path = Path(output)
+    payload = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent if str(path.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
