@@ -18,20 +18,23 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from ..errors import HydraInputError
 from ..export import check_output_dir, save_hydra_model
+from ..families import Family, detect_family, family_names, get_family
 from ..masks import HeadMasks, TowerHeadMasks, load_masks
 from ..modeling.configuration_hydra import HydraEnsembleConfig
 from ..modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification
 from .hf_bert import bert_member_from_state_dict, fuse_bert
 from .hf_clip import TOWERS, clip_member_from_state_dict, fuse_clip, tower_shape
 from .hf_vit import fuse_vit, vit_member_from_state_dict
-from .open_clip import is_open_clip_folder, open_clip_member_from_state_dict, open_clip_processor, read_open_clip_folder
-from .timm_vit import is_timm_vit_config, timm_image_processor, timm_vit_member_from_state_dict
+from .open_clip import open_clip_member_from_state_dict, open_clip_processor, read_open_clip_folder
+from .timm_vit import timm_image_processor, timm_vit_member_from_state_dict
 from .io import checkpoint_dir, read_config, read_state_dict
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHS = ("bert", "vit", "timm-vit", "clip", "open-clip")
+# The registered family names (a view of hydra_hf.families at import time; families() is the source).
+SUPPORTED_ARCHS = tuple(family_names())
 # config.json keys of the base that describe the checkpoint, not the architecture
 _NOT_ARCHITECTURE = {
     "architectures", "id2label", "label2id", "_name_or_path", "transformers_version", "torch_dtype", "dtype",
@@ -41,27 +44,46 @@ _SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "inter
 
 
 def detect_arch(path: str | os.PathLike) -> str:
-    """The base architecture of a checkpoint folder, or ``ValueError`` naming the fix.
+    """The family name of a checkpoint folder (:func:`hydra_hf.families.detect_family`), or
+    ``HydraInputError`` (a ``ValueError``) naming the fix.
 
-    ``"bert"`` / ``"vit"`` / ``"clip"``: HF folders by ``config.json``'s ``model_type``; ``"timm-vit"``: a
-    timm folder (``config.json`` with ``architecture: "vit_..."``); ``"open-clip"``: a folder with
-    ``open_clip_config.json``.
+    HF folders by ``config.json``'s ``model_type``; ``"timm_vit"``: a timm folder (``config.json`` with
+    ``architecture: "vit_..."``); ``"open_clip"``: a folder with ``open_clip_config.json``. A task head
+    the family does not build (e.g. ``BertForTokenClassification``) is refused.
     """
-    if is_open_clip_folder(checkpoint_dir(path)) and not (Path(path) / "config.json").is_file():
-        return "open-clip"
-    config = read_config(path)
-    model_type = config.get("model_type")
-    if isinstance(model_type, str) and model_type.startswith("hydra_ensemble"):
-        raise ValueError(f"{str(path)!r} is already a Hydra Ensemble; convert the base model it was built from")
-    if model_type in ("bert", "vit", "clip"):
-        return model_type
-    if is_timm_vit_config(config):
-        return "timm-vit"
-    what = f"model_type={model_type!r}" if model_type or "architecture" not in config else f"architecture={config['architecture']!r}"
-    raise ValueError(
-        f"{str(path)!r} has {what}: an unknown checkpoint layout; hydra_hf converts {list(SUPPORTED_ARCHS)} "
-        "checkpoints (HF BERT/ViT/CLIP folders, timm vit_* folders, open_clip folders), or pass --arch to force one"
-    )
+    return detect_family(checkpoint_dir(path)).name
+
+
+def _family_for(folder: Path, arch: str | None) -> Family:
+    """The family of ``folder``: detected, or ``arch`` when forced (which must then fit the folder)."""
+    if arch is None:
+        return detect_family(folder)
+    family = get_family(arch)
+    try:
+        found = detect_family(folder, check=False)
+    except ValueError:  # not detectable: the forced family's reader decides
+        found = None
+    if found is not None and found is not family:
+        raise HydraInputError(
+            f"--arch {arch!r} does not fit {str(folder)!r}, which is a {found.name} checkpoint; leave --arch out"
+        )
+    config = read_config(folder) if (folder / "config.json").is_file() else None
+    family.check_checkpoint(config, repr(str(folder)))
+    return family
+
+
+def _recorded_source(folder: Path) -> str | None:
+    """The base checkpoint's ``_name_or_path`` (a Hub id or the folder it was loaded from), if it has one."""
+    config = folder / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        import json
+
+        name = json.loads(config.read_text()).get("_name_or_path")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return name if isinstance(name, str) and name.strip() else None
 
 
 def base_config_dict(config: dict[str, Any]) -> dict[str, Any]:
@@ -115,8 +137,10 @@ def convert_checkpoint(
     """
     if (base is None) == (members is None or len(members) == 0):
         raise ValueError("pass exactly one of base=DIR or members=[DIR, ...]")
+    # what the output may never be (or contain): the checkpoints and the masks file we read
+    inputs = [base, *(members or []), None if isinstance(masks, (HeadMasks, TowerHeadMasks)) else masks]
     if output_dir is not None:
-        check_output_dir(output_dir, overwrite)  # fail before any work
+        check_output_dir(output_dir, overwrite, command="convert", inputs=inputs)  # fail before any work
     masks = _load_masks(masks)
     folders = [checkpoint_dir(base, what="base")] if base is not None else [checkpoint_dir(p, what="member") for p in members]
     if members is not None and len(folders) != masks.num_members:
@@ -124,29 +148,29 @@ def convert_checkpoint(
             f"{len(folders)} member checkpoints but the masks file describes {masks.num_members} members; "
             "give one checkpoint per member, in the masks file's order"
         )
-    archs = [arch or detect_arch(f) for f in folders]
-    if arch is not None and arch not in SUPPORTED_ARCHS:
-        raise ValueError(f"--arch {arch!r} is not supported here; use one of {list(SUPPORTED_ARCHS)}")
-    if len(set(archs)) != 1:
-        raise ValueError(f"member checkpoints have different architectures {archs}; use members of one base model")
-    arch = archs[0]
-    if arch in ("bert", "vit", "timm-vit") and not isinstance(masks, HeadMasks):
+    found = [_family_for(f, arch) for f in folders]
+    if len({f.name for f in found}) != 1:
+        raise ValueError(f"member checkpoints have different architectures {[f.name for f in found]}; use members of one base model")
+    family = found[0]
+    if len(family.towers) == 1 and not isinstance(masks, HeadMasks):
         raise ValueError(
-            f"a {arch} checkpoint needs a single-tower masks file (num_layers, num_heads, members[].kept_heads as "
+            f"a {family.name} checkpoint needs a single-tower masks file (num_layers, num_heads, members[].kept_heads as "
             "layer lists); this one has 'towers' (a CLIP masks file)"
         )
-    if towers is not None and arch not in ("clip", "open-clip"):
-        raise ValueError(f"towers={list(towers)} applies to CLIP checkpoints only; this one is {arch}")
-    extra = None
-    if arch == "bert":
-        model = _build_bert(folders, masks, mlp_fusion, shared, num_labels, id2label, seed)
-    elif arch in ("vit", "timm-vit"):
-        model, extra = _build_vit(arch, folders, masks, mlp_fusion, shared, num_labels, id2label, seed)
-    else:
-        model, extra = _build_clip(arch, folders, masks, mlp_fusion, shared, towers)
+    if towers is not None and len(family.towers) == 1:
+        raise ValueError(f"towers={list(towers)} applies to two-tower (CLIP) checkpoints only; this one is {family.name}")
+    built = family.build(
+        folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels, id2label=id2label, seed=seed,
+        towers=towers,
+    )
+    model = built.model
+    # what the card names as the base model: the checkpoint's own record of where it came from
+    recorded = _recorded_source(folders[0])
+    if recorded:
+        model.config.base_model_name_or_path = recorded
     if output_dir is not None:
-        preprocessor_from = folders[0] if arch in ("bert", "vit", "clip") else None
-        save_hydra_model(model, output_dir, preprocessor_from=preprocessor_from, overwrite=overwrite, extra=extra)
+        save_hydra_model(model, output_dir, preprocessor_from=built.preprocessor_from, overwrite=overwrite,
+                         extra=built.extra, command="convert", inputs=inputs)
     return model
 
 

@@ -8,7 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
+
+from ..errors import HydraInputError, HydraUnsafeError
+from ..outputs import resolve_inside
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +53,11 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     else:
         folder = checkpoint_dir(path)
         if (folder / "model.safetensors").is_file():
-            files = [folder / "model.safetensors"]
+            files = [resolve_inside(folder, "model.safetensors", what="weights file")]
         elif (folder / "model.safetensors.index.json").is_file():
-            index = json.loads((folder / "model.safetensors.index.json").read_text())
-            files = [folder / name for name in sorted(set(index["weight_map"].values()))]
+            files = _index_files(folder, "model.safetensors.index.json")
         elif (folder / "pytorch_model.bin").is_file():
-            files = [folder / "pytorch_model.bin"]
+            files = [resolve_inside(folder, "pytorch_model.bin", what="weights file")]
         else:
             raise ValueError(
                 f"{str(folder)!r} holds no weights (looked for {', '.join(WEIGHT_FILES[:3])}); "
@@ -63,10 +66,23 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     state: dict[str, torch.Tensor] = {}
     for file in files:
         if file.suffix == ".safetensors":
-            state.update(load_file(str(file), device="cpu"))
+            try:
+                state.update(load_file(str(file), device="cpu"))
+            except (SafetensorError, OSError) as exc:
+                raise HydraInputError(
+                    f"{str(file)!r} is not a readable safetensors file ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}); "
+                    "re-save the checkpoint with save_pretrained"
+                ) from None
         elif file.suffix in (".bin", ".pt", ".pth"):
             logger.info("reading %s with torch.load(weights_only=True)", file)
-            loaded = torch.load(str(file), map_location="cpu", weights_only=True)
+            try:
+                loaded = torch.load(str(file), map_location="cpu", weights_only=True)
+            except Exception as exc:  # pickle.UnpicklingError, EOFError, RuntimeError of a corrupt zip, ...
+                raise HydraInputError(
+                    f"{str(file)!r} cannot be read safely with torch.load(weights_only=True) ({type(exc).__name__}); "
+                    "it needs arbitrary code to unpickle, which hydra_hf never runs: convert it to safetensors "
+                    "where you trust it (model.save_pretrained(folder, safe_serialization=True))"
+                ) from None
             if isinstance(loaded, dict) and "state_dict" in loaded and isinstance(loaded["state_dict"], dict):
                 loaded = loaded["state_dict"]
             if not isinstance(loaded, dict):
@@ -77,9 +93,82 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def _index_files(folder: Path, name: str) -> list[Path]:
+    """The weight files a shard index names; each must be a file inside ``folder``."""
+    index_file = folder / name
+    try:
+        index = json.loads(index_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HydraInputError(f"{str(index_file)!r} is not valid JSON ({exc}); re-save the checkpoint") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
+        raise HydraInputError(
+            f"{str(index_file)!r} has no 'weight_map' of tensor name -> file name; re-save the checkpoint"
+        )
+    files = []
+    for shard in sorted(set(weight_map.values())):
+        path = resolve_inside(folder, shard, what=f"shard {shard!r} of {name}")
+        if not path.is_file():
+            raise HydraInputError(f"{str(index_file)!r} names the shard {shard!r}, which is not in {str(folder)!r}")
+        files.append(path)
+    return files
+
+
 def strip_prefix(state: dict[str, torch.Tensor], prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
     """Drop the first of ``prefixes`` that starts any key (e.g. ``"bert."`` of a task model)."""
     for prefix in prefixes:
         if any(k.startswith(prefix) for k in state):
             return {(k[len(prefix):] if k.startswith(prefix) else k): v for k, v in state.items()}
     return dict(state)
+
+
+CODE_CONFIGS = ("config.json", "tokenizer_config.json", "preprocessor_config.json", "processor_config.json")
+
+
+def shipped_code(folder: str | Path) -> list[str]:
+    """Where ``folder`` asks transformers to run its own Python code (``auto_map`` entries).
+
+    A Hydra folder's own ``config.json`` is not listed: hydra_hf loads it with its registered classes.
+    """
+    folder = Path(folder)
+    found = []
+    for name in CODE_CONFIGS:
+        file = folder / name
+        if not file.is_file():
+            continue
+        try:
+            data = json.loads(file.read_text())
+        except (ValueError, OSError):
+            continue  # reported by whoever reads it for real
+        if not isinstance(data, dict) or not data.get("auto_map"):
+            continue
+        if name == "config.json" and str(data.get("model_type", "")).startswith("hydra_ensemble"):
+            continue
+        found.append(f"{name} auto_map")
+    return found
+
+
+def check_remote_code(folder: str | Path, trust_remote_code: bool) -> None:
+    """Refuse a folder that ships Python code unless the user trusts it (loading would run that code)."""
+    found = shipped_code(folder)
+    if found and not trust_remote_code:
+        raise HydraUnsafeError(
+            f"{str(folder)!r} ships its own Python code ({'; '.join(found)}), which loading would run; "
+            "pass --trust-remote-code (trust_remote_code=True) only if you trust this folder"
+        )
+
+
+def from_pretrained(loader: Any, folder: str | Path, *, trust_remote_code: bool = False, **kwargs: Any) -> Any:
+    """``loader.from_pretrained(folder)`` for a user-given folder: its code runs only with
+    ``trust_remote_code``, and unreadable weights are one :class:`HydraInputError` line."""
+    import pickle
+
+    check_remote_code(folder, trust_remote_code)
+    try:
+        return loader.from_pretrained(str(folder), trust_remote_code=trust_remote_code, **kwargs)
+    except (pickle.UnpicklingError, SafetensorError, EOFError) as exc:
+        raise HydraInputError(
+            f"the weights in {str(folder)!r} cannot be read safely ({type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else 'no detail'}); hydra_hf never unpickles "
+            "arbitrary code: re-save the model as safetensors where you trust it"
+        ) from None

@@ -5,12 +5,41 @@ subset of attention heads, fused into one model."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from transformers import PretrainedConfig
 
+if TYPE_CHECKING:  # never executed: this line only makes transformers ship the pipeline file with this one
+    # transformers finds a remote-code file's siblings by scanning it for relative imports (a regex, so
+    # this line counts although it never runs): `save_pretrained` (hence `push_to_hub`, `Trainer.save_model`
+    # and Trainer checkpoints) copies them next to it, and `trust_remote_code` loading downloads them.
+    # The config names `pipeline_hydra` in `custom_pipelines`, so the pipeline file must travel with it:
+    # this import makes every save path and every download include it, with no `save_pretrained` override.
+    from .pipeline_hydra import HydraTextClassificationPipeline  # noqa: F401
+
 MLP_FUSIONS = ("average", "per_member")
 BASE_MODEL_TYPES = ("bert",)
+
+# Task head (auto class) -> the uncertainty pipeline that uses it: (task name, class in pipeline_hydra.py,
+# input type). A config names the ones its auto_map has in `custom_pipelines`, so that
+# `pipeline(model=folder_or_repo, trust_remote_code=True)` builds it.
+PIPELINE_MODULE = "pipeline_hydra"
+HYDRA_PIPELINES: dict[str, tuple[str, str, str]] = {
+    "AutoModelForSequenceClassification": ("hydra-text-classification", "HydraTextClassificationPipeline", "text"),
+    "AutoModelForImageClassification": ("hydra-image-classification", "HydraImageClassificationPipeline", "image"),
+    "AutoModelForZeroShotImageClassification": (
+        "hydra-zero-shot-image-classification", "HydraZeroShotImageClassificationPipeline", "multimodal"),
+}
+
+
+def custom_pipelines_for(auto_map: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """``config.custom_pipelines`` for a folder with this ``auto_map``: one uncertainty pipeline per
+    task head the folder ships (transformers' format: ``{task: {"impl", "pt", "type"}}``)."""
+    return {
+        task: {"impl": f"{PIPELINE_MODULE}.{cls}", "pt": [auto_class], "type": kind}
+        for auto_class, (task, cls, kind) in HYDRA_PIPELINES.items()
+        if auto_class in auto_map
+    }
 
 
 def check_kept_heads(kept_heads: Any, num_layers: int, num_heads: int, where: str = "kept_heads") -> None:
@@ -62,6 +91,19 @@ class HydraEnsembleConfig(PretrainedConfig):
 
     model_type = "hydra_ensemble"
     supported_base_model_types: tuple[str, ...] = BASE_MODEL_TYPES
+    # Where the remote code finds each class (flat files next to config.json). Every config starts from
+    # it, so a model saved by any path (save_pretrained, push_to_hub, Trainer) names all its heads;
+    # entries given in `auto_map` (e.g. code kept in another repository, "org/repo--module.Class") win.
+    hydra_auto_map: ClassVar[dict[str, str]] = {
+        "AutoConfig": "configuration_hydra.HydraEnsembleConfig",
+        "AutoModel": "modeling_hydra_bert.HydraEnsembleModel",
+        "AutoModelForSequenceClassification": "modeling_hydra_bert.HydraEnsembleForSequenceClassification",
+    }
+    # Trainer.predict / evaluate: `predictions` are the ensemble logits, as for a stock classifier; pass
+    # `ignore_keys=[]` to get `(logits, member_logits)` (see docs/transformers.md).
+    keys_to_ignore_at_inference = ["member_logits"]
+    # whether the folder ships the softmax uncertainty pipelines (SigLIP's sigmoid scores do not fit them)
+    hydra_uncertainty_pipelines: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -79,6 +121,16 @@ class HydraEnsembleConfig(PretrainedConfig):
         self.num_members = len(self.kept_heads) if num_members is None else num_members
         self.mlp_fusion = mlp_fusion
         self.member_metadata = list(member_metadata or [])
+        # only the class's own map: a family config that inherits this class but ships other files gets
+        # its map from the family registry when hydra_hf is imported, and from its config.json otherwise
+        own_map = self.hydra_auto_map
+        if own_map.get("AutoConfig", "").rsplit(".", 1)[-1] != type(self).__name__:  # a parent class's map
+            own_map = {}
+        kwargs["auto_map"] = {**own_map, **(kwargs.get("auto_map") or {})}
+        if kwargs.get("custom_pipelines") is None:
+            kwargs["custom_pipelines"] = (
+                custom_pipelines_for(kwargs["auto_map"]) if self.hydra_uncertainty_pipelines else {}
+            )
         super().__init__(**kwargs)
         # PretrainedConfig.__init__ may be called with nothing (e.g. to build a default instance for
         # diffing when saving); only a config that names its members is validated.
@@ -159,6 +211,11 @@ class HydraEnsembleViTConfig(HydraEnsembleConfig):
 
     model_type = "hydra_ensemble_vit"
     supported_base_model_types = ("vit",)
+    hydra_auto_map = {
+        "AutoConfig": "configuration_hydra.HydraEnsembleViTConfig",
+        "AutoModel": "modeling_hydra_vit.HydraEnsembleViTModel",
+        "AutoModelForImageClassification": "modeling_hydra_vit.HydraEnsembleForImageClassification",
+    }
 
     def __init__(self, base_model_type: str = "vit", **kwargs: Any) -> None:
         super().__init__(base_model_type=base_model_type, **kwargs)
@@ -187,6 +244,14 @@ class HydraEnsembleCLIPConfig(HydraEnsembleConfig):
 
     model_type = "hydra_ensemble_clip"
     supported_base_model_types = ("clip",)
+    hydra_auto_map = {
+        "AutoConfig": "configuration_hydra.HydraEnsembleCLIPConfig",
+        "AutoModel": "modeling_hydra_clip.HydraEnsembleCLIPModel",
+        # what pipeline("zero-shot-image-classification") loads
+        "AutoModelForZeroShotImageClassification": "modeling_hydra_clip.HydraEnsembleCLIPModel",
+    }
+    # as for a stock CLIPModel, plus the members' own similarities
+    keys_to_ignore_at_inference = ["member_logits_per_image", "member_logits_per_text"]
 
     def __init__(
         self,
@@ -261,3 +326,135 @@ class HydraEnsembleCLIPConfig(HydraEnsembleConfig):
         out = super().to_dict()
         out.pop("kept_heads", None)  # the parent's single-tower field, always empty here
         return out
+
+
+# ==================================================================================================
+# One sibling config per text family (the same fields as HydraEnsembleConfig; a separate class and
+# model_type because transformers maps one config class to one model class per Auto class).
+# ``base_config`` is the base's own config dict; every one also holds ``hidden_size``,
+# ``num_hidden_layers`` and ``num_attention_heads`` (DistilBERT's converter adds these aliases of
+# ``dim`` / ``n_layers`` / ``n_heads``).
+# ==================================================================================================
+class HydraEnsembleRobertaConfig(HydraEnsembleConfig):
+    """A Hydra Ensemble built on a RoBERTa-layout encoder (RoBERTa, XLM-RoBERTa, CamemBERT)."""
+
+    model_type = "hydra_ensemble_roberta"
+    supported_base_model_types = ("roberta", "xlm-roberta", "camembert")
+
+    def __init__(self, base_model_type: str = "roberta", **kwargs: Any) -> None:
+        super().__init__(base_model_type=base_model_type, **kwargs)
+
+
+class HydraEnsembleElectraConfig(HydraEnsembleConfig):
+    """A Hydra Ensemble built on an ELECTRA discriminator."""
+
+    model_type = "hydra_ensemble_electra"
+    supported_base_model_types = ("electra",)
+
+    def __init__(self, base_model_type: str = "electra", **kwargs: Any) -> None:
+        super().__init__(base_model_type=base_model_type, **kwargs)
+
+
+class HydraEnsembleDistilBertConfig(HydraEnsembleConfig):
+    """A Hydra Ensemble built on DistilBERT."""
+
+    model_type = "hydra_ensemble_distilbert"
+    supported_base_model_types = ("distilbert",)
+
+    def __init__(self, base_model_type: str = "distilbert", **kwargs: Any) -> None:
+        super().__init__(base_model_type=base_model_type, **kwargs)
+
+
+class HydraEnsembleAlbertConfig(HydraEnsembleConfig):
+    """A Hydra Ensemble built on ALBERT: the base's shared layer weights become one fused layer per
+    layer (``num_hidden_layers`` of them), so that every member prunes every layer separately."""
+
+    model_type = "hydra_ensemble_albert"
+    supported_base_model_types = ("albert",)
+
+    def __init__(self, base_model_type: str = "albert", **kwargs: Any) -> None:
+        super().__init__(base_model_type=base_model_type, **kwargs)
+
+
+class HydraEnsembleDeiTConfig(HydraEnsembleConfig):
+    r"""Configuration of a Hydra Ensemble built on a DeiT image classifier.
+
+    The fields of ``HydraEnsembleConfig`` (``base_config`` is a ``DeiTConfig.to_dict()``), plus:
+
+    Args:
+        distilled (`bool`): the base is a ``DeiTForImageClassificationWithTeacher``: every member keeps
+            both heads (``cls_classifier`` on the [CLS] token, ``distillation_classifier`` on the
+            distillation token) and its logits are their mean, as in the stock model. False: a
+            ``DeiTForImageClassification`` (one classifier on the [CLS] token).
+    """
+
+    model_type = "hydra_ensemble_deit"
+    supported_base_model_types = ("deit",)
+
+    def __init__(self, base_model_type: str = "deit", distilled: bool = False, **kwargs: Any) -> None:
+        self.distilled = distilled
+        super().__init__(base_model_type=base_model_type, **kwargs)
+
+    def validate_hydra(self) -> None:
+        if not isinstance(self.distilled, bool):
+            raise ValueError(f"distilled must be true or false, got {self.distilled!r}")
+        super().validate_hydra()
+
+
+class HydraEnsembleBeitConfig(HydraEnsembleConfig):
+    r"""Configuration of a Hydra Ensemble built on a BEiT image classifier (``BeitForImageClassification``).
+
+    The fields of ``HydraEnsembleConfig``; ``base_config`` is a ``BeitConfig.to_dict()``. Its relative
+    position bias (shared or per layer), layer scale and pooling (mean of the patch tokens + LayerNorm,
+    or the [CLS] token after the final LayerNorm) are the base's; every member keeps its own copy of the
+    per-head bias of the heads it keeps, its own layer scales and its own pooling LayerNorm.
+    """
+
+    model_type = "hydra_ensemble_beit"
+    supported_base_model_types = ("beit",)
+
+    def __init__(self, base_model_type: str = "beit", **kwargs: Any) -> None:
+        super().__init__(base_model_type=base_model_type, **kwargs)
+
+
+class HydraEnsembleDinov2Config(HydraEnsembleConfig):
+    r"""Configuration of a Hydra Ensemble built on a DINOv2 image classifier.
+
+    The fields of ``HydraEnsembleConfig``. ``base_model_type`` is ``"dinov2"`` (``base_config`` a
+    ``Dinov2Config.to_dict()``) or ``"dinov2_with_registers"`` (a ``Dinov2WithRegistersConfig.to_dict()``:
+    register tokens after the [CLS] token). Layer scale and the SwiGLU MLP (``use_swiglu_ffn``) are the
+    base's; every member keeps its own layer scales.
+    """
+
+    model_type = "hydra_ensemble_dinov2"
+    supported_base_model_types = ("dinov2", "dinov2_with_registers")
+
+    def __init__(self, base_model_type: str = "dinov2", **kwargs: Any) -> None:
+        super().__init__(base_model_type=base_model_type, **kwargs)
+
+
+class HydraEnsembleSiglipConfig(HydraEnsembleCLIPConfig):
+    r"""Configuration of a Hydra Ensemble built on a SigLIP model (``SiglipModel``).
+
+    The fields of ``HydraEnsembleCLIPConfig``: ``base_config`` is a ``SiglipConfig.to_dict()`` (nested
+    ``vision_config`` and ``text_config``), ``vision_kept_heads`` / ``text_kept_heads`` per tower (a tower
+    given none keeps every head). The vision tower's attention-pooling head is not pruned: every member
+    keeps its own copy.
+
+    The ``model_type`` contains ``"siglip"`` on purpose: transformers' zero-shot pipeline then applies a
+    sigmoid to ``logits_per_image`` (and pads the prompts to 64 tokens), as for a stock SigLIP.
+    """
+
+    model_type = "hydra_ensemble_siglip"
+    supported_base_model_types = ("siglip",)
+
+    def __init__(self, base_model_type: str = "siglip", **kwargs: Any) -> None:
+        super().__init__(base_model_type=base_model_type, **kwargs)
+
+    def validate_hydra(self) -> None:
+        super().validate_hydra()
+        if self.base_config.get("vision_config", {}).get("vision_use_head") is False:
+            raise ValueError(
+                "base_config['vision_config'] has vision_use_head=False: a SiglipModel needs the vision "
+                "tower's attention-pooling head; pass a SiglipModel checkpoint"
+            )

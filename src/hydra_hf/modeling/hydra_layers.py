@@ -24,8 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils import ModelOutput
+from transformers.utils import ModelOutput, is_tracing
 
 
 @dataclass
@@ -241,25 +242,51 @@ class HydraSelfAttention(nn.Module):
             outs.append(torch.addmm(self.o_bias[m], x, self.o_weight[self._member_rows(m, 1)]).view(batch, T, d))
         return torch.stack(outs)  # (M, B, T, d)
 
+    def fold_mask(self, attention_mask: torch.Tensor | None, batch: int) -> torch.Tensor | None:
+        """The additive mask in the layout of the attention call.
+
+        ``attention_mask`` is 4-D and broadcasts to ``(B, K, T, T)``: ``(1 or B, 1, 1 or T, T)`` (the same
+        for every head) or ``(1 or B, K, T, T)`` (one per kept head in member order, e.g. BEiT's relative
+        position bias). When every member keeps ``k`` heads the attention runs over ``(M*B, k, T, T)``
+        (member-major batch), so a mask that depends on the batch or on the head is laid out that way.
+        """
+        if attention_mask is None or not self.uniform:
+            return attention_mask
+        b, h = attention_mask.shape[0], attention_mask.shape[1]
+        if b == 1 and h == 1:  # the same for every member, sample and head: broadcasts as it is
+            return attention_mask
+        M, k = self.num_members, self.total_heads // self.num_members
+        rows, cols = attention_mask.shape[2], attention_mask.shape[3]
+        per_head = h != 1
+        mask = attention_mask.reshape(b, M if per_head else 1, k if per_head else 1, rows, cols).transpose(0, 1)
+        mask = mask.expand(M, batch, mask.shape[2], rows, cols)  # (M, B, k or 1, T, T)
+        return mask.reshape(M * batch, mask.shape[2], rows, cols)
+
     # -------------------------------------------------------------------------------- forward
     def forward(
-        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, output_attentions: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """
         Args:
             hidden: ``(M, B, T, d)`` member streams, or ``(B, T, d)`` when all members share the input.
-            attention_mask: additive mask broadcastable to ``(B, K, T, T)`` (0 = attend), or None.
+            attention_mask: additive mask broadcastable to ``(B, K, T, T)`` (0 = attend; see ``fold_mask``),
+                or None.
+            output_attentions: passed to the attention function, as in transformers' models (sdpa warns
+                that it returns no weights).
         Returns:
             the attention block's output per member ``(M, B, T, d)`` (before dropout and residual), and
-            the attention weights ``(B, K, T, T)`` over all kept heads in member order (eager only).
+            the attention weights ``(B, K, T, T)`` over all kept heads in member order (eager only; None
+            with the other implementations).
         """
         B, T, d = hidden.shape[-3], hidden.shape[-2], hidden.shape[-1]
         if self.total_heads == 0:  # every member removed every head of this layer
-            return self.o_bias[:, None, None, :].expand(self.num_members, B, T, d), None
+            out = self.o_bias[:, None, None, :].expand(self.num_members, B, T, d)
+            if self.config._attn_implementation == "eager":  # weights over the layer's K = 0 heads
+                return out, hidden.new_zeros(B, 0, T, T)
+            return out, None
         M = self.num_members
         query, key, value = self._project_qkv(hidden)  # each (M*B, k, T, dk) or (B, K, T, dk)
-        if self.uniform and attention_mask is not None:  # members are folded into the batch axis
-            attention_mask = attention_mask.expand(M, *attention_mask.shape).reshape(M * attention_mask.shape[0], *attention_mask.shape[1:])
+        attention_mask = self.fold_mask(attention_mask, B)
         attention_interface: Callable = eager_attention_forward
         if self.config._attn_implementation != "eager":
             attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -274,6 +301,7 @@ class HydraSelfAttention(nn.Module):
             dropout=self.dropout if self.training else 0.0,
             scaling=self.scaling,
             is_causal=self.is_causal and attention_mask is None,
+            output_attentions=output_attentions,
         )  # context (M*B, T, k, dk) or (B, T, K, dk)
         if weights is not None and self.uniform:  # report (B, K, T, T), heads in member order
             k = self.total_heads // M
@@ -338,7 +366,9 @@ class HydraMLP(nn.Module):
         M, d = hidden.shape[0], hidden.shape[-1]
         x = hidden.reshape(M, -1, d) if self.per_member else hidden.reshape(-1, d)  # (M, BT, d) or (M*BT, d)
         rows = x.shape[-2]
-        if rows <= self.chunk_rows:
+        # one pass under torch.compile / torch.export: the row count depends on the (dynamic) batch and
+        # sequence sizes, and a branch on it would pin them (a guard) in the compiled graph
+        if is_tracing(hidden) or rows <= self.chunk_rows:
             return self._mlp(x).view(hidden.shape)
         out = torch.empty_like(x)
         for start in range(0, rows, self.chunk_rows):
@@ -367,6 +397,130 @@ class HydraMemberLinear(nn.Module):
         return out.view(*x.shape[:-1], self.weight.shape[1])
 
 
+# ------------------------------------------------------------------ pre-LN layers (ViT family)
+def layer_spec(
+    kept_heads: list[list[list[int]]], layer_idx: int, *, hidden_size: int, num_heads: int, intermediate_size: int,
+    hidden_act: str, layer_norm_eps: float, attention_dropout: float, hidden_dropout: float, mlp_fusion: str,
+) -> HydraLayerSpec:
+    """The spec of fused layer ``layer_idx`` from the members' ``kept_heads[m][l]`` and the base's sizes."""
+    return HydraLayerSpec(
+        hidden_size=hidden_size,
+        num_heads=num_heads,
+        kept_heads=tuple(tuple(member[layer_idx]) for member in kept_heads),
+        intermediate_size=intermediate_size,
+        hidden_act=hidden_act,
+        layer_norm_eps=layer_norm_eps,
+        attention_dropout=attention_dropout,
+        hidden_dropout=hidden_dropout,
+        mlp_fusion=mlp_fusion,
+    )
+
+
+class HydraPreLNLayer(GradientCheckpointingLayer):
+    """A pre-LN transformer layer for M members (ViT, CLIP towers):
+    ``h = h + Attn(LN1_m(h)); h = h + MLP(LN2_m(h))``, with member m's own LayerNorms and heads."""
+
+    def __init__(self, config, spec: HydraLayerSpec, is_causal: bool = False) -> None:
+        super().__init__()
+        self.norm1 = HydraLayerNorm(spec.num_members, spec.hidden_size, spec.layer_norm_eps)
+        self.attention = HydraSelfAttention(config, spec, is_causal=is_causal)
+        self.norm2 = HydraLayerNorm(spec.num_members, spec.hidden_size, spec.layer_norm_eps)
+        self.mlp = HydraMLP(spec)
+        self.dropout = nn.Dropout(spec.hidden_dropout)
+
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``. Checkpointed (recomputed in the
+        backward pass) after ``model.gradient_checkpointing_enable()``."""
+        normed = self.norm1(hidden, shared=hidden.dim() == 3)  # (M, B, T, d): member m's own LayerNorm
+        attn, weights = self.attention(normed, attention_mask, output_attentions)  # (M, B, T, d)
+        hidden = hidden + self.dropout(attn)  # broadcasts a shared input over M
+        hidden = hidden + self.dropout(self.mlp(self.norm2(hidden)))
+        return hidden, weights
+
+
+def drop_path(x: torch.Tensor, drop_prob: float, training: bool) -> torch.Tensor:
+    """Stochastic depth for member streams ``x (M, B, ...)``: every (member, sample) drops its residual
+    branch with probability ``drop_prob`` in training (scaled by ``1 / (1 - p)``), as each stock member
+    would on its own. Identity in eval or when ``drop_prob`` is 0."""
+    if drop_prob == 0.0 or not training:
+        return x
+    keep = 1.0 - drop_prob
+    shape = x.shape[:2] + (1,) * (x.dim() - 2)  # (M, B, 1, 1)
+    mask = torch.floor(torch.rand(shape, dtype=x.dtype, device=x.device) + keep)
+    return x.div(keep) * mask
+
+
+class HydraLayerScalePreLNLayer(HydraPreLNLayer):
+    """A pre-LN layer with per-member layer scale and stochastic depth (BEiT, DINOv2):
+    ``h = h + DropPath(lambda_1[m] * Attn(LN1_m(h))); h = h + DropPath(lambda_2[m] * MLP(LN2_m(h)))``.
+
+    Args:
+        layer_scale: keep ``lambda_1``, ``lambda_2`` of shape ``(M, d)`` (every member its own); False for
+            a base without layer scale (BEiT with ``layer_scale_init_value == 0``).
+        drop_path: the stochastic-depth probability of this layer (training only).
+        mlp: a replacement for the ``HydraMLP`` the spec describes (e.g. DINOv2's SwiGLU MLP).
+    """
+
+    def __init__(
+        self, config, spec: HydraLayerSpec, *, layer_scale: bool, drop_path: float = 0.0, mlp: nn.Module | None = None
+    ) -> None:
+        super().__init__(config, spec)
+        if mlp is not None:
+            self.mlp = mlp
+        M, d = spec.num_members, spec.hidden_size
+        self.lambda_1 = nn.Parameter(torch.ones(M, d)) if layer_scale else None
+        self.lambda_2 = nn.Parameter(torch.ones(M, d)) if layer_scale else None
+        self.drop_path = drop_path
+
+    def _branch(self, x: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        """``(M, B, T, d)`` residual branch -> dropout, layer scale, stochastic depth."""
+        x = self.dropout(x)
+        if scale is not None:
+            x = x * scale[:, None, None, :]  # member m's own lambda
+        return drop_path(x, self.drop_path, self.training)
+
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``."""
+        normed = self.norm1(hidden, shared=hidden.dim() == 3)  # (M, B, T, d)
+        attn, weights = self.attention(normed, attention_mask, output_attentions)  # (M, B, T, d)
+        hidden = hidden + self._branch(attn, self.lambda_1)  # broadcasts a shared input over M
+        hidden = hidden + self._branch(self.mlp(self.norm2(hidden)), self.lambda_2)
+        return hidden, weights
+
+
+def check_pixel_values(
+    pixel_values: torch.Tensor | None, num_channels: int, image_size: tuple[int, int], interpolate_pos_encoding: bool
+) -> None:
+    """``ValueError`` (with the fix) unless ``pixel_values`` is ``(B, num_channels, *image_size)``; any
+    size is accepted with ``interpolate_pos_encoding``."""
+    if pixel_values is None:
+        raise ValueError("pixel_values is required: (batch, channels, height, width) from the model's image processor")
+    if not isinstance(pixel_values, torch.Tensor):
+        raise TypeError(f"pixel_values must be a torch.Tensor, got {type(pixel_values).__name__}")
+    if pixel_values.dim() != 4:
+        raise ValueError(
+            f"pixel_values must have shape (batch, {num_channels}, {image_size[0]}, {image_size[1]}), got "
+            f"{tuple(pixel_values.shape)}; add the batch dimension with pixel_values.unsqueeze(0)"
+        )
+    _, channels, height, width = pixel_values.shape
+    if channels != num_channels:
+        raise ValueError(
+            f"pixel_values has {channels} channels but the model takes {num_channels}; convert the images "
+            f"(e.g. image.convert('RGB') for grayscale/RGBA) and use the model's image processor"
+        )
+    if not interpolate_pos_encoding and (height, width) != tuple(image_size):
+        raise ValueError(
+            f"pixel_values are {height}x{width} but the model takes {image_size[0]}x{image_size[1]} images; resize "
+            "them with the model's image processor, or pass interpolate_pos_encoding=True to interpolate the "
+            "position embeddings"
+        )
+
+
+
 def run_layers(
     layers: nn.ModuleList, embeddings: torch.Tensor, num_members: int, attention_mask: torch.Tensor | None,
     output_hidden_states: bool, output_attentions: bool,
@@ -374,28 +528,45 @@ def run_layers(
     """Run the fused layers on shared ``embeddings (B, T, d)``.
 
     Returns the members' streams ``(M, B, T, d)``, the hidden states per layer ``(B, M, T, d)`` (embeddings
-    first) and the attention weights per layer, the last two only when asked for.
+    first) and the attention weights per layer, the last two only when asked for. As in transformers'
+    models, attention weights are only returned by eager attention: with sdpa the attention function
+    warns and ``attentions`` is an empty tuple.
     """
     B = embeddings.shape[0]
     hidden = embeddings  # shared until the first layer gives every member its own stream
     all_hidden = (embeddings.unsqueeze(1).expand(B, num_members, *embeddings.shape[1:]),) if output_hidden_states else None
     all_attentions = () if output_attentions else None
     for layer in layers:
-        hidden, weights = layer(hidden, attention_mask)  # (M, B, T, d)
+        # hidden and mask positional: what GradientCheckpointingLayer checkpoints
+        hidden, weights = layer(hidden, attention_mask, output_attentions=output_attentions)  # (M, B, T, d)
         if output_hidden_states:
             all_hidden += (hidden.transpose(0, 1),)
-        if output_attentions:
+        if output_attentions and weights is not None:
             all_attentions += (weights,)
     if hidden.dim() == 3:  # a tower with no layers
         hidden = hidden.unsqueeze(0).expand(num_members, *hidden.shape)
     return hidden, all_hidden, all_attentions
+
+
+def may_mask(attention_mask: torch.Tensor | None) -> bool:
+    """Whether a ``(B, T)`` 1/0 padding mask has to be applied: False for None or (in eager mode) all ones.
+
+    As transformers' own masking utilities do (``_ignore_bidirectional_mask_sdpa``): an all-ones mask is
+    dropped so that SDPA can run its mask-free kernels, but never while ``torch.compile`` /
+    ``torch.export`` trace the model, where looking at the mask's values would be data-dependent control
+    flow (a graph break, or an export error); there the mask is always applied (same result).
+    """
+    if attention_mask is None:
+        return False
+    return is_tracing(attention_mask) or not bool(attention_mask.all())
+
 
 def padding_mask_to_additive(
     attention_mask: torch.Tensor | None, dtype: torch.dtype, num_tokens: int
 ) -> torch.Tensor | None:
     """``(B, T)`` 1/0 padding mask -> additive ``(B, 1, 1, T)`` mask (0 keep, dtype-min drop).
 
-    Returns None when nothing is padded, which lets SDPA use its fastest kernels.
+    Returns None when nothing needs masking (see ``may_mask``), which lets SDPA use its fastest kernels.
     """
     if attention_mask is None:
         return None
@@ -404,7 +575,7 @@ def padding_mask_to_additive(
             f"attention_mask must have shape (batch, {num_tokens}) with 1 for tokens and 0 for padding, "
             f"got {tuple(attention_mask.shape)}"
         )
-    if bool(attention_mask.bool().all()):
+    if not may_mask(attention_mask):
         return None
     keep = attention_mask[:, None, None, :].to(dtype)  # (B, 1, 1, T)
     return (1.0 - keep) * torch.finfo(dtype).min
@@ -487,3 +658,99 @@ def init_hydra_weights(module: nn.Module, std: float) -> bool:
     else:
         return False
     return True
+
+
+# ==================================================================================================
+# Post-LN text encoders (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, ALBERT): the layer
+# spec builder, the post-LN layer, the per-member classification head and the classifier output.
+# ==================================================================================================
+def layer_spec_for(
+    kept_heads: list[list[list[int]]], layer_idx: int, *, hidden_size: int, num_heads: int, intermediate_size: int,
+    hidden_act: str, layer_norm_eps: float, attention_dropout: float, hidden_dropout: float, mlp_fusion: str,
+) -> HydraLayerSpec:
+    """The spec of fused layer ``layer_idx``: the members' ``kept_heads[m][layer_idx]`` and the base's sizes."""
+    return HydraLayerSpec(
+        hidden_size=hidden_size,
+        num_heads=num_heads,
+        kept_heads=tuple(tuple(member[layer_idx]) for member in kept_heads),
+        intermediate_size=intermediate_size,
+        hidden_act=hidden_act,
+        layer_norm_eps=layer_norm_eps,
+        attention_dropout=attention_dropout,
+        hidden_dropout=hidden_dropout,
+        mlp_fusion=mlp_fusion,
+    )
+
+
+class HydraPostLNLayer(GradientCheckpointingLayer):
+    """A post-LN encoder layer for M members: ``h = LN1_m(h + Attn(h)); h = LN2_m(h + MLP(h))``.
+
+    ``attention_output_dropout`` / ``mlp_output_dropout``: whether the base applies its hidden dropout to
+    the attention / MLP output before the residual sum (BERT, RoBERTa, ELECTRA: both; DistilBERT: not
+    the attention output; ALBERT: not the MLP output). Dropout is off in eval mode either way.
+    """
+
+    def __init__(
+        self, config, spec: HydraLayerSpec, *, attention_output_dropout: bool = True, mlp_output_dropout: bool = True
+    ) -> None:
+        super().__init__()
+        self.attention = HydraSelfAttention(config, spec)
+        self.norm1 = HydraLayerNorm(spec.num_members, spec.hidden_size, spec.layer_norm_eps)
+        self.mlp = HydraMLP(spec)
+        self.norm2 = HydraLayerNorm(spec.num_members, spec.hidden_size, spec.layer_norm_eps)
+        self.attention_dropout = nn.Dropout(spec.hidden_dropout if attention_output_dropout else 0.0)
+        self.mlp_dropout = nn.Dropout(spec.hidden_dropout if mlp_output_dropout else 0.0)
+
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, output_attentions: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``. Checkpointed after
+        ``model.gradient_checkpointing_enable()``."""
+        attn, weights = self.attention(hidden, attention_mask, output_attentions)  # (M, B, T, d)
+        hidden = self.norm1(self.attention_dropout(attn) + hidden)  # broadcasts a shared input over M
+        hidden = self.norm2(self.mlp_dropout(self.mlp(hidden)) + hidden)
+        return hidden, weights
+
+
+class HydraClassificationHead(nn.Module):
+    """Every member's two-layer classification head on its first token: ``out_proj(act(dense(x)))``.
+
+    ``dropout_first=True`` (RoBERTa, ELECTRA): dropout before ``dense`` and before ``out_proj``;
+    ``False`` (DistilBERT's ``pre_classifier`` + ``classifier``): only before ``out_proj``.
+    Parameters ``dense.weight (M, d, d)``, ``out_proj.weight (M, C, d)`` and their biases.
+    """
+
+    def __init__(
+        self, num_members: int, hidden_size: int, num_labels: int, activation: str, dropout: float,
+        dropout_first: bool = True,
+    ) -> None:
+        super().__init__()
+        self.dense = HydraMemberLinear(num_members, hidden_size, hidden_size)
+        self.out_proj = HydraMemberLinear(num_members, hidden_size, num_labels)
+        self.act = ACT2FN[activation]
+        self.dropout = nn.Dropout(dropout)
+        self.dropout_first = dropout_first
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """``features (M, B, d)`` (every member's first token) -> ``member logits (M, B, C)``."""
+        x = self.dropout(features) if self.dropout_first else features
+        x = self.dropout(self.act(self.dense(x)))
+        return self.out_proj(x)
+
+
+def classifier_output(
+    member_logits: torch.Tensor, labels: torch.Tensor | None, config, encoder_output: HydraModelOutput, return_dict: bool
+) -> HydraClassifierOutput | tuple:
+    """The output of a fused classifier from its ``member_logits (B, M, C)``: ensemble logits, loss."""
+    logits, loss = ensemble_outputs(member_logits, labels, config)
+    if not return_dict:
+        out = (logits, member_logits, encoder_output.hidden_states, encoder_output.attentions)
+        out = tuple(v for v in out if v is not None)
+        return ((loss,) + out) if loss is not None else out
+    return HydraClassifierOutput(
+        loss=loss,
+        logits=logits,
+        member_logits=member_logits,
+        hidden_states=encoder_output.hidden_states,
+        attentions=encoder_output.attentions,
+    )

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from transformers import BertConfig, PreTrainedModel
 from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.bert.modeling_bert import BertEmbeddings
 
 from .configuration_hydra import HydraEnsembleConfig
@@ -30,10 +31,6 @@ from .hydra_layers import (
     padding_mask_to_additive,
     run_layers,
 )
-
-# the output classes are shared by every family (hydra_layers); these names are kept for BERT
-HydraEnsembleModelOutput = HydraModelOutput
-HydraSequenceClassifierOutput = HydraClassifierOutput
 
 
 def bert_base_config(config: HydraEnsembleConfig) -> BertConfig:
@@ -55,7 +52,7 @@ def bert_layer_spec(config: HydraEnsembleConfig, base: BertConfig, layer_idx: in
     )
 
 
-class HydraBertLayer(nn.Module):
+class HydraBertLayer(GradientCheckpointingLayer):
     """BERT's post-LN layer for M members: ``h = LN1_m(h + Attn(h)); h = LN2_m(h + MLP(h))``."""
 
     def __init__(self, config: HydraEnsembleConfig, spec: HydraLayerSpec) -> None:
@@ -67,10 +64,11 @@ class HydraBertLayer(nn.Module):
         self.dropout = nn.Dropout(spec.hidden_dropout)
 
     def forward(
-        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, output_attentions: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``."""
-        attn, weights = self.attention(hidden, attention_mask)  # (M, B, T, d)
+        """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``. Checkpointed (recomputed in the
+        backward pass) after ``model.gradient_checkpointing_enable()``."""
+        attn, weights = self.attention(hidden, attention_mask, output_attentions)  # (M, B, T, d)
         hidden = self.norm1(self.dropout(attn) + hidden)  # broadcasts a shared input over M
         hidden = self.norm2(self.dropout(self.mlp(hidden)) + hidden)
         return hidden, weights
@@ -81,6 +79,7 @@ class HydraEnsemblePreTrainedModel(PreTrainedModel):
     base_model_prefix = "hydra"
     main_input_name = "input_ids"
     _supports_sdpa = True
+    supports_gradient_checkpointing = True
     _supports_attention_backend = False
     _no_split_modules = ["HydraBertLayer"]
 
@@ -129,7 +128,7 @@ class HydraEnsembleModel(HydraEnsemblePreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
-    ) -> HydraEnsembleModelOutput | tuple:
+    ) -> HydraModelOutput | tuple:
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         return_dict = self.config.return_dict if return_dict is None else return_dict
@@ -149,7 +148,7 @@ class HydraEnsembleModel(HydraEnsemblePreTrainedModel):
         last = hidden.transpose(0, 1)  # (B, M, T, d)
         if not return_dict:
             return tuple(v for v in (last, pooled, all_hidden, all_attentions) if v is not None)
-        return HydraEnsembleModelOutput(
+        return HydraModelOutput(
             last_hidden_state=last, pooler_output=pooled, hidden_states=all_hidden, attentions=all_attentions
         )
 
@@ -183,7 +182,7 @@ class HydraEnsembleForSequenceClassification(HydraEnsemblePreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
-    ) -> HydraSequenceClassifierOutput | tuple:
+    ) -> HydraClassifierOutput | tuple:
         return_dict = self.config.return_dict if return_dict is None else return_dict
         outputs = self.hydra(
             input_ids=input_ids,
@@ -202,7 +201,7 @@ class HydraEnsembleForSequenceClassification(HydraEnsemblePreTrainedModel):
             out = (logits, member_logits, outputs.hidden_states, outputs.attentions)
             out = tuple(v for v in out if v is not None)
             return ((loss,) + out) if loss is not None else out
-        return HydraSequenceClassifierOutput(
+        return HydraClassifierOutput(
             loss=loss,
             logits=logits,
             member_logits=member_logits,

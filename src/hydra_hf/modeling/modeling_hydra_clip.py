@@ -33,11 +33,15 @@ from .configuration_hydra import HydraEnsembleCLIPConfig
 from .hydra_layers import (
     HydraLayerNorm,
     HydraMemberLinear,
+    HydraModelOutput,
+    HydraPreLNLayer,
+    check_pixel_values,
     ensemble_log_probs,
     init_hydra_weights,
+    layer_spec,
+    may_mask,
     run_layers,
 )
-from .modeling_hydra_vit import HydraPreLNLayer, HydraTowerOutput, check_pixel_values, layer_spec
 
 
 @dataclass
@@ -51,7 +55,7 @@ class HydraCLIPOutput(ModelOutput):
         member_logits_per_text: ``(N, M, B)`` the same, per text.
         text_embeds: ``(N, M, P)`` L2-normalised projected text embeddings of every member.
         image_embeds: ``(B, M, P)`` L2-normalised projected image embeddings of every member.
-        text_model_output, vision_model_output: the towers' ``HydraTowerOutput``.
+        text_model_output, vision_model_output: the towers' ``HydraModelOutput``.
     """
 
     loss: torch.Tensor | None = None
@@ -61,8 +65,8 @@ class HydraCLIPOutput(ModelOutput):
     member_logits_per_text: torch.Tensor | None = None
     text_embeds: torch.Tensor | None = None
     image_embeds: torch.Tensor | None = None
-    text_model_output: HydraTowerOutput | None = None
-    vision_model_output: HydraTowerOutput | None = None
+    text_model_output: HydraModelOutput | None = None
+    vision_model_output: HydraModelOutput | None = None
 
     def to_tuple(self) -> tuple:
         return tuple(
@@ -108,7 +112,7 @@ class HydraCLIPVisionTower(nn.Module):
     def forward(
         self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False, output_attentions: bool = False,
         output_hidden_states: bool = False,
-    ) -> HydraTowerOutput:
+    ) -> HydraModelOutput:
         emb = self.embeddings
         size = (emb.image_size, emb.image_size)
         check_pixel_values(pixel_values, emb.patch_embedding.in_channels, size, bool(interpolate_pos_encoding))
@@ -117,7 +121,7 @@ class HydraCLIPVisionTower(nn.Module):
             self.layers, hidden, self.config.num_members, None, output_hidden_states, output_attentions
         )  # (M, B, T, d)
         pooled = self.post_layernorm(hidden[:, :, 0])  # (M, B, d): every member's CLS token
-        return HydraTowerOutput(
+        return HydraModelOutput(
             last_hidden_state=hidden.transpose(0, 1), pooler_output=pooled.transpose(0, 1),
             hidden_states=all_hidden, attentions=all_attentions,
         )
@@ -156,13 +160,13 @@ class HydraCLIPTextTower(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None, output_attentions: bool = False, output_hidden_states: bool = False,
-    ) -> HydraTowerOutput:
+    ) -> HydraModelOutput:
         if input_ids is None:
             raise ValueError("input_ids is required: the texts tokenized with the model's tokenizer")
         input_ids = input_ids.view(-1, input_ids.shape[-1])  # (N, T)
         hidden = self.embeddings(input_ids=input_ids, position_ids=position_ids)  # (N, T, d)
         N, T, _ = hidden.shape
-        padded = attention_mask is not None and not bool(attention_mask.bool().all())
+        padded = may_mask(attention_mask)  # False for no mask or (eager only) an all-ones mask
         mask = None  # causal only: SDPA applies it itself (is_causal), which keeps its fast kernels
         if padded or self.config._attn_implementation != "sdpa":
             mask = causal_additive_mask(attention_mask if padded else None, T, hidden.dtype, hidden.device)
@@ -176,7 +180,7 @@ class HydraCLIPTextTower(nn.Module):
         else:  # the first end-of-text token (padding may use the same id)
             eot = (ids == self.eos_token_id).int().argmax(dim=-1)  # (N,)
         pooled = hidden[:, torch.arange(N, device=hidden.device), eot]  # (M, N, d)
-        return HydraTowerOutput(
+        return HydraModelOutput(
             last_hidden_state=hidden.transpose(0, 1), pooler_output=pooled.transpose(0, 1),
             hidden_states=all_hidden, attentions=all_attentions,
         )
@@ -187,6 +191,7 @@ class HydraEnsembleCLIPPreTrainedModel(PreTrainedModel):
     base_model_prefix = "hydra_clip"
     input_modalities = ("image", "text")
     _supports_sdpa = True
+    supports_gradient_checkpointing = True  # the towers' HydraPreLNLayer
     _supports_attention_backend = False
     _no_split_modules = ["CLIPTextEmbeddings", "CLIPVisionEmbeddings", "HydraPreLNLayer"]
 

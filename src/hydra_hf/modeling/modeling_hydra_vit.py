@@ -7,8 +7,8 @@ per-member LayerNorms before the fused self-attention (all members' kept heads i
 and before the MLP (averaged across members, or kept per member). Every member has its own final
 LayerNorm and classifier on its CLS token; the prediction is the mean of the members' softmaxes.
 
-The pre-LN layer (``HydraPreLNLayer``), the weight initialisation and the tower output are shared
-with the CLIP model (``modeling_hydra_clip.py``), whose towers are pre-LN transformers too.
+The pre-LN layer (``HydraPreLNLayer``, in ``hydra_layers.py``), the weight initialisation and the tower
+output are shared with the other pre-LN families (CLIP, DeiT, BEiT, DINOv2, SigLIP).
 
 Input images: ``pixel_values (B, C, H, W)`` must have the base's channel count and, unless
 ``interpolate_pos_encoding=True`` (bicubic interpolation of the position embeddings, as in
@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel, ViTConfig
 from transformers import initialization as init
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.vit.modeling_vit import ViTEmbeddings
 
 from .configuration_hydra import HydraEnsembleViTConfig
@@ -30,86 +31,15 @@ from .hydra_layers import (
     HydraLayerNorm,
     HydraLayerSpec,
     HydraMemberLinear,
-    HydraMLP,
     HydraModelOutput,
-    HydraSelfAttention,
+    HydraPreLNLayer,
+    check_pixel_values,
     ensemble_outputs,
     init_hydra_weights,
+    layer_spec,
     run_layers,
 )
 
-# the output classes are shared by every family (hydra_layers); these names are kept for ViT/CLIP
-HydraTowerOutput = HydraModelOutput
-HydraImageClassifierOutput = HydraClassifierOutput
-
-
-def layer_spec(
-    kept_heads: list[list[list[int]]], layer_idx: int, *, hidden_size: int, num_heads: int, intermediate_size: int,
-    hidden_act: str, layer_norm_eps: float, attention_dropout: float, hidden_dropout: float, mlp_fusion: str,
-) -> HydraLayerSpec:
-    """The spec of fused layer ``layer_idx`` from the members' ``kept_heads[m][l]`` and the base's sizes."""
-    return HydraLayerSpec(
-        hidden_size=hidden_size,
-        num_heads=num_heads,
-        kept_heads=tuple(tuple(member[layer_idx]) for member in kept_heads),
-        intermediate_size=intermediate_size,
-        hidden_act=hidden_act,
-        layer_norm_eps=layer_norm_eps,
-        attention_dropout=attention_dropout,
-        hidden_dropout=hidden_dropout,
-        mlp_fusion=mlp_fusion,
-    )
-
-
-class HydraPreLNLayer(nn.Module):
-    """A pre-LN transformer layer for M members (ViT, CLIP towers):
-    ``h = h + Attn(LN1_m(h)); h = h + MLP(LN2_m(h))``, with member m's own LayerNorms and heads."""
-
-    def __init__(self, config, spec: HydraLayerSpec, is_causal: bool = False) -> None:
-        super().__init__()
-        self.norm1 = HydraLayerNorm(spec.num_members, spec.hidden_size, spec.layer_norm_eps)
-        self.attention = HydraSelfAttention(config, spec, is_causal=is_causal)
-        self.norm2 = HydraLayerNorm(spec.num_members, spec.hidden_size, spec.layer_norm_eps)
-        self.mlp = HydraMLP(spec)
-        self.dropout = nn.Dropout(spec.hidden_dropout)
-
-    def forward(
-        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``."""
-        normed = self.norm1(hidden, shared=hidden.dim() == 3)  # (M, B, T, d): member m's own LayerNorm
-        attn, weights = self.attention(normed, attention_mask)  # (M, B, T, d)
-        hidden = hidden + self.dropout(attn)  # broadcasts a shared input over M
-        hidden = hidden + self.dropout(self.mlp(self.norm2(hidden)))
-        return hidden, weights
-
-
-def check_pixel_values(
-    pixel_values: torch.Tensor | None, num_channels: int, image_size: tuple[int, int], interpolate_pos_encoding: bool
-) -> None:
-    """``ValueError`` (with the fix) unless ``pixel_values`` is ``(B, num_channels, *image_size)``; any
-    size is accepted with ``interpolate_pos_encoding``."""
-    if pixel_values is None:
-        raise ValueError("pixel_values is required: (batch, channels, height, width) from the model's image processor")
-    if not isinstance(pixel_values, torch.Tensor):
-        raise TypeError(f"pixel_values must be a torch.Tensor, got {type(pixel_values).__name__}")
-    if pixel_values.dim() != 4:
-        raise ValueError(
-            f"pixel_values must have shape (batch, {num_channels}, {image_size[0]}, {image_size[1]}), got "
-            f"{tuple(pixel_values.shape)}; add the batch dimension with pixel_values.unsqueeze(0)"
-        )
-    _, channels, height, width = pixel_values.shape
-    if channels != num_channels:
-        raise ValueError(
-            f"pixel_values has {channels} channels but the model takes {num_channels}; convert the images "
-            f"(e.g. image.convert('RGB') for grayscale/RGBA) and use the model's image processor"
-        )
-    if not interpolate_pos_encoding and (height, width) != tuple(image_size):
-        raise ValueError(
-            f"pixel_values are {height}x{width} but the model takes {image_size[0]}x{image_size[1]} images; resize "
-            "them with the model's image processor, or pass interpolate_pos_encoding=True to interpolate the "
-            "position embeddings"
-        )
 
 
 def vit_base_config(config: HydraEnsembleViTConfig) -> ViTConfig:
@@ -123,6 +53,7 @@ class HydraEnsembleViTPreTrainedModel(PreTrainedModel):
     main_input_name = "pixel_values"
     input_modalities = ("image",)
     _supports_sdpa = True
+    supports_gradient_checkpointing = True
     _supports_attention_backend = False
     _no_split_modules = ["ViTEmbeddings", "HydraPreLNLayer"]
 
@@ -175,7 +106,7 @@ class HydraEnsembleViTModel(HydraEnsembleViTPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
-    ) -> HydraTowerOutput | tuple:
+    ) -> HydraModelOutput | tuple:
         output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
         output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         return_dict = self.config.return_dict if return_dict is None else return_dict
@@ -189,7 +120,7 @@ class HydraEnsembleViTModel(HydraEnsembleViTPreTrainedModel):
         last = self.layernorm(hidden).transpose(0, 1)  # (B, M, T, d)
         if not return_dict:
             return tuple(v for v in (last, all_hidden, all_attentions) if v is not None)
-        return HydraTowerOutput(last_hidden_state=last, hidden_states=all_hidden, attentions=all_attentions)
+        return HydraModelOutput(last_hidden_state=last, hidden_states=all_hidden, attentions=all_attentions)
 
 
 class HydraEnsembleForImageClassification(HydraEnsembleViTPreTrainedModel):
@@ -216,7 +147,7 @@ class HydraEnsembleForImageClassification(HydraEnsembleViTPreTrainedModel):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
-    ) -> HydraImageClassifierOutput | tuple:
+    ) -> HydraClassifierOutput | tuple:
         return_dict = self.config.return_dict if return_dict is None else return_dict
         outputs = self.hydra(
             pixel_values,
@@ -232,7 +163,7 @@ class HydraEnsembleForImageClassification(HydraEnsembleViTPreTrainedModel):
             out = (logits, member_logits, outputs.hidden_states, outputs.attentions)
             out = tuple(v for v in out if v is not None)
             return ((loss,) + out) if loss is not None else out
-        return HydraImageClassifierOutput(
+        return HydraClassifierOutput(
             loss=loss,
             logits=logits,
             member_logits=member_logits,

@@ -1,0 +1,109 @@
+"""Building a fused model from checkpoint folders, for the families read through a ``members.Layout``
+(DeiT, BEiT, DINOv2, SigLIP): read and check the configs and weights, fuse, build the Hydra model and
+load every tensor it has (checked: none missing but the newly initialised classifiers, none left over,
+shapes named on mismatch).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+
+from ..masks import HeadMasks, TowerHeadMasks
+from .io import read_config, read_state_dict
+from .members import Member, check_fused_shapes
+
+logger = logging.getLogger(__name__)
+
+# config.json keys of a base that describe the checkpoint, not the architecture
+NOT_ARCHITECTURE = {
+    "architectures", "id2label", "label2id", "_name_or_path", "transformers_version", "torch_dtype", "dtype",
+    "problem_type", "auto_map", "num_labels", "finetuning_task", "gradient_checkpointing", "use_cache",
+}  # fmt: skip
+
+
+def architecture_config(cls: type[PretrainedConfig], raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` (a config.json) with the defaults of its transformers config class filled in, labels and
+    bookkeeping dropped (nested tower configs included)."""
+    full = cls.from_dict({k: v for k, v in raw.items() if k not in NOT_ARCHITECTURE}).to_dict()
+    out = {k: v for k, v in full.items() if k not in NOT_ARCHITECTURE}
+    for key, value in out.items():
+        if key.endswith("_config") and isinstance(value, dict):
+            out[key] = {k: v for k, v in value.items() if k not in NOT_ARCHITECTURE}
+    return out
+
+
+def read_members(
+    folders: list[Path], config_cls: type[PretrainedConfig], reader: Callable[[dict, dict, str], Member],
+    shape_of: Callable[[dict[str, Any]], Any],
+) -> tuple[list[dict[str, Any]], list[Member]]:
+    """Every folder's architecture config and canonical member; ``ValueError`` naming the folder when a
+    member's shape (``shape_of(config)``) differs from the first one's."""
+    raws = [read_config(f) for f in folders]
+    configs = [architecture_config(config_cls, r) for r in raws]
+    for f, c in zip(folders[1:], configs[1:]):
+        if shape_of(c) != shape_of(configs[0]):
+            raise ValueError(
+                f"member {str(f)!r} does not have the first member's architecture: {shape_of(c)} vs "
+                f"{shape_of(configs[0])}; use members fine-tuned from one base model"
+            )
+    members = [reader(read_state_dict(f), c, repr(str(f))) for f, c in zip(folders, configs)]
+    return raws, members
+
+
+def label_arguments(
+    state: dict[str, torch.Tensor], head_key: str, raw: dict[str, Any], num_labels: int | None,
+    id2label: dict[int, str] | None,
+) -> dict[str, Any]:
+    """Label arguments of the Hydra config: the checkpoint's classifier (``state[head_key]`` is
+    ``(M, C, in)``) and label names when it has them, else ``id2label`` / ``num_labels`` (default 2)."""
+    if head_key in state:
+        n = state[head_key].shape[1]
+        names = raw.get("id2label")
+        out: dict[str, Any] = {"num_labels": n}
+        if isinstance(names, dict) and len(names) == n:
+            out = {"id2label": {int(k): v for k, v in names.items()}}
+        if raw.get("problem_type"):
+            out["problem_type"] = raw["problem_type"]
+        return out
+    if id2label:
+        return {"id2label": {int(k): v for k, v in id2label.items()}}
+    return {"num_labels": num_labels or 2}
+
+
+def load_fused(
+    model: PreTrainedModel, state: dict[str, torch.Tensor], allowed_missing: set[str], source: Path, seed: int
+) -> PreTrainedModel:
+    """Load the fused tensors into ``model``: shapes checked first, no tensor left over, every model
+    tensor set except ``allowed_missing`` (newly initialised, with a warning). Returns the model in eval mode."""
+    check_fused_shapes(model, state, repr(str(source)))
+    result = model.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        raise ValueError(f"converter produced tensors the model does not have: {result.unexpected_keys[:5]}")
+    missing = set(result.missing_keys)
+    if missing - allowed_missing:
+        raise ValueError(f"converter left model tensors unset: {sorted(missing - allowed_missing)[:5]}")
+    if missing:
+        logger.warning(
+            "Some weights of the Hydra model were not in %s and are newly initialized (one per member, seed %d): %s. "
+            "Fine-tune the model before using it for predictions.",
+            source, seed, sorted(missing),
+        )
+    return model.eval()
+
+
+def single_tower_masks(masks: HeadMasks | TowerHeadMasks, family: str, towers: Sequence[str] | None) -> HeadMasks:
+    """The masks of a one-tower family, or ``ValueError`` naming the fix."""
+    if towers is not None:
+        raise ValueError(f"towers={list(towers)} applies to two-tower checkpoints only; this one is {family}")
+    if not isinstance(masks, HeadMasks):
+        raise ValueError(
+            f"a {family} checkpoint needs a single-tower masks file (num_layers, num_heads, members[].kept_heads "
+            "as layer lists); this one has 'towers' (a two-tower masks file)"
+        )
+    return masks

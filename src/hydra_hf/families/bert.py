@@ -1,0 +1,64 @@
+"""BERT: Hugging Face ``bert`` checkpoints -> ``HydraEnsembleForSequenceClassification``.
+
+The reader is :mod:`hydra_hf.convert.hf_bert`; the shipped model is ``modeling_hydra_bert.py``
+(post-LN layers, per-member pooler and classifier).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .base import Built, Family, register_family
+
+
+class BertFamily(Family):
+    name = "bert"
+    modality = "text"
+    model_types = ("bert",)
+    hf_class_prefix = "Bert"
+    base_model_type = "bert"
+    task = "text-classification"
+    config_class_name = "HydraEnsembleConfig"
+    modeling_file = "modeling_hydra_bert.py"
+    model_class_names = {
+        "AutoModel": "HydraEnsembleModel",
+        "AutoModelForSequenceClassification": "HydraEnsembleForSequenceClassification",
+    }
+    towers = ("text",)
+    # word, position and token-type embeddings + their LayerNorm
+    frozen_prefixes = ("hydra.embeddings.",)
+
+    def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
+              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
+        from ..convert.api import _build_bert
+
+        return Built(_build_bert(folders, masks, mlp_fusion, shared, num_labels, id2label, seed), folders[0])
+
+    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
+        from ..convert.hf_bert import bert_member_from_state_dict
+
+        return bert_member_from_state_dict(state, config, source=source)
+
+    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+        from ..convert.hf_bert import unfuse_bert
+
+        return unfuse_bert(state, hydra_config)
+
+    def owns_model(self, model: Any) -> bool:
+        return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
+
+    def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
+        from ..pruning.adapters import bert_like_adapter
+
+        return bert_like_adapter(model, "hf_bert")
+
+    def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
+        from transformers import BertConfig, BertForSequenceClassification
+
+        extra = {"num_labels": num_labels} if num_labels is not None else {}
+        return BertForSequenceClassification(BertConfig.from_dict({**base_config, **extra}))
+
+
+BERT = register_family(BertFamily())

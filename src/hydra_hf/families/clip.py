@@ -1,0 +1,67 @@
+"""CLIP: Hugging Face ``clip`` models -> ``HydraEnsembleCLIPModel`` (zero-shot image classification;
+both towers pruned, member m = the pair (vision tower m, text tower m)).
+
+The reader is :mod:`hydra_hf.convert.hf_clip`; the shipped model is ``modeling_hydra_clip.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .base import Built, Family, register_family
+
+
+class CLIPFamily(Family):
+    name = "clip"
+    modality = "image-text"
+    model_types = ("clip",)
+    hf_class_prefix = "CLIP"
+    accepted_heads = ("Model",)
+    base_model_type = "clip"
+    task = "zero-shot-image-classification"
+    config_class_name = "HydraEnsembleCLIPConfig"
+    modeling_file = "modeling_hydra_clip.py"
+    model_class_names = {
+        "AutoModel": "HydraEnsembleCLIPModel",
+        # what pipeline("zero-shot-image-classification") loads
+        "AutoModelForZeroShotImageClassification": "HydraEnsembleCLIPModel",
+    }
+    towers = ("vision", "text")
+    # convert.hf_clip.SHARED_KEYS: both towers' embeddings, the vision pre-LayerNorm, the logit scale
+    frozen_prefixes = ("vision_model.embeddings.", "vision_model.pre_layrnorm.", "text_model.embeddings.", "logit_scale")
+    classifier_keys = ()
+
+    def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
+              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
+        from ..convert.api import _build_clip
+
+        model, extra = _build_clip("clip", folders, masks, mlp_fusion, shared, towers)
+        return Built(model, folders[0], extra)
+
+    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
+        from ..convert.hf_clip import clip_member_from_state_dict
+
+        return clip_member_from_state_dict(state, config, source=source)
+
+    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+        from ..convert.hf_clip import unfuse_clip
+
+        return unfuse_clip(state, hydra_config)
+
+    def owns_model(self, model: Any) -> bool:
+        return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
+
+    def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
+        from ..pruning.adapters import _hf_clip_adapter
+
+        return _hf_clip_adapter(model, class_text_inputs)
+
+    def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
+        from transformers import CLIPConfig, CLIPModel
+
+        return CLIPModel(CLIPConfig.from_dict(dict(base_config)))
+
+
+CLIP = register_family(CLIPFamily())

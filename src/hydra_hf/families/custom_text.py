@@ -1,0 +1,132 @@
+"""Text families with their own reader, fuse and modeling files (DeBERTa-v2/v3, ModernBERT).
+
+Their layers do not fit the canonical BERT layout alone (position projections per head, a fused
+``Wqkv``, a gated MLP, missing biases), so each has a reader module ``convert/hf_<family>.py`` with
+three pure functions (checkpoint state dict -> member, members -> fused state dict, fused -> stock state
+dicts) and its own config file next to its modeling file. :class:`CustomTextFamily` does the rest
+of what :class:`~hydra_hf.families.base.Family` asks: reading folders, building and loading the
+fused model, the pruning adapter and stock models.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..errors import HydraInputError
+from .base import Built, Family
+
+# config keys that must agree between member checkpoints
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
+class CustomTextFamily(Family):
+    """A Hugging Face text classifier family whose reader and config live in their own files.
+
+    Attributes (besides :class:`Family`'s):
+        config_file: the shipped file of its Hydra config class (next to ``modeling_file``).
+        reader_module: ``hydra_hf.convert.<reader_module>`` holds ``read``, ``fuse`` and ``unfuse``.
+        reader_names: the names of those three functions in it.
+        hf_config_class, hf_task_class: its transformers config and sequence-classifier class names.
+        head_keys: fused tensor names of the per-member classification head (newly initialised, seeded,
+            when the checkpoint is a bare or pre-trained encoder).
+        input_keys: the batch keys its stock models read (pruning).
+    """
+
+    modality = "text"
+    task = "text-classification"
+    towers = ("text",)
+    config_file: ClassVar[str]
+    reader_module: ClassVar[str]
+    reader_names: ClassVar[tuple[str, str, str]]
+    hf_config_class: ClassVar[str]
+    hf_task_class: ClassVar[str]
+    head_keys: ClassVar[tuple[str, ...]] = ("classifier.weight", "classifier.bias")
+    input_keys: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "token_type_ids")
+
+    # ------------------------------------------------------------------ config in its own file
+    @property
+    def shipped_files(self) -> tuple[str, ...]:
+        return (*super().shipped_files, self.config_file)
+
+    @property
+    def auto_map(self) -> dict[str, str]:
+        out = super().auto_map
+        out["AutoConfig"] = f"{self.config_file.removesuffix('.py')}.{self.config_class_name}"
+        return out
+
+    def config_class(self) -> type:
+        module = importlib.import_module(f"hydra_hf.modeling.{self.config_file.removesuffix('.py')}")
+        return getattr(module, self.config_class_name)
+
+    # ----------------------------------------------------------------------------- converting
+    def _reader(self, which: int) -> Callable:
+        module = importlib.import_module(f"hydra_hf.convert.{self.reader_module}")
+        return getattr(module, self.reader_names[which])
+
+    def full_config(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """The architecture part of a ``config.json`` with its transformers defaults filled in."""
+        import transformers
+
+        from ..convert.api import base_config_dict
+
+        cls = getattr(transformers, self.hf_config_class)
+        return base_config_dict(cls.from_dict(base_config_dict(dict(raw))).to_dict())
+
+    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
+        return self._reader(0)(state, config, source=source)
+
+    def fuse(self, members: list[Any], kept_heads: list[list[list[int]]], mlp_fusion: str, shared: str) -> dict:
+        """Fused state dict of the task model (full parameter names) from canonical members."""
+        return self._reader(1)(members, kept_heads, mlp_fusion, shared)
+
+    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+        return self._reader(2)(state, hydra_config)
+
+    def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
+              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
+        import torch
+
+        from ..convert.api import _check_same_architecture, _load_checked, _vit_labels
+        from ..convert.io import read_config, read_state_dict
+        from ..masks import HeadMasks
+
+        if not isinstance(masks, HeadMasks):
+            raise HydraInputError(f"a {self.name} checkpoint needs a single-tower masks file, not a two-tower one")
+        raw = [read_config(f) for f in folders]
+        configs = [self.full_config(c) for c in raw]
+        _check_same_architecture(folders, configs, SHAPE_KEYS)
+        base = configs[0]
+        masks.check_compatible(base["num_hidden_layers"], base["num_attention_heads"], model=repr(str(folders[0])))
+        loaded = [self.read_member(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, raw)]
+        members = loaded * masks.num_members if len(loaded) == 1 else loaded
+        state = self.fuse(members, masks.kept_heads, mlp_fusion, shared)
+        labels = _vit_labels(state, raw[0].get("id2label"), num_labels, id2label)
+        if raw[0].get("problem_type") and "classifier.weight" in state:
+            labels["problem_type"] = raw[0]["problem_type"]
+        config = self.config_class()(
+            base_config=base, kept_heads=masks.kept_heads, mlp_fusion=mlp_fusion,
+            member_metadata=masks.member_metadata, **labels,
+        )
+        torch.manual_seed(seed)  # the per-member heads of a bare encoder are initialised from this seed
+        model = self.model_class()(config)
+        _load_checked(model, state, set(self.head_keys), folders[0], seed)
+        return Built(model.eval(), folders[0])
+
+    # -------------------------------------------------------------------------------- pruning
+    def owns_model(self, model: Any) -> bool:
+        return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
+
+    def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
+        import transformers
+
+        extra = {"num_labels": num_labels} if num_labels is not None else {}
+        config = getattr(transformers, self.hf_config_class).from_dict({**base_config, **extra})
+        return getattr(transformers, self.hf_task_class)(config)
+
+
+def classifier_logits(model: Any, inputs: Mapping[str, Any]) -> Any:
+    """``(B, C)`` logits of a transformers sequence classifier."""
+    return model(**inputs).logits

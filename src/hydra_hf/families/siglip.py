@@ -1,0 +1,74 @@
+"""SigLIP: Hugging Face ``siglip`` models -> ``HydraEnsembleSiglipModel`` (zero-shot image classification;
+both towers pruned, member m = the pair (vision tower m, text tower m), the vision tower's
+attention-pooling head kept per member, not pruned).
+
+Zero-shot scores are sigmoids, one per (image, text): the ensemble's ``logits_per_image`` is the logit of
+the members' mean probability, so the stock ``zero-shot-image-classification`` pipeline returns the
+mean. Its folders ship no Hydra uncertainty pipeline (those assume a softmax over the labels). The
+reader is :mod:`hydra_hf.convert.hf_siglip`; the shipped model is ``modeling_hydra_siglip.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .base import Built, Family, register_family
+
+
+class SiglipFamily(Family):
+    name = "siglip"
+    modality = "image-text"
+    model_types = ("siglip",)
+    hf_class_prefix = "Siglip"
+    accepted_heads = ("Model",)
+    base_model_type = "siglip"
+    task = "zero-shot-image-classification"
+    config_class_name = "HydraEnsembleSiglipConfig"
+    modeling_file = "modeling_hydra_siglip.py"
+    model_class_names = {
+        "AutoModel": "HydraEnsembleSiglipModel",
+        "AutoModelForZeroShotImageClassification": "HydraEnsembleSiglipModel",
+    }
+    towers = ("vision", "text")
+    frozen_prefixes = ("vision_model.embeddings.", "text_model.embeddings.")  # convert.hf_siglip.SHARED_KEYS
+    classifier_keys = ()
+    # SigLIP was trained on prompts padded to 64 tokens (its last token is pooled): as transformers' pipeline
+    prompt_tokenizer_kwargs = {"padding": "max_length", "max_length": 64, "truncation": True}
+    uncertainty_pipelines = False  # its scores are one sigmoid per (image, label), not a softmax over the labels
+
+    def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
+              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
+        from ..convert.hf_siglip import build_siglip
+
+        return Built(build_siglip(folders, masks, mlp_fusion=mlp_fusion, shared=shared, towers=towers), folders[0])
+
+    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
+        from ..convert.hf_siglip import siglip_member_from_state_dict
+
+        return siglip_member_from_state_dict(state, config, source=source)
+
+    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+        from ..convert.hf_siglip import unfuse_siglip
+        from ..convert.members import to_module_names
+
+        return to_module_names(self.stock_model(hydra_config.base_config), unfuse_siglip(state, hydra_config))
+
+    def owns_model(self, model: Any) -> bool:
+        return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
+
+    def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
+        from ..pruning.adapters import _hf_clip_adapter
+
+        adapter = _hf_clip_adapter(model, class_text_inputs)  # the same layout; logits_per_image are SigLIP's
+        adapter.kind = "hf_siglip"
+        return adapter
+
+    def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
+        from transformers import SiglipConfig, SiglipModel
+
+        return SiglipModel(SiglipConfig.from_dict(dict(base_config)))
+
+
+SIGLIP = register_family(SiglipFamily())

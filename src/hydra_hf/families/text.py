@@ -1,0 +1,133 @@
+"""What every Hugging Face text-classifier family with a :class:`~hydra_hf.convert.hf_text.TextLayout`
+shares: reading, fusing and building, the pruning adapter, stock models.
+
+A family module subclasses :class:`HFTextFamily`, sets its names and classes and returns its layout
+from :meth:`HFTextFamily.layout`; overriding :meth:`~HFTextFamily.full_config`,
+:meth:`~HFTextFamily.check_config` or :meth:`~hydra_hf.families.base.Family.adapter` covers what
+differs (DistilBERT's config names, ALBERT's shared layers).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..errors import HydraInputError
+from .base import Built, Family
+
+# config keys that must agree between member checkpoints
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
+class HFTextFamily(Family):
+    """A Hugging Face text encoder converted into a sequence-classification Hydra Ensemble.
+
+    Attributes (besides :class:`Family`'s):
+        hf_config_class: its transformers config class name (``"RobertaConfig"``).
+        hf_task_class: its transformers sequence classifier (``"RobertaForSequenceClassification"``).
+        input_keys: the batch keys its stock models read (pruning).
+    """
+
+    modality = "text"
+    task = "text-classification"
+    towers = ("text",)
+    hf_config_class: ClassVar[str]
+    hf_task_class: ClassVar[str]
+    input_keys: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "token_type_ids")
+
+    @abstractmethod
+    def layout(self) -> Any:
+        """The family's :class:`~hydra_hf.convert.hf_text.TextLayout`."""
+
+    # fine-tuning keeps what members share frozen; a trained classifier is the layout's classifier group
+    @property
+    def frozen_prefixes(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(self.layout().shared)
+
+    @property
+    def classifier_keys(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(self.layout().heads["classifier"].values())
+
+    # ----------------------------------------------------------------------------- converting
+    def full_config(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """The architecture part of a ``config.json`` with the defaults of its transformers config
+        class filled in (labels and bookkeeping dropped)."""
+        import transformers
+
+        from ..convert.api import base_config_dict
+
+        cls = getattr(transformers, self.hf_config_class)
+        return base_config_dict(cls.from_dict(base_config_dict(dict(raw))).to_dict())
+
+    def check_config(self, config: Mapping[str, Any], source: str) -> None:
+        """Refuse a configuration variant the fused model does not implement (default: none)."""
+        if config.get("is_decoder"):
+            raise HydraInputError(f"{source} is a decoder ({self.name} with is_decoder=True); convert encoder checkpoints")
+        position = config.get("position_embedding_type", "absolute")
+        if position not in (None, "absolute"):
+            raise HydraInputError(
+                f"{source} has position_embedding_type={position!r}; the {self.name} Hydra model implements "
+                "absolute position embeddings only"
+            )
+
+    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
+        from ..convert.hf_text import read_text_member
+
+        return read_text_member(state, config, self.layout(), source=source)
+
+    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+        from ..convert.hf_text import unfuse_text
+
+        return unfuse_text(state, hydra_config, self.layout())
+
+    def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
+              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
+        import torch
+
+        from ..convert.api import _check_same_architecture, _load_checked, _vit_labels
+        from ..convert.hf_text import fuse_text
+        from ..convert.io import read_config, read_state_dict
+
+        raw = [read_config(f) for f in folders]
+        configs = [self.full_config(c) for c in raw]
+        for f, c in zip(folders, configs):
+            self.check_config(c, repr(str(f)))
+        _check_same_architecture(folders, configs, SHAPE_KEYS)
+        base = configs[0]
+        masks.check_compatible(base["num_hidden_layers"], base["num_attention_heads"], model=repr(str(folders[0])))
+        loaded = [self.read_member(read_state_dict(f), c, repr(str(f))) for f, c in zip(folders, configs)]
+        state = fuse_text(loaded * masks.num_members if len(loaded) == 1 else loaded, masks.kept_heads, mlp_fusion, shared)
+        layout = self.layout()
+        # the labels: the checkpoints' classifier (with its label names) or the caller's
+        names = raw[0].get("id2label")
+        probe = {"classifier.weight": state[layout.num_labels_key]} if layout.num_labels_key in state else {}
+        labels = _vit_labels(probe, names, num_labels, id2label)
+        if probe and raw[0].get("problem_type"):
+            labels["problem_type"] = raw[0]["problem_type"]
+        config = self.config_class()(
+            base_model_type=raw[0].get("model_type", self.base_model_type), base_config=base,
+            kept_heads=masks.kept_heads, mlp_fusion=mlp_fusion, member_metadata=masks.member_metadata, **labels,
+        )
+        torch.manual_seed(seed)  # the per-member heads of a bare encoder are initialised from this seed
+        model = self.model_class()(config)
+        absent = {fused for names_ in layout.heads.values() for fused in names_ if fused not in state}
+        _load_checked(model, state, absent, folders[0], seed)
+        return Built(model.eval(), folders[0])
+
+    # ------------------------------------------------------------------------- pruning, stock
+    def owns_model(self, model: Any) -> bool:
+        return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
+
+    def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
+        from ..pruning.adapters import bert_like_adapter
+
+        return bert_like_adapter(model, f"hf_{self.name}", self.input_keys)
+
+    def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
+        import transformers
+
+        extra = {"num_labels": num_labels} if num_labels is not None else {}
+        config = getattr(transformers, self.hf_config_class).from_dict({**base_config, **extra})
+        return getattr(transformers, self.hf_task_class)(config)

@@ -1,0 +1,55 @@
+"""timm ViTs: timm ``vit_*`` folders (``config.json`` with ``architecture`` + weights), converted to the
+equivalent HF ViT: the Hydra model is the ViT family's (``base_model_type="vit"``).
+
+The reader is :mod:`hydra_hf.convert.timm_vit`; a ``ViTImageProcessor`` with timm's preprocessing is
+written next to the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .base import Built, register_family
+from .vit import ViTFamily
+
+
+class TimmViTFamily(ViTFamily):
+    name = "timm_vit"
+    aliases = ("timm",)
+    model_types = ()
+    hf_class_prefix = None  # timm configs name an `architecture`, not transformers classes
+    classifier_keys = ("head.weight",)
+
+    def detect(self, folder: Path, config: Mapping[str, Any] | None) -> bool:
+        from ..convert.timm_vit import is_timm_vit_config
+
+        return config is not None and is_timm_vit_config(dict(config))
+
+    def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
+              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
+        from ..convert.api import _build_vit
+
+        model, extra = _build_vit("timm-vit", folders, masks, mlp_fusion, shared, num_labels, id2label, seed)
+        return Built(model, None, extra)
+
+    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
+        from ..convert.timm_vit import timm_vit_member_from_state_dict
+
+        return timm_vit_member_from_state_dict(state, config, source=source)
+
+    def owns_model(self, model: Any) -> bool:
+        if not type(model).__module__.startswith("timm."):
+            return False
+        from timm.models.vision_transformer import VisionTransformer
+
+        return isinstance(model, VisionTransformer)
+
+    def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
+        from ..pruning.adapters import timm_vit_adapter
+
+        return timm_vit_adapter(model)
+
+
+TIMM_VIT = register_family(TimmViTFamily())

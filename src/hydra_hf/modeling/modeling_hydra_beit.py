@@ -1,0 +1,289 @@
+# Shipped with every BEiT Hydra Ensemble model folder (remote code): imports only the standard library,
+# torch, transformers and sibling files.
+"""Hydra Ensemble of a BEiT image classifier: M head-pruned members run as one model in one pass.
+
+BEiT is a pre-LN ViT with three twists, each kept per member here:
+
+- a *relative position bias* added to the attention scores, one ``(T, T)`` map per head, read from a
+  table ``(R, H)`` shared by all layers (``use_shared_relative_position_bias``) and/or one table per
+  layer (``use_relative_position_bias``). The bias belongs to its head: the fused layer keeps the
+  columns of the heads each member keeps (``relative_position_bias_table (R, K_l)`` in member order;
+  the shared table is ``(M, R, H)``, one per member) and passes a per-kept-head bias ``(1, K_l, T, T)``
+  to the fused attention;
+- *layer scale*: ``lambda_1``, ``lambda_2`` ``(M, d)`` scale the attention and MLP branches;
+- pooling: with ``use_mean_pooling`` the mean of the patch tokens through a pooler LayerNorm, else the
+  [CLS] token after the final LayerNorm (both LayerNorms per member).
+
+BEiT's key projection has no bias (the fused key bias is zero, and adding a constant to a key changes
+no attention weight). Stochastic depth (``drop_path_rate``) drops each member's branch per sample in
+training, as each stock member would. ``logits`` = log of the mean of the members' softmaxes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import BeitConfig, PreTrainedModel
+from transformers import initialization as init
+from transformers.models.beit.modeling_beit import BeitEmbeddings, BeitRelativePositionBias
+
+from .configuration_hydra import HydraEnsembleBeitConfig
+from .hydra_layers import (
+    HydraClassifierOutput,
+    HydraLayerNorm,
+    HydraLayerScalePreLNLayer,
+    HydraLayerSpec,
+    HydraMemberLinear,
+    HydraModelOutput,
+    check_pixel_values,
+    ensemble_outputs,
+    init_hydra_weights,
+    layer_spec,
+)
+
+
+def beit_base_config(config: HydraEnsembleBeitConfig) -> BeitConfig:
+    """The base BEiT configuration stored in ``config.base_config`` (without a mask token: masked image
+    modeling is not part of a classifier)."""
+    return BeitConfig.from_dict({**config.base_config, "use_mask_token": False})
+
+
+def window_of(base: BeitConfig) -> tuple[int, int]:
+    """The patch grid ``(Wh, Ww)`` of the base's image size, which its bias tables are laid out for."""
+    size = base.image_size if isinstance(base.image_size, (tuple, list)) else (base.image_size, base.image_size)
+    return size[0] // base.patch_size, size[1] // base.patch_size
+
+
+def num_relative_distances(window: tuple[int, int]) -> int:
+    """Rows ``R`` of a relative position bias table: every 2-D offset, plus cls->token, token->cls, cls->cls."""
+    return (2 * window[0] - 1) * (2 * window[1] - 1) + 3
+
+
+def relative_position_bias(
+    table: torch.Tensor, base_window: tuple[int, int], window: tuple[int, int], interpolate: bool, dim_size: int
+) -> torch.Tensor:
+    """Per-column attention bias from a relative position bias table, as transformers'
+    ``BeitRelativePositionBias.forward`` computes it, for a table with any number of columns (heads).
+
+    Shape: ``table (R, n)`` -> ``(1, n, T, T)`` with ``T = window[0] * window[1] + 1``.
+    """
+    old_height, old_width = 2 * base_window[0] - 1, 2 * base_window[1] - 1
+    new_height, new_width = 2 * window[0] - 1, 2 * window[1] - 1
+    rows = table.shape[0]
+    sub = table[: rows - 3].reshape(1, old_width, old_height, -1).permute(0, 3, 1, 2)  # (1, n, w, h)
+    sub = F.interpolate(sub, size=(new_height, new_width), mode="bilinear")  # identity at the base's size
+    sub = sub.permute(0, 2, 3, 1).reshape(new_height * new_width, -1)
+    table = torch.cat([sub, table[rows - 3 :]])  # (R', n)
+    index = BeitRelativePositionBias.generate_relative_position_index(window)  # (T, T)
+    tokens = window[0] * window[1] + 1
+    bias = table[index.view(-1)].view(tokens, tokens, -1).permute(2, 0, 1).contiguous()  # (n, T, T)
+    if interpolate:
+        bias = F.interpolate(bias.unsqueeze(1), size=(dim_size, dim_size), mode="bilinear", align_corners=False).squeeze(1)
+    return bias.unsqueeze(0)
+
+
+class HydraBeitLayer(HydraLayerScalePreLNLayer):
+    """BEiT's layer for M members: pre-LN, per-member layer scale, and the relative position bias of the
+    heads each member keeps.
+
+    Parameters beyond the pre-LN layer's: ``relative_position_bias_table (R, K)`` (this layer's own
+    table, columns = the kept heads in member order) when the base has per-layer tables.
+    """
+
+    def __init__(self, config, spec: HydraLayerSpec, base: BeitConfig, drop_path: float) -> None:
+        super().__init__(config, spec, layer_scale=base.layer_scale_init_value > 0, drop_path=drop_path)
+        K = sum(spec.widths)
+        rows = num_relative_distances(window_of(base))
+        self.relative_position_bias_table = (
+            nn.Parameter(torch.zeros(rows, K)) if base.use_relative_position_bias else None
+        )
+        # column (member m, head h) of the members' shared tables, flattened as m * H + h, in member order
+        self.shared_columns = [m * spec.num_heads + h for m, heads in enumerate(spec.kept_heads) for h in heads]
+
+    def head_bias(
+        self, shared_table: torch.Tensor | None, base_window: tuple[int, int], window: tuple[int, int],
+        interpolate: bool, dim_size: int,
+    ) -> torch.Tensor | None:
+        """The additive attention bias of every kept head, ``(1, K, T, T)`` in member order (None if the
+        base has no relative position bias). ``shared_table``: the members' shared tables ``(M, R, H)``."""
+        if not self.shared_columns:  # no member keeps a head here
+            return None
+        bias = None
+        if shared_table is not None:
+            M, rows, H = shared_table.shape
+            columns = torch.tensor(self.shared_columns, device=shared_table.device)
+            table = shared_table.permute(1, 0, 2).reshape(rows, M * H).index_select(1, columns)  # (R, K)
+            bias = relative_position_bias(table, base_window, window, interpolate, dim_size)
+        if self.relative_position_bias_table is not None:
+            own = relative_position_bias(self.relative_position_bias_table, base_window, window, interpolate, dim_size)
+            bias = own if bias is None else bias + own  # the stock order: shared + layer's own
+        return bias
+
+
+class HydraEnsembleBeitPreTrainedModel(PreTrainedModel):
+    config_class = HydraEnsembleBeitConfig
+    base_model_prefix = "hydra"
+    main_input_name = "pixel_values"
+    input_modalities = ("image",)
+    _supports_sdpa = True
+    _supports_attention_backend = False
+    _no_split_modules = ["BeitEmbeddings", "HydraBeitLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        base = self.config.base_config
+        std = base.get("initializer_range", 0.02)
+        if init_hydra_weights(module, std):
+            return
+        if isinstance(module, HydraBeitLayer):
+            if module.lambda_1 is not None:
+                init.constant_(module.lambda_1, float(base.get("layer_scale_init_value", 0.1)))
+                init.constant_(module.lambda_2, float(base.get("layer_scale_init_value", 0.1)))
+            if module.relative_position_bias_table is not None:
+                init.zeros_(module.relative_position_bias_table)
+        elif isinstance(module, HydraEnsembleBeitModel):
+            if module.shared_relative_position_bias_table is not None:
+                init.zeros_(module.shared_relative_position_bias_table)
+        elif isinstance(module, BeitEmbeddings):
+            init.trunc_normal_(module.cls_token, mean=0.0, std=std)
+            if module.position_embeddings is not None:
+                init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
+        elif isinstance(module, (nn.Linear, nn.Conv2d, nn.LayerNorm)):
+            super()._init_weights(module)
+
+
+class HydraEnsembleBeitModel(HydraEnsembleBeitPreTrainedModel):
+    """The fused BEiT encoder: shared embeddings, M residual streams, per-member pooling.
+
+    Returns ``last_hidden_state (B, M, T, d)`` (after the final LayerNorm; without it under mean pooling,
+    as in transformers' BEiT) and ``pooler_output (B, M, d)``.
+    """
+
+    def __init__(self, config: HydraEnsembleBeitConfig) -> None:
+        super().__init__(config)
+        base = beit_base_config(config)
+        M, d, L = config.num_members, base.hidden_size, base.num_hidden_layers
+        self.base_window = window_of(base)
+        self.patch_size = base.patch_size
+        self.embeddings = BeitEmbeddings(base)
+        rows = num_relative_distances(self.base_window)
+        self.shared_relative_position_bias_table = (
+            nn.Parameter(torch.zeros(M, rows, base.num_attention_heads)) if base.use_shared_relative_position_bias else None
+        )
+        rates = [base.drop_path_rate * i / max(L - 1, 1) for i in range(L)]  # the stock schedule
+        self.layers = nn.ModuleList(
+            HydraBeitLayer(
+                config,
+                layer_spec(
+                    config.kept_heads, i, hidden_size=d, num_heads=base.num_attention_heads,
+                    intermediate_size=base.intermediate_size, hidden_act=base.hidden_act,
+                    layer_norm_eps=base.layer_norm_eps, attention_dropout=base.attention_probs_dropout_prob,
+                    hidden_dropout=base.hidden_dropout_prob, mlp_fusion=config.mlp_fusion,
+                ),
+                base,
+                rates[i],
+            )
+            for i in range(L)
+        )
+        self.use_mean_pooling = bool(base.use_mean_pooling)
+        self.layernorm = None if self.use_mean_pooling else HydraLayerNorm(M, d, base.layer_norm_eps)
+        self.pooler_layernorm = HydraLayerNorm(M, d, base.layer_norm_eps) if self.use_mean_pooling else None
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embeddings.patch_embeddings
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        interpolate_pos_encoding: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> HydraModelOutput | tuple:
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        patch = self.embeddings.patch_embeddings
+        # like transformers' BEiT, any image size works (the bias tables are resized to the patch grid)
+        check_pixel_values(pixel_values, patch.num_channels, patch.image_size, True)
+        pixel_values = pixel_values.to(patch.projection.weight.dtype)
+        embeddings = self.embeddings(pixel_values)  # (B, T, d)
+        B, T = embeddings.shape[:2]
+        M = self.config.num_members
+        window = (pixel_values.shape[2] // self.patch_size, pixel_values.shape[3] // self.patch_size)
+        interpolate = bool(interpolate_pos_encoding)
+        hidden = embeddings  # shared until the first layer gives every member its own stream
+        all_hidden = (embeddings.unsqueeze(1).expand(B, M, T, -1),) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for layer in self.layers:
+            bias = layer.head_bias(self.shared_relative_position_bias_table, self.base_window, window, interpolate, T)
+            hidden, weights = layer(hidden, bias)  # (M, B, T, d); bias (1, K, T, T) per kept head
+            if output_hidden_states:
+                all_hidden += (hidden.transpose(0, 1),)
+            if output_attentions:
+                all_attentions += (weights,)
+        if hidden.dim() == 3:  # no layers
+            hidden = hidden.unsqueeze(0).expand(M, *hidden.shape)
+        if self.use_mean_pooling:
+            pooled = self.pooler_layernorm(hidden[:, :, 1:].mean(dim=2))  # (M, B, d): mean of the patch tokens
+        else:
+            hidden = self.layernorm(hidden)
+            pooled = hidden[:, :, 0]  # (M, B, d): [CLS]
+        last = hidden.transpose(0, 1)  # (B, M, T, d)
+        pooled = pooled.transpose(0, 1)  # (B, M, d)
+        if not return_dict:
+            return tuple(v for v in (last, pooled, all_hidden, all_attentions) if v is not None)
+        return HydraModelOutput(
+            last_hidden_state=last, pooler_output=pooled, hidden_states=all_hidden, attentions=all_attentions
+        )
+
+
+class HydraEnsembleBeitForImageClassification(HydraEnsembleBeitPreTrainedModel):
+    """M pruned BEiT classifiers in one model. ``logits`` = log of the mean of the members' softmaxes.
+
+    ``AutoModelForImageClassification`` and ``pipeline("image-classification", model=folder,
+    trust_remote_code=True)`` use this class.
+    """
+
+    def __init__(self, config: HydraEnsembleBeitConfig) -> None:
+        super().__init__(config)
+        base = beit_base_config(config)
+        self.num_labels = config.num_labels
+        self.hydra = HydraEnsembleBeitModel(config)
+        self.classifier = HydraMemberLinear(config.num_members, base.hidden_size, config.num_labels)
+        self.post_init()
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        interpolate_pos_encoding: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> HydraClassifierOutput | tuple:
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.hydra(
+            pixel_values,
+            interpolate_pos_encoding=interpolate_pos_encoding,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        member_logits = self.classifier(outputs.pooler_output.transpose(0, 1)).transpose(0, 1)  # (B, M, C)
+        logits, loss = ensemble_outputs(member_logits, labels, self.config)
+        if not return_dict:
+            out = (logits, member_logits, outputs.hidden_states, outputs.attentions)
+            out = tuple(v for v in out if v is not None)
+            return ((loss,) + out) if loss is not None else out
+        return HydraClassifierOutput(
+            loss=loss,
+            logits=logits,
+            member_logits=member_logits,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )

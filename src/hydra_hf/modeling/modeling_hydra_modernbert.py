@@ -1,0 +1,410 @@
+# Shipped with every Hydra Ensemble model folder built on ModernBERT (remote code): imports only the
+# standard library, torch, transformers and sibling files.
+"""Hydra Ensemble of a ModernBERT encoder: M head-pruned members run as one model in one pass.
+
+Shared embeddings (token embeddings + LayerNorm) feed M residual streams. Every layer is ModernBERT's
+pre-LN layer, ``h = h + Attn(LN1_m(h)); h = h + GLU-MLP(LN2_m(h))`` (no LayerNorm before the first
+layer's attention), with fused rotary self-attention over all members' kept heads: global attention
+(RoPE with the global theta) or attention within a sliding window of ``local_attention`` tokens (the
+local theta), as the base's ``layer_types`` say. The gated MLP is averaged across members (or kept per
+member). Every member has its own final LayerNorm, prediction head (dense + activation + LayerNorm) and
+classifier over its CLS token or its mean over the real tokens (``classifier_pooling``); the
+prediction is the mean of the members' softmaxes.
+
+ModernBERT has no biases by default (``attention_bias``, ``mlp_bias``, ``norm_bias`` and
+``classifier_bias`` False): the fused model then has no bias parameters either. The shared fused
+kernels (``HydraSelfAttention``, ``HydraLayerNorm``) read a bias tensor, so a missing bias is a zero
+buffer that is neither saved nor trained.
+
+The reference is transformers' ModernBERT with its eager or SDPA attention on padded batches (the
+flash-attention path unpads the batch, the same numbers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import ModernBertConfig, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.modernbert.modeling_modernbert import ModernBertEmbeddings, ModernBertRotaryEmbedding
+
+from .configuration_hydra_modernbert import HydraEnsembleModernBertConfig
+from .hydra_layers import (
+    HydraClassifierOutput,
+    HydraLayerNorm,
+    HydraLayerSpec,
+    HydraMemberLinear,
+    HydraModelOutput,
+    HydraSelfAttention,
+    classifier_output,
+    eager_attention_forward,
+    grouped_linear,
+    init_hydra_weights,
+    layer_spec_for,
+    padding_mask_to_additive,
+)
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+def modernbert_base_config(config: HydraEnsembleModernBertConfig) -> ModernBertConfig:
+    """The base ModernBERT configuration stored in ``config.base_config``."""
+    return ModernBertConfig.from_dict(config.base_config)
+
+
+def _zero_bias(module: nn.Module, name: str) -> None:
+    """Replace the bias parameter ``name`` of ``module`` by a zero buffer (not saved, not trained)."""
+    bias = module._parameters.pop(name)
+    module.register_buffer(name, torch.zeros(bias.shape, dtype=bias.dtype, device=bias.device), persistent=False)
+
+
+def hydra_norm(num_members: int, base: ModernBertConfig) -> HydraLayerNorm:
+    """Per-member LayerNorm; without a bias when the base has ``norm_bias=False``."""
+    norm = HydraLayerNorm(num_members, base.hidden_size, base.norm_eps)
+    if not base.norm_bias:
+        _zero_bias(norm, "bias")
+    return norm
+
+
+def modernbert_layer_spec(
+    config: HydraEnsembleModernBertConfig, base: ModernBertConfig, layer_idx: int
+) -> HydraLayerSpec:
+    return layer_spec_for(
+        config.kept_heads, layer_idx, hidden_size=base.hidden_size, num_heads=base.num_attention_heads,
+        intermediate_size=base.intermediate_size, hidden_act=base.hidden_activation, layer_norm_eps=base.norm_eps,
+        attention_dropout=base.attention_dropout, hidden_dropout=base.mlp_dropout, mlp_fusion=config.mlp_fusion,
+    )
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on ``x (N, heads, T, dk)`` with ``cos``/``sin`` ``(N or 1, 1, T, dk)``, in float32 as transformers."""
+    out = x.float() * cos + rotate_half(x.float()) * sin
+    return out.to(x.dtype)
+
+
+class HydraRotarySelfAttention(HydraSelfAttention):
+    """ModernBERT's self-attention for M pruned members: the fused Q/K/V (rows of ``Wqkv``) and output
+    (columns of ``Wo``) products of ``HydraSelfAttention``, rotary position embeddings on every kept
+    head's queries and keys, one attention call over all kept heads (global, or masked to the sliding
+    window), and dropout after the output projection."""
+
+    def __init__(self, config, spec: HydraLayerSpec, base: ModernBertConfig) -> None:
+        super().__init__(config, spec)
+        if not base.attention_bias:
+            _zero_bias(self, "qkv_bias")
+            _zero_bias(self, "o_bias")
+        self.out_drop = nn.Dropout(spec.attention_dropout)
+
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """
+        Args:
+            hidden: ``(M, B, T, d)`` member streams, or ``(B, T, d)`` shared by all members.
+            attention_mask: additive ``(B, 1, T or 1, T)`` (0 = attend), or None.
+            cos, sin: rotary tables ``(B or 1, T, dk)`` of this layer's attention type.
+        Returns:
+            the block's output per member ``(M, B, T, d)`` and, with eager attention, the weights
+            ``(B, K, T, T)`` over all kept heads in member order.
+        """
+        B, T, d = hidden.shape[-3], hidden.shape[-2], hidden.shape[-1]
+        if self.total_heads == 0:  # every member removed every head of this layer
+            return self.out_drop(self.o_bias[:, None, None, :].expand(self.num_members, B, T, d)), None
+        M = self.num_members
+        query, key, value = self._project_qkv(hidden)  # each (M*B, k, T, dk) or (B, K, T, dk)
+        if self.uniform:  # members folded into the batch axis, member-major
+            if cos.shape[0] > 1:
+                cos, sin = cos.repeat(M, 1, 1), sin.repeat(M, 1, 1)  # (M*B, T, dk)
+            if attention_mask is not None:
+                attention_mask = attention_mask.repeat(M, 1, 1, 1)  # (M*B, 1, ., T)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
+        query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
+        attention_interface: Callable = eager_attention_forward
+        if self.config._attn_implementation != "eager":
+            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation, eager_attention_forward
+            )
+        context, weights = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scaling,
+            is_causal=False,
+        )  # context (M*B, T, k, dk) or (B, T, K, dk)
+        if weights is not None and self.uniform:  # report (B, K, T, T), heads in member order
+            k = self.total_heads // M
+            weights = weights.view(M, B, k, T, T).transpose(0, 1).reshape(B, self.total_heads, T, T)
+        return self.out_drop(self._project_out(context, B)), weights
+
+
+class HydraGatedMLP(nn.Module):
+    """ModernBERT's gated MLP: ``fc2(drop(act(x W_in^T) * (x W_gate^T)))`` where ``fc1_weight (2I, d)`` stacks
+    ``[W_in; W_gate]`` (the rows of ``Wi``) and ``fc2_weight (d, I)`` is ``Wo``.
+
+    ``mlp_fusion="average"``: one MLP shared by all members, its weights the members' average;
+    ``"per_member"``: the same names with a leading M axis, batched products over M. Biases only when the
+    base has ``mlp_bias=True``.
+    """
+
+    # Rows per pass, as HydraMLP: the (rows, 2I) intermediate stays in the CPU cache.
+    chunk_rows = 1024
+
+    def __init__(self, spec: HydraLayerSpec, bias: bool, dropout: float) -> None:
+        super().__init__()
+        self.per_member = spec.mlp_fusion == "per_member"
+        d, inner = spec.hidden_size, spec.intermediate_size
+        lead = (spec.num_members,) if self.per_member else ()
+        self.fc1_weight = nn.Parameter(torch.empty(*lead, 2 * inner, d))
+        self.fc2_weight = nn.Parameter(torch.empty(*lead, d, inner))
+        self.fc1_bias = nn.Parameter(torch.empty(*lead, 2 * inner)) if bias else None
+        self.fc2_bias = nn.Parameter(torch.empty(*lead, d)) if bias else None
+        self.act = ACT2FN[spec.hidden_act]
+        self.drop = nn.Dropout(dropout)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if not self.per_member:
+            return F.linear(x, weight, bias)  # (N, out)
+        if bias is None:
+            return torch.bmm(x, weight.transpose(1, 2))  # (M, N, out)
+        return grouped_linear(x, weight.transpose(1, 2), bias)
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """Shared MLP on ``(N, d)`` rows, or per-member MLP on ``(M, N, d)``."""
+        inp, gate = self._linear(x, self.fc1_weight, self.fc1_bias).chunk(2, dim=-1)  # (..., I) each
+        return self._linear(self.drop(self.act(inp) * gate), self.fc2_weight, self.fc2_bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(M, B, T, d)`` -> ``(M, B, T, d)``."""
+        M, d = hidden.shape[0], hidden.shape[-1]
+        x = hidden.reshape(M, -1, d) if self.per_member else hidden.reshape(-1, d)  # (M, BT, d) or (M*BT, d)
+        rows = x.shape[-2]
+        if rows <= self.chunk_rows:
+            return self._mlp(x).view(hidden.shape)
+        out = torch.empty_like(x)
+        for start in range(0, rows, self.chunk_rows):
+            out[..., start : start + self.chunk_rows, :] = self._mlp(x[..., start : start + self.chunk_rows, :])
+        return out.view(hidden.shape)
+
+
+class HydraModernBertLayer(nn.Module):
+    """ModernBERT's pre-LN layer for M members: ``h = h + Attn(LN1_m(h)); h = h + MLP(LN2_m(h))``; the first
+    layer has no ``LN1`` (the embeddings are normalised already), so its attention sees the shared input."""
+
+    def __init__(
+        self, config: HydraEnsembleModernBertConfig, spec: HydraLayerSpec, base: ModernBertConfig, layer_idx: int
+    ) -> None:
+        super().__init__()
+        self.attention_type = base.layer_types[layer_idx]
+        self.norm1 = hydra_norm(spec.num_members, base) if layer_idx > 0 else None
+        self.attention = HydraRotarySelfAttention(config, spec, base)
+        self.norm2 = hydra_norm(spec.num_members, base)
+        self.mlp = HydraGatedMLP(spec, bias=base.mlp_bias, dropout=base.mlp_dropout)
+
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``."""
+        normed = hidden if self.norm1 is None else self.norm1(hidden, shared=hidden.dim() == 3)
+        attn, weights = self.attention(normed, attention_mask, cos, sin)  # (M, B, T, d)
+        hidden = hidden + attn  # broadcasts a shared input over M
+        hidden = hidden + self.mlp(self.norm2(hidden))
+        return hidden, weights
+
+
+class HydraModernBertHead(nn.Module):
+    """ModernBERT's prediction head per member: ``LN_m(act(dense_m(x)))`` on ``(M, B, d)``."""
+
+    def __init__(self, num_members: int, base: ModernBertConfig) -> None:
+        super().__init__()
+        self.dense = HydraMemberLinear(num_members, base.hidden_size, base.hidden_size, bias=base.classifier_bias)
+        self.act = ACT2FN[base.classifier_activation]
+        self.norm = hydra_norm(num_members, base)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.act(self.dense(x)))
+
+
+class HydraEnsembleModernBertPreTrainedModel(PreTrainedModel):
+    config_class = HydraEnsembleModernBertConfig
+    base_model_prefix = "hydra"
+    main_input_name = "input_ids"
+    _supports_sdpa = True
+    _supports_attention_backend = False
+    _no_split_modules = ["HydraModernBertLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.base_config.get("initializer_range", 0.02)
+        if init_hydra_weights(module, std):
+            return
+        if isinstance(module, HydraGatedMLP):
+            init.normal_(module.fc1_weight, mean=0.0, std=std)
+            init.normal_(module.fc2_weight, mean=0.0, std=std)
+            for bias in (module.fc1_bias, module.fc2_bias):
+                if bias is not None:
+                    init.zeros_(bias)
+        elif isinstance(module, ModernBertRotaryEmbedding):  # non-persistent tables, as transformers does
+            for layer_type in module.layer_types:
+                rope_init_fn = module.compute_default_rope_parameters
+                if module.rope_type[layer_type] != "default":
+                    rope_init_fn = ROPE_INIT_FUNCTIONS[module.rope_type[layer_type]]
+                inv_freq, _ = rope_init_fn(module.config, layer_type=layer_type)
+                init.copy_(getattr(module, f"{layer_type}_inv_freq"), inv_freq)
+                init.copy_(getattr(module, f"{layer_type}_original_inv_freq"), inv_freq)
+        elif isinstance(module, (nn.Linear, nn.Embedding, nn.LayerNorm)):
+            super()._init_weights(module)
+
+
+class HydraEnsembleModernBertModel(HydraEnsembleModernBertPreTrainedModel):
+    """The fused encoder: shared ModernBERT embeddings, M residual streams, per-member final LayerNorms.
+
+    ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` returns this class.
+    """
+
+    def __init__(self, config: HydraEnsembleModernBertConfig) -> None:
+        super().__init__(config)
+        base = modernbert_base_config(config)
+        self.sliding_window = base.local_attention // 2  # a token sees the tokens within this distance
+        self.embeddings = ModernBertEmbeddings(base)
+        self.layers = nn.ModuleList(
+            HydraModernBertLayer(config, modernbert_layer_spec(config, base, i), base, i)
+            for i in range(base.num_hidden_layers)
+        )
+        self.final_norm = hydra_norm(config.num_members, base)
+        self.rotary_emb = ModernBertRotaryEmbedding(config=base)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.tok_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.tok_embeddings = value
+
+    def _masks(self, attention_mask: torch.Tensor | None, embeddings: torch.Tensor) -> dict[str, torch.Tensor | None]:
+        """Additive masks per attention type: padding ``(B, 1, 1, T)`` (or None) for global layers, padding
+        and the band ``|i - j| <= local_attention // 2`` ``(B, 1, T, T)`` for sliding-window layers."""
+        B, T = embeddings.shape[0], embeddings.shape[1]
+        full = padding_mask_to_additive(attention_mask, embeddings.dtype, T)  # (B, 1, 1, T) or None
+        if T - 1 <= self.sliding_window:  # the window covers the whole sequence
+            return {FULL: full, SLIDING: full}
+        pos = torch.arange(T, device=embeddings.device)
+        outside = (pos[:, None] - pos[None, :]).abs() > self.sliding_window  # (T, T)
+        band = torch.zeros(T, T, dtype=embeddings.dtype, device=embeddings.device)
+        band = band.masked_fill(outside, torch.finfo(embeddings.dtype).min)  # (T, T)
+        sliding = band.expand(B, 1, T, T) if full is None else torch.minimum(band, full)  # (B, 1, T, T): both allow
+        return {FULL: full, SLIDING: sliding}
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> HydraModelOutput | tuple:
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        embeddings = self.embeddings(input_ids=input_ids, inputs_embeds=inputs_embeds)  # (B, T, d), shared
+        B, T, _ = embeddings.shape
+        M = self.config.num_members
+        if position_ids is None:
+            position_ids = torch.arange(T, device=embeddings.device).unsqueeze(0)  # (1, T)
+        masks = self._masks(attention_mask, embeddings)
+        rotary = {kind: self.rotary_emb(embeddings, position_ids, kind) for kind in {l.attention_type for l in self.layers}}
+
+        hidden = embeddings  # shared until the first layer gives every member its own stream
+        all_hidden = (embeddings.unsqueeze(1).expand(B, M, T, -1),) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
+        for layer in self.layers:
+            cos, sin = rotary[layer.attention_type]  # (B or 1, T, dk) each
+            hidden, weights = layer(hidden, masks[layer.attention_type], cos, sin)  # (M, B, T, d)
+            if output_hidden_states:
+                all_hidden += (hidden.transpose(0, 1),)
+            if output_attentions:
+                all_attentions += (weights,)
+        if hidden.dim() == 3:  # no layers
+            hidden = hidden.unsqueeze(0).expand(M, *hidden.shape)
+        last = self.final_norm(hidden).transpose(0, 1)  # (B, M, T, d)
+        if not return_dict:
+            return tuple(v for v in (last, all_hidden, all_attentions) if v is not None)
+        return HydraModelOutput(last_hidden_state=last, hidden_states=all_hidden, attentions=all_attentions)
+
+
+class HydraEnsembleModernBertForSequenceClassification(HydraEnsembleModernBertPreTrainedModel):
+    """M pruned ModernBERT classifiers in one model. ``logits`` = log of the mean of the members' softmaxes.
+
+    Member m: ``classifier_m(drop(head_m(pool(h_m))))`` with ``pool`` the CLS token or the mean over the
+    real tokens (``classifier_pooling``). ``AutoModelForSequenceClassification`` and
+    ``pipeline("text-classification", model=folder, trust_remote_code=True)`` use this class.
+    """
+
+    def __init__(self, config: HydraEnsembleModernBertConfig) -> None:
+        super().__init__(config)
+        base = modernbert_base_config(config)
+        self.num_labels = config.num_labels
+        self.pooling = base.classifier_pooling
+        self.hydra = HydraEnsembleModernBertModel(config)
+        self.head = HydraModernBertHead(config.num_members, base)
+        self.drop = nn.Dropout(base.classifier_dropout)
+        self.classifier = HydraMemberLinear(config.num_members, base.hidden_size, config.num_labels)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.hydra.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.hydra.set_input_embeddings(value)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> HydraClassifierOutput | tuple:
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.hydra(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )
+        hidden = outputs.last_hidden_state.transpose(0, 1)  # (M, B, T, d)
+        if self.pooling == "cls":
+            pooled = hidden[:, :, 0]  # (M, B, d)
+        else:  # mean over the real tokens
+            if attention_mask is None:
+                pooled = hidden.mean(dim=2)
+            else:
+                keep = attention_mask.to(hidden.dtype)[None, :, :, None]  # (1, B, T, 1)
+                pooled = (hidden * keep).sum(dim=2) / keep.sum(dim=2)  # (M, B, d)
+        member_logits = self.classifier(self.drop(self.head(pooled))).transpose(0, 1)  # (B, M, C)
+        return classifier_output(member_logits, labels, self.config, outputs, return_dict)

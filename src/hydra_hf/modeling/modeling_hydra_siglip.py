@@ -1,0 +1,349 @@
+# Shipped with every SigLIP Hydra Ensemble model folder (remote code): imports only the standard library,
+# torch, transformers and sibling files.
+"""Hydra Ensemble of a SigLIP model for zero-shot image classification.
+
+Member m = pruned vision tower m + pruned text tower m, each run fused with the other members' towers
+(one pass per tower), following transformers' SigLIP:
+
+- vision: shared patch/position embeddings (no [CLS] token), pre-LN layers with per-member LayerNorms
+  and fused attention, per-member ``post_layernorm``, then the *attention-pooling head*
+  (``SiglipMultiheadAttentionPoolingHead``: a learned probe attends over the tokens, then LayerNorm and
+  MLP with a residual). The head is not pruned: every member keeps its own copy and runs it on its own
+  tokens (batched over members);
+- text: shared embeddings, bidirectional fused layers (padding mask only), per-member
+  ``final_layer_norm``, the *last* token pooled (as transformers does; it may be padding), per-member
+  ``head`` (a linear map with bias);
+- member m's ``logit_scale`` and ``logit_bias``.
+
+Zero-shot prediction. Member m scores image b against text n with ``z[b, m, n] = exp(logit_scale_m) *
+cos + logit_bias_m``, and SigLIP's probability that the text matches is ``sigmoid(z)``: one independent
+yes/no per (image, text), not a softmax over the texts. The ensemble's probability is the members'
+mean, ``p[b, n] = mean_m sigmoid(z[b, m, n])``, and ``logits_per_image[b, n] = logit(p[b, n])``
+(computed stably as ``logsumexp_m logsigmoid(z) - logsumexp_m logsigmoid(-z)``). transformers'
+``zero-shot-image-classification`` pipeline applies a sigmoid to ``logits_per_image`` when the
+``model_type`` contains "siglip" (this one's is ``hydra_ensemble_siglip``), so its scores are the mean
+of the members' probabilities exactly as the stock SigLIP pipeline computes each member's.
+``logits_per_text`` is its transpose (the same pairs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel, SiglipConfig, SiglipTextConfig, SiglipVisionConfig
+from transformers import initialization as init
+from transformers.models.siglip.modeling_siglip import SiglipTextEmbeddings, SiglipVisionEmbeddings
+from transformers.utils import ModelOutput
+
+from .configuration_hydra import HydraEnsembleSiglipConfig
+from .hydra_layers import (
+    HydraLayerNorm,
+    HydraLayerSpec,
+    HydraMemberLinear,
+    HydraMLP,
+    HydraModelOutput,
+    HydraPreLNLayer,
+    check_pixel_values,
+    init_hydra_weights,
+    layer_spec,
+    padding_mask_to_additive,
+    run_layers,
+)
+
+
+@dataclass
+class HydraSiglipOutput(ModelOutput):
+    """
+    Args:
+        loss: mean over members of each member's SigLIP (sigmoid) loss, with ``return_loss=True``.
+        logits_per_image: ``(B, N)`` logit of the mean over members of ``sigmoid(member logits)``.
+        logits_per_text: ``(N, B)`` its transpose.
+        member_logits_per_image: ``(B, M, N)`` member m's ``exp(logit_scale_m) * cos + logit_bias_m``.
+        member_logits_per_text: ``(N, M, B)`` the same, per text.
+        text_embeds: ``(N, M, P)`` L2-normalised text embeddings of every member.
+        image_embeds: ``(B, M, P)`` L2-normalised image embeddings of every member.
+        text_model_output, vision_model_output: the towers' ``HydraModelOutput``.
+    """
+
+    loss: torch.Tensor | None = None
+    logits_per_image: torch.Tensor | None = None
+    logits_per_text: torch.Tensor | None = None
+    member_logits_per_image: torch.Tensor | None = None
+    member_logits_per_text: torch.Tensor | None = None
+    text_embeds: torch.Tensor | None = None
+    image_embeds: torch.Tensor | None = None
+    text_model_output: HydraModelOutput | None = None
+    vision_model_output: HydraModelOutput | None = None
+
+    def to_tuple(self) -> tuple:
+        return tuple(
+            self[k] if k not in ("text_model_output", "vision_model_output") else getattr(self, k).to_tuple()
+            for k in self.keys()
+        )
+
+
+def siglip_base_config(config: HydraEnsembleSiglipConfig) -> SiglipConfig:
+    """The base SigLIP configuration stored in ``config.base_config``."""
+    return SiglipConfig.from_dict(config.base_config)
+
+
+def ensemble_sigmoid_logits(member_logits: torch.Tensor, dim: int = 1) -> torch.Tensor:
+    """``logit(mean_m sigmoid(z))`` over the member axis ``dim``, without clamping.
+
+    ``log p - log(1 - p)`` with ``log p = logsumexp(logsigmoid(z)) - log M`` and ``log(1 - p) =
+    logsumexp(logsigmoid(-z)) - log M``; the ``log M`` cancel. Exact for probabilities far below 1e-7,
+    which SigLIP's zero-shot scores often are. Shape: ``(B, M, N)`` -> ``(B, N)`` for ``dim=1``.
+    """
+    z = member_logits.float()
+    out = torch.logsumexp(F.logsigmoid(z), dim=dim) - torch.logsumexp(F.logsigmoid(-z), dim=dim)
+    return out.to(member_logits.dtype)
+
+
+def _tower_layers(config: HydraEnsembleSiglipConfig, tower: str, base: SiglipVisionConfig | SiglipTextConfig) -> nn.ModuleList:
+    kept = config.kept_heads_of(tower)
+    return nn.ModuleList(
+        HydraPreLNLayer(
+            config,
+            layer_spec(
+                kept, i, hidden_size=base.hidden_size, num_heads=base.num_attention_heads,
+                intermediate_size=base.intermediate_size, hidden_act=base.hidden_act,
+                layer_norm_eps=base.layer_norm_eps, attention_dropout=base.attention_dropout, hidden_dropout=0.0,
+                mlp_fusion=config.mlp_fusion,
+            ),
+        )
+        for i in range(base.num_hidden_layers)
+    )
+
+
+class HydraSiglipAttentionPoolingHead(nn.Module):
+    """``SiglipMultiheadAttentionPoolingHead`` for M members, every member with its own weights (not pruned).
+
+    Member m: ``x = MHA_m(probe_m, h_m, h_m)``; ``out = x + MLP_m(LN_m(x))``. Parameters: ``probe (M, 1, 1, d)``,
+    ``in_proj_weight (M, 3d, d)``, ``in_proj_bias (M, 3d)``, ``out_proj`` (``HydraMemberLinear``),
+    ``layernorm`` (``HydraLayerNorm``), ``mlp`` (a per-member ``HydraMLP``).
+    """
+
+    def __init__(self, config: HydraEnsembleSiglipConfig, base: SiglipVisionConfig) -> None:
+        super().__init__()
+        M, d = config.num_members, base.hidden_size
+        self.num_heads = base.num_attention_heads
+        self.probe = nn.Parameter(torch.zeros(M, 1, 1, d))  # the stock (1, 1, d) probe of every member
+        self.in_proj_weight = nn.Parameter(torch.empty(M, 3 * d, d))
+        self.in_proj_bias = nn.Parameter(torch.zeros(M, 3 * d))
+        self.out_proj = HydraMemberLinear(M, d, d)
+        self.layernorm = HydraLayerNorm(M, d, base.layer_norm_eps)
+        self.mlp = HydraMLP(
+            HydraLayerSpec(
+                hidden_size=d, num_heads=base.num_attention_heads, kept_heads=((),) * M,  # the MLP reads only M
+                intermediate_size=base.intermediate_size, hidden_act=base.hidden_act, layer_norm_eps=base.layer_norm_eps,
+                attention_dropout=0.0, hidden_dropout=0.0, mlp_fusion="per_member",
+            )
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``hidden (M, B, T, d)`` every member's tokens -> ``(M, B, d)`` every member's pooled vector."""
+        M, B, T, d = hidden.shape
+        H = self.num_heads
+        dk = d // H
+        w_q, w_k, w_v = self.in_proj_weight.split(d, dim=1)  # (M, d, d) each
+        b_q, b_k, b_v = self.in_proj_bias.split(d, dim=1)  # (M, d) each
+        query = torch.baddbmm(b_q.unsqueeze(1), self.probe.view(M, 1, d), w_q.transpose(1, 2))  # (M, 1, d)
+        tokens = hidden.reshape(M, B * T, d)
+        key = torch.baddbmm(b_k.unsqueeze(1), tokens, w_k.transpose(1, 2)).view(M, B, T, H, dk)
+        value = torch.baddbmm(b_v.unsqueeze(1), tokens, w_v.transpose(1, 2)).view(M, B, T, H, dk)
+        query = query.view(M, H, dk) * dk**-0.5
+        scores = torch.einsum("mhk,mbthk->mbht", query, key)  # (M, B, H, T)
+        weights = scores.softmax(dim=-1)
+        context = torch.einsum("mbht,mbthk->mbhk", weights, value).reshape(M, B, d)  # (M, B, d)
+        pooled = self.out_proj(context)  # (M, B, d)
+        return pooled + self.mlp(self.layernorm(pooled))
+
+
+class HydraSiglipVisionTower(nn.Module):
+    """SigLIP's vision transformer for M members: shared embeddings, fused layers, per-member
+    ``post_layernorm`` and attention-pooling head."""
+
+    def __init__(self, config: HydraEnsembleSiglipConfig, base: SiglipVisionConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = SiglipVisionEmbeddings(base)
+        self.layers = _tower_layers(config, "vision", base)
+        self.post_layernorm = HydraLayerNorm(config.num_members, base.hidden_size, base.layer_norm_eps)
+        self.head = HydraSiglipAttentionPoolingHead(config, base)
+
+    def forward(
+        self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False, output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> HydraModelOutput:
+        emb = self.embeddings
+        size = (emb.image_size, emb.image_size)
+        check_pixel_values(pixel_values, emb.patch_embedding.in_channels, size, bool(interpolate_pos_encoding))
+        hidden = emb(pixel_values, interpolate_pos_encoding=bool(interpolate_pos_encoding))  # (B, T, d)
+        hidden, all_hidden, all_attentions = run_layers(
+            self.layers, hidden, self.config.num_members, None, output_hidden_states, output_attentions
+        )  # (M, B, T, d)
+        hidden = self.post_layernorm(hidden)
+        pooled = self.head(hidden)  # (M, B, d)
+        return HydraModelOutput(
+            last_hidden_state=hidden.transpose(0, 1), pooler_output=pooled.transpose(0, 1),
+            hidden_states=all_hidden, attentions=all_attentions,
+        )
+
+
+class HydraSiglipTextTower(nn.Module):
+    """SigLIP's text transformer for M members: shared embeddings, fused bidirectional layers, per-member
+    ``final_layer_norm``, the last token pooled through every member's ``head``."""
+
+    def __init__(self, config: HydraEnsembleSiglipConfig, base: SiglipTextConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = SiglipTextEmbeddings(base)
+        self.layers = _tower_layers(config, "text", base)
+        self.final_layer_norm = HydraLayerNorm(config.num_members, base.hidden_size, base.layer_norm_eps)
+        self.head = HydraMemberLinear(config.num_members, base.hidden_size, base.projection_size)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None, output_attentions: bool = False, output_hidden_states: bool = False,
+    ) -> HydraModelOutput:
+        if input_ids is None:
+            raise ValueError("input_ids is required: the texts tokenized with the model's tokenizer")
+        input_ids = input_ids.view(-1, input_ids.shape[-1])  # (N, T)
+        hidden = self.embeddings(input_ids=input_ids, position_ids=position_ids)  # (N, T, d)
+        mask = padding_mask_to_additive(attention_mask, hidden.dtype, hidden.shape[1])  # (N, 1, 1, T) or None
+        hidden, all_hidden, all_attentions = run_layers(
+            self.layers, hidden, self.config.num_members, mask, output_hidden_states, output_attentions
+        )
+        hidden = self.final_layer_norm(hidden)  # (M, N, T, d)
+        pooled = self.head(hidden[:, :, -1])  # (M, N, P): the last token, as transformers' SigLIP
+        return HydraModelOutput(
+            last_hidden_state=hidden.transpose(0, 1), pooler_output=pooled.transpose(0, 1),
+            hidden_states=all_hidden, attentions=all_attentions,
+        )
+
+
+class HydraEnsembleSiglipPreTrainedModel(PreTrainedModel):
+    config_class = HydraEnsembleSiglipConfig
+    base_model_prefix = "hydra_siglip"
+    input_modalities = ("image", "text")
+    _supports_sdpa = True
+    _supports_attention_backend = False
+    _no_split_modules = ["SiglipTextEmbeddings", "SiglipVisionEmbeddings", "HydraPreLNLayer", "HydraSiglipAttentionPoolingHead"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        vision = self.config.base_config.get("vision_config", {})
+        std = vision.get("initializer_range", 0.02)
+        if init_hydra_weights(module, std):
+            return
+        if isinstance(module, HydraSiglipAttentionPoolingHead):
+            init.normal_(module.probe, std=std)
+            init.normal_(module.in_proj_weight, std=std)
+            init.zeros_(module.in_proj_bias)
+        elif isinstance(module, SiglipVisionEmbeddings):
+            init.normal_(module.patch_embedding.weight, std=std)
+            init.zeros_(module.patch_embedding.bias)
+            init.normal_(module.position_embedding.weight, std=module.embed_dim**-0.5)
+            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
+        elif isinstance(module, SiglipTextEmbeddings):
+            init.normal_(module.token_embedding.weight, std=std)
+            init.normal_(module.position_embedding.weight, std=std)
+            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
+        elif isinstance(module, HydraEnsembleSiglipModel):
+            init.zeros_(module.logit_scale)
+            init.zeros_(module.logit_bias)
+
+
+class HydraEnsembleSiglipModel(HydraEnsembleSiglipPreTrainedModel):
+    """M pruned SigLIP models in one: ``logits_per_image`` = logit of the members' mean sigmoid probability.
+
+    ``AutoModel`` / ``AutoModelForZeroShotImageClassification.from_pretrained(folder, trust_remote_code=True)``
+    and ``pipeline("zero-shot-image-classification", model=folder, trust_remote_code=True)`` use this class;
+    the pipeline's scores are the mean of the members' sigmoid probabilities (see the module docstring).
+    """
+
+    def __init__(self, config: HydraEnsembleSiglipConfig) -> None:
+        super().__init__(config)
+        base = siglip_base_config(config)
+        M = config.num_members
+        self.vision_model = HydraSiglipVisionTower(config, base.vision_config)
+        self.text_model = HydraSiglipTextTower(config, base.text_config)
+        self.logit_scale = nn.Parameter(torch.zeros(M, 1))  # member m's log temperature (stock shape (1,))
+        self.logit_bias = nn.Parameter(torch.zeros(M, 1))
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.text_model.embeddings.token_embedding
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.text_model.embeddings.token_embedding = value
+
+    def get_text_features(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None, **kwargs,
+    ) -> torch.Tensor:
+        """Every member's text embeddings ``(N, M, P)`` (its ``head`` output, not normalised)."""
+        return self.text_model(input_ids, attention_mask, position_ids).pooler_output
+
+    def get_image_features(
+        self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False, **kwargs
+    ) -> torch.Tensor:
+        """Every member's image embeddings ``(B, M, d)`` (its pooling head's output, not normalised)."""
+        return self.vision_model(pixel_values, interpolate_pos_encoding).pooler_output
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        pixel_values: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        return_loss: bool | None = None,
+        interpolate_pos_encoding: bool = False,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> HydraSiglipOutput | tuple:
+        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
+        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        vision = self.vision_model(pixel_values, interpolate_pos_encoding, output_attentions, output_hidden_states)
+        text = self.text_model(input_ids, attention_mask, position_ids, output_attentions, output_hidden_states)
+        image_embeds = vision.pooler_output  # (B, M, P)
+        text_embeds = text.pooler_output  # (N, M, P)
+        image_embeds = image_embeds / image_embeds.norm(p=2, dim=-1, keepdim=True)
+        text_embeds = text_embeds / text_embeds.norm(p=2, dim=-1, keepdim=True)
+        cosine = torch.einsum("bmp,nmp->bmn", image_embeds, text_embeds)  # (B, M, N)
+        member_logits_per_image = cosine * self.logit_scale.exp() + self.logit_bias  # (B, M, N); (M, 1) broadcasts
+        member_logits_per_text = member_logits_per_image.permute(2, 1, 0)  # (N, M, B)
+        logits_per_image = ensemble_sigmoid_logits(member_logits_per_image)  # (B, N)
+        loss = siglip_member_loss(member_logits_per_text) if return_loss else None
+        out = HydraSiglipOutput(
+            loss=loss,
+            logits_per_image=logits_per_image,
+            logits_per_text=logits_per_image.t(),
+            member_logits_per_image=member_logits_per_image,
+            member_logits_per_text=member_logits_per_text,
+            text_embeds=text_embeds,
+            image_embeds=image_embeds,
+            text_model_output=text,
+            vision_model_output=vision,
+        )
+        return out if return_dict else out.to_tuple()
+
+
+def siglip_member_loss(member_logits_per_text: torch.Tensor) -> torch.Tensor:
+    """Mean over members of SigLIP's sigmoid loss (text i matches image i, every other pair does not).
+
+    Shape: ``member_logits_per_text (N, M, B)`` with ``N == B``.
+    """
+    N, M, B = member_logits_per_text.shape
+    if N != B:
+        raise ValueError(f"return_loss needs one text per image (matching pairs), got {B} images and {N} texts")
+    per_member = member_logits_per_text.transpose(0, 1)  # (M, N, B)
+    signs = 2 * torch.eye(N, device=per_member.device, dtype=per_member.dtype) - 1  # +1 on the diagonal, -1 off it
+    nll = -F.logsigmoid(signs * per_member).sum(dim=-1)  # (M, N)
+    return nll.mean()
