@@ -1,0 +1,293 @@
+"""The shipped-code audit: what the ``.py`` files of a Hub repository may import and name.
+
+Users run these files with ``trust_remote_code=True``; ``hydra-hf push`` runs them too (in a fresh,
+isolated process, :mod:`hydra_hf.hub.validate`). Before either, every shipped file is parsed and
+checked on its AST against an **allow-list of imports** and a **deny-list of names and
+attributes**; the first violation is refused with its file and line number
+(:class:`~hydra_hf.errors.HydraUnsafeError`).
+
+- **Imports** (``import x`` / ``from x import y``): the pure standard-library modules of
+  :data:`ALLOWED_STDLIB` (what the shipped files use, plus a few modules without I/O), ``torch``
+  and ``transformers`` with their submodules except those of :data:`FORBIDDEN_SUBMODULES`, and
+  sibling files (``from .hydra_layers import ...``, one dot, a file that is shipped).
+- **Names**: never the builtins that run or reach code, files or the interpreter
+  (:data:`FORBIDDEN_NAMES`: ``eval``, ``exec``, ``compile``, ``__import__``, ``open``,
+  ``globals``, ``__builtins__``, ...). ``getattr`` / ``setattr`` / ``hasattr`` / ``delattr`` are
+  allowed only as direct calls whose attribute name is a string literal, or an f-string that cannot
+  spell a forbidden or dunder name (``f"{tower}_kept_heads"``), or a variable in the branch of an
+  ``if k in ("a", "b")`` test (or ``not in``, its ``else``) that holds only when it is one of those
+  literals (``ModelOutput.to_tuple``'s ``... if k not in (...) else getattr(self, k)``).
+- **Attributes**: never the modules an allowed module re-exports (``torch.os``,
+  ``x.importlib``), process/file/network/deserialization entry points (``system``, ``load``,
+  ``save``, ``from_pretrained``, ``load_library``, ...), frames and code objects, nor dunder
+  attributes other than :data:`ALLOWED_DUNDER_ATTRIBUTES` (so no ``__subclasses__`` /
+  ``__globals__`` walks). ``trust_remote_code`` may not appear at all.
+- String annotations are parsed and checked like code (``typing`` can evaluate them).
+
+No static check can prove Python code harmless; this one closes the known doors (aliases,
+``from``-imports, ``importlib``, ``__import__``, ``eval``/``exec``, ``getattr`` tricks, ``open``)
+and the isolated validation process is the second line. Read the code you publish.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+from ..errors import HydraUnsafeError
+
+# Standard-library modules shipped code may import: no file, process, network or code-loading access.
+# The shipped files use __future__, collections(.abc), dataclasses, math and typing; the rest are
+# equally pure and common in modeling code.
+ALLOWED_STDLIB = frozenset({
+    "__future__", "abc", "collections", "collections.abc", "contextlib", "copy", "dataclasses", "enum",
+    "functools", "itertools", "math", "numbers", "typing", "warnings",
+})  # fmt: skip
+ALLOWED_PACKAGES = ("torch", "transformers")
+# Submodules of the allowed packages that load code or pickles, compile extensions, spawn processes or download.
+FORBIDDEN_SUBMODULES = (
+    "torch.hub", "torch.utils.cpp_extension", "torch.package", "torch.serialization", "torch.multiprocessing",
+    "torch.utils.tensorboard", "transformers.dynamic_module_utils", "transformers.utils.hub", "transformers.commands",
+)  # fmt: skip
+# Builtins (and similar names) that run dynamic code, reach the interpreter's internals or files.
+FORBIDDEN_NAMES = frozenset({
+    "eval", "exec", "compile", "__import__", "open", "globals", "locals", "vars", "breakpoint", "input",
+    "help", "exit", "quit", "__builtins__", "__loader__", "__spec__", "trust_remote_code",
+})  # fmt: skip
+ATTRIBUTE_BUILTINS = frozenset({"getattr", "setattr", "hasattr", "delattr"})
+# Attribute names never used: modules re-exported by allowed ones, process / file / network /
+# deserialization entry points, code loading, frames and code objects.
+FORBIDDEN_ATTRIBUTES = frozenset({
+    # modules reachable as attributes (torch imports os and sys: torch.os.system would work)
+    "os", "sys", "subprocess", "builtins", "importlib", "ctypes", "pickle", "marshal", "shelve", "shutil",
+    "socket", "pathlib", "io", "runpy", "pty", "tempfile", "glob", "urllib", "http", "requests", "httpx",
+    "ssl", "multiprocessing", "inspect", "threading",
+    # processes, files, deserialization, downloads and code loading
+    "system", "popen", "fork", "execv", "execve", "execl", "execlp", "execvp", "spawnv", "spawnve", "kill",
+    "remove", "unlink", "rmdir", "rmtree", "load", "loads", "save", "from_file", "fromfile", "tofile",
+    "load_library", "load_inline", "cpp_extension", "hub", "package", "serialization", "tensorboard",
+    "from_pretrained", "save_pretrained", "push_to_hub", "hf_hub_download", "snapshot_download", "cached_file",
+    "get_class_from_dynamic_module", "dynamic_module_utils", "get_type_hints", "ForwardRef",
+    # frames and code objects
+    "f_globals", "f_locals", "f_builtins", "f_back", "f_code", "gi_frame", "cr_frame", "ag_frame", "tb_frame",
+    "tb_next", "co_code", "mro", "trust_remote_code",
+})  # fmt: skip
+ALLOWED_DUNDER_ATTRIBUTES = frozenset({
+    "__init__", "__name__", "__qualname__", "__class__", "__doc__", "__module__", "__call__", "__post_init__",
+    "__len__", "__iter__", "__getitem__", "__setitem__", "__contains__", "__repr__", "__eq__", "__hash__",
+    "__enter__", "__exit__",
+})  # fmt: skip
+RULE = ("shipped code may import only torch, transformers, pure standard-library modules and sibling files, "
+        "and may not reach files, processes, the network or dynamic code (docs/hub.md, shipped-code audit)")
+
+
+def _is_dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def _bad_attribute(name: str) -> bool:
+    return name in FORBIDDEN_ATTRIBUTES or (_is_dunder(name) and name not in ALLOWED_DUNDER_ATTRIBUTES)
+
+
+class _Auditor(ast.NodeVisitor):
+    """Walks one file's AST; raises :class:`HydraUnsafeError` at the first violation."""
+
+    def __init__(self, filename: str, siblings: set[str]) -> None:
+        self.filename = filename
+        self.siblings = siblings  # module names shipped beside the file
+        self.checked_calls: set[int] = set()  # ids of Name nodes that are the callee of a vetted getattr(...)
+        self.bound: list[set[str]] = []  # names known to hold a safe literal attribute name (see _bound_name)
+
+    def fail(self, node: ast.AST, what: str) -> None:
+        raise HydraUnsafeError(f"{self.filename}:{getattr(node, 'lineno', 0)}: {what}; {RULE}")
+
+    # -------------------------------------------------------------------------------- imports
+    def _check_module(self, node: ast.AST, module: str) -> None:
+        root = module.split(".")[0]
+        if module in ALLOWED_STDLIB:
+            return
+        if root in ALLOWED_PACKAGES:
+            if any(module == bad or module.startswith(bad + ".") for bad in FORBIDDEN_SUBMODULES):
+                self.fail(node, f"imports {module}")
+            if any(_bad_attribute(part) for part in module.split(".")[1:]):
+                self.fail(node, f"imports {module}")
+            return
+        self.fail(node, f"imports {module}")
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self._check_module(node, alias.name)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            targets = [node.module] if node.module else [alias.name for alias in node.names]
+            for target in targets:
+                if node.level != 1 or "." in target or target not in self.siblings:
+                    self.fail(node, f"imports '{'.' * node.level}{target}', which is not a file shipped beside it")
+        else:
+            self._check_module(node, node.module or "")
+        for alias in node.names:
+            if alias.name == "*":
+                self.fail(node, f"uses 'from {node.module} import *'")
+            if not node.level and f"{node.module}.{alias.name}".startswith(FORBIDDEN_SUBMODULES):
+                self.fail(node, f"imports {node.module}.{alias.name}")
+            if _bad_attribute(alias.name) or alias.name in FORBIDDEN_NAMES:
+                self.fail(node, f"imports the name {alias.name!r} from {'.' * node.level}{node.module or ''}")
+
+    # ------------------------------------------------------------------------ names, attributes
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id in FORBIDDEN_NAMES:
+            self.fail(node, f"uses {node.id}")
+        if node.id in ATTRIBUTE_BUILTINS and id(node) not in self.checked_calls:
+            self.fail(node, f"uses {node.id} other than as a direct call with a literal attribute name")
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        self.generic_visit(node)  # the object first: `__import__("os").system` is refused for __import__
+        if _bad_attribute(node.attr):
+            self.fail(node, f"uses the attribute .{node.attr}")
+
+    def visit_Call(self, node: ast.Call) -> None:
+        for keyword in node.keywords:
+            if keyword.arg == "trust_remote_code":
+                self.fail(node, "passes trust_remote_code")
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in ATTRIBUTE_BUILTINS:
+            if len(node.args) < 2 or node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+                self.fail(node, f"calls {func.id} without a plain object and attribute name")
+            if isinstance(node.args[1], ast.Constant) and not self._safe_attribute_name(node.args[1]):
+                self.fail(node, f"calls {func.id} with the attribute {node.args[1].value!r}")
+            if not (self._safe_attribute_name(node.args[1]) or self._bound_name(node.args[1])):
+                self.fail(node, f"calls {func.id} with an attribute name that is not a plain literal")
+            self.checked_calls.add(id(func))
+        self.generic_visit(node)
+
+    def _bound_name(self, arg: ast.expr) -> bool:
+        """``arg`` is a variable that, where it is used, can only hold safe literal names: inside the
+        branch of ``x if k not in ("a", "b") else getattr(o, k)`` (or of an ``if k in (...)``) that
+        holds only when ``k`` is one of the literals, and that never reassigns ``k``."""
+        return isinstance(arg, ast.Name) and any(arg.id in scope for scope in self.bound)
+
+    @staticmethod
+    def _membership(test: ast.expr) -> tuple[str, bool] | None:
+        """``(name, positive)`` for ``name in (<safe str literals>)`` / ``not in``; else None."""
+        if not (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and len(test.ops) == 1
+                and isinstance(test.ops[0], (ast.In, ast.NotIn))):
+            return None
+        options = test.comparators[0]
+        if not isinstance(options, (ast.Tuple, ast.List, ast.Set)) or not all(
+            isinstance(e, ast.Constant) and isinstance(e.value, str) and not _bad_attribute(e.value) for e in options.elts
+        ):
+            return None
+        return test.left.id, isinstance(test.ops[0], ast.In)
+
+    def _visit_branches(self, test: ast.expr, body: list[ast.AST], orelse: list[ast.AST]) -> None:
+        self.visit(test)
+        membership = self._membership(test)
+        for branch, holds in ((body, True), (orelse, False)):
+            name = None
+            if membership is not None and membership[1] == holds:
+                stores = [n for part in branch for n in ast.walk(part)
+                          if isinstance(n, ast.Name) and n.id == membership[0] and not isinstance(n.ctx, ast.Load)]
+                name = None if stores else membership[0]
+            self.bound.append({name} if name else set())
+            for part in branch:
+                self.visit(part)
+            self.bound.pop()
+
+    def visit_IfExp(self, node: ast.IfExp) -> None:
+        self._visit_branches(node.test, [node.body], [node.orelse])
+
+    def visit_If(self, node: ast.If) -> None:
+        self._visit_branches(node.test, node.body, node.orelse)
+
+    @staticmethod
+    def _safe_attribute_name(arg: ast.expr) -> bool:
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            return not _bad_attribute(arg.value)
+        if isinstance(arg, ast.JoinedStr) and arg.values:
+            literals = [v.value for v in arg.values if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+            last = arg.values[-1]
+            # ends with literal text that is not "_": cannot spell a dunder; holds literal text no
+            # forbidden name contains: cannot spell a forbidden name
+            ends_plain = isinstance(last, ast.Constant) and isinstance(last.value, str) and not last.value.endswith("_")
+            distinctive = any(text and not any(text in bad for bad in FORBIDDEN_ATTRIBUTES) for text in literals)
+            return ends_plain and distinctive
+        return False
+
+    # ------------------------------------------------------------------------- annotations
+    def _visit_annotation(self, annotation: ast.expr | None) -> None:
+        if annotation is None:
+            return
+        self.visit(annotation)
+        for node in ast.walk(annotation):  # string annotations: typing may evaluate them
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                try:
+                    parsed = ast.parse(node.value.strip(), mode="eval")
+                except SyntaxError:
+                    continue  # not an expression: nothing can evaluate it
+                ast.increment_lineno(parsed, node.lineno - 1)
+                self._visit_annotation(parsed.body)
+
+    def visit_arg(self, node: ast.arg) -> None:
+        if node.arg == "trust_remote_code":
+            self.fail(node, "uses trust_remote_code")
+        self._visit_annotation(node.annotation)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        self._visit_annotation(node.annotation)
+        self.visit(node.target)
+        if node.value is not None:
+            self.visit(node.value)
+
+    def _visit_function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        for decorator in node.decorator_list:
+            self.visit(decorator)
+        self.visit(node.args)
+        self._visit_annotation(node.returns)
+        for statement in node.body:
+            self.visit(statement)
+
+    visit_FunctionDef = _visit_function
+    visit_AsyncFunctionDef = _visit_function
+
+
+def sibling_imports(source: str, filename: str = "<shipped>") -> set[str]:
+    """Sibling module names a file imports (``from .x import``, ``from . import x``); other
+    relative imports are left to the audit, which refuses them."""
+    tree = ast.parse(source, filename=filename)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found.update([node.module] if node.module else [alias.name for alias in node.names])
+    return found
+
+
+def audit_source(source: str, filename: str, siblings: set[str]) -> None:
+    """Check one file's source against the allow-list; raises :class:`HydraUnsafeError` with ``FILE:LINE``."""
+    try:
+        tree = ast.parse(source, filename=filename)
+    except SyntaxError as exc:
+        raise HydraUnsafeError(f"{filename}:{exc.lineno}: does not parse as Python ({exc.msg})") from None
+    _Auditor(filename, siblings).visit(tree)
+
+
+def check_shipped_code(folder: str | os.PathLike) -> list[str]:
+    """Audit every top-level ``.py`` file of ``folder`` (hidden files aside); returns their names.
+
+    Raises:
+        HydraUnsafeError: ``FILE:LINE: what`` for the first import or name outside the allow-list.
+    """
+    root = Path(folder)
+    files = sorted(p.name for p in root.glob("*.py") if not p.name.startswith(".") and p.is_file())
+    siblings = {name.removesuffix(".py") for name in files}
+    for name in files:
+        path = root / name
+        if path.is_symlink():
+            raise HydraUnsafeError(f"{name} is a symlink; ship the file itself")
+        try:
+            source = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise HydraUnsafeError(f"{name} is not UTF-8 text; shipped code must be plain Python source") from None
+        audit_source(source, name, siblings)
+    return files

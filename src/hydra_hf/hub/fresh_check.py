@@ -1,0 +1,161 @@
+"""Check a model folder as a Hub user who never installed hydra_hf would load it.
+
+The one fresh-interpreter check of hydra_hf: ``hydra-hf push`` (``validate_staged``), the recipes and
+the tests all run this file, through :func:`hydra_hf.hub.validate.fresh_check`, which copies the
+folder into a private temporary directory and starts::
+
+    python -I fresh_check.py FOLDER [--task load|text-probs|zero-shot-member-probs] [--inputs FILE.json]
+
+``-I`` keeps the interpreter's site-packages (torch, transformers) but ignores ``PYTHONPATH``, the
+user site and the script's folder; the caller also gives it an empty ``HOME``, offline Hub settings
+and no token. ``import hydra_hf`` fails here (``sys.modules["hydra_hf"] = None``), and the check
+fails if anything imported it anyway. The last line of stdout is the JSON result; a failure is a
+non-zero exit whose last stderr line says why.
+
+Tasks:
+    load: config and model load with ``trust_remote_code=True``, a forward pass on a dummy input
+        gives finite member logits, and the shipped uncertainty pipeline builds and runs when the
+        folder has the tokenizer / image processor it needs. Prints a summary.
+    text-probs: ``{"texts": [...]}`` through ``pipeline("text-classification", top_k=None)``;
+        prints one ``{label: probability}`` per text.
+    zero-shot-member-probs: ``{"class_names": [...], "templates": [...]}`` and the tensor
+        ``pixel_values`` in ``inputs.safetensors`` beside the JSON file; prints the members' zero-shot
+        probabilities ``(B, M, C)``.
+
+This file imports only the standard library, torch, transformers and safetensors.
+"""
+
+import sys
+
+if __name__ == "__main__":  # run as the check (importing this module changes nothing)
+    sys.modules["hydra_hf"] = None  # a Hub user who never installed hydra_hf
+
+import argparse  # noqa: E402
+import importlib.util  # noqa: E402
+import inspect  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import AutoConfig, pipeline  # noqa: E402
+
+AUTO_ORDER = ("AutoModelForSequenceClassification", "AutoModelForImageClassification",
+              "AutoModelForZeroShotImageClassification", "AutoModel")
+
+
+def check_load(folder: str) -> dict:
+    """Load config, model and the shipped pipeline; run them on dummy inputs."""
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+    auto_map = config.auto_map
+    auto_name = next(name for name in AUTO_ORDER if name in auto_map)
+    model = getattr(transformers, auto_name).from_pretrained(folder, trust_remote_code=True).eval()
+    base = dict(config.base_config)
+    text_cfg = base.get("text_config") or base
+    vision_cfg = base.get("vision_config") or base
+    params = inspect.signature(model.forward).parameters
+    inputs = {}
+    if "input_ids" in params and text_cfg.get("vocab_size"):
+        inputs["input_ids"] = torch.randint(0, int(text_cfg["vocab_size"]), (2, 7), generator=torch.Generator().manual_seed(0))
+    if "pixel_values" in params and vision_cfg.get("image_size"):
+        size, channels = int(vision_cfg["image_size"]), int(vision_cfg.get("num_channels", 3))
+        inputs["pixel_values"] = torch.randn(2, channels, size, size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = model(**inputs)
+    members = out.get("member_logits")
+    if members is None:
+        members = out.get("member_logits_per_image")
+    if members is None:
+        raise SystemExit("the model returned no member logits")
+    if members.shape[0] != 2 or members.shape[1] != config.num_members:
+        raise SystemExit(f"member logits have shape {tuple(members.shape)}, expected (2, {config.num_members}, C)")
+    if not torch.isfinite(members).all():
+        raise SystemExit("non-finite member logits")
+    summary = {"auto_class": auto_name, "module": type(model).__module__, "member_logits": list(members.shape),
+               "pipeline": None}
+    tasks = list(getattr(config, "custom_pipelines", None) or {})
+
+    def has(*names):
+        return any(os.path.isfile(os.path.join(folder, n)) for n in names)
+
+    text_ok = has("tokenizer_config.json", "tokenizer.json")
+    image_ok = has("preprocessor_config.json", "processor_config.json")
+    needed = {"hydra-text-classification": text_ok, "hydra-image-classification": image_ok,
+              "hydra-zero-shot-image-classification": text_ok and image_ok}
+    if len(tasks) == 1 and needed.get(tasks[0], False):
+        pipe = pipeline(model=folder, trust_remote_code=True)
+        summary["pipeline"] = type(pipe).__name__
+        result = None
+        if tasks[0] == "hydra-text-classification":
+            result = pipe("hello world")
+        elif tasks[0] == "hydra-image-classification":
+            result = pipe(torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8))
+        elif importlib.util.find_spec("PIL") is not None:  # the zero-shot pipeline opens images with PIL
+            from PIL import Image
+
+            result = pipe(Image.new("RGB", (32, 32)), candidate_labels=["a", "b"])
+        if result is not None:
+            if not set(result["uncertainty"]) >= {"predictive_entropy", "expected_entropy", "mutual_information"}:
+                raise SystemExit(f"the pipeline's result has no uncertainty: {result}")
+            if len(result["member_scores"]) != config.num_members:
+                raise SystemExit(f"the pipeline's result has {len(result['member_scores'])} member scores")
+            summary["pipeline_result"] = result
+    return summary
+
+
+def text_probs(folder: str, inputs: dict) -> list:
+    """``{label: probability}`` per text from the stock text-classification pipeline."""
+    pipe = pipeline("text-classification", model=folder, trust_remote_code=True, top_k=None)
+    out = pipe(list(inputs["texts"]))
+    return [{d["label"]: d["score"] for d in row} for row in out]
+
+
+def zero_shot_member_probs(folder: str, inputs: dict, tensors: dict) -> list:
+    """The members' zero-shot probabilities ``(B, M, C)`` with the folder's tokenizer, CLIP's prompt ensemble."""
+    from transformers import AutoModel, AutoTokenizer
+
+    model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    names, templates = inputs["class_names"], inputs["templates"]
+    prompts = [t.format(n) for n in names for t in templates]
+    with torch.no_grad():
+        enc = tokenizer(prompts, padding=True, truncation=True, return_tensors="pt")
+        text = model.get_text_features(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])  # (C*K, M, P)
+        text = text / text.norm(dim=-1, keepdim=True)
+        text = text.view(len(names), len(templates), *text.shape[1:]).mean(1)  # (C, M, P)
+        text = text / text.norm(dim=-1, keepdim=True)
+        image = model.get_image_features(pixel_values=tensors["pixel_values"])  # (B, M, P)
+        image = image / image.norm(dim=-1, keepdim=True)
+        member_logits = model.logit_scale.exp() * torch.einsum("bmp,cmp->bmc", image, text)  # (B, M, C)
+    return torch.softmax(member_logits.double(), -1).tolist()
+
+
+def main(argv: list) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("folder")
+    parser.add_argument("--task", default="load", choices=["load", "text-probs", "zero-shot-member-probs"])
+    parser.add_argument("--inputs", default=None, help="a JSON file (and inputs.safetensors beside it)")
+    args = parser.parse_args(argv)
+    inputs, tensors = {}, {}
+    if args.inputs:
+        with open(args.inputs, encoding="utf-8") as handle:
+            inputs = json.load(handle)
+        tensor_file = os.path.join(os.path.dirname(args.inputs), "inputs.safetensors")
+        if os.path.isfile(tensor_file):
+            from safetensors.torch import load_file
+
+            tensors = load_file(tensor_file)
+    if args.task == "load":
+        result = check_load(args.folder)
+    elif args.task == "text-probs":
+        result = text_probs(args.folder, inputs)
+    else:
+        result = zero_shot_member_probs(args.folder, inputs, tensors)
+    if sys.modules.get("hydra_hf") is not None:
+        raise SystemExit("hydra_hf was imported: the folder does not work without it")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
