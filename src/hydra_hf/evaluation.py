@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
-from . import metrics
+from . import distributed, metrics
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,10 @@ class Predictor(nn.Module, metaclass=abc.ABCMeta):
 
     def forward(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return self.member_logits(batch)
+
+    def begin_pass(self, first_batch: int, total_batches: int) -> None:
+        """Called by :func:`predict` before a pass over a data set whose batches ``first_batch`` ... are
+        the ones this process predicts (out of ``total_batches``); stochastic predictors seed from it."""
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -77,8 +81,9 @@ class MCDropoutPredictor(Predictor):
     """MC Dropout: ``samples`` forward passes with the model's dropout layers active.
 
     Only ``nn.Dropout`` modules are switched to training mode (LayerNorm/BatchNorm stay in eval), and
-    each call draws its masks from a generator seeded with ``seed`` + a call counter, so a run is
-    reproducible.
+    the masks of a batch are drawn after seeding with ``seed`` + the batch's position in the sequence
+    of all batches predicted so far, so a run is reproducible -- and the same when the data is split
+    across processes (each process starts at its first batch's position, see :meth:`begin_pass`).
     """
 
     def __init__(self, model: nn.Module, samples: int = 10, seed: int = 0) -> None:
@@ -88,10 +93,15 @@ class MCDropoutPredictor(Predictor):
         self.model = model.eval()
         self.samples = samples
         self.seed = seed
-        self._calls = 0
+        self._calls = 0  # position of the next batch among all batches predicted so far
+        self._next_pass = 0  # where the next pass over a data set starts
         self._dropouts = [m for m in model.modules() if isinstance(m, nn.Dropout)]
         if not any(m.p > 0 for m in self._dropouts):
             raise ValueError("MC Dropout needs a model with dropout (p > 0); this model has none")
+
+    def begin_pass(self, first_batch: int, total_batches: int) -> None:
+        self._calls = self._next_pass + first_batch
+        self._next_pass += total_batches
 
     def member_logits(self, batch):
         for m in self._dropouts:
@@ -144,6 +154,9 @@ class TemperatureScaledPredictor(Predictor):
             raise ValueError(f"temperature must be positive, got {temperature}")
         self.base = base
         self.temperature = float(temperature)
+
+    def begin_pass(self, first_batch: int, total_batches: int) -> None:
+        self.base.begin_pass(first_batch, total_batches)
 
     def member_logits(self, batch):
         return self.base.member_logits(batch) / self.temperature
@@ -318,14 +331,20 @@ class Predictions:
 def predict(predictor: Predictor, loader: Iterable, desc: str = "predict") -> Predictions:
     """Run ``predictor`` over ``loader`` (batches of model inputs, optionally ``labels``)."""
     predictor.eval()
+    part = getattr(loader, "hydra_batches", None)
+    predictor.begin_pass(part.first_batch if part else 0, part.total_batches if part else len(loader))
     outs, labels = [], []
-    for batch in tqdm(loader, desc=desc, leave=False):
+    for batch in tqdm(loader, desc=desc, leave=False, disable=not distributed.process_info().is_main):
         outs.append(predictor.member_logits(batch).float().cpu())
         if "labels" in batch:
             labels.append(batch["labels"].cpu())
-    if not outs:
+    member_logits = torch.cat(outs) if outs else None
+    label_tensor = torch.cat(labels) if labels else None
+    if getattr(loader, "hydra_sharded", False):  # this process saw one shard: gather all, in order
+        member_logits, label_tensor = distributed.gather_rows(member_logits), distributed.gather_rows(label_tensor)
+    if member_logits is None:
         raise ValueError(f"{desc}: the data loader produced no batches (empty data?)")
-    return Predictions(torch.cat(outs), torch.cat(labels) if labels else None)
+    return Predictions(member_logits, label_tensor)
 
 
 def fit_temperature(predictions: Predictions, max_iter: int = 100) -> float:
@@ -370,10 +389,15 @@ def train_ensemble_heads(
     feats, labels = [], []
     with torch.inference_mode():
         model.eval()
-        for batch in tqdm(train_loader, desc="features for ensemble heads", leave=False):
+        for batch in tqdm(train_loader, desc="features for ensemble heads", leave=False,
+                          disable=not distributed.process_info().is_main):
             feats.append(pooled_features(model, batch).float().cpu())
             labels.append(batch["labels"].cpu())
-    x, y = torch.cat(feats), torch.cat(labels)
+    x, y = (torch.cat(feats) if feats else None), (torch.cat(labels) if labels else None)
+    if getattr(train_loader, "hydra_sharded", False):  # every process trains the same heads on all features
+        x, y = distributed.gather_rows(x), distributed.gather_rows(y)
+    if x is None:
+        raise ValueError("the training data for the ensemble heads is empty")
     base = model.classifier
     heads = nn.ModuleList()
     for i in range(num_heads):
@@ -458,6 +482,59 @@ def evaluate_predictors(
     return EvaluationResult(rows=rows, id_predictions=id_preds, ood_predictions=ood_preds, score=score)
 
 
+# metric -> (computed on, higher is better)
+COMPARED_METRICS: dict[str, tuple[str, bool]] = {
+    "accuracy": ("id", True), "nll": ("id", False), "ece": ("id", False), "brier": ("id", False),
+    "auroc": ("ood", True), "fpr95": ("ood", False),
+}  # fmt: skip
+
+
+def compare_predictions(
+    result: EvaluationResult,
+    target: str,
+    reference: str,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+    n_bins: int = 15,
+) -> dict[str, dict[str, Any]]:
+    """Paired bootstrap intervals of ``target`` minus ``reference`` for accuracy, NLL, ECE and Brier
+    (ID examples resampled) and AUROC / FPR95 of every OOD set (ID and OOD examples resampled
+    independently), with a verdict per metric: ``better``, ``worse`` or ``tie`` (the interval holds 0).
+
+    Returns ``{metric: {difference, ci_low, ci_high, level, n_boot, verdict}}``; OOD metrics are
+    named ``"<ood set>.auroc"``.
+    """
+    for name in (target, reference):
+        if name not in result.id_predictions:
+            raise ValueError(f"cannot compare {name!r}: the evaluated models are {sorted(result.id_predictions)}")
+    a, b = result.id_predictions[target], result.id_predictions[reference]
+    if a.labels is None or not torch.equal(a.labels, b.labels):
+        raise ValueError(f"{target!r} and {reference!r} were not evaluated on the same labelled examples")
+    pa, pb, labels = a.probs, b.probs, a.labels
+    id_functions = {
+        "accuracy": metrics.accuracy, "nll": metrics.nll, "brier": metrics.brier_score,
+        "ece": lambda p, y: metrics.ece(p, y, n_bins),
+    }  # fmt: skip
+    out: dict[str, dict[str, Any]] = {}
+    for offset, (name, fn) in enumerate(id_functions.items()):
+        interval = metrics.paired_bootstrap(lambda i, fn=fn: fn(pa[i], labels[i]) - fn(pb[i], labels[i]), (len(labels),),
+                                            n_boot=n_boot, seed=seed + offset, level=level)
+        out[name] = {**interval, "verdict": metrics.bootstrap_verdict(interval, COMPARED_METRICS[name][1])}
+    sa, sb = a.ood_scores(result.score), b.ood_scores(result.score)
+    ood_functions = {"auroc": metrics.ood_auroc, "fpr95": metrics.fpr_at_95_tpr}
+    for k, ood_name in enumerate(sorted(result.ood_predictions[target])):
+        oa = result.ood_predictions[target][ood_name].ood_scores(result.score)
+        ob = result.ood_predictions[reference][ood_name].ood_scores(result.score)
+        for offset, (name, fn) in enumerate(ood_functions.items()):
+            interval = metrics.paired_bootstrap(
+                lambda i, j, fn=fn: fn(sa[i], oa[j]) - fn(sb[i], ob[j]), (len(sa), len(oa)),
+                n_boot=n_boot, seed=seed + 100 * (k + 1) + offset, level=level)
+            out[f"{ood_name}.{name}"] = {**interval, "verdict": metrics.bootstrap_verdict(interval, COMPARED_METRICS[name][1])}
+    return out
+
+
 def write_evaluation_report(
     result: EvaluationResult,
     out_dir: str | os.PathLike,
@@ -466,8 +543,13 @@ def write_evaluation_report(
     settings: Any = None,
     notes: str | None = None,
     extra: Mapping[str, Any] | None = None,
+    comparisons: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, str]:
-    """Write ``report.json``, ``report.md``, ``reliability.png`` and ``ood_scores.png`` into ``out_dir``."""
+    """Write ``report.json``, ``report.md``, ``reliability.png`` and ``ood_scores.png`` into ``out_dir``.
+
+    ``comparisons`` (``{"Hydra − Single": compare_predictions(...)}``) adds the paired bootstrap
+    intervals of the differences, shown as a table with a verdict per metric.
+    """
     from . import plots
     from .report import write_report
 
@@ -497,6 +579,8 @@ def write_evaluation_report(
         report["settings"] = settings
     if notes:
         report["notes"] = notes
+    if comparisons:
+        report["comparisons"] = {name: dict(value) for name, value in comparisons.items()}
     if extra:
         report.update(extra)
     return write_report(report, out)
@@ -504,32 +588,179 @@ def write_evaluation_report(
 
 
 # ------------------------------------------------------------------------------ loading models
-def load_classifier(path: str | os.PathLike) -> tuple[nn.Module, Any, str]:
+def _modality(config: Any) -> str:
+    """``"image"`` or ``"text"``: a Hydra config's family says; a stock config's model_type finds its family."""
+    from .families import families, family_of_config
+
+    if getattr(config, "base_model_type", None):
+        modality = family_of_config(config).modality
+    else:
+        found = [f for f in families() if config.model_type in getattr(f, "model_types", ())]
+        modality = found[0].modality if found else ("image" if hasattr(config, "image_size") else "text")
+    if modality not in ("text", "image"):
+        raise ValueError(f"{config.model_type!r} is a {modality} (zero-shot) model; evaluate it with ZeroShotPredictor")
+    return modality
+
+
+def load_classifier(path: str | os.PathLike, *, trust_remote_code: bool = False) -> tuple[nn.Module, Any, str]:
     """Load a classifier folder (stock or Hydra) with its preprocessor.
+
+    Hydra folders are loaded with hydra_hf's own registered classes: their shipped code is never run.
+    A folder that ships other code (an ``auto_map`` in its config or tokenizer / preprocessor config)
+    is refused unless ``trust_remote_code`` is set -- loading it would execute that code.
 
     Returns ``(model, preprocessor, modality)`` with modality ``"text"`` or ``"image"``.
     """
     import hydra_hf  # noqa: F401  (registers the Hydra classes with the Auto classes)
     from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification, AutoModelForSequenceClassification, AutoTokenizer
 
-    from .convert.io import checkpoint_dir
+    from .convert.io import check_remote_code, checkpoint_dir, from_pretrained
 
     folder = checkpoint_dir(path, what="model")
-    config = AutoConfig.from_pretrained(str(folder), trust_remote_code=True)
-    image = getattr(config, "base_model_type", config.model_type) in ("vit",) or config.model_type in ("vit", "hydra_ensemble_vit")
-    if image:
-        model = AutoModelForImageClassification.from_pretrained(str(folder), trust_remote_code=True)
-        return model.eval(), AutoImageProcessor.from_pretrained(str(folder)), "image"
-    model = AutoModelForSequenceClassification.from_pretrained(str(folder), trust_remote_code=True)
-    return model.eval(), AutoTokenizer.from_pretrained(str(folder), trust_remote_code=True), "text"
+    check_remote_code(folder, trust_remote_code)
+    trust = bool(trust_remote_code)
+    config = from_pretrained(AutoConfig, folder, trust_remote_code=trust)
+    if _modality(config) == "image":
+        model = from_pretrained(AutoModelForImageClassification, folder, trust_remote_code=trust)
+        return model.eval(), from_pretrained(AutoImageProcessor, folder, trust_remote_code=trust), "image"
+    model = from_pretrained(AutoModelForSequenceClassification, folder, trust_remote_code=trust)
+    return model.eval(), from_pretrained(AutoTokenizer, folder, trust_remote_code=trust), "text"
 
 
-def make_loader(dataset, preprocessor: Any, modality: str, batch_size: int = 32, max_length: int = 128):
-    """A loader of model inputs for ``dataset`` (text: tokenizer; image: image processor)."""
+def make_loader(dataset, preprocessor: Any, modality: str, batch_size: int = 32, max_length: int = 128,
+                *, shard: bool = False):
+    """A loader of model inputs for ``dataset`` (text: tokenizer; image: image processor).
+
+    With ``shard`` and several launched processes (``accelerate launch``), the loader covers this
+    process's contiguous shard only, and :func:`predict` gathers the shards' predictions in order.
+    """
     from .data import make_image_loader, make_text_loader
 
+    sharded = shard and distributed.process_info().distributed
+    part = distributed.batch_shard(len(dataset), batch_size, distributed.ProcessInfo())  # one process: all batches
+    if sharded:
+        dataset, part = distributed.shard(dataset, batch_size)
     if modality == "image":
-        return make_image_loader(
+        loader = make_image_loader(
             dataset, lambda im: preprocessor(im, return_tensors="pt")["pixel_values"][0], batch_size=batch_size
         )
-    return make_text_loader(dataset, preprocessor, batch_size=batch_size, max_length=max_length)
+    else:
+        loader = make_text_loader(dataset, preprocessor, batch_size=batch_size, max_length=max_length)
+    loader.hydra_sharded = sharded
+    loader.hydra_batches = part  # which batches of the whole data set this loader yields
+    return loader
+
+
+# ------------------------------------------------------------------------ uncertainty threshold
+# Moved here from hydra_hf.hub (which re-exports it): it predicts with a model like the predictors above.
+UNCERTAINTY_METRICS = ("predictive_entropy", "expected_entropy", "mutual_information")
+
+
+def _member_probs(model: nn.Module, data: Any, tokenizer: Any | None, batch_size: int) -> torch.Tensor:
+    """``(N, M, C)`` member probabilities of ``model`` on ``data``.
+
+    ``data`` is a tensor of member probabilities ``(N, M, C)`` (used as is), a list of texts
+    (tokenized with ``tokenizer``), or an iterable of batches (dicts of model inputs; ``labels``
+    and ``label`` are dropped).
+    """
+    if isinstance(data, torch.Tensor):
+        if data.dim() != 3:
+            raise ValueError(f"member probabilities must have shape (N, M, C), got {tuple(data.shape)}")
+        return data.double()
+    if isinstance(data, (list, tuple)) and data and all(isinstance(x, str) for x in data):
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            source = getattr(model, "name_or_path", None)
+            if not source:
+                raise ValueError("texts need a tokenizer: pass tokenizer=AutoTokenizer.from_pretrained(folder)")
+            tokenizer = AutoTokenizer.from_pretrained(source)
+        batches: Iterable[Mapping[str, Any]] = (
+            tokenizer(list(data[i : i + batch_size]), padding=True, truncation=True, return_tensors="pt")
+            for i in range(0, len(data), batch_size)
+        )
+    elif isinstance(data, Iterable) and not isinstance(data, (str, bytes, Mapping)):
+        batches = data
+    else:
+        raise TypeError(
+            f"data must be a (N, M, C) tensor of member probabilities, a list of texts or an iterable of "
+            f"input batches, got {type(data).__name__}"
+        )
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    out = []
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                          for k, v in dict(batch).items() if k not in ("labels", "label")}
+                output = model(**inputs)
+                member_logits = output.get("member_logits")
+                if member_logits is None:
+                    member_logits = output.get("member_logits_per_image")
+                if member_logits is None:
+                    raise ValueError("the model returned no member logits; pass a Hydra Ensemble model")
+                out.append(torch.softmax(member_logits.double(), dim=-1).cpu())  # (B, M, C)
+    finally:
+        model.train(was_training)
+    if not out:
+        raise ValueError("data is empty; pass at least one validation input")
+    return torch.cat(out)
+
+
+def fit_uncertainty_threshold(
+    model: nn.Module,
+    data: Any,
+    *,
+    metric: str = "mutual_information",
+    quantile: float = 0.95,
+    ood_data: Any | None = None,
+    tokenizer: Any | None = None,
+    batch_size: int = 32,
+) -> dict[str, Any]:
+    """Choose the uncertainty threshold above which the shipped pipelines flag an input, and store
+    it in ``model.config.uncertainty_threshold`` (saved with the model's config).
+
+    Rule, on in-distribution validation ``data``:
+      - without ``ood_data``: the ``quantile`` of the validation uncertainties (``"higher"``
+        interpolation, so at most ``1 - quantile`` of the validation inputs are flagged: with the
+        default 0.95, 95 % of in-distribution inputs pass);
+      - with ``ood_data`` (out-of-distribution validation inputs): the threshold maximizing
+        Youden's J = (flagged fraction of OOD inputs) - (flagged fraction of ID inputs).
+
+    Args:
+        model: a Hydra Ensemble classifier (or CLIP model returning ``member_logits_per_image``).
+        data, ood_data: member probabilities ``(N, M, C)``, a list of texts, or an iterable of
+            input batches (see :func:`_member_probs`).
+        metric: ``"mutual_information"`` (default: the members' disagreement), ``"predictive_entropy"``
+            or ``"expected_entropy"``.
+        quantile: in ``(0, 1]``.
+
+    Returns:
+        The stored dict: ``metric``, ``value``, ``rule`` and the numbers that justify it.
+    """
+    if metric not in UNCERTAINTY_METRICS:
+        raise ValueError(f"metric={metric!r} is unknown; use one of {list(UNCERTAINTY_METRICS)}")
+    if isinstance(quantile, bool) or not isinstance(quantile, (int, float)) or not 0 < quantile <= 1:
+        raise ValueError(f"quantile must be a number in (0, 1], got {quantile!r}")
+    measure = getattr(metrics, metric)
+    u_id = measure(_member_probs(model, data, tokenizer, batch_size)).double()  # (N,)
+    if ood_data is None:
+        value = float(torch.quantile(u_id, float(quantile), interpolation="higher"))
+        threshold = {"metric": metric, "value": value, "rule": "id_quantile", "quantile": float(quantile),
+                     "num_samples": int(u_id.numel()), "flagged_fraction": float((u_id > value).double().mean())}
+    else:
+        u_ood = measure(_member_probs(model, ood_data, tokenizer, batch_size)).double()  # (N_ood,)
+        candidates = torch.unique(torch.cat([u_id, u_ood]))
+        candidates = torch.cat([candidates, candidates.min().reshape(1) - 1])  # "flag everything" as well
+        flag_id = (u_id[None, :] > candidates[:, None]).double().mean(dim=1)  # (K,)
+        flag_ood = (u_ood[None, :] > candidates[:, None]).double().mean(dim=1)  # (K,)
+        j = flag_ood - flag_id
+        best = int(torch.argmax(j))
+        value = float(candidates[best])
+        threshold = {"metric": metric, "value": value, "rule": "youden", "youden_j": float(j[best]),
+                     "num_samples": int(u_id.numel()), "num_ood_samples": int(u_ood.numel()),
+                     "flagged_fraction": float(flag_id[best]), "flagged_ood_fraction": float(flag_ood[best])}
+    model.config.uncertainty_threshold = threshold
+    return threshold

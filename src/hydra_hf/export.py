@@ -11,111 +11,59 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from transformers import PreTrainedModel
+
+from .families import families, family_of_config, get_family
+from .modeling.configuration_hydra import HYDRA_PIPELINES, PIPELINE_MODULE
+from .modeling.configuration_hydra import custom_pipelines_for  # noqa: F401  (re-exported: hub reads it here)
+from .outputs import check_output, write_output_folder
 
 logger = logging.getLogger(__name__)
 
 MODELING_DIR = Path(__file__).resolve().parent / "modeling"
 
-# Per base architecture: the shipped files (copied flat) and the config's auto_map.
+# Per family: the shipped files (copied flat) and the config's auto_map. A view of the family registry
+# (hydra_hf.families), which is the source: family name -> {"files": [...], "auto_map": {...}}.
 SHIPPED: dict[str, dict] = {
-    "bert": {
-        "files": ["configuration_hydra.py", "hydra_layers.py", "modeling_hydra_bert.py"],
-        "auto_map": {
-            "AutoConfig": "configuration_hydra.HydraEnsembleConfig",
-            "AutoModel": "modeling_hydra_bert.HydraEnsembleModel",
-            "AutoModelForSequenceClassification": "modeling_hydra_bert.HydraEnsembleForSequenceClassification",
-        },
-    },
-    "vit": {  # HF ViT and timm vit_* checkpoints
-        "files": ["configuration_hydra.py", "hydra_layers.py", "modeling_hydra_vit.py"],
-        "auto_map": {
-            "AutoConfig": "configuration_hydra.HydraEnsembleViTConfig",
-            "AutoModel": "modeling_hydra_vit.HydraEnsembleViTModel",
-            "AutoModelForImageClassification": "modeling_hydra_vit.HydraEnsembleForImageClassification",
-        },
-    },
-    "clip": {  # HF CLIP and open_clip checkpoints; the CLIP towers reuse the ViT file's pre-LN layer
-        "files": ["configuration_hydra.py", "hydra_layers.py", "modeling_hydra_vit.py", "modeling_hydra_clip.py"],
-        "auto_map": {
-            "AutoConfig": "configuration_hydra.HydraEnsembleCLIPConfig",
-            "AutoModel": "modeling_hydra_clip.HydraEnsembleCLIPModel",
-            # what pipeline("zero-shot-image-classification") loads
-            "AutoModelForZeroShotImageClassification": "modeling_hydra_clip.HydraEnsembleCLIPModel",
-        },
-    },
+    family.name: {"files": list(family.shipped_files), "auto_map": family.auto_map} for family in families()
 }
 
 
-def check_output_dir(output_dir: str | os.PathLike, overwrite: bool) -> Path:
-    """Fail early (before any work) if ``output_dir`` exists, is not empty and ``overwrite`` is off."""
-    out = Path(output_dir)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"output {str(out)!r} is a file; choose a folder path")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(
-            f"output folder {str(out)!r} exists and is not empty; choose another folder or pass --overwrite"
-        )
-    return out
+def check_output_dir(
+    output_dir: str | os.PathLike, overwrite: bool, *, command: str = "convert", inputs: Iterable = ()
+) -> Path:
+    """Fail early (before any work) unless ``output_dir`` may be written (see :mod:`hydra_hf.outputs`)."""
+    return check_output(output_dir, command=command, overwrite=overwrite, inputs=inputs)
 
 
-def atomic_folder(output_dir: str | os.PathLike, write: Callable[[Path], None], overwrite: bool = False) -> Path:
-    """Call ``write(tmp)`` on a fresh temporary sibling folder, then move it to ``output_dir``.
-
-    On any error the temporary folder is removed and ``output_dir`` is left as it was.
-    """
-    out = check_output_dir(output_dir, overwrite)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        write(tmp)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+def atomic_folder(
+    output_dir: str | os.PathLike,
+    write: Callable[[Path], None],
+    overwrite: bool = False,
+    *,
+    command: str = "convert",
+    inputs: Iterable = (),
+) -> Path:
+    """Call ``write(tmp)`` on a fresh temporary sibling folder, then move it to ``output_dir``, under an
+    exclusive lock; on any error ``output_dir`` is left as it was (see :mod:`hydra_hf.outputs`)."""
+    return write_output_folder(output_dir, write, command=command, overwrite=overwrite, inputs=inputs)
 
 
 # Shipped with every architecture: the pipelines that add uncertainty to their results.
-PIPELINE_FILE = "pipeline_hydra.py"
-
-# auto_map class -> the custom pipeline (config.custom_pipelines entry) that uses it.
-PIPELINE_TASKS: dict[str, tuple[str, str, str]] = {
-    # auto class: (task name, pipeline class in PIPELINE_FILE, input type)
-    "AutoModelForSequenceClassification": ("hydra-text-classification", "HydraTextClassificationPipeline", "text"),
-    "AutoModelForImageClassification": ("hydra-image-classification", "HydraImageClassificationPipeline", "image"),
-    "AutoModelForZeroShotImageClassification": (
-        "hydra-zero-shot-image-classification", "HydraZeroShotImageClassificationPipeline", "multimodal"),
-}
+PIPELINE_FILE = f"{PIPELINE_MODULE}.py"
+# auto_map class -> (task name, pipeline class in PIPELINE_FILE, input type); the config's custom_pipelines
+PIPELINE_TASKS = HYDRA_PIPELINES
 
 
-def custom_pipelines_for(auto_map: dict[str, str]) -> dict[str, dict]:
-    """``config.custom_pipelines`` for a folder with this ``auto_map``: one uncertainty pipeline per
-    task head the folder ships, so ``pipeline(model=folder, trust_remote_code=True)`` finds it."""
-    module = PIPELINE_FILE.removesuffix(".py")
-    return {
-        task: {"impl": f"{module}.{cls}", "pt": [auto_class], "type": kind}
-        for auto_class, (task, cls, kind) in PIPELINE_TASKS.items()
-        if auto_class in auto_map
-    }
-
-
-def copy_modeling_code(folder: Path, arch: str) -> None:
-    """Copy the shipped modeling files of ``arch`` and the uncertainty pipelines flat into ``folder``."""
-    if arch not in SHIPPED:
-        raise ValueError(f"no shipped modeling code for base architecture {arch!r}; known: {sorted(SHIPPED)}")
-    for name in [*SHIPPED[arch]["files"], PIPELINE_FILE]:
-        shutil.copyfile(MODELING_DIR / name, folder / name)
+def copy_modeling_code(folder: Path, arch: str, *, overwrite: bool = True) -> None:
+    """Copy the shipped modeling files of family ``arch`` (with the uncertainty pipelines) flat into
+    ``folder``; with ``overwrite=False`` only those missing there."""
+    for name in dict.fromkeys([*get_family(arch).shipped_files, PIPELINE_FILE]):
+        if overwrite or not (folder / name).exists():
+            shutil.copyfile(MODELING_DIR / name, folder / name)
 
 
 def copy_preprocessor(source: str | os.PathLike, folder: Path) -> list[str]:
@@ -166,22 +114,25 @@ def save_hydra_model(
     preprocessor_from: str | os.PathLike | None = None,
     overwrite: bool = False,
     extra: Callable[[Path], None] | None = None,
+    command: str = "convert",
+    inputs: Iterable = (),
 ) -> Path:
     """Write ``model`` as a Hub-ready folder (atomically). ``extra(tmp)`` may add more files."""
-    arch = model.config.base_model_type
-    if arch not in SHIPPED:
-        raise ValueError(f"no shipped modeling code for base architecture {arch!r}; known: {sorted(SHIPPED)}")
+    family = family_of_config(model.config)  # HydraInputError for an unknown base_model_type
 
     def write(tmp: Path) -> None:
-        model.config.auto_map = dict(SHIPPED[arch]["auto_map"])
-        model.config.custom_pipelines = custom_pipelines_for(model.config.auto_map)
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        copy_modeling_code(tmp, arch)
+        model.config.auto_map = dict(family.auto_map)
+        model.config.custom_pipelines = custom_pipelines_for(model.config.auto_map) if family.uncertainty_pipelines else {}
+        # save_pretrained writes the code the model runs (its module and the sibling files it imports, as
+        # for any remote-code model); the copy only fills in a file it may lack (a class never registered
+        # for an auto class, e.g. one imported from a folder by hand)
+        model.save_pretrained(str(tmp))
+        copy_modeling_code(tmp, family.name, overwrite=False)
         if preprocessor_from is not None:
             copy_preprocessor(preprocessor_from, tmp)
         if extra is not None:
             extra(tmp)
 
-    out = atomic_folder(output_dir, write, overwrite=overwrite)
+    out = atomic_folder(output_dir, write, overwrite=overwrite, command=command, inputs=inputs)
     logger.info("wrote %s", out)
     return out

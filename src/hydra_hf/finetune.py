@@ -24,11 +24,17 @@ order). Evaluation goes through ``gather_for_metrics``, so every rank takes the 
 decision. Only the main process writes files, except Accelerate's per-process RNG states.
 
 Checkpointing: after every epoch (and every ``save_every_steps`` optimizer steps) the member's
-model, optimizer, scheduler and RNG states are saved with ``accelerator.save_state`` together with
-``trainer_state.json`` (epoch, step, best metric, patience counter); ``resume=True`` continues from
-there and ends with the weights an uninterrupted run gives.
+model, optimizer, scheduler and every process's RNG states (Python, NumPy, torch: the dropout
+masks) are saved with ``accelerator.save_state`` together with ``trainer_state.json`` (epoch, batches
+into the epoch, step, the epoch's partial loss sums, best metric, patience counter). ``resume=True``
+continues from there -- the same epoch permutation with its consumed batches skipped, the RNG states
+of that exact step -- and ends with the weights and loss history of an uninterrupted run. The data
+loader draws from its own generator, never from the global one, so that iterating it does not shift
+the dropout stream between a run and its resumption. A checkpoint without its RNG or trainer state
+is an error unless ``resume_partial=True`` (see :func:`finetune_members`).
 
-Work folder layout (``work_dir``, by default ``<output_dir>.work`` beside the output)::
+Work folder layout (``work_dir``, by default ``<output_dir>.work`` beside the output; it holds the
+``.hydra_hf_output.json`` marker of ``hydra-hf finetune``, and ``overwrite`` empties only such a folder)::
 
     finetune_config.json          the FinetuneConfig of the run (a resumed run must match it)
     log.jsonl                     one JSON line per epoch and member
@@ -56,9 +62,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .export import atomic_folder, check_output_dir, copy_preprocessor, save_hydra_model
+from .errors import HydraInputError, HydraOutputError, HydraUnsafeError, one_line
+from .export import copy_preprocessor, save_hydra_model
 from .masks import HeadMasks
-from .modeling.hydra_layers import HydraLayerNorm
+from .modeling.hydra_layers import HydraLayerNorm, HydraSelfAttention
+from .outputs import (
+    check_output,
+    prepare_owned_folder,
+    remove_stale_temporaries,
+    write_output_file,
+    write_output_folder,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +81,10 @@ SCHEDULERS = ("linear", "cosine", "constant")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 MLP_FUSIONS = ("average", "per_member")
 RECIPES = ("text", "image")
+COMMAND = "finetune"  # the marker command of the work and output folders
 CONFIG_FILE = "finetune_config.json"
 STATE_FILE = "trainer_state.json"
+RNG_FILE = "random_states_{rank}.pkl"  # accelerate's per-process RNG states in a checkpoint
 # FinetuneConfig fields that may change between an interrupted run and its --resume
 _RESUME_FREE = ("mixed_precision", "log_every_steps", "save_every_steps", "keep_checkpoints", "eval_batch_size")
 
@@ -232,34 +248,26 @@ class _ArchSupport:
 
 
 def _arch_support(arch: str) -> _ArchSupport:
-    if arch == "bert":
-        from transformers import BertConfig, BertForSequenceClassification
+    """What fine-tuning needs, from the family registry (hydra_hf.families)."""
+    from .families import get_family
 
-        from .convert import unfuse_bert
-
-        return _ArchSupport(
-            name="bert",
-            modality="text",
-            frozen_prefixes=("hydra.embeddings.",),  # word, position and token-type embeddings + their LayerNorm
-            unfuse=unfuse_bert,
-            stock_model=lambda cfg: BertForSequenceClassification(BertConfig.from_dict(cfg)),
+    family = get_family(arch)
+    if family.task not in ("text-classification", "image-classification"):
+        raise HydraInputError(
+            f"fine-tuning trains text and image classifiers; {family.name} is a {family.task} model (zero-shot "
+            "Hydra members need no training: prune and convert them)"
         )
-    if arch == "vit":
-        from transformers import ViTConfig, ViTForImageClassification
 
-        from .convert.hf_vit import unfuse_vit
+    def stock_model(cfg: dict[str, Any]) -> nn.Module:
+        num_labels = len(cfg["id2label"]) if cfg.get("id2label") else cfg.get("num_labels")
+        return family.stock_model(cfg, num_labels)
 
-        return _ArchSupport(
-            name="vit",
-            modality="image",
-            frozen_prefixes=("hydra.embeddings.",),  # patch projection, CLS token, position embeddings
-            unfuse=lambda state, config: unfuse_vit(state, config, names="module"),
-            stock_model=lambda cfg: ViTForImageClassification(ViTConfig.from_dict(cfg)),
-        )
-    raise ValueError(
-        f"fine-tuning supports Hugging Face BERT-family text classifiers and ViT image classifiers, not base "
-        f"architecture {arch!r}; convert a timm ViT to a Hugging Face ViT folder first, or fine-tune with the fused "
-        "model's own training loop"
+    return _ArchSupport(
+        name=family.name,
+        modality=family.modality,
+        frozen_prefixes=tuple(family.frozen_prefixes),
+        unfuse=family.unfuse,
+        stock_model=stock_model,
     )
 
 
@@ -289,6 +297,7 @@ class _Run:
     output_dir: Path
     config: FinetuneConfig
     overwrite: bool
+    inputs: list[Path]  # what the run reads (model folder, masks file, data files): never written or deleted
 
 
 def _weight_names(folder: Path) -> set[str]:
@@ -319,17 +328,37 @@ def _prepare_run(
     from transformers import AutoImageProcessor, AutoTokenizer
 
     from .convert import detect_arch, read_config
+    from .data import parse_spec
 
-    output_dir = check_output_dir(output_dir, overwrite)
-    work_dir = Path(work_dir) if work_dir is not None else output_dir.with_name(output_dir.name + ".work")
-    if work_dir.resolve() == output_dir.resolve() or output_dir.resolve() in work_dir.resolve().parents:
-        raise ValueError(f"work_dir {str(work_dir)!r} must not be the output folder or inside it; choose another")
     model_dir = Path(model_dir)
+    inputs = [model_dir] if isinstance(masks, HeadMasks) else [model_dir, Path(masks)]
+    for data in (train_data, eval_data):  # data files and folders (not embedded data set names)
+        if isinstance(data, (str, os.PathLike)) and os.path.exists(path := parse_spec(str(data))[0]):
+            inputs.append(Path(path))
+    output_dir = Path(output_dir)
+    work_dir = Path(work_dir) if work_dir is not None else output_dir.with_name(output_dir.name + ".work")
+    real_out, real_work = output_dir.resolve(), work_dir.resolve()
+    if real_work == real_out or real_out in real_work.parents or real_work in real_out.parents:
+        raise HydraInputError(
+            f"work folder {str(work_dir)!r} must not be the output folder {str(output_dir)!r}, lie inside it or "
+            "contain it; choose another --work-dir"
+        )
+    for item in inputs:  # prepare_owned_folder checks this too; here it fails before any loading, naming --work-dir
+        real = item.resolve()
+        if real == real_work or real_work in real.parents:
+            raise HydraUnsafeError(
+                f"work folder {str(work_dir)!r} is or contains the input {str(item)!r}; choose a --work-dir outside "
+                "the model folder, the masks file and the data"
+            )
+    check_output(output_dir, command=COMMAND, overwrite=overwrite, inputs=inputs)
     base_config = read_config(model_dir)
     arch = _arch_support(detect_arch(model_dir))
     masks = masks if isinstance(masks, HeadMasks) else HeadMasks.load(masks)
-    masks.check_compatible(
-        base_config["num_hidden_layers"], base_config["num_attention_heads"], model=f"the model {str(model_dir)!r}"
+    from transformers import AutoConfig
+
+    sizes = AutoConfig.for_model(**base_config)  # a data-only config object: its attribute_map knows every
+    masks.check_compatible(  # family's names for the sizes (DistilBERT's n_layers / n_heads)
+        sizes.num_hidden_layers, sizes.num_attention_heads, model=f"the model {str(model_dir)!r}"
     )
     has_classifier = "classifier.weight" in _weight_names(model_dir)
     what, loader = ("tokenizer", AutoTokenizer) if arch.modality == "text" else ("image processor", AutoImageProcessor)
@@ -375,7 +404,7 @@ def _prepare_run(
     return _Run(
         model_dir=model_dir, masks=masks, base_config=base_config, arch=arch, processor=processor, train=train,
         eval=evaluation, num_labels=num_labels, id2label=id2label, base_has_classifier=has_classifier,
-        work_dir=work_dir, output_dir=output_dir, config=config, overwrite=overwrite,
+        work_dir=work_dir, output_dir=output_dir, config=config, overwrite=overwrite, inputs=inputs,
     )  # fmt: skip
 
 
@@ -451,30 +480,69 @@ def _make_accelerator(config: FinetuneConfig):
     return accelerator, config
 
 
+def _prepare_work_dir(run: _Run, *, keep: bool) -> None:
+    """Main process, before any training: claim the work folder (see :func:`outputs.prepare_owned_folder`)
+    and remove what killed runs left in it and beside the output.
+
+    ``keep`` (``--resume``, or launches sharing the folder with ``members``) continues a folder an earlier
+    ``hydra-hf finetune`` created; ``run.overwrite`` empties such a folder. A non-empty folder without
+    our marker (an unrelated folder, the base model, ...) is never used, let alone deleted.
+    """
+    prepare_owned_folder(
+        run.work_dir, command=COMMAND, overwrite=run.overwrite, inputs=[*run.inputs, run.output_dir], keep=keep
+    )
+    remove_stale_temporaries(run.output_dir)
+    for folder in sorted(run.work_dir.glob("member_*")) + [run.work_dir / "fused"]:
+        if folder.is_dir() and not folder.is_symlink():
+            remove_stale_temporaries(folder / "model")
+
+
 def _check_work_dir(run: _Run, names: list[str], resume: bool, is_main: bool) -> None:
     """The work folder may be shared by several launches (``members=``) and by ``--resume``; starting
     a member that already has state there without ``resume`` is an error, as is a changed config."""
     saved_file = run.work_dir / CONFIG_FILE
     if saved_file.is_file():
-        saved = json.loads(saved_file.read_text())
+        try:
+            saved = json.loads(saved_file.read_text())
+            if not isinstance(saved, dict):
+                raise ValueError("not a mapping")
+        except ValueError as exc:
+            raise HydraInputError(
+                f"{str(saved_file)!r} is damaged ({exc}); start over with --overwrite or use another --work-dir"
+            ) from None
         now = run.config.to_dict()
         diff = {k: (saved.get(k), v) for k, v in now.items() if k not in _RESUME_FREE and saved.get(k) != v}
         if diff:
-            raise ValueError(
+            raise HydraInputError(
                 f"the work folder {str(run.work_dir)!r} holds a run with other settings {diff} (saved, now); "
                 "use the same settings, another --work-dir, or --overwrite"
             )
     if not resume:
         started = [n for n in names if (run.work_dir / n).exists()]
         if started:
-            raise FileExistsError(
+            raise HydraOutputError(
                 f"the work folder {str(run.work_dir)!r} already holds {started}; pass --resume to continue that run, "
                 "or --overwrite / another --work-dir to start over"
             )
-    if is_main:
-        run.work_dir.mkdir(parents=True, exist_ok=True)
-        if not saved_file.is_file():
-            run.config.save(saved_file)
+    if is_main and not saved_file.is_file():
+        write_output_file(saved_file, json.dumps(run.config.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+def _check_resume_flags(resume: bool, resume_partial: bool, overwrite: bool) -> bool:
+    """``resume`` as meant by the flags (``resume_partial`` implies it); contradictions are errors."""
+    resume = bool(resume or resume_partial)
+    if resume and overwrite:
+        raise HydraInputError("--resume continues the run in the work folder and --overwrite starts it afresh; pass one")
+    return resume
+
+
+def _start(accelerator, run: _Run, names: list[str], *, resume: bool, shared: bool) -> None:
+    """Claim and check the work folder on every process (the main process writes)."""
+    if accelerator.is_main_process:
+        _prepare_work_dir(run, keep=resume or (shared and not run.overwrite))
+    accelerator.wait_for_everyone()
+    _check_work_dir(run, names, resume, accelerator.is_main_process)
+    accelerator.wait_for_everyone()
 
 
 # ------------------------------------------------------------------------------------ training
@@ -533,6 +601,61 @@ class _EpochOrder(torch.utils.data.Sampler):
         return self.length
 
 
+def _drop_key_bias_gradients(model: nn.Module) -> None:
+    """Zero the gradient of every key bias (a hook on each ``qkv_bias``).
+
+    A key bias adds ``q . b_k`` to all of a query's attention scores alike, which softmax ignores: its
+    gradient is exactly zero, and what backpropagation returns is float noise. AdamW divides that noise
+    by its own running magnitude and turns it into learning-rate-sized random steps, which differ with
+    the summation order (one process vs several). Dropping it changes no output and makes N-process
+    runs match one process on every weight.
+    """
+    for module in model.modules():
+        if not isinstance(module, HydraSelfAttention) or module.qkv_bias.numel() == 0:
+            continue
+        if not module.qkv_bias.requires_grad:  # a family without biases (ModernBERT: zero buffers) or frozen
+            continue
+        dk = module.spec.head_dim
+        keep = torch.ones(module.qkv_bias.shape, dtype=torch.bool)  # (3*K*dk,)
+        start = 0
+        for width in module.spec.widths:  # member-major blocks of [Q rows; K rows; V rows]
+            keep[start + width * dk : start + 2 * width * dk] = False
+            start += 3 * width * dk
+        module.qkv_bias.register_hook(lambda grad, keep=keep: grad * keep.to(grad.device, grad.dtype))
+
+
+def _best_epoch(file: Path) -> int | None:
+    """The epoch recorded in a ``best*.safetensors`` file (None if unreadable)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return int((f.metadata() or {})["best_epoch"])
+    except Exception:  # noqa: BLE001 - unreadable, or written by an older version: not a usable best
+        return None
+
+
+def _damaged_file(folder: Path) -> Path | None:
+    """The first file of an accelerate checkpoint that does not parse (safetensors header and size,
+    or the zip directory and CRCs of a ``torch.save`` file); None if all do."""
+    import zipfile
+
+    from safetensors import safe_open
+
+    for file in sorted(folder.iterdir()):
+        try:
+            if file.suffix == ".safetensors":
+                with safe_open(str(file), framework="pt") as f:
+                    list(f.keys())
+            elif file.suffix in (".bin", ".pkl"):
+                with zipfile.ZipFile(file) as archive:
+                    if archive.testzip() is not None:
+                        return file
+        except Exception:  # noqa: BLE001 - any parse failure marks the file
+            return file
+    return None
+
+
 class _Trainer:
     """Trains one Hydra model (one member or the fused M members) with early stopping and
     checkpoint/resume. The model's member-wise outputs define the loss and the metrics."""
@@ -545,6 +668,7 @@ class _Trainer:
         self.folder = folder
         self.checkpoint = folder / "checkpoint"
         self.best_file = folder / "best.safetensors"
+        self.best_next = folder / "best.next.safetensors"  # a new best, committed with the next checkpoint
         self.seed = seed
         self.tag = tag
         world = accelerator.num_processes
@@ -557,7 +681,9 @@ class _Trainer:
         self.state: dict[str, Any] = {
             "epoch": 0, "batches_in_epoch": 0, "global_step": 0, "best_metric": None, "best_epoch": None,
             "bad_evaluations": 0, "done": False, "history": [],
+            "epoch_loss": None,  # per process [sum of batch losses, batches] of the unfinished epoch
         }  # fmt: skip
+        self.loss_sum = torch.zeros(2)  # this process's [sum of batch losses, batches] in this epoch
 
     # ------------------------------------------------------------------------------- loaders
     def _loader(self, dataset, batch_size: int):
@@ -576,9 +702,12 @@ class _Trainer:
 
         text = self._loader(self.run.train, self.config.batch_size)  # data.py's tokenizing collator
         self.order = _EpochOrder(len(self.run.train), self.config.batch_size, self.seed)
+        # Its own generator: a DataLoader without one draws its base seed from the global torch RNG
+        # each time it is iterated, i.e. at the start of an epoch in a run but right after the RNG
+        # restore in a resumed one, which would shift every later dropout mask by one draw.
         loader = DataLoader(
             self.run.train, batch_size=self.config.batch_size, sampler=self.order,
-            drop_last=True, collate_fn=text.collate_fn,
+            drop_last=True, collate_fn=text.collate_fn, generator=torch.Generator().manual_seed(self.seed),
         )  # fmt: skip
         return self.accelerator.prepare(loader)
 
@@ -604,44 +733,185 @@ class _Trainer:
     # ------------------------------------------------------------------------- checkpoints
     def _save_checkpoint(self) -> None:
         """Accelerate state + trainer state into ``checkpoint/``, replacing the previous one only once
-        the new one is complete (an interruption while saving keeps the previous checkpoint)."""
+        the new one is complete (a kill while saving keeps the previous checkpoint, or the new complete
+        one: :meth:`_recover` finishes the swap). A new best (``best.next``) is committed with it."""
         acc = self.accelerator
-        tmp = self.folder / "checkpoint.tmp"
+        tmp, old = self.folder / "checkpoint.tmp", self.folder / "checkpoint.old"
+        per_process = acc.gather(self.loss_sum.to(acc.device).unsqueeze(0)).cpu()  # (processes, 2)
+        self.state["epoch_loss"] = per_process.tolist() if self.state["batches_in_epoch"] else None
         if acc.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
         acc.wait_for_everyone()
         acc.save_state(str(tmp))
         acc.wait_for_everyone()
         if acc.is_main_process:
-            (tmp / STATE_FILE).write_text(json.dumps(self.state, indent=1) + "\n")
-            old = self.folder / "checkpoint.old"
+            # written last and atomically: a checkpoint folder holding it is complete
+            write_output_file(tmp / STATE_FILE, json.dumps(self.state, indent=1) + "\n")
             shutil.rmtree(old, ignore_errors=True)
             if self.checkpoint.exists():
                 os.replace(self.checkpoint, old)
             os.replace(tmp, self.checkpoint)
             shutil.rmtree(old, ignore_errors=True)
+            if self.best_next.is_file():
+                os.replace(self.best_next, self.best_file)
         acc.wait_for_everyone()
 
-    def _load_checkpoint(self) -> bool:
-        if not (self.checkpoint / STATE_FILE).is_file():
-            return False
-        self.accelerator.load_state(str(self.checkpoint))
-        self.state = json.loads((self.checkpoint / STATE_FILE).read_text())
-        if self.accelerator.is_main_process:
+    def _recover(self) -> None:
+        """Main process: undo what a kill during :meth:`_save_checkpoint` or :meth:`_save_best` left."""
+        tmp, old = self.folder / "checkpoint.tmp", self.folder / "checkpoint.old"
+        if not self.checkpoint.exists():  # killed between the two renames: the newest complete one wins
+            for candidate in (tmp, old):
+                if (candidate / STATE_FILE).is_file():
+                    os.replace(candidate, self.checkpoint)
+                    break
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+        self.best_next.with_name(self.best_next.name + ".tmp").unlink(missing_ok=True)
+        if self.best_next.is_file():  # the best of an epoch whose checkpoint was, or was not, written
+            saved = self._read_state() if (self.checkpoint / STATE_FILE).is_file() else {}
+            if saved.get("best_epoch") is not None and saved.get("best_epoch") == _best_epoch(self.best_next):
+                os.replace(self.best_next, self.best_file)
+            else:
+                self.best_next.unlink()
+
+    def _read_state(self) -> dict[str, Any]:
+        file = self.checkpoint / STATE_FILE
+        try:
+            state = json.loads(file.read_text())
+            if not isinstance(state, dict) or not {"epoch", "batches_in_epoch", "global_step"} <= set(state):
+                raise ValueError("not a trainer state")
+        except (OSError, ValueError) as exc:
+            raise self._damaged(file, exc) from None
+        return state
+
+    def _damaged(self, file: Path, exc: BaseException) -> HydraInputError:
+        return HydraInputError(
+            f"{self.tag}: the resume checkpoint file {str(file)!r} is damaged ({type(exc).__name__}: {one_line(exc)}); "
+            f"delete {str(self.checkpoint)!r} and pass --resume-partial to retrain this member from its first step, "
+            "or start the run over with --overwrite"
+        )
+
+    def _resume(self, partial: bool) -> None:
+        """Continue from ``checkpoint/`` exactly: weights, optimizer, scheduler, trainer state and each
+        process's RNG states of that step. A checkpoint without RNG states (or a member whose progress
+        has no trainer state) is an error unless ``partial``; see ``docs/finetune.md``."""
+        acc = self.accelerator
+        if acc.is_main_process:
+            self._recover()
+        acc.wait_for_everyone()
+        state_file = self.checkpoint / STATE_FILE
+        if not state_file.is_file():
+            if not (self.checkpoint.exists() or self.best_file.is_file()):
+                return  # killed before its first checkpoint: nothing was saved, start from step 0
+            if not partial:
+                raise HydraInputError(
+                    f"{self.tag}: {str(state_file)!r} is missing, so this member's progress cannot be resumed; "
+                    "pass --resume-partial to retrain it from its first step, or --overwrite to start the run over"
+                )
+            logger.warning("%s: %s is missing; --resume-partial: retraining this member from its first step", self.tag, state_file)
+            if acc.is_main_process:
+                shutil.rmtree(self.checkpoint, ignore_errors=True)
+                self.best_file.unlink(missing_ok=True)
+                self._trim_log(finished_epochs=0)
+            acc.wait_for_everyone()
+            return
+        state = self._read_state()
+        rng_files = [self.checkpoint / RNG_FILE.format(rank=r) for r in range(acc.num_processes)]
+        missing = [f.name for f in rng_files if not f.is_file()]
+        if missing and not partial:
+            raise HydraInputError(
+                f"{self.tag}: the checkpoint {str(self.checkpoint)!r} has no {missing[0]} (random states), so the "
+                "dropout masks after it would differ from the interrupted run; pass --resume-partial to go on "
+                "without them (the result then differs from an uninterrupted run), or --overwrite to start over"
+            )
+        rng = None
+        if not missing:
+            from accelerate.utils import load as accelerate_load
+
+            try:  # accelerate's load_state skips unreadable RNG states silently: read them here first
+                rng = accelerate_load(rng_files[acc.process_index])
+            except Exception as exc:  # noqa: BLE001 - any failure to unpickle means a damaged file
+                raise self._damaged(rng_files[acc.process_index], exc) from None
+        from safetensors import SafetensorError
+
+        self._check_checkpoint_weights()
+        try:
+            # strict=False: accelerate's safetensors writer keeps only one of several empty tensors (a
+            # layer without heads has three), so the others are absent from the file; that nothing else
+            # is missing or unexpected was checked above
+            acc.load_state(str(self.checkpoint), strict=False)
+        except (SafetensorError, OSError, RuntimeError, ValueError, KeyError, EOFError) as exc:
+            raise self._damaged(_damaged_file(self.checkpoint) or self.checkpoint, exc) from None
+        if rng is not None and not torch.equal(torch.get_rng_state(), rng["torch_manual_seed"]):
+            raise self._damaged(rng_files[acc.process_index], RuntimeError("the RNG state was not restored"))
+        if missing:
+            logger.warning(
+                "%s: --resume-partial: resuming at step %d without %s; dropout masks from here on differ from an "
+                "uninterrupted run", self.tag, state["global_step"], ", ".join(missing),
+            )  # fmt: skip
+        self.state = state
+        if acc.is_main_process:
+            self._trim_log(finished_epochs=state["epoch"])
             logger.info(
                 "%s: resuming after epoch %d, %d batches into the next (step %d)",
-                self.tag, self.state["epoch"], self.state["batches_in_epoch"], self.state["global_step"],
-            )
-        return True
+                self.tag, state["epoch"], state["batches_in_epoch"], state["global_step"],
+            )  # fmt: skip
+
+    def _check_checkpoint_weights(self) -> None:
+        """The checkpoint's weights are this model's: every non-empty tensor present, nothing unknown."""
+        from safetensors import safe_open
+
+        file = self.checkpoint / "model.safetensors"
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                saved = set(f.keys())
+        except Exception as exc:  # noqa: BLE001 - a missing or unparsable file: damaged
+            raise self._damaged(file, exc) from None
+        expected = self.accelerator.unwrap_model(self.model).state_dict()
+        wrong = sorted(k for k, v in expected.items() if v.numel() and k not in saved) + sorted(saved - set(expected))
+        if wrong:
+            raise self._damaged(file, KeyError(f"{len(wrong)} tensors missing or unexpected, e.g. {wrong[0]!r}"))
+
+    def _trim_log(self, finished_epochs: int) -> None:
+        """Drop this model's ``log.jsonl`` lines of epochs after the checkpoint (and a line a kill cut
+        short): the resumed run writes them again."""
+        log = self.run.work_dir / "log.jsonl"
+        if not log.is_file():
+            return
+        kept = []
+        for line in log.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("tag") == self.tag and record.get("epoch", 0) > finished_epochs:
+                continue
+            kept.append(line)
+        write_output_file(log, "".join(x + "\n" for x in kept))
+
+    def _resumed_loss_sum(self) -> torch.Tensor:
+        """This process's loss sums of the epoch the checkpoint interrupted (as the interrupted run had them)."""
+        saved = self.state.get("epoch_loss")
+        acc = self.accelerator
+        if not saved or not self.state["batches_in_epoch"]:
+            return torch.zeros(2)
+        if len(saved) == acc.num_processes:
+            return torch.tensor(saved[acc.process_index], dtype=torch.float32)
+        total = torch.tensor(saved, dtype=torch.float32).sum(0)  # another number of processes: one holds it all
+        return total if acc.is_main_process else torch.zeros(2)
 
     def _save_best(self) -> None:
+        """Write the current weights as the new best; :meth:`_save_checkpoint` commits them."""
         from safetensors.torch import save_file
 
         if self.accelerator.is_main_process:
             state = self.accelerator.unwrap_model(self.model).state_dict()
-            tmp = self.best_file.with_name(self.best_file.name + ".tmp")
-            save_file({k: v.detach().float().cpu().contiguous() for k, v in state.items()}, str(tmp))
-            os.replace(tmp, self.best_file)
+            tmp = self.best_next.with_name(self.best_next.name + ".tmp")
+            save_file(
+                {k: v.detach().float().cpu().contiguous() for k, v in state.items()}, str(tmp),
+                metadata={"best_epoch": str(self.state["best_epoch"])},
+            )  # fmt: skip
+            os.replace(tmp, self.best_next)
         self.accelerator.wait_for_everyone()
 
     # ---------------------------------------------------------------------------- evaluation
@@ -669,7 +939,9 @@ class _Trainer:
         }
 
     # ------------------------------------------------------------------------------- train
-    def train(self, resume: bool, step_callback: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+    def train(
+        self, resume: bool, step_callback: Callable[[dict[str, Any]], None] | None, resume_partial: bool = False
+    ) -> dict[str, Any]:
         from tqdm.auto import tqdm
         from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -677,12 +949,18 @@ class _Trainer:
         for name, param in self.model.named_parameters():
             if c.freeze_embeddings and name.startswith(self.run.arch.frozen_prefixes):
                 param.requires_grad_(False)
+            elif param.numel() == 0:
+                # A layer where the model keeps no head has empty Q/K/V/O projections (0 rows) that the
+                # forward pass skips. They hold nothing to train, and DDP would wait for their gradients
+                # forever ("Parameter indices which did not receive grad"): not trainable, at no cost.
+                param.requires_grad_(False)
+        _drop_key_bias_gradients(self.model)
         optimizer = self._optimizer()
         scheduler = self._scheduler(optimizer)
         self.model, optimizer, scheduler = acc.prepare(self.model, optimizer, scheduler)
         eval_loader = acc.prepare(self._loader(self.run.eval, self.eval_batch_size)) if self.run.eval is not None else None
         if resume:
-            self._load_checkpoint()
+            self._resume(resume_partial)
         if acc.is_main_process:
             self.folder.mkdir(parents=True, exist_ok=True)
         s = self.state
@@ -697,7 +975,8 @@ class _Trainer:
                 self.order.epoch = s["epoch"]
                 skip = s["batches_in_epoch"]
                 loader = acc.skip_first_batches(train_loader, skip) if skip else train_loader
-                loss_sum = torch.zeros(2, device=acc.device)  # (sum of batch losses, batches) this process
+                # (sum of batch losses, batches) of this process in this epoch, as far as the checkpoint got
+                self.loss_sum = (self._resumed_loss_sum() if skip else torch.zeros(2)).to(acc.device)
                 hit_max = False
                 for batch in loader:
                     labels = batch.pop("labels")
@@ -712,13 +991,14 @@ class _Trainer:
                         scheduler.step()
                         optimizer.zero_grad()
                     s["batches_in_epoch"] += 1
-                    loss_sum += torch.stack([loss.detach().float(), torch.ones((), device=acc.device)])
+                    self.loss_sum += torch.stack([loss.detach().float(), torch.ones((), device=acc.device)])
                     if not acc.sync_gradients:
                         continue
                     s["global_step"] += 1
                     progress.update(1)
                     if s["global_step"] % c.log_every_steps == 0:
-                        progress.set_postfix(loss=f"{float(loss_sum[0] / loss_sum[1]):.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
+                        mean = float(self.loss_sum[0] / self.loss_sum[1])
+                        progress.set_postfix(loss=f"{mean:.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
                     hit_max = c.max_steps is not None and s["global_step"] >= c.max_steps
                     mid_epoch = s["batches_in_epoch"] < self.batches_per_epoch  # an epoch end saves anyway
                     if c.save_every_steps and s["global_step"] % c.save_every_steps == 0 and mid_epoch and not hit_max:
@@ -727,13 +1007,14 @@ class _Trainer:
                         step_callback({"tag": self.tag, "epoch": s["epoch"], "step": s["global_step"], "loss": float(loss.detach())})
                     if hit_max:
                         break
-                self._end_epoch(eval_loader, loss_sum, hit_max)
+                self._end_epoch(eval_loader, hit_max)
         progress.close()
         return s
 
-    def _end_epoch(self, eval_loader, loss_sum: torch.Tensor, hit_max: bool) -> None:
+    def _end_epoch(self, eval_loader, hit_max: bool) -> None:
         acc, c, s = self.accelerator, self.config, self.state
-        total = acc.gather(loss_sum.unsqueeze(0)).sum(0)  # over processes
+        total = acc.gather(self.loss_sum.unsqueeze(0)).sum(0)  # over processes
+        self.loss_sum = torch.zeros(2, device=acc.device)
         record: dict[str, Any] = {
             "tag": self.tag, "epoch": s["epoch"] + 1, "step": s["global_step"],
             "train_loss": round(float(total[0] / total[1]), 6) if total[1] > 0 else None,
@@ -758,7 +1039,7 @@ class _Trainer:
             if stop:
                 line += f"; early stop ({s['bad_evaluations']} evaluations without improvement)"
             logger.info(line)
-            with open(self.run.work_dir / "log.jsonl", "a") as f:
+            with open(self.run.work_dir / "log.jsonl", "a") as f:  # a resume drops lines after its checkpoint
                 f.write(json.dumps(record) + "\n")
         self._save_checkpoint()
 
@@ -798,7 +1079,9 @@ def _export_member(run: _Run, model: nn.Module, state: dict[str, torch.Tensor], 
         member_masks.save(tmp / "masks.json")
         (tmp / "finetune_member.json").write_text(json.dumps(info, indent=1) + "\n")
 
-    atomic_folder(folder, write, overwrite=True)
+    # the same locked, atomic, marked writer as every output (its .model.tmp-PID-* leftovers of a
+    # killed run are removed on the next run)
+    write_output_folder(folder, write, command=COMMAND, overwrite=True, inputs=run.inputs)
 
 
 def _summary_writer(summary: dict[str, Any]) -> Callable[[Path], None]:
@@ -819,6 +1102,7 @@ def finetune_members(
     members: Sequence[int] | None = None,
     work_dir: str | os.PathLike | None = None,
     resume: bool = False,
+    resume_partial: bool = False,
     overwrite: bool = False,
     id2label: dict[int, str] | None = None,
     step_callback: Callable[[dict[str, Any]], None] | None = None,
@@ -840,8 +1124,14 @@ def finetune_members(
         members: train only these members (e.g. one launch per GPU, sharing ``work_dir``); the fused
             folder is written by the launch that finds every member trained.
         work_dir: checkpoints, logs and the per-member stock folders (default ``<output_dir>.work``).
-        resume: continue the members' last checkpoints in ``work_dir`` (finished members are skipped).
-        overwrite: replace an existing ``output_dir`` and start ``work_dir`` afresh.
+        resume: continue the members' last checkpoints in ``work_dir`` (finished members are skipped),
+            exactly: the result equals an uninterrupted run's.
+        resume_partial: implies ``resume``; also go on (with a warning) when a member's checkpoint has
+            no RNG states (it resumes, but dropout differs from an uninterrupted run) or no trainer state
+            (that member is retrained from its first step). Without it both are errors.
+        overwrite: replace ``output_dir`` and empty ``work_dir``, but only folders an earlier
+            ``hydra-hf finetune`` wrote (they hold its ``.hydra_hf_output.json`` marker); any other
+            non-empty folder is an error and is never deleted.
         id2label: class names for a bare encoder (the checkpoint's own labels win otherwise).
         step_callback: called after every optimizer step with ``{"tag", "epoch", "step", "loss"}``;
             raising :class:`TrainingInterrupted` there stops the run (resume later).
@@ -849,6 +1139,7 @@ def finetune_members(
     Returns:
         ``output_dir``, or ``None`` when other members remain to be trained.
     """
+    resume = _check_resume_flags(resume, resume_partial, overwrite)
     accelerator, config = _make_accelerator(config or default_recipe(model_dir))
     with accelerator.main_process_first():  # the main process fills the datasets cache first
         run = _prepare_run(model_dir, masks, train_data, eval_data, output_dir, config, work_dir, overwrite, id2label)
@@ -856,12 +1147,8 @@ def finetune_members(
     chosen = list(range(M)) if members is None else sorted(set(members))
     bad = [m for m in chosen if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < M]
     if bad:
-        raise ValueError(f"members {bad} are not members of the masks file (0..{M - 1})")
-    if overwrite and accelerator.is_main_process and run.work_dir.exists():
-        shutil.rmtree(run.work_dir)
-    accelerator.wait_for_everyone()
-    _check_work_dir(run, [f"member_{m}" for m in chosen], resume, accelerator.is_main_process)
-    accelerator.wait_for_everyone()
+        raise HydraInputError(f"members {bad} are not members of the masks file (0..{M - 1})")
+    _start(accelerator, run, [f"member_{m}" for m in chosen], resume=resume, shared=members is not None)
 
     for m in chosen:
         folder = run.work_dir / f"member_{m}"
@@ -879,7 +1166,7 @@ def finetune_members(
 
         set_seed(seed)
         trainer = _Trainer(accelerator, run, model, folder, seed, tag=f"member {m}")
-        state = trainer.train(resume, step_callback)
+        state = trainer.train(resume, step_callback, resume_partial)
         if accelerator.is_main_process:
             info = {
                 "member": m, "seed": seed, "epochs": state["epoch"], "steps": state["global_step"],
@@ -920,7 +1207,10 @@ def _fuse_members(run: _Run) -> None:
         logger.warning("embeddings were fine-tuned per member: the fused model averages them (freeze_embeddings avoids this)")
     model = convert_checkpoint(masks, members=folders, mlp_fusion=run.config.mlp_fusion, shared=shared)
     summary = {"mode": "members", "config": run.config.to_dict(), "members": infos}
-    save_hydra_model(model, run.output_dir, preprocessor_from=folders[0], overwrite=run.overwrite, extra=_summary_writer(summary))
+    save_hydra_model(
+        model, run.output_dir, preprocessor_from=folders[0], overwrite=run.overwrite, extra=_summary_writer(summary),
+        command=COMMAND, inputs=[*run.inputs, run.work_dir],
+    )  # fmt: skip
     logger.info("wrote the fused model of %d fine-tuned members to %s", len(folders), run.output_dir)
 
 
@@ -934,6 +1224,7 @@ def finetune_fused(
     *,
     work_dir: str | os.PathLike | None = None,
     resume: bool = False,
+    resume_partial: bool = False,
     overwrite: bool = False,
     id2label: dict[int, str] | None = None,
     step_callback: Callable[[dict[str, Any]], None] | None = None,
@@ -948,21 +1239,18 @@ def finetune_fused(
     Returns:
         ``output_dir``.
     """
+    resume = _check_resume_flags(resume, resume_partial, overwrite)
     accelerator, config = _make_accelerator(config or default_recipe(model_dir))
     with accelerator.main_process_first():
         run = _prepare_run(model_dir, masks, train_data, eval_data, output_dir, config, work_dir, overwrite, id2label)
-    if overwrite and accelerator.is_main_process and run.work_dir.exists():
-        shutil.rmtree(run.work_dir)
-    accelerator.wait_for_everyone()
-    _check_work_dir(run, ["fused"], resume, accelerator.is_main_process)
-    accelerator.wait_for_everyone()
+    _start(accelerator, run, ["fused"], resume=resume, shared=False)
     from accelerate.utils import set_seed
 
     model = _build_hydra(run, run.masks, run.config.mlp_fusion, run.config.seed)
     set_seed(run.config.seed)
     folder = run.work_dir / "fused"
     trainer = _Trainer(accelerator, run, model, folder, run.config.seed, tag="fused")
-    state = trainer.train(resume, step_callback)
+    state = trainer.train(resume, step_callback, resume_partial)
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(trainer.model)
         model.load_state_dict(trainer.final_state_dict(), strict=True)
@@ -970,7 +1258,10 @@ def finetune_fused(
             "mode": "fused", "config": run.config.to_dict(), "epochs": state["epoch"], "steps": state["global_step"],
             "best_eval_accuracy": state["best_metric"], "best_epoch": state["best_epoch"], "history": state["history"],
         }  # fmt: skip
-        save_hydra_model(model.eval(), run.output_dir, preprocessor_from=run.model_dir, overwrite=run.overwrite, extra=_summary_writer(summary))
+        save_hydra_model(
+            model.eval(), run.output_dir, preprocessor_from=run.model_dir, overwrite=run.overwrite,
+            extra=_summary_writer(summary), command=COMMAND, inputs=[*run.inputs, run.work_dir],
+        )  # fmt: skip
         if not run.config.keep_checkpoints:
             shutil.rmtree(folder / "checkpoint", ignore_errors=True)
     accelerator.wait_for_everyone()

@@ -32,7 +32,9 @@ from typing import Any
 
 import torch
 
+from .errors import HydraTypeError
 from .modeling.configuration_hydra import check_kept_heads
+from .outputs import write_output_file
 
 FORMAT_NAME = "hydra-head-masks"
 FORMAT_VERSION = 1
@@ -40,6 +42,16 @@ FORMAT_VERSION = 1
 
 # One validator for the masks file and the shipped config (the config cannot import hydra_hf).
 validate_kept_heads = check_kept_heads
+
+
+def _count(value: Any, key: str, source: str) -> int:
+    """A positive integer read from a masks file (``"4"`` or ``4.0`` is a type error naming the fix)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        hint = f"; write {value} without quotes" if isinstance(value, str) and value.strip().isdigit() else ""
+        raise HydraTypeError(f"{source}: {key!r} must be an integer, got {type(value).__name__} {value!r}{hint}")
+    if value < 1:
+        raise ValueError(f"{source}: {key!r} must be at least 1, got {value}")
+    return value
 
 
 @dataclass
@@ -176,7 +188,8 @@ class HeadMasks:
             if "kept_heads" not in m:
                 raise ValueError(f"{source}: members[{i}] has no 'kept_heads'")
         kept = [m["kept_heads"] for m in members]
-        num_layers, num_heads = data["num_layers"], data["num_heads"]
+        num_layers = _count(data["num_layers"], "num_layers", source)
+        num_heads = _count(data["num_heads"], "num_heads", source)
         validate_kept_heads(kept, num_layers, num_heads, where=f"{source}: members[*].kept_heads")
         meta = {k: v for k, v in data.items() if k not in {"format", "version", "num_layers", "num_heads", "members"}}
         return cls(
@@ -190,22 +203,14 @@ class HeadMasks:
     def load(cls, path: str | os.PathLike) -> HeadMasks:
         """Read a masks file; a missing file or bad JSON raises ``ValueError`` naming the path."""
         path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"masks file {str(path)!r} does not exist; create one with `hydra-hf prune` or by hand")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"masks file {str(path)!r} is not valid JSON ({exc}); fix or regenerate it") from None
-        return cls.from_dict(data, source=f"masks file {str(path)!r}")
+        return cls.from_dict(_read_masks_json(path), source=f"masks file {str(path)!r}")
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (a temporary file renamed into place): never a half-written masks file."""
         path = Path(path)
         text = json.dumps(self.to_dict(), indent=2, default=_json_default)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text + "\n")
-        os.replace(tmp, path)
+        write_output_file(path, text + "\n")
 
     def check_compatible(self, num_layers: int, num_heads: int, *, model: str = "the model") -> None:
         """Raise ``ValueError`` unless these masks fit a model of ``num_layers`` x ``num_heads``."""
@@ -359,6 +364,7 @@ class TowerHeadMasks:
         for name, shape in towers.items():
             if not isinstance(shape, dict) or "num_layers" not in shape or "num_heads" not in shape:
                 raise ValueError(f"{source}: towers[{name!r}] must be {{\"num_layers\": L, \"num_heads\": H}}")
+            shape = {k: _count(shape[k], f"towers[{name!r}].{k}", source) for k in ("num_layers", "num_heads")}
             kept = []
             for i, m in enumerate(members):
                 heads = m.get("kept_heads")
@@ -400,9 +406,7 @@ class TowerHeadMasks:
         path = Path(path)
         text = json.dumps(self.to_dict(), indent=2, default=_json_default)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text + "\n")
-        os.replace(tmp, path)
+        write_output_file(path, text + "\n")
 
     def check_compatible(self, shapes: dict[str, tuple[int, int]], *, model: str = "the model") -> None:
         """Raise ``ValueError`` unless every tower in the masks fits ``shapes[tower] = (L, H)``."""
@@ -415,13 +419,20 @@ class TowerHeadMasks:
 def load_masks(path: str | os.PathLike) -> HeadMasks | TowerHeadMasks:
     """Read a masks file: ``TowerHeadMasks`` when it has ``towers`` (CLIP), else ``HeadMasks``."""
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"masks file {str(path)!r} does not exist; create one with `hydra-hf prune` or by hand")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"masks file {str(path)!r} is not valid JSON ({exc}); fix or regenerate it") from None
+    data = _read_masks_json(path)
     source = f"masks file {str(path)!r}"
     if isinstance(data, dict) and "towers" in data:
         return TowerHeadMasks.from_dict(data, source=source)
     return HeadMasks.from_dict(data, source=source)
+
+
+def _read_masks_json(path: Path) -> Any:
+    """The JSON content of a masks file; every problem is a ``ValueError`` naming the path."""
+    if path.is_dir():
+        raise ValueError(f"masks file {str(path)!r} is a folder; pass the masks JSON file (e.g. masks.json)")
+    if not path.is_file():
+        raise ValueError(f"masks file {str(path)!r} does not exist; create one with `hydra-hf prune` or by hand")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"masks file {str(path)!r} is not valid JSON ({exc}); fix or regenerate it") from None

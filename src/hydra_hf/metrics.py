@@ -58,6 +58,8 @@ __all__ = [
     "negative_mutual_information",
     "energy_score",
     "ood_score",
+    "paired_bootstrap",
+    "bootstrap_verdict",
     "calibration_report",
     "ood_report",
     "module_path",
@@ -730,6 +732,48 @@ def ood_report(scores_id: ArrayLike, scores_ood: ArrayLike) -> dict[str, float]:
         "aupr_in": aupr_in(s_id, s_ood),
         "aupr_out": aupr_out(s_id, s_ood),
     }
+
+
+def paired_bootstrap(
+    statistic: Any,
+    sizes: tuple[int, ...],
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, float]:
+    """Paired bootstrap interval of a difference between two models evaluated on the same examples.
+
+    ``statistic(*indices)`` returns the difference (model A's metric minus model B's) computed on
+    the examples ``indices[g]`` of each group ``g`` (e.g. the ID set, and for an OOD metric the OOD
+    set too); each group of ``sizes[g]`` examples is resampled with replacement, independently of
+    the others, and both models always see the same resample (paired). The interval is the
+    percentile interval of ``n_boot`` resamples.
+
+    Returns:
+        ``{"difference", "ci_low", "ci_high", "level", "n_boot"}``; ``difference`` is on all examples.
+    """
+    if n_boot < 10:
+        raise ValueError(f"n_boot must be at least 10, got {n_boot}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if any(n < 1 for n in sizes):
+        raise ValueError(f"every group needs examples, got sizes {sizes}")
+    g = torch.Generator().manual_seed(seed)
+    point = float(statistic(*[torch.arange(n) for n in sizes]))
+    draws = torch.tensor([float(statistic(*[torch.randint(0, n, (n,), generator=g) for n in sizes])) for _ in range(n_boot)],
+                         dtype=torch.float64)
+    draws = draws[torch.isfinite(draws)]
+    alpha = (1 - level) / 2
+    low, high = torch.quantile(draws, torch.tensor([alpha, 1 - alpha], dtype=torch.float64)).tolist()
+    return {"difference": point, "ci_low": low, "ci_high": high, "level": level, "n_boot": int(n_boot)}
+
+
+def bootstrap_verdict(interval: dict[str, float], higher_is_better: bool) -> str:
+    """``"better"`` / ``"worse"`` for model A when the interval excludes 0, else ``"tie"``."""
+    if interval["ci_low"] <= 0 <= interval["ci_high"]:
+        return "tie"
+    return "better" if (interval["difference"] > 0) == higher_is_better else "worse"
 
 
 def module_path(name: str) -> str:

@@ -25,14 +25,14 @@ import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from .outputs import prepare_owned_folder
 
 logger = logging.getLogger(__name__)
 
@@ -236,22 +236,13 @@ def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member
 
 def check_hub_folder(hub_dir: Path, hydra, tokenizer, texts: list[str]) -> dict[str, Any]:
     """Load the staged folder in a fresh process where hydra_hf cannot be imported, as a Hub user
-    would, and compare its predictions with the in-process model's."""
+    would (:func:`hydra_hf.hub.fresh_check`), and compare its predictions with the in-process model's."""
+    from .hub import fresh_check
+
     enc = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
     with torch.inference_mode():
         expected = torch.softmax(hydra(**enc).logits, -1)
-    code = (
-        "import sys, json, torch\nsys.modules['hydra_hf'] = None\n"
-        "from transformers import pipeline\n"
-        f"pipe = pipeline('text-classification', model={str(hub_dir.resolve())!r}, trust_remote_code=True, top_k=None)\n"
-        f"out = pipe({texts!r})\n"
-        "print(json.dumps([{d['label']: d['score'] for d in row} for row in out]))\n"
-    )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd="/", timeout=300)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the Hub folder does not load in a fresh process:\n{proc.stderr[-2000:]}")
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = fresh_check(hub_dir, task="text-probs", inputs={"texts": texts})
     labels = [hydra.config.id2label[i] for i in range(hydra.config.num_labels)]
     fresh = torch.tensor([[row[label] for label in labels] for row in got], dtype=expected.dtype)
     diff = float((fresh - expected).abs().max())
@@ -270,7 +261,8 @@ def run_text_pipeline(p: TextPipeline, output_dir: str | os.PathLike, *, resume:
     from .masks import HeadMasks
 
     out = Path(output_dir).resolve()  # absolute: the fresh-process check runs from another directory
-    out.mkdir(parents=True, exist_ok=True)
+    # a folder of our own (marker): the stages below replace their sub-folders, never a user's folder
+    prepare_owned_folder(out, command="recipe", overwrite=False, keep=True)
     base = Path(p.base_model) if p.base_model else packaged_minilm()
     id2label = dict(enumerate(p.labels))
     timings: dict[str, float] = {}
@@ -305,12 +297,10 @@ def run_text_pipeline(p: TextPipeline, output_dir: str | os.PathLike, *, resume:
         p, single_dir, hydra_dir, hydra_work / "member_0" / "model", report_dir, settings))
 
     hub_dir = out / "hub"
-    if hub_dir.exists():
-        shutil.rmtree(hub_dir)
 
-    def stage_hub():
+    def stage_hub():  # replaces hub/ only if an earlier run staged it (the push marker)
         hub.stage_repository(hydra_dir, hub_dir, repo_id=repo_id, report=report_dir / "report.json",
-                             base_model=p.hub_base_model,
+                             base_model=p.hub_base_model, overwrite=True,
                              training=f"{p.method} members (seeds {p.seed}..{p.seed + p.members - 1}) fine-tuned on {p.train_data}")
         hub.validate_staged(hub_dir)
         from .evaluation import load_classifier

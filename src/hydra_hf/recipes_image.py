@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .outputs import prepare_owned_folder
 from .recipes import PipelineResult, _all_heads_masks, _stage_done, timed_stage
 
 logger = logging.getLogger(__name__)
@@ -175,7 +176,8 @@ def run_image_pipeline(p: ImagePipeline, output_dir: str | os.PathLike, *, resum
     from .masks import HeadMasks
 
     out = Path(output_dir).resolve()  # absolute, as in the text pipeline
-    out.mkdir(parents=True, exist_ok=True)
+    # a folder of our own (marker): the stages below replace their sub-folders, never a user's folder
+    prepare_owned_folder(out, command="recipe", overwrite=False, keep=True)
     base = Path(p.base_model)
     id2label = dict(enumerate(p.labels)) if p.labels else None
     timings: dict[str, float] = {}
@@ -208,12 +210,10 @@ def run_image_pipeline(p: ImagePipeline, output_dir: str | os.PathLike, *, resum
         p, single_dir, hydra_dir, hydra_work / "member_0" / "model", report_dir, settings))
 
     hub_dir = out / "hub"
-    if hub_dir.exists():
-        shutil.rmtree(hub_dir)
 
-    def stage_hub():
+    def stage_hub():  # replaces hub/ only if an earlier run staged it (the push marker)
         hub.stage_repository(hydra_dir, hub_dir, repo_id=repo_id, report=report_dir / "report.json",
-                             base_model=p.hub_base_model,
+                             base_model=p.hub_base_model, overwrite=True,
                              training=f"{p.method} members (seeds {p.seed}..{p.seed + p.members - 1}) fine-tuned on {p.train_data}")
         return hub.validate_staged(hub_dir)
 

@@ -34,15 +34,13 @@ import json
 import logging
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .outputs import prepare_owned_folder
 from .recipes import PipelineResult, _stage_done, timed_stage
 
 logger = logging.getLogger(__name__)
@@ -296,55 +294,20 @@ def evaluate_zero_shot(p: ZeroShotPipeline, hydra_dir: Path, member_dir: Path, v
     return json.loads((report_dir / "report.json").read_text())
 
 
-_FRESH_SCRIPT = r"""
-import sys
-sys.modules["hydra_hf"] = None  # a Hub user who never installed hydra_hf
-import json
-import torch
-from safetensors.torch import load_file
-from transformers import AutoModel, AutoTokenizer
-
-folder, inputs_dir = sys.argv[1], sys.argv[2]
-spec = json.load(open(inputs_dir + "/prompts.json"))
-pixels = load_file(inputs_dir + "/pixels.safetensors")["pixel_values"]
-model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
-tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-names, templates = spec["class_names"], spec["templates"]
-prompts = [t.format(n) for n in names for t in templates]
-with torch.no_grad():
-    enc = tokenizer(prompts, padding=True, truncation=True, return_tensors="pt")
-    text = model.get_text_features(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])  # (C*K, M, P)
-    text = text / text.norm(dim=-1, keepdim=True)
-    text = text.view(len(names), len(templates), *text.shape[1:]).mean(1)  # (C, M, P)
-    text = text / text.norm(dim=-1, keepdim=True)
-    image = model.get_image_features(pixel_values=pixels)  # (B, M, P)
-    image = image / image.norm(dim=-1, keepdim=True)
-    member_logits = model.logit_scale.exp() * torch.einsum("bmp,cmp->bmc", image, text)
-print(json.dumps(torch.softmax(member_logits.double(), -1).tolist()))
-"""
-
-
 def check_zero_shot_hub_folder(hub_dir: Path, predictor, pixel_values: torch.Tensor, timeout: float = 300) -> dict[str, Any]:
     """Load the staged folder in a fresh process where hydra_hf cannot be imported, compute the
     members' zero-shot probabilities there (the folder's tokenizer, the predictor's prompts, the same
     images) and compare them with ``predictor`` (a ZeroShotPredictor of the in-process Hydra model)."""
-    from safetensors.torch import save_file
+    from .hub import fresh_check
 
     if not any((hub_dir / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
         raise RuntimeError(f"{hub_dir} has no tokenizer: zero-shot prompts cannot be tokenized by a Hub user")
     with torch.inference_mode():
         expected = torch.softmax(predictor.member_logits({"pixel_values": pixel_values}).double().cpu(), -1)  # (B, M, C)
-    with tempfile.TemporaryDirectory(prefix="hydra-zero-shot-") as tmp:
-        save_file({"pixel_values": pixel_values.contiguous().cpu()}, f"{tmp}/pixels.safetensors")
-        Path(tmp, "prompts.json").write_text(json.dumps({"class_names": predictor.class_names, "templates": predictor.templates}))
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_MODULES_CACHE": tmp,
-               "TOKENIZERS_PARALLELISM": "false", "PYTHONNOUSERSITE": "1"}
-        env.pop("PYTHONPATH", None)
-        proc = subprocess.run([sys.executable, "-c", _FRESH_SCRIPT, str(hub_dir.resolve()), tmp], capture_output=True,
-                              text=True, env=env, cwd=tmp, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the Hub folder does not load in a fresh process:\n{proc.stderr[-2000:]}")
-    fresh = torch.tensor(json.loads(proc.stdout.strip().splitlines()[-1]), dtype=torch.float64)
+    got = fresh_check(hub_dir, task="zero-shot-member-probs", timeout=timeout,
+                      inputs={"class_names": predictor.class_names, "templates": predictor.templates},
+                      tensors={"pixel_values": pixel_values})
+    fresh = torch.tensor(got, dtype=torch.float64)  # (B, M, C)
     diff = float((fresh - expected).abs().max())
     if fresh.shape != expected.shape or diff > 1e-4:
         raise RuntimeError(f"fresh-process member probabilities {tuple(fresh.shape)} differ from the in-process model's "
@@ -367,7 +330,8 @@ def run_zero_shot_pipeline(p: ZeroShotPipeline, output_dir: str | os.PathLike, *
     from .modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
 
     out = Path(output_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    # a folder of our own (marker): the stages below replace their sub-folders, never a user's folder
+    prepare_owned_folder(out, command="recipe", overwrite=False, keep=True)
     timings: dict[str, float] = {}
     validation, test = load_splits(p)
     logger.info("ID data: %d validation and %d test images, %d classes", len(validation), len(test), len(p.class_names))
@@ -401,12 +365,10 @@ def run_zero_shot_pipeline(p: ZeroShotPipeline, output_dir: str | os.PathLike, *
         p, hydra_dir, member_dir, validation, test, single_summary, report_dir, settings))
 
     hub_dir = out / "hub"
-    if hub_dir.exists():
-        shutil.rmtree(hub_dir)
 
-    def stage_hub():
+    def stage_hub():  # replaces hub/ only if an earlier run staged it (the push marker)
         hub.stage_repository(hydra_dir, hub_dir, repo_id=repo_id, report=report_dir / "report.json",
-                             base_model=p.hub_base_model,
+                             base_model=p.hub_base_model, overwrite=True,
                              training=f"no training (zero-shot): {p.method} members (seeds {p.seed}..{p.seed + p.members - 1}, "
                                       f"{p.remove} heads removed, tower {p.tower}) selected on {len(validation)} validation images")
         validated = hub.validate_staged(hub_dir)

@@ -276,6 +276,77 @@ def _figure_links(report: Mapping[str, Any], out_dir: Path) -> list[tuple[str, s
     return links
 
 
+def aggregate_seed_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Mean and standard deviation (over pipeline seeds) of every number of several reports.
+
+    The reports must list the same methods in the same order (one report per seed of the same
+    pipeline). Returns a report whose ``rows`` hold the means, ``rows_std`` the sample standard
+    deviations (0 for one seed) and ``seeds`` the count; :func:`write_report` renders it as
+    ``mean ± std`` cells.
+    """
+    if isinstance(reports, Mapping) or not reports:
+        raise ValueError("pass a non-empty list of reports (one report.json dict per seed)")
+    methods = [[row.get("method") for row in r["rows"]] for r in reports]
+    if any(m != methods[0] for m in methods):
+        raise ValueError(f"the reports list different methods {methods}; aggregate runs of one pipeline only")
+    flat = [_flatten_rows(r["rows"]) for r in reports]
+    means, stds = [], []
+    for i, method in enumerate(methods[0]):
+        keys = [k for k in flat[0][i] if all(_as_number(f[i].get(k)) is not None for f in flat)]
+        mean_row: dict[str, Any] = {"method": method}
+        std_row: dict[str, Any] = {"method": method}
+        for key in keys:
+            values = np.array([float(_as_number(f[i][key])) for f in flat])
+            mean_row[key] = float(values.mean())
+            std_row[key] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+        means.append(_unflatten(mean_row))
+        stds.append(_unflatten(std_row))
+    first = reports[0]
+    out = {key: first[key] for key in ("title", "ood_sets", "ood_score", "settings", "columns") if key in first}
+    out.update(rows=means, rows_std=stds, seeds=len(reports))
+    return out
+
+
+def _unflatten(row: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        prefix, sep, sub = key.rpartition("/")
+        if sep:
+            out.setdefault(prefix, {})[sub] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _mean_std_rows(rows: Sequence[Mapping[str, Any]], rows_std: Sequence[Mapping[str, Any]], spec: str = ".4f") -> list[dict]:
+    """Rows whose numbers read ``mean ± std`` (strings), for the Results table of a seed aggregate."""
+    out = []
+    for mean, std in zip(_flatten_rows(rows), _flatten_rows(rows_std)):
+        row = {}
+        for key, value in mean.items():
+            number, spread = _as_number(value), _as_number(std.get(key))
+            row[key] = value if number is None or spread is None else f"{number:{spec}} ± {spread:{spec}}"
+        out.append(_unflatten(row))
+    return out
+
+
+def render_comparisons(comparisons: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """Markdown for paired bootstrap differences: one table per comparison (``"A − B"``), one row per
+    metric with the difference, its interval and the verdict (a tie when the interval holds 0)."""
+    parts = ["## Paired differences\n"]
+    for name, rows in comparisons.items():
+        first = next(iter(rows.values()), {})
+        level = int(round(100 * float(first.get("level", 0.95))))
+        parts.append(f"**{name}** (paired bootstrap, {first.get('n_boot', '?')} resamples, {level} % interval; "
+                     "a difference whose interval contains 0 is a tie)\n")
+        parts.append("| metric | difference | interval | verdict |\n|:---|---:|:---:|:---|")
+        for metric, row in rows.items():
+            parts.append(f"| {metric} | {row['difference']:+.4f} | [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}] | "
+                         f"{row['verdict']} |")
+        parts.append("")
+    return "\n".join(parts) + "\n"
+
+
 def write_report(
     report: Mapping[str, Any], out_dir: str | os.PathLike[str], *, bold_best: bool = True
 ) -> dict[str, str]:
@@ -300,9 +371,14 @@ def write_report(
     if "rows" not in report:
         raise ValueError("report has no 'rows'; pass report={'rows': [ {...one dict per method...} ], ...}")
     # build everything before touching the disk
-    table = render_markdown_table(
-        report["rows"], report.get("columns"), ood_sets=report.get("ood_sets"), bold_best=bold_best
-    )
+    if report.get("rows_std"):  # a seed aggregate: mean ± std cells
+        table = render_markdown_table(_mean_std_rows(report["rows"], report["rows_std"]), report.get("columns"),
+                                      ood_sets=report.get("ood_sets"), bold_best=False)
+        table += f"\nMean ± standard deviation over {report.get('seeds', '?')} seeds.\n"
+    else:
+        table = render_markdown_table(
+            report["rows"], report.get("columns"), ood_sets=report.get("ood_sets"), bold_best=bold_best
+        )
     payload = json.dumps(_jsonable(dict(report)), indent=2, ensure_ascii=False, allow_nan=False) + "\n"
     title = str(report.get("title") or "Hydra Ensembles evaluation")
     parts = [f"# {title}\n"]
@@ -317,6 +393,8 @@ def write_report(
         "positive, AUPR-Out treats OOD as positive; FPR95 is the fraction of OOD samples accepted at "
         "95 % in-distribution recall.\n"
     )
+    if report.get("comparisons"):
+        parts.append(render_comparisons(report["comparisons"]))
     if report.get("notes"):
         parts.append("## Notes\n\n" + str(report["notes"]).strip() + "\n")
 

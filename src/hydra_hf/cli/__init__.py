@@ -2,8 +2,9 @@
 
 Each sub-command lives in its own module of this package and exposes ``add_parser(subparsers)``,
 which registers its arguments and sets ``func`` (called with the parsed ``argparse.Namespace``).
-Library errors meant for the user (``ValueError``, ``FileNotFoundError``, ``FileExistsError``,
-``HydraUserError``) become a one-line message on stderr and exit code 2.
+Errors caused by the user (:class:`hydra_hf.errors.HydraError`, and the ``ValueError``,
+``FileNotFoundError``, ``FileExistsError`` that libraries raise for bad input) become a one-line
+message on stderr and exit code 2; ``-v`` shows the traceback too. Anything else keeps its traceback.
 """
 
 from __future__ import annotations
@@ -16,9 +17,33 @@ import sys
 # Sub-command modules, in the order `hydra-hf --help` lists them.
 COMMANDS = ("prune", "convert", "finetune", "evaluate", "push")
 
+# One worked example per command, shown at the end of `hydra-hf COMMAND --help`.
+EXAMPLES = {
+    "prune": """example (3 CircAvg members of a fine-tuned text classifier, 36 heads removed each):
+  hydra-hf prune --model runs/single --method circuit-avg --members 3 --remove 36 --seed 0 \\
+      --id-data rotten_tomatoes:validation --ood-data guardian_headlines:ood_validation --output masks.json""",
+    "convert": """example (fuse the members of masks.json, all starting from one checkpoint):
+  hydra-hf convert --base runs/single --masks masks.json --output hydra-rt""",
+    "finetune": """example (fine-tune every member with the text recipe, then fuse):
+  hydra-hf finetune --model runs/single --masks masks.json --train-data rotten_tomatoes:train \\
+      --eval-data rotten_tomatoes:validation --output hydra-rt-ft""",
+    "evaluate": """example (Hydra against the single model, with temperature scaling, on two OOD sets):
+  hydra-hf evaluate --model hydra-rt --baseline Single=runs/single --temperature-scaling \\
+      --val-data rotten_tomatoes:validation --id-data rotten_tomatoes:test \\
+      --ood-data guardian_headlines:ood_test --ood-data presidential_debates:ood_test --report report""",
+    "push": """example (stage and validate without uploading):
+  hydra-hf push hydra-rt --repo-id my-org/hydra-minilm-rt --report report --dry-run""",
+}
 
-class HydraUserError(Exception):
-    """An error caused by the user's input; the CLI prints it as one line."""
+
+from ..errors import HydraError, one_line
+
+# kept for callers of the earlier name
+HydraUserError = HydraError
+
+# what a user's bad input raises inside the libraries we call (safetensors, json, torch.load, ...)
+USER_ERRORS = (HydraError, ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
+               IsADirectoryError, PermissionError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,7 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hydra-hf",
         description="Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, evaluate, push.",
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks of errors")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
+                        help="print the hydra-hf version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -36,7 +63,17 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # sub-command not part of this build
             raise
         module.add_parser(sub)
+        command = sub.choices[name]
+        command.formatter_class = argparse.RawDescriptionHelpFormatter
+        if name in EXAMPLES and not command.epilog:
+            command.epilog = EXAMPLES[name]
     return parser
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,9 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         result = args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, HydraUserError) as exc:
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"hydra-hf {args.command}: error: {msg}", file=sys.stderr)
+    except USER_ERRORS as exc:
+        if args.verbose:
+            logging.getLogger("hydra_hf.cli").exception("%s failed", args.command)
+        print(f"hydra-hf {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     return int(result or 0)
 

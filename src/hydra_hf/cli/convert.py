@@ -26,16 +26,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="average the members' MLPs (paper, default) or keep one MLP per member (exact, larger)")
     p.add_argument("--shared-weights", choices=["error", "average", "first"], default="error",
                    help="when members' shared parts (embeddings) differ: fail (default), average them, or take the first")
-    p.add_argument("--arch", default=None, choices=["bert", "vit", "timm-vit", "clip", "open-clip"],
-                   help="force the base architecture instead of detecting it (HF BERT/ViT/CLIP folders, timm vit_* "
-                   "folders: config.json with 'architecture' + model.safetensors, open_clip folders: "
-                   "open_clip_config.json + open_clip_model.safetensors)")
+    from ..families import family_names
+
+    p.add_argument("--arch", default=None, metavar="FAMILY",
+                   help="force the base architecture family instead of detecting it: one of "
+                   f"{', '.join(family_names())} ('-' and '_' both accepted; HF folders are detected by model_type, "
+                   "timm folders by config.json's 'architecture', open_clip folders by open_clip_config.json)")
     p.add_argument("--towers", nargs="+", choices=["vision", "text"], default=None,
                    help="CLIP: the towers to prune; each must be in the masks file (default: the towers it lists)")
     p.add_argument("--num-labels", type=int, default=None, help="classes of a classifier built from a bare encoder")
     p.add_argument("--labels", default=None, help="comma-separated class names for a bare encoder (e.g. neg,pos)")
     p.add_argument("--seed", type=int, default=0, help="seed for newly initialised per-member classifiers")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output folder")
+    p.add_argument("--overwrite", action="store_true", help="replace --output if it holds an earlier `hydra-hf convert` output (never another folder, never an input)")
     p.set_defaults(func=run)
 
 

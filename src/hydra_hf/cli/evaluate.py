@@ -33,15 +33,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="OOD data (repeatable); NAME=SPEC sets the name shown in the report")
     p.add_argument("--val-data", default=None, help="labelled validation data for temperature scaling")
     p.add_argument("--train-data", default=None, help="labelled training data for Deep Ensembles (D) heads")
-    p.add_argument("--text-column", default="text")
-    p.add_argument("--label-column", default="label")
-    p.add_argument("--image-column", default=None)
+    p.add_argument("--text-column", default="text", help="column holding the text of csv/jsonl/parquet data (default: text)")
+    p.add_argument("--label-column", default="label",
+                   help="column holding the integer class (or class name) of labelled data (default: label)")
+    p.add_argument("--image-column", default=None,
+                   help="column holding images (or image paths) of tabular image data; image folders need none")
     p.add_argument("--score", default="msp", choices=["msp", "entropy", "mutual_information", "energy"],
                    help="OOD score (higher = more in-distribution); the paper uses msp")
     p.add_argument("--max-samples", type=int, default=None, help="cap every data set at this many examples")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--report", required=True, help="output folder for the report")
+    p.add_argument("--batch-size", type=int, default=32,
+                   help="examples per forward pass; also the batch of the latency column (default 32)")
+    p.add_argument("--max-length", type=int, default=128, help="text: truncate inputs to this many tokens (default 128)")
+    p.add_argument("--compare", action="append", default=[], metavar="A=B",
+                   help="paired bootstrap interval of A minus B for accuracy, NLL, ECE, Brier and every OOD AUROC / "
+                   "FPR95 (repeatable; default: --name against the first --baseline)")
+    p.add_argument("--bootstrap", type=int, default=1000,
+                   help="bootstrap resamples of --compare (default 1000; 0: no intervals)")
+    p.add_argument("--report", required=True,
+                   help="output folder for the report (must not exist or be empty, unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --report if it holds an earlier `hydra-hf evaluate` report (never another folder)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow loading model folders that ship their own Python code (auto_map); off by default "
+                   "because loading runs that code. Hydra folders never need it: hydra_hf loads them itself")
     p.set_defaults(func=run)
 
 
@@ -53,7 +67,13 @@ def _named(spec: str, default_name: str) -> tuple[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .. import distributed
     from .. import evaluation as ev
+    from ..outputs import check_output, write_output_folder
+
+    info = distributed.process_info()
     from ..data import parse_spec, resolve_dataset
 
     if args.temperature_scaling and not args.val_data:
@@ -71,8 +91,18 @@ def run(args: argparse.Namespace) -> int:
     for name in args.mc_dropout + ([args.deep_ensemble] if args.deep_ensemble else []):
         if name not in models:
             raise ValueError(f"{name!r} is not a model of this run; known: {sorted(models)}")
+    if args.bootstrap < 0 or 0 < args.bootstrap < 10:
+        raise ValueError(f"--bootstrap {args.bootstrap}: use 0 (no intervals) or at least 10 resamples (e.g. 1000)")
+    pairs = [_named(spec, "") for spec in args.compare]
+    if not args.compare and len(models) > 1:
+        pairs = [(args.name, next(name for name in models if name != args.name))]
+    for a, b in pairs:
+        if not a or not b:
+            raise ValueError(f"--compare needs A=B with two model names, e.g. {args.name}=Single")
 
-    loaded = {name: ev.load_classifier(path) for name, path in models.items()}
+    # claim the report folder before any work: no evaluation is lost to an unwritable --report
+    check_output(args.report, command="evaluate", overwrite=args.overwrite, inputs=list(models.values()))
+    loaded = {name: ev.load_classifier(path, trust_remote_code=args.trust_remote_code) for name, path in models.items()}
     modalities = {m for _, _, m in loaded.values()}
     if len(modalities) != 1:
         raise ValueError(f"models mix text and image inputs ({sorted(modalities)}); evaluate one modality at a time")
@@ -86,8 +116,9 @@ def run(args: argparse.Namespace) -> int:
         return resolve_dataset(spec, **cols, require_labels=labelled, num_labels=num_labels if labelled else None,
                                label2id=label2id if labelled else None, max_samples=args.max_samples)
 
-    def loader(dataset):
-        return ev.make_loader(dataset, preprocessor, modality, batch_size=args.batch_size, max_length=args.max_length)
+    def loader(dataset):  # under `accelerate launch`, each process predicts one shard (gathered in order)
+        return ev.make_loader(dataset, preprocessor, modality, batch_size=args.batch_size, max_length=args.max_length,
+                              shard=True)
 
     id_loader = loader(data(args.id_data, True))
     ood_loaders = {}
@@ -108,13 +139,27 @@ def run(args: argparse.Namespace) -> int:
         for name in list(predictors):
             t = ev.fit_temperature(ev.predict(predictors[name], val_loader, desc=f"{name}: validation"))
             predictors[f"{name} + TS"] = ev.TemperatureScaledPredictor(predictors[name], t)
-    latency_batch = {k: v for k, v in next(iter(id_loader)).items() if k != "labels"}
+    unknown = [n for pair in pairs for n in pair if n not in predictors]
+    if unknown:
+        raise ValueError(f"--compare names {unknown[0]!r}, which this run does not evaluate; known: {sorted(predictors)}")
+    first = next(iter(id_loader), None)  # None on a process whose shard is empty: only the main one reports latency
+    latency_batch = None if first is None else {k: v for k, v in first.items() if k != "labels"}
     result = ev.evaluate_predictors(predictors, id_loader, ood_loaders, score=args.score, latency_batch=latency_batch)
     settings = {"id_data": args.id_data, "ood_data": list(ood_loaders), "score": args.score,
                 "latency": f"median ms per batch of {args.batch_size} on this machine"}
-    paths = ev.write_evaluation_report(result, args.report, settings=settings)
-    from ..report import render_markdown_table
+    if info.distributed:
+        settings["processes"] = info.num_processes
+    comparisons = {}
+    if args.bootstrap:
+        for a, b in pairs:
+            comparisons[f"{a} − {b}"] = ev.compare_predictions(result, a, b, n_boot=args.bootstrap)
+    if info.is_main:  # every process holds the same metrics; one writes them
+        write_output_folder(args.report, lambda tmp: ev.write_evaluation_report(result, tmp, settings=settings,
+                                                                         comparisons=comparisons),
+                            command="evaluate", overwrite=args.overwrite, inputs=list(models.values()))
+        from ..report import render_markdown_table
 
-    print(render_markdown_table(result.rows))
-    logger.info("report: %s", paths["markdown"])
+        print(render_markdown_table(result.rows))
+        logger.info("report: %s", Path(args.report) / "report.md")
+    distributed.barrier()
     return 0

@@ -70,13 +70,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of member 0; member m uses seed+m")
     p.add_argument("--id-data", required=True, help="labelled ID data: file, save_to_disk folder or NAME[:SPLIT]")
     p.add_argument("--ood-data", help="OOD data (needed by circuit-ood and circuit-avg)")
-    p.add_argument("--text-column", default="text")
+    p.add_argument("--text-column", default="text", help="column holding the text of csv/jsonl/parquet data (default: text)")
     p.add_argument("--ood-text-column", help="text column of --ood-data (default: --text-column)")
-    p.add_argument("--label-column", default="label")
+    p.add_argument("--label-column", default="label",
+                   help="column holding the integer class (or class name) of --id-data (default: label)")
     p.add_argument("--image-column", help="image column (image data); image folders need none")
     p.add_argument("--max-samples", type=int, help="use at most this many ID (and OOD) examples")
     p.add_argument("--max-length", type=int, default=128, help="max tokens per text (default 128)")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass while scoring (default 32)")
     p.add_argument("--num-labels", type=int, help="classes of a checkpoint without a trained classifier head")
     p.add_argument("--temperature", type=float, help="Taylor sampling temperature (default 1 for several members)")
     p.add_argument("--data-fraction", type=float, help="fraction of the data per member (default 0.8 for several)")
@@ -93,7 +94,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "candidates are near-tied); bf16 is approximate (default: fp32)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --output file if it is a masks file (never any other file)")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow a --model folder that ships its own Python code (auto_map); off by default because "
+                   "loading runs that code")
     p.add_argument("--output", required=True, help="masks file to write (JSON)")
     p.set_defaults(func=run)
     return p
@@ -133,13 +138,15 @@ def _check_source(args: argparse.Namespace) -> None:
         read_class_names(args.class_names)  # ValueError for an empty list or a name given twice
 
 
-def _hf_config(path: str) -> Any:
+def _hf_config(path: str, trust_remote_code: bool = False) -> Any:
     from transformers import AutoConfig
+
+    from ..convert.io import from_pretrained
 
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"--model {path!r} is not a Hugging Face checkpoint folder (no config.json there)")
-    return AutoConfig.from_pretrained(folder)
+    return from_pretrained(AutoConfig, folder, trust_remote_code=trust_remote_code)
 
 
 def _clip_text_inputs(adapter_kind: str, tokenize: Callable[[list[str]], Any], args: argparse.Namespace) -> tuple[Any, list[str]]:
@@ -156,6 +163,7 @@ def _clip_text_inputs(adapter_kind: str, tokenize: Callable[[list[str]], Any], a
 
 
 def _load_target(args: argparse.Namespace) -> _Target:
+    from ..convert.io import from_pretrained
     from ..pruning.adapters import get_adapter
 
     if args.prompt_template and args.timm:
@@ -173,15 +181,19 @@ def _load_target(args: argparse.Namespace) -> _Target:
         model, transform, label_names = load_timm_vit(args.timm, args.checkpoint)
         label2id = {str(n): i for i, n in enumerate(label_names)} if label_names else None
         return _Target(get_adapter(model), transform, None, model.num_classes, label2id, False)
-    config = _hf_config(args.model)
+    from ..families import detect_family
+
+    config = _hf_config(args.model, args.trust_remote_code)
     folder = Path(args.model)
+    family = detect_family(folder)  # refuses unknown layouts and task heads the family does not build
     kwargs = {"num_labels": args.num_labels} if args.num_labels is not None else {}
-    if config.model_type == "clip":
-        from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+    kwargs["trust_remote_code"] = args.trust_remote_code  # _hf_config refused code unless the user trusts it
+    if family.task == "zero-shot-image-classification":
+        from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
         if args.num_labels is not None:
             raise ValueError("--num-labels does not apply to a CLIP model; its classes are --class-names")
-        model = CLIPModel.from_pretrained(folder).eval()
+        model = from_pretrained(AutoModel, folder).eval()  # CLIPModel, SiglipModel, ...
         try:
             tokenizer, image_processor = AutoTokenizer.from_pretrained(folder), AutoImageProcessor.from_pretrained(folder)
         except (OSError, ValueError) as exc:
@@ -189,23 +201,24 @@ def _load_target(args: argparse.Namespace) -> _Target:
                 f"--model {args.model!r} needs its tokenizer and image processor for zero-shot pruning "
                 f"(save them with CLIPProcessor.save_pretrained): {exc}"
             ) from None
-        tokens, names = _clip_text_inputs("hf_clip", lambda p: dict(tokenizer(p, padding=True, return_tensors="pt")), args)
+        tokenize = lambda p: dict(tokenizer(p, return_tensors="pt", **family.prompt_tokenizer_kwargs))  # noqa: E731
+        tokens, names = _clip_text_inputs(family.name, tokenize, args)
         adapter = get_adapter(model, class_text_inputs={k: tokens[k] for k in ("input_ids", "attention_mask") if k in tokens})
         transform = lambda image: image_processor(image, return_tensors="pt")["pixel_values"][0]  # noqa: E731
         return _Target(adapter, transform, None, len(names), {n: i for i, n in enumerate(names)}, True)
     if args.class_names or args.prompt_template:
         raise ValueError(f"--class-names / --prompt-template apply to CLIP models; {args.model!r} is a {config.model_type} classifier")
-    if config.model_type == "vit":
+    if family.modality == "image":
         from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-        model = AutoModelForImageClassification.from_pretrained(folder, **kwargs).eval()
-        processor = AutoImageProcessor.from_pretrained(folder)
+        model = from_pretrained(AutoModelForImageClassification, folder, **kwargs).eval()
+        processor = from_pretrained(AutoImageProcessor, folder, trust_remote_code=args.trust_remote_code)
         transform = lambda image: processor(image, return_tensors="pt")["pixel_values"][0]  # noqa: E731
         return _Target(get_adapter(model), transform, None, model.config.num_labels, _label2id(model.config), False)
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    model = AutoModelForSequenceClassification.from_pretrained(folder, **kwargs).eval()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = from_pretrained(AutoModelForSequenceClassification, folder, **kwargs).eval()
+    tokenizer = from_pretrained(AutoTokenizer, folder, trust_remote_code=args.trust_remote_code)
     return _Target(get_adapter(model), None, tokenizer, model.config.num_labels, _label2id(model.config), False)
 
 
@@ -244,6 +257,7 @@ def _zero_shot_labels(dataset: Any, names: list[str], source: str) -> Any:
 def run(args: argparse.Namespace) -> int:
     from ..data import make_image_loader, make_text_loader, resolve_dataset
     from ..masks import HeadMasks, TowerHeadMasks, load_masks
+    from ..outputs import check_output_file
     from ..pruning.budget import Budget
     from ..pruning.diversity import parse_methods, prune_members
     from ..pruning.layout import HeadLayout
@@ -253,9 +267,8 @@ def run(args: argparse.Namespace) -> int:
     if any(m in ("circuit-ood", "circuit-avg") for m in methods) and not args.ood_data:
         raise ValueError(f"--method {args.method} needs OOD validation data; give --ood-data (e.g. guardian_headlines:ood_validation)")
     budget = Budget(heads_per_layer=args.heads_per_layer, remove=args.remove)
-    output = Path(args.output)
-    if output.exists() and not args.overwrite:
-        raise FileExistsError(f"--output {str(output)!r} exists; pass --overwrite to replace it")
+    output = check_output_file(args.output, overwrite=args.overwrite, accept=_is_masks_file, what="--output")
+    _check_not_an_input(output, args)
     if args.members < 0:
         raise ValueError(f"--members must be >= 0, got {args.members}")
     _check_source(args)
@@ -351,3 +364,25 @@ def run(args: argparse.Namespace) -> int:
     print(masks.summary())
     print(f"wrote {output}")
     return 0
+
+
+def _is_masks_file(path: Path) -> bool:
+    """Whether ``path`` holds a masks file (what ``--overwrite`` may replace)."""
+    import json
+
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == "hydra-head-masks"
+
+
+def _check_not_an_input(output: Path, args: argparse.Namespace) -> None:
+    """The masks file may not replace (or be) one of the files this command reads."""
+    from ..errors import HydraUnsafeError
+
+    real = output.resolve()
+    for name in ("model", "checkpoint", "include_masks", "class_names", "id_data", "ood_data"):
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value and Path(value).exists() and Path(value).resolve() == real:
+            raise HydraUnsafeError(f"--output {str(output)!r} is the --{name.replace('_', '-')} input; choose another file")

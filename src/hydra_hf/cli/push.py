@@ -1,9 +1,9 @@
 """`hydra-hf push`: publish a Hydra Ensemble folder to the Hugging Face Hub.
 
 Stages the repository in a fresh folder (safetensors weights, config with `auto_map` and
-`custom_pipelines`, shipped code, tokenizer/processor, README.md card, evaluation report and
-plots), validates it in a fresh process without hydra_hf, then uploads it in one commit.
-`--dry-run` stops after validation and lists what would be uploaded.
+`custom_pipelines`, audited shipped code, tokenizer/processor, README.md card, evaluation report and
+plots), validates it in an isolated fresh process without hydra_hf, then uploads it in one commit.
+`--dry-run` stops after validation and lists what would be uploaded. See docs/hub.md.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "push",
         help="publish a Hydra Ensemble folder to the Hub (model card, validation, one commit)",
-        description="Stage DIR as a Hub repository (safetensors only, shipped code, tokenizer, README.md model "
-        "card, evaluation report and plots), check that it loads with trust_remote_code=True in a fresh "
-        "process without hydra_hf, then upload it in one commit. DIR itself is never modified.",
+        description="Stage DIR as a Hub repository (safetensors only, shipped code that passes the import/name "
+        "allow-list audit, tokenizer, README.md model card, evaluation report and plots), check that it loads "
+        "with trust_remote_code=True in an isolated fresh process without hydra_hf, then upload it in one "
+        "commit. DIR and the report are only read: files are taken only from inside them (symlinks or paths "
+        "leading out are refused), hidden files are never uploaded.",
     )
     p.add_argument("model_dir", metavar="DIR", help="a folder written by hydra-hf convert")
     p.add_argument("--repo-id", required=True, metavar="ORG/NAME", help="the Hub repository (created if missing)")
@@ -29,11 +31,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="stage and validate only; print what would be uploaded")
     p.add_argument("--report", metavar="PATH", default=None,
                    help="evaluation report.json (or its folder); its table, metrics and plots go into the card")
-    p.add_argument("--base-model", metavar="ID", default=None, help="the base checkpoint's Hub id, for the card")
-    p.add_argument("--license", default=None, help="license id for the card (default: the base model's, if readable)")
+    p.add_argument("--base-model", metavar="ID", default=None,
+                   help="the base checkpoint's Hub id, for the card (default: what the report or config.json records)")
+    p.add_argument("--license", default=None,
+                   help="license id for the card (default: the report's, the folder's README/config's, or the base "
+                   "model card's; the card says 'not recorded' rather than guessing)")
     p.add_argument("--training", default=None, help="one paragraph on how the members were fine-tuned, for the card")
     p.add_argument("--staging", metavar="DIR", default=None,
-                   help="stage into this new or empty folder and keep it (default: a temporary folder)")
+                   help="stage into this new or empty folder and keep it (default: a temporary folder); it must "
+                   "lie outside DIR and the report")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --staging DIR only if an earlier hydra-hf push staged it (its "
+                   ".hydra_hf_output.json marker says so); never a folder of yours")
     p.add_argument("--token", default=None, help="Hub token (default: HF_TOKEN or the saved login)")
     p.set_defaults(func=run)
 
@@ -55,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         license=args.license,
         training=args.training,
         staging_dir=args.staging,
+        overwrite=args.overwrite,
     )
     total = sum(result.files.values())
     target = f"{args.repo_id}@{args.revision or 'main'}{' (pull request)' if args.create_pr else ''}"

@@ -6,17 +6,18 @@ Pruning (gates, Taylor scores, circuit search) only needs, for every attention l
   head ``h``) — gates scale those column blocks;
 - the rows of ``W_q``, ``W_k``, ``W_v`` that belong to each head — Taylor scores read them;
 
-and a way to compute class logits from a batch. :func:`get_adapter` builds a :class:`ModelAdapter`
-holding exactly this for
+and a way to compute class logits from a batch. :func:`get_adapter` asks the family registry
+(:mod:`hydra_hf.families`) which family owns a model; the family builds its :class:`ModelAdapter`
+from the helpers here:
 
-- Hugging Face BERT-like encoders (``BertModel`` / ``BertFor*`` and models with the same
-  ``encoder.layer[i].attention.{self.query,key,value; output.dense}`` layout, e.g. RoBERTa);
-- Hugging Face ViT (``ViTModel`` / ``ViTForImageClassification``; transformers 5 layout
-  ``layers[i].attention.{q,k,v,o}_proj``);
-- Hugging Face CLIP (``CLIPModel``: towers ``"vision"`` and ``"text"``);
-- timm ``VisionTransformer`` (``blocks[i].attn.{qkv, proj}``);
-- open_clip ``CLIP`` (towers ``"vision"`` and ``"text"``, ``nn.MultiheadAttention`` with
-  ``in_proj_weight`` and ``out_proj``).
+- :func:`bert_like_adapter`: transformers encoders with BERT's layout
+  ``encoder.layer[i].attention.{self.query,key,value; output.dense}`` (BERT, RoBERTa, ELECTRA, ...);
+- :func:`hf_vit_adapter`: transformers ViT (``layers[i].attention.{q,k,v,o}_proj``);
+- ``_hf_clip_adapter``: transformers CLIP (towers ``"vision"`` and ``"text"``);
+- :func:`timm_vit_adapter`: timm ``VisionTransformer`` (``blocks[i].attn.{qkv, proj}``);
+- ``_open_clip_adapter``: open_clip ``CLIP`` (towers ``"vision"`` and ``"text"``,
+  ``nn.MultiheadAttention`` with ``in_proj_weight`` and ``out_proj``);
+- :func:`layer_list_adapter`: any layout, from one ``(attention module -> names)`` description.
 
 Single-tower models have one tower, named ``"text"`` (BERT) or ``"vision"`` (ViT, timm).
 CLIP logits are zero-shot logits: scaled cosine similarity of each image with the class prompts
@@ -149,7 +150,8 @@ def _hf_classifier_logits(model: nn.Module, inputs: Mapping[str, torch.Tensor]) 
 
 
 def get_adapter(model: nn.Module, *, class_text_inputs: Mapping[str, torch.Tensor] | torch.Tensor | None = None) -> ModelAdapter:
-    """Build the :class:`ModelAdapter` of a supported model.
+    """Build the :class:`ModelAdapter` of a supported model: the registered family that owns it
+    (:meth:`hydra_hf.families.Family.owns_model`) builds it.
 
     Args:
         model: a supported model (see the module docstring).
@@ -160,55 +162,86 @@ def get_adapter(model: nn.Module, *, class_text_inputs: Mapping[str, torch.Tenso
     Raises:
         TypeError: the architecture is not supported.
     """
+    from ..families import families, family_names
+
+    for family in families():
+        if family.owns_model(model):
+            return family.adapter(model, class_text_inputs=class_text_inputs)
     from transformers import PreTrainedModel
 
-    if isinstance(model, PreTrainedModel):
-        model_type = getattr(model.config, "model_type", "")
-        if model_type == "clip":
-            return _hf_clip_adapter(model, class_text_inputs)
-        if model_type == "vit":
-            vit = model if hasattr(model, "layers") else getattr(model, "vit", None)
-            if vit is None or not hasattr(vit, "layers"):
-                raise TypeError(f"cannot find the ViT layers of {type(model).__name__}")
-            H = model.config.num_attention_heads
-            layers = _qkv_proj_layers([layer.attention for layer in vit.layers], "o_proj", H)
-            return ModelAdapter("hf_vit", model, {"vision": layers}, _hf_classifier_logits, ("pixel_values",))
-        base = getattr(model, model.base_model_prefix, model) if hasattr(model, "base_model_prefix") else model
-        encoder = getattr(base, "encoder", None)
-        if encoder is not None and hasattr(encoder, "layer") and hasattr(encoder.layer[0], "attention"):
-            att = encoder.layer[0].attention
-            if hasattr(att, "self") and hasattr(att.self, "query") and hasattr(att, "output"):
-                return ModelAdapter(
-                    "hf_bert",
-                    model,
-                    {"text": _bert_layers(encoder.layer)},
-                    _hf_classifier_logits,
-                    ("input_ids", "attention_mask", "token_type_ids"),
-                )
-        raise TypeError(
-            f"hydra_hf pruning does not support {type(model).__name__} (model_type {model_type!r}); "
-            "supported: BERT-like encoders, ViT, CLIP, timm VisionTransformer, open_clip CLIP"
-        )
-    try:
-        import timm.models.vision_transformer as timm_vit
-    except ImportError:  # pragma: no cover - timm is a dependency
-        timm_vit = None
-    if timm_vit is not None and isinstance(model, timm_vit.VisionTransformer):
-        H = model.blocks[0].attn.num_heads
-        pairs = [(blk.attn.qkv.weight, blk.attn.proj) for blk in model.blocks]
-        return ModelAdapter(
-            "timm_vit", model, {"vision": _fused_qkv_layers(pairs, H)}, lambda m, b: m(b["pixel_values"]), ("pixel_values",)
-        )
-    try:
-        import open_clip
-    except ImportError:  # pragma: no cover - open_clip is a dependency
-        open_clip = None
-    if open_clip is not None and isinstance(model, (open_clip.CLIP, open_clip.CustomTextCLIP)):
-        return _open_clip_adapter(model, class_text_inputs)
+    model_type = getattr(getattr(model, "config", None), "model_type", "")
+    if isinstance(model, PreTrainedModel) and _find_bert_like_layers(model) is not None:
+        # an unregistered model with BERT's encoder layout: its heads live where BERT's do
+        return bert_like_adapter(model, "hf_bert")
+    what = f" (model_type {model_type!r})" if model_type else ""
     raise TypeError(
-        f"hydra_hf pruning does not support {type(model).__name__}; supported: BERT-like encoders, ViT, CLIP "
-        "(transformers), timm VisionTransformer, open_clip CLIP"
+        f"hydra_hf pruning does not support {type(model).__name__}{what}; supported families: {family_names()} "
+        "(transformers models of these families, timm VisionTransformer, open_clip CLIP)"
     )
+
+
+def _find_bert_like_layers(model: nn.Module) -> Any:
+    """``encoder.layer`` of a BERT-like model (``attention.self.query`` / ``attention.output.dense``), or None."""
+    base = getattr(model, model.base_model_prefix, model) if hasattr(model, "base_model_prefix") else model
+    encoder = getattr(base, "encoder", None)
+    if encoder is not None and hasattr(encoder, "layer") and len(encoder.layer) and hasattr(encoder.layer[0], "attention"):
+        att = encoder.layer[0].attention
+        if hasattr(att, "self") and hasattr(att.self, "query") and hasattr(att, "output"):
+            return encoder.layer
+    return None
+
+
+def bert_like_adapter(
+    model: nn.Module, kind: str, input_keys: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")
+) -> ModelAdapter:
+    """A transformers text classifier with BERT's encoder layout (BERT, RoBERTa, ELECTRA, ...)."""
+    layers = _find_bert_like_layers(model)
+    if layers is None:
+        raise TypeError(f"cannot find the BERT-like encoder layers of {type(model).__name__}")
+    return ModelAdapter(kind, model, {"text": _bert_layers(layers)}, _hf_classifier_logits, input_keys)
+
+
+def hf_vit_adapter(model: nn.Module) -> ModelAdapter:
+    """A transformers ViT (``ViTModel`` / ``ViTForImageClassification``; ``layers[i].attention.{q,k,v,o}_proj``)."""
+    vit = model if hasattr(model, "layers") else getattr(model, "vit", None)
+    if vit is None or not hasattr(vit, "layers"):
+        raise TypeError(f"cannot find the ViT layers of {type(model).__name__}")
+    H = model.config.num_attention_heads
+    layers = _qkv_proj_layers([layer.attention for layer in vit.layers], "o_proj", H)
+    return ModelAdapter("hf_vit", model, {"vision": layers}, _hf_classifier_logits, ("pixel_values",))
+
+
+def timm_vit_adapter(model: nn.Module) -> ModelAdapter:
+    """A timm ``VisionTransformer`` (``blocks[i].attn.{qkv, proj}``)."""
+    H = model.blocks[0].attn.num_heads
+    pairs = [(blk.attn.qkv.weight, blk.attn.proj) for blk in model.blocks]
+    return ModelAdapter(
+        "timm_vit", model, {"vision": _fused_qkv_layers(pairs, H)}, lambda m, b: m(b["pixel_values"]), ("pixel_values",)
+    )
+
+
+def layer_list_adapter(
+    model: nn.Module,
+    kind: str,
+    attention_modules: list[nn.Module],
+    names: tuple[str, str, str, str],
+    num_heads: int,
+    input_keys: tuple[str, ...] = ("input_ids", "attention_mask"),
+    tower: str = "text",
+) -> ModelAdapter:
+    """A classifier whose layer ``i`` attends with ``attention_modules[i]``, holding its Q, K, V and
+    output projections (``nn.Linear``) under ``names`` (e.g. DistilBERT's ``q_lin, k_lin, v_lin, out_lin``)."""
+    q, k, v, o = names
+    layers = [
+        AttentionLayer(
+            out_proj=getattr(att, o),
+            qkv=[(getattr(att, q).weight, 0), (getattr(att, k).weight, 0), (getattr(att, v).weight, 0)],
+            num_heads=num_heads,
+            head_dim=getattr(att, o).in_features // num_heads,
+        )
+        for att in attention_modules
+    ]
+    return ModelAdapter(kind, model, {tower: layers}, _hf_classifier_logits, input_keys)
 
 
 def _hf_clip_adapter(model: nn.Module, class_text_inputs: Any) -> ModelAdapter:
