@@ -5,8 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -16,7 +14,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# one thread: the tiny test models run several times faster than with two (thread start-up dominates)
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -85,14 +84,23 @@ def tiny_bert_dir(tmp_path):
 
 
 def run_fresh_python(code: str, *, block_hydra: bool = True, env: dict | None = None, timeout: int = 300) -> str:
-    """Run ``code`` in a new interpreter; with ``block_hydra`` importing hydra_hf there fails, as for a
-    Hub user who never installed it. Returns stdout; raises with stderr on failure."""
-    prelude = "import sys\nsys.modules['hydra_hf'] = None  # not installed for this user\n" if block_hydra else ""
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    proc = subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(code)],
-        capture_output=True, text=True, env=full_env, timeout=timeout, cwd="/",
-    )
+    """Run arbitrary test ``code`` in a new, isolated interpreter (the environment of
+    ``hydra_hf.hub.validate.run_isolated``: ``python -I``, empty HOME, Hub offline); with
+    ``block_hydra`` importing hydra_hf there fails, as for a Hub user who never installed it (without,
+    this tree's hydra_hf is importable). Returns stdout; raises with stderr on failure.
+
+    Checks of a model folder as a Hub user loads it go through ``hydra_hf.hub.fresh_check`` (the one
+    fresh-process check); this helper is for test snippets (card snippets, round trips)."""
+    import tempfile
+
+    from hydra_hf.hub.validate import run_isolated
+
+    if block_hydra:
+        prelude = "import sys\nsys.modules['hydra_hf'] = None  # not installed for this user\n"
+    else:
+        prelude = f"import sys\nsys.path.insert(0, {str(REPO / 'src')!r})\n"
+    with tempfile.TemporaryDirectory(prefix="hydra-test-fresh-") as home:
+        proc = run_isolated(["-c", prelude + textwrap.dedent(code)], home=home, env=env, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"fresh process failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
     return proc.stdout

@@ -158,6 +158,22 @@ def test_hf_clip_matches_reference(tmp_path, attn, eos_token_id, eot):
     torch.testing.assert_close(torch.nn.functional.normalize(features[1], dim=-1), out.text_embeds, atol=ATOL, rtol=0)
 
 
+def test_hf_clip_equal_widths_eager_without_padding(hf_clip_dir):
+    """Equal widths fold the members into the attention batch; the causal mask ``(1, 1, T, T)`` used to be
+    repeated M times only (not M x B), which broke eager attention for more than one text."""
+    vision = [[[0, 1], [2, 3], [1, 2]], [[1, 3], [0, 1], [0, 3]]]
+    text = [[[0, 1], [2, 3]], [[1, 2], [0, 3]]]
+    stock = CLIPModel.from_pretrained(hf_clip_dir, attn_implementation="eager").eval()
+    model = convert_checkpoint(two_tower_masks(vision, text), base=hf_clip_dir)
+    model.set_attn_implementation("eager")
+    ids, _ = text_batch()
+    x = pixels(2)
+    with torch.no_grad():
+        ref = torch.stack([zero_removed_clip(stock, v, t)(input_ids=ids, pixel_values=x).logits_per_image
+                           for v, t in zip(vision, text)], dim=1)
+        _check_zero_shot(model(input_ids=ids, pixel_values=x), ref)
+
+
 def test_text_tower_is_causal_and_pools_the_end_of_text_token(hf_clip_dir):
     model = convert_checkpoint(two_tower_masks(), base=hf_clip_dir)
     ids, mask = text_batch()

@@ -108,3 +108,15 @@ def test_text_loader_dynamic_padding_and_shuffle():
     assert order(3) == order(3)
     unlabelled = datasets.Dataset.from_dict({"text": ["a"]})
     assert "labels" not in next(iter(make_text_loader(unlabelled, tok, 1, 8)))
+
+
+@pytest.mark.parametrize("name", ["hamlet", "convention_speeches"])
+def test_further_ood_text_kinds(name):
+    from hydra_hf.data import load_embedded
+
+    val, test = load_embedded(name, "ood_validation"), load_embedded(name, "ood_test")
+    assert len(val) > 300 and abs(len(val) - len(test)) <= 1 and "label" not in val.column_names
+    assert not set(val["text"]) & set(test["text"]), "a text in both splits"
+    texts = list(val["text"]) + list(test["text"])
+    assert all(len(t.split()) >= 5 for t in texts)
+    assert not any(t.startswith(("ACT ", "SCENE ", "Enter ")) or t.isupper() for t in texts)

@@ -209,86 +209,64 @@ def test_resume_after_interruption_matches_uninterrupted_run(setup, tmp_path):
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(b[key], a[key], atol=1e-6, rtol=0, msg=key)
+    for m in range(2):
+        infos = [json.loads((w / f"member_{m}" / "model" / "finetune_member.json").read_text()) for w in (tmp_path / "full.work", tmp_path / "part.work")]
+        assert infos[0]["history"] == infos[1]["history"]  # train loss (the interrupted epoch's too) and eval
+    assert (tmp_path / "full.work" / "log.jsonl").read_text() == (tmp_path / "part.work" / "log.jsonl").read_text()
     m0 = load_file(tmp_path / "full.work" / "member_0" / "model" / "model.safetensors")
     m1 = load_file(tmp_path / "full.work" / "member_1" / "model" / "model.safetensors")
     assert (m0["classifier.weight"] - m1["classifier.weight"]).abs().max() > 1e-4  # seeds 0 and 1 differ
 
 
-def _key_bias_rows(key: str, dk: int) -> list[int]:
-    """Rows of a fused ``qkv_bias`` holding key biases (member-major blocks of [Q; K; V] rows)."""
-    layer = int(key.split(".")[2])
-    rows, start = [], 0
-    for member in MASKS:
-        k = len(member[layer]) * dk
-        rows += list(range(start + k, start + 2 * k))
-        start += 3 * k
-    return rows
+# Member 0 keeps no head in layer 1 (its one-member model has empty Q/K/V/O projections there) and
+# the members' widths differ in every layer: what DDP used to stop on.
+ODD_MASKS = [[[0, 1], [], [0, 3]], [[1, 2, 3], [0], [1, 2, 3]]]
 
 
-def _gloo_worker(model_dir, masks, train, evaluation, output, config):
-    torch.set_num_threads(1)  # two ranks on the CI's two cores
-    from hydra_hf.finetune import finetune_members
+def _free_port() -> int:
+    import socket
 
-    finetune_members(model_dir, masks, train, evaluation, output, config)
-
-
-def launch_gloo(function, args: tuple, num_processes: int = 2) -> None:
-    """``accelerate.debug_launcher`` (CPU ranks, gloo, file rendezvous), but with fresh interpreters:
-    debug_launcher forks, and a child forked from a process whose OpenMP thread pool is running (any
-    earlier test that computed something) deadlocks in its first parallel kernel."""
-    import tempfile
-
-    from accelerate.utils import patch_environment
-    from accelerate.utils.launch import PrepareForLaunch
-    from torch.multiprocessing import start_processes
-
-    with tempfile.TemporaryDirectory() as folder, patch_environment(
-        world_size=num_processes, master_addr="127.0.0.1", master_port="0", accelerate_mixed_precision="no",
-        accelerate_debug_rdv_file=f"{folder}/rendezvous", accelerate_use_cpu="yes", gloo_socket_ifname="lo",
-    ):  # fmt: skip
-        start_processes(PrepareForLaunch(function, debug=True), args=args, nprocs=num_processes, start_method="spawn")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
-def test_two_processes_match_one_process(setup, tmp_path):
-    """2 gloo ranks with the same global batch take the same steps as 1 process (dropout off)."""
-    from accelerate.state import AcceleratorState, GradientState
+def test_accelerate_launch_two_processes_match_one_process(setup, tmp_path):
+    """`accelerate launch --multi_gpu --num_processes 2 -m hydra_hf.cli finetune` (2 gloo ranks) with a
+    member that keeps 0 heads in a layer and unequal widths takes the same steps as 1 process with the
+    same global batch (dropout off): every weight within 1e-6 of its tensor's scale (measured 1.8e-7)."""
+    import os
+    import subprocess
+    import sys
 
-    from hydra_hf.finetune import finetune_members
+    from hydra_hf.cli import main
 
-    config = _config(num_epochs=2, max_grad_norm=0.5)
-    args = (setup["model_nodrop"], setup["masks"], setup["train"], setup["eval"], tmp_path / "two", config)
-    launch_gloo(_gloo_worker, args)
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    one = finetune_members(setup["model_nodrop"], setup["masks"], setup["train"], setup["eval"], tmp_path / "one", config)
+    masks = write_masks(tmp_path / "odd.json", ODD_MASKS, 4)
+    flags = ["finetune", "--model", str(setup["model_nodrop"]), "--masks", str(masks), "--train-data", setup["train"],
+             "--eval-data", setup["eval"], "--batch-size", "8", "--eval-batch-size", "8", "--num-epochs", "2",
+             "--learning-rate", "2e-3", "--max-grad-norm", "0.5", "--log-every-steps", "1"]  # fmt: skip
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+              "--main_process_port", str(_free_port()), "-m", "hydra_hf.cli"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two ranks on the CI's two cores
+    done = subprocess.run([*launch, *flags, "--output", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert main([*flags, "--output", str(tmp_path / "one")]) == 0
 
-    a, b = load_file(one / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
+    assert a.keys() == b.keys() and a["hydra.layers.1.attention.qkv_weight"].shape == (24, 32)  # member 1's one head
     for key in a:
-        if key.endswith("qkv_bias"):
-            # The key bias has an exactly zero gradient (it shifts a row of attention scores by a
-            # constant); AdamW normalises its float noise, which differs with the summation order, to
-            # lr-sized steps. It has no effect on any output: compare the other rows.
-            keep = torch.ones_like(a[key], dtype=torch.bool)
-            keep[_key_bias_rows(key, dk=8)] = False
-            a[key], b[key] = a[key][keep], b[key][keep]
-        torch.testing.assert_close(b[key], a[key], atol=1e-5, rtol=1e-4, msg=key)
+        if a[key].numel():
+            assert float((b[key] - a[key]).abs().max()) <= 1e-6 * max(float(a[key].abs().max()), 1.0), key
     base = load_file(setup["model_nodrop"] / "model.safetensors")
     assert not torch.allclose(a["classifier.weight"][0], base["classifier.weight"], atol=1e-4)  # it did train
-    from transformers import AutoModelForSequenceClassification
-
-    import hydra_hf  # noqa: F401
-
-    batch = _batch(setup["model_nodrop"])
-    with torch.no_grad():
-        logits = [AutoModelForSequenceClassification.from_pretrained(p).eval()(**batch).member_logits for p in (one, tmp_path / "two")]
-    torch.testing.assert_close(logits[1], logits[0], atol=1e-5, rtol=1e-4)
     one_log = [json.loads(x) for x in (tmp_path / "one.work" / "log.jsonl").read_text().splitlines()]
     two_log = [json.loads(x) for x in (tmp_path / "two.work" / "log.jsonl").read_text().splitlines()]
     assert len(one_log) == len(two_log) == 4
     for x, y in zip(one_log, two_log):
         assert x["eval_examples"] == y["eval_examples"] == 21  # gather_for_metrics drops the padding duplicates
         assert x["eval_accuracy"] == y["eval_accuracy"]
-        assert x["train_loss"] == pytest.approx(y["train_loss"], abs=1e-5)
+        assert x["train_loss"] == pytest.approx(y["train_loss"], abs=1e-6)
 
 
 # ------------------------------------------------------------------------------- fused path

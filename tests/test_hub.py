@@ -3,6 +3,7 @@ failures that leave the model folder untouched. No test touches the network."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import shutil
 from pathlib import Path
@@ -20,9 +21,11 @@ from transformers import BertForSequenceClassification
 import hydra_hf.hub as hub
 from hydra_hf import metrics, report
 from hydra_hf.cli import main as cli_main
+from hydra_hf.errors import HydraUnsafeError
 from hydra_hf.convert import convert_checkpoint
 from hydra_hf.export import SHIPPED
 from hydra_hf.masks import HeadMasks
+from hydra_hf.outputs import MARKER
 
 KEPT = [[[0, 1], [2, 3], [1]], [[1, 2, 3], [0], []], [[0], [0, 1, 2, 3], [0, 2]]]
 
@@ -42,7 +45,7 @@ def assets(tmp_path_factory):
     probs = torch.softmax(torch.randn(40, 3, generator=g), -1)
     labels = torch.randint(0, 3, (40,), generator=g)
     rows = [{"method": "Hydra (M=3)", **metrics.calibration_report(probs, labels)}]
-    report.write_report({"rows": rows, "title": "tiny"}, root / "report")
+    report.write_report({"rows": rows, "title": "tiny", "settings": {"id_data": "rotten_tomatoes:test"}}, root / "report")
     return model_dir, root / "report"
 
 
@@ -67,7 +70,8 @@ def test_dry_run_stages_validates_and_leaves_model_untouched(assets, tmp_path, c
     assert summary["validated"] == {"auto_class": "AutoModelForSequenceClassification",
                                     "pipeline": "HydraTextClassificationPipeline", "model_index_metrics": 6}
     files = set(summary["files"])
-    assert files == {p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file()}
+    on_disk = {p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file()}
+    assert files == on_disk - {MARKER} and MARKER in on_disk  # the staging folder is marked as ours, not uploaded
     assert {"README.md", "config.json", "model.safetensors", "pipeline_hydra.py", "heads.png", "tokenizer.json",
             "evaluation/report.json", "evaluation/report.md", *SHIPPED["bert"]["files"]} <= files
     assert "notes.txt" not in files and not any(f.endswith(".bin") for f in files)
@@ -85,7 +89,9 @@ def test_push_uploads_the_staged_folder_in_one_commit(assets, monkeypatch):
         def method(self, *args, **kwargs):
             if name == "upload_folder":
                 folder = Path(kwargs["folder_path"])
-                kwargs["files"] = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+                kwargs["files"] = sorted(  # what huggingface_hub uploads: ignore_patterns applied as it does
+                    p for p in (p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+                    if not any(fnmatch.fnmatch(p, pattern) for pattern in kwargs["ignore_patterns"]))
                 calls.append((name, kwargs))
                 return type("Commit", (), {"commit_url": "https://hub/commit/abc", "pr_url": None})()
             calls.append((name, kwargs))
@@ -93,7 +99,7 @@ def test_push_uploads_the_staged_folder_in_one_commit(assets, monkeypatch):
 
     for name in ("create_repo", "create_branch", "upload_folder"):
         monkeypatch.setattr(HfApi, name, record(name))
-    monkeypatch.setattr(hub, "validate_staged", lambda folder, **kw: {"stub": True})
+    monkeypatch.setattr(hub.publish, "validate_staged", lambda folder, **kw: {"stub": True})
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
     result = hub.push(model_dir, "org/hydra-tiny", revision="dev", token="hf_fake", report=report_dir,
                       commit_message="first")
@@ -114,7 +120,7 @@ def test_push_uploads_the_staged_folder_in_one_commit(assets, monkeypatch):
 def test_push_failures_are_one_line_and_leave_everything_intact(assets, tmp_path, monkeypatch, capsys, failure, message):
     model_dir, _ = assets
     before = hub.folder_digest(model_dir)
-    monkeypatch.setattr(hub, "validate_staged", lambda folder, **kw: {})
+    monkeypatch.setattr(hub.publish, "validate_staged", lambda folder, **kw: {})
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", failure == "offline")
     monkeypatch.setenv("HF_TOKEN", "hf_fake")
     if failure == "no_token":
@@ -165,7 +171,10 @@ def test_bad_inputs_fail_before_any_upload(assets, tmp_path, capsys):
     busy.mkdir()
     (busy / "old.txt").write_text("stray")
     err = _error(["push", str(model_dir), "--repo-id", "org/x", "--dry-run", "--staging", str(busy)], capsys)
-    assert "fresh folder" in err and (busy / "old.txt").read_text() == "stray"
+    assert "is not empty" in err and (busy / "old.txt").read_text() == "stray"
+    # --overwrite replaces only a staging folder an earlier push wrote: never this one
+    err = _error(["push", str(model_dir), "--repo-id", "org/x", "--dry-run", "--staging", str(busy), "--overwrite"], capsys)
+    assert "was not written by `hydra-hf push`" in err and (busy / "old.txt").read_text() == "stray"
 
 
 def test_shipped_code_check_accepts_the_package_and_rejects_network_imports(tmp_path):
@@ -174,14 +183,14 @@ def test_shipped_code_check_accepts_the_package_and_rejects_network_imports(tmp_
     for name in sorted({n for spec in SHIPPED.values() for n in spec["files"]} | {"pipeline_hydra.py"}):
         shutil.copyfile(REPO / "src" / "hydra_hf" / "modeling" / name, folder / name)
     assert "pipeline_hydra.py" in hub.check_shipped_code(folder)
-    (folder / "evil.py").write_text("import urllib.request\n")
-    with pytest.raises(hub.HubError, match="evil.py imports urllib.request"):
+    (folder / "evil.py").write_text("import math\nimport urllib.request\n")
+    with pytest.raises(HydraUnsafeError, match="evil.py:2: imports urllib.request"):
         hub.check_shipped_code(folder)
     (folder / "evil.py").write_text("from hydra_hf import metrics\n")
-    with pytest.raises(hub.HubError, match="evil.py imports hydra_hf"):
+    with pytest.raises(HydraUnsafeError, match="evil.py:1: imports hydra_hf"):
         hub.check_shipped_code(folder)
     (folder / "evil.py").write_text("from .missing import x\n")
-    with pytest.raises(hub.HubError, match="not a file shipped beside it"):
+    with pytest.raises(HydraUnsafeError, match="not a file shipped beside it"):
         hub.check_shipped_code(folder)
 
 
@@ -192,7 +201,7 @@ def test_model_push_to_hub_gives_the_same_repository(assets, tmp_path, monkeypat
     from hydra_hf.modeling.modeling_hydra_bert import HydraEnsemblePreTrainedModel
 
     model_dir, report_dir = assets
-    monkeypatch.setattr(hub, "validate_staged", lambda folder, **kw: {})
+    monkeypatch.setattr(hub.publish, "validate_staged", lambda folder, **kw: {})
     monkeypatch.setattr(HydraEnsemblePreTrainedModel, "push_to_hub", HydraEnsemblePreTrainedModel.push_to_hub)
     hub.install_push_to_hub(HydraEnsemblePreTrainedModel)  # what hydra_hf/__init__ does
     model = AutoModelForSequenceClassification.from_pretrained(model_dir)  # local registration, no remote code

@@ -103,20 +103,29 @@ def test_card_without_report_claims_no_number(assets, tmp_path):
     assert "model-index" not in loaded.data.to_dict() and not loaded.data.eval_results
     evaluation = loaded.text.split("## Evaluation")[1].split("## Limitations")[0]
     assert "No evaluation report" in evaluation and not re.search(r"\d\.\d", evaluation)
-    assert loaded.data.license is None and "License.** Not recorded" in loaded.text
+    assert loaded.data.license is None and "license" not in loaded.data.to_dict()  # none invented
+    not_recorded = [line for line in loaded.text.splitlines() if line.startswith("> **Not recorded:**")]
+    assert len(not_recorded) == 1 and "the base checkpoint" in not_recorded[0] and "the license" in not_recorded[0]
     assert 'revision = "main"' in loaded.text
 
 
 def test_card_is_robust_to_partial_reports(assets, tmp_path):
     model_dir, _ = assets
     # only some fields, a missing value, no dataset, no title, no figures
-    partial = {"rows": [{"method": "Hydra", "accuracy": 0.875, "ece": None, "nll": float("nan")}]}
+    partial = {"rows": [{"method": "Hydra", "accuracy": 0.875, "ece": None, "nll": float("nan")}],
+               "settings": {"id_data": "rotten_tomatoes:test"}}
     card = build_model_card(model_dir, partial, repo_id="org/x")
     card.save(tmp_path / "a.md")
     data = ModelCard.load(tmp_path / "a.md").data
-    assert [(r.metric_type, r.metric_value, r.dataset_type) for r in data.eval_results] == [("accuracy", 0.875, "custom")]
+    assert [(r.metric_type, r.metric_value, r.dataset_name) for r in data.eval_results] == [("accuracy", 0.875, "rotten_tomatoes")]
+    # no data set recorded: the table stays, the metadata claims nothing, the card says why
+    card = build_model_card(model_dir, {"rows": partial["rows"]}, repo_id="org/x")
+    card.save(tmp_path / "a2.md")
+    loaded = ModelCard.load(tmp_path / "a2.md")
+    assert not loaded.data.eval_results
+    assert "the evaluation data set (the report does not name it" in loaded.text
     # several rows, none of them says which is this model: a table, but no claim in the metadata
-    ambiguous = {"rows": [{"method": "a", "accuracy": 0.5}, {"method": "b", "accuracy": 0.6}]}
+    ambiguous = {"rows": [{"method": "a", "accuracy": 0.5}, {"method": "b", "accuracy": 0.6}], "dataset": "sst2"}
     card = build_model_card(model_dir, ambiguous, repo_id="org/x")
     card.save(tmp_path / "b.md")
     loaded = ModelCard.load(tmp_path / "b.md")
@@ -155,3 +164,82 @@ def test_usage_snippet_runs_as_written(assets, tmp_path):
     assert set(result["uncertainty"]) == {"predictive_entropy", "expected_entropy", "mutual_information"}
     assert len(result["member_scores"]) == 3 and result["flagged"] is None
     shutil.rmtree(staged)
+
+
+# ------------------------------------------------------------------ what the card knows, and says it does not
+def _with_config(model_dir, tmp_path, name, **changes):
+    """A copy of the Hydra folder whose config.json has ``changes`` (``base_config`` keys merged)."""
+    folder = tmp_path / name
+    shutil.copytree(model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["base_config"].update(changes.pop("base_config", {}))
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("spec, name, dtype, split", [
+    ("rotten_tomatoes:test", "rotten_tomatoes", "rotten_tomatoes", "test"),  # `hydra-hf evaluate --id-data`
+    ("/home/someone/data/reviews.csv:test", "reviews.csv", "local", "test"),  # a local file: named, path not published
+    ("data/reviews_folder", "reviews_folder", "local", None),
+])
+def test_card_names_the_data_set_the_report_settings_record(assets, tmp_path, spec, name, dtype, split):
+    model_dir, _ = assets
+    report_data = {"rows": [{"method": "Hydra", "accuracy": 0.75}],
+                   "settings": {"id_data": spec, "ood_data": ["guardian"], "score": "msp"}}
+    build_model_card(model_dir, report_data, repo_id="org/x").save(tmp_path / "README.md")
+    loaded = ModelCard.load(tmp_path / "README.md")
+    assert [(r.dataset_name, r.dataset_type, r.dataset_split) for r in loaded.data.eval_results] == [(name, dtype, split)]
+    assert f"Evaluated on **{name}**" in loaded.text and "/home/someone" not in loaded.text
+    assert "evaluation data set" not in loaded.text.split("## Model details")[0]  # nothing "not recorded" about it
+
+
+def test_card_takes_base_model_and_license_from_the_sources(assets, tmp_path):
+    """The base checkpoint from the source config's ``_name_or_path``, the license from the folder's
+    own README.md; nothing is read from a path that a file names."""
+    model_dir, _ = assets
+    folder = _with_config(model_dir, tmp_path, "named", base_config={"_name_or_path": "google-bert/bert-base-uncased"})
+    (folder / "README.md").write_text("---\nlicense: mit\n---\n# notes\n")
+    build_model_card(folder, None, repo_id="org/x").save(tmp_path / "a.md")
+    card = ModelCard.load(tmp_path / "a.md")
+    assert card.data.base_model == "google-bert/bert-base-uncased" and card.data.license == "mit"
+    assert "> **Not recorded:**" not in card.text and "| license | `mit` |" in card.text
+    # the Hydra config's own record of its base wins over the base config's
+    folder = _with_config(model_dir, tmp_path, "recorded", base_model_name_or_path="org/base",
+                          base_config={"_name_or_path": "google-bert/bert-base-uncased"})
+    build_model_card(folder, None, repo_id="org/x").save(tmp_path / "b.md")
+    assert ModelCard.load(tmp_path / "b.md").data.base_model == "org/base"
+    # a local base folder named in config.json: shown by its name, its README (license) never read
+    base = tmp_path / "my-local-base"
+    base.mkdir()
+    (base / "README.md").write_text("---\nlicense: apache-2.0\n---\n")
+    folder = _with_config(model_dir, tmp_path, "local", base_config={"_name_or_path": str(base)})
+    build_model_card(folder, None, repo_id="org/x").save(tmp_path / "c.md")
+    card = ModelCard.load(tmp_path / "c.md")
+    assert card.data.base_model is None and card.data.license is None
+    assert "the local checkpoint `my-local-base` (its Hub id is not recorded)" in card.text and str(tmp_path) not in card.text
+    not_recorded = [line for line in card.text.splitlines() if line.startswith("> **Not recorded:**")]
+    assert len(not_recorded) == 1 and "the license" in not_recorded[0] and "--base-model" not in not_recorded[0]
+    # the flag names a local base folder: the user pointed there, so its card's license is used
+    build_model_card(folder, None, repo_id="org/x", base_model=str(base)).save(tmp_path / "d.md")
+    assert ModelCard.load(tmp_path / "d.md").data.license == "apache-2.0"
+
+
+def test_convert_records_the_base_checkpoints_own_name(tiny_bert_dir, tmp_path):
+    """A base config that knows where it came from (`_name_or_path`) names the base model on the card."""
+    import json
+
+    from conftest import write_masks
+
+    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.hub import build_model_card
+
+    config = json.loads((tiny_bert_dir / "config.json").read_text())
+    config["_name_or_path"] = "google-bert/bert-base-uncased"
+    (tiny_bert_dir / "config.json").write_text(json.dumps(config))
+    write_masks(tmp_path / "m.json", [[[0, 1], [2], []], [[3], [0, 1], [2]]], 4)
+    convert_checkpoint(tmp_path / "m.json", base=tiny_bert_dir, output_dir=tmp_path / "h")
+    saved = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert saved["base_model_name_or_path"] == "google-bert/bert-base-uncased"
+    card = str(build_model_card(tmp_path / "h", repo_id="me/hydra"))
+    assert "google-bert/bert-base-uncased" in card

@@ -189,9 +189,13 @@ def test_cli_convert_bad_inputs(tiny_bert_dir, tmp_path, capsys):
     # no partial output was left behind by any failure
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".") or p.name == "o2"]
     assert leftovers == [] and sorted(p.name for p in out.iterdir()) == ["keep.txt"]
-    # --overwrite replaces it
-    assert cli_main([*base, "--overwrite"]) == 0
-    assert (out / "config.json").is_file() and not (out / "keep.txt").exists()
+    # --overwrite never replaces a folder that convert did not write ...
+    err = _cli_error([*base, "--overwrite"], capsys)
+    assert "was not written by `hydra-hf convert`" in err and (out / "keep.txt").read_text() == "precious"
+    # ... only its own earlier output
+    (out / "keep.txt").unlink()
+    assert cli_main(base) == 0 and cli_main([*base, "--overwrite"]) == 0
+    assert (out / "config.json").is_file() and (out / ".hydra_hf_output.json").is_file()
 
 
 def test_members_with_different_embeddings_need_an_explicit_policy(tiny_bert_dir, tmp_path):

@@ -149,8 +149,8 @@ def test_cli_converts_every_layout(hf_vit_dir, tmp_path, capsys):  # noqa: F811
     from test_clip_fused import tiny_clip_config
 
     CLIPModel(tiny_clip_config()).save_pretrained(tmp_path / "hf-clip")
-    cases = [(hf_vit_dir, vit_masks, "vit"), (timm_dir, vit_masks, "timm-vit"), (tmp_path / "hf-clip", clip_masks, "clip"),
-             (oc_dir, clip_masks, "open-clip")]
+    cases = [(hf_vit_dir, vit_masks, "vit"), (timm_dir, vit_masks, "timm_vit"), (tmp_path / "hf-clip", clip_masks, "clip"),
+             (oc_dir, clip_masks, "open_clip")]
     for folder, masks, arch in cases:
         assert detect_arch(folder) == arch
         out = tmp_path / f"out-{arch}"
@@ -158,7 +158,7 @@ def test_cli_converts_every_layout(hf_vit_dir, tmp_path, capsys):  # noqa: F811
         summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert summary["members"] == 3 and (out / "model.safetensors").is_file()
     # timm folders get a ViT image processor with timm's preprocessing
-    pre = json.loads((tmp_path / "out-timm-vit" / "preprocessor_config.json").read_text())
+    pre = json.loads((tmp_path / "out-timm_vit" / "preprocessor_config.json").read_text())
     assert pre["size"] == {"height": 16, "width": 16} and pre["image_mean"] == [0.5, 0.5, 0.5]
     # --arch forces the layout; --towers names the towers to prune
     assert cli_main(["convert", "--members", *[str(oc_dir)] * 3, "--masks", str(clip_masks), "--output",

@@ -1,0 +1,82 @@
+"""Paired bootstrap intervals of Hydra − Single, verdicts, and mean ± std over seeds in reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hydra_hf import metrics
+from hydra_hf.evaluation import EvaluationResult, Predictions, compare_predictions, write_evaluation_report
+from hydra_hf.report import aggregate_seed_reports, write_report
+
+
+def _predictions(logit_scale: float, n: int, seed: int, labels=None) -> Predictions:
+    g = torch.Generator().manual_seed(seed)
+    y = labels if labels is not None else torch.randint(0, 3, (n,), generator=g)
+    logits = torch.randn(n, 2, 3, generator=g)
+    if labels is not None:
+        logits[torch.arange(n), :, y] += logit_scale  # the true class gets a push
+    return Predictions(logits, labels)
+
+
+def _result(push_a: float, push_b: float, n: int = 400) -> EvaluationResult:
+    labels = torch.randint(0, 3, (n,), generator=torch.Generator().manual_seed(0))
+    ida, idb = _predictions(push_a, n, 1, labels), _predictions(push_b, n, 2, labels)
+    ood = {"news": _predictions(0.0, 300, 3)}
+    ood_b = {"news": _predictions(0.0, 300, 4)}
+    return EvaluationResult(rows=[], id_predictions={"Hydra": ida, "Single": idb},
+                            ood_predictions={"Hydra": ood, "Single": ood_b}, score="msp")
+
+
+def test_interval_brackets_the_difference_and_verdicts_follow_it():
+    clear = compare_predictions(_result(3.0, 0.0), "Hydra", "Single", n_boot=200)
+    assert clear["accuracy"]["verdict"] == "better" and clear["nll"]["verdict"] == "better"
+    for row in clear.values():
+        assert row["ci_low"] <= row["difference"] <= row["ci_high"]
+    # the same model against itself: every difference is 0, every verdict a tie
+    r = _result(1.0, 1.0)
+    r.id_predictions["Single"] = r.id_predictions["Hydra"]
+    r.ood_predictions["Single"] = r.ood_predictions["Hydra"]
+    same = compare_predictions(r, "Hydra", "Single", n_boot=50)
+    assert all(row["verdict"] == "tie" and row["difference"] == 0 for row in same.values())
+    assert set(same) == {"accuracy", "nll", "ece", "brier", "news.auroc", "news.fpr95"}
+
+
+def test_paired_bootstrap_matches_a_hand_computed_percentile_interval():
+    a = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0])
+    b = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0])
+    got = metrics.paired_bootstrap(lambda i: float(a[i].mean() - b[i].mean()), (8,), n_boot=500, seed=7)
+    g = torch.Generator().manual_seed(7)
+    draws = torch.tensor([float(a[i].mean() - b[i].mean()) for i in (torch.randint(0, 8, (8,), generator=g) for _ in range(500))],
+                         dtype=torch.float64)
+    low, high = torch.quantile(draws, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    assert got["difference"] == pytest.approx(0.375) and got["ci_low"] == pytest.approx(low) and got["ci_high"] == pytest.approx(high)
+    assert metrics.bootstrap_verdict({"difference": -0.1, "ci_low": -0.2, "ci_high": -0.01}, higher_is_better=False) == "better"
+    with pytest.raises(ValueError, match="n_boot"):
+        metrics.paired_bootstrap(lambda i: 0.0, (8,), n_boot=3)
+
+
+def test_report_shows_the_comparison_table(tmp_path):
+    result = _result(3.0, 0.0)
+    result.rows = [{"method": "Hydra", "accuracy": 0.9}, {"method": "Single", "accuracy": 0.5}]
+    comparisons = {"Hydra − Single": compare_predictions(result, "Hydra", "Single", n_boot=50)}
+    write_evaluation_report(result, tmp_path, comparisons=comparisons)
+    md = (tmp_path / "report.md").read_text()
+    assert "## Paired differences" in md and "| accuracy | +" in md and "better" in md
+    assert json.loads((tmp_path / "report.json").read_text())["comparisons"]["Hydra − Single"]["nll"]["verdict"] == "better"
+
+
+def test_seed_aggregate_means_stds_and_rendering(tmp_path):
+    reports = [{"title": "t", "rows": [{"method": "Hydra", "accuracy": acc, "news": {"auroc": auc}},
+                                       {"method": "Single", "accuracy": 0.5, "news": {"auroc": 0.6}}]}
+               for acc, auc in ((0.8, 0.7), (0.9, 0.8), (0.7, 0.9))]
+    agg = aggregate_seed_reports(reports)
+    assert agg["seeds"] == 3 and agg["rows"][0]["accuracy"] == pytest.approx(0.8)
+    assert agg["rows_std"][0]["accuracy"] == pytest.approx(0.1) and agg["rows_std"][1]["news"]["auroc"] == 0.0
+    write_report(agg, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert "0.8000 ± 0.1000" in md and "over 3 seeds" in md
+    with pytest.raises(ValueError, match="different methods"):
+        aggregate_seed_reports([reports[0], {"rows": [{"method": "Other"}]}])

@@ -1,0 +1,450 @@
+"""Hostile folders and careless flags: `hydra-hf convert`, `evaluate`, `prune` and masks files.
+
+Every case asserts the exit code, a one-line message, that no file outside the command's output
+changed (a digest of the whole test folder before and after), and that no partial output is left.
+The push cases live in test_hostile_push.py, the fine-tuning ones in test_finetune_safety.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from _hostile import assert_one_line_error, run_cli, tree_digest
+from conftest import tiny_bert_config, write_masks, write_tiny_tokenizer
+
+KEPT = [[[0, 1], [2], []], [[0, 1, 2, 3], [1], [3]]]
+CANARY = "HYDRA_HOSTILE_CODE_RAN"
+
+
+# ---------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """A folder holding a tiny BERT checkpoint, a masks file, data files and one converted Hydra model."""
+    from transformers import BertForSequenceClassification
+
+    from hydra_hf.convert import convert_checkpoint
+
+    root = tmp_path_factory.mktemp("hostile")
+    torch.manual_seed(0)
+    BertForSequenceClassification(tiny_bert_config()).save_pretrained(root / "base")
+    write_tiny_tokenizer(root / "base")
+    write_masks(root / "masks.json", KEPT, 4)
+    words = "the a movie film good bad great awful plot actor fun boring".split()
+    texts = [" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 4)) for i in range(24)]
+    pd.DataFrame({"text": texts, "label": [i % 3 for i in range(24)]}).to_csv(root / "id.csv", index=False)
+    pd.DataFrame({"text": [t[::-1] for t in texts]}).to_csv(root / "ood.csv", index=False)
+    convert_checkpoint(root / "masks.json", base=root / "base", output_dir=root / "hydra")
+    return root
+
+
+@pytest.fixture
+def sandbox(world, tmp_path) -> Path:
+    """A private copy of the world per test (tests may damage it)."""
+    import shutil
+
+    shutil.copytree(world, tmp_path / "w", symlinks=True)
+    return tmp_path / "w"
+
+
+def _damaged_copy(root: Path, name: str, damage) -> Path:
+    import shutil
+
+    folder = root / name
+    shutil.copytree(root / "base", folder)
+    damage(folder)
+    return folder
+
+
+def _evil_config(folder: Path, canary: Path) -> None:
+    """A checkpoint whose config names its own code: loading it with trust_remote_code would run it."""
+    (folder / "evil.py").write_text(
+        f"import pathlib\npathlib.Path({str(canary)!r}).write_text('ran')\n"
+        "from transformers import BertForSequenceClassification as Evil, BertConfig as EvilConfig\n"
+    )
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForSequenceClassification": "evil.Evil",
+                       "AutoModel": "evil.Evil"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def _pickle_only_bin(folder: Path) -> None:
+    """Replace the safetensors weights with a .bin that torch.load(weights_only=True) refuses."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    torch.save({"state": state, "extra": argparse.Namespace(x=1)}, folder / "pytorch_model.bin")
+
+
+def _truncate(path: Path, keep: int = 100) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+def _shard_index(folder: Path, target: str) -> None:
+    (folder / "model.safetensors").rename(folder / "model-00001.safetensors")
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model-00001.safetensors"), "pt") as f:
+        names = list(f.keys())
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {n: target for n in names}}))
+
+
+def _convert(root: Path, *extra: str, base: str = "base", output: str = "out", masks: str = "masks.json"):
+    return run_cli(["convert", "--base", str(root / base), "--masks", str(root / masks),
+                    "--output", str(root / output), *extra])
+
+
+# ---------------------------------------------------------------------------------- convert: outputs
+OUTPUT_CASES = {
+    # name: (output relative to the world, needs --overwrite, expected words in the message)
+    "output is the base": ("base", True, "is (or contains) the input"),
+    "output contains the base": (".", True, "is (or contains) the input"),
+    "output is an unrelated folder": ("unrelated", True, "was not written by `hydra-hf convert`"),
+    "output exists without --overwrite": ("unrelated", False, "pass --overwrite"),
+    "output is a file": ("id.csv", True, "is a file"),
+    "output is a symlink": ("link", True, "is a symlink"),
+    "output is the masks file": ("masks.json", True, "is a file"),
+    "output is a hydra evaluate report": ("report", True, "was not written by `hydra-hf convert`"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OUTPUT_CASES))
+def test_convert_refuses_outputs_it_may_not_replace(sandbox, case):
+    output, overwrite, words = OUTPUT_CASES[case]
+    (sandbox / "unrelated").mkdir()
+    (sandbox / "unrelated" / "thesis.tex").write_text("years of work")
+    os.symlink(sandbox / "unrelated", sandbox / "link")
+    (sandbox / "report").mkdir()
+    (sandbox / "report" / ".hydra_hf_output.json").write_text(json.dumps({"command": "evaluate"}))
+    before = tree_digest(sandbox)
+    rc, _, err = _convert(sandbox, *(["--overwrite"] if overwrite else []), output=output)
+    assert rc == 2
+    assert words in assert_one_line_error(err)
+    assert tree_digest(sandbox) == before
+
+
+def test_convert_overwrites_its_own_output_only(sandbox):
+    rc, _, err = _convert(sandbox, "--overwrite", output="hydra")  # written by convert in the fixture
+    assert rc == 0, err
+    assert json.loads((sandbox / "hydra" / ".hydra_hf_output.json").read_text())["command"] == "convert"
+    assert not [p for p in sandbox.iterdir() if p.name.startswith(".hydra.")], "temporaries left behind"
+
+
+# ---------------------------------------------------------------------------------- convert: inputs
+def _make_evil(folder: Path) -> None:
+    _evil_config(folder, folder.parent / "canary")
+
+
+INPUT_CASES = {
+    "shard index leaves the folder": (lambda f: _shard_index(f, "../other/model.safetensors"), "leads outside"),
+    "shard index names an absolute path": (lambda f: _shard_index(f, "/etc/passwd"), "absolute path"),
+    "shard index is not JSON": (lambda f: (_shard_index(f, "model-00001.safetensors"),
+                                           (f / "model.safetensors.index.json").write_text("{oops")), "not valid JSON"),
+    "shard index without weight_map": (lambda f: (_shard_index(f, "model-00001.safetensors"),
+                                                  (f / "model.safetensors.index.json").write_text("{}")), "weight_map"),
+    "weights are a symlink out of the folder": (
+        lambda f: ((f.parent / "outside.safetensors").write_bytes((f / "model.safetensors").read_bytes()),
+                   (f / "model.safetensors").unlink(), os.symlink(f.parent / "outside.safetensors", f / "model.safetensors")),
+        "leads outside"),
+    "pickle-only .bin": (_pickle_only_bin, "weights_only=True"),
+    "truncated safetensors": (lambda f: _truncate(f / "model.safetensors"), "not a readable safetensors"),
+    "text in model.safetensors": (lambda f: (f / "model.safetensors").write_text("not weights"), "not a readable safetensors"),
+    "config is not JSON": (lambda f: (f / "config.json").write_text("{"), "not valid JSON"),
+    "no weights": (lambda f: (f / "model.safetensors").unlink(), "holds no weights"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INPUT_CASES))
+def test_convert_refuses_hostile_checkpoints(sandbox, case):
+    damage, words = INPUT_CASES[case]
+    (sandbox / "other").mkdir()
+    import shutil
+
+    shutil.copy(sandbox / "base" / "model.safetensors", sandbox / "other" / "model.safetensors")
+    _damaged_copy(sandbox, "bad", damage)
+    before = tree_digest(sandbox)
+    rc, _, err = _convert(sandbox, base="bad")
+    assert rc == 2
+    assert words in assert_one_line_error(err)
+    assert tree_digest(sandbox) == before and not (sandbox / "out").exists()
+
+
+def test_convert_never_runs_code_shipped_in_the_base(sandbox):
+    _damaged_copy(sandbox, "evil", _make_evil)
+    rc, _, err = _convert(sandbox, base="evil")
+    assert rc == 0, err  # the weights are fine: converting reads config.json as data
+    assert not (sandbox / "canary").exists(), "convert executed the checkpoint's code"
+
+
+MASK_CASES = {
+    "num_heads is a string": ({"num_heads": "4"}, "'num_heads' must be an integer, got str '4'; write 4 without quotes"),
+    "num_layers is a string": ({"num_layers": "3"}, "'num_layers' must be an integer"),
+    "num_heads is a float": ({"num_heads": 4.0}, "'num_heads' must be an integer, got float"),
+    "num_layers is zero": ({"num_layers": 0}, "must be at least 1"),
+    "num_heads is true": ({"num_heads": True}, "must be an integer"),
+    "members is a dict": ({"members": {"kept_heads": KEPT[0]}}, "'members' must be a non-empty list"),
+    "a head is a string": ({"members": [{"kept_heads": [["0"], [], []]}]}, "must be a list of integer head indices"),
+    "a head out of range": ({"members": [{"kept_heads": [[9], [], []]}]}, "outside [0, 4)"),
+    "unsorted heads": ({"members": [{"kept_heads": [[2, 1], [], []]}]}, "must be sorted"),
+    "too few layers": ({"members": [{"kept_heads": [[1], []]}]}, "one list of heads per layer"),
+    "wrong format name": ({"format": "masks"}, "'format' is 'masks'"),
+    "future version": ({"version": 2}, "'version' is 2"),
+    "towers is a list": ({"towers": ["vision"]}, "'towers' must map tower names"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MASK_CASES))
+def test_convert_refuses_bad_masks_fields(sandbox, case):
+    change, words = MASK_CASES[case]
+    data = json.loads((sandbox / "masks.json").read_text())
+    data.update(change)
+    (sandbox / "bad.json").write_text(json.dumps(data))
+    before = tree_digest(sandbox)
+    rc, _, err = _convert(sandbox, masks="bad.json")
+    assert rc == 2
+    assert words in assert_one_line_error(err)
+    assert tree_digest(sandbox) == before
+
+
+@pytest.mark.parametrize("content", [b"", b"\x00\xff\xfe garbage", b"[1, 2", b"null"], ids=["empty", "binary", "truncated", "null"])
+def test_convert_refuses_broken_masks_files(sandbox, content):
+    (sandbox / "bad.json").write_bytes(content)
+    before = tree_digest(sandbox)
+    rc, _, err = _convert(sandbox, masks="bad.json")
+    assert rc == 2
+    assert "masks file" in assert_one_line_error(err)
+    assert tree_digest(sandbox) == before
+
+
+def test_convert_masks_path_is_a_folder(sandbox):
+    (sandbox / "masks_dir").mkdir()
+    rc, _, err = _convert(sandbox, masks="masks_dir")
+    assert rc == 2 and "masks file" in assert_one_line_error(err)
+
+
+# ---------------------------------------------------------------------------------- convert: processes
+def _convert_process(root: Path, masks: str, output: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "hydra_hf.cli", "convert", "--base", str(root / "base"), "--masks", str(root / masks),
+         "--output", str(root / output)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+
+
+def test_two_converts_into_one_new_folder_never_both_succeed(sandbox):
+    """Row 7: two writers of the same new folder; exactly one wins and the folder holds its model."""
+    write_masks(sandbox / "other.json", [[[0], [0], [0]], [[1], [1], [1]]], 4)
+    for attempt in range(3):
+        out = f"race{attempt}"
+        procs = {"masks.json": _convert_process(sandbox, "masks.json", out),
+                 "other.json": _convert_process(sandbox, "other.json", out)}
+        results = {name: (p.wait(timeout=300), p.stderr.read()) for name, p in procs.items()}
+        winners = [name for name, (rc, _) in results.items() if rc == 0]
+        assert len(winners) == 1, results
+        loser = next(name for name in results if name not in winners)
+        assert results[loser][0] == 2 and assert_one_line_error(results[loser][1])
+        config = json.loads((sandbox / out / "config.json").read_text())
+        expected = json.loads((sandbox / winners[0]).read_text())["members"]
+        assert config["kept_heads"] == [m["kept_heads"] for m in expected]
+        assert not [p.name for p in sandbox.iterdir() if p.name.startswith(f".{out}.")], "temporaries or locks left"
+
+
+def test_killed_convert_leaves_nothing_that_survives_the_next_run(sandbox):
+    """Row 10: kill -9 at several moments; the next run removes the dead process's temporaries and lock."""
+    for delay in (0.5, 2.0, 4.0):
+        proc = _convert_process(sandbox, "masks.json", "killed")
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        rc, _, err = _convert(sandbox, "--overwrite", output="killed")
+        assert rc == 0, err
+        leftovers = [p.name for p in sandbox.iterdir() if p.name.startswith(".killed.")]
+        assert leftovers == [], leftovers
+
+
+def test_stale_temporaries_of_dead_processes_are_removed_and_others_kept(sandbox):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = sandbox / f".out.tmp-{dead.pid}-abc123"
+    stale.mkdir()
+    (stale / ".hydra_hf_tmp").write_text("")
+    (stale / "model.safetensors").write_bytes(b"x" * 1000)
+    alive = sandbox / f".out.tmp-{os.getppid()}-def456"  # a live process's: kept
+    alive.mkdir()
+    (alive / ".hydra_hf_tmp").write_text("")
+    foreign = sandbox / f".out.tmp-{dead.pid}-user"  # no sentinel: not ours, kept
+    foreign.mkdir()
+    (sandbox / ".out.lock").write_text(f"{dead.pid}\n")  # a dead writer's lock is taken over
+    rc, _, err = _convert(sandbox)
+    assert rc == 0, err
+    assert not stale.exists() and alive.exists() and foreign.exists()
+    assert not (sandbox / ".out.lock").exists()
+
+
+def test_a_live_writers_lock_is_respected(sandbox):
+    (sandbox / ".out.lock").write_text(f"{os.getppid()}\n")
+    before = tree_digest(sandbox)
+    rc, _, err = _convert(sandbox)
+    assert rc == 2 and "is writing" in assert_one_line_error(err)
+    assert tree_digest(sandbox) == before
+
+
+# ---------------------------------------------------------------------------------- evaluate
+def _evaluate(root: Path, *extra: str, model: str = "hydra", report: str = "report"):
+    return run_cli(["evaluate", "--model", str(root / model), "--id-data", str(root / "id.csv"),
+                    "--ood-data", f"rev={root / 'ood.csv'}", "--report", str(root / report), "--batch-size", "8", *extra])
+
+
+def test_evaluate_never_runs_a_baselines_code_without_trust(sandbox):
+    """Row 3: a baseline folder with an auto_map to its own file is refused, its code never runs."""
+    _damaged_copy(sandbox, "evil", _make_evil)
+    before = tree_digest(sandbox)
+    rc, _, err = _evaluate(sandbox, "--baseline", f"Single={sandbox / 'evil'}")
+    assert rc == 2
+    assert "--trust-remote-code" in assert_one_line_error(err)
+    assert not (sandbox / "canary").exists()
+    assert tree_digest(sandbox) == before
+
+
+def test_evaluate_refuses_custom_tokenizer_code(sandbox):
+    def damage(folder):
+        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+        cfg["auto_map"] = {"AutoTokenizer": ["evil_tok.EvilTokenizer", None]}
+        (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+        (folder / "evil_tok.py").write_text(f"open({str(folder.parent / 'canary')!r}, 'w').write('ran')\n")
+
+    _damaged_copy(sandbox, "evil", damage)
+    rc, _, err = _evaluate(sandbox, model="evil")
+    assert rc == 2 and "tokenizer_config.json auto_map" in assert_one_line_error(err)
+    assert not (sandbox / "canary").exists()
+
+
+def test_evaluate_loads_hydra_folders_without_remote_code(sandbox):
+    """Our own folders need no trust: hydra_hf's registered classes load them (shipped code never runs)."""
+    (sandbox / "hydra" / "hydra_layers.py").write_text(f"open({str(sandbox / 'canary')!r}, 'w').write('ran')\n")
+    rc, out, err = _evaluate(sandbox)
+    assert rc == 0, err
+    assert not (sandbox / "canary").exists()
+    report = json.loads((sandbox / "report" / "report.json").read_text())
+    assert report["rows"][0]["method"] == "Hydra" and 0 <= report["rows"][0]["accuracy"] <= 1
+    assert json.loads((sandbox / "report" / ".hydra_hf_output.json").read_text())["command"] == "evaluate"
+
+
+REPORT_CASES = {
+    "an existing folder without --overwrite": ("unrelated", False, "pass --overwrite"),
+    "an unrelated folder with --overwrite": ("unrelated", True, "was not written by `hydra-hf evaluate`"),
+    "a file": ("id.csv", True, "is a file"),
+    "the model folder": ("hydra", True, "is (or contains) the input"),
+    "a convert output": ("hydra_copy", True, "was not written by `hydra-hf evaluate`"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REPORT_CASES))
+def test_evaluate_checks_the_report_folder_before_any_work(sandbox, case, monkeypatch):
+    """Row 12: refused at once (no model is loaded), nothing is replaced."""
+    from hydra_hf import evaluation
+
+    report, overwrite, words = REPORT_CASES[case]
+    (sandbox / "unrelated").mkdir()
+    (sandbox / "unrelated" / "notes.md").write_text("mine")
+    import shutil
+
+    shutil.copytree(sandbox / "hydra", sandbox / "hydra_copy")
+    monkeypatch.setattr(evaluation, "load_classifier", lambda *a, **k: pytest.fail("loaded a model before checking --report"))
+    before = tree_digest(sandbox)
+    rc, _, err = _evaluate(sandbox, *(["--overwrite"] if overwrite else []), report=report)
+    assert rc == 2 and words in assert_one_line_error(err)
+    assert tree_digest(sandbox) == before
+
+
+def test_evaluate_replaces_its_own_report_with_overwrite(sandbox):
+    assert _evaluate(sandbox)[0] == 0
+    (sandbox / "report" / "stale.png").write_bytes(b"old")
+    rc, _, err = _evaluate(sandbox, "--overwrite")
+    assert rc == 0, err
+    assert not (sandbox / "report" / "stale.png").exists() and (sandbox / "report" / "report.json").is_file()
+
+
+def test_evaluate_pickle_only_weights_are_one_line(sandbox):
+    _damaged_copy(sandbox, "pickled", _pickle_only_bin)
+    rc, _, err = _evaluate(sandbox, model="pickled")
+    assert rc == 2 and assert_one_line_error(err)
+    assert not (sandbox / "report").exists()
+
+
+# ---------------------------------------------------------------------------------- prune
+def _prune(root: Path, *extra: str, model: str = "base", output: str = "new.json"):
+    return run_cli(["prune", "--model", str(root / model), "--id-data", str(root / "id.csv"), "--method", "taylor",
+                    "--members", "2", "--heads-per-layer", "2", "--no-progress", "--batch-size", "8",
+                    "--output", str(root / output), *extra])
+
+
+PRUNE_CASES = {
+    "output is a folder": ("unrelated", True, "is a folder"),
+    "output is an unrelated file": ("unrelated/thesis.tex", True, "not a previous hydra-hf output"),
+    "output is the id data": ("id.csv", True, "not a previous hydra-hf output"),
+    "output exists without --overwrite": ("masks.json", False, "pass --overwrite"),
+    "output folder does not exist": ("missing/masks.json", False, "does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PRUNE_CASES))
+def test_prune_refuses_outputs_it_may_not_replace(sandbox, case):
+    output, overwrite, words = PRUNE_CASES[case]
+    (sandbox / "unrelated").mkdir()
+    (sandbox / "unrelated" / "thesis.tex").write_text("years of work")
+    before = tree_digest(sandbox)
+    rc, _, err = _prune(sandbox, *(["--overwrite"] if overwrite else []), output=output)
+    assert rc == 2 and words in assert_one_line_error(err)
+    assert tree_digest(sandbox) == before
+
+
+def test_prune_replaces_a_masks_file_with_overwrite(sandbox):
+    rc, _, err = _prune(sandbox, "--overwrite", output="masks.json")
+    assert rc == 0, err
+    data = json.loads((sandbox / "masks.json").read_text())
+    assert len(data["members"]) == 2 and not list(sandbox.glob(".masks.json.tmp*"))
+
+
+@pytest.mark.parametrize("damage", ["pickle", "evil code"])
+def test_prune_refuses_hostile_models(sandbox, damage):
+    _damaged_copy(sandbox, "bad", _pickle_only_bin if damage == "pickle" else _make_evil)
+    before = tree_digest(sandbox)
+    rc, _, err = _prune(sandbox, model="bad")
+    assert rc == 2 and assert_one_line_error(err)
+    assert not (sandbox / "canary").exists()
+    assert tree_digest(sandbox) == before
+
+
+def test_verbose_shows_the_traceback(sandbox):
+    rc, _, err = run_cli(["-v", "convert", "--base", str(sandbox / "base"), "--masks", str(sandbox / "missing.json"),
+                          "--output", str(sandbox / "out")])
+    assert rc == 2 and "Traceback" in err and err.strip().splitlines()[-1].startswith("hydra-hf convert: error:")
+
+
+# ---------------------------------------------------------------------------------- recipes
+@pytest.mark.parametrize("runner", ["text", "image", "zero-shot"])
+def test_recipes_never_take_over_a_users_folder(tmp_path, runner):
+    """The pipelines replace their own stage folders (report/, hub/): only inside a folder they created."""
+    from hydra_hf import recipes, recipes_image, recipes_zero_shot
+    from hydra_hf.errors import HydraOutputError
+
+    folder = tmp_path / "mine"
+    (folder / "report").mkdir(parents=True)
+    (folder / "report" / "paper.md").write_text("mine")
+    before = tree_digest(tmp_path)
+    run = {"text": recipes.run_text_pipeline, "image": recipes_image.run_image_pipeline,
+           "zero-shot": recipes_zero_shot.run_zero_shot_pipeline}[runner]
+    with pytest.raises(HydraOutputError, match="was not created by `hydra-hf recipe`"):
+        run(None, folder)
+    assert tree_digest(tmp_path) == before
