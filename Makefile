@@ -5,6 +5,8 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
+# pytest-xdist workers: the tests run one torch thread each (tests/conftest.py), so one per core
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test bench clean
 
@@ -15,7 +17,7 @@ demo: setup
 	$(PY) examples/demo.py --output outputs/demo
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/bench_bert.py

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import os
+import shutil
+import socket
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -14,6 +18,11 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Remote-code modules that transformers copies while the tests load folders go to a private folder of
+# this process, never to the user's ~/.cache, and never shared by two pytest-xdist workers.
+_MODULES_CACHE = tempfile.mkdtemp(prefix="hydra-test-modules-")
+atexit.register(shutil.rmtree, _MODULES_CACHE, True)
+os.environ.setdefault("HF_MODULES_CACHE", _MODULES_CACHE)
 # one thread: the tiny test models run several times faster than with two (thread start-up dominates)
 torch.set_num_threads(1)
 
@@ -83,6 +92,14 @@ def tiny_bert_dir(tmp_path):
     return folder
 
 
+def free_port() -> int:
+    """A free local TCP port: every `accelerate launch` of the tests gets its own rendezvous port, so
+    two of them (e.g. in two pytest-xdist workers) never meet on the default 29500."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def run_fresh_python(code: str, *, block_hydra: bool = True, env: dict | None = None, timeout: int = 300) -> str:
     """Run arbitrary test ``code`` in a new, isolated interpreter (the environment of
     ``hydra_hf.hub.validate.run_isolated``: ``python -I``, empty HOME, Hub offline); with
@@ -91,8 +108,6 @@ def run_fresh_python(code: str, *, block_hydra: bool = True, env: dict | None = 
 
     Checks of a model folder as a Hub user loads it go through ``hydra_hf.hub.fresh_check`` (the one
     fresh-process check); this helper is for test snippets (card snippets, round trips)."""
-    import tempfile
-
     from hydra_hf.hub.validate import run_isolated
 
     if block_hydra:

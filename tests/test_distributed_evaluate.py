@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import tiny_bert_config, write_masks, write_tiny_tokenizer
+from conftest import free_port, tiny_bert_config, write_masks, write_tiny_tokenizer
 
 from hydra_hf import distributed
 
@@ -59,6 +59,7 @@ def test_two_processes_write_the_one_process_report(tmp_path):
     assert one.returncode == 0, one.stderr[-3000:]
     launcher = Path(sys.executable).with_name("accelerate")
     two = subprocess.run([str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                          "--main_process_port", str(free_port()),
                           "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "hydra_hf.cli", *args,
                           "--report", str(tmp_path / "r2")], capture_output=True, text=True, env=env, timeout=600)
     assert two.returncode == 0, "\n".join(l for l in two.stderr.splitlines() if "error" in l.lower())[-3000:]

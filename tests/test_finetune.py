@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_bert_config, write_masks, write_tiny_tokenizer
+from conftest import free_port, tiny_bert_config, write_masks, write_tiny_tokenizer
 from safetensors.torch import load_file
 
 MASKS = [[[0, 1], [1, 2], [0, 3]], [[2, 3], [0, 1], [1, 2, 3]]]  # members keep different heads
@@ -223,14 +223,6 @@ def test_resume_after_interruption_matches_uninterrupted_run(setup, tmp_path):
 ODD_MASKS = [[[0, 1], [], [0, 3]], [[1, 2, 3], [0], [1, 2, 3]]]
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_accelerate_launch_two_processes_match_one_process(setup, tmp_path):
     """`accelerate launch --multi_gpu --num_processes 2 -m hydra_hf.cli finetune` (2 gloo ranks) with a
     member that keeps 0 heads in a layer and unequal widths takes the same steps as 1 process with the
@@ -247,7 +239,7 @@ def test_accelerate_launch_two_processes_match_one_process(setup, tmp_path):
              "--learning-rate", "2e-3", "--max-grad-norm", "0.5", "--log-every-steps", "1"]  # fmt: skip
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(_free_port()), "-m", "hydra_hf.cli"]  # fmt: skip
+              "--main_process_port", str(free_port()), "-m", "hydra_hf.cli"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two ranks on the CI's two cores
     done = subprocess.run([*launch, *flags, "--output", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
