@@ -162,12 +162,16 @@ class OnnxHydraModel(nn.Module):
         file_name: str | None = None,
         providers: list[str] | None = None,
         intra_op_num_threads: int | None = None,
+        allow_spinning: bool = False,
     ) -> OnnxHydraModel:
         """Load an export folder (its default graph, or ``file_name``) or one of its ``.onnx`` files.
 
         Args:
             providers: ONNX Runtime execution providers (default ``["CPUExecutionProvider"]``).
             intra_op_num_threads: threads per operator (default: ONNX Runtime's, the physical cores).
+            allow_spinning: let idle ONNX Runtime threads spin-wait for the next run (its default; a little
+                faster for back-to-back calls, but the spinning threads take the cores from whatever runs
+                between calls, e.g. the PyTorch models that ``hydra-hf evaluate`` times beside it). Off here.
         """
         (ort,) = require_onnx("onnxruntime")
         folder, file, metadata = resolve_onnx_file(path, file_name)
@@ -176,6 +180,7 @@ class OnnxHydraModel(nn.Module):
         if intra_op_num_threads is not None:
             options.intra_op_num_threads = int(intra_op_num_threads)
         options.log_severity_level = 3  # errors only: the dynamo graph's shape-inference notes are noise
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if allow_spinning else "0")
         try:
             session = ort.InferenceSession(str(file), sess_options=options,
                                            providers=list(providers or ["CPUExecutionProvider"]))
