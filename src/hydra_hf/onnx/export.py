@@ -342,7 +342,7 @@ def export_onnx(
             "opset": int(opset), "exporter": "torch.onnx.export(dynamo=True)",
             "versions": _versions(),
             "inputs": {n: _axes_doc(n, axes[n]) for n in names},
-            "outputs": _outputs_doc(output_keys, family.modality),
+            "outputs": _outputs_doc(output_keys, family.modality, softmax=family.uncertainty_pipelines),
             "files": files, "default_file": INT8_FILE if quantize == "int8" else FP32_FILE,
             "quantization": None if quantize is None else {
                 "method": "onnxruntime.quantization.quantize_dynamic", "weight_type": "QInt8",
@@ -378,7 +378,6 @@ def export_onnx(
 
 def _report_loaders(model, preprocessor, modality, calibration_data, ood_data, options):
     from .. import evaluation as ev
-    from ..cli.evaluate import _named
     from ..data import parse_spec, resolve_dataset
 
     if preprocessor is None:
@@ -399,7 +398,8 @@ def _report_loaders(model, preprocessor, modality, calibration_data, ood_data, o
     id_loader = loader(data(calibration_data, True))
     oods = {}
     for spec in ood_data:
-        name, path = _named(spec, parse_spec(spec)[0])
+        name, path = spec.partition("=")[::2] if "=" in spec else (parse_spec(spec)[0], spec)  # NAME=SPEC or SPEC
+        name, path = name.strip(), path.strip()
         if name in oods:
             raise HydraInputError(f"--ood-data name {name!r} is used twice; write NAME=SPEC to tell them apart")
         ood = data(path, False)
@@ -415,10 +415,11 @@ def _axes_doc(name: str, axes: dict[int, Any]) -> dict[str, Any]:
     return {"dtype": dtype, "shape": [d.format(first) for d in dims]}
 
 
-def _outputs_doc(keys: Sequence[str], modality: str) -> dict[str, Any]:
+def _outputs_doc(keys: Sequence[str], modality: str, softmax: bool = True) -> dict[str, Any]:
     if modality == "image-text":
-        return {keys[0]: {"dtype": "float32", "shape": ["images", "texts"],
-                          "what": "log of the mean of the members' softmaxes over the texts"},
+        ensemble = ("log of the mean of the members' softmaxes over the texts" if softmax else
+                    "logit of the mean of the members' sigmoids (as the PyTorch model returns it)")
+        return {keys[0]: {"dtype": "float32", "shape": ["images", "texts"], "what": ensemble},
                 keys[1]: {"dtype": "float32", "shape": ["images", "members", "texts"],
                           "what": "every member's scaled image-text similarities"}}
     return {keys[0]: {"dtype": "float32", "shape": ["batch", "labels"],
