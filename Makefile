@@ -23,6 +23,7 @@ bench: setup
 	$(PY) bench/bench_bert.py
 	$(PY) bench/bench_vit.py
 	$(PY) bench/bench_circuits.py
+	$(PY) bench/bench_onnx.py
 
 clean:
 	rm -rf outputs .pytest_cache

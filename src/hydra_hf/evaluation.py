@@ -76,6 +76,12 @@ class ModelPredictor(Predictor):
         member = getattr(out, "member_logits", None)
         return member if member is not None else out.logits.unsqueeze(1)  # (B, M, C)
 
+    def num_parameters(self) -> int:
+        count = super().num_parameters()
+        if count == 0 and callable(getattr(self.model, "num_parameters", None)):
+            return int(self.model.num_parameters())  # a runtime model (ONNX) holds no torch parameters
+        return count
+
 
 class MCDropoutPredictor(Predictor):
     """MC Dropout: ``samples`` forward passes with the model's dropout layers active.
@@ -609,9 +615,16 @@ def load_classifier(path: str | os.PathLike, *, trust_remote_code: bool = False)
     A folder that ships other code (an ``auto_map`` in its config or tokenizer / preprocessor config)
     is refused unless ``trust_remote_code`` is set -- loading it would execute that code.
 
+    An ONNX export folder (``hydra-hf export --format onnx``), or one ``.onnx`` file in it, is run by
+    ONNX Runtime (:class:`hydra_hf.onnx.OnnxHydraModel`; needs ``pip install hydra-hf[onnx]``).
+
     Returns ``(model, preprocessor, modality)`` with modality ``"text"`` or ``"image"``.
     """
     import hydra_hf  # noqa: F401  (registers the Hydra classes with the Auto classes)
+    from .onnx.runtime import is_onnx_export
+
+    if is_onnx_export(path):
+        return _load_onnx_classifier(path)
     from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification, AutoModelForSequenceClassification, AutoTokenizer
 
     from .convert.io import check_remote_code, checkpoint_dir, from_pretrained
@@ -625,6 +638,14 @@ def load_classifier(path: str | os.PathLike, *, trust_remote_code: bool = False)
         return model.eval(), from_pretrained(AutoImageProcessor, folder, trust_remote_code=trust), "image"
     model = from_pretrained(AutoModelForSequenceClassification, folder, trust_remote_code=trust)
     return model.eval(), from_pretrained(AutoTokenizer, folder, trust_remote_code=trust), "text"
+
+
+def _load_onnx_classifier(path: str | os.PathLike) -> tuple[nn.Module, Any, str]:
+    from .onnx.runtime import OnnxHydraModel, load_preprocessor
+
+    model = OnnxHydraModel.from_pretrained(path)
+    modality = _modality(model.config)
+    return model, load_preprocessor(model.file.parent, modality), modality
 
 
 def make_loader(dataset, preprocessor: Any, modality: str, batch_size: int = 32, max_length: int = 128,

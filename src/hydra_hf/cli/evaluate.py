@@ -16,10 +16,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Evaluate a model (and baselines) on labelled ID data and one or more OOD sets; write a "
         "report folder (report.json, report.md, reliability.png, ood_scores.png).",
     )
-    p.add_argument("--model", required=True, help="model folder to evaluate (Hydra or any classifier)")
+    p.add_argument("--model", required=True,
+                   help="model folder to evaluate (Hydra or any classifier; a `hydra-hf export --format onnx` folder, or "
+                   "a .onnx file in one, runs on ONNX Runtime)")
     p.add_argument("--name", default="Hydra", help="name of --model in the report")
     p.add_argument("--baseline", action="append", default=[], metavar="NAME=DIR",
-                   help="another model folder to compare with (repeatable), e.g. Single=runs/single")
+                   help="another model folder (or ONNX export) to compare with (repeatable), e.g. Single=runs/single")
     p.add_argument("--mc-dropout", action="append", default=[], metavar="NAME",
                    help="add MC Dropout of the model NAME (repeatable)")
     p.add_argument("--mc-samples", type=int, default=10, help="MC Dropout samples (default 10)")
