@@ -64,6 +64,11 @@ def test_text_pipeline_smoke(tmp_path, tiny_bert_dir, monkeypatch):
     methods = [r["method"] for r in result.report["rows"]]
     assert methods[0].startswith("Hydra") and "Single" in methods and "MC Dropout" in methods
     assert any(m.startswith("Deep Ensembles") for m in methods) and "Single + TS" in methods
+    # the int8 ONNX Runtime export of Hydra is one more row, close to the fp32 Hydra row
+    rows = {r["method"]: r for r in result.report["rows"]}
+    int8 = rows["Hydra int8 (ONNX Runtime, M=2)"]
+    assert (out / "onnx" / "model_int8.onnx").is_file() and (out / "onnx" / "quantization_report.json").is_file()
+    assert abs(int8["accuracy"] - rows[methods[0]]["accuracy"]) <= 0.1 and int8["nll"] > 0
     for row in result.report["rows"]:
         assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["a"]["auroc"] <= 1.0
     assert result.hub_check["max_abs_prob_diff"] < 1e-4

@@ -8,9 +8,12 @@ Stages (each writes one folder under ``output_dir``; with ``resume=True`` a fini
                     ``seed, seed+1, ...``), selected on the ID *validation* split and the OOD
                     *validation* split only.
 3. ``hydra/``       fine-tune every member (its own seed, embeddings frozen) and fuse them.
+3b. ``onnx/``       (``onnx_int8``, with the onnx extra) export the fused model to ONNX, quantise it to
+                    int8, with its quantisation report on validation data (int8 against fp32).
 4. ``report/``      evaluate Hydra against Single, Single + temperature scaling, MC Dropout,
-                    Deep Ensembles (D) and a single pruned member on the ID test split and every OOD
-                    test set: ``report.json``, ``report.md``, ``reliability.png``, ``ood_scores.png``.
+                    Deep Ensembles (D), a single pruned member and Hydra int8 on ONNX Runtime on the ID
+                    test split and every OOD test set: ``report.json``, ``report.md``,
+                    ``reliability.png``, ``ood_scores.png``.
 5. ``hub/``         the Hub-ready repository (card, shipped code, weights, report), validated by
                     loading it in a fresh process where hydra_hf cannot be imported, and checking its
                     predictions against the in-process model on test texts.
@@ -87,6 +90,7 @@ class TextPipeline:
     max_ood_samples: int | None = 800  # per OOD test set
     mc_samples: int = 8
     ensemble_heads: int = 3
+    onnx_int8: bool = True  # also export Hydra to ONNX, quantise it to int8 and evaluate it (needs hydra-hf[onnx])
     seed: int = 0
     # report and Hub folder
     report_title: str = "Hydra Ensembles on the embedded default (all-MiniLM-L6-v2, Rotten Tomatoes)"
@@ -191,9 +195,27 @@ def build_members(p: TextPipeline, model_dir: Path, out_file: Path):
     return masks
 
 
+def export_int8(p: TextPipeline, hydra_dir: Path, onnx_dir: Path) -> Path | None:
+    """Stage 3b: the fused model as one ONNX graph, quantised to int8 by ONNX Runtime, with the
+    quantisation report (int8 against fp32 on the validation split and the OOD validation data: no
+    test data). Returns the export folder, or None (with a warning) without the onnx packages."""
+    from .errors import HydraInputError
+    from .onnx import export_onnx, require_onnx
+
+    try:
+        require_onnx("onnx", "onnxruntime", "onnxscript")
+    except HydraInputError as exc:
+        logger.warning("no ONNX int8 row: %s", exc)
+        return None
+    return export_onnx(hydra_dir, onnx_dir, quantize="int8", calibration_data=p.validation_data,
+                       ood_data=[p.ood_validation_data], overwrite=True,
+                       data_options={"max_samples": p.max_validation_samples, "max_length": p.max_length})
+
+
 def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member_dir: Path, report_dir: Path,
-                      settings: dict[str, Any]) -> dict[str, Any]:
-    """Stage 4: Hydra vs the paper's baselines on the ID test split and every OOD test set."""
+                      settings: dict[str, Any], onnx_dir: Path | None = None) -> dict[str, Any]:
+    """Stage 4: Hydra vs the paper's baselines on the ID test split and every OOD test set (and, given
+    ``onnx_dir``, the int8 ONNX Runtime export of Hydra as one more row)."""
     from . import evaluation as ev
     from .data import resolve_dataset
 
@@ -219,6 +241,9 @@ def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member
         f"Deep Ensembles (D, M={p.ensemble_heads})": ev.HeadsEnsemblePredictor(
             single, ev.train_ensemble_heads(single, train, num_heads=p.ensemble_heads, seed=p.seed)),
     }
+    if onnx_dir is not None:
+        int8, _, _ = ev.load_classifier(onnx_dir)  # the export's default graph: int8
+        predictors[f"Hydra int8 (ONNX Runtime, M={p.members})"] = ev.ModelPredictor(int8)
     t_single = ev.fit_temperature(ev.predict(predictors["Single"], val, desc="Single: validation"))
     predictors["Single + TS"] = ev.TemperatureScaledPredictor(predictors["Single"], t_single)
     latency_batch = {k: v for k, v in next(iter(test)).items() if k != "labels"}
@@ -289,12 +314,16 @@ def run_text_pipeline(p: TextPipeline, output_dir: str | os.PathLike, *, resume:
             single_dir, masks, p.train_data, p.validation_data, hydra_dir,
             _finetune_config(p, p.member_steps, p.member_learning_rate), work_dir=hydra_work, overwrite=True))
 
+    onnx_dir = None
+    if p.onnx_int8:
+        onnx_dir = timed("3b. export Hydra to ONNX int8", lambda: export_int8(p, hydra_dir, out / "onnx"))
+
     settings = {**p.describe(), "jaccard": masks.metadata.get("pairwise_jaccard")}
     report_dir = out / "report"
     if report_dir.exists():
         shutil.rmtree(report_dir)
     report = timed("4. evaluate", lambda: evaluate_pipeline(
-        p, single_dir, hydra_dir, hydra_work / "member_0" / "model", report_dir, settings))
+        p, single_dir, hydra_dir, hydra_work / "member_0" / "model", report_dir, settings, onnx_dir))
 
     hub_dir = out / "hub"
 
