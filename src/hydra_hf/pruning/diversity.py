@@ -148,8 +148,9 @@ def prune_members(
     Returns:
         The masks; ``member_metadata[m]`` holds ``method``, ``seed``, ``scores``, ``ranking``, ...;
         ``metadata`` holds ``method``, ``seed``, ``budget`` and ``pairwise_jaccard``. With
-        ``tower="joint"``: both towers in the masks (the same members), ``scores`` per tower, the ``ranking`` as ``[tower, layer, head]`` triples and the Jaccard
-        overlap over the union of the kept heads of both towers.
+        ``tower="joint"``: both towers in the masks (the same members), ``scores`` per tower, the
+        ``ranking`` as ``[tower, layer, head]`` triples and the Jaccard overlap over the union of the
+        kept heads of both towers.
     """
     method_list = parse_methods(methods)
     if isinstance(members, bool) or not isinstance(members, int) or members < 0:
