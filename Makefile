@@ -20,6 +20,8 @@ test: setup
 bench: setup
 	$(PY) bench/bench_bert.py
 	$(PY) bench/bench_vit.py
+	$(PY) bench/bench_families.py --family roberta
+	$(PY) bench/bench_families.py --family deit
 	$(PY) bench/bench_circuits.py
 
 clean:
