@@ -22,6 +22,8 @@ test: setup
 bench: setup
 	$(PY) bench/bench_bert.py
 	$(PY) bench/bench_vit.py
+	$(PY) bench/bench_families.py --family roberta
+	$(PY) bench/bench_families.py --family deit
 	$(PY) bench/bench_circuits.py
 	$(PY) bench/bench_onnx.py
 

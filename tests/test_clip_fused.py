@@ -11,7 +11,7 @@ import torch
 from transformers import CLIPConfig, CLIPModel
 
 from hydra_hf.convert import convert_checkpoint, unfuse_clip
-from hydra_hf.masks import HeadMasks, TowerHeadMasks, load_masks
+from hydra_hf.masks import HeadMasks, load_masks
 
 ATOL = 1e-5
 H, DK = 4, 8
@@ -25,13 +25,13 @@ OPEN_CLIP_CFG = {
 }
 
 
-def two_tower_masks(vision=VISION_KEPT, text=TEXT_KEPT) -> TowerHeadMasks:
+def two_tower_masks(vision=VISION_KEPT, text=TEXT_KEPT) -> HeadMasks:
     towers = {}
     if vision is not None:
         towers["vision"] = HeadMasks(kept_heads=vision, num_heads=H)
     if text is not None:
         towers["text"] = HeadMasks(kept_heads=text, num_heads=H)
-    return TowerHeadMasks(towers=towers)
+    return HeadMasks(towers=towers)
 
 
 def tiny_clip_config(eos_token_id: int = EOS) -> CLIPConfig:

@@ -33,7 +33,7 @@ from transformers import (
 
 from hydra_hf.convert import convert_checkpoint
 from hydra_hf.families import get_family
-from hydra_hf.masks import HeadMasks, TowerHeadMasks
+from hydra_hf.masks import HeadMasks
 from hydra_hf.pruning.gates import zero_head_columns_
 
 ATOL = 1e-5
@@ -159,18 +159,17 @@ def save_stock(model, folder: Path, variant: str) -> Path:
     return folder
 
 
-def masks_for(variant: str, kept) -> HeadMasks | TowerHeadMasks:
+def masks_for(variant: str, kept) -> HeadMasks:
     if variant != "siglip":
         return HeadMasks(kept_heads=kept, num_heads=H)
     text = TEXT_UNEQUAL if kept is UNEQUAL else kept
-    return TowerHeadMasks(towers={"vision": HeadMasks(kept_heads=kept, num_heads=H), "text": HeadMasks(kept_heads=text, num_heads=H)})
+    return HeadMasks(towers={"vision": HeadMasks(kept_heads=kept, num_heads=H), "text": HeadMasks(kept_heads=text, num_heads=H)})
 
 
 def kept_per_tower(variant: str, masks) -> list[dict[str, list[list[int]]]]:
     """``out[m][tower]`` = member m's kept heads per layer."""
-    if isinstance(masks, HeadMasks):
-        return [{"vision": k} for k in masks.kept_heads]
-    return [{t: masks.kept_heads(t)[m] for t in masks.towers} for m in range(masks.num_members)]
+    names = masks.tower_names if masks.named else ["vision"]  # one-tower masks: the vision tower
+    return [{t: masks.tower(t).kept_heads[m] for t in names} for m in range(masks.num_members)]
 
 
 def zeroed(model, variant: str, kept: dict[str, list[list[int]]]):

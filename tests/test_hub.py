@@ -232,7 +232,6 @@ def test_dry_run_image_and_zero_shot_models(tmp_path, arch):
     from conftest import write_tiny_tokenizer
     from transformers import CLIPImageProcessor, ViTImageProcessor
 
-    from hydra_hf.masks import TowerHeadMasks
 
     heads = [[[0, 1], [2]], [[1, 2, 3], [0]], [[3], [1, 2]]]
     base = tmp_path / "base"
@@ -244,7 +243,7 @@ def test_dry_run_image_and_zero_shot_models(tmp_path, arch):
         tiny_hf_clip().save_pretrained(base)
         write_tiny_tokenizer(base, vocab_size=40)
         CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}).save_pretrained(base)
-        masks = TowerHeadMasks(towers={"vision": HeadMasks(kept_heads=heads, num_heads=4),
+        masks = HeadMasks(towers={"vision": HeadMasks(kept_heads=heads, num_heads=4),
                                        "text": HeadMasks(kept_heads=heads, num_heads=4)})
     convert_checkpoint(masks, base=base, output_dir=tmp_path / "hydra")
     result = hub.push(tmp_path / "hydra", f"org/hydra-{arch}", dry_run=True, staging_dir=tmp_path / "staged")

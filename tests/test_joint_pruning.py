@@ -13,7 +13,7 @@ from transformers import CLIPConfig, CLIPModel
 
 import datasets
 from _tiny_models import text_batches, tiny_bert, tiny_open_clip
-from hydra_hf.masks import HeadMasks, TowerHeadMasks
+from hydra_hf.masks import HeadMasks
 from hydra_hf.pruning import Budget, HeadGates, circuit_prune, get_adapter, prune_members, taylor_prune
 from hydra_hf.pruning import taylor as taylor_module
 
@@ -202,7 +202,7 @@ def test_joint_members_seeds_metadata_and_jaccard():
     kwargs = dict(methods="taylor,random", budget=Budget(remove=4), make_batches=make_batches, id_data=image_dataset(24, 0),
                   members=3, seed=7, tower="joint", progress=False)  # fmt: skip
     masks = prune_members(adapter, **kwargs)
-    assert isinstance(masks, TowerHeadMasks) and set(masks.towers) == {"vision", "text"}
+    assert masks.named and set(masks.towers) == {"vision", "text"}
     assert masks.towers["vision"].num_heads == 4 and masks.towers["text"].num_heads == 2
     for m in range(3):
         kept = masks.towers["vision"].num_kept(m) + masks.towers["text"].num_kept(m)

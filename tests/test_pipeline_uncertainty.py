@@ -200,13 +200,12 @@ def test_zero_shot_pipeline_numbers_equal_metrics_module(tmp_path):
     from conftest import write_tiny_tokenizer
     from transformers import CLIPImageProcessor
 
-    from hydra_hf.masks import TowerHeadMasks
     from hydra_hf.modeling.pipeline_hydra import HydraZeroShotImageClassificationPipeline
 
     clip = tiny_hf_clip()
     clip.config.text_config.eos_token_id = 3  # the tiny tokenizer's [SEP]: the text tower pools there
     clip.save_pretrained(tmp_path / "clip")
-    masks = TowerHeadMasks(towers={"vision": HeadMasks(kept_heads=HEADS, num_heads=4),
+    masks = HeadMasks(towers={"vision": HeadMasks(kept_heads=HEADS, num_heads=4),
                                    "text": HeadMasks(kept_heads=HEADS, num_heads=4)})
     model = convert_checkpoint(masks, base=tmp_path / "clip").eval()
     write_tiny_tokenizer(tmp_path / "clip", vocab_size=40)

@@ -11,7 +11,7 @@ from PIL import Image
 from test_clip_fused import OPEN_CLIP_CFG, perturb, save_open_clip, tiny_open_clip
 
 from hydra_hf.cli import main
-from hydra_hf.masks import HeadMasks, TowerHeadMasks, load_masks
+from hydra_hf.masks import HeadMasks, load_masks
 
 CLASSES = ["cat", "dog", "bird"]
 OC_CFG = {**OPEN_CLIP_CFG, "text_cfg": {**OPEN_CLIP_CFG["text_cfg"], "vocab_size": 49408, "context_length": 16}}
@@ -87,7 +87,7 @@ def test_hf_clip_joint_circuits_end_to_end(hf_clip_dir, images, tmp_path, capsys
                 "--heads-per-step", "3")  # fmt: skip
     assert rc == 0, capsys.readouterr().err
     masks = load_masks(out)
-    assert isinstance(masks, TowerHeadMasks) and set(masks.towers) == {"vision", "text"}
+    assert masks.named and set(masks.towers) == {"vision", "text"}
     for m in range(2):
         assert masks.towers["vision"].num_kept(m) + masks.towers["text"].num_kept(m) == 8 + 4 - 3
     meta = masks.member_metadata[0]
@@ -122,7 +122,7 @@ def test_open_clip_end_to_end(open_clip_dir, images, tmp_path):
                 "--members", "2", "--remove", "5")  # fmt: skip
     assert rc == 0
     masks = load_masks(out)
-    assert isinstance(masks, TowerHeadMasks) and set(masks.towers) == {"vision", "text"}
+    assert masks.named and set(masks.towers) == {"vision", "text"}
     assert masks.towers["vision"].num_kept(0) + masks.towers["text"].num_kept(0) == 12 + 8 - 5
     assert masks.metadata["architecture"] == {"open_clip": str(open_clip_dir / "open_clip_config.json")}
     assert main(["convert", "--base", str(open_clip_dir), "--masks", str(out), "--output", str(tmp_path / "h")]) == 0

@@ -174,12 +174,12 @@ TEXT_KEPT = [[[0, 1], [3]], [[3], [0, 1]], [[0, 2, 3], [1, 2, 3]]]
 @pytest.fixture(scope="module")
 def hydra_and_stock(tmp_path_factory):
     from hydra_hf.convert import convert_checkpoint
-    from hydra_hf.masks import HeadMasks, TowerHeadMasks
+    from hydra_hf.masks import HeadMasks
 
     stock = perturb(tiny_hf_clip())
     folder = tmp_path_factory.mktemp("clip") / "tiny-clip"
     stock.save_pretrained(folder)
-    masks = TowerHeadMasks(towers={"vision": HeadMasks(kept_heads=VISION_KEPT, num_heads=4),
+    masks = HeadMasks(towers={"vision": HeadMasks(kept_heads=VISION_KEPT, num_heads=4),
                                    "text": HeadMasks(kept_heads=TEXT_KEPT, num_heads=4)})
     return convert_checkpoint(masks, base=folder), stock
 

@@ -18,7 +18,7 @@ from transformers import (
 )
 from transformers.pipelines import PIPELINE_REGISTRY
 
-from .masks import HeadMasks, TowerHeadMasks, load_masks
+from .masks import HeadMasks, load_masks
 from .modeling import pipeline_hydra as _pipelines
 from .modeling.configuration_hydra import (
     HYDRA_PIPELINES,
@@ -113,7 +113,6 @@ __all__ = [
     "HydraEnsembleModel",
     "HydraEnsembleViTConfig",
     "HydraEnsembleViTModel",
-    "TowerHeadMasks",
     "convert_checkpoint",
     "load_masks",
 ]

@@ -1,6 +1,11 @@
-"""The head-masks file: which attention heads every member of a Hydra Ensemble keeps.
+"""The head-masks file: which attention heads every member of a Hydra Ensemble keeps, per tower.
 
-Format (JSON, ``version`` 1)::
+One type, :class:`HeadMasks`, holds the kept heads of M members in one or more *towers* (the
+encoder stacks of a model: BERT and ViT have one, CLIP / SigLIP / open_clip have ``"vision"`` and
+``"text"``). The file has two shapes, both ``version`` 1, and a model's number of towers says which
+one it reads:
+
+One-tower models (the tower is not named: the masks apply to the model's only tower)::
 
     {
       "format": "hydra-head-masks",
@@ -14,11 +19,24 @@ Format (JSON, ``version`` 1)::
       ...optional top-level metadata (method, base model, seed, budget, ...)...
     }
 
-A member may keep any number of heads in a layer, 0 included. ``HeadMasks`` reads, writes and
-validates this file; every error names the bad value and how to fix it.
+Several towers (named; a tower the file leaves out is not pruned: its members keep all heads)::
 
-Two-tower models (CLIP) use a variant with ``"towers"`` instead of ``num_layers``/``num_heads`` and
-kept heads per tower (``TowerHeadMasks``); ``load_masks(path)`` returns the right class for a file.
+    {
+      "format": "hydra-head-masks",
+      "version": 1,
+      "towers": {"vision": {"num_layers": 12, "num_heads": 12}, "text": {"num_layers": 12, "num_heads": 8}},
+      "members": [
+        {"kept_heads": {"vision": [[...one sorted list per layer...]], "text": [[...]]}, ...metadata...},
+        ...one object per member...
+      ],
+      ...optional top-level metadata...
+    }
+
+A member may keep any number of heads in a layer, 0 included. :meth:`HeadMasks.load` reads both
+shapes (``load_masks`` is the same), :meth:`HeadMasks.save` writes the shape it was read from (or
+built as), byte for byte as before; every error names the bad value and how to fix it. Code that
+fuses or prunes a model asks the masks for the model's towers (:meth:`HeadMasks.check_towers`,
+:meth:`HeadMasks.kept_heads_by_tower`) instead of asking which shape they have.
 """
 
 from __future__ import annotations
@@ -26,22 +44,25 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .errors import HydraTypeError
+from .errors import HydraInputError, HydraTypeError
 from .modeling.configuration_hydra import check_kept_heads
 from .outputs import write_output_file
 
 FORMAT_NAME = "hydra-head-masks"
 FORMAT_VERSION = 1
-
+TOWER_NAMES = ("vision", "text")  # the names a masks file may give its towers
+ANY_TOWER = "*"  # the key of the unnamed tower of a one-tower masks file: the model's only tower
 
 # One validator for the masks file and the shipped config (the config cannot import hydra_hf).
 validate_kept_heads = check_kept_heads
+
+_RESERVED = frozenset({"format", "version", "num_layers", "num_heads", "towers", "members"})
 
 
 def _count(value: Any, key: str, source: str) -> int:
@@ -54,58 +75,198 @@ def _count(value: Any, key: str, source: str) -> int:
     return value
 
 
-@dataclass
+def _checked_tower(kept_heads: Any, num_heads: Any) -> list[list[list[int]]]:
+    """One tower's ``kept_heads[m][l]`` as fresh lists, validated against ``num_heads``."""
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"num_heads must be a positive integer, got {num_heads!r}")
+    kept = [[list(heads) for heads in member] for member in kept_heads]
+    num_layers = len(kept[0]) if kept and isinstance(kept[0], list) else 0
+    validate_kept_heads(kept, num_layers, num_heads)
+    if num_layers == 0:
+        raise ValueError("kept_heads[0] has no layers; give one list of kept heads per layer")
+    return kept
+
+
 class HeadMasks:
-    """Kept heads of M members over L layers of H heads each.
+    """Kept heads of M members in each of one or more towers.
+
+    Build one tower with ``HeadMasks(kept_heads=..., num_heads=H)`` (the one-tower file) or named
+    towers with ``HeadMasks(towers={"vision": HeadMasks(...), "text": HeadMasks(...)})`` (the file
+    with ``"towers"``; each value gives that tower's kept heads and ``H``, its metadata is not used).
 
     Attributes:
-        kept_heads: ``kept_heads[m][l]`` = sorted head indices member ``m`` keeps in layer ``l``.
-        num_heads: heads per layer in the base model (H).
         member_metadata: one dict per member (method, seed, scores, ranking, ...), saved beside
             ``kept_heads``.
         metadata: top-level metadata (base model, method, budget, ...).
+        named: whether the towers are named (the ``"towers"`` file shape); unnamed masks have one
+            tower, stored under :data:`ANY_TOWER`, which fits any one-tower model.
+
+    The one-tower accessors (``kept_heads``, ``num_heads``, ``num_layers``, ``gates``, ...) work
+    whenever the masks hold exactly one tower, named or not; :meth:`tower` picks one of several.
     """
 
-    kept_heads: list[list[list[int]]]
-    num_heads: int
-    member_metadata: list[dict[str, Any]] = field(default_factory=list)
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.num_heads, bool) or not isinstance(self.num_heads, int) or self.num_heads < 1:
-            raise ValueError(f"num_heads must be a positive integer, got {self.num_heads!r}")
-        self.kept_heads = [[list(heads) for heads in member] for member in self.kept_heads]
-        num_layers = len(self.kept_heads[0]) if self.kept_heads and isinstance(self.kept_heads[0], list) else 0
-        validate_kept_heads(self.kept_heads, num_layers, self.num_heads)
-        if num_layers == 0:
-            raise ValueError("kept_heads[0] has no layers; give one list of kept heads per layer")
-        if not self.member_metadata:
-            self.member_metadata = [{} for _ in self.kept_heads]
-        if len(self.member_metadata) != len(self.kept_heads):
+    def __init__(
+        self,
+        kept_heads: list[list[list[int]]] | None = None,
+        num_heads: int | None = None,
+        member_metadata: list[dict[str, Any]] | None = None,
+        metadata: dict[str, Any] | None = None,
+        *,
+        towers: Mapping[str, HeadMasks] | None = None,
+    ) -> None:
+        if towers is None:
+            if kept_heads is None or num_heads is None:
+                raise ValueError("give kept_heads and num_heads (one tower), or towers={name: HeadMasks} (several)")
+            self._kept = {ANY_TOWER: _checked_tower(kept_heads, num_heads)}
+            self._heads = {ANY_TOWER: num_heads}
+        else:
+            if kept_heads is not None or num_heads is not None:
+                raise ValueError("give either kept_heads and num_heads (one tower) or towers=..., not both")
+            if not isinstance(towers, Mapping) or not towers:
+                raise ValueError(f"towers must name at least one tower of {list(TOWER_NAMES)}, got {towers!r}")
+            unknown = [t for t in towers if t not in TOWER_NAMES]
+            if unknown:
+                raise ValueError(f"unknown tower {unknown[0]!r} in the masks; towers are named {list(TOWER_NAMES)}")
+            self._kept = {t: _checked_tower(m.kept_heads, m.num_heads) for t, m in towers.items()}
+            self._heads = {t: m.num_heads for t, m in towers.items()}
+            counts = {t: len(k) for t, k in self._kept.items()}
+            if len(set(counts.values())) != 1:
+                raise ValueError(f"the towers have different numbers of members {counts}; give every member both towers")
+        self.member_metadata = list(member_metadata) if member_metadata else [{} for _ in range(self.num_members)]
+        self.metadata = dict(metadata) if metadata else {}
+        if len(self.member_metadata) != self.num_members:
             raise ValueError(
-                f"member_metadata has {len(self.member_metadata)} entries for {len(self.kept_heads)} members; "
+                f"member_metadata has {len(self.member_metadata)} entries for {self.num_members} members; "
                 "give one dict per member (or none)"
             )
+
+    @classmethod
+    def for_model(
+        cls,
+        model_towers: Sequence[str],
+        kept_heads: Mapping[str, list[list[list[int]]]],
+        num_heads: Mapping[str, int],
+        member_metadata: list[dict[str, Any]] | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> HeadMasks:
+        """Masks of a model with ``model_towers`` from per-tower kept heads (a subset of its towers):
+        unnamed for a one-tower model, named for several (the file shape each model reads)."""
+        if len(model_towers) == 1:
+            (tower,) = kept_heads
+            return cls(kept_heads[tower], num_heads[tower], member_metadata, metadata)
+        towers = {t: cls(kept_heads[t], num_heads[t]) for t in kept_heads}
+        return cls(towers=towers, member_metadata=member_metadata, metadata=metadata)
+
+    # ------------------------------------------------------------------ towers
+    @property
+    def named(self) -> bool:
+        return ANY_TOWER not in self._kept
+
+    @property
+    def tower_names(self) -> list[str]:
+        """The towers these masks prune (``[ANY_TOWER]`` for unnamed masks)."""
+        return list(self._kept)
+
+    @property
+    def towers(self) -> dict[str, HeadMasks]:
+        """Tower name -> that tower's masks (one tower each, unnamed, no metadata)."""
+        return {t: HeadMasks(kept_heads=k, num_heads=self._heads[t]) for t, k in self._kept.items()}
+
+    def tower(self, name: str) -> HeadMasks:
+        """The masks of one tower; ``ValueError`` naming the tower when the masks have none for it.
+
+        Unnamed masks answer for any name: their tower is the model's only one.
+        """
+        if not self.named:
+            return self.towers[ANY_TOWER]
+        if name not in TOWER_NAMES:
+            raise ValueError(f"unknown tower {name!r}; towers are named {list(TOWER_NAMES)}")
+        if name not in self._kept:
+            raise ValueError(
+                f"the masks have no {name!r} tower (they prune {sorted(self._kept)}); add "
+                f"\"towers\": {{\"{name}\": ...}} and every member's kept_heads[{name!r}], or do not ask to prune it"
+            )
+        return self.towers[name]
+
+    def require(self, names: Sequence[str]) -> None:
+        """Raise ``ValueError`` unless every tower in ``names`` is in the masks."""
+        for name in names:
+            self.tower(name)
+
+    def check_towers(self, model_towers: Sequence[str], prune: Sequence[str] | None = None, *, model: str = "the model") -> None:
+        """Raise ``HydraInputError`` (a ``ValueError``) unless these masks can prune a model with ``model_towers``.
+
+        A one-tower model reads the unnamed file and takes no ``prune`` list; a model with several
+        towers reads the named file, and every tower in ``prune`` must be one of its towers and in
+        the masks. ``model`` names the model in errors (``"a clip checkpoint"``).
+        """
+        if len(model_towers) == 1:
+            if prune is not None:
+                raise HydraInputError(f"towers={list(prune)} applies to two-tower models only; {model} has one tower")
+            if self.named:
+                raise HydraInputError(
+                    f"{model} needs a single-tower masks file (num_layers, num_heads, members[].kept_heads "
+                    "as layer lists); this one has 'towers' (a two-tower masks file)"
+                )
+            return
+        if not self.named:
+            towers = ", ".join(f'"{t}": {{num_layers, num_heads}}' for t in model_towers)
+            raise HydraInputError(
+                f"{model} needs a two-tower masks file: \"towers\": {{{towers}}} and every member's "
+                "kept_heads per tower; see hydra_hf.masks.HeadMasks"
+            )
+        if prune is not None:
+            unknown = [t for t in prune if t not in model_towers]
+            if unknown:
+                raise HydraInputError(f"unknown tower {unknown[0]!r}; {model} has towers {list(model_towers)}")
+            self.require(list(prune))
+
+    def kept_heads_by_tower(self, shapes: Mapping[str, tuple[int, int]], *, model: str = "the model") -> dict[str, list[list[list[int]]]]:
+        """``kept[tower][m][l]`` for every tower of a model with ``shapes[tower] = (L, H)``; a tower the
+        masks leave out keeps all its heads. Checks the shapes (``ValueError`` naming the mismatch)."""
+        self.check_compatible(shapes, model=model)
+        if not self.named:
+            (tower,) = shapes
+            return {tower: self._kept[ANY_TOWER]}
+        return {
+            t: self._kept[t] if t in self._kept else [[list(range(H))] * L for _ in range(self.num_members)]
+            for t, (L, H) in shapes.items()
+        }
+
+    def _only(self) -> str:
+        if len(self._kept) != 1:
+            raise HydraInputError(f"the masks have towers {sorted(self._kept)}; pick one with masks.tower(name)")
+        return next(iter(self._kept))
 
     # ------------------------------------------------------------------ shape
     @property
     def num_members(self) -> int:
-        return len(self.kept_heads)
+        return len(next(iter(self._kept.values())))
+
+    @property
+    def kept_heads(self) -> list[list[list[int]]]:
+        """``kept_heads[m][l]`` = sorted head indices member ``m`` keeps in layer ``l`` (one tower)."""
+        return self._kept[self._only()]
+
+    @property
+    def num_heads(self) -> int:
+        """Heads per layer in the base model (H; one tower)."""
+        return self._heads[self._only()]
 
     @property
     def num_layers(self) -> int:
         return len(self.kept_heads[0])
 
     def num_kept(self, member: int) -> int:
-        """Total heads member ``member`` keeps over all layers."""
-        return sum(len(h) for h in self.kept_heads[member])
+        """Total heads member ``member`` keeps over all layers (of every tower)."""
+        return sum(len(h) for kept in self._kept.values() for h in kept[member])
 
     def removed_heads(self, member: int) -> list[list[int]]:
-        """``removed[l]`` = heads member ``member`` removes in layer ``l``."""
+        """``removed[l]`` = heads member ``member`` removes in layer ``l`` (one tower)."""
         return [[h for h in range(self.num_heads) if h not in set(kept)] for kept in self.kept_heads[member]]
 
     def gates(self, member: int | None = None) -> torch.Tensor:
-        """0/1 gates: ``(L, H)`` for one member, ``(M, L, H)`` for all."""
+        """0/1 gates of one tower: ``(L, H)`` for one member, ``(M, L, H)`` for all."""
         members = range(self.num_members) if member is None else [member]
         out = torch.zeros(len(members), self.num_layers, self.num_heads)
         for i, m in enumerate(members):
@@ -115,7 +276,7 @@ class HeadMasks:
 
     @classmethod
     def from_gates(cls, gates: torch.Tensor, **kwargs: Any) -> HeadMasks:
-        """Build from 0/1 gates of shape ``(M, L, H)`` (or ``(L, H)`` for one member)."""
+        """Build one tower from 0/1 gates of shape ``(M, L, H)`` (or ``(L, H)`` for one member)."""
         if gates.dim() == 2:
             gates = gates.unsqueeze(0)
         if gates.dim() != 3:
@@ -123,10 +284,23 @@ class HeadMasks:
         kept = [[torch.nonzero(g > 0.5).flatten().tolist() for g in member] for member in gates]
         return cls(kept_heads=kept, num_heads=gates.shape[-1], **kwargs)
 
+    def select_members(self, members: Sequence[int]) -> HeadMasks:
+        """The masks of ``members`` alone, in that order, same towers and file shape (e.g. ``[m]``:
+        the single pruned model of member ``m``)."""
+        meta = [self.member_metadata[m] for m in members]
+        towers = {t: HeadMasks(kept_heads=[k[m] for m in members], num_heads=self._heads[t]) for t, k in self._kept.items()}
+        if not self.named:
+            return HeadMasks(towers[ANY_TOWER].kept_heads, self._heads[ANY_TOWER], meta, dict(self.metadata))
+        return HeadMasks(towers=towers, member_metadata=meta, metadata=dict(self.metadata))
+
     # -------------------------------------------------------------- diversity
     def jaccard(self) -> torch.Tensor:
-        """Pairwise Jaccard overlap of the members' kept (layer, head) sets, shape ``(M, M)``."""
-        sets = [{(layer, h) for layer, heads in enumerate(member) for h in heads} for member in self.kept_heads]
+        """Pairwise Jaccard overlap of the members' kept ``(tower, layer, head)`` sets (the union over
+        the towers), shape ``(M, M)``."""
+        sets = [
+            {(t, layer, h) for t, kept in self._kept.items() for layer, heads in enumerate(kept[m]) for h in heads}
+            for m in range(self.num_members)
+        ]
         out = torch.ones(self.num_members, self.num_members)
         for i, j in itertools.combinations(range(self.num_members), 2):
             union = len(sets[i] | sets[j])
@@ -134,40 +308,62 @@ class HeadMasks:
         return out
 
     def summary(self) -> str:
-        """A few human-readable lines: heads kept per member and the pairwise Jaccard overlap."""
-        total = self.num_layers * self.num_heads
-        lines = [f"{self.num_members} members, {self.num_layers} layers x {self.num_heads} heads"]
-        for m in range(self.num_members):
-            per_layer = ",".join(str(len(h)) for h in self.kept_heads[m])
-            lines.append(f"  member {m}: keeps {self.num_kept(m)}/{total} heads (per layer: {per_layer})")
-        jac = self.jaccard()
-        pairs = [f"{i}-{j}: {jac[i, j]:.2f}" for i, j in itertools.combinations(range(self.num_members), 2)]
+        """Human-readable lines: heads kept per member and the pairwise Jaccard overlap, per tower
+        (named towers: ``[name]`` before each) and, with several towers, over all of them."""
+        if not self.named:
+            return self._tower_summary(ANY_TOWER)
+        lines = [f"[{t}] " + self._tower_summary(t) for t in self._kept]
+        if len(self._kept) > 1:
+            jac = self.jaccard()
+            pairs = [f"{i}-{j}: {jac[i, j]:.2f}" for i, j in itertools.combinations(range(self.num_members), 2)]
+            if pairs:
+                lines.append("pairwise Jaccard overlap of kept heads, all towers: " + ", ".join(pairs))
+        return "\n".join(lines)
+
+    def _tower_summary(self, tower: str) -> str:
+        one = self.towers[tower]
+        total = one.num_layers * one.num_heads
+        lines = [f"{one.num_members} members, {one.num_layers} layers x {one.num_heads} heads"]
+        for m in range(one.num_members):
+            per_layer = ",".join(str(len(h)) for h in one.kept_heads[m])
+            lines.append(f"  member {m}: keeps {one.num_kept(m)}/{total} heads (per layer: {per_layer})")
+        jac = one.jaccard()
+        pairs = [f"{i}-{j}: {jac[i, j]:.2f}" for i, j in itertools.combinations(range(one.num_members), 2)]
         if pairs:
             lines.append("  pairwise Jaccard overlap of kept heads: " + ", ".join(pairs))
         return "\n".join(lines)
 
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, HeadMasks):
+            return NotImplemented
+        return (self._kept, self._heads, self.member_metadata, self.metadata) == (
+            other._kept, other._heads, other.member_metadata, other.metadata
+        )
+
+    def __repr__(self) -> str:
+        shape = {t: (len(k[0]), self._heads[t]) for t, k in self._kept.items()}
+        return f"HeadMasks(members={self.num_members}, towers={shape}, metadata={sorted(self.metadata)})"
+
     # ------------------------------------------------------------------- I/O
     def to_dict(self) -> dict[str, Any]:
-        reserved = {"format", "version", "num_layers", "num_heads", "members"}
-        clash = reserved & set(self.metadata)
+        """The JSON object of the masks file, in the shape the masks were read or built with."""
+        clash = _RESERVED & set(self.metadata)
         if clash:
             raise ValueError(f"metadata keys {sorted(clash)} are reserved by the masks format; rename them")
-        members = []
-        for kept, meta in zip(self.kept_heads, self.member_metadata):
-            if "kept_heads" in meta:
-                raise ValueError("member metadata may not contain 'kept_heads'; it is the mask itself")
-            members.append({"kept_heads": kept, **meta})
-        return {
-            "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "members": members,
-            **self.metadata,
-        }
+        if any("kept_heads" in meta for meta in self.member_metadata):
+            raise ValueError("member metadata may not contain 'kept_heads'; it is the mask itself")
+        if not self.named:
+            shape: dict[str, Any] = {"num_layers": self.num_layers, "num_heads": self.num_heads}
+            kept: list[Any] = self._kept[ANY_TOWER]
+        else:
+            shape = {"towers": {t: {"num_layers": len(k[0]), "num_heads": self._heads[t]} for t, k in self._kept.items()}}
+            kept = [{t: k[m] for t, k in self._kept.items()} for m in range(self.num_members)]
+        members = [{"kept_heads": heads, **meta} for heads, meta in zip(kept, self.member_metadata)]
+        return {"format": FORMAT_NAME, "version": FORMAT_VERSION, **shape, "members": members, **self.metadata}
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "masks") -> HeadMasks:
+        """Masks from the JSON object of either file shape (``"towers"`` or ``num_layers``/``num_heads``)."""
         if not isinstance(data, dict):
             raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
         if data.get("format") != FORMAT_NAME:
@@ -177,7 +373,7 @@ class HeadMasks:
                 f"{source}: 'version' is {data.get('version')!r}; this hydra_hf reads version {FORMAT_VERSION}"
             )
         if "towers" in data:
-            raise ValueError(f"{source}: has 'towers' (a two-tower CLIP masks file); load it with load_masks()")
+            return cls._from_towers_dict(data, source)
         for key in ("num_layers", "num_heads", "members"):
             if key not in data:
                 raise ValueError(f"{source}: missing key {key!r}; see the masks format in the README")
@@ -200,158 +396,7 @@ class HeadMasks:
         )
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> HeadMasks:
-        """Read a masks file; a missing file or bad JSON raises ``ValueError`` naming the path."""
-        path = Path(path)
-        return cls.from_dict(_read_masks_json(path), source=f"masks file {str(path)!r}")
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write atomically (a temporary file renamed into place): never a half-written masks file."""
-        path = Path(path)
-        text = json.dumps(self.to_dict(), indent=2, default=_json_default)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_output_file(path, text + "\n")
-
-    def check_compatible(self, num_layers: int, num_heads: int, *, model: str = "the model") -> None:
-        """Raise ``ValueError`` unless these masks fit a model of ``num_layers`` x ``num_heads``."""
-        if (self.num_layers, self.num_heads) != (num_layers, num_heads):
-            raise ValueError(
-                f"the masks are for {self.num_layers} layers x {self.num_heads} heads but {model} has "
-                f"{num_layers} layers x {num_heads} heads; use masks made for this model (hydra-hf prune --model ...)"
-            )
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.tolist()
-    if hasattr(obj, "tolist"):  # numpy
-        return obj.tolist()
-    raise TypeError(f"cannot write {type(obj).__name__} into a masks file")
-
-
-# ---------------------------------------------------------------------------------- two towers
-TOWER_NAMES = ("vision", "text")
-
-
-@dataclass
-class TowerHeadMasks:
-    """Kept heads of M members in each tower of a two-tower model (CLIP: ``"vision"`` and ``"text"``).
-
-    Format (JSON, ``version`` 1)::
-
-        {
-          "format": "hydra-head-masks",
-          "version": 1,
-          "towers": {"vision": {"num_layers": 12, "num_heads": 12}, "text": {"num_layers": 12, "num_heads": 8}},
-          "members": [
-            {"kept_heads": {"vision": [[...one sorted list per layer...]], "text": [[...]]}, ...metadata...},
-            ...one object per member...
-          ],
-          ...optional top-level metadata...
-        }
-
-    Every member names the tower of each of its layer lists. A tower left out of ``towers`` is not
-    pruned (its members keep all heads); asking to prune it (``require``) raises ``ValueError``.
-
-    Attributes:
-        towers: tower name -> ``HeadMasks`` of that tower (all with the same M).
-        member_metadata: one dict per member.
-        metadata: top-level metadata.
-    """
-
-    towers: dict[str, HeadMasks]
-    member_metadata: list[dict[str, Any]] = field(default_factory=list)
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.towers, dict) or not self.towers:
-            raise ValueError(f"towers must name at least one tower of {list(TOWER_NAMES)}, got {self.towers!r}")
-        unknown = [t for t in self.towers if t not in TOWER_NAMES]
-        if unknown:
-            raise ValueError(f"unknown tower {unknown[0]!r} in the masks; towers are named {list(TOWER_NAMES)}")
-        counts = {t: m.num_members for t, m in self.towers.items()}
-        if len(set(counts.values())) != 1:
-            raise ValueError(f"the towers have different numbers of members {counts}; give every member both towers")
-        if not self.member_metadata:
-            self.member_metadata = [{} for _ in range(self.num_members)]
-        if len(self.member_metadata) != self.num_members:
-            raise ValueError(
-                f"member_metadata has {len(self.member_metadata)} entries for {self.num_members} members; "
-                "give one dict per member (or none)"
-            )
-
-    @property
-    def num_members(self) -> int:
-        return next(iter(self.towers.values())).num_members
-
-    def tower(self, name: str) -> HeadMasks:
-        """The masks of one tower; ``ValueError`` naming the tower when the file has none for it."""
-        if name not in TOWER_NAMES:
-            raise ValueError(f"unknown tower {name!r}; towers are named {list(TOWER_NAMES)}")
-        if name not in self.towers:
-            raise ValueError(
-                f"the masks have no {name!r} tower (they prune {sorted(self.towers)}); add "
-                f"\"towers\": {{\"{name}\": ...}} and every member's kept_heads[{name!r}], or do not ask to prune it"
-            )
-        return self.towers[name]
-
-    def require(self, names: list[str] | tuple[str, ...]) -> None:
-        """Raise ``ValueError`` unless every tower in ``names`` is in the masks."""
-        for name in names:
-            self.tower(name)
-
-    def kept_heads(self, name: str) -> list[list[list[int]]]:
-        return self.tower(name).kept_heads
-
-    def jaccard(self) -> torch.Tensor:
-        """Pairwise Jaccard overlap of the members' kept ``(tower, layer, head)`` sets (the union over
-        the towers), shape ``(M, M)``."""
-        sets = [
-            {(t, layer, h) for t, masks in self.towers.items() for layer, heads in enumerate(masks.kept_heads[m]) for h in heads}
-            for m in range(self.num_members)
-        ]
-        out = torch.ones(self.num_members, self.num_members)
-        for i, j in itertools.combinations(range(self.num_members), 2):
-            union = len(sets[i] | sets[j])
-            out[i, j] = out[j, i] = len(sets[i] & sets[j]) / union if union else 1.0
-        return out
-
-    def summary(self) -> str:
-        """Per tower: heads kept per member (and that tower's overlap); then the overlap over both towers."""
-        lines = [f"[{name}] " + masks.summary() for name, masks in self.towers.items()]
-        if len(self.towers) > 1:
-            jac = self.jaccard()
-            pairs = [f"{i}-{j}: {jac[i, j]:.2f}" for i, j in itertools.combinations(range(self.num_members), 2)]
-            if pairs:
-                lines.append("pairwise Jaccard overlap of kept heads, all towers: " + ", ".join(pairs))
-        return "\n".join(lines)
-
-    def to_dict(self) -> dict[str, Any]:
-        reserved = {"format", "version", "towers", "members", "num_layers", "num_heads"}
-        clash = reserved & set(self.metadata)
-        if clash:
-            raise ValueError(f"metadata keys {sorted(clash)} are reserved by the masks format; rename them")
-        members = []
-        for m, meta in enumerate(self.member_metadata):
-            if "kept_heads" in meta:
-                raise ValueError("member metadata may not contain 'kept_heads'; it is the mask itself")
-            members.append({"kept_heads": {t: masks.kept_heads[m] for t, masks in self.towers.items()}, **meta})
-        return {
-            "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
-            "towers": {t: {"num_layers": masks.num_layers, "num_heads": masks.num_heads} for t, masks in self.towers.items()},
-            "members": members,
-            **self.metadata,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Any, *, source: str = "masks") -> TowerHeadMasks:
-        if not isinstance(data, dict):
-            raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
-        if data.get("format") != FORMAT_NAME:
-            raise ValueError(f"{source}: 'format' is {data.get('format')!r}; a masks file has \"format\": \"{FORMAT_NAME}\"")
-        if data.get("version") != FORMAT_VERSION:
-            raise ValueError(f"{source}: 'version' is {data.get('version')!r}; this hydra_hf reads version {FORMAT_VERSION}")
+    def _from_towers_dict(cls, data: dict[str, Any], source: str) -> HeadMasks:
         towers, members = data.get("towers"), data.get("members")
         if not isinstance(towers, dict) or not towers:
             raise ValueError(f"{source}: 'towers' must map tower names {list(TOWER_NAMES)} to {{num_layers, num_heads}}")
@@ -383,7 +428,7 @@ class TowerHeadMasks:
                     raise ValueError(f"{source}: members[{i}].kept_heads misses the {name!r} tower; give its layer lists")
                 kept.append(heads[name])
             validate_kept_heads(kept, shape["num_layers"], shape["num_heads"], where=f"{source}: members[*].kept_heads[{name!r}]")
-            per_tower[name] = HeadMasks(kept_heads=kept, num_heads=shape["num_heads"])
+            per_tower[name] = cls(kept_heads=kept, num_heads=shape["num_heads"])
         meta = {k: v for k, v in data.items() if k not in {"format", "version", "towers", "members"}}
         return cls(
             towers=per_tower,
@@ -392,38 +437,62 @@ class TowerHeadMasks:
         )
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> TowerHeadMasks:
-        loaded = load_masks(path)
-        if not isinstance(loaded, TowerHeadMasks):
-            raise ValueError(
-                f"masks file {str(path)!r} has no 'towers': it is a single-tower masks file; a CLIP model needs "
-                f"kept heads per tower ({list(TOWER_NAMES)})"
-            )
-        return loaded
+    def load(cls, path: str | os.PathLike) -> HeadMasks:
+        """Read a masks file of either shape; a missing file or bad JSON raises ``ValueError`` naming the path."""
+        path = Path(path)
+        return cls.from_dict(_read_masks_json(path), source=f"masks file {str(path)!r}")
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write atomically (a temporary file renamed into place)."""
+        """Write atomically (a temporary file renamed into place): never a half-written masks file."""
         path = Path(path)
         text = json.dumps(self.to_dict(), indent=2, default=_json_default)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_output_file(path, text + "\n")
 
-    def check_compatible(self, shapes: dict[str, tuple[int, int]], *, model: str = "the model") -> None:
-        """Raise ``ValueError`` unless every tower in the masks fits ``shapes[tower] = (L, H)``."""
-        for name, masks in self.towers.items():
+    def check_compatible(
+        self, num_layers: int | Mapping[str, tuple[int, int]], num_heads: int | None = None, *, model: str = "the model"
+    ) -> None:
+        """Raise ``ValueError`` unless these masks fit the model: ``check_compatible(L, H)`` for a
+        one-tower model, ``check_compatible({tower: (L, H)})`` for a model with named towers (every
+        tower of the masks must be one of the model's)."""
+        if not isinstance(num_layers, Mapping):
+            self._check_shape(self._only(), num_layers, num_heads, model)
+            return
+        shapes = dict(num_layers)
+        if not self.named:
+            if len(shapes) != 1:
+                raise ValueError(
+                    f"single-tower masks fit a one-tower model but {model} has towers {sorted(shapes)}; "
+                    "give a masks file with 'towers'"
+                )
+            ((L, H),) = shapes.values()
+            self._check_shape(ANY_TOWER, L, H, model)
+            return
+        for name in self._kept:
             if name not in shapes:
                 raise ValueError(f"the masks prune a {name!r} tower but {model} has towers {sorted(shapes)}")
-            masks.check_compatible(*shapes[name], model=f"the {name} tower of {model}")
+            self._check_shape(name, *shapes[name], f"the {name} tower of {model}")
+
+    def _check_shape(self, tower: str, num_layers: int | None, num_heads: int | None, model: str) -> None:
+        L, H = len(self._kept[tower][0]), self._heads[tower]
+        if (L, H) != (num_layers, num_heads):
+            raise ValueError(
+                f"the masks are for {L} layers x {H} heads but {model} has "
+                f"{num_layers} layers x {num_heads} heads; use masks made for this model (hydra-hf prune --model ...)"
+            )
 
 
-def load_masks(path: str | os.PathLike) -> HeadMasks | TowerHeadMasks:
-    """Read a masks file: ``TowerHeadMasks`` when it has ``towers`` (CLIP), else ``HeadMasks``."""
-    path = Path(path)
-    data = _read_masks_json(path)
-    source = f"masks file {str(path)!r}"
-    if isinstance(data, dict) and "towers" in data:
-        return TowerHeadMasks.from_dict(data, source=source)
-    return HeadMasks.from_dict(data, source=source)
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    if hasattr(obj, "tolist"):  # numpy
+        return obj.tolist()
+    raise TypeError(f"cannot write {type(obj).__name__} into a masks file")
+
+
+def load_masks(path: str | os.PathLike) -> HeadMasks:
+    """Read a masks file of either shape (the same as :meth:`HeadMasks.load`)."""
+    return HeadMasks.load(path)
 
 
 def _read_masks_json(path: Path) -> Any:

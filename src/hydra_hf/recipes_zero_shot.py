@@ -209,8 +209,7 @@ def evaluate_single_validation(p: ZeroShotPipeline, validation, out_file: Path) 
 
 
 def build_zero_shot_members(p: ZeroShotPipeline, validation, out_file: Path):
-    """Stage 2: M members on the ID validation split; always returned as two-tower masks."""
-    from .masks import TowerHeadMasks
+    """Stage 2: M members on the ID validation split (masks with named towers: the pruned ones)."""
     from .pruning.adapters import get_adapter
     from .pruning.budget import Budget
     from .pruning.diversity import prune_members
@@ -232,19 +231,16 @@ def build_zero_shot_members(p: ZeroShotPipeline, validation, out_file: Path):
         metadata={"base_model": str(p.base_model), "id_validation": p.validation_data or f"{p.validation_size} images of {p.test_data}",
                   "prune_template": template},
     )  # fmt: skip
-    if not isinstance(masks, TowerHeadMasks):  # one tower pruned: the other keeps all its heads
-        masks = TowerHeadMasks(towers={p.tower: masks}, member_metadata=masks.member_metadata, metadata=masks.metadata)
     masks.save(out_file)
     logger.info("members:\n%s", masks.summary())
     return masks
 
 
 def member_masks(masks, m: int):
-    """The two-tower masks of member ``m`` alone (a one-member ensemble: the single pruned model)."""
-    from .masks import HeadMasks, TowerHeadMasks
-
-    towers = {t: HeadMasks(kept_heads=[tm.kept_heads[m]], num_heads=tm.num_heads) for t, tm in masks.towers.items()}
-    return TowerHeadMasks(towers=towers, member_metadata=[masks.member_metadata[m]])
+    """The masks of member ``m`` alone (a one-member ensemble: the single pruned model)."""
+    one = masks.select_members([m])
+    one.metadata = {}  # the member's own metadata stays with it; the run's top-level metadata does not
+    return one
 
 
 def evaluate_zero_shot(p: ZeroShotPipeline, hydra_dir: Path, member_dir: Path, validation, test,
@@ -326,7 +322,7 @@ def run_zero_shot_pipeline(p: ZeroShotPipeline, output_dir: str | os.PathLike, *
     from . import evaluation as ev
     from . import hub
     from .convert import convert_checkpoint
-    from .masks import TowerHeadMasks
+    from .masks import HeadMasks
     from .modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
 
     out = Path(output_dir).resolve()
@@ -345,7 +341,8 @@ def run_zero_shot_pipeline(p: ZeroShotPipeline, output_dir: str | os.PathLike, *
 
     masks_file = out / "masks.json"
     if _stage_done(masks_file, resume):
-        masks = TowerHeadMasks.load(masks_file)
+        masks = HeadMasks.load(masks_file)
+        masks.check_towers(("vision", "text"), model=f"the CLIP model of {str(masks_file)!r}")
     else:
         masks = timed_stage(timings, "2. build the members", lambda: build_zero_shot_members(p, validation, masks_file))
 

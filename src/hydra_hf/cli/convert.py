@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from ..convert import convert_checkpoint
     from ..masks import load_masks
 
-    masks = load_masks(args.masks)  # HeadMasks, or TowerHeadMasks for a two-tower (CLIP) masks file
+    masks = load_masks(args.masks)  # one tower, or named towers (CLIP) in a masks file with "towers"
     logger.info("masks: %s", masks.summary())
     id2label = None
     if args.labels:

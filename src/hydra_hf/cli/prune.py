@@ -256,7 +256,7 @@ def _zero_shot_labels(dataset: Any, names: list[str], source: str) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from ..data import make_image_loader, make_text_loader, resolve_dataset
-    from ..masks import HeadMasks, TowerHeadMasks, load_masks
+    from ..masks import load_masks
     from ..outputs import check_output_file
     from ..pruning.budget import Budget
     from ..pruning.diversity import parse_methods, prune_members
@@ -280,8 +280,6 @@ def run(args: argparse.Namespace) -> int:
     tower = args.tower or ("joint" if two_towers else None)
     layout = HeadLayout.of(adapter, tower)  # ValueError for joint on one tower / an unknown tower
     layout.check(budget)
-    if include is not None and two_towers and not layout.joint and isinstance(include, TowerHeadMasks):
-        include = include.tower(layout.names[0])
 
     image_model = target.transform is not None
     data_kwargs = dict(
@@ -354,12 +352,6 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         metadata=metadata,
     )
-    if two_towers and isinstance(masks, HeadMasks):  # one tower of a CLIP model: the converter reads tower masks
-        masks = TowerHeadMasks(
-            towers={layout.names[0]: HeadMasks(kept_heads=masks.kept_heads, num_heads=masks.num_heads)},
-            member_metadata=masks.member_metadata,
-            metadata=masks.metadata,
-        )
     masks.save(output)
     print(masks.summary())
     print(f"wrote {output}")

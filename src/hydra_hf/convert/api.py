@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from ..errors import HydraInputError
 from ..export import check_output_dir, save_hydra_model
 from ..families import Family, detect_family, family_names, get_family
-from ..masks import HeadMasks, TowerHeadMasks, load_masks
+from ..masks import HeadMasks, load_masks
 from ..modeling.configuration_hydra import HydraEnsembleConfig
 from ..modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification
 from .hf_bert import bert_member_from_state_dict, fuse_bert
@@ -91,14 +91,14 @@ def base_config_dict(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in _NOT_ARCHITECTURE}
 
 
-def _load_masks(masks: HeadMasks | TowerHeadMasks | str | os.PathLike) -> HeadMasks | TowerHeadMasks:
-    if isinstance(masks, (HeadMasks, TowerHeadMasks)):
+def _load_masks(masks: HeadMasks | str | os.PathLike) -> HeadMasks:
+    if isinstance(masks, HeadMasks):
         return masks
     return load_masks(masks)
 
 
 def convert_checkpoint(
-    masks: HeadMasks | TowerHeadMasks | str | os.PathLike,
+    masks: HeadMasks | str | os.PathLike,
     *,
     base: str | os.PathLike | None = None,
     members: Sequence[str | os.PathLike] | None = None,
@@ -115,8 +115,8 @@ def convert_checkpoint(
     """Fuse a base checkpoint (``base``) or M member checkpoints (``members``) into one Hydra model.
 
     Args:
-        masks: a ``HeadMasks`` (single tower: BERT, ViT), a ``TowerHeadMasks`` (CLIP: kept heads per
-            tower) or the path of a masks file.
+        masks: a ``HeadMasks`` (one tower for BERT, ViT...; named towers for CLIP, SigLIP, open_clip)
+            or the path of a masks file.
         base: one checkpoint folder shared by all members.
         members: M checkpoint folders, member m keeping ``masks.kept_heads[m]`` of its own weights.
         output_dir: if given, save the model there (config, safetensors, shipped code, tokenizer).
@@ -138,7 +138,7 @@ def convert_checkpoint(
     if (base is None) == (members is None or len(members) == 0):
         raise ValueError("pass exactly one of base=DIR or members=[DIR, ...]")
     # what the output may never be (or contain): the checkpoints and the masks file we read
-    inputs = [base, *(members or []), None if isinstance(masks, (HeadMasks, TowerHeadMasks)) else masks]
+    inputs = [base, *(members or []), None if isinstance(masks, HeadMasks) else masks]
     if output_dir is not None:
         check_output_dir(output_dir, overwrite, command="convert", inputs=inputs)  # fail before any work
     masks = _load_masks(masks)
@@ -152,13 +152,7 @@ def convert_checkpoint(
     if len({f.name for f in found}) != 1:
         raise ValueError(f"member checkpoints have different architectures {[f.name for f in found]}; use members of one base model")
     family = found[0]
-    if len(family.towers) == 1 and not isinstance(masks, HeadMasks):
-        raise ValueError(
-            f"a {family.name} checkpoint needs a single-tower masks file (num_layers, num_heads, members[].kept_heads as "
-            "layer lists); this one has 'towers' (a CLIP masks file)"
-        )
-    if towers is not None and len(family.towers) == 1:
-        raise ValueError(f"towers={list(towers)} applies to two-tower (CLIP) checkpoints only; this one is {family.name}")
+    masks.check_towers(family.towers, towers, model=f"a {family.name} checkpoint")  # the file shape the family reads; towers=
     built = family.build(
         folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels, id2label=id2label, seed=seed,
         towers=towers,
@@ -337,7 +331,7 @@ def _build_vit(
 def _build_clip(
     arch: str,
     folders: list[Path],
-    masks: HeadMasks | TowerHeadMasks,
+    masks: HeadMasks,
     mlp_fusion: str,
     shared: str,
     towers: Sequence[str] | None,
@@ -349,16 +343,7 @@ def _build_clip(
     from ..modeling.configuration_hydra import HydraEnsembleCLIPConfig
     from ..modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
 
-    if not isinstance(masks, TowerHeadMasks):
-        raise ValueError(
-            "a CLIP checkpoint needs a two-tower masks file: \"towers\": {\"vision\": {num_layers, num_heads}, "
-            "\"text\": {...}} and every member's kept_heads per tower; see hydra_hf.masks.TowerHeadMasks"
-        )
-    if towers is not None:
-        unknown = [t for t in towers if t not in TOWERS]
-        if unknown:
-            raise ValueError(f"unknown tower {unknown[0]!r}; CLIP towers are {list(TOWERS)}")
-        masks.require(list(towers))
+    masks.check_towers(TOWERS, towers, model="a CLIP checkpoint")
     extra = None
     if arch == "clip":
         configs = [_full_config(CLIPConfig, read_config(f)) for f in folders]
@@ -373,12 +358,8 @@ def _build_clip(
         processor = open_clip_processor(base_cfg, read[0][1])
         extra = lambda folder: processor.save_pretrained(str(folder))  # noqa: E731
     shapes = {t: tower_shape(base_cfg, t) for t in TOWERS}
-    masks.check_compatible(shapes, model=repr(str(folders[0])))
+    kept = masks.kept_heads_by_tower(shapes, model=repr(str(folders[0])))  # a tower not in the masks keeps all heads
     M = masks.num_members
-    kept = {
-        t: masks.kept_heads(t) if t in masks.towers else [[list(range(shapes[t][1]))] * shapes[t][0] for _ in range(M)]
-        for t in TOWERS
-    }
     member_weights = loaded * M if len(loaded) == 1 else loaded
     state = fuse_clip(member_weights, kept, mlp_fusion, shared)
     config = HydraEnsembleCLIPConfig(

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig, PreTrainedModel
 
-from ..masks import HeadMasks, TowerHeadMasks
+from ..masks import HeadMasks
 from .io import read_config, read_state_dict
 from .members import Member, check_fused_shapes
 
@@ -97,13 +97,7 @@ def load_fused(
     return model.eval()
 
 
-def single_tower_masks(masks: HeadMasks | TowerHeadMasks, family: str, towers: Sequence[str] | None) -> HeadMasks:
-    """The masks of a one-tower family, or ``ValueError`` naming the fix."""
-    if towers is not None:
-        raise ValueError(f"towers={list(towers)} applies to two-tower checkpoints only; this one is {family}")
-    if not isinstance(masks, HeadMasks):
-        raise ValueError(
-            f"a {family} checkpoint needs a single-tower masks file (num_layers, num_heads, members[].kept_heads "
-            "as layer lists); this one has 'towers' (a two-tower masks file)"
-        )
+def single_tower_masks(masks: HeadMasks, family: str, towers: Sequence[str] | None, tower: str = "vision") -> HeadMasks:
+    """The masks of a one-tower family (whose tower is ``tower``), or ``ValueError`` naming the fix."""
+    masks.check_towers((tower,), towers, model=f"a {family} checkpoint")
     return masks

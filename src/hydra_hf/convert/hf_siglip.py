@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from ..masks import TowerHeadMasks
 from .build import load_fused, read_members
 from .members import Layout, Member, Tower, fuse_members, read_member, unfuse_members
 
@@ -105,26 +104,13 @@ def build_siglip(
     from ..modeling.configuration_hydra import HydraEnsembleSiglipConfig
     from ..modeling.modeling_hydra_siglip import HydraEnsembleSiglipModel
 
-    if not isinstance(masks, TowerHeadMasks):
-        raise ValueError(
-            "a SigLIP checkpoint needs a two-tower masks file: \"towers\": {\"vision\": {num_layers, num_heads}, "
-            "\"text\": {...}} and every member's kept_heads per tower; see hydra_hf.masks.TowerHeadMasks"
-        )
-    if towers is not None:
-        unknown = [t for t in towers if t not in TOWER_PREFIXES]
-        if unknown:
-            raise ValueError(f"unknown tower {unknown[0]!r}; SigLIP towers are {list(TOWER_PREFIXES)}")
-        masks.require(list(towers))
+    masks.check_towers(tuple(TOWER_PREFIXES), towers, model="a SigLIP checkpoint")
     shape = lambda c: {t: (c[f"{t}_config"]["num_hidden_layers"], c[f"{t}_config"]["num_attention_heads"]) for t in TOWER_PREFIXES}  # noqa: E731
     _, loaded = read_members(folders, SiglipConfig, siglip_member_from_state_dict, shape)
     base = loaded[0].config
     shapes = shape(base)
-    masks.check_compatible(shapes, model=repr(str(folders[0])))
+    kept = masks.kept_heads_by_tower(shapes, model=repr(str(folders[0])))  # a tower not in the masks keeps all heads
     M = masks.num_members
-    kept = {
-        t: masks.kept_heads(t) if t in masks.towers else [[list(range(shapes[t][1]))] * shapes[t][0] for _ in range(M)]
-        for t in TOWER_PREFIXES
-    }
     state = fuse_siglip(loaded * M if len(loaded) == 1 else loaded, kept, mlp_fusion, shared)
     config = HydraEnsembleSiglipConfig(
         base_config=base, vision_kept_heads=kept["vision"], text_kept_heads=kept["text"], mlp_fusion=mlp_fusion,

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # imported lazily at run time: the registry is imported by li
     from torch import nn
     from transformers import PreTrainedModel
 
-    from ..masks import HeadMasks, TowerHeadMasks
+    from ..masks import HeadMasks
     from ..pruning.adapters import ModelAdapter
 
 # pipeline task -> (Auto class of the task model, model-card kind in hub.KINDS)
@@ -150,7 +150,7 @@ class Family(ABC):
     def build(
         self,
         folders: list[Path],
-        masks: HeadMasks | TowerHeadMasks,
+        masks: HeadMasks,
         *,
         mlp_fusion: str,
         shared: str,

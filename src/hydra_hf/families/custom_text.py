@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..errors import HydraInputError
 from .base import Built, Family
 
 # config keys that must agree between member checkpoints
@@ -91,10 +90,7 @@ class CustomTextFamily(Family):
 
         from ..convert.api import _check_same_architecture, _load_checked, _vit_labels
         from ..convert.io import read_config, read_state_dict
-        from ..masks import HeadMasks
-
-        if not isinstance(masks, HeadMasks):
-            raise HydraInputError(f"a {self.name} checkpoint needs a single-tower masks file, not a two-tower one")
+        masks.check_towers(self.towers, towers, model=f"a {self.name} checkpoint")
         raw = [read_config(f) for f in folders]
         configs = [self.full_config(c) for c in raw]
         _check_same_architecture(folders, configs, SHAPE_KEYS)

@@ -4,6 +4,7 @@
 - :mod:`.gates` — :class:`HeadGates`: switch heads on/off (and differentiate) on stock models;
 - :mod:`.layout` — :class:`HeadLayout`: one tower, or both towers of CLIP stacked (``tower="joint"``);
 - :mod:`.taylor` — Strategy 1, Taylor importance with prune–recompute;
+- :mod:`.scoring` — the circuit score ``S`` (accuracy / MSP AUROC) and the batch type both evaluators read;
 - :mod:`.circuits` — Strategy 2, greedy circuit search (CircAcc / CircOOD / CircAvg);
 - :mod:`.cached_bert` — the cached, batched circuit evaluator for BERT classifiers;
 - :mod:`.diversity` — M members from seeds, criteria and user masks;
@@ -13,18 +14,11 @@
 from .adapters import AttentionLayer, ModelAdapter, get_adapter
 from .budget import Budget
 from .cached_bert import CachedBertEvaluator
-from .circuits import (
-    Evaluator,
-    GatedEvaluator,
-    auroc,
-    circuit_prune,
-    circuit_score,
-    make_evaluator,
-    reference_circuit_ranking,
-)
+from .circuits import Evaluator, GatedEvaluator, circuit_prune, make_evaluator, reference_circuit_ranking
 from .diversity import METHODS, parse_methods, prune_members, random_prune, random_prune_layout
 from .gates import HeadGates, zero_head_columns_
 from .layout import JOINT, HeadLayout
+from .scoring import auroc, batch_labels, circuit_score
 from .taylor import PruneResult, normalize_layer_scores, select_top, taylor_prune, taylor_scores
 
 __all__ = [
@@ -40,6 +34,7 @@ __all__ = [
     "ModelAdapter",
     "PruneResult",
     "auroc",
+    "batch_labels",
     "circuit_prune",
     "circuit_score",
     "get_adapter",

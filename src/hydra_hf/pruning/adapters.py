@@ -32,6 +32,9 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import PreTrainedModel
+
+from ..families import families, family_names
 
 
 @dataclass
@@ -162,13 +165,9 @@ def get_adapter(model: nn.Module, *, class_text_inputs: Mapping[str, torch.Tenso
     Raises:
         TypeError: the architecture is not supported.
     """
-    from ..families import families, family_names
-
     for family in families():
         if family.owns_model(model):
             return family.adapter(model, class_text_inputs=class_text_inputs)
-    from transformers import PreTrainedModel
-
     model_type = getattr(getattr(model, "config", None), "model_type", "")
     if isinstance(model, PreTrainedModel) and _find_bert_like_layers(model) is not None:
         # an unregistered model with BERT's encoder layout: its heads live where BERT's do

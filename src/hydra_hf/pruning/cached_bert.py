@@ -14,9 +14,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import BertForSequenceClassification
 
 from .adapters import ModelAdapter
-from .circuits import Batch, _labels, circuit_score
+from .scoring import Batch, batch_labels, circuit_score
 
 
 def rebucket_text_batches(batches: Sequence[Batch], batch_size: int = 64) -> list[dict[str, torch.Tensor]]:
@@ -54,8 +55,6 @@ def rebucket_text_batches(batches: Sequence[Batch], batch_size: int = 64) -> lis
 
 def supports_cached_bert(model: nn.Module) -> bool:
     """True for BERT sequence classifiers the cached evaluator can run (post-LN encoder, CLS pooler)."""
-    from transformers import BertForSequenceClassification
-
     return (
         isinstance(model, BertForSequenceClassification)
         and model.bert.pooler is not None
@@ -187,7 +186,7 @@ class CachedBertEvaluator:
             self._prepare(rebucket_text_batches(list(ood_batches), bucket_size)) if ood_batches is not None else None
         )
         # the buckets reorder examples: keep the labels in bucket order
-        _labels(id_batches)  # clear error when labels are missing
+        batch_labels(id_batches)  # clear error when labels are missing
         self.id_labels = torch.cat([b.labels for b in self.id_buckets])  # type: ignore[misc]
 
     @torch.inference_mode()

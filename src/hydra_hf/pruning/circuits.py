@@ -52,73 +52,36 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .adapters import ModelAdapter
+from .adapters import ModelAdapter, get_adapter
 from .budget import Budget
+from .cached_bert import PRECISIONS, CachedBertEvaluator, supports_cached_bert
 from .gates import HeadGates
 from .layout import HeadLayout
+from .scoring import SCORES, Batch, auroc, batch_labels, circuit_score
 from .taylor import PruneResult
 
 logger = logging.getLogger(__name__)
 
-SCORES = ("acc", "ood", "avg")
-Batch = Mapping[str, torch.Tensor]
-
-
-# ------------------------------------------------------------------------------------- the scores
-def auroc(pos: torch.Tensor, neg: torch.Tensor) -> float:
-    """Area under the ROC curve of ``pos`` (positives) against ``neg`` (negatives), ties counted 1/2.
-
-    The Mann–Whitney statistic with average ranks, identical to ``sklearn.metrics.roc_auc_score``.
-
-    Shape:
-        pos: ``(P,)``, neg: ``(N,)``.
-    """
-    if pos.numel() == 0 or neg.numel() == 0:
-        raise ValueError(f"AUROC needs positives and negatives, got {pos.numel()} and {neg.numel()}")
-    x = torch.cat([pos.double(), neg.double()])
-    sorted_x, order = torch.sort(x)
-    _, inverse, counts = torch.unique_consecutive(sorted_x, return_inverse=True, return_counts=True)
-    ends = torch.cumsum(counts, 0).double()
-    avg_rank = ends - (counts.double() - 1) / 2  # 1-based average rank of each tie group
-    ranks = torch.empty_like(x)
-    ranks[order] = avg_rank[inverse]
-    P, N = pos.numel(), neg.numel()
-    return float((ranks[:P].sum() - P * (P + 1) / 2) / (P * N))
-
-
-def circuit_score(
-    id_logits: torch.Tensor, id_labels: torch.Tensor, ood_logits: torch.Tensor | None, score: str
-) -> float:
-    """The score ``S`` of Algorithm 1.
-
-    Shape:
-        id_logits: ``(N_id, C)``; id_labels: ``(N_id,)``; ood_logits: ``(N_ood, C)``.
-    """
-    if score not in SCORES:
-        raise ValueError(f"unknown circuit score {score!r}; choose one of {list(SCORES)}")
-    acc = float((id_logits.argmax(-1) == id_labels).double().mean()) if score in ("acc", "avg") else 0.0
-    if score == "acc":
-        return acc
-    if ood_logits is None:
-        raise ValueError(f"the circuit score {score!r} needs OOD data (--ood-data)")
-    msp_id = id_logits.double().softmax(-1).amax(-1)
-    msp_ood = ood_logits.double().softmax(-1).amax(-1)
-    ood = auroc(msp_id, msp_ood)
-    return ood if score == "ood" else (acc + ood) / 2
-
-
-# ------------------------------------------------------------------------------------ batch tools
-def _labels(batches: Sequence[Batch]) -> torch.Tensor:
-    if any("labels" not in b for b in batches):
-        raise ValueError("circuit search needs labelled ID data (a 'labels' key in every batch; --label-column)")
-    return torch.cat([b["labels"] for b in batches])
+# SCORES, Batch, auroc and circuit_score live in .scoring (shared with .cached_bert); re-exported here.
+__all__ = [
+    "SCORES",
+    "Batch",
+    "Evaluator",
+    "GatedEvaluator",
+    "as_metadata",
+    "auroc",
+    "circuit_prune",
+    "circuit_score",
+    "make_evaluator",
+    "reference_circuit_ranking",
+]
 
 
 # -------------------------------------------------------------------------------------- evaluators
@@ -154,7 +117,7 @@ class GatedEvaluator:
         self.layout = HeadLayout.of(adapter, tower)
         self.id_batches = list(id_batches)
         self.ood_batches = list(ood_batches) if ood_batches is not None else None
-        self.id_labels = _labels(self.id_batches)
+        self.id_labels = batch_labels(self.id_batches)
 
     @torch.inference_mode()
     def _logits(self, hg: HeadGates, gates: torch.Tensor, batches: Sequence[Batch]) -> torch.Tensor:
@@ -211,8 +174,6 @@ def make_evaluator(
     ``"screened"`` (bf16 screening, float32 decisions) or ``"bf16"`` (approximate); see
     :class:`~hydra_hf.pruning.cached_bert.CachedBertEvaluator`.
     """
-    from .cached_bert import PRECISIONS, CachedBertEvaluator, supports_cached_bert
-
     if precision not in PRECISIONS:
         raise ValueError(f"unknown circuit precision {precision!r}; choose one of {list(PRECISIONS)}")
     if fast and adapter.kind == "hf_bert" and supports_cached_bert(adapter.model):
@@ -375,9 +336,8 @@ def reference_circuit_ranking(
 
     Ties: the lowest ``(layer, head)`` wins (first maximum in row-major order).
     """
+    # Lazy: scikit-learn costs ~1.6 s to import (measured) and only this test reference uses it.
     from sklearn.metrics import roc_auc_score
-
-    from .adapters import get_adapter
 
     adapter = get_adapter(model)
     L, H = adapter.shape(None)

@@ -30,7 +30,7 @@ import torch
 
 import datasets
 
-from ..masks import HeadMasks, TowerHeadMasks
+from ..masks import HeadMasks
 from .adapters import ModelAdapter
 from .budget import Budget
 from .circuits import as_metadata, circuit_prune
@@ -111,14 +111,14 @@ def prune_members(
     data_fraction: float | None = None,
     heads_per_step: int = 1,
     taylor_rounds: int = 1,
-    include: HeadMasks | TowerHeadMasks | None = None,
+    include: HeadMasks | None = None,
     fast: bool = True,
     precision: str = "fp32",
     progress: bool = True,
     metadata: dict[str, Any] | None = None,
-) -> HeadMasks | TowerHeadMasks:
-    """Compute ``members`` pruning masks and return them as :class:`~hydra_hf.masks.HeadMasks`
-    (one tower) or :class:`~hydra_hf.masks.TowerHeadMasks` (``tower="joint"``).
+) -> HeadMasks:
+    """Compute ``members`` pruning masks and return them as :class:`~hydra_hf.masks.HeadMasks`: the
+    one-tower file shape for a one-tower model, named towers (the pruned ones) for CLIP-like models.
 
     Args:
         adapter: adapter of the (classification) model to prune.
@@ -138,8 +138,8 @@ def prune_members(
             else 1.0).
         heads_per_step: circuit heads removed per greedy step (1 = exact).
         taylor_rounds: recompute rounds of the global Taylor ranking (``Budget(remove=N)``).
-        include: user masks whose members are appended unchanged (a ``TowerHeadMasks`` for
-            ``tower="joint"``; a tower it does not list keeps all its heads).
+        include: user masks whose members are appended unchanged (masks for this model: named
+            towers for a two-tower model, where a tower they do not list keeps all its heads).
         fast: circuits: use the cached evaluator where the architecture has one.
         precision: circuits on BERT: the cached evaluator's arithmetic (``"fp32"``,
             ``"screened"``, ``"bf16"``; see :func:`~hydra_hf.pruning.circuits.make_evaluator`).
@@ -148,9 +148,9 @@ def prune_members(
     Returns:
         The masks; ``member_metadata[m]`` holds ``method``, ``seed``, ``scores``, ``ranking``, ...;
         ``metadata`` holds ``method``, ``seed``, ``budget`` and ``pairwise_jaccard``. With
-        ``tower="joint"``: a ``TowerHeadMasks`` (one ``HeadMasks`` per tower, the same members),
-        ``scores`` per tower, the ``ranking`` as ``[tower, layer, head]`` triples and the Jaccard
-        overlap over the union of the kept heads of both towers.
+        ``tower="joint"``: both towers in the masks (the same members), ``scores`` per tower, the
+        ``ranking`` as ``[tower, layer, head]`` triples and the Jaccard overlap over the union of the
+        kept heads of both towers.
     """
     method_list = parse_methods(methods)
     if isinstance(members, bool) or not isinstance(members, int) or members < 0:
@@ -171,10 +171,12 @@ def prune_members(
     data_fraction = (0.8 if several else 1.0) if data_fraction is None else float(data_fraction)
     if not 0.0 < data_fraction <= 1.0:
         raise ValueError(f"data_fraction must be in (0, 1], got {data_fraction}")
+    model_shapes = {t: adapter.shape(t) for t in adapter.tower_names}
     if include is not None:
-        _check_include(include, layout)
+        include.check_towers(adapter.tower_names, model=f"the {adapter.kind} model being pruned")
+        included = include.kept_heads_by_tower(model_shapes, model="the model being pruned")  # {tower: (M, L, list)}
 
-    kept: list[Any] = []  # per member: [[heads] per layer], or {tower: [[heads] per layer]} when joint
+    kept: list[dict[str, list[list[int]]]] = []  # per member: {tower: [[heads] per layer]}, the layout's towers
     member_meta: list[dict[str, Any]] = []
     for m in range(members):
         method = method_list[m % len(method_list)]
@@ -215,18 +217,19 @@ def prune_members(
             )
         meta = as_metadata(result)
         meta.update({"method": method, "seed": member_seed, "data_fraction": data_fraction})
-        kept.append(_kept_heads(result.gates))
+        kept.append({t: _kept_heads(g) for t, g in layout.per_tower(result.gates).items()})
         member_meta.append(meta)
     if include is not None:
         for m, meta in enumerate(include.member_metadata):
-            kept.append(_included_member(include, m, layout))
+            kept.append({t: [list(h) for h in included[t][m]] for t in layout.names})
             member_meta.append({**meta, "source": "included"})
-    masks: HeadMasks | TowerHeadMasks
-    if layout.joint:
-        towers = {t: HeadMasks(kept_heads=[k[t] for k in kept], num_heads=H) for t, _, H in layout.towers}
-        masks = TowerHeadMasks(towers=towers, member_metadata=member_meta)
-    else:
-        masks = HeadMasks(kept_heads=kept, num_heads=layout.towers[0][2], member_metadata=member_meta)
+    # the file shape the model reads: unnamed for one tower, the pruned towers by name for several
+    masks = HeadMasks.for_model(
+        adapter.tower_names,
+        {t: [k[t] for k in kept] for t in layout.names},
+        {t: H for t, _, H in layout.towers},
+        member_metadata=member_meta,
+    )
     masks.metadata = {
         **(metadata or {}),
         "method": ",".join(method_list),
@@ -239,35 +242,6 @@ def prune_members(
     return masks
 
 
-def _kept_heads(gates: torch.Tensor | dict[str, torch.Tensor]) -> Any:
-    """0/1 gates ``(L, H)`` (or ``{tower: (L_t, H_t)}``) -> kept head lists per layer (per tower)."""
-    if isinstance(gates, dict):
-        return {t: _kept_heads(g) for t, g in gates.items()}
+def _kept_heads(gates: torch.Tensor) -> list[list[int]]:
+    """0/1 gates ``(L, H)`` -> kept head lists per layer."""
     return [torch.nonzero(row > 0.5).flatten().tolist() for row in gates]
-
-
-def _check_include(include: HeadMasks | TowerHeadMasks, layout: HeadLayout) -> None:
-    if layout.joint:
-        if not isinstance(include, TowerHeadMasks):
-            raise ValueError(
-                "tower='joint' includes two-tower masks (a TowerHeadMasks, a masks file with 'towers'); "
-                "the included masks have one tower"
-            )
-        include.check_compatible({t: (L, H) for t, L, H in layout.towers}, model="the model being pruned")
-        return
-    if isinstance(include, TowerHeadMasks):
-        raise ValueError(
-            f"the included masks have towers {sorted(include.towers)}; pruning one tower ({layout.names[0]!r}) "
-            "includes single-tower masks (or prune with tower='joint')"
-        )
-    _, L, H = layout.towers[0]
-    include.check_compatible(L, H, model="the model being pruned")
-
-
-def _included_member(include: HeadMasks | TowerHeadMasks, member: int, layout: HeadLayout) -> Any:
-    if not layout.joint:
-        return [list(h) for h in include.kept_heads[member]]  # type: ignore[union-attr]
-    return {
-        t: [list(h) for h in include.towers[t].kept_heads[member]] if t in include.towers else [list(range(H))] * L  # type: ignore[union-attr]
-        for t, L, H in layout.towers
-    }

@@ -119,6 +119,10 @@ class HeadLayout:
         parts = {t: v.clone() for t, v in self.split(stacked).items()}
         return parts if self.joint else parts[self.names[0]]
 
+    def per_tower(self, result: torch.Tensor | Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A result of :meth:`unstack` (``(L, H)``, or ``{tower: (L_t, H_t)}`` when joint) keyed by tower."""
+        return dict(result) if self.joint else {self.names[0]: result}  # type: ignore[arg-type]
+
     # ----------------------------------------------------------------------------- budget
     def check(self, budget: Budget) -> None:
         """Raise ``ValueError`` unless ``budget`` fits every tower (``heads_per_layer``) / all heads (``remove``)."""
