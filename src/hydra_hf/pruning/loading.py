@@ -21,7 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import open_clip
+import timm
 import torch
+from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from ..convert.io import read_state_dict
@@ -142,8 +145,6 @@ def load_open_clip(
     Returns:
         ``(model in eval mode, preprocess: PIL image -> (3, S, S), tokenize: list[str] -> (C, T))``.
     """
-    # Lazy: open_clip costs ~4.6 s to import (measured) and only this loader needs it.
-    import open_clip
 
     if str(model).startswith(("hf-hub:", "local-dir:")):
         raise ValueError(f"--open-clip {model!r}: give a model name or a local config and the weights with --checkpoint")
@@ -203,9 +204,6 @@ def load_timm_vit(name: str, checkpoint: str | os.PathLike) -> tuple[nn.Module, 
     Returns:
         ``(model in eval mode, transform: PIL image -> (3, S, S), label names or None)``.
     """
-    # Lazy: timm costs ~4.4 s to import (measured) and only this loader needs it.
-    import timm
-    from timm.models.vision_transformer import VisionTransformer
 
     state = _weights(checkpoint, "timm")
     model_args: dict[str, Any] = {}
