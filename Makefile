@@ -5,7 +5,8 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
-# pytest-xdist workers: the tests run one torch thread each (tests/conftest.py), so one per core
+# pytest-xdist workers: the tests run one torch thread each (tests/conftest.py), so one per core; files
+# in collection order (tests/conftest.py starts the minutes-long training test first)
 TEST_WORKERS ?= 2
 
 .PHONY: setup demo test bench clean
@@ -17,7 +18,7 @@ demo: setup
 	$(PY) examples/demo.py --output outputs/demo
 
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/bench_bert.py
