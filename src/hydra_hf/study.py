@@ -1,0 +1,464 @@
+"""The selection protocol: which Hydra recipe transfers to OOD data nobody selected on.
+
+A *recipe* is every choice that builds a Hydra Ensemble from a fine-tuned single model: the
+pruning method, the heads removed per member, the greedy step, the size of the selection set, how
+long (and from where) the members are fine-tuned, the MLP fusion and the OOD score. The protocol
+compares recipes on **validation splits only**, leave-one-OOD-kind-out:
+
+- for every OOD kind ``k`` (a *fold*), the members are selected with ``k``'s validation split as
+  the OOD data (methods that use no OOD data select once for all folds);
+- the ensemble is then scored on the ID validation examples the selection never saw and on the
+  validation splits of every *other* OOD kind; the recipe's transfer gain on a fold is the mean,
+  over those other kinds, of its OOD AUROC minus the Single model's (MSP) AUROC.
+
+No test split is read. :func:`decide` applies the decision rule (accuracy within
+``max_accuracy_drop`` of Single, ECE no worse than Single's plus ``ece_tolerance``, then the largest
+mean transfer gain) and :func:`render_decision_table` prints the whole table, losers included.
+
+Results are cached per cell (``cells/seed{S}/{candidate}/{fold}.json``), so an interrupted study
+resumes, and several processes can share the cells (``shard``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+OOD_SCORES = ("msp", "entropy", "energy", "mutual_information")
+ANY_FOLD = "any"  # the fold name of a selection that uses no OOD data
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way of building the members (the protocol evaluates each under every fusion and OOD score).
+
+    ``member_steps=0`` fuses the pruned single model without fine-tuning the members (their MLPs are
+    then the same, so both fusions are equal). ``start="pretrained"`` fine-tunes each pruned member
+    from the pretrained encoder (a new classifier) for ``member_steps`` at the single model's
+    learning rate, instead of from the fine-tuned single model.
+    """
+
+    name: str
+    method: str = "circuit-avg"
+    remove: int = 36
+    heads_per_step: int = 6
+    samples: int = 96
+    member_steps: int = 120
+    start: str = "single"
+    members: int = 3
+
+    def __post_init__(self) -> None:
+        from .pruning.diversity import METHODS
+
+        if self.method not in METHODS:
+            raise ValueError(f"candidate {self.name!r}: method {self.method!r} is unknown; use one of {list(METHODS)}")
+        if self.start not in ("single", "pretrained"):
+            raise ValueError(f"candidate {self.name!r}: start {self.start!r} must be 'single' or 'pretrained'")
+        if self.start == "pretrained" and self.member_steps == 0:
+            raise ValueError(f"candidate {self.name!r}: start='pretrained' needs member_steps > 0")
+        for key in ("remove", "heads_per_step", "samples", "members"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"candidate {self.name!r}: {key} must be >= 1, got {getattr(self, key)}")
+
+    @property
+    def uses_ood(self) -> bool:
+        return self.method in ("circuit-ood", "circuit-avg")
+
+    def selection_key(self, fold: str) -> str:
+        """Candidates with the same key share their masks (e.g. the same selection, fine-tuned or not)."""
+        fold = fold if self.uses_ood else ANY_FOLD
+        return f"{self.method}-r{self.remove}-k{self.heads_per_step}-n{self.samples}-m{self.members}-{fold}"
+
+
+# The default grid: the demo's recipe (R0) and one change at a time, plus a random-heads control.
+DEFAULT_CANDIDATES: tuple[Candidate, ...] = (
+    Candidate("R0 demo: circ-avg, 36 removed, k=6, n=96, ft 120"),
+    Candidate("R0 without member fine-tuning", member_steps=0),
+    Candidate("circ-ood", method="circuit-ood"),
+    Candidate("taylor", method="taylor"),
+    Candidate("random heads (control)", method="random"),
+    Candidate("selection set n=384", samples=384),
+    Candidate("12 removed, exact greedy, no ft", remove=12, heads_per_step=1, member_steps=0),
+    Candidate("12 removed, exact greedy, ft 120", remove=12, heads_per_step=1),
+    Candidate("members from pretrained, ft 180", start="pretrained", member_steps=180),
+)
+
+
+@dataclass
+class TextStudy:
+    """The data and training settings of the text study (defaults: the embedded demo's)."""
+
+    base_model: str | None = None  # None: the packaged all-MiniLM-L6-v2
+    labels: tuple[str, ...] = ("rotten", "fresh")
+    train_data: str = "rotten_tomatoes:train"
+    id_validation: str = "rotten_tomatoes:validation"
+    ood_validation: dict[str, str] = field(default_factory=lambda: {
+        "guardian": "guardian_headlines:ood_validation",
+        "debates": "presidential_debates:ood_validation",
+        "hamlet": "hamlet:ood_validation",
+        "speeches": "convention_speeches:ood_validation",
+    })
+    # the ID validation split: [0, finetune_eval) is the fine-tuning runs' evaluation set and the
+    # selection set's pool; [finetune_eval, ...) scores the recipes (never seen by a selection)
+    finetune_eval: int = 400
+    max_score_samples: int = 800  # per scoring set
+    max_length: int = 48
+    batch_size: int = 32
+    learning_rate: float = 1e-4
+    member_learning_rate: float = 5e-5
+    single_steps: int = 180
+    max_train_samples: int = 6000
+    prune_data_fraction: float = 0.75
+    mlp_fusions: tuple[str, ...] = ("average", "per_member")
+    # decision rule
+    max_accuracy_drop: float = 0.015
+    ece_tolerance: float = 0.005
+
+
+def _finetune_config(s: TextStudy, steps: int, learning_rate: float, seed: int):
+    from .finetune import text_recipe
+
+    return text_recipe(
+        learning_rate=learning_rate, max_steps=steps, num_epochs=1, max_length=s.max_length, batch_size=s.batch_size,
+        eval_batch_size=128, max_train_samples=s.max_train_samples, max_eval_samples=s.finetune_eval, seed=seed,
+        log_every_steps=40,
+    )
+
+
+def _base_dir(s: TextStudy) -> Path:
+    from .recipes import packaged_minilm
+
+    return Path(s.base_model) if s.base_model else packaged_minilm()
+
+
+def train_single(s: TextStudy, seed: int, out: Path) -> Path:
+    """The Single model of ``seed`` (all heads, the recipe's fine-tuning); returns its checkpoint."""
+    from .convert import read_config
+    from .finetune import finetune_members
+    from .masks import HeadMasks
+
+    ckpt = out / "work" / "member_0" / "model"
+    if ckpt.exists():
+        return ckpt
+    base = _base_dir(s)
+    cfg = read_config(base)
+    masks = HeadMasks(kept_heads=[[list(range(cfg["num_attention_heads"]))] * cfg["num_hidden_layers"]],
+                      num_heads=cfg["num_attention_heads"], metadata={"method": "none (single model)"})
+    finetune_members(base, masks, s.train_data, s.id_validation, out / "fused",
+                     _finetune_config(s, s.single_steps, s.learning_rate, seed), work_dir=out / "work",
+                     overwrite=True, id2label=dict(enumerate(s.labels)))
+    shutil.rmtree(out / "fused", ignore_errors=True)
+    return ckpt
+
+
+class _Data:
+    """The study's data sets, read once: the selection pools and the scoring loaders."""
+
+    def __init__(self, s: TextStudy, tokenizer: Any) -> None:
+        from .data import resolve_dataset
+        from .evaluation import make_loader
+
+        self.s, self.tokenizer = s, tokenizer
+        id_all = resolve_dataset(s.id_validation, require_labels=True, num_labels=len(s.labels))
+        if len(id_all) <= s.finetune_eval + 50:
+            raise ValueError(f"{s.id_validation!r} has {len(id_all)} examples; the study needs more than "
+                             f"finetune_eval + 50 = {s.finetune_eval + 50}")
+        self.id_pool = id_all.select(range(s.finetune_eval))
+        id_score = id_all.select(range(s.finetune_eval, min(len(id_all), s.finetune_eval + s.max_score_samples)))
+        self.ood_pool, self.loaders = {}, {"id": make_loader(id_score, tokenizer, "text", 64, s.max_length)}
+        for kind, spec in s.ood_validation.items():
+            ds = resolve_dataset(spec, label_column=None)
+            self.ood_pool[kind] = ds
+            self.loaders[kind] = make_loader(ds.select(range(min(len(ds), s.max_score_samples))), tokenizer, "text",
+                                             64, s.max_length)
+
+    def selection(self, kind: str | None, samples: int):
+        id_data = self.id_pool.select(range(min(samples, len(self.id_pool))))
+        ood = None if kind is None else self.ood_pool[kind].select(range(min(samples, len(self.ood_pool[kind]))))
+        return id_data, ood
+
+    def scoring_kinds(self, fold: str) -> list[str]:
+        """The OOD kinds a fold is scored on: every kind but the one it selected on."""
+        return [k for k in self.s.ood_validation if k != fold]
+
+
+def model_numbers(predictor: Any, data: _Data) -> dict[str, Any]:
+    """ID numbers (accuracy, ECE, NLL, mean MI and disagreement) and, per OOD kind, the AUROC of every
+    OOD score and the mean MI / disagreement, on the scoring sets."""
+    from . import metrics
+    from .evaluation import predict
+
+    ident = predict(predictor, data.loaders["id"], desc="score: id")
+    rep = metrics.calibration_report(ident.probs, ident.labels, ident.member_probs)
+    out: dict[str, Any] = {k: rep.get(k) for k in ("accuracy", "ece", "nll", "mutual_information", "disagreement")}
+    out["ood"] = {}
+    members = ident.member_logits.shape[1]
+    for kind in data.s.ood_validation:
+        ood = predict(predictor, data.loaders[kind], desc=f"score: {kind}")
+        row: dict[str, Any] = {}
+        for score in OOD_SCORES:
+            if score == "mutual_information" and members < 2:
+                continue
+            row[score] = metrics.ood_report(ident.ood_scores(score), ood.ood_scores(score))["auroc"]
+        orep = metrics.calibration_report(ood.probs, torch.zeros(len(ood.probs), dtype=torch.long), ood.member_probs)
+        row["mutual_information_mean"] = orep.get("mutual_information")
+        row["disagreement_mean"] = orep.get("disagreement")
+        out["ood"][kind] = row
+    return out
+
+
+def _build_masks(c: Candidate, single: Any, tokenizer: Any, data: _Data, fold: str, seed: int):
+    from .data import make_text_loader
+    from .pruning.adapters import get_adapter
+    from .pruning.budget import Budget
+    from .pruning.diversity import prune_members
+
+    id_data, ood_data = data.selection(fold if c.uses_ood else None, c.samples)
+
+    def make_batches(dataset, _seed):
+        return list(make_text_loader(dataset, tokenizer, batch_size=64, max_length=data.s.max_length))
+
+    return prune_members(
+        get_adapter(single), methods=c.method, budget=Budget(remove=c.remove), make_batches=make_batches,
+        id_data=id_data, ood_data=ood_data, members=c.members, seed=seed, heads_per_step=c.heads_per_step,
+        data_fraction=data.s.prune_data_fraction, progress=False,
+        metadata={"selection": c.selection_key(fold), "seed": seed},
+    )
+
+
+def run_cell(s: TextStudy, c: Candidate, fold: str, seed: int, single_dir: Path, out: Path, work: Path, data: _Data,
+             single_model: Any) -> dict[str, Any]:
+    """Select, fine-tune, fuse and score one candidate on one fold; returns the cell's numbers per fusion."""
+    from .convert import convert_checkpoint
+    from .evaluation import ModelPredictor
+    from .finetune import finetune_members
+    from .masks import HeadMasks
+
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    masks_file = out / "masks" / f"seed{seed}" / f"{c.selection_key(fold)}.json"
+    if masks_file.exists():
+        masks = HeadMasks.load(masks_file)
+    else:
+        masks = _build_masks(c, single_model, data.tokenizer, data, fold, seed)
+        masks_file.parent.mkdir(parents=True, exist_ok=True)
+        masks.save(masks_file)
+        timings["select_s"] = time.perf_counter() - t0
+    result: dict[str, Any] = {"candidate": dataclasses.asdict(c), "fold": fold, "seed": seed,
+                              "selection": c.selection_key(fold), "jaccard": masks.metadata.get("pairwise_jaccard"),
+                              "kept_heads": [sum(len(h) for h in m) for m in masks.kept_heads], "fusions": {}}
+    t1 = time.perf_counter()
+    if c.member_steps == 0:
+        fused = {"average": convert_checkpoint(masks, base=single_dir)}
+    else:
+        start = single_dir if c.start == "single" else _base_dir(s)
+        lr = s.member_learning_rate if c.start == "single" else s.learning_rate
+        shutil.rmtree(work, ignore_errors=True)
+        finetune_members(start, masks, s.train_data, s.id_validation, work / "fused",
+                         _finetune_config(s, c.member_steps, lr, seed), work_dir=work / "members", overwrite=True,
+                         id2label=dict(enumerate(s.labels)))
+        folders = [work / "members" / f"member_{m}" / "model" for m in range(masks.num_members)]
+        fused = {f: convert_checkpoint(masks, members=folders, mlp_fusion=f) for f in s.mlp_fusions}
+        timings["finetune_s"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    for fusion, model in fused.items():
+        result["fusions"][fusion] = model_numbers(ModelPredictor(model.eval()), data)
+    timings["score_s"] = time.perf_counter() - t2
+    result["timings"] = timings
+    shutil.rmtree(work, ignore_errors=True)  # member checkpoints: ~90 MB each; the numbers are kept
+    return result
+
+
+def folds_of(c: Candidate, s: TextStudy) -> list[str]:
+    """The cells a candidate needs per seed: one per OOD kind, or one for all when it selects without OOD data."""
+    return list(s.ood_validation) if c.uses_ood else [ANY_FOLD]
+
+
+def _cell_file(out: Path, seed: int, c: Candidate, fold: str) -> Path:
+    safe = "".join(ch if ch.isalnum() or ch in "-_=." else "_" for ch in c.name)
+    return out / "cells" / f"seed{seed}" / safe / f"{fold}.json"
+
+
+def run_study(
+    s: TextStudy,
+    output_dir: str | os.PathLike,
+    *,
+    candidates: Sequence[Candidate] = DEFAULT_CANDIDATES,
+    seeds: Sequence[int] = (0,),
+    singles: Mapping[int, str | os.PathLike] | None = None,
+    shard: tuple[int, int] = (0, 1),
+) -> dict[str, Any]:
+    """Run (or resume) every cell: seeds x candidates x folds; returns :func:`collect`'s summary.
+
+    Args:
+        singles: an existing Single checkpoint per seed (else each seed's Single is trained first).
+        shard: ``(i, n)``: this process runs the cells of every n-th selection, starting at the i-th
+            (several processes share the folder; cells sharing masks stay in one process).
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from .evaluation import ModelPredictor
+    from .outputs import prepare_owned_folder
+
+    out = Path(output_dir).resolve()
+    prepare_owned_folder(out, command="study", overwrite=False, keep=True)
+    (out / "study.json").write_text(json.dumps({"settings": dataclasses.asdict(s),
+                                                 "candidates": [dataclasses.asdict(c) for c in candidates],
+                                                 "seeds": list(seeds)}, indent=2) + "\n")
+    # cells that share a selection (the same masks) go to the same shard, so no selection runs twice
+    groups: dict[str, int] = {}
+    for c in candidates:
+        for fold in folds_of(c, s):
+            groups.setdefault(c.selection_key(fold), len(groups))
+    for seed in seeds:
+        single_dir = Path(singles[seed]) if singles and seed in singles else train_single(s, seed, out / f"single_seed{seed}")
+        tokenizer = AutoTokenizer.from_pretrained(str(single_dir))
+        single = AutoModelForSequenceClassification.from_pretrained(str(single_dir)).eval()
+        data = _Data(s, tokenizer)
+        single_file = out / "cells" / f"seed{seed}" / "single.json"
+        if not single_file.exists() and shard[0] == 0:
+            single_file.parent.mkdir(parents=True, exist_ok=True)
+            _write_json(single_file, {"seed": seed, "checkpoint": str(single_dir),
+                                      "numbers": model_numbers(ModelPredictor(single), data)})
+        for c in candidates:
+            for fold in folds_of(c, s):
+                if groups[c.selection_key(fold)] % shard[1] != shard[0]:
+                    continue
+                file = _cell_file(out, seed, c, fold)
+                if file.exists():
+                    continue
+                logger.info("cell: seed %d, %s, fold %s", seed, c.name, fold)
+                t0 = time.perf_counter()
+                cell = run_cell(s, c, fold, seed, single_dir, out, out / "work" / f"shard{shard[0]}" / "cell", data, single)
+                cell["timings"]["total_s"] = time.perf_counter() - t0
+                file.parent.mkdir(parents=True, exist_ok=True)
+                _write_json(file, cell)
+                logger.info("cell done in %.0f s: seed %d, %s, fold %s", cell["timings"]["total_s"], seed, c.name, fold)
+    return collect(out, s, candidates)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Candidate]) -> dict[str, Any]:
+    """Summarise the finished cells: one row per (candidate, fusion, OOD score), averaged over folds
+    (leave-one-OOD-kind-out) and then over seeds (mean and std)."""
+    out = Path(output_dir)
+    kinds = list(s.ood_validation)
+    singles = {}
+    for f in sorted((out / "cells").glob("seed*/single.json")):
+        d = json.loads(f.read_text())
+        singles[d["seed"]] = d["numbers"]
+    rows = []
+    for c in candidates:
+        per_seed: dict[tuple[str, str], list[dict[str, float]]] = {}
+        for seed, single in singles.items():
+            # a selection without OOD data is one cell, scored on every fold's kinds
+            cells = {fold: _cell_file(out, seed, c, fold if c.uses_ood else ANY_FOLD) for fold in kinds}
+            if not all(f.exists() for f in cells.values()):
+                continue
+            cells = {fold: json.loads(f.read_text()) for fold, f in cells.items()}
+            fusions = sorted({fu for cell in cells.values() for fu in cell["fusions"]})
+            for fusion in fusions:
+                for score in OOD_SCORES:
+                    gains, per_kind, ok = [], {k: [] for k in kinds}, True
+                    accs, eces, mis_id, mis_ood = [], [], [], []
+                    for fold, cell in cells.items():
+                        num = cell["fusions"].get(fusion) or cell["fusions"]["average"]
+                        if score not in num["ood"][kinds[0]]:
+                            ok = False
+                            break
+                        fold_gain = []
+                        for k in kinds:
+                            if k == fold:
+                                continue
+                            g = num["ood"][k][score] - single["ood"][k]["msp"]
+                            fold_gain.append(g)
+                            per_kind[k].append(g)
+                        gains.append(sum(fold_gain) / len(fold_gain))
+                        accs.append(num["accuracy"] - single["accuracy"])
+                        eces.append(num["ece"] - single["ece"])
+                        mis_id.append(num["mutual_information"] or 0.0)
+                        mis_ood.append(sum(num["ood"][k]["mutual_information_mean"] or 0.0 for k in kinds) / len(kinds))
+                    if not ok:
+                        continue
+                    per_seed.setdefault((fusion, score), []).append({
+                        "gain": _mean(gains), "worst_fold_gain": min(gains),
+                        "worst_kind_gain": min(_mean(v) for v in per_kind.values() if v),
+                        "accuracy_diff": _mean(accs), "ece_diff": _mean(eces), "mi_id": _mean(mis_id),
+                        "mi_ood": _mean(mis_ood), **{f"gain_{k}": _mean(v) for k, v in per_kind.items()},
+                    })
+        for (fusion, score), seeds_rows in per_seed.items():
+            row = {"candidate": c.name, "fusion": fusion, "score": score, "seeds": len(seeds_rows)}
+            for key in seeds_rows[0]:
+                vals = [r[key] for r in seeds_rows]
+                row[key] = _mean(vals)
+                row[key + "_std"] = _std(vals)
+            rows.append(row)
+    return {"kinds": kinds, "single": {str(k): v for k, v in singles.items()}, "rows": rows}
+
+
+def _mean(v: Sequence[float]) -> float:
+    return sum(v) / len(v)
+
+
+def _std(v: Sequence[float]) -> float:
+    if len(v) < 2:
+        return 0.0
+    m = _mean(v)
+    return math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
+
+
+def decide(summary: Mapping[str, Any], s: TextStudy) -> dict[str, Any] | None:
+    """The protocol's choice: among rows with accuracy within ``max_accuracy_drop`` of Single and ECE
+    at most ``ece_tolerance`` above it, the largest mean transfer gain (ties: the better worst fold)."""
+    eligible = [r for r in summary["rows"]
+                if r["accuracy_diff"] >= -s.max_accuracy_drop and r["ece_diff"] <= s.ece_tolerance]
+    if not eligible:
+        return None
+    return max(eligible, key=lambda r: (round(r["gain"], 6), r["worst_fold_gain"]))
+
+
+def render_decision_table(summary: Mapping[str, Any], s: TextStudy) -> str:
+    """Markdown: every row, sorted by mean transfer gain, with the constraints' verdicts and the choice."""
+    choice = decide(summary, s)
+    kinds = summary["kinds"]
+    head = ["candidate", "fusion", "OOD score", "transfer gain", "worst fold", "worst kind",
+            *[f"gain {k}" for k in kinds], "Δ acc", "Δ ECE", "MI id", "MI ood", "seeds", "eligible"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def pm(r: Mapping[str, Any], key: str, spec: str = "+.4f") -> str:
+        std = r.get(key + "_std", 0.0)
+        return f"{r[key]:{spec}}" + (f" ± {std:.4f}" if r["seeds"] > 1 else "")
+
+    for r in sorted(summary["rows"], key=lambda r: -r["gain"]):
+        ok = r["accuracy_diff"] >= -s.max_accuracy_drop and r["ece_diff"] <= s.ece_tolerance
+        mark = "**chosen**" if r is choice else ("yes" if ok else "no")
+        cells = [r["candidate"], r["fusion"], r["score"], pm(r, "gain"), pm(r, "worst_fold_gain"), pm(r, "worst_kind_gain"),
+                 *[pm(r, f"gain_{k}") for k in kinds], pm(r, "accuracy_diff"), pm(r, "ece_diff"),
+                 f"{r['mi_id']:.4f}", f"{r['mi_ood']:.4f}", str(r["seeds"]), mark]
+        lines.append("| " + " | ".join(cells) + " |")
+    single_lines = []
+    for seed, num in summary["single"].items():
+        aucs = ", ".join(f"{k} {num['ood'][k]['msp']:.4f}" for k in kinds)
+        single_lines.append(f"- Single (seed {seed}): accuracy {num['accuracy']:.4f}, ECE {num['ece']:.4f}; MSP AUROC {aucs}")
+    rule = (f"Decision rule: accuracy at most {100 * s.max_accuracy_drop:.1f} points below Single, ECE at most "
+            f"{s.ece_tolerance} above Single's, then the largest transfer gain (mean over folds of the mean OOD AUROC "
+            "gain over Single (MSP) on the OOD kinds the fold did not select on).")
+    return "\n".join([*single_lines, "", rule, "", *lines]) + "\n"

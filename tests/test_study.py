@@ -1,0 +1,147 @@
+"""The selection protocol (`hydra_hf.study`): leave-one-OOD-kind-out arithmetic, the decision rule,
+and a tiny end-to-end study that reads no test split and whose numbers a direct recomputation gives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from hydra_hf import study as st
+
+
+def _write_cell(out, seed, cand, fold, aurocs, acc=0.80, ece=0.05, fusion="average"):
+    f = st._cell_file(out, seed, cand, fold)
+    f.parent.mkdir(parents=True, exist_ok=True)
+    ood = {k: {s: v for s in st.OOD_SCORES} | {"mutual_information_mean": 0.01, "disagreement_mean": 0.1}
+           for k, v in aurocs.items()}
+    f.write_text(json.dumps({"fusions": {fusion: {"accuracy": acc, "ece": ece, "nll": 0.4, "mutual_information": 0.005,
+                                                  "disagreement": 0.05, "ood": ood}}}))
+
+
+def _write_single(out, seed, aurocs, acc=0.80, ece=0.05):
+    f = out / "cells" / f"seed{seed}" / "single.json"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps({"seed": seed, "numbers": {"accuracy": acc, "ece": ece, "ood": {k: {"msp": v} for k, v in aurocs.items()}}}))
+
+
+def test_leave_one_kind_out_gain_and_decision(tmp_path):
+    s = st.TextStudy(ood_validation={"a": "x", "b": "y", "c": "z"})
+    single = {"a": 0.70, "b": 0.60, "c": 0.50}
+    _write_single(tmp_path, 0, single)
+    circ = st.Candidate("circ", method="circuit-avg")
+    taylor = st.Candidate("taylor", method="taylor")
+    worse = st.Candidate("accurate-less", method="circuit-ood")
+    # fold a selected on a: scored on b, c. Gains: fold a (0.05 + 0.10) / 2; fold b (0.0 + 0.10) / 2; fold c (0.0 + 0.05) / 2
+    _write_cell(tmp_path, 0, circ, "a", {"a": 0.99, "b": 0.65, "c": 0.60})
+    _write_cell(tmp_path, 0, circ, "b", {"a": 0.70, "b": 0.99, "c": 0.60})
+    _write_cell(tmp_path, 0, circ, "c", {"a": 0.70, "b": 0.65, "c": 0.99})
+    # one selection without OOD data: the same cell for every fold
+    _write_cell(tmp_path, 0, taylor, st.ANY_FOLD, {"a": 0.72, "b": 0.62, "c": 0.52})
+    # a larger gain but 2 accuracy points lost: not eligible
+    for fold in "abc":
+        _write_cell(tmp_path, 0, worse, fold, {"a": 0.9, "b": 0.9, "c": 0.9}, acc=0.78)
+    summary = st.collect(tmp_path, s, [circ, taylor, worse])
+    rows = {(r["candidate"], r["score"]): r for r in summary["rows"]}
+    r = rows[("circ", "msp")]
+    assert r["gain"] == pytest.approx(((0.05 + 0.10) / 2 + (0.0 + 0.10) / 2 + (0.0 + 0.05) / 2) / 3)
+    assert r["worst_fold_gain"] == pytest.approx(0.025)
+    assert r["gain_a"] == pytest.approx(0.0) and r["gain_b"] == pytest.approx(0.05) and r["gain_c"] == pytest.approx(0.10)
+    assert rows[("taylor", "msp")]["gain"] == pytest.approx(0.02)
+    assert rows[("accurate-less", "msp")]["accuracy_diff"] == pytest.approx(-0.02)
+    choice = st.decide(summary, s)
+    assert choice["candidate"] == "circ"
+    table = st.render_decision_table(summary, s)
+    assert "**chosen**" in table and "accurate-less" in table  # losers stay in the table
+    assert table.count("| no |") == len(st.OOD_SCORES)
+
+
+def test_unfinished_candidates_and_seeds(tmp_path):
+    s = st.TextStudy(ood_validation={"a": "x", "b": "y"})
+    c = st.Candidate("circ")
+    for seed, gain in ((0, 0.1), (1, 0.3)):
+        _write_single(tmp_path, seed, {"a": 0.5, "b": 0.5})
+        for fold in "ab":
+            _write_cell(tmp_path, seed, c, fold, {"a": 0.5 + gain, "b": 0.5 + gain})
+    partial = st.Candidate("partial")
+    _write_cell(tmp_path, 0, partial, "a", {"a": 0.9, "b": 0.9})  # fold b missing: no row
+    summary = st.collect(tmp_path, s, [c, partial])
+    rows = [r for r in summary["rows"] if r["score"] == "msp"]
+    assert [r["candidate"] for r in rows] == ["circ"]
+    assert rows[0]["seeds"] == 2 and rows[0]["gain"] == pytest.approx(0.2)
+    assert rows[0]["gain_std"] == pytest.approx(torch.tensor([0.1, 0.3]).std().item())
+    assert "± " in st.render_decision_table(summary, s)
+
+
+def test_candidate_validation():
+    with pytest.raises(ValueError, match="method 'nope'"):
+        st.Candidate("x", method="nope")
+    with pytest.raises(ValueError, match="member_steps > 0"):
+        st.Candidate("x", start="pretrained", member_steps=0)
+    assert st.Candidate("x", method="taylor").selection_key("guardian").endswith("-any")
+    assert st.Candidate("x").selection_key("guardian").endswith("-guardian")
+
+
+def test_tiny_study_end_to_end(tmp_path, monkeypatch):
+    """Two OOD kinds, a CircAvg and a Taylor candidate without fine-tuning and one with 2 steps: every
+    cell is written, no test split is read, and a cell's AUROC equals a direct recomputation."""
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    from conftest import tiny_bert_config, write_tiny_tokenizer
+    from hydra_hf import data as data_mod
+    from hydra_hf import metrics
+    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.evaluation import ModelPredictor, make_loader, predict
+    from hydra_hf.masks import HeadMasks
+    from test_recipes import _reviews
+
+    single = tmp_path / "single"
+    torch.manual_seed(0)
+    BertForSequenceClassification(tiny_bert_config(num_labels=2)).save_pretrained(single)
+    write_tiny_tokenizer(single)
+    _reviews(64, 0).to_csv(tmp_path / "train.csv", index=False)
+    _reviews(60, 1).to_csv(tmp_path / "validation.csv", index=False)
+    for name, words in (("ood_a", "x y z"), ("ood_b", "q r s")):
+        pd.DataFrame({"text": [f"{words} {i % 7}" for i in range(20)]}).to_csv(tmp_path / f"{name}.csv", index=False)
+    read = []
+    real = data_mod.resolve_dataset
+
+    def spy(spec, *a, **k):
+        read.append(str(spec))
+        return real(spec, *a, **k)
+
+    monkeypatch.setattr(data_mod, "resolve_dataset", spy)
+    s = st.TextStudy(base_model=str(single), train_data=str(tmp_path / "train.csv"),
+                     id_validation=str(tmp_path / "validation.csv"),
+                     ood_validation={"a": str(tmp_path / "ood_a.csv"), "b": str(tmp_path / "ood_b.csv")},
+                     finetune_eval=8, max_score_samples=40, max_length=16, batch_size=8, max_train_samples=64)
+    cands = (st.Candidate("circ", remove=2, heads_per_step=2, samples=8, members=2, member_steps=0),
+             st.Candidate("taylor", method="taylor", remove=2, samples=8, members=2, member_steps=0),
+             st.Candidate("circ ft", remove=2, heads_per_step=2, samples=8, members=2, member_steps=2))
+    summary = st.run_study(s, tmp_path / "study", candidates=cands, singles={0: single})
+    assert read and not [spec for spec in read if spec.endswith("test") or Path(spec.split(":")[0]).stem == "test"]
+    files = sorted(p.relative_to(tmp_path / "study" / "cells").as_posix() for p in (tmp_path / "study" / "cells").rglob("*.json"))
+    assert files == ["seed0/circ/a.json", "seed0/circ/b.json", "seed0/circ_ft/a.json", "seed0/circ_ft/b.json",
+                     "seed0/single.json", "seed0/taylor/any.json"]
+    assert {r["candidate"] for r in summary["rows"]} == {"circ", "taylor", "circ ft"}
+    ft = json.loads((tmp_path / "study" / "cells" / "seed0" / "circ_ft" / "a.json").read_text())
+    assert set(ft["fusions"]) == {"average", "per_member"}
+    assert not (tmp_path / "study" / "work" / "shard0" / "cell").exists()  # member checkpoints removed
+    # recompute cell (circ, fold a) on kind b from its masks: same AUROC
+    cell = json.loads((tmp_path / "study" / "cells" / "seed0" / "circ" / "a.json").read_text())
+    masks = HeadMasks.load(tmp_path / "study" / "masks" / "seed0" / f"{cands[0].selection_key('a')}.json")
+    hydra = convert_checkpoint(masks, base=single).eval()
+    tok = AutoTokenizer.from_pretrained(str(single))
+    id_score = real(str(tmp_path / "validation.csv"), require_labels=True, num_labels=2).select(range(8, 48))
+    ood_b = real(str(tmp_path / "ood_b.csv"), label_column=None)
+    p_id = predict(ModelPredictor(hydra), make_loader(id_score, tok, "text", 64, 16))
+    p_b = predict(ModelPredictor(hydra), make_loader(ood_b, tok, "text", 64, 16))
+    expected = metrics.ood_report(p_id.ood_scores("mutual_information"), p_b.ood_scores("mutual_information"))["auroc"]
+    assert cell["fusions"]["average"]["ood"]["b"]["mutual_information"] == pytest.approx(expected, abs=1e-12)
+    # re-running resumes: nothing is recomputed
+    before = {f: (tmp_path / "study" / "cells" / f).stat().st_mtime_ns for f in files}
+    st.run_study(s, tmp_path / "study", candidates=cands, singles={0: single})
+    assert before == {f: (tmp_path / "study" / "cells" / f).stat().st_mtime_ns for f in files}
