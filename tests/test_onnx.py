@@ -11,6 +11,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -318,3 +319,56 @@ def test_without_the_onnx_packages_hydra_hf_works_and_export_says_what_to_instal
     for line, command in zip(lines, ("export", "evaluate")):
         assert line.startswith(f"2 hydra-hf {command}: error:") and "pip install hydra-hf[onnx]" in line, line
     assert not (tmp_path / "out").exists() and not (tmp_path / "r").exists()
+
+
+def _image_folder(root: Path, classes: tuple[str, ...], per_class: int, seed: int) -> Path:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            Image.fromarray(rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    return root
+
+
+def test_clip_int8_with_a_zero_shot_report_on_class_prompts(exported, tmp_path):
+    """Two-tower int8: the report classifies the calibration images against prompts of their class names;
+    its fp32 numbers are PyTorch's zero-shot predictor's (one template: the same scaled cosines)."""
+    from hydra_hf import evaluation as ev
+    from hydra_hf import metrics
+    from hydra_hf.data import resolve_dataset
+    from hydra_hf.onnx.quantize import OnnxZeroShotPredictor
+
+    root = exported["root"]
+    ident = _image_folder(tmp_path / "id", ("cat", "dog", "bird"), 6, seed=0)
+    ood = _image_folder(tmp_path / "ood" / "x", ("noise",), 8, seed=1).parent / "x"
+    rc = main(["export", str(root / "hydra-clip"), "--format", "onnx", "--output", str(tmp_path / "onnx"), "--quantize", "int8",
+               "--calibration-data", str(ident), "--ood-data", f"noise={ood}", "--class-template", "a photo of a {}.",
+               "--batch-size", "8"])
+    assert rc == 0
+    report = json.loads((tmp_path / "onnx" / "quantization_report.json").read_text())
+    assert report["settings"]["class_names"] == ["bird", "cat", "dog"] and report["num_examples"] == {"calibration": 18, "noise": 8}
+    assert set(report["models"]["int8"]["ood_auroc"]["noise"]) == {"msp", "mutual_information"}
+    assert "Zero-shot classes" in (tmp_path / "onnx" / "quantization_report.md").read_text()
+    from transformers import AutoProcessor
+
+    model, _, _ = load_hydra_folder(root / "hydra-clip")
+    processor = AutoProcessor.from_pretrained(root / "prep-clip")
+    data = resolve_dataset(str(ident), require_labels=True)
+    loader = ev.make_loader(data, processor.image_processor, "image", batch_size=8)
+    torch_preds = ev.predict(ev.ZeroShotPredictor(model, ["bird", "cat", "dog"], ["a photo of a {}."],
+                                                  tokenizer=processor.tokenizer), loader)
+    fp32 = OnnxHydraModel.from_pretrained(tmp_path / "onnx" / "model.onnx")
+    onnx_preds = ev.predict(OnnxZeroShotPredictor(fp32, ["bird", "cat", "dog"], ["a photo of a {}."], processor.tokenizer), loader)
+    assert torch.allclose(onnx_preds.member_logits, torch_preds.member_logits.float(), atol=1e-4)
+    assert report["models"]["fp32"]["nll"] == pytest.approx(metrics.nll(torch_preds.probs, torch_preds.labels), abs=1e-4)
+    assert report["models"]["fp32"]["accuracy"] == pytest.approx(float((torch_preds.probs.argmax(-1) == torch_preds.labels).double().mean()))
+    # a calibration set without class names is one line, and nothing is written
+    pd.DataFrame({"image": [str(next(ident.glob("cat/*.png")))] * 3, "label": [0, 1, 2]}).to_csv(tmp_path / "ints.csv", index=False)
+    rc = main(["export", str(root / "hydra-clip"), "--format", "onnx", "--output", str(tmp_path / "bad"), "--quantize", "int8",
+               "--calibration-data", str(tmp_path / "ints.csv"), "--image-column", "image"])
+    assert rc == 2 and not (tmp_path / "bad").exists()
+    rc = main(["export", str(root / "hydra-clip"), "--format", "onnx", "--output", str(tmp_path / "bad"), "--quantize", "int8",
+               "--calibration-data", str(ident), "--class-template", "a photo"])
+    assert rc == 2 and not (tmp_path / "bad").exists()

@@ -37,6 +37,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "`hydra-hf evaluate --id-data` takes it), e.g. rotten_tomatoes:validation")
     p.add_argument("--ood-data", action="append", default=[], metavar="SPEC",
                    help="OOD data for the report's AUROC (repeatable); NAME=SPEC sets the name shown")
+    p.add_argument("--class-template", action="append", default=None, metavar="TEMPLATE",
+                   help="two-tower models (CLIP, SigLIP, open_clip): a prompt template of the report's zero-shot classifier, "
+                   "with {} for the class name (repeatable; default \"a photo of a {}.\"); the classes are "
+                   "--calibration-data's (an image folder with one sub-folder per class)")
     p.add_argument("--text-column", default="text", help="column holding the text of csv/jsonl/parquet data (default: text)")
     p.add_argument("--label-column", default="label",
                    help="column holding the integer class (or class name) of labelled data (default: label)")
@@ -64,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
                "max_samples": args.max_samples, "batch_size": args.batch_size, "max_length": args.max_length}
     out = export_onnx(args.model, args.output, opset=args.opset, quantize=args.quantize and args.quantize.lower(),
                       calibration_data=args.calibration_data, ood_data=args.ood_data, overwrite=args.overwrite,
-                      data_options=options)
+                      data_options=options, **({"templates": args.class_template} if args.class_template else {}))
     from ..onnx.runtime import read_export_metadata
 
     metadata = read_export_metadata(out)

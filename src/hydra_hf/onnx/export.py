@@ -34,6 +34,7 @@ DEFAULT_OPSET = 18  # the dynamo exporter's first supported opset; onnxruntime >
 FP32_FILE = "model.onnx"
 INT8_FILE = "model_int8.onnx"
 QUANTIZATIONS = ("int8",)
+DEFAULT_TEMPLATES = ("a photo of a {}.",)  # two-tower models: the report's zero-shot prompt
 # ONNX Runtime's outputs must equal PyTorch's within this, or the export is a bug (fp32)
 VERIFY_ATOL = 1e-4
 COMMAND = "export"
@@ -265,6 +266,7 @@ def export_onnx(
     ood_data: Iterable[str] = (),
     overwrite: bool = False,
     data_options: dict[str, Any] | None = None,
+    templates: Sequence[str] = DEFAULT_TEMPLATES,
 ) -> Path:
     """Export the Hydra folder ``model_dir`` to an ONNX folder ``output_dir`` (written atomically).
 
@@ -278,6 +280,9 @@ def export_onnx(
         opset: the ONNX opset (>= 18).
         data_options: for the report's data, as ``hydra-hf evaluate`` takes them: ``text_column``,
             ``label_column``, ``image_column``, ``max_samples``, ``batch_size``, ``max_length``.
+        templates: two-tower models (CLIP, SigLIP, open_clip): the prompt templates of the report's
+            zero-shot classifier, each with one ``{}`` for a class name of ``calibration_data`` (an
+            image folder with one sub-folder per class, or a label column of class names).
 
     Raises:
         HydraInputError: not a Hydra folder, onnx packages missing, a bad option or data set.
@@ -302,17 +307,15 @@ def export_onnx(
         )
     inputs = [model_dir]
     check_output(output_dir, command=COMMAND, overwrite=overwrite, inputs=inputs)
+    templates = list(templates)
+    if not templates or not all(isinstance(t, str) and t.count("{}") == 1 for t in templates):
+        raise HydraInputError(f"--class-template {templates!r}: every template needs exactly one {{}} for the class name")
     model, family, config_data = load_hydra_folder(model_dir)
-    if quantize is not None and family.modality not in ("text", "image"):
-        raise HydraInputError(
-            f"--quantize with an accuracy report needs a classifier; {family.name!r} is a zero-shot model "
-            "(export it without --quantize)"
-        )
     folder = Path(model_dir)
     preprocessor = _preprocessor(folder, family.modality)
     # the report's data is read before the (slow) export: a bad data option fails at once
-    loaders = _report_loaders(model, preprocessor, family.modality, calibration_data, ood_data, data_options or {}) \
-        if quantize else None
+    loaders, class_names = _report_loaders(model, preprocessor, family.modality, calibration_data, ood_data,
+                                           data_options or {}) if quantize else (None, None)
 
     names = graph_inputs(model, family.modality, getattr(preprocessor, "tokenizer", preprocessor))
     output_keys = output_keys_for(family.task)
@@ -365,8 +368,16 @@ def export_onnx(
             int8 = OnnxHydraModel.from_pretrained(tmp, file_name=INT8_FILE)
             metadata["verification"]["max_abs_diff_int8"] = max(
                 compare_with_eager(model, int8, x, output_keys) for x in (example, other))
-            report = quantization_report(fp32, int8, loaders, settings={
-                "calibration_data": calibration_data, "ood_data": list(loaders[1]), **(data_options or {})})
+            settings = {"calibration_data": calibration_data, "ood_data": list(loaders[1]), **(data_options or {})}
+            predictor = None
+            if family.modality == "image-text":
+                from .quantize import OnnxZeroShotPredictor
+
+                settings.update(class_names=class_names, templates=templates)
+
+                def predictor(graph):
+                    return OnnxZeroShotPredictor(graph, class_names, templates, preprocessor.tokenizer)
+            report = quantization_report(fp32, int8, loaders, settings=settings, predictor=predictor)
             write_quantization_report(report, tmp)
         (tmp / EXPORT_METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
         (tmp / "README.md").write_text(export_card(metadata, report))
@@ -382,20 +393,34 @@ def _report_loaders(model, preprocessor, modality, calibration_data, ood_data, o
 
     if preprocessor is None:
         raise HydraInputError("the Hydra folder has no tokenizer / image processor, which the quantisation report needs")
+    zero_shot = modality == "image-text"  # images classified against class prompts
     cols = dict(text_column=options.get("text_column", "text") if modality == "text" else None,
                 label_column=options.get("label_column", "label"),
-                image_column=options.get("image_column") if modality == "image" else None)
+                image_column=options.get("image_column") if modality != "text" else None)
     batch_size, max_length = int(options.get("batch_size", 32)), int(options.get("max_length", 128))
 
     def data(spec: str, labelled: bool):
+        classifier = labelled and not zero_shot  # zero-shot classes come from the data itself
         return resolve_dataset(spec, **cols, require_labels=labelled, max_samples=options.get("max_samples"),
-                               num_labels=model.config.num_labels if labelled else None,
-                               label2id=model.config.label2id if labelled else None)
+                               num_labels=model.config.num_labels if classifier else None,
+                               label2id=model.config.label2id if classifier else None)
 
     def loader(dataset):
+        if zero_shot:
+            return ev.make_loader(dataset, preprocessor.image_processor, "image", batch_size=batch_size)
         return ev.make_loader(dataset, preprocessor, modality, batch_size=batch_size, max_length=max_length)
 
-    id_loader = loader(data(calibration_data, True))
+    id_data = data(calibration_data, True)
+    class_names = None
+    if zero_shot:
+        names = getattr(id_data.features["label"], "names", None)
+        if not names:
+            raise HydraInputError(
+                f"--calibration-data {calibration_data!r} has integer labels without class names; a zero-shot model needs "
+                "them for its prompts: give an image folder with one sub-folder per class"
+            )
+        class_names = list(names)
+    id_loader = loader(id_data)
     oods = {}
     for spec in ood_data:
         name, path = spec.partition("=")[::2] if "=" in spec else (parse_spec(spec)[0], spec)  # NAME=SPEC or SPEC
@@ -404,7 +429,7 @@ def _report_loaders(model, preprocessor, modality, calibration_data, ood_data, o
             raise HydraInputError(f"--ood-data name {name!r} is used twice; write NAME=SPEC to tell them apart")
         ood = data(path, False)
         oods[name] = loader(ood.remove_columns([c for c in ("label",) if c in ood.column_names]))
-    return id_loader, oods
+    return (id_loader, oods), class_names
 
 
 def _axes_doc(name: str, axes: dict[int, Any]) -> dict[str, Any]:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..errors import HydraInputError
+from ..evaluation import Predictor
 from .runtime import OnnxHydraModel
 
 REPORT_JSON = "quantization_report.json"
@@ -32,12 +34,44 @@ def _numbers(predictions: Any, ood: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
+class OnnxZeroShotPredictor(Predictor):
+    """Zero-shot classification with an exported two-tower graph (CLIP, SigLIP, open_clip): every image
+    batch is run with the C x K class prompts as the texts; member m's logit for class c is the mean over
+    the K templates of its ``member_logits_per_image`` for the prompts of c.
+
+    With one template this is :class:`hydra_hf.evaluation.ZeroShotPredictor` (the scaled cosine of the
+    image and the class prompt embedding); with several, the PyTorch predictor averages the normalised
+    prompt embeddings before the cosine, this one the K logits (the graph returns logits, not embeddings).
+
+    Shape:
+        batch["pixel_values"]: ``(B, 3, H, W)`` -> member logits ``(B, M, C)``.
+    """
+
+    def __init__(self, model: OnnxHydraModel, class_names: Sequence[str], templates: Sequence[str], tokenizer: Any) -> None:
+        from ..evaluation import zero_shot_prompts
+
+        super().__init__()
+        if not class_names:
+            raise HydraInputError("zero-shot classification needs class names (the labelled data's classes)")
+        self.model, self.num_classes, self.num_templates = model, len(class_names), len(templates)
+        self.text = dict(tokenizer(zero_shot_prompts(class_names, templates), padding=True, return_tensors="pt"))
+
+    def num_parameters(self) -> int:
+        return self.model.num_parameters()
+
+    def member_logits(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        out = self.model(**self.text, pixel_values=batch["pixel_values"]).member_logits_per_image  # (B, M, C*K)
+        B, M, _ = out.shape
+        return out.view(B, M, self.num_classes, self.num_templates).mean(dim=-1)
+
+
 def quantization_report(
     fp32: OnnxHydraModel,
     int8: OnnxHydraModel,
     loaders: tuple[Iterable, Mapping[str, Iterable]],
     *,
     settings: Mapping[str, Any] | None = None,
+    predictor: Callable[[OnnxHydraModel], Any] | None = None,
 ) -> dict[str, Any]:
     """Accuracy, ECE, NLL, Brier and the OOD AUROC (MSP and mutual information) of the int8 and the fp32
     graph, their differences (int8 − fp32), how often they agree on the label, and the largest change
@@ -45,15 +79,18 @@ def quantization_report(
 
     Args:
         loaders: ``(id_loader, {ood name: loader})`` as :func:`hydra_hf.evaluation.make_loader` makes them.
+        predictor: wraps a graph into a predictor (default :class:`hydra_hf.evaluation.ModelPredictor`;
+            two-tower graphs: an :class:`OnnxZeroShotPredictor`).
     """
     from .. import evaluation as ev
 
     id_loader, ood_loaders = loaders
+    make_predictor = predictor or ev.ModelPredictor
     preds: dict[str, tuple[Any, dict[str, Any]]] = {}
     for name, model in (("fp32", fp32), ("int8", int8)):
-        predictor = ev.ModelPredictor(model)
-        ident = ev.predict(predictor, id_loader, desc=f"ONNX {name}: calibration data")
-        ood = {o: ev.predict(predictor, loader, desc=f"ONNX {name}: {o}") for o, loader in ood_loaders.items()}
+        predictor_ = make_predictor(model)
+        ident = ev.predict(predictor_, id_loader, desc=f"ONNX {name}: calibration data")
+        ood = {o: ev.predict(predictor_, loader, desc=f"ONNX {name}: {o}") for o, loader in ood_loaders.items()}
         preds[name] = (ident, ood)
     rows = {name: _numbers(*p) for name, p in preds.items()}
     (a, a_ood), (b, b_ood) = preds["int8"], preds["fp32"]
@@ -83,7 +120,9 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     ood_text = ", ".join(f"`{o}` ({counts[o]})" for o in oods) or "none"
     lines = [f"## Quantisation report: {report['title']}", "",
              f"Calibration data: `{report['settings'].get('calibration_data')}` ({counts['calibration']} "
-             f"examples); OOD: {ood_text}.", "",
+             f"examples); OOD: {ood_text}."
+             + (f" Zero-shot classes {report['settings']['class_names']} with the prompt templates "
+                f"{report['settings']['templates']}." if report["settings"].get("templates") else ""), "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in ("fp32", "int8"):
         row = models[name]
