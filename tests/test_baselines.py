@@ -90,7 +90,9 @@ def _stock(folder: Path):
 
 # ------------------------------------------------------------------------------ EnsemblePredictor
 def test_ensemble_predictor_is_the_mean_of_the_members_softmaxes(setup):
-    from hydra_hf.evaluation import EnsemblePredictor, ModelPredictor, Predictions, interleaved_latency_ms, predict
+    from hydra_hf.evaluation import (
+        EnsemblePredictor, ModelPredictor, Predictions, evaluate_predictors, interleaved_latency_ms, predict,
+    )
 
     models = []
     for seed in range(3):
@@ -110,6 +112,13 @@ def test_ensemble_predictor_is_the_mean_of_the_members_softmaxes(setup):
     assert ensemble.num_parameters() == 3 * sum(p.numel() for p in models[0].parameters())
     one, three = interleaved_latency_ms([ModelPredictor(models[0]), ensemble], batch, rounds=3)
     assert three > one  # the members run one after another
+    result = evaluate_predictors({"Single": ModelPredictor(models[0]), "Deep Ensemble": ensemble},
+                                 [{**batch, "labels": torch.tensor([0, 1, 2])}], {"ood": [batch]}, latency_batch=batch)
+    single_row, ensemble_row = result.rows
+    assert (single_row["members"], ensemble_row["members"]) == (1, 3)
+    assert ensemble_row["params_m"] == pytest.approx(3 * single_row["params_m"])
+    assert ensemble_row["mutual_information"] > 0 and ensemble_row["latency_ms"] > 0
+    assert len(EnsemblePredictor(torch.nn.ModuleList(models)).members) == 3
     with pytest.raises(ValueError, match="at least one"):
         EnsemblePredictor([])
     with pytest.raises(TypeError, match="list of models"):

@@ -288,13 +288,14 @@ def train_lora(
     if accelerator.is_main_process:
         wrapper.load_state_dict(trainer.final_state_dict(), strict=True)
         info = {
-            "config": config.to_dict(), "seed": seed, "r": r, "alpha": alpha, "dropout": dropout, "target_modules": list(target_modules),
-            "modules_to_save": list(lora_config.modules_to_save), "trainable_parameters": trainable,
-            "base_parameters": total, "epochs": state["epoch"], "steps": state["global_step"],
+            "config": config.to_dict(), "seed": seed, "r": r, "alpha": alpha, "dropout": dropout,
+            "target_modules": list(target_modules), "modules_to_save": list(lora_config.modules_to_save),
+            "trainable_parameters": trainable, "base_parameters": total, "epochs": state["epoch"], "steps": state["global_step"],
             "best_eval_accuracy": state["best_metric"], "best_epoch": state["best_epoch"], "history": state["history"],
         }  # fmt: skip
         batch = next(iter(trainer._loader(run.eval if run.eval is not None else run.train, 8)))
-        _export_lora(run, peft_model.eval(), {k: v for k, v in batch.items() if k != "labels"}, info)
+        device = next(peft_model.parameters()).device
+        _export_lora(run, peft_model.eval(), {k: v.to(device) for k, v in batch.items() if k != "labels"}, info)
         if not config.keep_checkpoints:
             shutil.rmtree(folder / "checkpoint", ignore_errors=True)
     accelerator.wait_for_everyone()

@@ -174,8 +174,10 @@ class EnsemblePredictor(Predictor):
 
     def __init__(self, members: Sequence[nn.Module]) -> None:
         super().__init__()
-        if isinstance(members, nn.Module) or not isinstance(members, Sequence):
+        listed = isinstance(members, nn.ModuleList) or (isinstance(members, Sequence) and not isinstance(members, str))
+        if not listed:
             raise TypeError(f"members must be a list of models or predictors, got {type(members).__name__}")
+        members = list(members)
         if not members:
             raise ValueError("an ensemble needs at least one member model; got an empty list")
         bad = [type(m).__name__ for m in members if not isinstance(m, nn.Module)]
