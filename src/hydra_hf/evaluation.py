@@ -11,6 +11,9 @@ Baselines (paper, Section 5):
 - **Deep Ensembles (D)**: the fine-tuned backbone shared by M classifier heads trained from
   different seeds on its frozen features — the paper's text variant (:func:`train_ensemble_heads`,
   :class:`HeadsEnsemblePredictor`).
+- **Deep Ensembles** (the paper's downstream variant) and **LoRA-Ensembles**: M separate models
+  fine-tuned from the same checkpoint with seeds ``seed + m`` (:mod:`hydra_hf.baselines`), run one
+  after another (:class:`EnsemblePredictor`).
 - **MC Dropout**: the single model with dropout on at test time, M samples (:class:`MCDropoutPredictor`).
 - **Temperature scaling**: any predictor with its logits divided by a temperature fitted on a
   validation split (:func:`fit_temperature`, :class:`TemperatureScaledPredictor`).
@@ -149,6 +152,52 @@ class HeadsEnsemblePredictor(Predictor):
     def member_logits(self, batch):
         feats = pooled_features(self.model, batch)  # (B, d)
         return torch.stack([head(feats) for head in self.heads], dim=1)  # (B, M, C)
+
+
+class EnsemblePredictor(Predictor):
+    """An ensemble of separate models, deployed as such: every batch runs through the M models one
+    after another, and their logits are stacked as the members of one prediction.
+
+    This is how Deep Ensembles (M full models fine-tuned from the same checkpoint with different
+    seeds) and LoRA-Ensembles are evaluated: the ensemble's probabilities are the mean of the members'
+    softmaxes, mutual information and disagreement come from the members, as for a Hydra Ensemble.
+    Parameters are the members' sum, and the latency measured on :meth:`member_logits` is the
+    sequential run of all members.
+
+    Args:
+        members: models (wrapped in :class:`ModelPredictor`) or predictors; a predictor with several
+            members (an MC Dropout model) contributes all of them.
+
+    Shape:
+        member_logits: ``(B, sum of the members' M, C)``; ``(B, M, C)`` for M single models.
+    """
+
+    def __init__(self, members: Sequence[nn.Module]) -> None:
+        super().__init__()
+        listed = isinstance(members, nn.ModuleList) or (isinstance(members, Sequence) and not isinstance(members, str))
+        if not listed:
+            raise TypeError(f"members must be a list of models or predictors, got {type(members).__name__}")
+        members = list(members)
+        if not members:
+            raise ValueError("an ensemble needs at least one member model; got an empty list")
+        bad = [type(m).__name__ for m in members if not isinstance(m, nn.Module)]
+        if bad:
+            raise TypeError(f"every member must be a torch model or a Predictor, got {bad[0]}")
+        self.members = nn.ModuleList(m if isinstance(m, Predictor) else ModelPredictor(m) for m in members)
+
+    def begin_pass(self, first_batch: int, total_batches: int) -> None:
+        for member in self.members:
+            member.begin_pass(first_batch, total_batches)
+
+    def member_logits(self, batch):
+        outs = [member.member_logits(batch) for member in self.members]  # M x (B, M_i, C), one model after another
+        classes = {out.shape[-1] for out in outs}
+        if len(classes) != 1:
+            raise ValueError(f"the ensemble's members predict different numbers of classes {sorted(classes)}")
+        return torch.cat(outs, dim=1)  # (B, M, C)
+
+    def num_parameters(self) -> int:
+        return sum(member.num_parameters() for member in self.members)
 
 
 class TemperatureScaledPredictor(Predictor):

@@ -1106,6 +1106,7 @@ def finetune_members(
     overwrite: bool = False,
     id2label: dict[int, str] | None = None,
     step_callback: Callable[[dict[str, Any]], None] | None = None,
+    fuse: bool = True,
 ) -> Path | None:
     """Fine-tune every member (the base with that member's heads removed) on its own, then fuse.
 
@@ -1135,9 +1136,12 @@ def finetune_members(
         id2label: class names for a bare encoder (the checkpoint's own labels win otherwise).
         step_callback: called after every optimizer step with ``{"tag", "epoch", "step", "loss"}``;
             raising :class:`TrainingInterrupted` there stops the run (resume later).
+        fuse: ``False`` trains and exports the members (``work_dir/member_<m>/model``) but never writes
+            ``output_dir``: models that are used as separate models, such as the members of a Deep
+            Ensemble (:func:`hydra_hf.baselines.train_deep_ensemble`).
 
     Returns:
-        ``output_dir``, or ``None`` when other members remain to be trained.
+        ``output_dir``, or ``None`` when other members remain to be trained or ``fuse`` is ``False``.
     """
     resume = _check_resume_flags(resume, resume_partial, overwrite)
     accelerator, config = _make_accelerator(config or default_recipe(model_dir))
@@ -1179,6 +1183,8 @@ def finetune_members(
         accelerator.free_memory()
         del trainer, model
 
+    if not fuse:
+        return None
     missing = [m for m in range(M) if not (run.work_dir / f"member_{m}" / "model" / "config.json").is_file()]
     if missing:
         if accelerator.is_main_process:
