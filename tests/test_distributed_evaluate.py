@@ -1,6 +1,6 @@
 """`accelerate launch --multi_gpu --num_processes 2 -m hydra_hf.cli evaluate` (2 gloo ranks on CPU):
 every data set is split across the processes, gathered in order without duplicates, and the report
-equals the one-process report."""
+equals the one-process report (PyTorch models and an ONNX Runtime int8 export alike)."""
 
 from __future__ import annotations
 
@@ -48,7 +48,13 @@ def test_two_processes_write_the_one_process_report(tmp_path):
     pd.DataFrame({"text": texts, "label": [i % 3 for i in range(37)]}).to_csv(tmp_path / "id.csv", index=False)
     pd.DataFrame({"text": texts[:23], "label": [i % 3 for i in range(23)]}).to_csv(tmp_path / "val.csv", index=False)
     pd.DataFrame({"text": [t[::-1] for t in texts[:11]]}).to_csv(tmp_path / "ood.csv", index=False)
+    # an ONNX Runtime int8 export of the same model as one more row (needs the onnx extra)
+    pytest.importorskip("onnxruntime")
+    from hydra_hf.onnx import export_onnx
+
+    export_onnx(tmp_path / "hydra", tmp_path / "onnx", quantize="int8", calibration_data=str(tmp_path / "val.csv"))
     args = ["evaluate", "--model", str(tmp_path / "hydra"), "--baseline", f"Single={tmp_path / 'base'}",
+            "--baseline", f"ONNX int8={tmp_path / 'onnx'}",
             "--deep-ensemble", "Single", "--train-data", str(tmp_path / "val.csv"),
             "--temperature-scaling", "--val-data", str(tmp_path / "val.csv"), "--mc-dropout", "Single",
             "--mc-samples", "3", "--id-data", str(tmp_path / "id.csv"), "--ood-data", f"rev={tmp_path / 'ood.csv'}",
@@ -67,7 +73,7 @@ def test_two_processes_write_the_one_process_report(tmp_path):
     r2 = json.loads((tmp_path / "r2" / "report.json").read_text())
     assert r2["settings"]["processes"] == 2 and "processes" not in r1["settings"]
     assert [row["method"] for row in r1["rows"]] == [row["method"] for row in r2["rows"]]
-    assert len(r1["rows"]) == 8  # Hydra, Single, MC Dropout, Deep Ensembles (D), and each + TS
+    assert len(r1["rows"]) == 10  # Hydra, Single, ONNX int8, MC Dropout, Deep Ensembles (D), and each + TS
     for a, b in zip(r1["rows"], r2["rows"]):
         na, nb = _numbers(a), _numbers(b)
         assert na.keys() == nb.keys()
