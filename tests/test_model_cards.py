@@ -243,3 +243,25 @@ def test_convert_records_the_base_checkpoints_own_name(tiny_bert_dir, tmp_path):
     assert saved["base_model_name_or_path"] == "google-bert/bert-base-uncased"
     card = str(build_model_card(tmp_path / "h", repo_id="me/hydra"))
     assert "google-bert/bert-base-uncased" in card
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_card_shows_seed_spread_and_paired_intervals_with_ties(assets, tmp_path, kind):
+    """A seed aggregate (mean ± std cells) with paired bootstrap intervals: the card shows both, and a
+    difference whose interval holds 0 reads as a tie."""
+    model_dir, report_dir = assets
+    folder = model_dir if kind == "text" else _as_kind(model_dir, tmp_path, kind)
+    base = json.loads((report_dir / "report.json").read_text())
+    second = json.loads(json.dumps(base))
+    second["rows"][1]["accuracy"] = base["rows"][1]["accuracy"] + 0.02
+    agg = report.aggregate_seed_reports([base, second])
+    agg["comparisons"] = {"Hydra (M=3) − single model": {
+        "accuracy": {"difference": 0.012, "ci_low": -0.004, "ci_high": 0.03, "level": 0.95, "n_boot": 1000, "verdict": "tie"},
+        "svhn.auroc": {"difference": 0.05, "ci_low": 0.02, "ci_high": 0.08, "level": 0.95, "n_boot": 1000, "verdict": "better"},
+    }}
+    text = build_model_card(folder, agg, repo_id="org/hydra-tiny").text
+    mean, std = base["rows"][1]["accuracy"] + 0.01, (2 * 0.01**2) ** 0.5
+    assert f"{mean:.4f} ± {std:.4f}" in text
+    assert "mean ± standard deviation over 2 pipeline seeds" in text
+    assert "| accuracy | +0.0120 | [-0.0040, +0.0300] | tie |" in text
+    assert "| svhn.auroc | +0.0500 | [+0.0200, +0.0800] | better |" in text

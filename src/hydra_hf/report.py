@@ -318,7 +318,7 @@ def _unflatten(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _mean_std_rows(rows: Sequence[Mapping[str, Any]], rows_std: Sequence[Mapping[str, Any]], spec: str = ".4f") -> list[dict]:
+def mean_std_rows(rows: Sequence[Mapping[str, Any]], rows_std: Sequence[Mapping[str, Any]], spec: str = ".4f") -> list[dict]:
     """Rows whose numbers read ``mean ± std`` (strings), for the Results table of a seed aggregate."""
     out = []
     for mean, std in zip(_flatten_rows(rows), _flatten_rows(rows_std)):
@@ -372,7 +372,7 @@ def write_report(
         raise ValueError("report has no 'rows'; pass report={'rows': [ {...one dict per method...} ], ...}")
     # build everything before touching the disk
     if report.get("rows_std"):  # a seed aggregate: mean ± std cells
-        table = render_markdown_table(_mean_std_rows(report["rows"], report["rows_std"]), report.get("columns"),
+        table = render_markdown_table(mean_std_rows(report["rows"], report["rows_std"]), report.get("columns"),
                                       ood_sets=report.get("ood_sets"), bold_best=False)
         table += f"\nMean ± standard deviation over {report.get('seeds', '?')} seeds.\n"
     else:

@@ -435,15 +435,27 @@ def build_model_card(
     eval_results = eval_results_from_report(report_data or None, task_type)
     model_row = select_model_row(report_data or None)
     dataset = dataset_info(report_data or None)
-    table = None
+    table, comparisons, seeds = None, None, None
     if report_data.get("rows"):
-        from ..report import render_markdown_table
+        from ..report import mean_std_rows, render_comparisons, render_markdown_table
 
         try:
-            table = render_markdown_table(report_data["rows"], report_data.get("columns"),
-                                          ood_sets=report_data.get("ood_sets"), bold_best=True).strip()
+            if isinstance(report_data.get("rows_std"), list) and isinstance(report_data.get("seeds"), int):
+                # a seed aggregate (report.aggregate_seed_reports): mean ± std cells
+                seeds = report_data["seeds"]
+                table = render_markdown_table(mean_std_rows(report_data["rows"], report_data["rows_std"]),
+                                              report_data.get("columns"), ood_sets=report_data.get("ood_sets"),
+                                              bold_best=False).strip()
+            else:
+                table = render_markdown_table(report_data["rows"], report_data.get("columns"),
+                                              ood_sets=report_data.get("ood_sets"), bold_best=True).strip()
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             logger.warning("the report's rows cannot be rendered as a table (%s); the card shows none", exc)
+        if isinstance(report_data.get("comparisons"), Mapping) and report_data["comparisons"]:
+            try:
+                comparisons = render_comparisons(report_data["comparisons"]).strip()
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                logger.warning("the report's comparisons cannot be rendered (%s); the card shows none", exc)
     not_recorded = []
     if not base_model:
         not_recorded.append("the base checkpoint (pass `--base-model` to `hydra-hf push`)")
@@ -483,6 +495,8 @@ def build_model_card(
         training=training,
         labels=labels,
         eval_table=table,
+        seeds=seeds,
+        comparisons=comparisons,
         dataset=dataset,
         report_title=title if isinstance(title, str) else None,
         model_row=(model_row or {}).get("method"),
