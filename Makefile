@@ -9,13 +9,18 @@ export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 # in collection order (tests/conftest.py starts the minutes-long training test first)
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench study clean
 
 setup:
 	@./tools/bootstrap.sh
 
 demo: setup
 	$(PY) examples/demo.py --output outputs/demo
+
+# the selection protocol (docs/study.md): validation splits only, leave-one-OOD-kind-out; resumes
+STUDY_SEEDS ?= 0 1 2
+study: setup
+	$(PY) examples/study_text.py --output outputs/study --seeds $(STUDY_SEEDS)
 
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)

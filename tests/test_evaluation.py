@@ -121,3 +121,38 @@ def test_evaluate_cli_bad_inputs(tiny_bert_dir, tiny_data, tmp_path, capsys):
     assert cli_main([*base[:4], str(ood_csv), *base[5:]]) == 2  # OOD file as ID data: no labels
     assert "label" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_row_can_use_its_own_ood_score(tmp_path):
+    """scores={name: ...}: that row's AUROC, its comparison and its histogram use the named score."""
+    from hydra_hf import evaluation as ev
+    from hydra_hf import metrics
+
+    class Fixed(ev.Predictor):
+        def __init__(self, logits):
+            super().__init__()
+            self.logits = logits
+
+        def member_logits(self, batch):
+            return self.logits[batch["index"]]
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(40, 3, 4, generator=g) * 2, torch.randn(40, 1, 4, generator=g) * 2
+    id_batches = [{"index": torch.arange(0, 20), "labels": torch.randint(0, 4, (20,), generator=g)}]
+    ood_batches = {"o": [{"index": torch.arange(20, 40)}]}
+    result = ev.evaluate_predictors({"Hydra": Fixed(a), "Single": Fixed(b)}, id_batches, ood_batches,
+                                    scores={"Hydra": "mutual_information"})
+    rows = {r["method"]: r for r in result.rows}
+    assert rows["Hydra"]["ood_score"] == "mutual_information" and rows["Single"]["ood_score"] == "msp"
+    pa = torch.softmax(a.double(), -1)
+    expected = metrics.ood_report(metrics.ood_score("mutual_information", member_probs=pa[:20]),
+                                  metrics.ood_score("mutual_information", member_probs=pa[20:]))["auroc"]
+    assert rows["Hydra"]["o"]["auroc"] == pytest.approx(expected)
+    pb = torch.softmax(b.double(), -1).mean(1)
+    assert rows["Single"]["o"]["auroc"] == pytest.approx(metrics.ood_report(metrics.msp(pb[:20]), metrics.msp(pb[20:]))["auroc"])
+    diff = ev.compare_predictions(result, "Hydra", "Single", n_boot=50)["o.auroc"]["difference"]
+    assert diff == pytest.approx(rows["Hydra"]["o"]["auroc"] - rows["Single"]["o"]["auroc"])
+    ev.write_evaluation_report(result, tmp_path / "r")
+    assert "except **Hydra**: `mutual_information`" in (tmp_path / "r" / "report.md").read_text()
+    with pytest.raises(ValueError, match="not one of the predictors"):
+        ev.evaluate_predictors({"Hydra": Fixed(a)}, id_batches, ood_batches, scores={"Nope": "msp"})

@@ -30,7 +30,7 @@ import os
 import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -498,6 +498,11 @@ class EvaluationResult:
     id_predictions: dict[str, Predictions]
     ood_predictions: dict[str, dict[str, Predictions]]
     score: str
+    scores: dict[str, str] = field(default_factory=dict)  # per-row OOD scores that differ from ``score``
+
+    def score_of(self, name: str) -> str:
+        """The OOD score of the row ``name``."""
+        return self.scores.get(name, self.score)
 
 
 def evaluate_predictors(
@@ -506,13 +511,20 @@ def evaluate_predictors(
     ood_loaders: Mapping[str, Iterable],
     *,
     score: str = "msp",
+    scores: Mapping[str, str] | None = None,
     n_bins: int = 15,
     latency_batch: Mapping[str, torch.Tensor] | None = None,
 ) -> EvaluationResult:
     """Metrics of every predictor: calibration on the labelled ID data, OOD detection against each
-    OOD set with ``score`` (higher = more ID), latency on ``latency_batch`` and parameters."""
-    if score not in metrics.OOD_SCORE_NAMES:
-        raise ValueError(f"unknown OOD score {score!r}; use one of {list(metrics.OOD_SCORE_NAMES)}")
+    OOD set with ``score`` (higher = more ID; ``scores`` overrides it for some rows, e.g. mutual
+    information for an ensemble whose recipe chose it), latency on ``latency_batch`` and parameters.
+    Every row records its ``ood_score``."""
+    scores = dict(scores or {})
+    for name, value in {"*": score, **scores}.items():
+        if value not in metrics.OOD_SCORE_NAMES:
+            raise ValueError(f"unknown OOD score {value!r}; use one of {list(metrics.OOD_SCORE_NAMES)}")
+        if name != "*" and name not in predictors:
+            raise ValueError(f"scores names {name!r}, which is not one of the predictors {list(predictors)}")
     rows, id_preds, ood_preds = [], {}, {}
     for name, predictor in predictors.items():
         logger.info("evaluating %s", name)
@@ -521,12 +533,14 @@ def evaluate_predictors(
             raise ValueError("the in-distribution data has no labels; pass labelled --id-data")
         member_probs = preds.member_probs if preds.member_logits.shape[1] > 1 else None
         row: dict[str, Any] = {"method": name, **metrics.calibration_report(preds.probs, preds.labels, member_probs, n_bins=n_bins)}
-        id_scores = preds.ood_scores(score)
+        row_score = scores.get(name, score)
+        id_scores = preds.ood_scores(row_score)
         ood_preds[name] = {}
         for ood_name, loader in ood_loaders.items():
             ood = predict(predictor, loader, desc=f"{name}: {ood_name}")
             ood_preds[name][ood_name] = ood
-            row[ood_name] = metrics.ood_report(id_scores, ood.ood_scores(score))
+            row[ood_name] = metrics.ood_report(id_scores, ood.ood_scores(row_score))
+        row["ood_score"] = row_score
         row["params_m"] = predictor.num_parameters() / 1e6
         row["members"] = int(preds.member_logits.shape[1])
         rows.append(row)
@@ -534,7 +548,8 @@ def evaluate_predictors(
     if latency_batch is not None:
         for row, ms in zip(rows, interleaved_latency_ms(list(predictors.values()), latency_batch)):
             row["latency_ms"] = ms
-    return EvaluationResult(rows=rows, id_predictions=id_preds, ood_predictions=ood_preds, score=score)
+    return EvaluationResult(rows=rows, id_predictions=id_preds, ood_predictions=ood_preds, score=score,
+                            scores={k: v for k, v in scores.items() if v != score})
 
 
 # metric -> (computed on, higher is better)
@@ -577,11 +592,11 @@ def compare_predictions(
         interval = metrics.paired_bootstrap(lambda i, fn=fn: fn(pa[i], labels[i]) - fn(pb[i], labels[i]), (len(labels),),
                                             n_boot=n_boot, seed=seed + offset, level=level)
         out[name] = {**interval, "verdict": metrics.bootstrap_verdict(interval, COMPARED_METRICS[name][1])}
-    sa, sb = a.ood_scores(result.score), b.ood_scores(result.score)
+    sa, sb = a.ood_scores(result.score_of(target)), b.ood_scores(result.score_of(reference))
     ood_functions = {"auroc": metrics.ood_auroc, "fpr95": metrics.fpr_at_95_tpr}
     for k, ood_name in enumerate(sorted(result.ood_predictions[target])):
-        oa = result.ood_predictions[target][ood_name].ood_scores(result.score)
-        ob = result.ood_predictions[reference][ood_name].ood_scores(result.score)
+        oa = result.ood_predictions[target][ood_name].ood_scores(result.score_of(target))
+        ob = result.ood_predictions[reference][ood_name].ood_scores(result.score_of(reference))
         for offset, (name, fn) in enumerate(ood_functions.items()):
             interval = metrics.paired_bootstrap(
                 lambda i, j, fn=fn: fn(sa[i], oa[j]) - fn(sb[i], ob[j]), (len(sa), len(oa)),
@@ -616,17 +631,19 @@ def write_evaluation_report(
     )
     histogram = plots.ood_histogram(
         {
-            name: (result.id_predictions[name].ood_scores(result.score),
-                   {o: p.ood_scores(result.score) for o, p in result.ood_predictions[name].items()})
+            name: (result.id_predictions[name].ood_scores(result.score_of(name)),
+                   {o: p.ood_scores(result.score_of(name)) for o, p in result.ood_predictions[name].items()})
             for name in result.id_predictions
         },
         out / "ood_scores.png",
-        score_name=result.score.upper() if result.score == "msp" else result.score,
+        score_name=(result.score.upper() if result.score == "msp" else result.score)
+        + "".join(f"; {name}: {value}" for name, value in result.scores.items()),
     )
     report = {
         "title": title,
         "rows": result.rows,
         "ood_score": result.score,
+        **({"ood_scores": dict(result.scores)} if result.scores else {}),
         "ood_sets": sorted({o for preds in result.ood_predictions.values() for o in preds}),
         "figures": {"Reliability diagram": os.path.basename(reliability), "OOD score histograms": os.path.basename(histogram)},
     }

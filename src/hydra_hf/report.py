@@ -302,7 +302,7 @@ def aggregate_seed_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, An
         means.append(_unflatten(mean_row))
         stds.append(_unflatten(std_row))
     first = reports[0]
-    out = {key: first[key] for key in ("title", "ood_sets", "ood_score", "settings", "columns") if key in first}
+    out = {key: first[key] for key in ("title", "ood_sets", "ood_score", "ood_scores", "settings", "columns") if key in first}
     out.update(rows=means, rows_std=stds, seeds=len(reports))
     return out
 
@@ -393,6 +393,11 @@ def write_report(
         "positive, AUPR-Out treats OOD as positive; FPR95 is the fraction of OOD samples accepted at "
         "95 % in-distribution recall.\n"
     )
+    if report.get("ood_score"):
+        per_row = report.get("ood_scores") or {}
+        parts.append(f"OOD score of every row: `{report['ood_score']}`"
+                     + (" except " + ", ".join(f"**{name}**: `{value}`" for name, value in per_row.items()) if per_row else "")
+                     + ".\n")
     if report.get("comparisons"):
         parts.append(render_comparisons(report["comparisons"]))
     if report.get("notes"):
