@@ -1,8 +1,9 @@
 """The paper's end-to-end pipelines, one function per setting: `make demo` and `examples/recipe_*.py`.
 
 - :mod:`.runner` — what every pipeline shares: :class:`Stage` / :class:`StageRunner` (resume keeps
-  finished stages, wall times in ``timings.json``), the members stage, the Hub stage (stage the
-  repository, validate it, compare predictions in a fresh process) and :class:`PipelineResult`;
+  finished stages, wall times in ``timings.json``), the fine-tuning stages of the trained settings,
+  the members stage, the Hub stage (stage the repository, validate it, compare predictions in a
+  fresh process) and :class:`PipelineResult`;
 - :mod:`.text` — :class:`TextPipeline`, :func:`run_text_pipeline` (BERT-like classifiers: the demo, SST-2);
 - :mod:`.image` — :class:`ImagePipeline`, :func:`run_image_pipeline` (ViT: CIFAR-100);
 - :mod:`.zero_shot` — :class:`ZeroShotPipeline`, :func:`run_zero_shot_pipeline` (OpenCLIP, both
@@ -14,7 +15,19 @@ from a sibling.
 """
 
 from .image import ImagePipeline, build_image_members, evaluate_image_pipeline, run_image_pipeline
-from .runner import HUB_STAGE, PipelineResult, Stage, StageRunner, all_heads_masks, hub_stage, members_stage, timed_stage
+from .runner import (
+    HUB_STAGE,
+    PipelineResult,
+    Stage,
+    StageRunner,
+    all_heads_masks,
+    finetune_members_stage,
+    hub_stage,
+    members_stage,
+    single_model_dir,
+    single_model_stage,
+    timed_stage,
+)
 from .text import (
     TextPipeline,
     build_text_members,
@@ -62,6 +75,7 @@ __all__ = [
     "evaluate_single_validation",
     "evaluate_zero_shot",
     "export_int8",
+    "finetune_members_stage",
     "hub_stage",
     "load_open_clip_folder",
     "load_splits",
@@ -72,5 +86,7 @@ __all__ = [
     "run_text_pipeline",
     "run_zero_shot_pipeline",
     "save_open_clip_folder",
+    "single_model_dir",
+    "single_model_stage",
     "timed_stage",
 ]

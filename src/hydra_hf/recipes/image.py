@@ -28,7 +28,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .runner import PipelineResult, Stage, StageRunner, all_heads_masks, hub_stage, members_stage
+from .runner import (
+    PipelineResult,
+    Stage,
+    StageRunner,
+    finetune_members_stage,
+    hub_stage,
+    members_stage,
+    single_model_dir,
+    single_model_stage,
+)
 
 if TYPE_CHECKING:
     from ..masks import HeadMasks
@@ -157,26 +166,20 @@ def run_image_pipeline(p: ImagePipeline, output_dir: str | os.PathLike, *, resum
 
     ``PipelineResult.hub_check`` is the summary of :func:`hydra_hf.hub.validate_staged`.
     """
-    from ..finetune import finetune_members
-
     runner = StageRunner(output_dir, resume=resume)  # first: refuses a folder it did not create
     out = runner.output_dir
     base = Path(p.base_model)
-    id2label = dict(enumerate(p.labels)) if p.labels else None
 
-    single_out, single_work = out / "single", out / "single.work"
-    runner.run(Stage("1. fine-tune the single model", single_out, lambda: finetune_members(
-        base, all_heads_masks(base), p.train_data, p.validation_data, single_out,
-        _finetune_config(p, p.single_steps, p.learning_rate), work_dir=single_work, overwrite=True,
-        id2label=id2label)))
-    single_dir = single_work / "member_0" / "model"
+    runner.run(single_model_stage(base, out, train_data=p.train_data, validation_data=p.validation_data,
+                                  config=_finetune_config(p, p.single_steps, p.learning_rate),
+                                  id2label=dict(enumerate(p.labels)) if p.labels else None))  # fmt: skip
+    single_dir = single_model_dir(out)
 
     masks = runner.run(members_stage(out / "masks.json", lambda: build_image_members(p, single_dir)))
 
     hydra_dir, hydra_work = out / "hydra", out / "hydra.work"
-    runner.run(Stage("3. fine-tune and fuse the members", hydra_dir, lambda: finetune_members(
-        single_dir, masks, p.train_data, p.validation_data, hydra_dir,
-        _finetune_config(p, p.member_steps, p.member_learning_rate), work_dir=hydra_work, overwrite=True)))
+    runner.run(finetune_members_stage(single_dir, masks, out, train_data=p.train_data, validation_data=p.validation_data,
+                                      config=_finetune_config(p, p.member_steps, p.member_learning_rate)))
 
     settings = {**p.describe(), "jaccard": masks.metadata.get("pairwise_jaccard")}
     report_dir = out / "report"

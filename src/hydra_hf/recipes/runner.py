@@ -142,6 +142,35 @@ def all_heads_masks(model_dir: Path) -> HeadMasks:
     return HeadMasks(kept_heads=[[list(range(H))] * L], num_heads=H, metadata={"method": "none (single model)"})
 
 
+def single_model_stage(base: Path, out: Path, *, train_data: str, validation_data: str, config: Any,
+                       id2label: dict[int, str] | None = None) -> Stage:
+    """Stage 1 of the trained settings: fine-tune ``base`` with all its heads (the **Single**
+    baseline) into ``out / "single"``; its stock checkpoint is :func:`single_model_dir` ``(out)``."""
+    from ..finetune import finetune_members
+
+    single_out = out / "single"
+    return Stage("1. fine-tune the single model", single_out, lambda: finetune_members(
+        base, all_heads_masks(base), train_data, validation_data, single_out, config, work_dir=out / "single.work",
+        overwrite=True, id2label=id2label))  # fmt: skip
+
+
+def single_model_dir(out: Path) -> Path:
+    """The stock checkpoint of the fine-tuned Single model of a pipeline in ``out``."""
+    return out / "single.work" / "member_0" / "model"
+
+
+def finetune_members_stage(single_dir: Path, masks: HeadMasks, out: Path, *, train_data: str, validation_data: str,
+                           config: Any) -> Stage:
+    """Stage 3 of the trained settings: fine-tune every member from the Single model (its own seed)
+    and fuse them into ``out / "hydra"``; member 0 alone is ``out / "hydra.work/member_0/model"``."""
+    from ..finetune import finetune_members
+
+    hydra_dir = out / "hydra"
+    return Stage("3. fine-tune and fuse the members", hydra_dir, lambda: finetune_members(
+        single_dir, masks, train_data, validation_data, hydra_dir, config, work_dir=out / "hydra.work",
+        overwrite=True))  # fmt: skip
+
+
 def members_stage(masks_file: Path, build: Callable[[], HeadMasks], *, towers: Sequence[str] | None = None) -> Stage:
     """Stage 2 of every pipeline: ``build()`` the members' masks and save them to ``masks_file``; a
     kept file is read back (and, given ``towers``, checked to name them)."""

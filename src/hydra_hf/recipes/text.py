@@ -35,7 +35,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .runner import PipelineResult, Stage, StageRunner, all_heads_masks, hub_stage, members_stage
+from .runner import (
+    PipelineResult,
+    Stage,
+    StageRunner,
+    finetune_members_stage,
+    hub_stage,
+    members_stage,
+    single_model_dir,
+    single_model_stage,
+)
 
 if TYPE_CHECKING:
     from ..masks import HeadMasks
@@ -219,25 +228,21 @@ def run_text_pipeline(p: TextPipeline, output_dir: str | os.PathLike, *, resume:
     from transformers import AutoTokenizer
 
     from ..evaluation import load_classifier
-    from ..finetune import finetune_members
 
     runner = StageRunner(output_dir, resume=resume)  # first: refuses a folder it did not create
     out = runner.output_dir
     base = Path(p.base_model) if p.base_model else packaged_minilm()
-    id2label = dict(enumerate(p.labels))
 
-    single_out, single_work = out / "single", out / "single.work"
-    runner.run(Stage("1. fine-tune the single model", single_out, lambda: finetune_members(
-        base, all_heads_masks(base), p.train_data, p.validation_data, single_out,
-        _finetune_config(p, p.single_steps, p.learning_rate), work_dir=single_work, overwrite=True, id2label=id2label)))
-    single_dir = single_work / "member_0" / "model"
+    runner.run(single_model_stage(base, out, train_data=p.train_data, validation_data=p.validation_data,
+                                  config=_finetune_config(p, p.single_steps, p.learning_rate),
+                                  id2label=dict(enumerate(p.labels))))  # fmt: skip
+    single_dir = single_model_dir(out)
 
     masks = runner.run(members_stage(out / "masks.json", lambda: build_text_members(p, single_dir)))
 
     hydra_dir, hydra_work = out / "hydra", out / "hydra.work"
-    runner.run(Stage("3. fine-tune and fuse the members", hydra_dir, lambda: finetune_members(
-        single_dir, masks, p.train_data, p.validation_data, hydra_dir,
-        _finetune_config(p, p.member_steps, p.member_learning_rate), work_dir=hydra_work, overwrite=True)))
+    runner.run(finetune_members_stage(single_dir, masks, out, train_data=p.train_data, validation_data=p.validation_data,
+                                      config=_finetune_config(p, p.member_steps, p.member_learning_rate)))
 
     onnx_dir = None
     if p.onnx_int8:
