@@ -41,8 +41,7 @@ from typing import Any
 
 import datasets
 
-from hydra_hf.recipes import PipelineResult
-from hydra_hf.recipes_image import ImagePipeline, run_image_pipeline
+from hydra_hf.recipes import ImagePipeline, PipelineResult, run_image_pipeline
 
 BASE_MODEL = "google/vit-base-patch16-224-in21k"
 VALIDATION_SIZE = 5000

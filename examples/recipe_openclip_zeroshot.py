@@ -44,8 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra_hf.pruning import loading
-from hydra_hf.recipes import PipelineResult
-from hydra_hf.recipes_zero_shot import TOWER_CHOICES, ZeroShotPipeline, run_zero_shot_pipeline, save_open_clip_folder
+from hydra_hf.recipes import TOWER_CHOICES, PipelineResult, ZeroShotPipeline, run_zero_shot_pipeline, save_open_clip_folder
 
 MODEL_NAME = "ViT-B-32"
 PRETRAINED = "laion2b_s34b_b79k"

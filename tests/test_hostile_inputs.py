@@ -436,15 +436,15 @@ def test_verbose_shows_the_traceback(sandbox):
 @pytest.mark.parametrize("runner", ["text", "image", "zero-shot"])
 def test_recipes_never_take_over_a_users_folder(tmp_path, runner):
     """The pipelines replace their own stage folders (report/, hub/): only inside a folder they created."""
-    from hydra_hf import recipes, recipes_image, recipes_zero_shot
+    from hydra_hf import recipes
     from hydra_hf.errors import HydraOutputError
 
     folder = tmp_path / "mine"
     (folder / "report").mkdir(parents=True)
     (folder / "report" / "paper.md").write_text("mine")
     before = tree_digest(tmp_path)
-    run = {"text": recipes.run_text_pipeline, "image": recipes_image.run_image_pipeline,
-           "zero-shot": recipes_zero_shot.run_zero_shot_pipeline}[runner]
+    run = {"text": recipes.run_text_pipeline, "image": recipes.run_image_pipeline,
+           "zero-shot": recipes.run_zero_shot_pipeline}[runner]
     with pytest.raises(HydraOutputError, match="was not created by `hydra-hf recipe`"):
         run(None, folder)
     assert tree_digest(tmp_path) == before

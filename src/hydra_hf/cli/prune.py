@@ -24,8 +24,9 @@ to every layer of each); ``--tower vision`` / ``text`` prunes one tower and keep
 CLIP masks are written in the two-tower format that ``hydra-hf convert`` reads; the file is written
 atomically, never half.
 
-The command is a thin layer over :func:`hydra_hf.pruning.prune_members` (and
-:mod:`hydra_hf.pruning.loading` for open_clip / timm models and class prompts).
+The command is a thin layer over :func:`hydra_hf.pruning.build_members` (data specs -> masks, the
+function every recipe calls) and :mod:`hydra_hf.pruning.loading` (open_clip / timm models and class
+prompts).
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ from __future__ import annotations
 import argparse
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    from ..pruning.members import PruningTarget
 
 logger = logging.getLogger(__name__)
 
@@ -107,18 +108,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 TOWERS = ("vision", "text", "joint")
 
 
-@dataclass
-class _Target:
-    """What pruning needs from the loaded model, whatever its source."""
-
-    adapter: Any
-    transform: Callable[[Any], torch.Tensor] | None  # images: PIL -> (3, S, S); None for text models
-    tokenizer: Any  # text models only
-    num_labels: int
-    label2id: dict[str, int] | None
-    zero_shot: bool  # CLIP: labels index the class names
-
-
 def _check_source(args: argparse.Namespace) -> None:
     """Cheap argument checks, before anything is loaded."""
     from ..pruning.loading import class_prompts, read_class_names
@@ -162,9 +151,10 @@ def _clip_text_inputs(adapter_kind: str, tokenize: Callable[[list[str]], Any], a
     return tokenize(prompts), names
 
 
-def _load_target(args: argparse.Namespace) -> _Target:
+def _load_target(args: argparse.Namespace) -> PruningTarget:
     from ..convert.io import from_pretrained
     from ..pruning.adapters import get_adapter
+    from ..pruning.members import PruningTarget, load_pruning_target
 
     if args.prompt_template and args.timm:
         raise ValueError("--prompt-template applies to CLIP models (zero-shot); a timm classifier has its own head")
@@ -174,20 +164,18 @@ def _load_target(args: argparse.Namespace) -> _Target:
         model, preprocess, tokenize = load_open_clip(args.open_clip, args.checkpoint)
         tokens, names = _clip_text_inputs("open_clip", tokenize, args)
         adapter = get_adapter(model, class_text_inputs=tokens)  # tokens: (C, T)
-        return _Target(adapter, preprocess, None, len(names), {n: i for i, n in enumerate(names)}, True)
+        return PruningTarget(adapter, preprocess, None, len(names), {n: i for i, n in enumerate(names)}, True)
     if args.timm:
         from ..pruning.loading import load_timm_vit
 
         model, transform, label_names = load_timm_vit(args.timm, args.checkpoint)
         label2id = {str(n): i for i, n in enumerate(label_names)} if label_names else None
-        return _Target(get_adapter(model), transform, None, model.num_classes, label2id, False)
+        return PruningTarget(get_adapter(model), transform, None, model.num_classes, label2id, False)
     from ..families import detect_family
 
     config = _hf_config(args.model, args.trust_remote_code)
     folder = Path(args.model)
     family = detect_family(folder)  # refuses unknown layouts and task heads the family does not build
-    kwargs = {"num_labels": args.num_labels} if args.num_labels is not None else {}
-    kwargs["trust_remote_code"] = args.trust_remote_code  # _hf_config refused code unless the user trusts it
     if family.task == "zero-shot-image-classification":
         from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
@@ -205,62 +193,18 @@ def _load_target(args: argparse.Namespace) -> _Target:
         tokens, names = _clip_text_inputs(family.name, tokenize, args)
         adapter = get_adapter(model, class_text_inputs={k: tokens[k] for k in ("input_ids", "attention_mask") if k in tokens})
         transform = lambda image: image_processor(image, return_tensors="pt")["pixel_values"][0]  # noqa: E731
-        return _Target(adapter, transform, None, len(names), {n: i for i, n in enumerate(names)}, True)
+        return PruningTarget(adapter, transform, None, len(names), {n: i for i, n in enumerate(names)}, True)
     if args.class_names or args.prompt_template:
         raise ValueError(f"--class-names / --prompt-template apply to CLIP models; {args.model!r} is a {config.model_type} classifier")
-    if family.modality == "image":
-        from transformers import AutoImageProcessor, AutoModelForImageClassification
-
-        model = from_pretrained(AutoModelForImageClassification, folder, **kwargs).eval()
-        processor = from_pretrained(AutoImageProcessor, folder, trust_remote_code=args.trust_remote_code)
-        transform = lambda image: processor(image, return_tensors="pt")["pixel_values"][0]  # noqa: E731
-        return _Target(get_adapter(model), transform, None, model.config.num_labels, _label2id(model.config), False)
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    model = from_pretrained(AutoModelForSequenceClassification, folder, **kwargs).eval()
-    tokenizer = from_pretrained(AutoTokenizer, folder, trust_remote_code=args.trust_remote_code)
-    return _Target(get_adapter(model), None, tokenizer, model.config.num_labels, _label2id(model.config), False)
-
-
-def _label2id(config: Any) -> dict[str, int] | None:
-    mapping = dict(getattr(config, "label2id", None) or {})
-    default = {f"LABEL_{i}": i for i in range(getattr(config, "num_labels", 0))}
-    return None if not mapping or mapping == default else {str(k): int(v) for k, v in mapping.items()}
-
-
-def _zero_shot_labels(dataset: Any, names: list[str], source: str) -> Any:
-    """Match the ID labels to the class names: image-folder classes by name, integers as indices."""
-    import datasets
-
-    feature = dataset.features.get("label")
-    if isinstance(feature, datasets.ClassLabel):
-        folder_names = list(feature.names)
-        if set(folder_names) <= set(names):
-            index = [names.index(n) for n in folder_names]
-            dataset = dataset.cast_column("label", datasets.Value("int64"))
-            return dataset.map(lambda label: {"label": index[label]}, input_columns="label")
-        if len(folder_names) != len(names):
-            raise ValueError(
-                f"{source} has {len(folder_names)} classes {folder_names[:5]} but --class-names gives {len(names)} "
-                f"{names[:5]}; give one class name per class, in label order"
-            )
-    labels = dataset["label"]
-    bad = sorted({int(v) for v in labels if not 0 <= int(v) < len(names)})
-    if bad:
-        raise ValueError(
-            f"{source} has label values {bad[:5]} but --class-names gives {len(names)} classes (labels 0..{len(names) - 1}); "
-            "give one class name per label value, in label order"
-        )
-    return dataset
+    return load_pruning_target(folder, num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..data import make_image_loader, make_text_loader, resolve_dataset
     from ..masks import load_masks
     from ..outputs import check_output_file
     from ..pruning.budget import Budget
-    from ..pruning.diversity import parse_methods, prune_members
-    from ..pruning.layout import HeadLayout
+    from ..pruning.diversity import parse_methods
+    from ..pruning.members import build_members
 
     # --- cheap checks first: fail before loading anything heavy
     methods = parse_methods(args.method)
@@ -275,51 +219,6 @@ def run(args: argparse.Namespace) -> int:
     include = load_masks(args.include_masks) if args.include_masks else None
 
     target = _load_target(args)
-    adapter = target.adapter
-    two_towers = len(adapter.towers) > 1
-    tower = args.tower or ("joint" if two_towers else None)
-    layout = HeadLayout.of(adapter, tower)  # ValueError for joint on one tower / an unknown tower
-    layout.check(budget)
-
-    image_model = target.transform is not None
-    data_kwargs = dict(
-        text_column=None if image_model else args.text_column,
-        image_column=args.image_column,
-        max_samples=args.max_samples,
-    )
-    source = f"--id-data {args.id_data!r}"
-    id_data = resolve_dataset(
-        args.id_data,
-        label_column=args.label_column,
-        label2id=target.label2id,
-        num_labels=None if target.zero_shot else target.num_labels,
-        require_labels=any(m != "random" for m in methods),
-        **data_kwargs,
-    )
-    ood_kwargs = {**data_kwargs}
-    if args.ood_text_column and not image_model:
-        ood_kwargs["text_column"] = args.ood_text_column
-    ood_data = resolve_dataset(args.ood_data, label_column=None, **ood_kwargs) if args.ood_data else None
-    modality = "image" if image_model else "text"
-    for name, data in (("--id-data", id_data), ("--ood-data", ood_data)):
-        if data is not None and modality not in data.column_names:
-            raise ValueError(
-                f"the model reads {modality}s but {name} has columns {data.column_names}; "
-                + ("give an image folder or --image-column" if image_model else "give text data (--text-column)")
-            )
-    if target.zero_shot and "label" in id_data.column_names:
-        id_data = _zero_shot_labels(id_data, list(target.label2id or {}), source)
-    logger.info("ID data: %d examples%s", len(id_data), f"; OOD data: {len(ood_data)}" if ood_data is not None else "")
-
-    if image_model:
-
-        def make_batches(dataset: Any, seed: int) -> list[dict[str, torch.Tensor]]:
-            return list(make_image_loader(dataset, target.transform, args.batch_size))
-    else:
-
-        def make_batches(dataset: Any, seed: int) -> list[dict[str, torch.Tensor]]:
-            return list(make_text_loader(dataset, target.tokenizer, args.batch_size, args.max_length))
-
     base = args.model or args.checkpoint
     metadata: dict[str, Any] = {
         "base_model": str(base),
@@ -332,16 +231,22 @@ def run(args: argparse.Namespace) -> int:
     if target.zero_shot:
         metadata["class_names"] = list(target.label2id or {})
         metadata["prompt_template"] = args.prompt_template or "a photo of a {}."
-    masks = prune_members(
-        adapter,
-        methods=methods,
+    masks = build_members(
+        target,
+        method=methods,
         budget=budget,
-        make_batches=make_batches,
-        id_data=id_data,
-        ood_data=ood_data,
+        id_data=args.id_data,
+        ood_data=args.ood_data,
         members=args.members,
         seed=args.seed,
-        tower=tower,
+        tower=args.tower,
+        max_samples=args.max_samples,
+        text_column=args.text_column,
+        ood_text_column=args.ood_text_column,
+        label_column=args.label_column,
+        image_column=args.image_column,
+        batch_size=args.batch_size,
+        max_length=args.max_length,
         temperature=args.temperature,
         data_fraction=args.data_fraction,
         heads_per_step=args.heads_per_step,

@@ -8,6 +8,7 @@
 - :mod:`.circuits` — Strategy 2, greedy circuit search (CircAcc / CircOOD / CircAvg);
 - :mod:`.cached_bert` — the cached, batched circuit evaluator for BERT classifiers;
 - :mod:`.diversity` — M members from seeds, criteria and user masks;
+- :mod:`.members` — :func:`build_members`: data specs -> masks (``hydra-hf prune`` and every recipe);
 - :mod:`.loading` — open_clip / timm models from local weights, zero-shot class prompts (the CLI's loaders).
 """
 
@@ -18,6 +19,7 @@ from .circuits import Evaluator, GatedEvaluator, circuit_prune, make_evaluator, 
 from .diversity import METHODS, parse_methods, prune_members, random_prune, random_prune_layout
 from .gates import HeadGates, zero_head_columns_
 from .layout import JOINT, HeadLayout
+from .members import PruningTarget, build_members, load_pruning_target
 from .scoring import auroc, batch_labels, circuit_score
 from .taylor import PruneResult, normalize_layer_scores, select_top, taylor_prune, taylor_scores
 
@@ -33,11 +35,14 @@ __all__ = [
     "JOINT",
     "ModelAdapter",
     "PruneResult",
+    "PruningTarget",
     "auroc",
     "batch_labels",
+    "build_members",
     "circuit_prune",
     "circuit_score",
     "get_adapter",
+    "load_pruning_target",
     "make_evaluator",
     "normalize_layer_scores",
     "parse_methods",

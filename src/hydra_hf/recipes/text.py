@@ -18,7 +18,9 @@ Stages (each writes one folder under ``output_dir``; with ``resume=True`` a fini
                     loading it in a fresh process where hydra_hf cannot be imported, and checking its
                     predictions against the in-process model on test texts.
 
-Nothing here knows about the demo's data: :class:`TextPipeline` holds every choice.
+Nothing here knows about the demo's data: :class:`TextPipeline` holds every choice. The stages run
+on :class:`~hydra_hf.recipes.runner.StageRunner` (resume, timings, the Hub stage) and the members come
+from :func:`hydra_hf.pruning.build_members`, as with ``hydra-hf prune``.
 """
 
 from __future__ import annotations
@@ -27,15 +29,25 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .outputs import prepare_owned_folder
+from .runner import (
+    PipelineResult,
+    Stage,
+    StageRunner,
+    finetune_members_stage,
+    hub_stage,
+    members_stage,
+    single_model_dir,
+    single_model_stage,
+)
+
+if TYPE_CHECKING:
+    from ..masks import HeadMasks
 
 logger = logging.getLogger(__name__)
 
@@ -103,31 +115,8 @@ class TextPipeline:
         return out
 
 
-@dataclass
-class PipelineResult:
-    output_dir: Path
-    report: dict[str, Any]
-    table: str
-    timings_s: dict[str, float]
-    hub_check: dict[str, Any]
-
-    @classmethod
-    def finish(cls, out: Path, report: dict[str, Any], timings: dict[str, float], hub_check: dict[str, Any]) -> PipelineResult:
-        """The last step every pipeline shares: the result table, ``timings.json``, the result."""
-        from .report import render_markdown_table
-
-        (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
-        return cls(output_dir=out, report=report, table=render_markdown_table(report["rows"], bold_best=False),
-                   timings_s=timings, hub_check=hub_check)
-
-    def summary(self, total_s: float) -> str:
-        """The result table, the time of every stage and the total, for a script to print."""
-        stages = "\n".join(f"  {stage}: {seconds:.0f} s" for stage, seconds in self.timings_s.items())
-        return f"\n{self.table}\n\n{stages}\ntotal: {total_s / 60:.1f} min; report: {self.output_dir / 'report' / 'report.md'}"
-
-
 def _finetune_config(p: TextPipeline, steps: int | None, learning_rate: float):
-    from .finetune import text_recipe
+    from ..finetune import text_recipe
 
     # The paper's recipe (AdamW, wd 0.01, warm-up 10 % then linear decay, clipping 1.0, frozen
     # embeddings). The demo's defaults raise the learning rate and cap the steps (a few hundred CPU
@@ -140,67 +129,24 @@ def _finetune_config(p: TextPipeline, steps: int | None, learning_rate: float):
     )
 
 
-def _all_heads_masks(model_dir: Path):
-    from .convert import read_config
-    from .masks import HeadMasks
-
-    cfg = read_config(model_dir)
-    L, H = cfg["num_hidden_layers"], cfg["num_attention_heads"]
-    return HeadMasks(kept_heads=[[list(range(H))] * L], num_heads=H, metadata={"method": "none (single model)"})
-
-
-def _stage_done(path: Path, resume: bool) -> bool:
-    if path.exists() and resume:
-        logger.info("resume: keeping %s", path)
-        return True
-    return False
-
-
-def timed_stage(timings: dict[str, float], name: str, fn):
-    """Run ``fn()`` as the pipeline stage ``name``: log it and record its wall time in ``timings`` (s)."""
-    t0 = time.perf_counter()
-    logger.info("=== %s", name)
-    value = fn()
-    timings[name] = time.perf_counter() - t0
-    logger.info("=== %s done in %.0f s", name, timings[name])
-    return value
-
-
-def build_members(p: TextPipeline, model_dir: Path, out_file: Path):
+def build_text_members(p: TextPipeline, model_dir: Path) -> HeadMasks:
     """Stage 2: M members by ``p.method`` on the fine-tuned single model, validation data only."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from ..pruning import Budget, build_members
 
-    from .data import make_text_loader, resolve_dataset
-    from .pruning.adapters import get_adapter
-    from .pruning.budget import Budget
-    from .pruning.diversity import prune_members
-
-    model = AutoModelForSequenceClassification.from_pretrained(str(model_dir)).eval()
-    tok = AutoTokenizer.from_pretrained(str(model_dir))
-    id_data = resolve_dataset(p.validation_data, require_labels=True, num_labels=model.config.num_labels,
-                              max_samples=p.prune_samples)
-    ood_data = resolve_dataset(p.ood_validation_data, label_column=None, max_samples=p.prune_samples)
-
-    def make_batches(dataset, seed):
-        return list(make_text_loader(dataset, tok, batch_size=64, max_length=p.max_length))
-
-    masks = prune_members(
-        get_adapter(model), methods=p.method, budget=Budget(remove=p.remove), make_batches=make_batches,
-        id_data=id_data, ood_data=ood_data, members=p.members, seed=p.seed, heads_per_step=p.heads_per_step,
-        data_fraction=p.prune_data_fraction,
+    return build_members(
+        model_dir, method=p.method, budget=Budget(remove=p.remove), id_data=p.validation_data,
+        ood_data=p.ood_validation_data, max_samples=p.prune_samples, members=p.members, seed=p.seed,
+        heads_per_step=p.heads_per_step, data_fraction=p.prune_data_fraction, batch_size=64, max_length=p.max_length,
         metadata={"base_model": str(model_dir), "id_validation": p.validation_data, "ood_validation": p.ood_validation_data},
-    )
-    masks.save(out_file)
-    logger.info("members:\n%s", masks.summary())
-    return masks
+    )  # fmt: skip
 
 
 def export_int8(p: TextPipeline, hydra_dir: Path, onnx_dir: Path) -> Path | None:
     """Stage 3b: the fused model as one ONNX graph, quantised to int8 by ONNX Runtime, with the
     quantisation report (int8 against fp32 on the validation split and the OOD validation data: no
     test data). Returns the export folder, or None (with a warning) without the onnx packages."""
-    from .errors import HydraInputError
-    from .onnx import export_onnx, require_onnx
+    from ..errors import HydraInputError
+    from ..onnx import export_onnx, require_onnx
 
     try:
         require_onnx("onnx", "onnxruntime", "onnxscript")
@@ -216,8 +162,8 @@ def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member
                       settings: dict[str, Any], onnx_dir: Path | None = None) -> dict[str, Any]:
     """Stage 4: Hydra vs the paper's baselines on the ID test split and every OOD test set (and, given
     ``onnx_dir``, the int8 ONNX Runtime export of Hydra as one more row)."""
-    from . import evaluation as ev
-    from .data import resolve_dataset
+    from .. import evaluation as ev
+    from ..data import resolve_dataset
 
     single, tok, _ = ev.load_classifier(single_dir)
     hydra, _, _ = ev.load_classifier(hydra_dir)
@@ -262,7 +208,7 @@ def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member
 def check_hub_folder(hub_dir: Path, hydra, tokenizer, texts: list[str]) -> dict[str, Any]:
     """Load the staged folder in a fresh process where hydra_hf cannot be imported, as a Hub user
     would (:func:`hydra_hf.hub.fresh_check`), and compare its predictions with the in-process model's."""
-    from .hub import fresh_check
+    from ..hub import fresh_check
 
     enc = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
     with torch.inference_mode():
@@ -281,64 +227,41 @@ def run_text_pipeline(p: TextPipeline, output_dir: str | os.PathLike, *, resume:
     """Run all stages (see the module docstring) and return the report and timings."""
     from transformers import AutoTokenizer
 
-    from . import hub
-    from .finetune import finetune_members
-    from .masks import HeadMasks
+    from ..evaluation import load_classifier
 
-    out = Path(output_dir).resolve()  # absolute: the fresh-process check runs from another directory
-    # a folder of our own (marker): the stages below replace their sub-folders, never a user's folder
-    prepare_owned_folder(out, command="recipe", overwrite=False, keep=True)
+    runner = StageRunner(output_dir, resume=resume)  # first: refuses a folder it did not create
+    out = runner.output_dir
     base = Path(p.base_model) if p.base_model else packaged_minilm()
-    id2label = dict(enumerate(p.labels))
-    timings: dict[str, float] = {}
 
-    def timed(name, fn):
-        return timed_stage(timings, name, fn)
+    runner.run(single_model_stage(base, out, train_data=p.train_data, validation_data=p.validation_data,
+                                  config=_finetune_config(p, p.single_steps, p.learning_rate),
+                                  id2label=dict(enumerate(p.labels))))  # fmt: skip
+    single_dir = single_model_dir(out)
 
-    single_out, single_work = out / "single", out / "single.work"
-    if not _stage_done(single_out, resume):
-        timed("1. fine-tune the single model", lambda: finetune_members(
-            base, _all_heads_masks(base), p.train_data, p.validation_data, single_out,
-            _finetune_config(p, p.single_steps, p.learning_rate), work_dir=single_work, overwrite=True, id2label=id2label))
-    single_dir = single_work / "member_0" / "model"
-
-    masks_file = out / "masks.json"
-    if _stage_done(masks_file, resume):
-        masks = HeadMasks.load(masks_file)
-    else:
-        masks = timed("2. build the members", lambda: build_members(p, single_dir, masks_file))
+    masks = runner.run(members_stage(out / "masks.json", lambda: build_text_members(p, single_dir)))
 
     hydra_dir, hydra_work = out / "hydra", out / "hydra.work"
-    if not _stage_done(hydra_dir, resume):
-        timed("3. fine-tune and fuse the members", lambda: finetune_members(
-            single_dir, masks, p.train_data, p.validation_data, hydra_dir,
-            _finetune_config(p, p.member_steps, p.member_learning_rate), work_dir=hydra_work, overwrite=True))
+    runner.run(finetune_members_stage(single_dir, masks, out, train_data=p.train_data, validation_data=p.validation_data,
+                                      config=_finetune_config(p, p.member_steps, p.member_learning_rate)))
 
     onnx_dir = None
     if p.onnx_int8:
-        onnx_dir = timed("3b. export Hydra to ONNX int8", lambda: export_int8(p, hydra_dir, out / "onnx"))
+        onnx_dir = runner.run(Stage("3b. export Hydra to ONNX int8", None, lambda: export_int8(p, hydra_dir, out / "onnx")))
 
     settings = {**p.describe(), "jaccard": masks.metadata.get("pairwise_jaccard")}
     report_dir = out / "report"
-    if report_dir.exists():
-        shutil.rmtree(report_dir)
-    report = timed("4. evaluate", lambda: evaluate_pipeline(
-        p, single_dir, hydra_dir, hydra_work / "member_0" / "model", report_dir, settings, onnx_dir))
+    report = runner.run(Stage("4. evaluate", report_dir, lambda: evaluate_pipeline(
+        p, single_dir, hydra_dir, hydra_work / "member_0" / "model", report_dir, settings, onnx_dir), resumable=False))
 
-    hub_dir = out / "hub"
-
-    def stage_hub():  # replaces hub/ only if an earlier run staged it (the push marker)
-        hub.stage_repository(hydra_dir, hub_dir, repo_id=repo_id, report=report_dir / "report.json",
-                             base_model=p.hub_base_model, overwrite=True,
-                             training=f"{p.method} members (seeds {p.seed}..{p.seed + p.members - 1}) fine-tuned on {p.train_data}")
-        hub.validate_staged(hub_dir)
-        from .evaluation import load_classifier
-
+    def check(validated: dict[str, Any]) -> dict[str, Any]:
         hydra, _, _ = load_classifier(hydra_dir)
         tok = AutoTokenizer.from_pretrained(str(hydra_dir), trust_remote_code=True)
         texts = ["A warm, funny and beautifully acted film.", "Tedious, overlong and never once surprising.",
                  "Stocks fell sharply after the central bank raised interest rates."]
-        return check_hub_folder(hub_dir, hydra, tok, texts)
+        return check_hub_folder(out / "hub", hydra, tok, texts)
 
-    hub_check = timed("5. Hub-ready folder and fresh-process check", stage_hub)
-    return PipelineResult.finish(out, report, timings, hub_check)
+    hub_check = runner.run(hub_stage(
+        hydra_dir, out / "hub", repo_id=repo_id, report=report_dir / "report.json", base_model=p.hub_base_model,
+        training=f"{p.method} members (seeds {p.seed}..{p.seed + p.members - 1}) fine-tuned on {p.train_data}",
+        check=check))
+    return runner.finish(report, hub_check)

@@ -1,7 +1,7 @@
 """The paper's zero-shot setting (OpenCLIP, both towers pruned, no training), as one function: the
 OpenCLIP recipe runs it.
 
-The stages mirror :mod:`hydra_hf.recipes` (each writes one file or folder under ``output_dir``; with
+The stages mirror :mod:`hydra_hf.recipes.text` (each writes one file or folder under ``output_dir``; with
 ``resume=True`` a finished stage is kept). The base model is an open_clip checkpoint folder
 (``open_clip_config.json`` + ``open_clip_model.safetensors``, :func:`save_open_clip_folder`), read
 with ``open_clip.create_model_and_transforms("local-dir:FOLDER")``:
@@ -33,15 +33,16 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .outputs import prepare_owned_folder
-from .recipes import PipelineResult, _stage_done, timed_stage
+from .runner import PipelineResult, Stage, StageRunner, hub_stage, members_stage
+
+if TYPE_CHECKING:
+    from ..masks import HeadMasks
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class ZeroShotPipeline:
     hub_base_model: str | None = None
 
     def __post_init__(self) -> None:
-        from .evaluation import zero_shot_prompts
+        from ..evaluation import zero_shot_prompts
 
         self.class_names = tuple(self.class_names)
         self.templates = tuple(self.templates)
@@ -138,7 +139,7 @@ def load_open_clip_folder(folder: str | os.PathLike, device: str | torch.device 
     folder = Path(folder)
     if not (folder / OPEN_CLIP_CONFIG).is_file():
         raise ValueError(f"{str(folder)!r} is not an open_clip checkpoint folder (no {OPEN_CLIP_CONFIG}); "
-                         "write one with hydra_hf.recipes_zero_shot.save_open_clip_folder")
+                         "write one with hydra_hf.recipes.save_open_clip_folder")
     model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder.resolve()}", device=device)
     tokenizer = open_clip.get_tokenizer(f"local-dir:{folder.resolve()}")
     return model.eval(), preprocess, tokenizer
@@ -154,7 +155,7 @@ def _seeded_subset(dataset, n: int | None, seed: int):
 
 
 def _load(p: ZeroShotPipeline, spec: str, labelled: bool):
-    from .data import resolve_dataset
+    from ..data import resolve_dataset
 
     ds = resolve_dataset(spec, text_column=None, image_column=p.image_column,
                          label_column=p.label_column if labelled else None, require_labels=labelled,
@@ -186,7 +187,7 @@ def _device(p: ZeroShotPipeline) -> str:
 
 
 def _loader(dataset, preprocess, batch_size: int):
-    from .data import make_image_loader
+    from ..data import make_image_loader
 
     return make_image_loader(dataset, preprocess, batch_size=batch_size)
 
@@ -194,8 +195,8 @@ def _loader(dataset, preprocess, batch_size: int):
 # ---------------------------------------------------------------------------------------- stages
 def evaluate_single_validation(p: ZeroShotPipeline, validation, out_file: Path) -> dict[str, Any]:
     """Stage 1: the Single zero-shot model on the ID validation split, and its fitted temperature."""
-    from . import evaluation as ev
-    from . import metrics
+    from .. import evaluation as ev
+    from .. import metrics
 
     model, preprocess, tokenizer = load_open_clip_folder(p.base_model, _device(p))
     preds = ev.predict(ev.ZeroShotPredictor(model, p.class_names, p.templates, tokenizer=tokenizer),
@@ -208,32 +209,25 @@ def evaluate_single_validation(p: ZeroShotPipeline, validation, out_file: Path) 
     return summary
 
 
-def build_zero_shot_members(p: ZeroShotPipeline, validation, out_file: Path):
+def build_zero_shot_members(p: ZeroShotPipeline, validation) -> HeadMasks:
     """Stage 2: M members on the ID validation split (masks with named towers: the pruned ones)."""
-    from .pruning.adapters import get_adapter
-    from .pruning.budget import Budget
-    from .pruning.diversity import prune_members
+    from ..pruning import Budget, PruningTarget, build_members, get_adapter
 
     device = _device(p)
     model, preprocess, tokenizer = load_open_clip_folder(p.base_model, device)
     template = p.prune_template or p.templates[0]
     class_tokens = tokenizer([template.format(name) for name in p.class_names])  # (C, T)
+    target = PruningTarget(get_adapter(model, class_text_inputs=class_tokens), preprocess, None, len(p.class_names),
+                           {name: i for i, name in enumerate(p.class_names)}, zero_shot=True)  # fmt: skip
     ood = _seeded_subset(_load(p, p.ood_validation_data, False), p.prune_samples, p.seed) if p.ood_validation_data else None
-
-    def make_batches(dataset, seed):
-        return [{k: v.to(device) for k, v in b.items()} for b in _loader(dataset, preprocess, 32)]
-
-    masks = prune_members(
-        get_adapter(model, class_text_inputs=class_tokens), methods=p.method, budget=Budget(remove=p.remove),
-        make_batches=make_batches, id_data=_seeded_subset(validation, p.prune_samples, p.seed), ood_data=ood,
-        members=p.members, seed=p.seed, tower=p.tower, data_fraction=p.prune_data_fraction,
-        heads_per_step=p.heads_per_step,
+    # datasets, not specs: the validation images may be carved from the test data, and both are seeded subsets
+    return build_members(
+        target, method=p.method, budget=Budget(remove=p.remove), id_data=_seeded_subset(validation, p.prune_samples, p.seed),
+        ood_data=ood, members=p.members, seed=p.seed, tower=p.tower, data_fraction=p.prune_data_fraction,
+        heads_per_step=p.heads_per_step, batch_size=32, device=device,
         metadata={"base_model": str(p.base_model), "id_validation": p.validation_data or f"{p.validation_size} images of {p.test_data}",
                   "prune_template": template},
     )  # fmt: skip
-    masks.save(out_file)
-    logger.info("members:\n%s", masks.summary())
-    return masks
 
 
 def member_masks(masks, m: int):
@@ -247,8 +241,8 @@ def evaluate_zero_shot(p: ZeroShotPipeline, hydra_dir: Path, member_dir: Path, v
                        single_summary: dict[str, Any], report_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
     """Stage 4: Hydra against Single, both with and without temperature scaling, and the single pruned
     member, on the ID test split and every OOD set."""
-    from . import evaluation as ev
-    from .modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
+    from .. import evaluation as ev
+    from ..modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
 
     device = _device(p)
     single, preprocess, tokenizer = load_open_clip_folder(p.base_model, device)
@@ -294,7 +288,7 @@ def check_zero_shot_hub_folder(hub_dir: Path, predictor, pixel_values: torch.Ten
     """Load the staged folder in a fresh process where hydra_hf cannot be imported, compute the
     members' zero-shot probabilities there (the folder's tokenizer, the predictor's prompts, the same
     images) and compare them with ``predictor`` (a ZeroShotPredictor of the in-process Hydra model)."""
-    from .hub import fresh_check
+    from ..hub import fresh_check
 
     if not any((hub_dir / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
         raise RuntimeError(f"{hub_dir} has no tokenizer: zero-shot prompts cannot be tokenized by a Hub user")
@@ -319,61 +313,46 @@ def run_zero_shot_pipeline(p: ZeroShotPipeline, output_dir: str | os.PathLike, *
     ``PipelineResult.hub_check`` holds ``validate_staged``'s summary under ``"validate"`` and the
     fresh-process prediction comparison under ``"predictions"``.
     """
-    from . import evaluation as ev
-    from . import hub
-    from .convert import convert_checkpoint
-    from .masks import HeadMasks
-    from .modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
+    from .. import evaluation as ev
+    from ..convert import convert_checkpoint
+    from ..modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
 
-    out = Path(output_dir).resolve()
-    # a folder of our own (marker): the stages below replace their sub-folders, never a user's folder
-    prepare_owned_folder(out, command="recipe", overwrite=False, keep=True)
-    timings: dict[str, float] = {}
+    runner = StageRunner(output_dir, resume=resume)  # first: refuses a folder it did not create
+    out = runner.output_dir
     validation, test = load_splits(p)
     logger.info("ID data: %d validation and %d test images, %d classes", len(validation), len(test), len(p.class_names))
 
     single_file = out / "single.json"
-    if _stage_done(single_file, resume):
-        single_summary = json.loads(single_file.read_text())
-    else:
-        single_summary = timed_stage(timings, "1. zero-shot single model (validation)",
-                                     lambda: evaluate_single_validation(p, validation, single_file))
+    single_summary = runner.run(Stage("1. zero-shot single model (validation)", single_file,
+                                      lambda: evaluate_single_validation(p, validation, single_file),
+                                      load=lambda: json.loads(single_file.read_text())))  # fmt: skip
 
-    masks_file = out / "masks.json"
-    if _stage_done(masks_file, resume):
-        masks = HeadMasks.load(masks_file)
-        masks.check_towers(("vision", "text"), model=f"the CLIP model of {str(masks_file)!r}")
-    else:
-        masks = timed_stage(timings, "2. build the members", lambda: build_zero_shot_members(p, validation, masks_file))
+    masks = runner.run(members_stage(out / "masks.json", lambda: build_zero_shot_members(p, validation),
+                                     towers=("vision", "text")))
 
     hydra_dir, member_dir = out / "hydra", out / "member_0"
-    if not (_stage_done(hydra_dir, resume) and member_dir.exists()):
-        def fuse():
-            convert_checkpoint(masks, base=p.base_model, output_dir=hydra_dir, overwrite=True)
-            convert_checkpoint(member_masks(masks, 0), base=p.base_model, output_dir=member_dir, overwrite=True)
 
-        timed_stage(timings, "3. fuse the members", fuse)
+    def fuse():
+        convert_checkpoint(masks, base=p.base_model, output_dir=hydra_dir, overwrite=True)
+        convert_checkpoint(member_masks(masks, 0), base=p.base_model, output_dir=member_dir, overwrite=True)
+
+    runner.run(Stage("3. fuse the members", (hydra_dir, member_dir), fuse))
 
     settings = {**p.describe(), "jaccard": masks.metadata.get("pairwise_jaccard")}
     report_dir = out / "report"
-    if report_dir.exists():
-        shutil.rmtree(report_dir)
-    report = timed_stage(timings, "4. evaluate", lambda: evaluate_zero_shot(
-        p, hydra_dir, member_dir, validation, test, single_summary, report_dir, settings))
+    report = runner.run(Stage("4. evaluate", report_dir, lambda: evaluate_zero_shot(
+        p, hydra_dir, member_dir, validation, test, single_summary, report_dir, settings), resumable=False))
 
-    hub_dir = out / "hub"
-
-    def stage_hub():  # replaces hub/ only if an earlier run staged it (the push marker)
-        hub.stage_repository(hydra_dir, hub_dir, repo_id=repo_id, report=report_dir / "report.json",
-                             base_model=p.hub_base_model, overwrite=True,
-                             training=f"no training (zero-shot): {p.method} members (seeds {p.seed}..{p.seed + p.members - 1}, "
-                                      f"{p.remove} heads removed, tower {p.tower}) selected on {len(validation)} validation images")
-        validated = hub.validate_staged(hub_dir)
+    def check(validated: dict[str, Any]) -> dict[str, Any]:
         _, preprocess, tokenizer = load_open_clip_folder(p.base_model)
         hydra = HydraEnsembleCLIPModel.from_pretrained(str(hydra_dir)).eval()
         predictor = ev.ZeroShotPredictor(hydra, p.class_names, p.templates, tokenizer=tokenizer)
         pixels = next(iter(_loader(test, preprocess, 8)))["pixel_values"]
-        return {"validate": validated["load"], "predictions": check_zero_shot_hub_folder(hub_dir, predictor, pixels)}
+        return {"validate": validated["load"], "predictions": check_zero_shot_hub_folder(out / "hub", predictor, pixels)}
 
-    hub_check = timed_stage(timings, "5. Hub-ready folder and fresh-process check", stage_hub)
-    return PipelineResult.finish(out, report, timings, hub_check)
+    hub_check = runner.run(hub_stage(
+        hydra_dir, out / "hub", repo_id=repo_id, report=report_dir / "report.json", base_model=p.hub_base_model,
+        training=f"no training (zero-shot): {p.method} members (seeds {p.seed}..{p.seed + p.members - 1}, "
+                 f"{p.remove} heads removed, tower {p.tower}) selected on {len(validation)} validation images",
+        check=check))
+    return runner.finish(report, hub_check)

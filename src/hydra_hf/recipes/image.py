@@ -1,6 +1,6 @@
 """The end-to-end image pipeline of the paper (ViT), as one function: the CIFAR-100 recipe runs it.
 
-The stages mirror :mod:`hydra_hf.recipes` (each writes one folder under ``output_dir``; with
+The stages mirror :mod:`hydra_hf.recipes.text` (each writes one folder under ``output_dir``; with
 ``resume=True`` a finished stage is kept):
 
 1. ``single/``      fine-tune the base Hugging Face ViT with all its heads (the **Single** baseline);
@@ -24,13 +24,23 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .outputs import prepare_owned_folder
-from .recipes import PipelineResult, _all_heads_masks, _stage_done, timed_stage
+from .runner import (
+    PipelineResult,
+    Stage,
+    StageRunner,
+    finetune_members_stage,
+    hub_stage,
+    members_stage,
+    single_model_dir,
+    single_model_stage,
+)
+
+if TYPE_CHECKING:
+    from ..masks import HeadMasks
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +90,7 @@ class ImagePipeline:
 
 
 def _finetune_config(p: ImagePipeline, steps: int | None, learning_rate: float):
-    from .finetune import image_recipe
+    from ..finetune import image_recipe
 
     return image_recipe(
         learning_rate=learning_rate, max_steps=steps, num_epochs=p.num_epochs, batch_size=p.batch_size,
@@ -91,37 +101,22 @@ def _finetune_config(p: ImagePipeline, steps: int | None, learning_rate: float):
 
 
 def _load_images(spec: str, labelled: bool, limit: int | None):
-    from .data import resolve_dataset
+    from ..data import resolve_dataset
 
     return resolve_dataset(spec, text_column=None, image_column="image", label_column="label" if labelled else None,
                            require_labels=labelled, max_samples=limit)
 
 
-def build_image_members(p: ImagePipeline, model_dir: Path, out_file: Path):
+def build_image_members(p: ImagePipeline, model_dir: Path) -> HeadMasks:
     """Stage 2: M members by ``p.method`` on the fine-tuned single model, ID validation data only."""
-    from transformers import AutoImageProcessor, AutoModelForImageClassification
+    from ..pruning import Budget, build_members
 
-    from .data import make_image_loader
-    from .pruning.adapters import get_adapter
-    from .pruning.budget import Budget
-    from .pruning.diversity import prune_members
-
-    model = AutoModelForImageClassification.from_pretrained(str(model_dir)).eval()
-    processor = AutoImageProcessor.from_pretrained(str(model_dir))
-    id_data = _load_images(p.validation_data, True, p.prune_samples)
-
-    def make_batches(dataset, seed):
-        transform = lambda im: processor(im, return_tensors="pt")["pixel_values"][0]  # noqa: E731  (3, H, W)
-        return list(make_image_loader(dataset, transform, batch_size=32))
-
-    masks = prune_members(
-        get_adapter(model), methods=p.method, budget=Budget(remove=p.remove), make_batches=make_batches,
-        id_data=id_data, members=p.members, seed=p.seed, data_fraction=p.prune_data_fraction,
+    return build_members(
+        model_dir, method=p.method, budget=Budget(remove=p.remove), id_data=p.validation_data,
+        max_samples=p.prune_samples, image_column="image", members=p.members, seed=p.seed,
+        data_fraction=p.prune_data_fraction, batch_size=32,
         metadata={"base_model": str(model_dir), "id_validation": p.validation_data},
     )  # fmt: skip
-    masks.save(out_file)
-    logger.info("members:\n%s", masks.summary())
-    return masks
 
 
 def evaluate_image_pipeline(p: ImagePipeline, single_dir: Path, hydra_dir: Path, member_dir: Path, report_dir: Path,
@@ -129,7 +124,7 @@ def evaluate_image_pipeline(p: ImagePipeline, single_dir: Path, hydra_dir: Path,
     """Stage 4: Hydra vs the paper's baselines on the ID test split and every OOD test set."""
     from torch import nn
 
-    from . import evaluation as ev
+    from .. import evaluation as ev
 
     single, processor, _ = ev.load_classifier(single_dir)
     hydra, _, _ = ev.load_classifier(hydra_dir)
@@ -171,51 +166,27 @@ def run_image_pipeline(p: ImagePipeline, output_dir: str | os.PathLike, *, resum
 
     ``PipelineResult.hub_check`` is the summary of :func:`hydra_hf.hub.validate_staged`.
     """
-    from . import hub
-    from .finetune import finetune_members
-    from .masks import HeadMasks
-
-    out = Path(output_dir).resolve()  # absolute, as in the text pipeline
-    # a folder of our own (marker): the stages below replace their sub-folders, never a user's folder
-    prepare_owned_folder(out, command="recipe", overwrite=False, keep=True)
+    runner = StageRunner(output_dir, resume=resume)  # first: refuses a folder it did not create
+    out = runner.output_dir
     base = Path(p.base_model)
-    id2label = dict(enumerate(p.labels)) if p.labels else None
-    timings: dict[str, float] = {}
 
-    single_out, single_work = out / "single", out / "single.work"
-    if not _stage_done(single_out, resume):
-        timed_stage(timings, "1. fine-tune the single model", lambda: finetune_members(
-            base, _all_heads_masks(base), p.train_data, p.validation_data, single_out,
-            _finetune_config(p, p.single_steps, p.learning_rate), work_dir=single_work, overwrite=True,
-            id2label=id2label))
-    single_dir = single_work / "member_0" / "model"
+    runner.run(single_model_stage(base, out, train_data=p.train_data, validation_data=p.validation_data,
+                                  config=_finetune_config(p, p.single_steps, p.learning_rate),
+                                  id2label=dict(enumerate(p.labels)) if p.labels else None))  # fmt: skip
+    single_dir = single_model_dir(out)
 
-    masks_file = out / "masks.json"
-    if _stage_done(masks_file, resume):
-        masks = HeadMasks.load(masks_file)
-    else:
-        masks = timed_stage(timings, "2. build the members", lambda: build_image_members(p, single_dir, masks_file))
+    masks = runner.run(members_stage(out / "masks.json", lambda: build_image_members(p, single_dir)))
 
     hydra_dir, hydra_work = out / "hydra", out / "hydra.work"
-    if not _stage_done(hydra_dir, resume):
-        timed_stage(timings, "3. fine-tune and fuse the members", lambda: finetune_members(
-            single_dir, masks, p.train_data, p.validation_data, hydra_dir,
-            _finetune_config(p, p.member_steps, p.member_learning_rate), work_dir=hydra_work, overwrite=True))
+    runner.run(finetune_members_stage(single_dir, masks, out, train_data=p.train_data, validation_data=p.validation_data,
+                                      config=_finetune_config(p, p.member_steps, p.member_learning_rate)))
 
     settings = {**p.describe(), "jaccard": masks.metadata.get("pairwise_jaccard")}
     report_dir = out / "report"
-    if report_dir.exists():
-        shutil.rmtree(report_dir)
-    report = timed_stage(timings, "4. evaluate", lambda: evaluate_image_pipeline(
-        p, single_dir, hydra_dir, hydra_work / "member_0" / "model", report_dir, settings))
+    report = runner.run(Stage("4. evaluate", report_dir, lambda: evaluate_image_pipeline(
+        p, single_dir, hydra_dir, hydra_work / "member_0" / "model", report_dir, settings), resumable=False))
 
-    hub_dir = out / "hub"
-
-    def stage_hub():  # replaces hub/ only if an earlier run staged it (the push marker)
-        hub.stage_repository(hydra_dir, hub_dir, repo_id=repo_id, report=report_dir / "report.json",
-                             base_model=p.hub_base_model, overwrite=True,
-                             training=f"{p.method} members (seeds {p.seed}..{p.seed + p.members - 1}) fine-tuned on {p.train_data}")
-        return hub.validate_staged(hub_dir)
-
-    hub_check = timed_stage(timings, "5. Hub-ready folder and fresh-process check", stage_hub)
-    return PipelineResult.finish(out, report, timings, hub_check)
+    hub_check = runner.run(hub_stage(
+        hydra_dir, out / "hub", repo_id=repo_id, report=report_dir / "report.json", base_model=p.hub_base_model,
+        training=f"{p.method} members (seeds {p.seed}..{p.seed + p.members - 1}) fine-tuned on {p.train_data}"))
+    return runner.finish(report, hub_check)

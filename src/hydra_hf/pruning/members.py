@@ -1,0 +1,236 @@
+"""Members from data specs: the one path from a model and its ID / OOD data to :class:`HeadMasks`.
+
+``hydra-hf prune`` and every recipe call :func:`build_members`: it resolves the data specs
+(:func:`hydra_hf.data.resolve_dataset`), checks that the data suits the model (text or images; a
+zero-shot model's labels matched to its class names), makes the batches and runs
+:func:`~hydra_hf.pruning.diversity.prune_members`. What differs between models is only how they are
+loaded, which :class:`PruningTarget` records: :func:`load_pruning_target` for a Hugging Face text or
+image classifier folder; the CLI and the zero-shot recipe build theirs for CLIP-like models.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+from transformers import (
+    AutoImageProcessor,
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+)
+
+from ..convert.io import from_pretrained
+from ..data import make_image_loader, make_text_loader, resolve_dataset
+from ..families import detect_family
+from ..masks import HeadMasks
+from .adapters import ModelAdapter, get_adapter
+from .budget import Budget
+from .diversity import parse_methods, prune_members
+from .layout import HeadLayout
+
+logger = logging.getLogger(__name__)
+
+Data = str | datasets.Dataset  # a data spec (resolve_dataset) or a dataset already in standard columns
+
+
+@dataclass
+class PruningTarget:
+    """What member selection needs from a loaded model, whatever its source."""
+
+    adapter: ModelAdapter
+    transform: Callable[[Any], torch.Tensor] | None  # images: PIL -> (3, S, S); None for text models
+    tokenizer: Any  # text models only
+    num_labels: int
+    label2id: dict[str, int] | None
+    zero_shot: bool  # CLIP: labels index the class names
+
+    @property
+    def modality(self) -> str:
+        """``"image"`` or ``"text"``: what the model reads."""
+        return "image" if self.transform is not None else "text"
+
+
+def label2id_of(config: Any) -> dict[str, int] | None:
+    """A config's ``label2id`` when it names the classes; None for the default ``LABEL_i`` names."""
+    mapping = dict(getattr(config, "label2id", None) or {})
+    default = {f"LABEL_{i}": i for i in range(getattr(config, "num_labels", 0))}
+    return None if not mapping or mapping == default else {str(k): int(v) for k, v in mapping.items()}
+
+
+def load_pruning_target(
+    folder: str | os.PathLike, *, num_labels: int | None = None, trust_remote_code: bool = False
+) -> PruningTarget:
+    """A Hugging Face text or image classifier folder (with its tokenizer / image processor), in eval
+    mode. The family is detected from ``config.json``; CLIP-like (zero-shot) folders need class
+    prompts and are loaded by their caller (``hydra-hf prune --class-names``).
+
+    Args:
+        folder: the checkpoint folder.
+        num_labels: classes of a checkpoint without a trained classifier head.
+        trust_remote_code: allow a folder that ships its own Python code.
+    """
+    folder = Path(folder)
+    family = detect_family(folder)  # refuses unknown layouts and task heads the family does not build
+    if family.task == "zero-shot-image-classification":
+        raise ValueError(f"{str(folder)!r} is a zero-shot {family.name} model: give its class prompts "
+                         "(hydra-hf prune --class-names)")
+    kwargs: dict[str, Any] = {"num_labels": num_labels} if num_labels is not None else {}
+    kwargs["trust_remote_code"] = trust_remote_code
+    if family.modality == "image":
+        model = from_pretrained(AutoModelForImageClassification, folder, **kwargs).eval()
+        processor = from_pretrained(AutoImageProcessor, folder, trust_remote_code=trust_remote_code)
+        transform = lambda image: processor(image, return_tensors="pt")["pixel_values"][0]  # noqa: E731  (3, H, W)
+        return PruningTarget(get_adapter(model), transform, None, model.config.num_labels, label2id_of(model.config), False)
+    model = from_pretrained(AutoModelForSequenceClassification, folder, **kwargs).eval()
+    tokenizer = from_pretrained(AutoTokenizer, folder, trust_remote_code=trust_remote_code)
+    return PruningTarget(get_adapter(model), None, tokenizer, model.config.num_labels, label2id_of(model.config), False)
+
+
+def zero_shot_labels(dataset: datasets.Dataset, names: list[str], source: str) -> datasets.Dataset:
+    """Match the ID labels to the class names: image-folder classes by name, integers as indices."""
+    feature = dataset.features.get("label")
+    if isinstance(feature, datasets.ClassLabel):
+        folder_names = list(feature.names)
+        if set(folder_names) <= set(names):
+            index = [names.index(n) for n in folder_names]
+            dataset = dataset.cast_column("label", datasets.Value("int64"))
+            return dataset.map(lambda label: {"label": index[label]}, input_columns="label")
+        if len(folder_names) != len(names):
+            raise ValueError(
+                f"{source} has {len(folder_names)} classes {folder_names[:5]} but --class-names gives {len(names)} "
+                f"{names[:5]}; give one class name per class, in label order"
+            )
+    labels = dataset["label"]
+    bad = sorted({int(v) for v in labels if not 0 <= int(v) < len(names)})
+    if bad:
+        raise ValueError(
+            f"{source} has label values {bad[:5]} but --class-names gives {len(names)} classes (labels 0..{len(names) - 1}); "
+            "give one class name per label value, in label order"
+        )
+    return dataset
+
+
+def build_members(
+    target: PruningTarget | str | os.PathLike,
+    *,
+    method: str | Sequence[str],
+    budget: Budget,
+    id_data: Data,
+    ood_data: Data | None = None,
+    members: int = 3,
+    seed: int = 0,
+    tower: str | None = None,
+    max_samples: int | None = None,
+    text_column: str = "text",
+    ood_text_column: str | None = None,
+    label_column: str = "label",
+    image_column: str | None = None,
+    batch_size: int = 32,
+    max_length: int = 128,
+    device: str | torch.device | None = None,
+    temperature: float | None = None,
+    data_fraction: float | None = None,
+    heads_per_step: int = 1,
+    taylor_rounds: int = 1,
+    include: HeadMasks | None = None,
+    fast: bool = True,
+    precision: str = "fp32",
+    progress: bool = True,
+    metadata: dict[str, Any] | None = None,
+) -> HeadMasks:
+    """Choose the heads of ``members`` Hydra members of a model from its ID (and OOD) data.
+
+    Args:
+        target: the loaded model (:class:`PruningTarget`), or a Hugging Face text / image classifier
+            folder (:func:`load_pruning_target`).
+        method: one pruning method or several, comma-separated or a list (one member each, cycled).
+        budget: every member's budget.
+        id_data: labelled ID validation data: a data spec (``NAME[:SPLIT]``, a file or a folder,
+            resolved with the column options and ``max_samples``; a zero-shot model's labels are
+            matched to its class names) or a dataset already in the standard columns (``text`` or
+            ``image``, integer ``label``), taken as it is.
+        ood_data: OOD validation data (``circuit-ood`` / ``circuit-avg``), a spec or a dataset.
+        members: members to compute; member ``m`` uses seed ``seed + m``.
+        tower: two-tower models: ``"vision"``, ``"text"`` or ``"joint"`` (default: joint).
+        max_samples: use at most this many ID (and OOD) examples of a data spec (the first ones).
+        text_column / ood_text_column / label_column / image_column: the columns of local files
+            (``ood_text_column`` defaults to ``text_column``; image models read no text column).
+        batch_size / max_length: examples per forward pass while scoring; tokens per text.
+        device: where the batches go (None: where the data loader makes them, the CPU).
+        temperature, data_fraction, heads_per_step, taylor_rounds, include, fast, precision,
+        progress, metadata: passed to :func:`~hydra_hf.pruning.diversity.prune_members`.
+
+    Returns:
+        The masks (not saved: the caller writes them).
+    """
+    methods = parse_methods(method)
+    if not isinstance(target, PruningTarget):
+        target = load_pruning_target(target)
+    adapter = target.adapter
+    tower = tower or ("joint" if len(adapter.towers) > 1 else None)
+    HeadLayout.of(adapter, tower).check(budget)  # ValueError for joint on one tower / an unknown tower
+
+    image_model = target.modality == "image"
+    data_kwargs: dict[str, Any] = dict(text_column=None if image_model else text_column, image_column=image_column,
+                                       max_samples=max_samples)  # fmt: skip
+    id_spec = id_data if isinstance(id_data, str) else None
+    if isinstance(id_data, str):
+        id_data = resolve_dataset(
+            id_data,
+            label_column=label_column,
+            label2id=target.label2id,
+            num_labels=None if target.zero_shot else target.num_labels,
+            require_labels=any(m != "random" for m in methods),
+            **data_kwargs,
+        )
+    if isinstance(ood_data, str):
+        ood_kwargs = {**data_kwargs}
+        if ood_text_column and not image_model:
+            ood_kwargs["text_column"] = ood_text_column
+        ood_data = resolve_dataset(ood_data, label_column=None, **ood_kwargs) if ood_data else None
+    for name, data in (("--id-data", id_data), ("--ood-data", ood_data)):
+        if data is not None and target.modality not in data.column_names:
+            raise ValueError(
+                f"the model reads {target.modality}s but {name} has columns {data.column_names}; "
+                + ("give an image folder or --image-column" if image_model else "give text data (--text-column)")
+            )
+    if id_spec is not None and target.zero_shot and "label" in id_data.column_names:
+        id_data = zero_shot_labels(id_data, list(target.label2id or {}), f"--id-data {id_spec!r}")
+    logger.info("ID data: %d examples%s", len(id_data), f"; OOD data: {len(ood_data)}" if ood_data is not None else "")
+
+    def make_batches(dataset: datasets.Dataset, seed: int) -> list[dict[str, torch.Tensor]]:
+        if image_model:
+            loader = make_image_loader(dataset, target.transform, batch_size)
+        else:
+            loader = make_text_loader(dataset, target.tokenizer, batch_size, max_length)
+        if device is None:
+            return list(loader)
+        return [{k: v.to(device) for k, v in batch.items()} for batch in loader]
+
+    return prune_members(
+        adapter,
+        methods=methods,
+        budget=budget,
+        make_batches=make_batches,
+        id_data=id_data,
+        ood_data=ood_data,
+        members=members,
+        seed=seed,
+        tower=tower,
+        temperature=temperature,
+        data_fraction=data_fraction,
+        heads_per_step=heads_per_step,
+        taylor_rounds=taylor_rounds,
+        include=include,
+        fast=fast,
+        precision=precision,
+        progress=progress,
+        metadata=metadata,
+    )
