@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 import torch
 
 from hydra_hf.recipes import TextPipeline, run_text_pipeline
@@ -49,7 +50,8 @@ def test_text_pipeline_smoke(tmp_path, tiny_bert_dir, monkeypatch):
         ood_test_data={"a": str(tmp_path / "ood_a.csv"), "b": str(tmp_path / "ood_b.csv")},
         members=2, remove=4, heads_per_step=2, prune_samples=16, max_length=16, batch_size=16,
         learning_rate=1e-3, single_steps=6, member_steps=4, max_train_samples=96, max_validation_samples=32,
-        max_test_samples=32, max_ood_samples=24, mc_samples=3, ensemble_heads=2,
+        max_test_samples=32, max_ood_samples=24, mc_samples=3, ensemble_heads=2, lora_baselines=True, bootstrap=50,
+        ood_score="mutual_information",
     )
     monkeypatch.chdir(tmp_path)
     result = run_text_pipeline(p, "run")  # a relative output folder, as `make demo` passes
@@ -71,6 +73,18 @@ def test_text_pipeline_smoke(tmp_path, tiny_bert_dir, monkeypatch):
     assert abs(int8["accuracy"] - rows[methods[0]]["accuracy"]) <= 0.1 and int8["nll"] > 0
     for row in result.report["rows"]:
         assert 0.0 <= row["accuracy"] <= 1.0 and 0.0 <= row["a"]["auroc"] <= 1.0
+    # the downstream baselines: the Deep Ensemble (the Single is member 0) and LoRA, as M-model ensembles
+    de, lora_ens = rows["Deep Ensemble (M=2)"], rows["LoRA-Ensemble (M=2)"]
+    assert de["members"] == 2 and de["params_m"] == pytest.approx(2 * rows["Single"]["params_m"])
+    assert lora_ens["members"] == 2 and rows["LoRA-Single"]["members"] == 1
+    assert (out / "deep_ensemble" / "member_1" / "model" / "config.json").is_file()
+    assert not (out / "deep_ensemble" / "member_0").exists()  # member 0 is the Single, not trained twice
+    # the Hydra rows use the chosen OOD score, the baselines MSP; paired intervals against Single and the Deep Ensemble
+    assert rows[methods[0]]["ood_score"] == "mutual_information" and rows["Single"]["ood_score"] == "msp"
+    assert set(result.report["comparisons"]) == {f"{methods[0]} − Single", f"{methods[0]} − Deep Ensemble (M=2)"}
+    assert result.report["comparisons"][f"{methods[0]} − Single"]["a.auroc"]["verdict"] in ("better", "worse", "tie")
+    card = (out / "hub" / "README.md").read_text()
+    assert "Paired differences" in card and f"{methods[0]} − Single" in card
     assert result.hub_check["max_abs_prob_diff"] < 1e-4
     hydra_cfg = json.loads((out / "hydra" / "config.json").read_text())
     assert hydra_cfg["num_members"] == 2 and hydra_cfg["kept_heads"] == [m["kept_heads"] for m in masks["members"]]

@@ -4,16 +4,22 @@ Stages (each writes one folder under ``output_dir``; with ``resume=True`` a fini
 
 1. ``single/``      fine-tune the base model with all its heads (the **Single** baseline); its stock
                     checkpoint is ``single.work/member_0/model``.
+1b. ``deep_ensemble/`` (``deep_ensemble``) M - 1 more full fine-tunes with seeds ``seed + m``: with the
+                    Single, the paper's downstream **Deep Ensemble**.
+1c. ``lora/``       (``lora_baselines``, needs the peft extra) M LoRA fine-tunes: **LoRA-Single** (member 0)
+                    and **LoRA-Ensemble**.
 2. ``masks.json``   build M members from the fine-tuned single model (default: CircAvg with seeds
                     ``seed, seed+1, ...``), selected on the ID *validation* split and the OOD
                     *validation* split only.
-3. ``hydra/``       fine-tune every member (its own seed, embeddings frozen) and fuse them.
+3. ``hydra/``       fine-tune every member (its own seed, embeddings frozen) and fuse them
+                    (``member_steps=0``: fuse the pruned Single without fine-tuning).
 3b. ``onnx/``       (``onnx_int8``, with the onnx extra) export the fused model to ONNX, quantise it to
                     int8, with its quantisation report on validation data (int8 against fp32).
 4. ``report/``      evaluate Hydra against Single, Single + temperature scaling, MC Dropout,
-                    Deep Ensembles (D), a single pruned member and Hydra int8 on ONNX Runtime on the ID
-                    test split and every OOD test set: ``report.json``, ``report.md``,
-                    ``reliability.png``, ``ood_scores.png``.
+                    Deep Ensembles (D), the Deep Ensemble, LoRA, a single pruned member and Hydra int8 on
+                    ONNX Runtime on the ID test split and every OOD test set, with paired bootstrap
+                    intervals of Hydra - Single and Hydra - Deep Ensemble: ``report.json``,
+                    ``report.md``, ``reliability.png``, ``ood_scores.png``.
 5. ``hub/``         the Hub-ready repository (card, shipped code, weights, report), validated by
                     loading it in a fresh process where hydra_hf cannot be imported, and checking its
                     predictions against the in-process model on test texts.
@@ -97,11 +103,18 @@ class TextPipeline:
     max_train_samples: int | None = 6000
     max_validation_samples: int | None = 400
     mlp_fusion: str = "average"
+    # baselines trained downstream like the Single (the paper's Deep Ensembles and its Table 17 LoRA rows)
+    deep_ensemble: bool = True  # M full models fine-tuned from the base, seeds seed..seed+M-1; the Single is member 0
+    lora_baselines: bool = False  # LoRA-Single and LoRA-Ensemble (M adapters; needs hydra-hf[peft]); ~5 more CPU minutes
+    lora_learning_rate: float = 2e-3  # LoRA trains 0.3 % of the weights: a larger step than full fine-tuning
+    lora_rank: int = 8
     # evaluation
     max_test_samples: int | None = None  # the whole ID test split
     max_ood_samples: int | None = 800  # per OOD test set
     mc_samples: int = 8
     ensemble_heads: int = 3
+    ood_score: str = "msp"  # the OOD score of the Hydra rows (the baselines use MSP, the paper's score)
+    bootstrap: int = 1000  # paired bootstrap resamples of Hydra - Single and Hydra - Deep Ensemble (0: none)
     onnx_int8: bool = True  # also export Hydra to ONNX, quantise it to int8 and evaluate it (needs hydra-hf[onnx])
     seed: int = 0
     # report and Hub folder
@@ -158,16 +171,24 @@ def export_int8(p: TextPipeline, hydra_dir: Path, onnx_dir: Path) -> Path | None
                        data_options={"max_samples": p.max_validation_samples, "max_length": p.max_length})
 
 
-def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member_dir: Path, report_dir: Path,
-                      settings: dict[str, Any], onnx_dir: Path | None = None) -> dict[str, Any]:
+def hydra_row(p: TextPipeline) -> str:
+    """The report's name of the Hydra row."""
+    return f"Hydra ({p.method}, M={p.members})"
+
+
+def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member_dir: Path | None, report_dir: Path,
+                      settings: dict[str, Any], onnx_dir: Path | None = None,
+                      deep_ensemble: list[Path] | None = None, lora: list[Path] | None = None) -> dict[str, Any]:
     """Stage 4: Hydra vs the paper's baselines on the ID test split and every OOD test set (and, given
-    ``onnx_dir``, the int8 ONNX Runtime export of Hydra as one more row)."""
+    ``onnx_dir``, the int8 ONNX Runtime export of Hydra as one more row; given ``deep_ensemble`` /
+    ``lora``, the member folders of the Deep Ensemble / the LoRA-Ensemble). With ``p.bootstrap``, the
+    report carries paired bootstrap intervals of Hydra - Single (and Hydra - Deep Ensemble)."""
     from .. import evaluation as ev
     from ..data import resolve_dataset
 
     single, tok, _ = ev.load_classifier(single_dir)
     hydra, _, _ = ev.load_classifier(hydra_dir)
-    pruned, _, _ = ev.load_classifier(member_dir)
+    pruned = ev.load_classifier(member_dir)[0] if member_dir is not None else None
 
     def loader(spec, labelled, limit):
         ds = resolve_dataset(spec, require_labels=labelled, num_labels=2 if labelled else None,
@@ -179,23 +200,37 @@ def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member
     oods = {name: loader(spec, False, p.max_ood_samples) for name, spec in p.ood_test_data.items()}
     train = loader(p.train_data, True, p.max_train_samples)
 
-    predictors: dict[str, ev.Predictor] = {
-        f"Hydra ({p.method}, M={p.members})": ev.ModelPredictor(hydra),
-        "Single": ev.ModelPredictor(single),
-        "Single pruned (member 0)": ev.ModelPredictor(pruned),
-        "MC Dropout": ev.MCDropoutPredictor(single, samples=p.mc_samples, seed=p.seed),
-        f"Deep Ensembles (D, M={p.ensemble_heads})": ev.HeadsEnsemblePredictor(
-            single, ev.train_ensemble_heads(single, train, num_heads=p.ensemble_heads, seed=p.seed)),
-    }
+    name = hydra_row(p)
+    predictors: dict[str, ev.Predictor] = {name: ev.ModelPredictor(hydra), "Single": ev.ModelPredictor(single)}
+    if pruned is not None:
+        predictors["Single pruned (member 0)"] = ev.ModelPredictor(pruned)
+    predictors["MC Dropout"] = ev.MCDropoutPredictor(single, samples=p.mc_samples, seed=p.seed)
+    predictors[f"Deep Ensembles (D, M={p.ensemble_heads})"] = ev.HeadsEnsemblePredictor(
+        single, ev.train_ensemble_heads(single, train, num_heads=p.ensemble_heads, seed=p.seed))
+    de_name = f"Deep Ensemble (M={len(deep_ensemble)})" if deep_ensemble else None
+    if deep_ensemble:  # member 0 is the Single
+        predictors[de_name] = ev.EnsemblePredictor([single] + [ev.load_classifier(d)[0] for d in deep_ensemble[1:]])
+    if lora:
+        lora_models = [ev.load_classifier(d)[0] for d in lora]
+        predictors["LoRA-Single"] = ev.ModelPredictor(lora_models[0])
+        predictors[f"LoRA-Ensemble (M={len(lora)})"] = ev.EnsemblePredictor(lora_models)
+    scores = {name: p.ood_score}
     if onnx_dir is not None:
         int8, _, _ = ev.load_classifier(onnx_dir)  # the export's default graph: int8
         predictors[f"Hydra int8 (ONNX Runtime, M={p.members})"] = ev.ModelPredictor(int8)
+        scores[f"Hydra int8 (ONNX Runtime, M={p.members})"] = p.ood_score
     t_single = ev.fit_temperature(ev.predict(predictors["Single"], val, desc="Single: validation"))
     predictors["Single + TS"] = ev.TemperatureScaledPredictor(predictors["Single"], t_single)
     latency_batch = {k: v for k, v in next(iter(test)).items() if k != "labels"}
-    result = ev.evaluate_predictors(predictors, test, oods, score="msp", latency_batch=latency_batch)
+    result = ev.evaluate_predictors(predictors, test, oods, score="msp", scores=scores, latency_batch=latency_batch)
+    comparisons = {}
+    if p.bootstrap:
+        for reference in ("Single", de_name):
+            if reference:
+                comparisons[f"{name} − {reference}"] = ev.compare_predictions(result, name, reference, n_boot=p.bootstrap,
+                                                                               seed=p.seed)
     ev.write_evaluation_report(
-        result, report_dir, title=p.report_title,
+        result, report_dir, title=p.report_title, comparisons=comparisons or None,
         settings=settings, extra={"model_row": 0, "temperature_single": t_single},
         notes=f"Latency: median ms for one batch of {len(latency_batch['input_ids'])} test texts on this machine. "
         + (p.report_notes if p.report_notes is not None else
@@ -203,6 +238,38 @@ def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member
            "test sets (Guardian test split, presidential debates) were never used for any choice."),
     )
     return json.loads((report_dir / "report.json").read_text())
+
+
+def deep_ensemble_stage(p: TextPipeline, base: Path, single_dir: Path, out: Path) -> Stage:
+    """Stage 1b: the Deep Ensemble as the paper trains it downstream: M full models fine-tuned from
+    ``base`` exactly as the Single (seeds ``seed + m``); the Single is member 0, so M - 1 are trained."""
+    from ..baselines import train_deep_ensemble
+
+    folder = out / "deep_ensemble"
+    folders = [single_dir] + [folder / f"member_{m}" / "model" for m in range(1, p.members)]
+
+    def body() -> list[Path]:
+        return train_deep_ensemble(base, p.train_data, p.validation_data, folder,
+                                   _finetune_config(p, p.single_steps, p.learning_rate), members=p.members,
+                                   reuse_member0=single_dir, overwrite=True, id2label=dict(enumerate(p.labels)))
+
+    return Stage(f"1b. fine-tune the Deep Ensemble (M={p.members})", folders[1:], body, load=lambda: folders)
+
+
+def lora_stage(p: TextPipeline, base: Path, out: Path) -> Stage:
+    """Stage 1c: LoRA-Ensemble (M LoRA fine-tunes of ``base``, seeds ``seed + m``, the Single's recipe at
+    ``lora_learning_rate``); member 0 is LoRA-Single."""
+    from ..baselines import train_lora_ensemble
+
+    folder = out / "lora"
+    folders = [folder / f"member_{m}" for m in range(p.members)]
+    config = _finetune_config(p, p.single_steps, p.lora_learning_rate)
+
+    def body() -> list[Path]:
+        return train_lora_ensemble(base, p.train_data, p.validation_data, folder, config, members=p.members,
+                                   id2label=dict(enumerate(p.labels)), r=p.lora_rank, alpha=2 * p.lora_rank)
+
+    return Stage(f"1c. LoRA-Single and LoRA-Ensemble (M={p.members})", folders, body, load=lambda: folders)
 
 
 def check_hub_folder(hub_dir: Path, hydra, tokenizer, texts: list[str]) -> dict[str, Any]:
@@ -238,11 +305,26 @@ def run_text_pipeline(p: TextPipeline, output_dir: str | os.PathLike, *, resume:
                                   id2label=dict(enumerate(p.labels))))  # fmt: skip
     single_dir = single_model_dir(out)
 
+    deep_ensemble = lora = None
+    if p.deep_ensemble and p.members > 1:
+        deep_ensemble = runner.run(deep_ensemble_stage(p, base, single_dir, out))
+    if p.lora_baselines:
+        lora = runner.run(lora_stage(p, base, out))
+
     masks = runner.run(members_stage(out / "masks.json", lambda: build_text_members(p, single_dir)))
 
     hydra_dir, hydra_work = out / "hydra", out / "hydra.work"
-    runner.run(finetune_members_stage(single_dir, masks, out, train_data=p.train_data, validation_data=p.validation_data,
-                                      config=_finetune_config(p, p.member_steps, p.member_learning_rate)))
+    member_dir: Path | None = hydra_work / "member_0" / "model"
+    if p.member_steps == 0:  # the protocol's "no member fine-tuning": fuse the pruned Single as it is
+        from ..convert import convert_checkpoint
+
+        member_dir = None
+        runner.run(Stage("3. fuse the members (no fine-tuning)", hydra_dir, lambda: convert_checkpoint(
+            masks, base=single_dir, output_dir=hydra_dir, mlp_fusion=p.mlp_fusion, overwrite=True)))
+    else:
+        runner.run(finetune_members_stage(single_dir, masks, out, train_data=p.train_data,
+                                          validation_data=p.validation_data,
+                                          config=_finetune_config(p, p.member_steps, p.member_learning_rate)))
 
     onnx_dir = None
     if p.onnx_int8:
@@ -251,7 +333,7 @@ def run_text_pipeline(p: TextPipeline, output_dir: str | os.PathLike, *, resume:
     settings = {**p.describe(), "jaccard": masks.metadata.get("pairwise_jaccard")}
     report_dir = out / "report"
     report = runner.run(Stage("4. evaluate", report_dir, lambda: evaluate_pipeline(
-        p, single_dir, hydra_dir, hydra_work / "member_0" / "model", report_dir, settings, onnx_dir), resumable=False))
+        p, single_dir, hydra_dir, member_dir, report_dir, settings, onnx_dir, deep_ensemble, lora), resumable=False))
 
     def check(validated: dict[str, Any]) -> dict[str, Any]:
         hydra, _, _ = load_classifier(hydra_dir)
