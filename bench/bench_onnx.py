@@ -39,7 +39,9 @@ from hydra_hf.onnx.export import OnnxGraph, dynamic_shapes, export_module, quant
 logger = logging.getLogger("bench_onnx")
 
 CONTENDERS = ("eager Single", "eager Deep Ensemble (3)", "eager Hydra (3)", "ONNX fp32 Single", "ONNX fp32 Hydra (3)",
-              "ONNX int8 Single", "ONNX int8 Hydra (3)")
+              "ONNX int8 Single", "ONNX int8 Hydra (3)", "ONNX int8-all Single", "ONNX int8-all Hydra (3)")
+# int8: the export's default (the MLP output projections kept fp32, for Single and Hydra alike);
+# int8-all: every constant weight quantised (`hydra-hf export --quantize-all`)
 COLUMNS = ["geometry", "batch", "model", "latency_ms", "x eager Single", "x eager Hydra", "weights_M", "file_MB"]
 TARGETS = [  # (name, numerator, denominator, batch, bound)
     ("ONNX fp32 Hydra / eager Hydra", "ONNX fp32 Hydra (3)", "eager Hydra (3)", 1, 0.80),
@@ -94,9 +96,11 @@ def export_pair(model: torch.nn.Module, keys: tuple[str, ...], modality: str, fo
         example["attention_mask"][0, 8:] = 0
     fp32 = export_module(OnnxGraph(model, keys), example, dynamic_shapes(list(example), modality), keys,
                          folder / f"{name}.onnx")
-    int8 = folder / f"{name}_int8.onnx"
-    quantize_int8(fp32, int8)
-    return fp32, int8
+    int8, int8_all = folder / f"{name}_int8.onnx", folder / f"{name}_int8_all.onnx"
+    kept = quantize_int8(fp32, int8)["kept_fp32"]
+    logger.info("%s int8: %d products kept fp32", name, len(kept))
+    quantize_int8(fp32, int8_all, keep_mlp_output_fp32=False)
+    return fp32, int8, int8_all
 
 
 def session(path: Path, threads: int):
@@ -120,8 +124,9 @@ def run_geometry(geometry: str, args, folder: Path) -> list[dict]:
         files[name] = export_pair(models[name], keys, modality, folder, f"{geometry}-{name}", args.seq_len)
     sessions = {f"ONNX fp32 {label}": session(files[name][0], threads) for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))}
     sessions |= {f"ONNX int8 {label}": session(files[name][1], threads) for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))}
-    sizes = {"ONNX fp32 Single": files["single"][0], "ONNX fp32 Hydra (3)": files["hydra"][0],
-             "ONNX int8 Single": files["single"][1], "ONNX int8 Hydra (3)": files["hydra"][1]}
+    sessions |= {f"ONNX int8-all {label}": session(files[name][2], threads) for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))}
+    sizes = {f"ONNX {kind} {label}": files[name][i] for i, kind in ((0, "fp32"), (1, "int8"), (2, "int8-all"))
+             for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))}
     rows = []
     for batch in args.batch_sizes:
         inputs = make_inputs(modality, batch, args.seq_len)

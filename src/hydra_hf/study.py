@@ -220,27 +220,21 @@ def model_numbers(predictor: Any, data: _Data) -> dict[str, Any]:
     return out
 
 
-def _build_masks(c: Candidate, single: Any, tokenizer: Any, data: _Data, fold: str, seed: int):
-    from .data import make_text_loader
-    from .pruning.adapters import get_adapter
-    from .pruning.budget import Budget
-    from .pruning.diversity import prune_members
+def _build_masks(c: Candidate, target: Any, data: _Data, fold: str, seed: int):
+    """The candidate's members for ``fold`` (:func:`hydra_hf.pruning.build_members`, as ``hydra-hf prune``)."""
+    from .pruning import Budget, build_members
 
     id_data, ood_data = data.selection(fold if c.uses_ood else None, c.samples)
-
-    def make_batches(dataset, _seed):
-        return list(make_text_loader(dataset, tokenizer, batch_size=64, max_length=data.s.max_length))
-
-    return prune_members(
-        get_adapter(single), methods=c.method, budget=Budget(remove=c.remove), make_batches=make_batches,
-        id_data=id_data, ood_data=ood_data, members=c.members, seed=seed, heads_per_step=c.heads_per_step,
-        data_fraction=data.s.prune_data_fraction, progress=False,
+    return build_members(
+        target, method=c.method, budget=Budget(remove=c.remove), id_data=id_data, ood_data=ood_data,
+        members=c.members, seed=seed, heads_per_step=c.heads_per_step, data_fraction=data.s.prune_data_fraction,
+        batch_size=64, max_length=data.s.max_length, progress=False,
         metadata={"selection": c.selection_key(fold), "seed": seed},
     )
 
 
 def run_cell(s: TextStudy, c: Candidate, fold: str, seed: int, single_dir: Path, out: Path, work: Path, data: _Data,
-             single_model: Any) -> dict[str, Any]:
+             target: Any) -> dict[str, Any]:
     """Select, fine-tune, fuse and score one candidate on one fold; returns the cell's numbers per fusion."""
     from .convert import convert_checkpoint
     from .evaluation import ModelPredictor
@@ -253,7 +247,7 @@ def run_cell(s: TextStudy, c: Candidate, fold: str, seed: int, single_dir: Path,
     if masks_file.exists():
         masks = HeadMasks.load(masks_file)
     else:
-        masks = _build_masks(c, single_model, data.tokenizer, data, fold, seed)
+        masks = _build_masks(c, target, data, fold, seed)
         masks_file.parent.mkdir(parents=True, exist_ok=True)
         masks.save(masks_file)
         timings["select_s"] = time.perf_counter() - t0
@@ -308,10 +302,9 @@ def run_study(
         shard: ``(i, n)``: this process runs the cells of every n-th selection, starting at the i-th
             (several processes share the folder; cells sharing masks stay in one process).
     """
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
     from .evaluation import ModelPredictor
     from .outputs import prepare_owned_folder
+    from .pruning import load_pruning_target
 
     out = Path(output_dir).resolve()
     prepare_owned_folder(out, command="study", overwrite=False, keep=True)
@@ -325,9 +318,9 @@ def run_study(
             groups.setdefault(c.selection_key(fold), len(groups))
     for seed in seeds:
         single_dir = Path(singles[seed]) if singles and seed in singles else train_single(s, seed, out / f"single_seed{seed}")
-        tokenizer = AutoTokenizer.from_pretrained(str(single_dir))
-        single = AutoModelForSequenceClassification.from_pretrained(str(single_dir)).eval()
-        data = _Data(s, tokenizer)
+        target = load_pruning_target(single_dir)  # the Single and its tokenizer, as hydra-hf prune loads them
+        single = target.adapter.model
+        data = _Data(s, target.tokenizer)
         single_file = out / "cells" / f"seed{seed}" / "single.json"
         if not single_file.exists() and shard[0] == 0:
             single_file.parent.mkdir(parents=True, exist_ok=True)
@@ -342,7 +335,7 @@ def run_study(
                     continue
                 logger.info("cell: seed %d, %s, fold %s", seed, c.name, fold)
                 t0 = time.perf_counter()
-                cell = run_cell(s, c, fold, seed, single_dir, out, out / "work" / f"shard{shard[0]}" / "cell", data, single)
+                cell = run_cell(s, c, fold, seed, single_dir, out, out / "work" / f"process{os.getpid()}", data, target)
                 cell["timings"]["total_s"] = time.perf_counter() - t0
                 file.parent.mkdir(parents=True, exist_ok=True)
                 _write_json(file, cell)

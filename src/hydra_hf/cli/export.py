@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     out = export_onnx(args.model, args.output, opset=args.opset, quantize=args.quantize and args.quantize.lower(),
                       calibration_data=args.calibration_data, ood_data=args.ood_data, overwrite=args.overwrite,
                       data_options=options, **({"templates": args.class_template} if args.class_template else {}),
-                      **({"keep_fp32": ()} if args.quantize_all else {}))
+                      keep_mlp_output_fp32=not args.quantize_all)
     from ..onnx.runtime import read_export_metadata
 
     metadata = read_export_metadata(out)

@@ -179,33 +179,51 @@ def export_module(
     return path
 
 
-# Weights kept in fp32 by default: the MLP output projections. Their input is the activation (GELU)
-# output, whose few large values make one per-tensor uint8 range per batch too coarse for the rest:
-# on the demo model (MiniLM, 3 members), quantising them flipped 5.5 % of the validation labels and moved
-# the Guardian OOD AUROC by -0.020; keeping them in fp32 flips 1.3 % and moves it by -0.004 (docs/deploy.md).
-KEEP_FP32_DEFAULT = (r"\.mlp\.fc2_weight$",)
+# Kept in fp32 by default: the MLP output projections, found in the graph as the products whose input
+# is an activation's output (GELU, its erf / tanh forms, SiLU, QuickGELU, ReLU). That input has a few
+# values far larger than the rest, and dynamic quantisation gives each batch one uint8 range per
+# tensor, too coarse for the many small ones: on the demo model (MiniLM, 3 members), quantising them
+# changed 5.5 % of the validation labels and the Guardian OOD AUROC by -0.020; keeping them in fp32,
+# 1.3 % and -0.004 (docs/deploy.md).
+ACTIVATION_OPS = {"Gelu", "FastGelu", "BiasGelu", "QuickGelu", "Erf", "Tanh", "Sigmoid", "Relu"}
+_ELEMENTWISE = {"Mul", "Add", "Div", "Reshape", "Cast", "Transpose", "Identity", "Squeeze", "Unsqueeze", "Flatten"}
 
 
-def quantize_int8(source: str | os.PathLike, target: str | os.PathLike,
-                  keep_fp32: Sequence[str] = KEEP_FP32_DEFAULT) -> dict[str, Any]:
+def activation_fed_products(graph: Any, depth: int = 6) -> list[str]:
+    """Names of the MatMul / Gemm nodes of ``graph`` whose first input is an activation's output:
+    walking back from it through element-wise and shape operators (at most ``depth`` nodes) reaches an
+    activation before any other product, softmax or normalisation."""
+    producer = {out: node for node in graph.node for out in node.output}
+    found = []
+    for node in graph.node:
+        if node.op_type not in ("MatMul", "Gemm"):
+            continue
+        frontier, seen = [node.input[0]], set()
+        for _ in range(depth):
+            parents = [producer[name] for name in frontier if name in producer and name not in seen]
+            seen.update(frontier)
+            if any(parent.op_type in ACTIVATION_OPS for parent in parents):
+                found.append(node.name)
+                break
+            frontier = [i for parent in parents if parent.op_type in _ELEMENTWISE for i in parent.input]
+            if not frontier:
+                break
+    return found
+
+
+def quantize_int8(source: str | os.PathLike, target: str | os.PathLike, keep_mlp_output_fp32: bool = True) -> dict[str, Any]:
     """ONNX Runtime dynamic quantisation: int8 (QInt8) weights on every MatMul / Gemm with a constant
-    weight, except those whose weight's name matches a regular expression of ``keep_fp32`` (default:
-    the MLP output projections, :data:`KEEP_FP32_DEFAULT`); activations are quantised per batch at run
-    time. Returns counts of the operators and the names of the weights kept in fp32.
+    weight, except (by default) the MLP output projections (:func:`activation_fed_products`);
+    activations are quantised per batch at run time. Returns counts of the operators and the names of
+    the products kept in fp32.
     """
-    import re
-
     (onnx,) = require_onnx("onnx")
     require_onnx("onnxruntime")
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    source_graph = onnx.load(str(source), load_external_data=False).graph
-    weights = {init.name for init in source_graph.initializer}
-    kept = [(node.name, node.input[1]) for node in source_graph.node
-            if node.op_type in ("MatMul", "Gemm") and len(node.input) > 1 and node.input[1] in weights
-            and any(re.search(pattern, node.input[1]) for pattern in keep_fp32)]
+    kept = activation_fed_products(onnx.load(str(source), load_external_data=False).graph) if keep_mlp_output_fp32 else []
     # the quantiser first rewrites a Gemm as "<name>_MatMul" + Add: exclude both names
-    exclude = [name for name, _ in kept] + [f"{name}_MatMul" for name, _ in kept]
+    exclude = kept + [f"{name}_MatMul" for name in kept]
     with _quiet_exporter():
         quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"],
                          nodes_to_exclude=exclude)
@@ -214,14 +232,14 @@ def quantize_int8(source: str | os.PathLike, target: str | os.PathLike,
     counts: dict[str, Any] = {
         "MatMulInteger": ops.count("MatMulInteger"), "DynamicQuantizeLinear": ops.count("DynamicQuantizeLinear"),
         "MatMul (float, left)": ops.count("MatMul"), "Gemm (float, left)": ops.count("Gemm"),
-        "kept_fp32": sorted(weight for _, weight in kept),
+        "kept_fp32": sorted(kept),
     }
     if counts["MatMulInteger"] == 0:
         raise RuntimeError(f"dynamic quantisation of {str(source)!r} quantised no MatMul: the weights are not constants")
-    quantized = {node.input[1] for node in graph.node if node.op_type == "MatMulInteger" and len(node.input) > 1}
-    leaked = [w for _, w in kept if any(q.startswith(w) for q in quantized)]
+    names = {node.name for node in graph.node if node.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")}
+    leaked = [k for k in kept if any(n.startswith(k + "_") or n.startswith(k + "_MatMul_") for n in names)]
     if leaked:
-        raise RuntimeError(f"weights meant to stay fp32 were quantised: {leaked[:3]}; please report this")
+        raise RuntimeError(f"products meant to stay fp32 were quantised: {leaked[:3]}; please report this")
     return counts
 
 
@@ -294,7 +312,7 @@ def export_onnx(
     overwrite: bool = False,
     data_options: dict[str, Any] | None = None,
     templates: Sequence[str] = DEFAULT_TEMPLATES,
-    keep_fp32: Sequence[str] = KEEP_FP32_DEFAULT,
+    keep_mlp_output_fp32: bool = True,
 ) -> Path:
     """Export the Hydra folder ``model_dir`` to an ONNX folder ``output_dir`` (written atomically).
 
@@ -308,8 +326,8 @@ def export_onnx(
         opset: the ONNX opset (>= 18).
         data_options: for the report's data, as ``hydra-hf evaluate`` takes them: ``text_column``,
             ``label_column``, ``image_column``, ``max_samples``, ``batch_size``, ``max_length``.
-        keep_fp32: int8 only: regular expressions of weight names left in fp32 (default: the MLP output
-            projections, see :data:`KEEP_FP32_DEFAULT`; ``()`` quantises every constant weight).
+        keep_mlp_output_fp32: int8 only: leave the MLP output projections in fp32 (default; see
+            :func:`activation_fed_products`); False quantises every constant weight.
         templates: two-tower models (CLIP, SigLIP, open_clip): the prompt templates of the report's
             zero-shot classifier, each with one ``{}`` for a class name of ``calibration_data`` (an
             image folder with one sub-folder per class, or a label column of class names).
@@ -359,7 +377,7 @@ def export_onnx(
         files = {FP32_FILE: {"precision": "fp32", "parameters": count_weights(tmp / FP32_FILE),
                              "size_mb": round((tmp / FP32_FILE).stat().st_size / 2**20, 3)}}
         if quantize == "int8":
-            counts = quantize_int8(tmp / FP32_FILE, tmp / INT8_FILE, keep_fp32)
+            counts = quantize_int8(tmp / FP32_FILE, tmp / INT8_FILE, keep_mlp_output_fp32)
             files[INT8_FILE] = {"precision": "int8", "parameters": count_weights(tmp / INT8_FILE),
                                 "size_mb": round((tmp / INT8_FILE).stat().st_size / 2**20, 3),
                                 "quantized_operators": counts}
@@ -380,7 +398,8 @@ def export_onnx(
             "quantization": None if quantize is None else {
                 "method": "onnxruntime.quantization.quantize_dynamic", "weight_type": "QInt8",
                 "op_types": ["MatMul", "Gemm"], "activations": "uint8, quantised per batch at run time",
-                "kept_fp32": list(keep_fp32), "kept_fp32_weights": len(files[INT8_FILE]["quantized_operators"]["kept_fp32"])},
+                "kept_fp32": "MLP output projections (products fed by an activation)" if keep_mlp_output_fp32 else "none",
+                "kept_fp32_products": len(files[INT8_FILE]["quantized_operators"]["kept_fp32"])},
         }
         (tmp / EXPORT_METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
         # the export's own check: ONNX Runtime == PyTorch on the example and on other sizes (padded)
@@ -518,7 +537,7 @@ def export_card(metadata: dict[str, Any], report: dict[str, Any] | None) -> str:
         q = metadata["quantization"]
         quant = (f"`{q['method']}`: {q['weight_type']} weights on {', '.join(q['op_types'])} "
                  f"({metadata['files'][INT8_FILE]['quantized_operators']['MatMulInteger']} MatMulInteger nodes; "
-                 f"{q.get('kept_fp32_weights', 0)} weights matching {q.get('kept_fp32', [])} kept in fp32), "
+                 f"{q.get('kept_fp32_products', 0)} products kept in fp32: {q.get('kept_fp32', 'none')}), "
                  f"{q['activations']}. `{INT8_FILE}` is the folder's default graph; `{FP32_FILE}` is kept for comparison.")
     lines = [
         f"# Hydra Ensemble ({metadata['family']}, {metadata['num_members']} members) — ONNX export",
