@@ -1,6 +1,6 @@
 """The selection protocol on the embedded text data (`make study`): which Hydra recipe transfers to
 OOD text that nobody selected on? Validation splits only, leave-one-OOD-kind-out (see
-`hydra_hf.study`). Prints the decision table and writes it to OUTPUT/decision.md.
+`hydra_hf.study`). Prints the decision table and writes it to OUTPUT/decision.md (and the bars to decision.png).
 
     python examples/study_text.py --output outputs/study --seeds 0 1 2
     # two processes sharing the work (each takes every other cell), then the table:
@@ -18,7 +18,7 @@ import json
 import logging
 from pathlib import Path
 
-from hydra_hf.study import DEFAULT_CANDIDATES, TextStudy, collect, decide, render_decision_table, run_study
+from hydra_hf.study import DEFAULT_CANDIDATES, TextStudy, collect, decide, plot_decision, render_decision_table, run_study
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -57,6 +57,8 @@ def main() -> None:
         summary = collect(out, study, DEFAULT_CANDIDATES)
     table = render_decision_table(summary, study)
     (out / "decision.md").write_text(table)
+    if summary["rows"]:
+        plot_decision(summary, study, out / "decision.png")
     (out / "summary.json").write_text(json.dumps({"summary": summary, "choice": decide(summary, study)}, indent=2) + "\n")
     print(table)
 

@@ -57,6 +57,10 @@ def test_leave_one_kind_out_gain_and_decision(tmp_path):
     table = st.render_decision_table(summary, s)
     assert "**chosen**" in table and "accurate-less" in table  # losers stay in the table
     assert table.count("| no |") == len(st.OOD_SCORES)
+    from PIL import Image
+
+    png = st.plot_decision(summary, s, tmp_path / "decision.png")
+    assert Image.open(png).size[1] > 100
 
 
 def test_unfinished_candidates_and_seeds(tmp_path):

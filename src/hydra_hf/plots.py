@@ -316,3 +316,37 @@ def heads_heatmap(
     if title:
         fig.suptitle(title)
     return _save_atomic(fig, path)
+
+
+def transfer_gains(
+    rows: Sequence[Mapping[str, Any]],
+    path: str | os.PathLike[str],
+    *,
+    kinds: Sequence[str],
+    title: str | None = None,
+) -> str:
+    """The selection protocol's rows as horizontal bars (``hydra_hf.study``): per row the mean transfer
+    gain in OOD AUROC over Single (± its seed std as an error bar, when there are several seeds) and a
+    dot per OOD kind; rows that break the accuracy / ECE constraint are grey. Rows are ``collect()``'s,
+    each with ``label``, ``gain``, ``gain_std``, ``gain_<kind>`` and ``eligible``.
+    """
+    if not rows:
+        raise ValueError("no rows to plot")
+    rows = sorted(rows, key=lambda r: r["gain"])
+    fig = _new_figure(8.0, 1.2 + 0.28 * len(rows))
+    ax = fig.add_subplot(1, 1, 1)
+    y = np.arange(len(rows))
+    colors = ["tab:blue" if r.get("eligible") else "0.7" for r in rows]
+    ax.barh(y, [r["gain"] for r in rows], xerr=[r.get("gain_std", 0.0) for r in rows], color=colors, height=0.6)
+    markers = "osD^v<>"
+    for k, kind in enumerate(kinds):
+        ax.scatter([r.get(f"gain_{kind}", np.nan) for r in rows], y, s=14, marker=markers[k % len(markers)],
+                   color="black", zorder=3, label=kind)
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    ax.set_yticks(y)
+    ax.set_yticklabels([r["label"] for r in rows], fontsize=7)
+    ax.set_xlabel("OOD AUROC − Single's (MSP), on OOD kinds not selected on")
+    ax.legend(fontsize=7, loc="lower right", title="per kind", title_fontsize=7)
+    if title:
+        ax.set_title(title)
+    return _save_atomic(fig, path)

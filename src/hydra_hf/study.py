@@ -428,6 +428,16 @@ def decide(summary: Mapping[str, Any], s: TextStudy) -> dict[str, Any] | None:
     return max(eligible, key=lambda r: (round(r["gain"], 6), r["worst_fold_gain"]))
 
 
+def plot_decision(summary: Mapping[str, Any], s: TextStudy, path: str | os.PathLike) -> str:
+    """``summary``'s rows as bars of their transfer gain (:func:`hydra_hf.plots.transfer_gains`)."""
+    from .plots import transfer_gains
+
+    rows = [{**r, "label": f"{r['candidate']} | {r['fusion']} | {r['score']}",
+             "eligible": r["accuracy_diff"] >= -s.max_accuracy_drop and r["ece_diff"] <= s.ece_tolerance}
+            for r in summary["rows"]]
+    return transfer_gains(rows, path, kinds=summary["kinds"], title="Selection protocol: transfer to unseen OOD kinds")
+
+
 def render_decision_table(summary: Mapping[str, Any], s: TextStudy) -> str:
     """Markdown: every row, sorted by mean transfer gain, with the constraints' verdicts and the choice."""
     choice = decide(summary, s)
