@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from hydra_hf import metrics
+from hydra_hf import metrics, report
 from hydra_hf.evaluation import EvaluationResult, Predictions, compare_predictions, write_evaluation_report
 from hydra_hf.report import aggregate_seed_reports, write_report
 
@@ -80,3 +80,34 @@ def test_seed_aggregate_means_stds_and_rendering(tmp_path):
     assert "0.8000 ± 0.1000" in md and "over 3 seeds" in md
     with pytest.raises(ValueError, match="different methods"):
         aggregate_seed_reports([reports[0], {"rows": [{"method": "Other"}]}])
+
+
+def test_aggregate_command_writes_mean_std_and_each_seeds_intervals(tmp_path, capsys):
+    """`hydra-hf aggregate`: the mean ± std report of several seeds' reports, their intervals kept per
+    seed; bad input is one line and writes nothing."""
+    import json
+
+    from hydra_hf.cli import main
+
+    rows = lambda acc: [{"method": "Hydra", "accuracy": acc, "ece": 0.02, "o": {"auroc": acc - 0.1}},  # noqa: E731
+                        {"method": "Single", "accuracy": 0.80, "ece": 0.03, "o": {"auroc": 0.7}}]
+    for seed, acc in ((0, 0.82), (1, 0.84)):
+        interval = {"difference": acc - 0.8, "ci_low": -0.01, "ci_high": 0.05, "level": 0.95, "n_boot": 100, "verdict": "tie"}
+        report.write_report({"rows": rows(acc), "settings": {"seed": seed},
+                             "comparisons": {"Hydra − Single": {"accuracy": interval}}}, tmp_path / f"r{seed}")
+    assert main(["aggregate", str(tmp_path / "r0"), str(tmp_path / "r1" / "report.json"), "--output", str(tmp_path / "agg")]) == 0
+    data = json.loads((tmp_path / "agg" / "report.json").read_text())
+    assert data["seeds"] == 2 and data["rows"][0]["accuracy"] == pytest.approx(0.83)
+    assert data["rows_std"][0]["accuracy"] == pytest.approx(0.0141421, abs=1e-6)
+    assert set(data["comparisons"]) == {"Hydra − Single (seed 0)", "Hydra − Single (seed 1)"}
+    md = (tmp_path / "agg" / "report.md").read_text()
+    assert "0.8300 ± 0.0141" in md and "Hydra − Single (seed 1)" in md
+    capsys.readouterr()
+    # different methods, one report, a missing folder: one line, exit 2, no output
+    report.write_report({"rows": rows(0.9)[:1]}, tmp_path / "other")
+    capsys.readouterr()
+    for args in ([str(tmp_path / "r0"), str(tmp_path / "other")], [str(tmp_path / "r0")], [str(tmp_path / "r0"), str(tmp_path / "nope")]):
+        assert main(["aggregate", *args, "--output", str(tmp_path / "bad")]) == 2
+        err = "\n".join(line for line in capsys.readouterr().err.splitlines() if " INFO " not in line).strip()
+        assert err and "\n" not in err
+        assert not (tmp_path / "bad").exists()

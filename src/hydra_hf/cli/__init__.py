@@ -15,7 +15,7 @@ import logging
 import sys
 
 # Sub-command modules, in the order `hydra-hf --help` lists them.
-COMMANDS = ("prune", "convert", "finetune", "evaluate", "export", "push")
+COMMANDS = ("prune", "convert", "finetune", "evaluate", "aggregate", "export", "push")
 
 # One worked example per command, shown at the end of `hydra-hf COMMAND --help`.
 EXAMPLES = {
@@ -31,6 +31,8 @@ EXAMPLES = {
   hydra-hf evaluate --model hydra-rt --baseline Single=runs/single --temperature-scaling \\
       --val-data rotten_tomatoes:validation --id-data rotten_tomatoes:test \\
       --ood-data guardian_headlines:ood_test --ood-data presidential_debates:ood_test --report report""",
+    "aggregate": """example (three seeds of one pipeline: mean ± std of every number, each seed's intervals):
+  hydra-hf aggregate runs/seed0/report runs/seed1/report runs/seed2/report --output report-3-seeds""",
     "export": """example (an int8 ONNX graph, with its accuracy against fp32 on validation and OOD data):
   hydra-hf export hydra-rt --format onnx --quantize int8 --output hydra-rt-onnx \\
       --calibration-data rotten_tomatoes:validation --ood-data guardian_headlines:ood_validation
@@ -54,7 +56,7 @@ USER_ERRORS = (HydraError, ValueError, FileNotFoundError, FileExistsError, NotAD
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hydra-hf",
-        description="Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, evaluate, export, push.",
+        description="Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, evaluate, aggregate, export, push.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks of errors")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",

@@ -1,0 +1,69 @@
+"""`hydra-hf aggregate`: one report of several seeds' reports (mean ± std of every number, and each
+seed's paired bootstrap intervals), as the card and the README show seed spreads."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "aggregate",
+        help="average several seeds' evaluation reports (mean ± std)",
+        description="Write one report from the reports of several pipeline seeds (the same methods in the same "
+        "order): every number as mean ± standard deviation, and every seed's paired bootstrap intervals.",
+    )
+    p.add_argument("reports", nargs="+", metavar="REPORT",
+                   help="report folders (or report.json files) of `hydra-hf evaluate` or a recipe, one per seed")
+    p.add_argument("--output", required=True, help="output folder (must not exist or be empty, unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace --output if it holds an earlier `hydra-hf aggregate` report (never another folder)")
+    p.set_defaults(func=run)
+
+
+def _read(spec: str) -> dict:
+    from ..errors import HydraInputError
+
+    path = Path(spec)
+    file = path / "report.json" if path.is_dir() else path
+    if file.is_symlink() or not file.is_file():
+        raise HydraInputError(f"{spec!r} is not a report folder or report.json; pass what `hydra-hf evaluate --report` wrote")
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError):
+        raise HydraInputError(f"{str(file)!r} is not valid JSON; pass an intact report.json") from None
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise HydraInputError(f"{str(file)!r} has no report rows; pass what `hydra-hf evaluate --report` wrote")
+    return data
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import HydraInputError
+    from ..outputs import check_output, write_output_folder
+    from ..report import aggregate_seed_reports, write_report
+
+    if len(args.reports) < 2:
+        raise HydraInputError(f"aggregate needs the reports of at least 2 seeds, got {len(args.reports)}")
+    check_output(args.output, command="aggregate", overwrite=args.overwrite, inputs=args.reports)
+    reports = [_read(spec) for spec in args.reports]
+    try:
+        aggregate = aggregate_seed_reports(reports)
+    except ValueError as exc:
+        raise HydraInputError(str(exc)) from None
+    comparisons = {}
+    for spec, report in zip(args.reports, reports):
+        seed = (report.get("settings") or {}).get("seed") if isinstance(report.get("settings"), dict) else None
+        for name, rows in (report.get("comparisons") or {}).items():
+            comparisons[f"{name} ({'seed ' + str(seed) if seed is not None else spec})"] = rows
+    if comparisons:
+        aggregate["comparisons"] = comparisons
+    aggregate["sources"] = [str(s) for s in args.reports]
+    out = write_output_folder(args.output, lambda tmp: write_report(aggregate, tmp), command="aggregate",
+                              overwrite=args.overwrite, inputs=args.reports)
+    print(json.dumps({"output": str(out), "seeds": aggregate["seeds"], "methods": [r["method"] for r in aggregate["rows"]]}))
+    return 0
