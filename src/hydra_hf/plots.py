@@ -333,7 +333,7 @@ def transfer_gains(
     if not rows:
         raise ValueError("no rows to plot")
     rows = sorted(rows, key=lambda r: r["gain"])
-    fig = _new_figure(8.0, 1.2 + 0.28 * len(rows))
+    fig = _new_figure(11.0, 1.4 + 0.28 * len(rows))
     ax = fig.add_subplot(1, 1, 1)
     y = np.arange(len(rows))
     colors = ["tab:blue" if r.get("eligible") else "0.7" for r in rows]
@@ -345,8 +345,8 @@ def transfer_gains(
     ax.axvline(0.0, color="black", linewidth=0.8)
     ax.set_yticks(y)
     ax.set_yticklabels([r["label"] for r in rows], fontsize=7)
-    ax.set_xlabel("OOD AUROC − Single's (MSP), on OOD kinds not selected on")
-    ax.legend(fontsize=7, loc="lower right", title="per kind", title_fontsize=7)
+    ax.set_xlabel("OOD AUROC minus Single's (MSP), on the OOD kinds a fold did not select on")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="per kind", title_fontsize=7)
     if title:
         ax.set_title(title)
     return _save_atomic(fig, path)
