@@ -3,6 +3,7 @@ and a tiny end-to-end study that reads no test split and whose numbers a direct 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -145,6 +146,12 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     p_b = predict(ModelPredictor(hydra), make_loader(ood_b, tok, "text", 64, 16))
     expected = metrics.ood_report(p_id.ood_scores("mutual_information"), p_b.ood_scores("mutual_information"))["auroc"]
     assert cell["fusions"]["average"]["ood"]["b"]["mutual_information"] == pytest.approx(expected, abs=1e-12)
+    # a seed without a given Single trains its own (the study's `train_single`), then runs its cells
+    s1 = dataclasses.replace(s, single_steps=2)
+    st.run_study(s1, tmp_path / "study", candidates=cands[:1], seeds=(1,))
+    assert (tmp_path / "study" / "single_seed1" / "work" / "member_0" / "model" / "config.json").is_file()
+    assert sorted(p.name for p in (tmp_path / "study" / "cells" / "seed1" / "circ").iterdir()) == ["a.json", "b.json"]
+    files = [f for f in files if f.startswith("seed0")]
     # re-running resumes: nothing is recomputed
     before = {f: (tmp_path / "study" / "cells" / f).stat().st_mtime_ns for f in files}
     st.run_study(s, tmp_path / "study", candidates=cands, singles={0: single})

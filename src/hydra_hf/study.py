@@ -146,18 +146,14 @@ def _base_dir(s: TextStudy) -> Path:
 
 def train_single(s: TextStudy, seed: int, out: Path) -> Path:
     """The Single model of ``seed`` (all heads, the recipe's fine-tuning); returns its checkpoint."""
-    from .convert import read_config
+    from .baselines import all_heads_masks
     from .finetune import finetune_members
-    from .masks import HeadMasks
 
     ckpt = out / "work" / "member_0" / "model"
     if ckpt.exists():
         return ckpt
     base = _base_dir(s)
-    cfg = read_config(base)
-    masks = HeadMasks(kept_heads=[[list(range(cfg["num_attention_heads"]))] * cfg["num_hidden_layers"]],
-                      num_heads=cfg["num_attention_heads"], metadata={"method": "none (single model)"})
-    finetune_members(base, masks, s.train_data, s.id_validation, out / "fused",
+    finetune_members(base, all_heads_masks(base), s.train_data, s.id_validation, out / "fused",
                      _finetune_config(s, s.single_steps, s.learning_rate, seed), work_dir=out / "work",
                      overwrite=True, id2label=dict(enumerate(s.labels)))
     shutil.rmtree(out / "fused", ignore_errors=True)
@@ -189,10 +185,6 @@ class _Data:
         id_data = self.id_pool.select(range(min(samples, len(self.id_pool))))
         ood = None if kind is None else self.ood_pool[kind].select(range(min(samples, len(self.ood_pool[kind]))))
         return id_data, ood
-
-    def scoring_kinds(self, fold: str) -> list[str]:
-        """The OOD kinds a fold is scored on: every kind but the one it selected on."""
-        return [k for k in self.s.ood_validation if k != fold]
 
 
 def model_numbers(predictor: Any, data: _Data) -> dict[str, Any]:

@@ -8,9 +8,9 @@ Stages (each writes one folder under ``output_dir``; with ``resume=True`` a fini
                     Single, the paper's downstream **Deep Ensemble**.
 1c. ``lora/``       (``lora_baselines``, needs the peft extra) M LoRA fine-tunes: **LoRA-Single** (member 0)
                     and **LoRA-Ensemble**.
-2. ``masks.json``   build M members from the fine-tuned single model (default: CircAvg with seeds
-                    ``seed, seed+1, ...``), selected on the ID *validation* split and the OOD
-                    *validation* split only.
+2. ``masks.json``   build M members from the fine-tuned single model (default: Taylor, the selection
+                    protocol's choice, with seeds ``seed, seed+1, ...``), selected on the ID
+                    *validation* split (and, for CircOOD / CircAvg, the OOD *validation* split) only.
 3. ``hydra/``       fine-tune every member (its own seed, embeddings frozen) and fuse them
                     (``member_steps=0``: fuse the pruned Single without fine-tuning).
 3b. ``onnx/``       (``onnx_int8``, with the onnx extra) export the fused model to ONNX, quantise it to
@@ -72,8 +72,8 @@ def packaged_minilm() -> Path:
 class TextPipeline:
     """Every choice of a text run. The defaults are the embedded demo (all-MiniLM-L6-v2, Rotten
     Tomatoes reviews; Guardian headlines, US presidential debate statements, Hamlet and party-convention
-    speeches as OOD text), sized to finish within 20 minutes on 2 CPU cores; its member recipe is the
-    one the selection protocol chose on validation splits (``hydra_hf.study``, docs/study.md)."""
+    speeches as OOD text), sized for 2 CPU cores (the README gives the measured time); its member recipe
+    is the one the selection protocol chose on validation splits (``hydra_hf.study``, docs/study.md)."""
 
     base_model: str | None = None  # None: the packaged all-MiniLM-L6-v2
     labels: tuple[str, ...] = ("rotten", "fresh")
