@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="keep the stages already finished in --output")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lora", action="store_true",
-                        help="also train LoRA-Single and LoRA-Ensemble (needs hydra-hf[peft]; ~5 more minutes on 2 cores)")
+                        help="also train LoRA-Single and LoRA-Ensemble (needs hydra-hf[peft]; ~8 more minutes on 2 cores: 6 to train, 2 to evaluate)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     start = time.perf_counter()

@@ -110,7 +110,7 @@ class TextPipeline:
     mlp_fusion: str = "average"
     # baselines trained downstream like the Single (the paper's Deep Ensembles and its Table 17 LoRA rows)
     deep_ensemble: bool = True  # M full models fine-tuned from the base, seeds seed..seed+M-1; the Single is member 0
-    lora_baselines: bool = False  # LoRA-Single and LoRA-Ensemble (M adapters; needs hydra-hf[peft]); ~5 more CPU minutes
+    lora_baselines: bool = False  # LoRA-Single and LoRA-Ensemble (M adapters; needs hydra-hf[peft]); ~8 more minutes on 2 cores
     lora_learning_rate: float = 2e-3  # LoRA trains 0.3 % of the weights: a larger step than full fine-tuning
     lora_rank: int = 8
     # evaluation
