@@ -14,13 +14,13 @@ does. A setting's module holds only its settings and its stage bodies; it import
 from a sibling.
 """
 
+from ..baselines import all_heads_masks  # the Single's masks: one member keeping every head
 from .image import ImagePipeline, build_image_members, evaluate_image_pipeline, run_image_pipeline
 from .runner import (
     HUB_STAGE,
     PipelineResult,
     Stage,
     StageRunner,
-    all_heads_masks,
     finetune_members_stage,
     hub_stage,
     members_stage,

@@ -132,20 +132,11 @@ class StageRunner:
         return PipelineResult.finish(self.output_dir, report, self.timings, hub_check)
 
 
-def all_heads_masks(model_dir: Path) -> HeadMasks:
-    """One member keeping every head of ``model_dir``: the Single model, fine-tuned as a one-member Hydra."""
-    from ..convert import read_config
-    from ..masks import HeadMasks
-
-    cfg = read_config(model_dir)
-    L, H = cfg["num_hidden_layers"], cfg["num_attention_heads"]
-    return HeadMasks(kept_heads=[[list(range(H))] * L], num_heads=H, metadata={"method": "none (single model)"})
-
-
 def single_model_stage(base: Path, out: Path, *, train_data: str, validation_data: str, config: Any,
                        id2label: dict[int, str] | None = None) -> Stage:
     """Stage 1 of the trained settings: fine-tune ``base`` with all its heads (the **Single**
     baseline) into ``out / "single"``; its stock checkpoint is :func:`single_model_dir` ``(out)``."""
+    from ..baselines import all_heads_masks
     from ..finetune import finetune_members
 
     single_out = out / "single"
