@@ -18,7 +18,18 @@ import json
 import logging
 from pathlib import Path
 
-from hydra_hf.study import DEFAULT_CANDIDATES, TextStudy, collect, decide, plot_decision, render_decision_table, run_study
+from hydra_hf.study import (
+    DEFAULT_CANDIDATES,
+    TextStudy,
+    collect,
+    decide,
+    plot_decision,
+    render_decision_table,
+    render_selection_noise,
+    run_study,
+    selection_noise,
+    study_data,
+)
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -41,6 +52,13 @@ def main() -> None:
     parser.add_argument("--candidates", nargs="+", default=None, metavar="INDEX",
                         help="indices into the default grid to run (default: all); the table lists what is finished")
     parser.add_argument("--table-only", action="store_true", help="print the table of the finished cells and exit")
+    parser.add_argument("--selection-noise", action="store_true",
+                        help="measure instead how reproducible the circuit search's first step is on two disjoint "
+                             "selection sets (the first seed's Single; writes OUTPUT/selection_noise.md)")
+    parser.add_argument("--noise-sizes", type=int, nargs="+", default=[48, 96, 192], metavar="N",
+                        help="selection-set sizes for --selection-noise (default 48 96 192)")
+    parser.add_argument("--noise-repeats", type=int, default=3, metavar="R",
+                        help="random pairs of disjoint selection sets per size for --selection-noise (default 3)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     study = TextStudy()
@@ -50,6 +68,23 @@ def main() -> None:
         seed, _, folder = item.partition("=")
         singles[int(seed)] = folder
     out = Path(args.output)
+    if args.selection_noise:
+        from hydra_hf.pruning import load_pruning_target
+
+        seed = args.seeds[0]
+        if seed not in singles:
+            parser.error(f"--selection-noise needs the Single of seed {seed}: give --single {seed}=DIR")
+        target = load_pruning_target(singles[seed])
+        data, rows = study_data(study, target.tokenizer), []
+        for kind in study.ood_validation:
+            sizes = [n for n in args.noise_sizes if 2 * n <= min(study.finetune_eval, len(data.ood_pool[kind]))]
+            rows += selection_noise(target, data, sizes=sizes, kind=kind, repeats=args.noise_repeats, seed=seed)
+        table = render_selection_noise(rows)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "selection_noise.md").write_text(table)
+        (out / "selection_noise.json").write_text(json.dumps(rows, indent=2) + "\n")
+        print(table)
+        return
     if args.table_only:
         summary = collect(out, study, DEFAULT_CANDIDATES)
     else:

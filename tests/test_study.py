@@ -156,3 +156,54 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     before = {f: (tmp_path / "study" / "cells" / f).stat().st_mtime_ns for f in files}
     st.run_study(s, tmp_path / "study", candidates=cands, singles={0: single})
     assert before == {f: (tmp_path / "study" / "cells" / f).stat().st_mtime_ns for f in files}
+
+
+def test_compare_selections_by_hand():
+    a = torch.tensor([0.9, 0.8, 0.7, 0.6, 0.5], dtype=torch.float64)
+    same = st.compare_selections(a, a.clone(), top=2)
+    assert same == {"spearman": pytest.approx(1.0), "top_jaccard": 1.0, "noise_std": 0.0,
+                    "spread_std": pytest.approx(a.std().item())}
+    rev = st.compare_selections(a, a.flip(0), top=2)  # the opposite ranking: the top-2 sets are disjoint
+    assert rev["spearman"] == pytest.approx(-1.0) and rev["top_jaccard"] == 0.0
+    assert rev["noise_std"] == pytest.approx((a - a.flip(0)).std().item() / 2 ** 0.5)
+    one = st.compare_selections(a, torch.tensor([0.9, 0.5, 0.8, 0.6, 0.7], dtype=torch.float64), top=2)
+    assert one["top_jaccard"] == pytest.approx(1 / 3)  # {0, 1} vs {0, 2}
+
+
+def test_first_step_scores_match_the_search_and_selection_noise(tmp_path):
+    """The scores the noise study ranks are the circuit search's: its first step (k heads at once)
+    removes exactly their top k; the noise study on two disjoint draws runs and stays in range."""
+    from transformers import BertForSequenceClassification
+
+    from conftest import tiny_bert_config, write_tiny_tokenizer
+    from hydra_hf.data import make_text_loader, resolve_dataset
+    from hydra_hf.pruning import Budget, load_pruning_target
+    from hydra_hf.pruning.circuits import circuit_prune
+    from test_recipes import _reviews
+
+    single = tmp_path / "single"
+    torch.manual_seed(0)
+    BertForSequenceClassification(tiny_bert_config(num_labels=2)).save_pretrained(single)
+    write_tiny_tokenizer(single)
+    _reviews(80, 1).to_csv(tmp_path / "validation.csv", index=False)
+    pd.DataFrame({"text": [f"x y {i} z {i % 3}" for i in range(40)]}).to_csv(tmp_path / "ood.csv", index=False)
+    target = load_pruning_target(single)
+    id_data = resolve_dataset(str(tmp_path / "validation.csv"), require_labels=True, num_labels=2).select(range(16))
+    ood_data = resolve_dataset(str(tmp_path / "ood.csv"), label_column=None).select(range(16))
+    scores = st.first_step_scores(target, id_data, ood_data, max_length=16)
+    heads = target.adapter.model.config.num_attention_heads
+    for score in ("ood", "avg"):
+        res = circuit_prune(target.adapter, list(make_text_loader(id_data, target.tokenizer, 64, 16)),
+                            list(make_text_loader(ood_data, target.tokenizer, 64, 16)), Budget(remove=3),
+                            score=score, heads_per_step=3)
+        removed = {layer * heads + head for layer, head in res.removal_order}
+        assert removed == set(torch.argsort(-scores[score], stable=True)[:3].tolist())
+    s = st.TextStudy(id_validation=str(tmp_path / "validation.csv"), ood_validation={"o": str(tmp_path / "ood.csv")},
+                     finetune_eval=20, max_score_samples=20, max_length=16)
+    rows = st.selection_noise(target, st.study_data(s, target.tokenizer), sizes=(8,), repeats=2, top=2)
+    assert [(r["n"], r["score"]) for r in rows] == [(8, "ood"), (8, "avg")]
+    for r in rows:
+        assert -1 <= r["spearman"] <= 1 and 0 <= r["top_jaccard"] <= 1 and r["noise_std"] >= 0
+    assert "| o | 8 | CircOOD |" in st.render_selection_noise(rows)
+    with pytest.raises(ValueError, match="size 16 needs 2 x 16"):
+        st.selection_noise(target, st.study_data(s, target.tokenizer), sizes=(16,))

@@ -187,6 +187,11 @@ class _Data:
         return id_data, ood
 
 
+def study_data(s: TextStudy, tokenizer: Any) -> _Data:
+    """The study's data sets (selection pools and scoring loaders) for ``tokenizer``."""
+    return _Data(s, tokenizer)
+
+
 def model_numbers(predictor: Any, data: _Data) -> dict[str, Any]:
     """ID numbers (accuracy, ECE, NLL, mean MI and disagreement) and, per OOD kind, the AUROC of every
     OOD score and the mean MI / disagreement, on the scoring sets."""
@@ -457,3 +462,98 @@ def render_decision_table(summary: Mapping[str, Any], s: TextStudy) -> str:
             f"{s.ece_tolerance} above Single's, then the largest transfer gain (mean over folds of the mean OOD AUROC "
             "gain over Single (MSP) on the OOD kinds the fold did not select on).")
     return "\n".join([*single_lines, "", rule, "", *lines]) + "\n"
+
+
+# ------------------------------------------------------------------------------ selection noise
+def first_step_scores(target: Any, id_data: Any, ood_data: Any, max_length: int = 48) -> dict[str, torch.Tensor]:
+    """Every head's score ``S`` at the circuit search's first step (the Single model with that one head
+    ablated), for CircOOD (``"ood"``) and CircAvg (``"avg"``), computed by the search's own evaluator.
+    Shape ``(heads,)``, in the order of the layout's ``(layer, head)`` cells."""
+    from .data import make_text_loader
+    from .pruning.circuits import make_evaluator
+    from .pruning.layout import HeadLayout
+
+    gates = HeadLayout.of(target.adapter, None).ones()
+    candidates = [(int(r), int(h)) for r, h in torch.nonzero(gates > 0).tolist()]
+    id_b = list(make_text_loader(id_data, target.tokenizer, 64, max_length))
+    ood_b = list(make_text_loader(ood_data, target.tokenizer, 64, max_length))
+    ev = make_evaluator(target.adapter, id_b, ood_b)
+    ood = ev.evaluate(gates, candidates, "ood")
+    # CircAvg's S is the mean of accuracy and the MSP AUROC (scoring.circuit_score); "acc" needs the
+    # ID logits only, so both scores cost 1.5 passes instead of 2
+    return {"ood": ood, "avg": (ev.evaluate(gates, candidates, "acc") + ood) / 2}
+
+
+def compare_selections(a: torch.Tensor, b: torch.Tensor, top: int) -> dict[str, float]:
+    """Agreement of two selection sets' head scores (see :func:`selection_noise`)."""
+    from scipy.stats import spearmanr
+
+    ta, tb = set(torch.argsort(-a, stable=True)[:top].tolist()), set(torch.argsort(-b, stable=True)[:top].tolist())
+    return {"spearman": float(spearmanr(a.numpy(), b.numpy()).statistic),
+            "top_jaccard": len(ta & tb) / len(ta | tb),
+            "noise_std": float((a - b).std() / math.sqrt(2)),
+            "spread_std": float(((a + b) / 2).std())}
+
+
+def selection_noise(
+    target: Any,
+    data: _Data,
+    *,
+    sizes: Sequence[int] = (48, 96, 192),
+    kind: str | None = None,
+    repeats: int = 3,
+    top: int = 6,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """How much of the circuit search's choice is sampling noise? Measured on its first step.
+
+    For each selection-set size ``n`` and each of ``repeats`` random draws, two *disjoint* selection
+    sets of ``n`` ID and ``n`` OOD texts (kind ``kind``, default the first) are drawn from the pools
+    the protocol selects from; on each, every head of the Single model is scored as the greedy search
+    scores it (:func:`first_step_scores`). If the search picked heads for a property of the model
+    rather than of the sample, the two sets would agree. Per ``(n, score)``, mean (and std) over draws:
+
+    - ``spearman``: rank correlation of the heads' scores between the two sets;
+    - ``top_jaccard``: overlap of the ``top`` heads each set would remove first (one greedy step of
+      ``heads_per_step = top``);
+    - ``noise_std``: the sampling standard deviation of one head's score, ``std(S_A - S_B) / sqrt 2``;
+    - ``spread_std``: the standard deviation of the scores across heads (mean of both sets): the
+      signal the search ranks by (it still contains some noise).
+    """
+    kind = kind or next(iter(data.s.ood_validation))
+    id_pool, ood_pool = data.id_pool, data.ood_pool[kind]
+    rows = []
+    for n in sizes:
+        if 2 * n > len(id_pool) or 2 * n > len(ood_pool):
+            raise ValueError(f"selection_noise: size {n} needs 2 x {n} texts per pool; the ID pool has {len(id_pool)}, "
+                             f"{kind!r} has {len(ood_pool)}")
+        stats: dict[str, dict[str, list[float]]] = {}
+        for r in range(repeats):
+            g = torch.Generator().manual_seed(seed * 100_003 + n * 101 + r)
+            ids = torch.randperm(len(id_pool), generator=g)[: 2 * n].tolist()
+            oods = torch.randperm(len(ood_pool), generator=g)[: 2 * n].tolist()
+            a, b = (first_step_scores(target, id_pool.select(ids[part]), ood_pool.select(oods[part]), data.s.max_length)
+                    for part in (slice(0, n), slice(n, 2 * n)))
+            for score in ("ood", "avg"):
+                for key, value in compare_selections(a[score], b[score], top).items():
+                    stats.setdefault(score, {}).setdefault(key, []).append(value)
+        for score, st in stats.items():
+            row: dict[str, Any] = {"n": n, "score": score, "kind": kind, "repeats": repeats, "top": top}
+            for key, vals in st.items():
+                row[key] = _mean(vals)
+                row[key + "_std"] = _std(vals)
+            rows.append(row)
+            logger.info("selection noise %s n=%d %s: spearman %.3f, top-%d jaccard %.3f, noise %.4f, spread %.4f",
+                        kind, n, score, row["spearman"], top, row["top_jaccard"], row["noise_std"], row["spread_std"])
+    return rows
+
+
+def render_selection_noise(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown table of :func:`selection_noise`'s rows."""
+    lines = ["| OOD kind | n (ID + OOD each) | score | Spearman (set A vs B) | top-k Jaccard | noise std | spread std | spread / noise |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['kind']} | {r['n']} | Circ{'OOD' if r['score'] == 'ood' else 'Avg'} "
+                     f"| {r['spearman']:.3f} ± {r['spearman_std']:.3f} | {r['top_jaccard']:.3f} (k={r['top']}) "
+                     f"| {r['noise_std']:.4f} | {r['spread_std']:.4f} | {r['spread_std'] / max(r['noise_std'], 1e-12):.2f} |")
+    return "\n".join(lines) + "\n"
