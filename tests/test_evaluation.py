@@ -156,3 +156,48 @@ def test_a_row_can_use_its_own_ood_score(tmp_path):
     assert "except **Hydra**: `mutual_information`" in (tmp_path / "r" / "report.md").read_text()
     with pytest.raises(ValueError, match="not one of the predictors"):
         ev.evaluate_predictors({"Hydra": Fixed(a)}, id_batches, ood_batches, scores={"Nope": "msp"})
+
+
+def test_rows_sharing_a_model_run_it_once_with_identical_numbers(tiny_bert_dir, tiny_data):
+    """Single, Single + TS and a Deep Ensemble whose member 0 is the Single: the Single runs once per
+    batch during the metric passes (not again per row), the rows equal rows evaluated one at a time,
+    and latency still runs every predictor."""
+    from transformers import AutoTokenizer
+
+    from hydra_hf.data import resolve_dataset
+
+    single = BertForSequenceClassification.from_pretrained(tiny_bert_dir).eval()
+    torch.manual_seed(1)
+    other = BertForSequenceClassification(single.config).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_bert_dir)
+    id_loader = ev.make_loader(resolve_dataset(str(tiny_data[0])), tok, "text", batch_size=8)
+    ood = {"o": ev.make_loader(resolve_dataset(str(tiny_data[1]), label_column=None), tok, "text", batch_size=8)}
+    calls = []
+    single.register_forward_hook(lambda *a: calls.append(1))
+    base = ev.ModelPredictor(single)
+
+    def predictors():
+        return {"Single": base, "Single + TS": ev.TemperatureScaledPredictor(base, 1.7),
+                "DE": ev.EnsemblePredictor([single, other])}
+
+    batches = len(id_loader) + len(ood["o"])
+    result = ev.evaluate_predictors(predictors(), id_loader, ood)
+    assert len(calls) == batches  # three rows, one pass of the Single
+    separate = {}
+    for name, predictor in predictors().items():
+        separate.update({r["method"]: r for r in ev.evaluate_predictors({name: predictor}, id_loader, ood).rows})
+    for row in result.rows:
+        for key in ("accuracy", "nll", "ece"):
+            assert row[key] == separate[row["method"]][key]
+        assert row["o"]["auroc"] == separate[row["method"]]["o"]["auroc"]
+    assert result.rows[1]["nll"] != result.rows[0]["nll"]  # the temperature does act
+    calls.clear()
+    latency_batch = {k: v for k, v in next(iter(id_loader)).items() if k != "labels"}
+    ev.evaluate_predictors(predictors(), id_loader, ood, latency_batch=latency_batch)
+    assert len(calls) == batches + 3 * (1 + 5)  # latency: warm-up + 5 rounds for each of the 3 rows, never reused
+    single.train()  # a model in training mode (dropout) is never reused
+    calls.clear()
+    with ev.reuse_forwards():
+        batch = next(iter(id_loader))
+        base.member_logits(batch), base.member_logits(batch)
+    assert len(calls) == 2
