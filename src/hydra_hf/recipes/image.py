@@ -21,7 +21,6 @@ folders (``ViTForImageClassification`` or a bare ``ViTModel``); a timm ViT is no
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -29,9 +28,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .runner import (
+    EvaluationData,
     PipelineResult,
     Stage,
     StageRunner,
+    evaluate_against_baselines,
     finetune_members_stage,
     hub_stage,
     members_stage,
@@ -122,8 +123,6 @@ def build_image_members(p: ImagePipeline, model_dir: Path) -> HeadMasks:
 def evaluate_image_pipeline(p: ImagePipeline, single_dir: Path, hydra_dir: Path, member_dir: Path, report_dir: Path,
                             settings: dict[str, Any]) -> dict[str, Any]:
     """Stage 4: Hydra vs the paper's baselines on the ID test split and every OOD test set."""
-    from torch import nn
-
     from .. import evaluation as ev
 
     single, processor, _ = ev.load_classifier(single_dir)
@@ -133,31 +132,15 @@ def evaluate_image_pipeline(p: ImagePipeline, single_dir: Path, hydra_dir: Path,
     def loader(spec, labelled, limit):
         return ev.make_loader(_load_images(spec, labelled, limit), processor, "image", batch_size=p.eval_batch_size)
 
-    test = loader(p.test_data, True, p.max_test_samples)
-    val = loader(p.validation_data, True, p.max_validation_samples)
-    oods = {name: loader(spec, False, p.max_ood_samples) for name, spec in p.ood_test_data.items()}
-    train = loader(p.train_data, True, p.max_train_samples)
-
-    predictors: dict[str, ev.Predictor] = {
-        f"Hydra ({p.method}, M={p.members})": ev.ModelPredictor(hydra),
-        "Single": ev.ModelPredictor(single),
-        "Single pruned (member 0)": ev.ModelPredictor(pruned),
-    }
-    notes = [p.report_notes] if p.report_notes else []
-    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in single.modules()):
-        predictors["MC Dropout"] = ev.MCDropoutPredictor(single, samples=p.mc_samples, seed=p.seed)
-    else:
-        notes.append("MC Dropout is left out: the single model has no dropout (p = 0 in its config).")
-    predictors[f"Deep Ensembles (D, M={p.ensemble_heads})"] = ev.HeadsEnsemblePredictor(
-        single, ev.train_ensemble_heads(single, train, num_heads=p.ensemble_heads, seed=p.seed))
-    t_single = ev.fit_temperature(ev.predict(predictors["Single"], val, desc="Single: validation"))
-    predictors["Single + TS"] = ev.TemperatureScaledPredictor(predictors["Single"], t_single)
-    latency_batch = {k: v for k, v in next(iter(test)).items() if k != "labels"}
-    result = ev.evaluate_predictors(predictors, test, oods, score="msp", latency_batch=latency_batch)
-    notes.insert(0, f"Latency: median ms for one batch of {len(latency_batch['pixel_values'])} test images on this machine.")
-    ev.write_evaluation_report(result, report_dir, title=p.report_title, settings=settings,
-                               extra={"model_row": 0, "temperature_single": t_single}, notes=" ".join(notes))
-    return json.loads((report_dir / "report.json").read_text())
+    data = EvaluationData(test=loader(p.test_data, True, p.max_test_samples),
+                          validation=loader(p.validation_data, True, p.max_validation_samples),
+                          oods={name: loader(spec, False, p.max_ood_samples) for name, spec in p.ood_test_data.items()},
+                          train=loader(p.train_data, True, p.max_train_samples))
+    return evaluate_against_baselines(
+        data, report_dir, hydra_row=f"Hydra ({p.method}, M={p.members})", hydra=hydra, single=single, pruned=pruned,
+        mc_samples=p.mc_samples, ensemble_heads=p.ensemble_heads, seed=p.seed, title=p.report_title,
+        settings=settings, unit="images", notes=[p.report_notes] if p.report_notes else [],
+    )
 
 
 def run_image_pipeline(p: ImagePipeline, output_dir: str | os.PathLike, *, resume: bool = False,

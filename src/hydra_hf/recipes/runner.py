@@ -182,6 +182,74 @@ def members_stage(masks_file: Path, build: Callable[[], HeadMasks], *, towers: S
     return Stage("2. build the members", masks_file, body, load=load)
 
 
+@dataclass
+class EvaluationData:
+    """The loaders of a trained setting's evaluation stage: the labelled ID test and validation splits,
+    every OOD test set and the training data (for the Deep Ensembles (D) heads)."""
+
+    test: Any
+    validation: Any
+    oods: dict[str, Any]
+    train: Any
+
+
+def evaluate_against_baselines(
+    data: EvaluationData,
+    report_dir: Path,
+    *,
+    hydra_row: str,
+    hydra: Any,
+    single: Any,
+    pruned: Any | None,
+    mc_samples: int,
+    ensemble_heads: int,
+    seed: int,
+    title: str,
+    settings: dict[str, Any],
+    unit: str,
+    extra: dict[str, Any] | None = None,
+    scores: dict[str, str] | None = None,
+    compare_to: Sequence[str] = (),
+    bootstrap: int = 0,
+    notes: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Stage 4 of a trained setting: Hydra against the paper's baselines, one report.
+
+    Rows, in order: ``hydra_row``, Single, Single pruned (member 0) when ``pruned`` is given, MC
+    Dropout (left out, with a note, when the Single has no dropout), Deep Ensembles (D), the ``extra``
+    predictors (Deep Ensemble, LoRA, ONNX rows) and Single + TS (temperature fitted on the validation
+    split). ``scores`` sets a row's OOD score; with ``bootstrap`` > 0, the report carries paired
+    bootstrap intervals of Hydra minus each row of ``compare_to``. ``unit`` names the inputs in the
+    latency note (``"texts"``, ``"images"``). Returns the written ``report.json``.
+    """
+    from torch import nn
+
+    from .. import evaluation as ev
+
+    notes = list(notes)
+    predictors: dict[str, ev.Predictor] = {hydra_row: ev.ModelPredictor(hydra), "Single": ev.ModelPredictor(single)}
+    if pruned is not None:
+        predictors["Single pruned (member 0)"] = ev.ModelPredictor(pruned)
+    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in single.modules()):
+        predictors["MC Dropout"] = ev.MCDropoutPredictor(single, samples=mc_samples, seed=seed)
+    else:
+        notes.append("MC Dropout is left out: the single model has no dropout (p = 0 in its config).")
+    predictors[f"Deep Ensembles (D, M={ensemble_heads})"] = ev.HeadsEnsemblePredictor(
+        single, ev.train_ensemble_heads(single, data.train, num_heads=ensemble_heads, seed=seed))
+    predictors.update(extra or {})
+    t_single = ev.fit_temperature(ev.predict(predictors["Single"], data.validation, desc="Single: validation"))
+    predictors["Single + TS"] = ev.TemperatureScaledPredictor(predictors["Single"], t_single)
+    latency_batch = {k: v for k, v in next(iter(data.test)).items() if k != "labels"}
+    result = ev.evaluate_predictors(predictors, data.test, data.oods, score="msp", scores=scores, latency_batch=latency_batch)
+    comparisons = {f"{hydra_row} − {ref}": ev.compare_predictions(result, hydra_row, ref, n_boot=bootstrap, seed=seed)
+                   for ref in compare_to if bootstrap}
+    size = len(next(iter(latency_batch.values())))
+    notes.insert(0, f"Latency: median ms for one batch of {size} test {unit} on this machine.")
+    ev.write_evaluation_report(result, report_dir, title=title, comparisons=comparisons or None, settings=settings,
+                               extra={"model_row": 0, "temperature_single": t_single}, notes=" ".join(notes))
+    return json.loads((report_dir / "report.json").read_text())
+
+
 def hub_stage(hydra_dir: Path, hub_dir: Path, *, repo_id: str, report: Path, base_model: str | None, training: str,
               check: Callable[[dict[str, Any]], Any] | None = None) -> Stage:
     """The last stage of every pipeline: stage the Hub repository of ``hydra_dir`` in ``hub_dir``

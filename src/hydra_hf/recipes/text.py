@@ -32,7 +32,6 @@ from :func:`hydra_hf.pruning.build_members`, as with ``hydra-hf prune``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -42,9 +41,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .runner import (
+    EvaluationData,
     PipelineResult,
     Stage,
     StageRunner,
+    evaluate_against_baselines,
     finetune_members_stage,
     hub_stage,
     members_stage,
@@ -200,48 +201,30 @@ def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member
                              label_column="label" if labelled else None, max_samples=limit)
         return ev.make_loader(ds, tok, "text", batch_size=64, max_length=p.max_length)
 
-    test = loader(p.test_data, True, p.max_test_samples)
-    val = loader(p.validation_data, True, p.max_validation_samples)
-    oods = {name: loader(spec, False, p.max_ood_samples) for name, spec in p.ood_test_data.items()}
-    train = loader(p.train_data, True, p.max_train_samples)
-
+    data = EvaluationData(test=loader(p.test_data, True, p.max_test_samples),
+                          validation=loader(p.validation_data, True, p.max_validation_samples),
+                          oods={name: loader(spec, False, p.max_ood_samples) for name, spec in p.ood_test_data.items()},
+                          train=loader(p.train_data, True, p.max_train_samples))
     name = hydra_row(p)
-    predictors: dict[str, ev.Predictor] = {name: ev.ModelPredictor(hydra), "Single": ev.ModelPredictor(single)}
-    if pruned is not None:
-        predictors["Single pruned (member 0)"] = ev.ModelPredictor(pruned)
-    predictors["MC Dropout"] = ev.MCDropoutPredictor(single, samples=p.mc_samples, seed=p.seed)
-    predictors[f"Deep Ensembles (D, M={p.ensemble_heads})"] = ev.HeadsEnsemblePredictor(
-        single, ev.train_ensemble_heads(single, train, num_heads=p.ensemble_heads, seed=p.seed))
+    extra: dict[str, ev.Predictor] = {}
     de_name = f"Deep Ensemble (M={len(deep_ensemble)})" if deep_ensemble else None
     if deep_ensemble:  # member 0 is the Single
-        predictors[de_name] = ev.EnsemblePredictor([single] + [ev.load_classifier(d)[0] for d in deep_ensemble[1:]])
+        extra[de_name] = ev.EnsemblePredictor([single] + [ev.load_classifier(d)[0] for d in deep_ensemble[1:]])
     if lora:
         lora_models = [ev.load_classifier(d)[0] for d in lora]
-        predictors["LoRA-Single"] = ev.ModelPredictor(lora_models[0])
-        predictors[f"LoRA-Ensemble (M={len(lora)})"] = ev.EnsemblePredictor(lora_models)
+        extra["LoRA-Single"] = ev.ModelPredictor(lora_models[0])
+        extra[f"LoRA-Ensemble (M={len(lora)})"] = ev.EnsemblePredictor(lora_models)
     scores = {name: p.ood_score}
     if onnx_dir is not None:
-        int8, _, _ = ev.load_classifier(onnx_dir)  # the export's default graph: int8
-        predictors[f"Hydra int8 (ONNX Runtime, M={p.members})"] = ev.ModelPredictor(int8)
-        scores[f"Hydra int8 (ONNX Runtime, M={p.members})"] = p.ood_score
-    t_single = ev.fit_temperature(ev.predict(predictors["Single"], val, desc="Single: validation"))
-    predictors["Single + TS"] = ev.TemperatureScaledPredictor(predictors["Single"], t_single)
-    latency_batch = {k: v for k, v in next(iter(test)).items() if k != "labels"}
-    result = ev.evaluate_predictors(predictors, test, oods, score="msp", scores=scores, latency_batch=latency_batch)
-    comparisons = {}
-    if p.bootstrap:
-        for reference in ("Single", de_name):
-            if reference:
-                comparisons[f"{name} − {reference}"] = ev.compare_predictions(result, name, reference, n_boot=p.bootstrap,
-                                                                               seed=p.seed)
-    ev.write_evaluation_report(
-        result, report_dir, title=p.report_title, comparisons=comparisons or None,
-        settings=settings, extra={"model_row": 0, "temperature_single": t_single},
-        notes=f"Latency: median ms for one batch of {len(latency_batch['input_ids'])} test texts on this machine. "
-        + (p.report_notes if p.report_notes is not None else
-           _selection_note(p)),
+        int8_row = f"Hydra int8 (ONNX Runtime, M={p.members})"
+        extra[int8_row] = ev.ModelPredictor(ev.load_classifier(onnx_dir)[0])  # the export's default graph: int8
+        scores[int8_row] = p.ood_score
+    return evaluate_against_baselines(
+        data, report_dir, hydra_row=name, hydra=hydra, single=single, pruned=pruned, mc_samples=p.mc_samples,
+        ensemble_heads=p.ensemble_heads, seed=p.seed, title=p.report_title, settings=settings, unit="texts",
+        extra=extra, scores=scores, compare_to=[r for r in ("Single", de_name) if r], bootstrap=p.bootstrap,
+        notes=[p.report_notes if p.report_notes is not None else _selection_note(p)],
     )
-    return json.loads((report_dir / "report.json").read_text())
 
 
 def deep_ensemble_stage(p: TextPipeline, base: Path, single_dir: Path, out: Path) -> Stage:
