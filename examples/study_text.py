@@ -57,6 +57,8 @@ def main() -> None:
                              "selection sets (the first seed's Single; writes OUTPUT/selection_noise.md)")
     parser.add_argument("--noise-sizes", type=int, nargs="+", default=[48, 96, 192], metavar="N",
                         help="selection-set sizes for --selection-noise (default 48 96 192)")
+    parser.add_argument("--noise-kinds", nargs="+", default=None, metavar="KIND",
+                        help="OOD kinds for --selection-noise (default: all); sizes a kind's pool cannot hold are skipped")
     parser.add_argument("--noise-repeats", type=int, default=3, metavar="R",
                         help="random pairs of disjoint selection sets per size for --selection-noise (default 3)")
     args = parser.parse_args()
@@ -75,14 +77,19 @@ def main() -> None:
         if seed not in singles:
             parser.error(f"--selection-noise needs the Single of seed {seed}: give --single {seed}=DIR")
         target = load_pruning_target(singles[seed])
-        data, rows = study_data(study, target.tokenizer), []
-        for kind in study.ood_validation:
-            sizes = [n for n in args.noise_sizes if 2 * n <= min(study.finetune_eval, len(data.ood_pool[kind]))]
-            rows += selection_noise(target, data, sizes=sizes, kind=kind, repeats=args.noise_repeats, seed=seed)
+        data, folder = study_data(study, target.tokenizer), out / "selection_noise"
+        folder.mkdir(parents=True, exist_ok=True)
+        for kind in args.noise_kinds or list(study.ood_validation):
+            for n in args.noise_sizes:  # one file per (kind, n): an interrupted run resumes
+                file = folder / f"seed{seed}_{kind}_n{n}.json"
+                if file.exists() or 2 * n > min(len(data.id_pool), len(data.ood_pool[kind])):
+                    continue
+                rows = selection_noise(target, data, sizes=(n,), kind=kind, repeats=args.noise_repeats, seed=seed)
+                file.write_text(json.dumps(rows, indent=2) + "\n")
+        rows = [r for f in sorted(folder.glob(f"seed{seed}_*.json")) for r in json.loads(f.read_text())]
+        rows.sort(key=lambda r: (list(study.ood_validation).index(r["kind"]), r["n"], r["score"] != "ood"))
         table = render_selection_noise(rows)
-        out.mkdir(parents=True, exist_ok=True)
         (out / "selection_noise.md").write_text(table)
-        (out / "selection_noise.json").write_text(json.dumps(rows, indent=2) + "\n")
         print(table)
         return
     if args.table_only:
