@@ -53,6 +53,7 @@ def test_leave_one_kind_out_gain_and_decision(tmp_path):
     assert r["gain_a"] == pytest.approx(0.0) and r["gain_b"] == pytest.approx(0.05) and r["gain_c"] == pytest.approx(0.10)
     assert rows[("taylor", "msp")]["gain"] == pytest.approx(0.02)
     assert rows[("accurate-less", "msp")]["accuracy_diff"] == pytest.approx(-0.02)
+    assert r["disagreement_id"] == pytest.approx(0.05) and r["disagreement_ood"] == pytest.approx(0.1)
     choice = st.decide(summary, s)
     assert choice["candidate"] == "circ"
     table = st.render_decision_table(summary, s)

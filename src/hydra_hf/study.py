@@ -368,7 +368,7 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
             for fusion in fusions:
                 for score in OOD_SCORES:
                     gains, per_kind, ok = [], {k: [] for k in kinds}, True
-                    accs, eces, mis_id, mis_ood = [], [], [], []
+                    accs, eces, mis_id, mis_ood, dis_id, dis_ood = [], [], [], [], [], []
                     for fold, cell in cells.items():
                         num = cell["fusions"].get(fusion) or cell["fusions"]["average"]
                         if score not in num["ood"][kinds[0]]:
@@ -386,13 +386,15 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
                         eces.append(num["ece"] - single["ece"])
                         mis_id.append(num["mutual_information"] or 0.0)
                         mis_ood.append(sum(num["ood"][k]["mutual_information_mean"] or 0.0 for k in kinds) / len(kinds))
+                        dis_id.append(num.get("disagreement") or 0.0)
+                        dis_ood.append(sum(num["ood"][k].get("disagreement_mean") or 0.0 for k in kinds) / len(kinds))
                     if not ok:
                         continue
                     per_seed.setdefault((fusion, score), []).append({
                         "gain": _mean(gains), "worst_fold_gain": min(gains),
                         "worst_kind_gain": min(_mean(v) for v in per_kind.values() if v),
                         "accuracy_diff": _mean(accs), "ece_diff": _mean(eces), "mi_id": _mean(mis_id),
-                        "mi_ood": _mean(mis_ood), **{f"gain_{k}": _mean(v) for k, v in per_kind.items()},
+                        "mi_ood": _mean(mis_ood), "disagreement_id": _mean(dis_id), "disagreement_ood": _mean(dis_ood), **{f"gain_{k}": _mean(v) for k, v in per_kind.items()},
                     })
         for (fusion, score), seeds_rows in per_seed.items():
             row = {"candidate": c.name, "fusion": fusion, "score": score, "seeds": len(seeds_rows)}
@@ -440,7 +442,8 @@ def render_decision_table(summary: Mapping[str, Any], s: TextStudy) -> str:
     choice = decide(summary, s)
     kinds = summary["kinds"]
     head = ["candidate", "fusion", "OOD score", "transfer gain", "worst fold", "worst kind",
-            *[f"gain {k}" for k in kinds], "Δ acc", "Δ ECE", "MI id", "MI ood", "seeds", "eligible"]
+            *[f"gain {k}" for k in kinds], "Δ acc", "Δ ECE", "MI id", "MI ood", "disagree id", "disagree ood", "seeds",
+            "eligible"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def pm(r: Mapping[str, Any], key: str, spec: str = "+.4f") -> str:
@@ -452,7 +455,8 @@ def render_decision_table(summary: Mapping[str, Any], s: TextStudy) -> str:
         mark = "**chosen**" if r is choice else ("yes" if ok else "no")
         cells = [r["candidate"], r["fusion"], r["score"], pm(r, "gain"), pm(r, "worst_fold_gain"), pm(r, "worst_kind_gain"),
                  *[pm(r, f"gain_{k}") for k in kinds], pm(r, "accuracy_diff"), pm(r, "ece_diff"),
-                 f"{r['mi_id']:.4f}", f"{r['mi_ood']:.4f}", str(r["seeds"]), mark]
+                 f"{r['mi_id']:.4f}", f"{r['mi_ood']:.4f}", f"{r.get('disagreement_id', 0.0):.3f}",
+                 f"{r.get('disagreement_ood', 0.0):.3f}", str(r["seeds"]), mark]
         lines.append("| " + " | ".join(cells) + " |")
     single_lines = []
     for seed, num in summary["single"].items():
