@@ -19,6 +19,9 @@ import argparse
 import logging
 import time
 
+import torch
+
+from hydra_hf.finetune import cpu_has_native_bf16
 from hydra_hf.recipes import TextPipeline, run_text_pipeline
 
 
@@ -29,10 +32,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lora", action="store_true",
                         help="also train LoRA-Single and LoRA-Ensemble (needs hydra-hf[peft]; ~8 more minutes on 2 cores: 6 to train, 2 to evaluate)")
+    parser.add_argument("--mixed-precision", choices=["auto", "no", "bf16"], default=None,
+                        help="training precision (default: bf16 on a CPU with native bf16 products, e.g. "
+                             "AVX512-BF16 / AMX, where it trains 1.6x faster; else auto: bf16 on a GPU, fp32 on a CPU)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     start = time.perf_counter()
-    result = run_text_pipeline(TextPipeline(seed=args.seed, lora_baselines=args.lora), args.output, resume=args.resume)
+    precision = args.mixed_precision or ("bf16" if cpu_has_native_bf16() and not torch.cuda.is_available() else "auto")
+    result = run_text_pipeline(TextPipeline(seed=args.seed, lora_baselines=args.lora, mixed_precision=precision),
+                               args.output, resume=args.resume)
     print(result.summary(time.perf_counter() - start) + " (+ reliability.png, ood_scores.png)")
     out = result.output_dir
     print(f"masks:             {out / 'masks.json'}")

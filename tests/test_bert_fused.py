@@ -311,3 +311,25 @@ def test_chunked_mlp_equals_one_pass(tiny_bert_dir, fusion, monkeypatch):
         monkeypatch.setattr(HydraMLP, "chunk_rows", 5)  # 4 x 11 tokens (x 3 members): several partial chunks
         chunked = model(**batch).member_logits
     torch.testing.assert_close(chunked, whole, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("kept", [UNEQUAL, UNIFORM], ids=["unequal", "uniform"])
+def test_bf16_autocast_on_cpu(tiny_bert_dir, kept):
+    """Mixed precision (``torch.autocast("cpu", bfloat16)``, as ``mixed_precision="bf16"`` fine-tuning
+    runs): inference and training run and stay within bf16 rounding of the fp32 model, with unequal
+    widths and a member keeping 0 heads in a layer."""
+    model = convert_checkpoint(HeadMasks(kept_heads=kept, num_heads=H), base=tiny_bert_dir).eval()
+    batch = _batch(4)
+    with torch.no_grad():
+        ref = model(**batch).member_logits
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = model(**batch).member_logits
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), ref, atol=0.05, rtol=0.05)
+    assert (low.float() - ref).abs().max() > 0  # bf16 did act
+    model.train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(**batch, labels=torch.tensor([0, 1, 2, 1])).loss
+    loss.backward()
+    grad = model.get_parameter("hydra.layers.1.attention.o_weight").grad
+    assert grad is not None and grad.dtype == torch.float32 and torch.isfinite(grad).all() and grad.abs().sum() > 0

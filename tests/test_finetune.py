@@ -6,6 +6,7 @@ Tiny BERT (3 layers x 4 heads, 3 classes), tiny keyword data; every run takes a 
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
@@ -158,6 +159,24 @@ def test_members_finetune_and_fuse_exactly(setup, tmp_path):
     assert torch.equal(fused_state["hydra.embeddings.word_embeddings.weight"], base["bert.embeddings.word_embeddings.weight"])
     assert [meta["finetune"]["seed"] for meta in fused.config.member_metadata] == [0, 1]
     assert json.loads((out / "finetune_summary.json").read_text())["mode"] == "members"
+
+
+def test_bf16_then_fp32_in_one_process(setup, tmp_path):
+    """mixed_precision="bf16" fine-tunes on a CPU (autocast), and a later fp32 run in the same process
+    is not refused by accelerate's process-wide state; the fp32 run equals a fresh fp32 run."""
+    from hydra_hf.finetune import finetune_members
+
+    low = finetune_members(setup["model"], setup["masks"], setup["train"], setup["eval"], tmp_path / "bf16",
+                           _config(num_epochs=1, mixed_precision="bf16"))
+    info = json.loads((tmp_path / "bf16.work" / "member_0" / "model" / "finetune_member.json").read_text())
+    assert info["history"] and math.isfinite(info["history"][-1]["train_loss"])
+    a = finetune_members(setup["model"], setup["masks"], setup["train"], setup["eval"], tmp_path / "fp32a",
+                         _config(num_epochs=1, mixed_precision="no"))
+    b = finetune_members(setup["model"], setup["masks"], setup["train"], setup["eval"], tmp_path / "fp32b",
+                         _config(num_epochs=1, mixed_precision="no"))
+    wa, wb, wl = (load_file(Path(x) / "model.safetensors") for x in (a, b, low))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not torch.equal(wa["classifier.weight"], wl["classifier.weight"])  # bf16 training differs
 
 
 def test_average_mlp_fusion_is_members_with_averaged_mlp(setup, tmp_path):

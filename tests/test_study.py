@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -153,6 +154,12 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     assert (tmp_path / "study" / "single_seed1" / "work" / "member_0" / "model" / "config.json").is_file()
     assert sorted(p.name for p in (tmp_path / "study" / "cells" / "seed1" / "circ").iterdir()) == ["a.json", "b.json"]
     files = [f for f in files if f.startswith("seed0")]
+    # a seed's cells keep their Single: re-running without --single finds it, another one is refused
+    st.run_study(s, tmp_path / "study", candidates=cands[:1])  # no singles given: the recorded one
+    other = tmp_path / "other-single"
+    shutil.copytree(single, other)
+    with pytest.raises(ValueError, match="scored against the Single"):
+        st.run_study(s, tmp_path / "study", candidates=cands[:1], singles={0: other})
     # re-running resumes: nothing is recomputed
     before = {f: (tmp_path / "study" / "cells" / f).stat().st_mtime_ns for f in files}
     st.run_study(s, tmp_path / "study", candidates=cands, singles={0: single})

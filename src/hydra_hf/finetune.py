@@ -440,6 +440,20 @@ def _load_data(
     return data.select(range(min(max_samples, len(data)))) if max_samples else data
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX; Linux ``/proc/cpuinfo``),
+    where ``mixed_precision="bf16"`` trains faster than fp32; False where it cannot tell."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
 def _make_accelerator(config: FinetuneConfig):
     from accelerate import Accelerator, DataLoaderConfiguration
 
@@ -455,6 +469,14 @@ def _make_accelerator(config: FinetuneConfig):
         else:
             mixed = "no"
     world_env = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_env == 1 and mixed is not None:
+        # one process that fine-tunes twice with different precisions (a notebook, the demo after a
+        # test): accelerate keeps the first run's precision in a process-wide state and refuses a
+        # change; nothing else of that state outlives a run here, so start it afresh
+        from accelerate.state import AcceleratorState
+
+        if AcceleratorState._shared_state and AcceleratorState().mixed_precision != mixed:
+            AcceleratorState._reset_state()
     # `accelerate launch --multi_gpu` on a machine without GPUs: data parallel over CPU processes (gloo)
     no_gpu = not torch.cuda.is_available() and not (hasattr(torch, "xpu") and torch.xpu.is_available())
     accelerator = Accelerator(

@@ -314,7 +314,7 @@ def run_study(
         for fold in folds_of(c, s):
             groups.setdefault(c.selection_key(fold), len(groups))
     for seed in seeds:
-        single_dir = Path(singles[seed]) if singles and seed in singles else train_single(s, seed, out / f"single_seed{seed}")
+        single_dir = _single_of(s, seed, out, singles)
         target = load_pruning_target(single_dir)  # the Single and its tokenizer, as hydra-hf prune loads them
         single = target.adapter.model
         data = _Data(s, target.tokenizer)
@@ -338,6 +338,24 @@ def run_study(
                 _write_json(file, cell)
                 logger.info("cell done in %.0f s: seed %d, %s, fold %s", cell["timings"]["total_s"], seed, c.name, fold)
     return collect(out, s, candidates)
+
+
+def _single_of(s: TextStudy, seed: int, out: Path, singles: Mapping[int, str | os.PathLike] | None) -> Path:
+    """The Single checkpoint of ``seed``: the one its cells were scored against (``single.json``),
+    else the given one, else a newly trained one. A given checkpoint that differs from the recorded
+    one is refused: the cells of one seed must share their Single."""
+    single_file = out / "cells" / f"seed{seed}" / "single.json"
+    recorded = Path(json.loads(single_file.read_text())["checkpoint"]) if single_file.exists() else None
+    given = Path(singles[seed]) if singles and seed in singles else None
+    if recorded is not None and given is not None and given.resolve() != recorded.resolve():
+        raise ValueError(f"seed {seed}: the study's cells were scored against the Single {recorded}, not {given}; "
+                         f"drop --single {seed}=... or use another --output")
+    if recorded is not None:
+        if not (recorded / "config.json").is_file():
+            raise ValueError(f"seed {seed}: the study's cells were scored against the Single {recorded}, which is gone; "
+                             f"restore it or use another --output")
+        return recorded
+    return given if given is not None else train_single(s, seed, out / f"single_seed{seed}")
 
 
 def _write_json(path: Path, data: Any) -> None:

@@ -78,7 +78,9 @@ def grouped_linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor) 
     become scatter operators in a functional graph (20 % of an exported ViT's time in ONNX Runtime).
     """
     needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight_t.requires_grad or bias.requires_grad)
-    if x.device.type != "cpu" or needs_grad:
+    # under autocast (mixed precision) the batched kernel is cast like any matrix product; the out=
+    # GEMMs below are not
+    if x.device.type != "cpu" or needs_grad or torch.is_autocast_enabled("cpu"):
         return torch.baddbmm(bias.unsqueeze(1), x, weight_t)
     if is_tracing(x):
         return torch.stack([torch.addmm(bias[m], x[m], weight_t[m]) for m in range(x.shape[0])])  # (M, N, out)

@@ -109,6 +109,9 @@ class TextPipeline:
     max_train_samples: int | None = 6000
     max_validation_samples: int | None = 400
     mlp_fusion: str = "average"
+    # "auto": bf16 on a GPU, fp32 on a CPU; "bf16": mixed precision on a CPU too (1.6x faster training
+    # on CPUs with native bf16 products, e.g. AVX512-BF16 / AMX; evaluation stays fp32)
+    mixed_precision: str = "auto"
     # baselines trained downstream like the Single (the paper's Deep Ensembles and its Table 17 LoRA rows)
     deep_ensemble: bool = True  # M full models fine-tuned from the base, seeds seed..seed+M-1; the Single is member 0
     lora_baselines: bool = False  # LoRA-Single and LoRA-Ensemble (M adapters; needs hydra-hf[peft]); ~8 more minutes on 2 cores
@@ -117,7 +120,7 @@ class TextPipeline:
     # evaluation
     max_test_samples: int | None = None  # the whole ID test split
     max_ood_samples: int | None = 800  # per OOD test set
-    mc_samples: int = 8
+    mc_samples: int = 3  # = members: every ensemble row of the report has M = 3 members
     ensemble_heads: int = 3
     ood_score: str = "energy"  # the OOD score of the Hydra rows (the baselines use MSP, the paper's score)
     bootstrap: int = 1000  # paired bootstrap resamples of Hydra - Single and Hydra - Deep Ensemble (0: none)
@@ -144,7 +147,7 @@ def _finetune_config(p: TextPipeline, steps: int | None, learning_rate: float):
         learning_rate=learning_rate, max_steps=steps, num_epochs=p.num_epochs, max_length=p.max_length,
         batch_size=p.batch_size, eval_batch_size=128, max_train_samples=p.max_train_samples,
         max_eval_samples=p.max_validation_samples, early_stopping_patience=p.early_stopping_patience, seed=p.seed,
-        mlp_fusion=p.mlp_fusion, log_every_steps=20,
+        mlp_fusion=p.mlp_fusion, log_every_steps=20, mixed_precision=p.mixed_precision,
     )
 
 
