@@ -102,6 +102,10 @@ def test_aggregate_command_writes_mean_std_and_each_seeds_intervals(tmp_path, ca
     assert set(data["comparisons"]) == {"Hydra − Single (seed 0)", "Hydra − Single (seed 1)"}
     md = (tmp_path / "agg" / "report.md").read_text()
     assert "0.8300 ± 0.0141" in md and "Hydra − Single (seed 1)" in md
+    summary = data["comparison_summary"]["Hydra − Single"]["accuracy"]  # differences 0.02 and 0.04, both ties
+    assert summary["mean"] == pytest.approx(0.03) and summary["std"] == pytest.approx(0.0141421, abs=1e-6)
+    assert (summary["seeds"], summary["better"], summary["tie"], summary["worse"]) == (2, 0, 2, 0)
+    assert "| accuracy | +0.0300 ± 0.0141 | 0 | 2 | 0 |" in md
     capsys.readouterr()
     # different methods, one report, a missing folder: one line, exit 2, no output
     report.write_report({"rows": rows(0.9)[:1]}, tmp_path / "other")

@@ -307,6 +307,39 @@ def aggregate_seed_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, An
     return out
 
 
+def summarize_seed_comparisons(reports: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each paired comparison (``"A − B"``) over the seeds whose reports carry it: per metric, the mean
+    and standard deviation of the differences and how many seeds' intervals said better / tie / worse."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    names = [name for name in (reports[0].get("comparisons") or {}) if all(name in (r.get("comparisons") or {}) for r in reports)]
+    for name in names:
+        for metric in reports[0]["comparisons"][name]:
+            rows = [r["comparisons"][name].get(metric) for r in reports]
+            if any(row is None for row in rows):
+                continue
+            diffs = np.array([float(row["difference"]) for row in rows])
+            verdicts = [row.get("verdict") for row in rows]
+            out.setdefault(name, {})[metric] = {
+                "mean": float(diffs.mean()), "std": float(diffs.std(ddof=1)) if len(diffs) > 1 else 0.0, "seeds": len(rows),
+                **{v: verdicts.count(v) for v in ("better", "tie", "worse")},
+            }
+    return out
+
+
+def render_seed_comparisons(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """Markdown for :func:`summarize_seed_comparisons`."""
+    parts = ["## Paired differences over seeds\n"]
+    for name, rows in summary.items():
+        seeds = next(iter(rows.values()), {}).get("seeds", "?")
+        parts.append(f"**{name}**: mean ± std of the difference over {seeds} seeds, and how many seeds' paired "
+                     "intervals said better / tie / worse\n")
+        parts.append("| metric | difference | better | tie | worse |\n|:---|---:|---:|---:|---:|")
+        for metric, row in rows.items():
+            parts.append(f"| {metric} | {row['mean']:+.4f} ± {row['std']:.4f} | {row['better']} | {row['tie']} | {row['worse']} |")
+        parts.append("")
+    return "\n".join(parts) + "\n"
+
+
 def _unflatten(row: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in row.items():
@@ -398,6 +431,8 @@ def write_report(
         parts.append(f"OOD score of every row: `{report['ood_score']}`"
                      + (" except " + ", ".join(f"**{name}**: `{value}`" for name, value in per_row.items()) if per_row else "")
                      + ".\n")
+    if report.get("comparison_summary"):
+        parts.append(render_seed_comparisons(report["comparison_summary"]))
     if report.get("comparisons"):
         parts.append(render_comparisons(report["comparisons"]))
     if report.get("notes"):

@@ -45,7 +45,7 @@ def _read(spec: str) -> dict:
 def run(args: argparse.Namespace) -> int:
     from ..errors import HydraInputError
     from ..outputs import check_output, write_output_folder
-    from ..report import aggregate_seed_reports, write_report
+    from ..report import aggregate_seed_reports, summarize_seed_comparisons, write_report
 
     if len(args.reports) < 2:
         raise HydraInputError(f"aggregate needs the reports of at least 2 seeds, got {len(args.reports)}")
@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         for name, rows in (report.get("comparisons") or {}).items():
             comparisons[f"{name} ({'seed ' + str(seed) if seed is not None else spec})"] = rows
     if comparisons:
+        aggregate["comparison_summary"] = summarize_seed_comparisons(reports)
         aggregate["comparisons"] = comparisons
     aggregate["sources"] = [str(s) for s in args.reports]
     out = write_output_folder(args.output, lambda tmp: write_report(aggregate, tmp), command="aggregate",
