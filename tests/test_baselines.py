@@ -202,6 +202,20 @@ def test_lora_trains_adapters_and_head_only_and_merges_exactly(setup, tmp_path):
     assert any(".attention.self.query.weight" in n for n in changed) and "classifier.weight" in changed
 
 
+def test_lora_trains_in_bf16_mixed_precision(setup, tmp_path):
+    """`make demo` trains in bf16 on CPUs with native bf16: LoRA under CPU autocast trains, merges, and
+    its merged checkpoint reproduces the unmerged adapter."""
+    pytest.importorskip("peft")
+    from hydra_hf.baselines import LORA_INFO, train_lora
+
+    out = train_lora(setup["model"], setup["train"], setup["eval"], tmp_path / "lora", _config(mixed_precision="bf16"),
+                     seed=0, r=4, alpha=8)
+    info = json.loads((out / LORA_INFO).read_text())
+    assert info["steps"] == 6 and info["merge_max_abs_diff"] <= 1e-5
+    merged_w, base_w = _weights(out), _weights(setup["model"])
+    assert not torch.equal(merged_w["classifier.weight"], base_w["classifier.weight"])
+
+
 def test_lora_ensemble_from_a_bare_encoder(setup, tmp_path):
     pytest.importorskip("peft")  # a guard only: tools/bootstrap.sh installs the peft extra
     from hydra_hf.baselines import LORA_INFO, train_lora_ensemble
