@@ -110,7 +110,11 @@ def test_aggregate_command_writes_mean_std_and_each_seeds_intervals(tmp_path, ca
     # different methods, one report, a missing folder: one line, exit 2, no output
     report.write_report({"rows": rows(0.9)[:1]}, tmp_path / "other")
     capsys.readouterr()
-    for args in ([str(tmp_path / "r0"), str(tmp_path / "other")], [str(tmp_path / "r0")], [str(tmp_path / "r0"), str(tmp_path / "nope")]):
+    bad = json.loads((tmp_path / "r1" / "report.json").read_text())
+    bad["comparisons"]["Hydra − Single"]["accuracy"]["difference"] = "n/a"  # an edited report
+    (tmp_path / "edited").mkdir()
+    (tmp_path / "edited" / "report.json").write_text(json.dumps(bad))
+    for args in ([str(tmp_path / "r0"), str(tmp_path / "edited")], [str(tmp_path / "r0"), str(tmp_path / "other")], [str(tmp_path / "r0")], [str(tmp_path / "r0"), str(tmp_path / "nope")]):
         assert main(["aggregate", *args, "--output", str(tmp_path / "bad")]) == 2
         err = "\n".join(line for line in capsys.readouterr().err.splitlines() if " INFO " not in line).strip()
         assert err and "\n" not in err

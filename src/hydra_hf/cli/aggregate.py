@@ -61,7 +61,11 @@ def run(args: argparse.Namespace) -> int:
         for name, rows in (report.get("comparisons") or {}).items():
             comparisons[f"{name} ({'seed ' + str(seed) if seed is not None else spec})"] = rows
     if comparisons:
-        aggregate["comparison_summary"] = summarize_seed_comparisons(reports)
+        try:
+            aggregate["comparison_summary"] = summarize_seed_comparisons(reports)
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise HydraInputError(f"a report's paired comparisons are not what `hydra-hf evaluate` writes ({exc!r}); "
+                                  "pass unedited report folders") from None
         aggregate["comparisons"] = comparisons
     aggregate["sources"] = [str(s) for s in args.reports]
     out = write_output_folder(args.output, lambda tmp: write_report(aggregate, tmp), command="aggregate",
