@@ -83,6 +83,28 @@ def test_unfinished_candidates_and_seeds(tmp_path):
     assert "± " in st.render_decision_table(summary, s)
 
 
+def test_rows_on_fewer_seeds_are_provisional(tmp_path):
+    """A larger gain on one seed does not beat a candidate replicated on two: it is marked provisional
+    until it has as many seeds (or ``min_seeds`` lowers the bar)."""
+    s = st.TextStudy(ood_validation={"a": "x", "b": "y"})
+    replicated, lucky = st.Candidate("replicated"), st.Candidate("lucky", method="taylor")
+    for seed in (0, 1):
+        _write_single(tmp_path, seed, {"a": 0.5, "b": 0.5})
+        for fold in "ab":
+            _write_cell(tmp_path, seed, replicated, fold, {"a": 0.52, "b": 0.52})
+    _write_cell(tmp_path, 0, lucky, st.ANY_FOLD, {"a": 0.6, "b": 0.6})
+    summary = st.collect(tmp_path, s, [replicated, lucky])
+    assert st.seeds_to_choose(summary, s) == 2
+    assert st.decide(summary, s)["candidate"] == "replicated"
+    table = st.render_decision_table(summary, s)
+    lucky_rows = [line for line in table.splitlines() if line.startswith("| lucky")]
+    assert lucky_rows and all(line.endswith("| 1 | provisional |") for line in lucky_rows)
+    assert "at least 2 seeds" in table
+    one = dataclasses.replace(s, min_seeds=1)
+    assert st.decide(summary, one)["candidate"] == "lucky"
+    assert "| provisional |" not in st.render_decision_table(summary, one)
+
+
 def test_candidate_validation():
     with pytest.raises(ValueError, match="method 'nope'"):
         st.Candidate("x", method="nope")

@@ -12,8 +12,8 @@ compares recipes on **validation splits only**, leave-one-OOD-kind-out:
   over those other kinds, of its OOD AUROC minus the Single model's (MSP) AUROC.
 
 No test split is read. :func:`decide` applies the decision rule (accuracy within
-``max_accuracy_drop`` of Single, ECE no worse than Single's plus ``ece_tolerance``, then the largest
-mean transfer gain) and :func:`render_decision_table` prints the whole table, losers included.
+``max_accuracy_drop`` of Single, ECE no worse than Single's plus ``ece_tolerance``, run on as many
+seeds as the best-replicated candidate, then the largest mean transfer gain) and :func:`render_decision_table` prints the whole table, losers included.
 
 Results are cached per cell (``cells/seed{S}/{candidate}/{fold}.json``), so an interrupted study
 resumes, and several processes can share the cells (``shard``).
@@ -126,6 +126,7 @@ class TextStudy:
     # decision rule
     max_accuracy_drop: float = 0.015
     ece_tolerance: float = 0.005
+    min_seeds: int | None = None  # seeds a row needs to be chosen (None: as many as the best-replicated row)
 
 
 def _finetune_config(s: TextStudy, steps: int, learning_rate: float, seed: int):
@@ -435,11 +436,23 @@ def _std(v: Sequence[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
 
 
+def _meets_constraints(r: Mapping[str, Any], s: TextStudy) -> bool:
+    return r["accuracy_diff"] >= -s.max_accuracy_drop and r["ece_diff"] <= s.ece_tolerance
+
+
+def seeds_to_choose(summary: Mapping[str, Any], s: TextStudy) -> int:
+    """How many seeds a row needs to be chosen: ``s.min_seeds``, or (None) as many as the best-replicated row has."""
+    most = max((r["seeds"] for r in summary["rows"]), default=0)
+    return most if s.min_seeds is None else min(s.min_seeds, most)
+
+
 def decide(summary: Mapping[str, Any], s: TextStudy) -> dict[str, Any] | None:
-    """The protocol's choice: among rows with accuracy within ``max_accuracy_drop`` of Single and ECE
-    at most ``ece_tolerance`` above it, the largest mean transfer gain (ties: the better worst fold)."""
-    eligible = [r for r in summary["rows"]
-                if r["accuracy_diff"] >= -s.max_accuracy_drop and r["ece_diff"] <= s.ece_tolerance]
+    """The protocol's choice: among rows with accuracy within ``max_accuracy_drop`` of Single, ECE at
+    most ``ece_tolerance`` above it and at least :func:`seeds_to_choose` seeds, the largest mean
+    transfer gain (ties: the better worst fold). Rows run on fewer seeds are provisional: a gain on
+    one seed is within the seed-to-seed spread the replicated rows show, so it cannot win until replicated."""
+    need = seeds_to_choose(summary, s)
+    eligible = [r for r in summary["rows"] if _meets_constraints(r, s) and r["seeds"] >= need]
     if not eligible:
         return None
     return max(eligible, key=lambda r: (round(r["gain"], 6), r["worst_fold_gain"]))
@@ -450,7 +463,7 @@ def plot_decision(summary: Mapping[str, Any], s: TextStudy, path: str | os.PathL
     from .plots import transfer_gains
 
     rows = [{**r, "label": f"{r['candidate']} | {r['fusion']} | {r['score']}",
-             "eligible": r["accuracy_diff"] >= -s.max_accuracy_drop and r["ece_diff"] <= s.ece_tolerance}
+             "eligible": _meets_constraints(r, s)}
             for r in summary["rows"]]
     return transfer_gains(rows, path, kinds=summary["kinds"], title="Selection protocol: transfer to unseen OOD kinds")
 
@@ -468,9 +481,10 @@ def render_decision_table(summary: Mapping[str, Any], s: TextStudy) -> str:
         std = r.get(key + "_std", 0.0)
         return f"{r[key]:{spec}}" + (f" ± {std:.4f}" if r["seeds"] > 1 else "")
 
+    need = seeds_to_choose(summary, s)
     for r in sorted(summary["rows"], key=lambda r: -r["gain"]):
-        ok = r["accuracy_diff"] >= -s.max_accuracy_drop and r["ece_diff"] <= s.ece_tolerance
-        mark = "**chosen**" if r is choice else ("yes" if ok else "no")
+        ok = _meets_constraints(r, s)
+        mark = "**chosen**" if r is choice else ("no" if not ok else "yes" if r["seeds"] >= need else "provisional")
         cells = [r["candidate"], r["fusion"], r["score"], pm(r, "gain"), pm(r, "worst_fold_gain"), pm(r, "worst_kind_gain"),
                  *[pm(r, f"gain_{k}") for k in kinds], pm(r, "accuracy_diff"), pm(r, "ece_diff"),
                  f"{r['mi_id']:.4f}", f"{r['mi_ood']:.4f}", f"{r.get('disagreement_id', 0.0):.3f}",
@@ -482,7 +496,8 @@ def render_decision_table(summary: Mapping[str, Any], s: TextStudy) -> str:
         single_lines.append(f"- Single (seed {seed}): accuracy {num['accuracy']:.4f}, ECE {num['ece']:.4f}; MSP AUROC {aucs}")
     rule = (f"Decision rule: accuracy at most {100 * s.max_accuracy_drop:.1f} points below Single, ECE at most "
             f"{s.ece_tolerance} above Single's, then the largest transfer gain (mean over folds of the mean OOD AUROC "
-            "gain over Single (MSP) on the OOD kinds the fold did not select on).")
+            "gain over Single (MSP) on the OOD kinds the fold did not select on), among rows run on at least "
+            f"{need} seed{'s' if need != 1 else ''} (rows on fewer seeds are provisional).")
     return "\n".join([*single_lines, "", rule, "", *lines]) + "\n"
 
 
