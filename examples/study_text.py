@@ -97,7 +97,9 @@ def main() -> None:
     else:
         summary = run_study(study, out, candidates=candidates, seeds=args.seeds, singles=singles, shard=args.shard)
         summary = collect(out, study, DEFAULT_CANDIDATES)
-    table = render_decision_table(summary, study)
+    table = (render_decision_table(summary, study, best_per_candidate=True)
+             + "\nEvery row (fusion x OOD score) of every candidate:\n\n"
+             + render_decision_table(summary, study, preamble=False))
     (out / "decision.md").write_text(table)
     if summary["rows"]:
         plot_decision(summary, study, out / "decision.png")

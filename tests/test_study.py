@@ -60,6 +60,10 @@ def test_leave_one_kind_out_gain_and_decision(tmp_path):
     table = st.render_decision_table(summary, s)
     assert "**chosen**" in table and "accurate-less" in table  # losers stay in the table
     assert table.count("| no |") == len(st.OOD_SCORES)
+    short = st.render_decision_table(summary, s, best_per_candidate=True, preamble=False)
+    names = [line.split(" | ")[0][2:] for line in short.splitlines()[2:]]
+    assert names == ["accurate-less", "circ", "taylor"]  # one row each, by gain; the ineligible one stays
+    assert "| **chosen** |" in short and short.count("| no |") == 1 and not short.startswith("- Single")
     from PIL import Image
 
     png = st.plot_decision(summary, s, tmp_path / "decision.png")

@@ -468,9 +468,20 @@ def plot_decision(summary: Mapping[str, Any], s: TextStudy, path: str | os.PathL
     return transfer_gains(rows, path, kinds=summary["kinds"], title="Selection protocol: transfer to unseen OOD kinds")
 
 
-def render_decision_table(summary: Mapping[str, Any], s: TextStudy) -> str:
-    """Markdown: every row, sorted by mean transfer gain, with the constraints' verdicts and the choice."""
+def render_decision_table(summary: Mapping[str, Any], s: TextStudy, *, best_per_candidate: bool = False,
+                          preamble: bool = True) -> str:
+    """Markdown: every row, sorted by mean transfer gain, with the constraints' verdicts and the choice.
+
+    ``best_per_candidate``: one row per candidate (the chosen row for the chosen candidate, else its
+    largest transfer gain) - the short table for a README; losers stay in it. ``preamble``: the Single
+    models' numbers and the decision rule above the table."""
     choice = decide(summary, s)
+    rows = sorted(summary["rows"], key=lambda r: -r["gain"])
+    if best_per_candidate:
+        best: dict[str, Mapping[str, Any]] = {}
+        for r in ([choice] if choice is not None else []) + rows:
+            best.setdefault(r["candidate"], r)
+        rows = [r for r in rows if best[r["candidate"]] is r]
     kinds = summary["kinds"]
     head = ["candidate", "fusion", "OOD score", "transfer gain", "worst fold", "worst kind",
             *[f"gain {k}" for k in kinds], "Δ acc", "Δ ECE", "MI id", "MI ood", "disagree id", "disagree ood", "seeds",
@@ -482,7 +493,7 @@ def render_decision_table(summary: Mapping[str, Any], s: TextStudy) -> str:
         return f"{r[key]:{spec}}" + (f" ± {std:.4f}" if r["seeds"] > 1 else "")
 
     need = seeds_to_choose(summary, s)
-    for r in sorted(summary["rows"], key=lambda r: -r["gain"]):
+    for r in rows:
         ok = _meets_constraints(r, s)
         mark = "**chosen**" if r is choice else ("no" if not ok else "yes" if r["seeds"] >= need else "provisional")
         cells = [r["candidate"], r["fusion"], r["score"], pm(r, "gain"), pm(r, "worst_fold_gain"), pm(r, "worst_kind_gain"),
@@ -498,7 +509,7 @@ def render_decision_table(summary: Mapping[str, Any], s: TextStudy) -> str:
             f"{s.ece_tolerance} above Single's, then the largest transfer gain (mean over folds of the mean OOD AUROC "
             "gain over Single (MSP) on the OOD kinds the fold did not select on), among rows run on at least "
             f"{need} seed{'s' if need != 1 else ''} (rows on fewer seeds are provisional).")
-    return "\n".join([*single_lines, "", rule, "", *lines]) + "\n"
+    return "\n".join([*single_lines, "", rule, "", *lines] if preamble else lines) + "\n"
 
 
 # ------------------------------------------------------------------------------ selection noise
