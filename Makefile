@@ -17,10 +17,11 @@ setup:
 demo: setup
 	$(PY) examples/demo.py --output outputs/demo
 
-# the selection protocol (docs/study.md): validation splits only, leave-one-OOD-kind-out; resumes
+# the selection protocol (docs/study.md): validation splits only, leave-one-OOD-kind-out; every
+# candidate on the first seed, the ones close to the best replicated on the others; resumes
 STUDY_SEEDS ?= 0 1 2
 study: setup
-	$(PY) examples/study_text.py --output outputs/study --seeds $(STUDY_SEEDS)
+	$(PY) examples/study_text.py --output outputs/study --seeds $(STUDY_SEEDS) --screen
 
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)

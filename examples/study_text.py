@@ -2,13 +2,14 @@
 OOD text that nobody selected on? Validation splits only, leave-one-OOD-kind-out (see
 `hydra_hf.study`). Prints the decision table and writes it to OUTPUT/decision.md (and the bars to decision.png).
 
-    python examples/study_text.py --output outputs/study --seeds 0 1 2
+    python examples/study_text.py --output outputs/study --seeds 0 1 2 --screen   # what `make study` runs
+    python examples/study_text.py --output outputs/study --seeds 0 1 2            # every candidate on every seed
     # two processes sharing the work (each takes every other cell), then the table:
     python examples/study_text.py --output outputs/study --shard 0/2 &
     python examples/study_text.py --output outputs/study --shard 1/2
     python examples/study_text.py --output outputs/study --table-only
 
-Cells are cached: re-running resumes. A cell of the default grid takes 1-6 minutes on 2 CPU cores.
+Cells are cached: re-running resumes. A cell takes 15-40 minutes of one core at MiniLM scale (docs/study.md).
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def main() -> None:
     parser.add_argument("--shard", type=_shard, default=(0, 1), help="I/N: run every N-th cell starting at I (default 0/1)")
     parser.add_argument("--candidates", nargs="+", default=None, metavar="INDEX",
                         help="indices into the default grid to run (default: all); the table lists what is finished")
+    parser.add_argument("--screen", action="store_true",
+                        help="two-stage protocol: every candidate on the first seed, then the other seeds only for the "
+                             "candidates within TextStudy.replicate_margin of the best on the first seed (with --shard: "
+                             "run it again once every process has finished, to replicate what the others screened)")
     parser.add_argument("--table-only", action="store_true", help="print the table of the finished cells and exit")
     parser.add_argument("--selection-noise", action="store_true",
                         help="measure instead how reproducible the circuit search's first step is on two disjoint "
@@ -95,7 +100,8 @@ def main() -> None:
     if args.table_only:
         summary = collect(out, study, DEFAULT_CANDIDATES)
     else:
-        summary = run_study(study, out, candidates=candidates, seeds=args.seeds, singles=singles, shard=args.shard)
+        run_study(study, out, candidates=candidates, seeds=args.seeds, singles=singles, shard=args.shard,
+                  screen=args.screen)
         summary = collect(out, study, DEFAULT_CANDIDATES)
     table = (render_decision_table(summary, study, best_per_candidate=True)
              + "\nEvery row (fusion x OOD score) of every candidate:\n\n"

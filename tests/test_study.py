@@ -109,6 +109,30 @@ def test_rows_on_fewer_seeds_are_provisional(tmp_path):
     assert "| provisional |" not in st.render_decision_table(summary, one)
 
 
+def test_screening_replicates_only_candidates_close_to_the_best(tmp_path):
+    """Two-stage protocol: on the screening seed, candidates within ``replicate_margin`` of the best
+    eligible row are replicated on the other seeds, unless they already are; ineligible and distant ones are not."""
+    s = st.TextStudy(ood_validation={"a": "x", "b": "y"}, replicate_margin=0.01)
+    for seed in (0, 1):
+        _write_single(tmp_path, seed, {"a": 0.5, "b": 0.5})
+    best, close, done, far, inaccurate = (st.Candidate(n, method="taylor") for n in ("best", "close", "done", "far", "inaccurate"))
+    for c, gain in ((best, 0.05), (close, 0.045), (done, 0.042), (far, 0.035), (inaccurate, 0.09)):
+        _write_cell(tmp_path, 0, c, st.ANY_FOLD, {"a": 0.5 + gain, "b": 0.5 + gain},
+                    acc=0.70 if c is inaccurate else 0.80)
+    _write_cell(tmp_path, 1, done, st.ANY_FOLD, {"a": 0.5, "b": 0.5})
+    unscreened = st.Candidate("unscreened", method="random")
+    _write_cell(tmp_path, 1, unscreened, st.ANY_FOLD, {"a": 0.9, "b": 0.9})
+    cands = [best, close, done, far, inaccurate, unscreened]
+    got = st.candidates_to_replicate(tmp_path, s, cands, [0, 1])
+    assert [c.name for c in got] == ["best", "close"]
+    assert st.candidates_to_replicate(tmp_path, s, cands, [0]) == []
+    wide = dataclasses.replace(s, replicate_margin=0.02)
+    assert [c.name for c in st.candidates_to_replicate(tmp_path, wide, cands, [0, 1])] == ["best", "close", "far"]
+    # collect(seeds=...) keeps the screening seed apart: "done" has 2 seeds overall, 1 on seed 0
+    rows = {r["candidate"]: r for r in st.collect(tmp_path, s, cands, seeds=[0])["rows"] if r["score"] == "msp"}
+    assert rows["done"]["seeds"] == 1 and rows["done"]["gain"] == pytest.approx(0.042) and "unscreened" not in rows
+
+
 def test_candidate_validation():
     with pytest.raises(ValueError, match="method 'nope'"):
         st.Candidate("x", method="nope")
@@ -180,6 +204,12 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     assert (tmp_path / "study" / "single_seed1" / "work" / "member_0" / "model" / "config.json").is_file()
     assert sorted(p.name for p in (tmp_path / "study" / "cells" / "seed1" / "circ").iterdir()) == ["a.json", "b.json"]
     files = [f for f in files if f.startswith("seed0")]
+    # the two-stage protocol: seed 0 screened (done), seed 1 gets exactly the candidates close to the best
+    tight = dataclasses.replace(s, replicate_margin=0.0)
+    expected = {c.name for c in st.candidates_to_replicate(tmp_path / "study", tight, cands, [0, 1])} | {"circ"}
+    st.run_study(tight, tmp_path / "study", candidates=cands, seeds=(0, 1), singles={0: single}, screen=True)
+    seed1 = {r["candidate"] for r in st.collect(tmp_path / "study", s, cands, seeds=[1])["rows"]}
+    assert seed1 == expected and len(expected) < len(cands)  # with no margin, some candidate is screened out
     # a seed's cells keep their Single: re-running without --single finds it, another one is refused
     st.run_study(s, tmp_path / "study", candidates=cands[:1])  # no singles given: the recorded one
     other = tmp_path / "other-single"

@@ -127,6 +127,9 @@ class TextStudy:
     max_accuracy_drop: float = 0.015
     ece_tolerance: float = 0.005
     min_seeds: int | None = None  # seeds a row needs to be chosen (None: as many as the best-replicated row)
+    # two-stage protocol: candidates within this much transfer gain of the best on the screening seed
+    # are replicated on the other seeds (about the seed-to-seed std of a gain measured here, 0.009-0.012)
+    replicate_margin: float = 0.01
 
 
 def _finetune_config(s: TextStudy, steps: int, learning_rate: float, seed: int):
@@ -292,6 +295,7 @@ def run_study(
     seeds: Sequence[int] = (0,),
     singles: Mapping[int, str | os.PathLike] | None = None,
     shard: tuple[int, int] = (0, 1),
+    screen: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) every cell: seeds x candidates x folds; returns :func:`collect`'s summary.
 
@@ -299,7 +303,18 @@ def run_study(
         singles: an existing Single checkpoint per seed (else each seed's Single is trained first).
         shard: ``(i, n)``: this process runs the cells of every n-th selection, starting at the i-th
             (several processes share the folder; cells sharing masks stay in one process).
+        screen: the two-stage protocol: every candidate on ``seeds[0]``, then on the other seeds only
+            :func:`candidates_to_replicate` (with ``shard``, run it again once every process has
+            finished screening, so that each replicates what the others screened).
     """
+    if screen:
+        run_study(s, output_dir, candidates=candidates, seeds=seeds[:1], singles=singles, shard=shard)
+        again = candidates_to_replicate(output_dir, s, candidates, seeds)
+        logger.info("screened on seed %d; replicating on seeds %s: %s", seeds[0], list(seeds[1:]),
+                    ", ".join(c.name for c in again) or "nothing")
+        if again:
+            run_study(s, output_dir, candidates=again, seeds=seeds[1:], singles=singles, shard=shard)
+        return collect(output_dir, s, candidates)
     from .evaluation import ModelPredictor
     from .outputs import prepare_owned_folder
     from .pruning import load_pruning_target
@@ -365,15 +380,17 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Candidate]) -> dict[str, Any]:
+def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Candidate],
+            seeds: Sequence[int] | None = None) -> dict[str, Any]:
     """Summarise the finished cells: one row per (candidate, fusion, OOD score), averaged over folds
-    (leave-one-OOD-kind-out) and then over seeds (mean and std)."""
+    (leave-one-OOD-kind-out) and then over seeds (mean and std). ``seeds``: only these (default: all)."""
     out = Path(output_dir)
     kinds = list(s.ood_validation)
     singles = {}
     for f in sorted((out / "cells").glob("seed*/single.json")):
         d = json.loads(f.read_text())
-        singles[d["seed"]] = d["numbers"]
+        if seeds is None or d["seed"] in seeds:
+            singles[d["seed"]] = d["numbers"]
     rows = []
     for c in candidates:
         per_seed: dict[tuple[str, str], list[dict[str, float]]] = {}
@@ -423,6 +440,26 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
                 row[key + "_std"] = _std(vals)
             rows.append(row)
     return {"kinds": kinds, "single": {str(k): v for k, v in singles.items()}, "rows": rows}
+
+
+def candidates_to_replicate(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Candidate],
+                            seeds: Sequence[int]) -> list[Candidate]:
+    """The second stage of the two-stage protocol (``study_text.py --screen``). Every candidate is
+    first run on ``seeds[0]`` (screening); the candidates whose best eligible row on that seed is within
+    ``s.replicate_margin`` of the best eligible row on that seed (a paired comparison: same Single, same
+    data) are the ones that could still be chosen, and are returned if some seed of ``seeds`` lacks them.
+    A candidate not finished on the screening seed is not returned (screen it first)."""
+    screen = collect(output_dir, s, candidates, seeds=seeds[:1])
+    eligible = [r for r in screen["rows"] if _meets_constraints(r, s)]
+    if not eligible:
+        return []
+    best = max(r["gain"] for r in eligible)
+    close = {r["candidate"] for r in eligible if r["gain"] >= best - s.replicate_margin}
+    wanted = []
+    for c in candidates:
+        if c.name in close and any(not collect(output_dir, s, [c], seeds=[seed])["rows"] for seed in seeds[1:]):
+            wanted.append(c)
+    return wanted
 
 
 def _mean(v: Sequence[float]) -> float:
