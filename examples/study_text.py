@@ -1,6 +1,7 @@
 """The selection protocol on the embedded text data (`make study`): which Hydra recipe transfers to
 OOD text that nobody selected on? Validation splits only, leave-one-OOD-kind-out (see
-`hydra_hf.study`). Prints the decision table and writes it to OUTPUT/decision.md (and the bars to decision.png).
+`hydra_hf.study`). Prints the decision table and writes it to OUTPUT/decision.md (and the bars to decision.png: one row
+per candidate; decision_all_rows.png: every row).
 
     python examples/study_text.py --output outputs/study --seeds 0 1 2 --screen   # what `make study` runs
     python examples/study_text.py --output outputs/study --seeds 0 1 2            # every candidate on every seed
@@ -108,7 +109,8 @@ def main() -> None:
              + render_decision_table(summary, study, preamble=False))
     (out / "decision.md").write_text(table)
     if summary["rows"]:
-        plot_decision(summary, study, out / "decision.png")
+        plot_decision(summary, study, out / "decision.png", best_per_candidate=True)
+        plot_decision(summary, study, out / "decision_all_rows.png")
     (out / "summary.json").write_text(json.dumps({"summary": summary, "choice": decide(summary, study)}, indent=2) + "\n")
     print(table)
 

@@ -68,6 +68,8 @@ def test_leave_one_kind_out_gain_and_decision(tmp_path):
 
     png = st.plot_decision(summary, s, tmp_path / "decision.png")
     assert Image.open(png).size[1] > 100
+    short_png = st.plot_decision(summary, s, tmp_path / "short.png", best_per_candidate=True)
+    assert Image.open(short_png).size[1] < Image.open(png).size[1]  # 3 bars instead of 12
 
 
 def test_unfinished_candidates_and_seeds(tmp_path):

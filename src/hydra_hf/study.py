@@ -495,13 +495,25 @@ def decide(summary: Mapping[str, Any], s: TextStudy) -> dict[str, Any] | None:
     return max(eligible, key=lambda r: (round(r["gain"], 6), r["worst_fold_gain"]))
 
 
-def plot_decision(summary: Mapping[str, Any], s: TextStudy, path: str | os.PathLike) -> str:
-    """``summary``'s rows as bars of their transfer gain (:func:`hydra_hf.plots.transfer_gains`)."""
+def _best_rows(summary: Mapping[str, Any], s: TextStudy) -> list[Mapping[str, Any]]:
+    """One row per candidate, by transfer gain: the chosen row for the chosen candidate, else its largest gain."""
+    choice = decide(summary, s)
+    rows = sorted(summary["rows"], key=lambda r: -r["gain"])
+    best: dict[str, Mapping[str, Any]] = {}
+    for r in ([choice] if choice is not None else []) + rows:
+        best.setdefault(r["candidate"], r)
+    return [r for r in rows if best[r["candidate"]] is r]
+
+
+def plot_decision(summary: Mapping[str, Any], s: TextStudy, path: str | os.PathLike, *,
+                  best_per_candidate: bool = False) -> str:
+    """``summary``'s rows (or one per candidate, as :func:`render_decision_table`) as bars of their
+    transfer gain (:func:`hydra_hf.plots.transfer_gains`)."""
     from .plots import transfer_gains
 
     rows = [{**r, "label": f"{r['candidate']} | {r['fusion']} | {r['score']}",
              "eligible": _meets_constraints(r, s)}
-            for r in summary["rows"]]
+            for r in (_best_rows(summary, s) if best_per_candidate else summary["rows"])]
     return transfer_gains(rows, path, kinds=summary["kinds"], title="Selection protocol: transfer to unseen OOD kinds")
 
 
@@ -513,12 +525,7 @@ def render_decision_table(summary: Mapping[str, Any], s: TextStudy, *, best_per_
     largest transfer gain) - the short table for a README; losers stay in it. ``preamble``: the Single
     models' numbers and the decision rule above the table."""
     choice = decide(summary, s)
-    rows = sorted(summary["rows"], key=lambda r: -r["gain"])
-    if best_per_candidate:
-        best: dict[str, Mapping[str, Any]] = {}
-        for r in ([choice] if choice is not None else []) + rows:
-            best.setdefault(r["candidate"], r)
-        rows = [r for r in rows if best[r["candidate"]] is r]
+    rows = _best_rows(summary, s) if best_per_candidate else sorted(summary["rows"], key=lambda r: -r["gain"])
     kinds = summary["kinds"]
     head = ["candidate", "fusion", "OOD score", "transfer gain", "worst fold", "worst kind",
             *[f"gain {k}" for k in kinds], "Δ acc", "Δ ECE", "MI id", "MI ood", "disagree id", "disagree ood", "seeds",
