@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from hydra_hf.cli import run_script
 from hydra_hf.finetune import cpu_has_native_bf16
 from hydra_hf.recipes import TextPipeline, run_text_pipeline
 
@@ -51,4 +52,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # bad input: one line, as the hydra-hf commands give it

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
 
+from hydra_hf.cli import run_script
 from hydra_hf.cli.finetune import add_arguments, run
 
 
@@ -45,12 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per checkpoint file is too chatty
-    try:
-        return run(args)
-    except (ValueError, FileNotFoundError, FileExistsError) as exc:
-        print(f"finetune_members.py: error: {exc}", file=sys.stderr)
-        return 2
+    return run(args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_script(main)  # bad input: one line, as the hydra-hf commands give it

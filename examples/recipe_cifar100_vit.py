@@ -41,6 +41,7 @@ from typing import Any
 
 import datasets
 
+from hydra_hf.cli import run_script
 from hydra_hf.recipes import ImagePipeline, PipelineResult, run_image_pipeline
 
 BASE_MODEL = "google/vit-base-patch16-224-in21k"
@@ -209,4 +210,4 @@ def main(argv: list[str] | None = None) -> PipelineResult:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # bad input: one line, as the hydra-hf commands give it

@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hydra_hf.cli import run_script
 from hydra_hf.pruning import loading
 from hydra_hf.recipes import TOWER_CHOICES, PipelineResult, ZeroShotPipeline, run_zero_shot_pipeline, save_open_clip_folder
 
@@ -210,4 +211,4 @@ def main(argv: list[str] | None = None) -> PipelineResult:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # bad input: one line, as the hydra-hf commands give it

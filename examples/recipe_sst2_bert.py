@@ -42,6 +42,7 @@ from typing import Any
 
 import datasets
 
+from hydra_hf.cli import run_script
 from hydra_hf.recipes import PipelineResult, TextPipeline, run_text_pipeline
 
 BASE_MODEL = "bert-base-uncased"
@@ -215,4 +216,4 @@ def main(argv: list[str] | None = None) -> PipelineResult:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # bad input: one line, as the hydra-hf commands give it

@@ -20,6 +20,7 @@ import json
 import logging
 from pathlib import Path
 
+from hydra_hf.cli import run_script
 from hydra_hf.study import (
     DEFAULT_CANDIDATES,
     TextStudy,
@@ -44,14 +45,32 @@ def _shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def _candidate(text: str) -> int:
+    names = ", ".join(f"{i} = {c.name}" for i, c in enumerate(DEFAULT_CANDIDATES))
+    try:
+        index = int(text)
+    except ValueError:
+        index = -1
+    if not 0 <= index < len(DEFAULT_CANDIDATES):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a candidate index; the default grid has {names}")
+    return index
+
+
+def _single(text: str) -> tuple[int, str]:
+    seed, sep, folder = text.partition("=")
+    if not sep or not seed.strip().lstrip("-").isdigit() or not folder:
+        raise argparse.ArgumentTypeError(f"{text!r}: use SEED=DIR, e.g. 0=outputs/demo/single.work/member_0/model")
+    return int(seed), folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", default="outputs/study", help="study folder (default outputs/study); re-running resumes")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="pipeline seeds (default 0)")
-    parser.add_argument("--single", action="append", default=[], metavar="SEED=DIR",
+    parser.add_argument("--single", action="append", default=[], metavar="SEED=DIR", type=_single,
                         help="reuse a fine-tuned Single checkpoint for a seed (e.g. 0=outputs/demo/single.work/member_0/model)")
     parser.add_argument("--shard", type=_shard, default=(0, 1), help="I/N: run every N-th cell starting at I (default 0/1)")
-    parser.add_argument("--candidates", nargs="+", default=None, metavar="INDEX",
+    parser.add_argument("--candidates", nargs="+", type=_candidate, default=None, metavar="INDEX",
                         help="indices into the default grid to run (default: all); the table lists what is finished")
     parser.add_argument("--screen", action="store_true",
                         help="two-stage protocol: every candidate on the first seed, then the other seeds only for the "
@@ -70,11 +89,8 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     study = TextStudy()
-    candidates = DEFAULT_CANDIDATES if args.candidates is None else tuple(DEFAULT_CANDIDATES[int(i)] for i in args.candidates)
-    singles = {}
-    for item in args.single:
-        seed, _, folder = item.partition("=")
-        singles[int(seed)] = folder
+    candidates = DEFAULT_CANDIDATES if args.candidates is None else tuple(DEFAULT_CANDIDATES[i] for i in args.candidates)
+    singles = dict(args.single)
     out = Path(args.output)
     if args.selection_noise:
         from hydra_hf.pruning import load_pruning_target
@@ -116,4 +132,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)  # bad input: one line, as the hydra-hf commands give it

@@ -128,3 +128,57 @@ def test_openclip_zeroshot_smoke(tmp_path):
     # the Hub folder reloads in a fresh process (no hydra_hf) with the same member probabilities
     assert result.hub_check["predictions"]["max_abs_prob_diff"] < 1e-4 and result.hub_check["predictions"]["members"] == 3
     assert result.hub_check["validate"]["pipeline"] is not None
+
+
+def test_run_script_gives_the_commands_error_contract(monkeypatch, capsys):
+    """`hydra_hf.cli.run_script`: bad input exits 2 with one line; a bug keeps its traceback;
+    HYDRA_HF_TRACEBACK=1 shows the traceback of bad input too; main's return value is the status."""
+    from hydra_hf.cli import run_script
+    from hydra_hf.errors import HydraInputError
+
+    monkeypatch.setattr("sys.argv", ["some_example.py"])
+
+    def bad_input():
+        raise HydraInputError("folder 'x' is not empty\nsecond line of detail")
+
+    with pytest.raises(SystemExit) as exit_info:
+        run_script(bad_input)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == "some_example.py: error: folder 'x' is not empty\n"
+    with pytest.raises(KeyError):
+        run_script(lambda: {}["bug"])
+    monkeypatch.setenv("HYDRA_HF_TRACEBACK", "1")
+    with pytest.raises(HydraInputError):
+        run_script(bad_input)
+    with pytest.raises(SystemExit) as exit_info:
+        run_script(lambda: 3)
+    assert exit_info.value.code == 3
+
+
+def test_examples_refuse_bad_input_in_one_line(tmp_path):
+    """The scripts users run: a folder hydra_hf did not create is refused without a traceback and left
+    untouched; a malformed --single and an unknown candidate are argparse errors; nothing is written."""
+    import os
+    import subprocess
+    import sys
+
+    users = tmp_path / "users-folder"
+    users.mkdir()
+    (users / "notes.txt").write_text("keep me")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env.pop("HYDRA_HF_TRACEBACK", None)
+    runs = {
+        "demo": [sys.executable, str(EXAMPLES / "demo.py"), "--output", str(users)],
+        "study": [sys.executable, str(EXAMPLES / "study_text.py"), "--output", str(tmp_path / "study"),
+                  "--single", f"0={tmp_path / 'missing'}", "--candidates", "3"],
+        "candidate": [sys.executable, str(EXAMPLES / "study_text.py"), "--candidates", "99", "--table-only"],
+    }
+    for name, cmd in runs.items():
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        lines = [line for line in proc.stderr.splitlines() if "error:" in line]
+        assert proc.returncode == 2, (name, proc.stderr[-2000:])
+        assert "Traceback" not in proc.stderr and len(lines) == 1, (name, proc.stderr[-2000:])
+        assert {"demo": "was not created by", "study": "is not a model folder",
+                "candidate": "is not a candidate index"}[name] in lines[0]
+    assert sorted(p.name for p in users.iterdir()) == ["notes.txt"] and (users / "notes.txt").read_text() == "keep me"
+    assert not (tmp_path / "study").exists()

@@ -180,6 +180,11 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     cands = (st.Candidate("circ", remove=2, heads_per_step=2, samples=8, members=2, member_steps=0),
              st.Candidate("taylor", method="taylor", remove=2, samples=8, members=2, member_steps=0),
              st.Candidate("circ ft", remove=2, heads_per_step=2, samples=8, members=2, member_steps=2))
+    from hydra_hf.errors import HydraInputError
+
+    with pytest.raises(HydraInputError, match="'.*nope'.* is not a model folder"):
+        st.run_study(s, tmp_path / "study", candidates=cands, singles={0: tmp_path / "nope"})
+    assert not (tmp_path / "study").exists()  # nothing written
     summary = st.run_study(s, tmp_path / "study", candidates=cands, singles={0: single})
     assert read and not [spec for spec in read if spec.endswith("test") or Path(spec.split(":")[0]).stem == "test"]
     files = sorted(p.relative_to(tmp_path / "study" / "cells").as_posix() for p in (tmp_path / "study" / "cells").rglob("*.json"))

@@ -315,10 +315,15 @@ def run_study(
         if again:
             run_study(s, output_dir, candidates=again, seeds=seeds[1:], singles=singles, shard=shard)
         return collect(output_dir, s, candidates)
+    from .errors import HydraInputError
     from .evaluation import ModelPredictor
     from .outputs import prepare_owned_folder
     from .pruning import load_pruning_target
 
+    for seed, folder in (singles or {}).items():  # before anything is written
+        if not (Path(folder) / "config.json").is_file():
+            raise HydraInputError(f"the Single of seed {seed}, {str(folder)!r}, is not a model folder (no config.json); "
+                                  "give a fine-tuned checkpoint folder, or leave it out to train one")
     out = Path(output_dir).resolve()
     prepare_owned_folder(out, command="study", overwrite=False, keep=True)
     (out / "study.json").write_text(json.dumps({"settings": dataclasses.asdict(s),

@@ -5,6 +5,7 @@ which registers its arguments and sets ``func`` (called with the parsed ``argpar
 Errors caused by the user (:class:`hydra_hf.errors.HydraError`, and the ``ValueError``,
 ``FileNotFoundError``, ``FileExistsError`` that libraries raise for bad input) become a one-line
 message on stderr and exit code 2; ``-v`` shows the traceback too. Anything else keeps its traceback.
+:func:`run_script` gives the example scripts the same contract.
 """
 
 from __future__ import annotations
@@ -12,7 +13,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 # Sub-command modules, in the order `hydra-hf --help` lists them.
 COMMANDS = ("prune", "convert", "finetune", "evaluate", "aggregate", "export", "push")
@@ -102,6 +107,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hydra-hf {args.command}: error: {one_line(exc)}", file=sys.stderr)
         return 2
     return int(result or 0)
+
+
+def run_script(script_main: Callable[[], Any]) -> None:
+    """Run an example script's ``main`` with the commands' error contract: a user's bad input
+    (:data:`USER_ERRORS`) exits 2 with one line (``HYDRA_HF_TRACEBACK=1`` shows the traceback);
+    ``main``'s return value is the exit status."""
+    try:
+        code = script_main()
+    except USER_ERRORS as exc:
+        if os.environ.get("HYDRA_HF_TRACEBACK"):
+            raise
+        print(f"{Path(sys.argv[0]).name}: error: {one_line(exc)}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(int(code or 0))
 
 
 if __name__ == "__main__":
