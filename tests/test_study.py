@@ -176,7 +176,8 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     s = st.TextStudy(base_model=str(single), train_data=str(tmp_path / "train.csv"),
                      id_validation=str(tmp_path / "validation.csv"),
                      ood_validation={"a": str(tmp_path / "ood_a.csv"), "b": str(tmp_path / "ood_b.csv")},
-                     finetune_eval=8, max_score_samples=40, max_length=16, batch_size=8, max_train_samples=64)
+                     finetune_eval=8, max_score_samples=40, max_length=16, batch_size=8, max_train_samples=64,
+                     single_steps=2)  # seed 0's Single is given; seed 1's is trained below
     cands = (st.Candidate("circ", remove=2, heads_per_step=2, samples=8, members=2, member_steps=0),
              st.Candidate("taylor", method="taylor", remove=2, samples=8, members=2, member_steps=0),
              st.Candidate("circ ft", remove=2, heads_per_step=2, samples=8, members=2, member_steps=2))
@@ -206,8 +207,7 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     expected = metrics.ood_report(p_id.ood_scores("mutual_information"), p_b.ood_scores("mutual_information"))["auroc"]
     assert cell["fusions"]["average"]["ood"]["b"]["mutual_information"] == pytest.approx(expected, abs=1e-12)
     # a seed without a given Single trains its own (the study's `train_single`), then runs its cells
-    s1 = dataclasses.replace(s, single_steps=2)
-    st.run_study(s1, tmp_path / "study", candidates=cands[:1], seeds=(1,))
+    st.run_study(s, tmp_path / "study", candidates=cands[:1], seeds=(1,))
     assert (tmp_path / "study" / "single_seed1" / "work" / "member_0" / "model" / "config.json").is_file()
     assert sorted(p.name for p in (tmp_path / "study" / "cells" / "seed1" / "circ").iterdir()) == ["a.json", "b.json"]
     files = [f for f in files if f.startswith("seed0")]
@@ -223,6 +223,15 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     shutil.copytree(single, other)
     with pytest.raises(ValueError, match="scored against the Single"):
         st.run_study(s, tmp_path / "study", candidates=cands[:1], singles={0: other})
+    # other settings or a changed candidate under the same name: refused, nothing written
+    before_json = (tmp_path / "study" / "study.json").read_text()
+    with pytest.raises(HydraInputError, match="holds cells run with max_length=16, not 32"):
+        st.run_study(dataclasses.replace(s, max_length=32), tmp_path / "study", candidates=cands[:1], singles={0: single})
+    with pytest.raises(HydraInputError, match="another candidate named 'circ'"):
+        st.run_study(s, tmp_path / "study", candidates=[dataclasses.replace(cands[0], samples=16)], singles={0: single})
+    assert (tmp_path / "study" / "study.json").read_text() == before_json
+    st.run_study(dataclasses.replace(s, replicate_margin=0.5, max_accuracy_drop=0.5), tmp_path / "study",
+                 candidates=cands[:1], singles={0: single})  # decision settings may change
     # re-running resumes: nothing is recomputed
     before = {f: (tmp_path / "study" / "cells" / f).stat().st_mtime_ns for f in files}
     st.run_study(s, tmp_path / "study", candidates=cands, singles={0: single})

@@ -325,6 +325,7 @@ def run_study(
             raise HydraInputError(f"the Single of seed {seed}, {str(folder)!r}, is not a model folder (no config.json); "
                                   "give a fine-tuned checkpoint folder, or leave it out to train one")
     out = Path(output_dir).resolve()
+    _check_settings(out, s, candidates)
     prepare_owned_folder(out, command="study", overwrite=False, keep=True)
     (out / "study.json").write_text(json.dumps({"settings": dataclasses.asdict(s),
                                                  "candidates": [dataclasses.asdict(c) for c in candidates],
@@ -359,6 +360,39 @@ def run_study(
                 _write_json(file, cell)
                 logger.info("cell done in %.0f s: seed %d, %s, fold %s", cell["timings"]["total_s"], seed, c.name, fold)
     return collect(out, s, candidates)
+
+
+# settings that only change the decision over finished cells, not the cells
+DECISION_SETTINGS = ("max_accuracy_drop", "ece_tolerance", "min_seeds", "replicate_margin")
+
+
+def _check_settings(out: Path, s: TextStudy, candidates: Sequence[Candidate]) -> None:
+    """Refuse to add cells to a study folder whose cells were run with other settings (other data, model
+    or training), or under a candidate's name with other choices: their numbers would be mixed in one
+    table. The decision settings may change."""
+    from .errors import HydraInputError
+
+    for c in candidates:
+        now = json.loads(json.dumps(dataclasses.asdict(c)))
+        for file in sorted(out.glob(f"cells/seed*/{_cell_file(out, 0, c, ANY_FOLD).parent.name}/*.json")):
+            recorded = json.loads(file.read_text()).get("candidate")
+            if recorded is not None and recorded != now:
+                raise HydraInputError(f"{file} was run for another candidate named {c.name!r} ({recorded}); "
+                                      "give the changed candidate another name, or use another output folder")
+    file = out / "study.json"
+    if not file.is_file():
+        return
+    try:
+        recorded = json.loads(file.read_text())["settings"]
+    except (ValueError, KeyError, TypeError):
+        raise HydraInputError(f"{file} is not a study record; use another output folder") from None
+    now = json.loads(json.dumps(dataclasses.asdict(s)))
+    changed = [k for k in recorded if k not in DECISION_SETTINGS and recorded[k] != now.get(k)]
+    if changed:
+        k = changed[0]
+        raise HydraInputError(f"{out} holds cells run with {k}={recorded[k]!r}, not {now.get(k)!r}"
+                              f"{f' (and {len(changed) - 1} more settings)' if len(changed) > 1 else ''}; "
+                              "use another output folder for other settings")
 
 
 def _single_of(s: TextStudy, seed: int, out: Path, singles: Mapping[int, str | os.PathLike] | None) -> Path:
