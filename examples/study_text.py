@@ -9,6 +9,10 @@ per candidate; decision_all_rows.png: every row).
     python examples/study_text.py --output outputs/study --shard 0/2 &
     python examples/study_text.py --output outputs/study --shard 1/2
     python examples/study_text.py --output outputs/study --table-only
+    # another model and data (local folders or `hydra-hf` data specs; validation splits only):
+    python examples/study_text.py --output runs/study-sst2 --seeds 0 1 2 --screen --base-model bert-base-uncased-dir \
+        --train-data sst2_dir:train --id-validation sst2_dir:validation --labels negative positive --max-length 64 \
+        --ood agnews=ag_news_dir:validation --ood trec=trec_dir:validation --ood mnli=mnli_dir:validation_matched
 
 Cells are cached: re-running resumes. A cell takes 15-40 minutes of one core at MiniLM scale (docs/study.md).
 """
@@ -63,6 +67,43 @@ def _single(text: str) -> tuple[int, str]:
     return int(seed), folder
 
 
+def _ood(text: str) -> tuple[str, str]:
+    kind, sep, spec = text.partition("=")
+    if not sep or not kind or not spec or not all(ch.isalnum() or ch in "-_" for ch in kind):
+        raise argparse.ArgumentTypeError(f"{text!r}: use KIND=DATA, e.g. agnews=ag_news_folder:validation "
+                                         "(KIND: letters, digits, - and _)")
+    return kind, spec
+
+
+def add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """The study's data and model (default: the embedded demo's); data specs as `hydra-hf` takes them."""
+    group = parser.add_argument_group("data and model (default: the embedded demo's)")
+    group.add_argument("--base-model", default=None, metavar="DIR",
+                       help="pretrained BERT-like checkpoint folder the Singles are fine-tuned from (default: the packaged all-MiniLM-L6-v2)")
+    group.add_argument("--train-data", default=None, metavar="DATA", help="labelled training data (default rotten_tomatoes:train)")
+    group.add_argument("--id-validation", default=None, metavar="DATA",
+                       help="labelled ID validation data: the first --finetune-eval examples are the fine-tuning "
+                            "evaluation set and the selection pool, the rest score the recipes (default rotten_tomatoes:validation)")
+    group.add_argument("--ood", action="append", type=_ood, default=[], metavar="KIND=DATA",
+                       help="an OOD kind's *validation* data, repeatable (default: the four embedded kinds); "
+                            "keep its test split out of the study")
+    group.add_argument("--labels", nargs="+", default=None, metavar="NAME", help="class names (default rotten fresh)")
+    group.add_argument("--max-length", type=int, default=None, metavar="N", help="tokens per text (default 48)")
+    group.add_argument("--finetune-eval", type=int, default=None, metavar="N",
+                       help="ID validation examples for fine-tuning evaluation and selection (default 400)")
+
+
+def study_from_args(args: argparse.Namespace) -> TextStudy:
+    """A TextStudy with the defaults, changed where the arguments say so."""
+    changes = {"base_model": args.base_model, "train_data": args.train_data, "id_validation": args.id_validation,
+               "ood_validation": dict(args.ood) if args.ood else None,
+               "labels": tuple(args.labels) if args.labels else None, "max_length": args.max_length,
+               "finetune_eval": args.finetune_eval}
+    if args.ood and len(dict(args.ood)) != len(args.ood):
+        raise ValueError(f"--ood names a kind twice: {[k for k, _ in args.ood]}")
+    return TextStudy(**{k: v for k, v in changes.items() if v is not None})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", default="outputs/study", help="study folder (default outputs/study); re-running resumes")
@@ -86,9 +127,10 @@ def main() -> None:
                         help="OOD kinds for --selection-noise (default: all); sizes a kind's pool cannot hold are skipped")
     parser.add_argument("--noise-repeats", type=int, default=3, metavar="R",
                         help="random pairs of disjoint selection sets per size for --selection-noise (default 3)")
+    add_data_arguments(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    study = TextStudy()
+    study = study_from_args(args)
     candidates = DEFAULT_CANDIDATES if args.candidates is None else tuple(DEFAULT_CANDIDATES[i] for i in args.candidates)
     singles = dict(args.single)
     out = Path(args.output)

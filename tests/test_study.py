@@ -135,6 +135,40 @@ def test_screening_replicates_only_candidates_close_to_the_best(tmp_path):
     assert rows["done"]["seeds"] == 1 and rows["done"]["gain"] == pytest.approx(0.042) and "unscreened" not in rows
 
 
+def test_study_reads_validation_splits_only_and_the_script_builds_it(tmp_path):
+    """A test split named anywhere in the study's data is refused (it would leak into the choice); the
+    script's data arguments build the TextStudy; bad ones are one-line errors."""
+    for bad in ({"id_validation": "rotten_tomatoes:test"}, {"ood_validation": {"a": "x:validation", "b": "agnews:test"}},
+                {"ood_validation": {"a": "x", "b": str(tmp_path / "ood_test.csv")}}):
+        with pytest.raises(ValueError, match="names a test split"):
+            st.TextStudy(**bad)
+    st.TextStudy(ood_validation={"contest": "contest_data:validation", "b": "latest_news:validation"})  # not a test split
+    with pytest.raises(Exception, match="needs at least 2"):
+        st.run_study(st.TextStudy(ood_validation={"a": "x"}), tmp_path / "study")
+    assert not (tmp_path / "study").exists()
+
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("study_text", Path(__file__).resolve().parents[1] / "examples" / "study_text.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    parser = argparse.ArgumentParser()
+    script.add_data_arguments(parser)
+    args = parser.parse_args(["--base-model", "bert-dir", "--train-data", "sst2:train", "--id-validation", "sst2:validation",
+                              "--ood", "agnews=ag:validation", "--ood", "trec=trec:validation", "--labels", "neg", "pos",
+                              "--max-length", "64"])
+    s = script.study_from_args(args)
+    assert (s.base_model, s.train_data, s.id_validation, s.labels, s.max_length) == \
+        ("bert-dir", "sst2:train", "sst2:validation", ("neg", "pos"), 64)
+    assert s.ood_validation == {"agnews": "ag:validation", "trec": "trec:validation"} and s.finetune_eval == 400
+    assert script.study_from_args(parser.parse_args([])) == st.TextStudy()
+    with pytest.raises(ValueError, match="names a kind twice"):
+        script.study_from_args(parser.parse_args(["--ood", "a=x", "--ood", "a=y"]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--ood", "no-equals-sign"])
+
+
 def test_candidate_validation():
     with pytest.raises(ValueError, match="method 'nope'"):
         st.Candidate("x", method="nope")

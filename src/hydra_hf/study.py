@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -130,6 +131,18 @@ class TextStudy:
     # two-stage protocol: candidates within this much transfer gain of the best on the screening seed
     # are replicated on the other seeds (about the seed-to-seed std of a gain measured here, 0.009-0.012)
     replicate_margin: float = 0.01
+
+    def __post_init__(self) -> None:
+        # the protocol decides on validation data only: a test split named here would leak into the choice
+        for name, spec in [("id_validation", self.id_validation), *self.ood_validation.items()]:
+            if _names_test_split(spec):
+                raise ValueError(f"{name}={spec!r} names a test split; the selection protocol reads validation "
+                                 "splits only (keep test splits for the final evaluation)")
+
+
+def _names_test_split(spec: str) -> bool:
+    split = spec.rsplit(":", 1)[1] if ":" in spec else Path(spec).stem
+    return re.search(r"(^|[^a-z])test([^a-z]|$)", split.lower()) is not None
 
 
 def _finetune_config(s: TextStudy, steps: int, learning_rate: float, seed: int):
@@ -320,6 +333,8 @@ def run_study(
     from .outputs import prepare_owned_folder
     from .pruning import load_pruning_target
 
+    if len(s.ood_validation) < 2:
+        raise HydraInputError(f"ood_validation has {len(s.ood_validation)} kind(s); leave-one-kind-out needs at least 2")
     for seed, folder in (singles or {}).items():  # before anything is written
         if not (Path(folder) / "config.json").is_file():
             raise HydraInputError(f"the Single of seed {seed}, {str(folder)!r}, is not a model folder (no config.json); "
