@@ -13,7 +13,10 @@ compares recipes on **validation splits only**, leave-one-OOD-kind-out:
 
 No test split is read. :func:`decide` applies the decision rule (accuracy within
 ``max_accuracy_drop`` of Single, ECE no worse than Single's plus ``ece_tolerance``, run on as many
-seeds as the best-replicated candidate, then the largest mean transfer gain) and :func:`render_decision_table` prints the whole table, losers included.
+seeds as the best-replicated candidate, then the largest mean transfer gain) and
+:func:`render_decision_table` prints the whole table, losers included. ``run_study(screen=True)``
+runs every candidate on the first seed and replicates only those close to the best
+(:func:`candidates_to_replicate`).
 
 Results are cached per cell (``cells/seed{S}/{candidate}/{fold}.json``), so an interrupted study
 resumes, and several processes can share the cells (``shard``).
