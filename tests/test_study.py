@@ -99,6 +99,22 @@ def test_rows_on_fewer_seeds_are_provisional(tmp_path):
         for fold in "ab":
             _write_cell(tmp_path, seed, replicated, fold, {"a": 0.52, "b": 0.52})
     _write_cell(tmp_path, 0, lucky, st.ANY_FOLD, {"a": 0.6, "b": 0.6})
+    weak = st.Candidate("weak", method="random")  # one seed, far below the choice: screened out, not provisional
+    _write_cell(tmp_path, 0, weak, st.ANY_FOLD, {"a": 0.49, "b": 0.49})
+    # two fusions: the ineligible one gains more; the short table shows the eligible one
+    mixed = st.Candidate("mixed", method="circuit-ood")
+    for seed in (0, 1):
+        for fold in "ab":
+            _write_cell(tmp_path, seed, mixed, fold, {"a": 0.9, "b": 0.9}, acc=0.70, fusion="average")
+            cell = st._cell_file(tmp_path, seed, mixed, fold)
+            data = json.loads(cell.read_text())
+            data["fusions"]["per_member"] = {**data["fusions"]["average"], "accuracy": 0.80,
+                                             "ood": {k: {sc: 0.51 for sc in v} for k, v in data["fusions"]["average"]["ood"].items()}}
+            cell.write_text(json.dumps(data))
+    summary = st.collect(tmp_path, s, [replicated, lucky, weak, mixed])
+    short = st.render_decision_table(summary, s, best_per_candidate=True, preamble=False)
+    assert [line for line in short.splitlines() if line.startswith("| mixed")][0].startswith("| mixed | per_member |")
+    assert all(line.endswith("| 1 | screened out |") for line in short.splitlines() if line.startswith("| weak"))
     summary = st.collect(tmp_path, s, [replicated, lucky])
     assert st.seeds_to_choose(summary, s) == 2
     assert st.decide(summary, s)["candidate"] == "replicated"

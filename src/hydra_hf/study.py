@@ -553,13 +553,29 @@ def decide(summary: Mapping[str, Any], s: TextStudy) -> dict[str, Any] | None:
 
 
 def _best_rows(summary: Mapping[str, Any], s: TextStudy) -> list[Mapping[str, Any]]:
-    """One row per candidate, by transfer gain: the chosen row for the chosen candidate, else its largest gain."""
+    """One row per candidate, by transfer gain: the chosen row for the chosen candidate, else its largest
+    gain among its rows that meet the constraints, else (none does) its largest gain."""
     choice = decide(summary, s)
     rows = sorted(summary["rows"], key=lambda r: -r["gain"])
     best: dict[str, Mapping[str, Any]] = {}
-    for r in ([choice] if choice is not None else []) + rows:
+    ranked = [r for r in rows if _meets_constraints(r, s)] + [r for r in rows if not _meets_constraints(r, s)]
+    for r in ([choice] if choice is not None else []) + ranked:
         best.setdefault(r["candidate"], r)
     return [r for r in rows if best[r["candidate"]] is r]
+
+
+def _verdict(r: Mapping[str, Any], choice: Mapping[str, Any] | None, need: int, s: TextStudy) -> str:
+    """A row's mark in the table: chosen; no (constraints); yes; provisional (fewer seeds, and close
+    enough to the choice to change it once replicated); screened out (fewer seeds, not close)."""
+    if r is choice:
+        return "**chosen**"
+    if not _meets_constraints(r, s):
+        return "no"
+    if r["seeds"] >= need:
+        return "yes"
+    if choice is None or r["gain"] >= choice["gain"] - s.replicate_margin:
+        return "provisional"
+    return "screened out"
 
 
 def plot_decision(summary: Mapping[str, Any], s: TextStudy, path: str | os.PathLike, *,
@@ -595,8 +611,7 @@ def render_decision_table(summary: Mapping[str, Any], s: TextStudy, *, best_per_
 
     need = seeds_to_choose(summary, s)
     for r in rows:
-        ok = _meets_constraints(r, s)
-        mark = "**chosen**" if r is choice else ("no" if not ok else "yes" if r["seeds"] >= need else "provisional")
+        mark = _verdict(r, choice, need, s)
         cells = [r["candidate"], r["fusion"], r["score"], pm(r, "gain"), pm(r, "worst_fold_gain"), pm(r, "worst_kind_gain"),
                  *[pm(r, f"gain_{k}") for k in kinds], pm(r, "accuracy_diff"), pm(r, "ece_diff"),
                  f"{r['mi_id']:.4f}", f"{r['mi_ood']:.4f}", f"{r.get('disagreement_id', 0.0):.3f}",
@@ -609,7 +624,8 @@ def render_decision_table(summary: Mapping[str, Any], s: TextStudy, *, best_per_
     rule = (f"Decision rule: accuracy at most {100 * s.max_accuracy_drop:.1f} points below Single, ECE at most "
             f"{s.ece_tolerance} above Single's, then the largest transfer gain (mean over folds of the mean OOD AUROC "
             "gain over Single (MSP) on the OOD kinds the fold did not select on), among rows run on at least "
-            f"{need} seed{'s' if need != 1 else ''} (rows on fewer seeds are provisional).")
+            f"{need} seed{'s' if need != 1 else ''}; a row on fewer seeds is provisional if its gain is within "
+            f"{s.replicate_margin} of the choice's (replicate it), else screened out.")
     return "\n".join([*single_lines, "", rule, "", *lines] if preamble else lines) + "\n"
 
 
