@@ -448,7 +448,8 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
         d = json.loads(f.read_text())
         if seeds is None or d["seed"] in seeds:
             singles[d["seed"]] = d["numbers"]
-    rows = []
+    rows, screening = [], []  # screening: the records of the first seed, (candidate, its numbers)
+    first_seed = min(singles, default=None)
     for c in candidates:
         per_seed: dict[tuple[str, str], list[dict[str, float]]] = {}
         for seed, single in singles.items():
@@ -483,12 +484,15 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
                         dis_ood.append(sum(num["ood"][k].get("disagreement_mean") or 0.0 for k in kinds) / len(kinds))
                     if not ok:
                         continue
-                    per_seed.setdefault((fusion, score), []).append({
+                    record = {
                         "gain": _mean(gains), "worst_fold_gain": min(gains),
                         "worst_kind_gain": min(_mean(v) for v in per_kind.values() if v),
                         "accuracy_diff": _mean(accs), "ece_diff": _mean(eces), "mi_id": _mean(mis_id),
                         "mi_ood": _mean(mis_ood), "disagreement_id": _mean(dis_id), "disagreement_ood": _mean(dis_ood), **{f"gain_{k}": _mean(v) for k, v in per_kind.items()},
-                    })
+                    }
+                    per_seed.setdefault((fusion, score), []).append(record)
+                    if seed == first_seed:
+                        screening.append((c.name, record))
         for (fusion, score), seeds_rows in per_seed.items():
             row = {"candidate": c.name, "fusion": fusion, "score": score, "seeds": len(seeds_rows)}
             for key in seeds_rows[0]:
@@ -496,7 +500,13 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
                 row[key] = _mean(vals)
                 row[key + "_std"] = _std(vals)
             rows.append(row)
-    return {"kinds": kinds, "single": {str(k): v for k, v in singles.items()}, "rows": rows}
+    # the two-stage protocol's screen: on the first seed (paired: same Single, same texts), the candidates
+    # whose best row meeting the constraints is within replicate_margin of the best such row
+    eligible = [(name, r) for name, r in screening if _meets_constraints(r, s)]
+    best = max((r["gain"] for _, r in eligible), default=None)
+    close = sorted({name for name, r in eligible if r["gain"] >= best - s.replicate_margin}) if eligible else []
+    return {"kinds": kinds, "single": {str(k): v for k, v in singles.items()}, "rows": rows,
+            "screen": {"seed": first_seed, "close": close}}
 
 
 def candidates_to_replicate(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Candidate],
@@ -506,12 +516,7 @@ def candidates_to_replicate(output_dir: str | os.PathLike, s: TextStudy, candida
     ``s.replicate_margin`` of the best eligible row on that seed (a paired comparison: same Single, same
     data) are the ones that could still be chosen, and are returned if some seed of ``seeds`` lacks them.
     A candidate not finished on the screening seed is not returned (screen it first)."""
-    screen = collect(output_dir, s, candidates, seeds=seeds[:1])
-    eligible = [r for r in screen["rows"] if _meets_constraints(r, s)]
-    if not eligible:
-        return []
-    best = max(r["gain"] for r in eligible)
-    close = {r["candidate"] for r in eligible if r["gain"] >= best - s.replicate_margin}
+    close = set(collect(output_dir, s, candidates, seeds=seeds[:1])["screen"]["close"])
     wanted = []
     for c in candidates:
         if c.name in close and any(not collect(output_dir, s, [c], seeds=[seed])["rows"] for seed in seeds[1:]):
@@ -564,18 +569,17 @@ def _best_rows(summary: Mapping[str, Any], s: TextStudy) -> list[Mapping[str, An
     return [r for r in rows if best[r["candidate"]] is r]
 
 
-def _verdict(r: Mapping[str, Any], choice: Mapping[str, Any] | None, need: int, s: TextStudy) -> str:
-    """A row's mark in the table: chosen; no (constraints); yes; provisional (fewer seeds, and close
-    enough to the choice to change it once replicated); screened out (fewer seeds, not close)."""
+def _verdict(r: Mapping[str, Any], choice: Mapping[str, Any] | None, need: int, summary: Mapping[str, Any],
+             s: TextStudy) -> str:
+    """A row's mark in the table: chosen; no (constraints); yes; on fewer seeds: provisional (its candidate
+    passed the first seed's screen: replicate it, it may change the choice) or screened out."""
     if r is choice:
         return "**chosen**"
     if not _meets_constraints(r, s):
         return "no"
     if r["seeds"] >= need:
         return "yes"
-    if choice is None or r["gain"] >= choice["gain"] - s.replicate_margin:
-        return "provisional"
-    return "screened out"
+    return "provisional" if r["candidate"] in summary.get("screen", {}).get("close", ()) else "screened out"
 
 
 def plot_decision(summary: Mapping[str, Any], s: TextStudy, path: str | os.PathLike, *,
@@ -611,7 +615,7 @@ def render_decision_table(summary: Mapping[str, Any], s: TextStudy, *, best_per_
 
     need = seeds_to_choose(summary, s)
     for r in rows:
-        mark = _verdict(r, choice, need, s)
+        mark = _verdict(r, choice, need, summary, s)
         cells = [r["candidate"], r["fusion"], r["score"], pm(r, "gain"), pm(r, "worst_fold_gain"), pm(r, "worst_kind_gain"),
                  *[pm(r, f"gain_{k}") for k in kinds], pm(r, "accuracy_diff"), pm(r, "ece_diff"),
                  f"{r['mi_id']:.4f}", f"{r['mi_ood']:.4f}", f"{r.get('disagreement_id', 0.0):.3f}",
@@ -624,8 +628,9 @@ def render_decision_table(summary: Mapping[str, Any], s: TextStudy, *, best_per_
     rule = (f"Decision rule: accuracy at most {100 * s.max_accuracy_drop:.1f} points below Single, ECE at most "
             f"{s.ece_tolerance} above Single's, then the largest transfer gain (mean over folds of the mean OOD AUROC "
             "gain over Single (MSP) on the OOD kinds the fold did not select on), among rows run on at least "
-            f"{need} seed{'s' if need != 1 else ''}; a row on fewer seeds is provisional if its gain is within "
-            f"{s.replicate_margin} of the choice's (replicate it), else screened out.")
+            f"{need} seed{'s' if need != 1 else ''}; a row on fewer seeds is provisional if its candidate's best "
+            f"eligible row on the first seed is within {s.replicate_margin} of that seed's best (replicate it), "
+            "else screened out.")
     return "\n".join([*single_lines, "", rule, "", *lines] if preamble else lines) + "\n"
 
 
