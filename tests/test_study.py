@@ -51,6 +51,10 @@ def test_leave_one_kind_out_gain_and_decision(tmp_path):
     r = rows[("circ", "msp")]
     assert r["gain"] == pytest.approx(((0.05 + 0.10) / 2 + (0.0 + 0.10) / 2 + (0.0 + 0.05) / 2) / 3)
     assert r["worst_fold_gain"] == pytest.approx(0.025)
+    # each fold's gain on the kind it selected on: a 0.99, b 0.99, c 0.99 against 0.70, 0.60, 0.50
+    assert r["selected_kind_gain"] == pytest.approx((0.29 + 0.39 + 0.49) / 3)
+    # a selection without OOD data has no selected kind: its "own-kind" gain is its mean over all kinds
+    assert rows[("taylor", "msp")]["selected_kind_gain"] == pytest.approx(0.02)
     assert r["gain_a"] == pytest.approx(0.0) and r["gain_b"] == pytest.approx(0.05) and r["gain_c"] == pytest.approx(0.10)
     assert rows[("taylor", "msp")]["gain"] == pytest.approx(0.02)
     assert rows[("accurate-less", "msp")]["accuracy_diff"] == pytest.approx(-0.02)

@@ -461,7 +461,7 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
             fusions = sorted({fu for cell in cells.values() for fu in cell["fusions"]})
             for fusion in fusions:
                 for score in OOD_SCORES:
-                    gains, per_kind, ok = [], {k: [] for k in kinds}, True
+                    gains, own, per_kind, ok = [], [], {k: [] for k in kinds}, True
                     accs, eces, mis_id, mis_ood, dis_id, dis_ood = [], [], [], [], [], []
                     for fold, cell in cells.items():
                         num = cell["fusions"].get(fusion) or cell["fusions"]["average"]
@@ -476,6 +476,7 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
                             fold_gain.append(g)
                             per_kind[k].append(g)
                         gains.append(sum(fold_gain) / len(fold_gain))
+                        own.append(num["ood"][fold][score] - single["ood"][fold]["msp"])  # the kind it selected on
                         accs.append(num["accuracy"] - single["accuracy"])
                         eces.append(num["ece"] - single["ece"])
                         mis_id.append(num["mutual_information"] or 0.0)
@@ -485,7 +486,7 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
                     if not ok:
                         continue
                     record = {
-                        "gain": _mean(gains), "worst_fold_gain": min(gains),
+                        "gain": _mean(gains), "selected_kind_gain": _mean(own), "worst_fold_gain": min(gains),
                         "worst_kind_gain": min(_mean(v) for v in per_kind.values() if v),
                         "accuracy_diff": _mean(accs), "ece_diff": _mean(eces), "mi_id": _mean(mis_id),
                         "mi_ood": _mean(mis_ood), "disagreement_id": _mean(dis_id), "disagreement_ood": _mean(dis_ood), **{f"gain_{k}": _mean(v) for k, v in per_kind.items()},
@@ -604,7 +605,7 @@ def render_decision_table(summary: Mapping[str, Any], s: TextStudy, *, best_per_
     choice = decide(summary, s)
     rows = _best_rows(summary, s) if best_per_candidate else sorted(summary["rows"], key=lambda r: -r["gain"])
     kinds = summary["kinds"]
-    head = ["candidate", "fusion", "OOD score", "transfer gain", "worst fold", "worst kind",
+    head = ["candidate", "fusion", "OOD score", "transfer gain", "gain on selected kind", "worst fold", "worst kind",
             *[f"gain {k}" for k in kinds], "Δ acc", "Δ ECE", "MI id", "MI ood", "disagree id", "disagree ood", "seeds",
             "eligible"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -616,7 +617,8 @@ def render_decision_table(summary: Mapping[str, Any], s: TextStudy, *, best_per_
     need = seeds_to_choose(summary, s)
     for r in rows:
         mark = _verdict(r, choice, need, summary, s)
-        cells = [r["candidate"], r["fusion"], r["score"], pm(r, "gain"), pm(r, "worst_fold_gain"), pm(r, "worst_kind_gain"),
+        cells = [r["candidate"], r["fusion"], r["score"], pm(r, "gain"), pm(r, "selected_kind_gain"),
+                 pm(r, "worst_fold_gain"), pm(r, "worst_kind_gain"),
                  *[pm(r, f"gain_{k}") for k in kinds], pm(r, "accuracy_diff"), pm(r, "ece_diff"),
                  f"{r['mi_id']:.4f}", f"{r['mi_ood']:.4f}", f"{r.get('disagreement_id', 0.0):.3f}",
                  f"{r.get('disagreement_ood', 0.0):.3f}", str(r["seeds"]), mark]
