@@ -166,6 +166,11 @@ def test_study_reads_validation_splits_only_and_the_script_builds_it(tmp_path):
     with pytest.raises(Exception, match="needs at least 2"):
         st.run_study(st.TextStudy(ood_validation={"a": "x"}), tmp_path / "study")
     assert not (tmp_path / "study").exists()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "study.json").write_text("{not json")
+    with pytest.raises(Exception, match="is not a study record"):
+        st.run_study(st.TextStudy(), tmp_path / "broken")
+    assert [f.name for f in (tmp_path / "broken").iterdir()] == ["study.json"]
 
     import argparse
     import importlib.util
