@@ -25,6 +25,7 @@ import logging
 from pathlib import Path
 
 from hydra_hf.cli import run_script
+from hydra_hf.errors import HydraInputError
 from hydra_hf.study import (
     DEFAULT_CANDIDATES,
     TextStudy,
@@ -157,6 +158,9 @@ def main() -> None:
         print(table)
         return
     if args.table_only:
+        if not (out / "study.json").is_file():
+            raise HydraInputError(f"no study in {str(out)!r} (no study.json); give the folder a study ran in, "
+                                  "or drop --table-only to run one")
         summary = collect(out, study, DEFAULT_CANDIDATES)
     else:
         run_study(study, out, candidates=candidates, seeds=args.seeds, singles=singles, shard=args.shard,

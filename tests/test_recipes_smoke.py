@@ -157,7 +157,8 @@ def test_run_script_gives_the_commands_error_contract(monkeypatch, capsys):
 
 def test_examples_refuse_bad_input_in_one_line(tmp_path):
     """The scripts users run: a folder hydra_hf did not create is refused without a traceback and left
-    untouched; a malformed --single and an unknown candidate are argparse errors; nothing is written."""
+    untouched (also by the study's --table-only, which would write its table there); a malformed --single
+    and an unknown candidate are argparse errors; nothing is written."""
     import os
     import subprocess
     import sys
@@ -172,6 +173,7 @@ def test_examples_refuse_bad_input_in_one_line(tmp_path):
         "study": [sys.executable, str(EXAMPLES / "study_text.py"), "--output", str(tmp_path / "study"),
                   "--single", f"0={tmp_path / 'missing'}", "--candidates", "3"],
         "candidate": [sys.executable, str(EXAMPLES / "study_text.py"), "--candidates", "99", "--table-only"],
+        "table": [sys.executable, str(EXAMPLES / "study_text.py"), "--output", str(users), "--table-only"],
     }
     for name, cmd in runs.items():
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
@@ -179,6 +181,6 @@ def test_examples_refuse_bad_input_in_one_line(tmp_path):
         assert proc.returncode == 2, (name, proc.stderr[-2000:])
         assert "Traceback" not in proc.stderr and len(lines) == 1, (name, proc.stderr[-2000:])
         assert {"demo": "was not created by", "study": "is not a model folder",
-                "candidate": "is not a candidate index"}[name] in lines[0]
+                "candidate": "is not a candidate index", "table": "no study in"}[name] in lines[0]
     assert sorted(p.name for p in users.iterdir()) == ["notes.txt"] and (users / "notes.txt").read_text() == "keep me"
     assert not (tmp_path / "study").exists()

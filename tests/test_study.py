@@ -297,6 +297,41 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     assert before == {f: (tmp_path / "study" / "cells" / f).stat().st_mtime_ns for f in files}
 
 
+def _rewrite(path, n, size):
+    for i in range(n):
+        st._write_json(path, {"writer": i, "padding": "x" * size})
+
+
+def test_study_records_are_written_atomically(tmp_path, monkeypatch):
+    """Shards of one study run as separate processes that write and read study.json at once (a race a
+    4-process run hit): a reader sees the old record or the new one, never a half-written file; a write
+    that fails leaves the old record and no temporary file."""
+    import multiprocessing
+
+    path = tmp_path / "study.json"
+    st._write_json(path, {"writer": -1})
+    ctx = multiprocessing.get_context("spawn")
+    writers = [ctx.Process(target=_rewrite, args=(path, 300, 200_000)) for _ in range(2)]
+    for w in writers:
+        w.start()
+    reads = 0
+    while any(w.is_alive() for w in writers) or reads < 50:
+        assert set(json.loads(path.read_text())) >= {"writer"}  # always a whole record
+        reads += 1
+    for w in writers:
+        w.join()
+        assert w.exitcode == 0  # two writers never collide on one temporary file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.json"]
+
+    def broken(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(st.os, "replace", broken)
+    with pytest.raises(OSError, match="disk full"):
+        st._write_json(path, {"writer": "new"})
+    assert json.loads(path.read_text())["writer"] == 299 and sorted(p.name for p in tmp_path.iterdir()) == ["study.json"]
+
+
 def test_compare_selections_by_hand():
     a = torch.tensor([0.9, 0.8, 0.7, 0.6, 0.5], dtype=torch.float64)
     same = st.compare_selections(a, a.clone(), top=2)

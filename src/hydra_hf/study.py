@@ -245,7 +245,7 @@ def _build_masks(c: Candidate, target: Any, data: _Data, fold: str, seed: int):
     return build_members(
         target, method=c.method, budget=Budget(remove=c.remove), id_data=id_data, ood_data=ood_data,
         members=c.members, seed=seed, heads_per_step=c.heads_per_step, data_fraction=data.s.prune_data_fraction,
-        batch_size=64, max_length=data.s.max_length, progress=False,
+        batch_size=64, max_length=data.s.max_length,  # a progress bar per member: a selection can take an hour
         metadata={"selection": c.selection_key(fold), "seed": seed},
     )
 
@@ -345,9 +345,8 @@ def run_study(
     out = Path(output_dir).resolve()
     _check_settings(out, s, candidates)
     prepare_owned_folder(out, command="study", overwrite=False, keep=True)
-    (out / "study.json").write_text(json.dumps({"settings": dataclasses.asdict(s),
-                                                 "candidates": [dataclasses.asdict(c) for c in candidates],
-                                                 "seeds": list(seeds)}, indent=2) + "\n")
+    _write_json(out / "study.json", {"settings": dataclasses.asdict(s),
+                                     "candidates": [dataclasses.asdict(c) for c in candidates], "seeds": list(seeds)})
     # cells that share a selection (the same masks) go to the same shard, so no selection runs twice
     groups: dict[str, int] = {}
     for c in candidates:
@@ -432,9 +431,14 @@ def _single_of(s: TextStudy, seed: int, out: Path, singles: Mapping[int, str | o
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    """Write ``path`` atomically: a reader (another shard's process) sees the old file or the new one,
+    never a half-written one. The temporary file is per process, so two writers never share it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Candidate],
