@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -285,6 +286,23 @@ def write_output_folder(
             raise
     logger.debug("wrote %s", out)
     return out
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write a file atomically: a reader (another process) sees the old file or the new one, never a
+    half-written one, and a failed write leaves the old file and no temporary file. The temporary name
+    is fresh per call, so concurrent writers never share it."""
+    path = Path(path)
+    # a fresh name opened with "x" (not mkstemp) so the file gets the usual umask permissions
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def prepare_owned_folder(

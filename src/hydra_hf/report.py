@@ -16,13 +16,14 @@ import json
 import logging
 import math
 import os
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from .outputs import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -222,19 +223,6 @@ def _jsonable(value: Any, where: str = "report") -> Any:
         f"{where} has type {type(value).__name__}, which cannot be written to report.json; "
         f"convert it to a number, string, list or dict"
     )
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    # a fresh name opened with "x" (not mkstemp) so the file gets the usual umask permissions
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp"
-    try:
-        with open(tmp, "x", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 def _settings_paragraph(settings: Any) -> str:
@@ -447,7 +435,7 @@ def write_report(
     out.mkdir(parents=True, exist_ok=True)
 
     json_path, md_path = out / "report.json", out / "report.md"
-    _write_text_atomic(json_path, payload)
-    _write_text_atomic(md_path, markdown)
+    write_text_atomic(json_path, payload)
+    write_text_atomic(md_path, markdown)
     logger.info("wrote %s and %s", json_path, md_path)
     return {"json": str(json_path), "markdown": str(md_path)}

@@ -39,6 +39,8 @@ from typing import Any
 
 import torch
 
+from .outputs import write_text_atomic
+
 logger = logging.getLogger(__name__)
 
 OOD_SCORES = ("msp", "entropy", "energy", "mutual_information")
@@ -431,14 +433,7 @@ def _single_of(s: TextStudy, seed: int, out: Path, singles: Mapping[int, str | o
 
 
 def _write_json(path: Path, data: Any) -> None:
-    """Write ``path`` atomically: a reader (another shard's process) sees the old file or the new one,
-    never a half-written one. The temporary file is per process, so two writers never share it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text_atomic(path, json.dumps(data, indent=2) + "\n")  # shard processes read what another one writes
 
 
 def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Candidate],
