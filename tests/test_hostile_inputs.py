@@ -448,3 +448,74 @@ def test_recipes_never_take_over_a_users_folder(tmp_path, runner):
     with pytest.raises(HydraOutputError, match="was not created by `hydra-hf recipe`"):
         run(None, folder)
     assert tree_digest(tmp_path) == before
+
+
+# ---------------------------------------------------------------------------------- issue 25
+def _poison(folder: Path, value: float) -> None:
+    """One weight of the folder's safetensors file set to ``value`` (NaN, inf)."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(folder / "model.safetensors"))
+    name = next(k for k in sorted(state) if ("query" in k or "qkv" in k) and state[k].ndim == 2)
+    state[name][0, 0] = value
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_convert_and_export_refuse_non_finite_weights(sandbox, value):
+    """Issue 25 item 4: NaN passed the export's equality check (NaN > atol is false) and convert fused
+    inf silently; both refuse non-finite weights in one line, before any output is written."""
+    pytest.importorskip("onnxscript")
+    _damaged_copy(sandbox, "poisoned", lambda f: _poison(f, value))
+    import shutil
+
+    shutil.copytree(sandbox / "hydra", sandbox / "hydra_poisoned")
+    _poison(sandbox / "hydra_poisoned", value)
+    before = tree_digest(sandbox)
+    rc, _, err = _convert(sandbox, base="poisoned")
+    assert rc == 2 and "not finite" in assert_one_line_error(err)
+    rc, _, err = run_cli(["export", str(sandbox / "hydra_poisoned"), "--format", "onnx", "--output", str(sandbox / "onnx")])
+    assert rc == 2 and "not finite" in assert_one_line_error(err)
+    assert tree_digest(sandbox) == before
+
+
+def _claim_in_child(output: str, start, results) -> None:
+    """A forked writer of ``output`` (no --overwrite): records 'won' or the error it got."""
+    from hydra_hf.outputs import write_output_folder
+
+    def write(tmp: Path) -> None:
+        (tmp / "who").write_text(str(os.getpid()))
+        time.sleep(0.3)
+
+    start.wait()
+    try:
+        write_output_folder(output, write, command="convert")
+        results.put(("won", os.getpid()))
+    except Exception as exc:  # noqa: BLE001 - the loser's error is checked below
+        results.put((type(exc).__name__, str(exc)))
+
+
+def test_a_dead_writers_lock_is_taken_over_by_one_writer_only(tmp_path):
+    """Issue 25 item 2: with a dead writer's lock beside the output, concurrent writers raced through the
+    takeover (a lock found empty or just replaced was unlinked as stale) and two of them succeeded."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for trial in range(6):
+        out = tmp_path / f"out{trial}"
+        (tmp_path / f".out{trial}.lock").write_text(f"{dead.pid}\n")
+        start, results = ctx.Event(), ctx.Queue()
+        procs = [ctx.Process(target=_claim_in_child, args=(str(out), start, results)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        start.set()
+        for p in procs:
+            p.join(30)
+        got = [results.get(timeout=5) for _ in procs]
+        winners = [pid for kind, pid in got if kind == "won"]
+        assert len(winners) == 1, got
+        assert all(kind == "HydraOutputError" for kind, _ in got if kind != "won"), got
+        assert (out / "who").read_text() == str(winners[0])
+        assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(f".out{trial}.")], "locks or temporaries left"

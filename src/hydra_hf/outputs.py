@@ -8,8 +8,9 @@ Rules every command follows (README, "What each command promises"):
   refuses absolute paths, ``..`` escapes and symlinks that leave the folder.
 - **Outputs are written atomically.** :func:`write_output_folder` writes into a temporary sibling
   ``.NAME.tmp-PID-XXXX`` and renames it into place; a failure leaves the output as it was.
-- **Two writers never both succeed.** An exclusive lock file ``.NAME.lock`` (holding the writer's
-  PID) is created beside the output for the whole write; a second writer gets a one-line error.
+- **Two writers never both succeed.** An exclusive lock (a ``flock`` on ``.NAME.lock``, which holds
+  the writer's PID) is held beside the output for the whole write; a second writer gets a one-line
+  error. The kernel releases the lock of a killed writer, so exactly one later writer takes it over.
 - **--overwrite replaces only our own output.** A folder written by hydra-hf holds the marker file
   ``.hydra_hf_output.json`` naming the command that wrote it; ``--overwrite`` replaces a non-empty
   folder only when its marker names the same command, and never a folder that is, or contains, one
@@ -33,6 +34,11 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from .errors import HydraInputError, HydraOutputError, HydraUnsafeError
+
+try:
+    import fcntl
+except ImportError:  # Windows: output_lock falls back to an O_EXCL lock file
+    fcntl = None
 
 logger = logging.getLogger(__name__)
 
@@ -208,36 +214,93 @@ def remove_stale_temporaries(output: str | os.PathLike) -> list[Path]:
 
 @contextlib.contextmanager
 def output_lock(output: str | os.PathLike) -> Iterator[Path]:
-    """Hold the exclusive lock file ``.NAME.lock`` beside ``output`` (stale locks of dead PIDs are taken over)."""
+    """Hold the exclusive lock file ``.NAME.lock`` beside ``output`` for the whole write.
+
+    The lock is an advisory ``flock`` on that file, which the kernel releases when its holder exits
+    (``kill -9`` included): a dead writer's lock is taken over by exactly one process, with no
+    check-then-unlink race between takers. The file also holds the writer's PID, for the error
+    message, and a live PID in it is respected even without a ``flock`` (a lock of an earlier
+    hydra-hf). Where ``flock`` does not exist (Windows), an ``O_EXCL`` file is the lock.
+    """
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
     lock = out.parent / f".{out.name}.lock"
-    for _ in range(3):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and _pid_alive(pid):
-                raise HydraOutputError(
-                    f"another hydra-hf process (pid {pid}) is writing {str(out)!r}; wait for it to finish or "
-                    "choose another output"
-                ) from None
-            with contextlib.suppress(FileNotFoundError):
-                lock.unlink()  # its writer is gone
-            continue
-        with os.fdopen(fd, "w") as handle:
-            handle.write(f"{os.getpid()}\n")
-        break
-    else:
-        raise HydraOutputError(f"could not lock {str(lock)!r}; remove it if no hydra-hf process is running")
+    fd = _claim_lock(lock, out) if fcntl is not None else _claim_lock_exclusive(lock, out)
     try:
         yield lock
     finally:
+        # unlinked while still held: a process that opened the old file gets its flock only after we
+        # close, then sees that the path no longer names the file it locked, and starts again
         with contextlib.suppress(FileNotFoundError):
             lock.unlink()
+        os.close(fd)
+
+
+def _busy(pid: int, out: Path) -> HydraOutputError:
+    holder = f"pid {pid}" if pid else "pid unknown"
+    return HydraOutputError(
+        f"another hydra-hf process ({holder}) is writing {str(out)!r}; wait for it to finish or choose another output"
+    )
+
+
+def _read_pid(fd: int) -> int:
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        return int(os.read(fd, 64).decode("ascii", "replace").strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def _claim_lock(lock: Path, out: Path) -> int:
+    """Open ``lock`` and take its ``flock``; the open file descriptor, once it is ours."""
+    for _ in range(100):
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as exc:
+            raise HydraOutputError(
+                f"could not open the lock file {str(lock)!r} ({exc.strerror}); remove it if no hydra-hf process is running"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held by a live process
+            pid = _read_pid(fd)
+            os.close(fd)
+            raise _busy(pid, out) from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(lock, follow_symlinks=False))
+        except FileNotFoundError:
+            same = False
+        if not same:  # its holder finished and removed it between our open and our flock
+            os.close(fd)
+            continue
+        pid = _read_pid(fd)
+        if pid and pid != os.getpid() and _pid_alive(pid):
+            os.close(fd)
+            raise _busy(pid, out)
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return fd
+    raise HydraOutputError(f"could not lock {str(lock)!r}; remove it if no hydra-hf process is running")
+
+
+def _claim_lock_exclusive(lock: Path, out: Path) -> int:
+    """Without ``flock``: the lock is a file created with ``O_EXCL``; a stale one is never removed
+    automatically (only its writer's PID tells it is stale, and checking then unlinking it races)."""
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
+    except FileExistsError:
+        try:
+            pid = int(lock.read_text().strip() or 0)
+        except (OSError, ValueError):
+            pid = 0
+        if pid and not _pid_alive(pid):
+            raise HydraOutputError(
+                f"{str(lock)!r} was left by a process that no longer runs (pid {pid}); remove it and run again"
+            ) from None
+        raise _busy(pid, out) from None
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
 
 
 def make_temporary(output: str | os.PathLike) -> Path:

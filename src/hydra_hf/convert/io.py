@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,24 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             state.update(loaded)
         else:
             raise ValueError(f"unknown weights file type {str(file)!r}; use .safetensors (or .bin)")
+    check_finite(state, source=repr(str(path)))
     return state
+
+
+def check_finite(state: Mapping[str, Any], *, source: str) -> None:
+    """Refuse weights that hold NaN or +-inf: every output computed from them is meaningless, and a
+    NaN compares unequal to everything (an equality check with ``diff > atol`` lets it through).
+
+    Raises:
+        HydraInputError: naming how many floating-point tensors are not finite and the first of them.
+    """
+    bad = [name for name, t in state.items()
+           if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        raise HydraInputError(
+            f"the weights of {source} are not finite: {len(bad)} tensor(s) hold NaN or inf (first: {bad[0]!r}); "
+            "use a checkpoint saved before training diverged, or re-save a good one"
+        )
 
 
 def _index_files(folder: Path, name: str) -> list[Path]:
@@ -165,10 +183,13 @@ def from_pretrained(loader: Any, folder: str | Path, *, trust_remote_code: bool 
 
     check_remote_code(folder, trust_remote_code)
     try:
-        return loader.from_pretrained(str(folder), trust_remote_code=trust_remote_code, **kwargs)
+        loaded = loader.from_pretrained(str(folder), trust_remote_code=trust_remote_code, **kwargs)
     except (pickle.UnpicklingError, SafetensorError, EOFError) as exc:
         raise HydraInputError(
             f"the weights in {str(folder)!r} cannot be read safely ({type(exc).__name__}: "
             f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else 'no detail'}); hydra_hf never unpickles "
             "arbitrary code: re-save the model as safetensors where you trust it"
         ) from None
+    if isinstance(loaded, torch.nn.Module):
+        check_finite(loaded.state_dict(), source=repr(str(folder)))
+    return loaded

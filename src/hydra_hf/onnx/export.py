@@ -16,6 +16,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import os
 import warnings
 from collections.abc import Iterable, Sequence
@@ -296,6 +297,11 @@ def compare_with_eager(model: nn.Module, onnx_model: OnnxHydraModel, inputs: dic
     """Largest absolute difference between ONNX Runtime's and PyTorch's outputs on ``inputs``."""
     with torch.no_grad():
         expected = model(**inputs, return_dict=True)
+    if not all(bool(torch.isfinite(expected[k]).all()) for k in output_keys):
+        raise HydraInputError(
+            "the model's outputs are not finite (NaN or inf) on random inputs, so no export can be checked against "
+            "them; its weights are too large or broken: export a checkpoint saved before training diverged"
+        )
     got = onnx_model(**inputs)
     return max(float((got[k] - expected[k]).abs().max()) for k in output_keys)
 
@@ -405,7 +411,7 @@ def export_onnx(
         # the export's own check: ONNX Runtime == PyTorch on the example and on other sizes (padded)
         fp32 = OnnxHydraModel.from_pretrained(tmp, file_name=FP32_FILE)
         diffs = [compare_with_eager(model, fp32, x, output_keys) for x in (example, other)]
-        if max(diffs) > VERIFY_ATOL:
+        if not all(math.isfinite(d) and d <= VERIFY_ATOL for d in diffs):  # NaN > atol is False: test each
             raise RuntimeError(f"the ONNX graph differs from PyTorch by {max(diffs):.2e} (> {VERIFY_ATOL}); please report this")
         metadata["verification"] = {
             "max_abs_diff_fp32": max(diffs), "atol": VERIFY_ATOL,
