@@ -22,6 +22,7 @@ from hydra_hf.hub import stage_repository
 from hydra_hf.outputs import MARKER
 
 KEPT = [[[0, 1], [2], []], [[0, 1, 2, 3], [1], [3]]]
+FOREIGN = ["--trust-foreign-code"]
 CANARY = "CANARY_SHIPPED_CODE_RAN"
 SECRET = "root:x:0:0:root:/root:/bin/bash\n"
 
@@ -156,23 +157,24 @@ HOSTILE: dict[str, tuple[Callable[[Path], None], list[str], str]] = {
     "custom_pipelines impl ../pipe.X": (
         lambda sb: _edit_json(sb / "model" / "config.json", lambda c: c["custom_pipelines"]["hydra-text-classification"]
                               .__setitem__("impl", "../outside/pipe.X")), [], "is not 'module.Class'"),
-    # --- row 6: the shipped-code audit (the payload would write the canary if it ever ran)
-    "import os as _o": (_shipped("import os as _o\n_o.system('touch {canary}')"), [], "imports os"),
-    "from-import of subprocess": (_shipped("from subprocess import run\nrun(['touch', '{canary}'])"), [], "imports subprocess"),
-    "importlib.import_module": (_shipped("import importlib\nimportlib.import_module('subprocess')"), [], "imports importlib"),
-    "__import__": (_shipped("__import__('os').system('touch {canary}')"), [], "uses __import__"),
-    "eval": (_shipped("eval(\"__import__('os').system('touch {canary}')\")"), [], "uses eval"),
-    "exec": (_shipped("exec(\"import os; os.system('touch {canary}')\")"), [], "uses exec"),
-    "getattr(__builtins__, ...)": (_shipped("getattr(__builtins__, 'exec')('import os')"), [], "uses __builtins__"),
-    "open()": (_shipped("open('{canary}', 'w').write('ran')"), [], "uses open"),
-    "torch.os re-export": (_shipped("torch.os.system('touch {canary}')"), [], "the attribute .os"),
-    "computed getattr": (_shipped("getattr(torch, 'o' + 's').system('touch {canary}')"), [], "not a plain literal"),
-    "__subclasses__ walk": (_shipped("().__class__.__base__.__subclasses__()"), [], "the attribute .__base__"),
-    "torch.load pickle": (_shipped("torch.load('{canary}', weights_only=False)"), [], "the attribute .load"),
-    "string annotation": (_shipped("def f(x: \"__import__('os')\"):\n    pass"), [], "uses __import__"),
-    "sibling file with os": (_sibling_helper, [], "helper.py:1: imports os"),
-    "relative import out of the folder": (_shipped("from ..export import Foo"), [], "not a file shipped beside it"),
-    "pipeline file with subprocess": (_shipped("import subprocess", file="pipeline_hydra.py"), [], "pipeline_hydra.py"),
+    # --- row 6: the AST audit, the second line: reached only for code the user vouches for (the payload
+    # would write the canary if it ever ran; without the flag the content allow-list refuses it first)
+    "import os as _o": (_shipped("import os as _o\n_o.system('touch {canary}')"), FOREIGN, "imports os"),
+    "from-import of subprocess": (_shipped("from subprocess import run\nrun(['touch', '{canary}'])"), FOREIGN, "imports subprocess"),
+    "importlib.import_module": (_shipped("import importlib\nimportlib.import_module('subprocess')"), FOREIGN, "imports importlib"),
+    "__import__": (_shipped("__import__('os').system('touch {canary}')"), FOREIGN, "uses __import__"),
+    "eval": (_shipped("eval(\"__import__('os').system('touch {canary}')\")"), FOREIGN, "uses eval"),
+    "exec": (_shipped("exec(\"import os; os.system('touch {canary}')\")"), FOREIGN, "uses exec"),
+    "getattr(__builtins__, ...)": (_shipped("getattr(__builtins__, 'exec')('import os')"), FOREIGN, "uses __builtins__"),
+    "open()": (_shipped("open('{canary}', 'w').write('ran')"), FOREIGN, "uses open"),
+    "torch.os re-export": (_shipped("torch.os.system('touch {canary}')"), FOREIGN, "the attribute .os"),
+    "computed getattr": (_shipped("getattr(torch, 'o' + 's').system('touch {canary}')"), FOREIGN, "not a plain literal"),
+    "__subclasses__ walk": (_shipped("().__class__.__base__.__subclasses__()"), FOREIGN, "the attribute .__base__"),
+    "torch.load pickle": (_shipped("torch.load('{canary}', weights_only=False)"), FOREIGN, "the attribute .load"),
+    "string annotation": (_shipped("def f(x: \"__import__('os')\"):\n    pass"), FOREIGN, "uses __import__"),
+    "sibling file with os": (_sibling_helper, FOREIGN, "helper.py:1: imports os"),
+    "relative import out of the folder": (_shipped("from ..export import Foo"), FOREIGN, "not a file shipped beside it"),
+    "pipeline file with subprocess": (_shipped("import subprocess", file="pipeline_hydra.py"), FOREIGN, "pipeline_hydra.py"),
     # --- row 14: report figures
     "report figure absolute path": (_report(lambda r: r.__setitem__("figures", {"x": "/etc/passwd.png"})), [], "absolute path"),
     "report figure ../outside": (_report(lambda r: r.__setitem__("figures", {"x": "../outside/stolen.png"})), [], "leads outside"),
@@ -199,6 +201,74 @@ def test_push_refuses_hostile_folders(sandbox, case):
     assert tree_digest(sandbox) == before  # nothing outside the (absent) output changed
     assert not (sandbox / "staging").exists() and not list(sandbox.glob(".staging*"))  # no partial output
     assert not (sandbox / CANARY).exists()  # no shipped code ran
+
+
+# ---------------------------------------------------------------------- the content allow-list
+# Ten tamperings that the AST audit alone lets through (each is checked to pass it): code run through
+# helpers of allowed modules, exec in disguise, import-time side effects, a changed computation.
+# Issue 25 item 1: `push --dry-run` ran the first two.
+TAMPERINGS = {
+    "collect_env.run (from-import alias)": "from torch.utils.collect_env import run as _r\n_r('touch {canary}')",
+    "collect_env.run (module attribute)": "import torch.utils.collect_env as _c\n_c.run('touch {canary}')",
+    "fx exec with source": "import torch.fx.graph_module as _g\n_g._exec_with_source(\"import os\\nos.system('touch {canary}')\", {{}})",
+    "benchmark Timer stmt": "import torch.utils.benchmark as _b\n_b.Timer(stmt=\"import os; os.system('touch {canary}')\").timeit(1)",
+    "dataclasses._create_fn": "import dataclasses as _d\n_d._create_fn('f', [], ['import os', \"os.system('touch {canary}')\"])()",
+    "direct_transformers_import": "from transformers.utils.import_utils import direct_transformers_import as _i\n_i('{canary}')",
+    "torch.distributed.run.main": "import torch.distributed.run as _run\n_run.main(['--no-python', 'touch', '{canary}'])",
+    "import-time monkeypatch": "import torch as _t\n_t.nn.functional.softmax = lambda *a, **k: None",
+    "import-time global seed": "import torch as _t\n_t.manual_seed(1234)",
+    "a changed computation": "import torch as _t\n_t.set_default_dtype(_t.float64)",
+}
+SHIPPED_BERT = ["configuration_hydra.py", "hydra_layers.py", "modeling_hydra_bert.py", "pipeline_hydra.py"]
+
+
+@pytest.mark.parametrize("file", SHIPPED_BERT)
+def test_push_refuses_every_tampered_shipped_file_without_running_it(sandbox, file):
+    """Every shipped file, tampered ten ways that pass the AST audit: refused by content, before
+    anything runs (no canary), one line naming the file, the line and both fixes."""
+    from hydra_hf.hub.audit import audit_source
+
+    pristine = (sandbox / "model" / file).read_text()
+    shipped = {f: (sandbox / "model" / f).read_text() for f in SHIPPED_BERT}
+    first_new_line = len(pristine.splitlines()) + 2  # _shipped appends a blank line, then the payload
+    for name, payload in TAMPERINGS.items():
+        (sandbox / "model" / file).write_text(pristine)
+        _shipped(payload, file=file)(sandbox)
+        tampered = (sandbox / "model" / file).read_text()
+        audit_source(tampered, file, {f.removesuffix(".py") for f in shipped})  # the old audit lets it through
+        before = tree_digest(sandbox)
+        rc, _, err = _push(sandbox)
+        message = assert_one_line_error(err)
+        assert rc == 2, (name, err)
+        assert f"{file}:{first_new_line}: differs from the {file} hydra_hf" in message, (name, message)
+        assert "--trust-foreign-code" in message and "hydra-hf convert" in message, message
+        assert tree_digest(sandbox) == before and not (sandbox / "staging").exists(), name
+        assert not (sandbox / CANARY).exists(), f"{name}: shipped code ran"
+
+
+def test_push_refuses_a_sibling_file_hydra_hf_does_not_ship(sandbox):
+    (sandbox / "model" / "helper.py").write_text("import torch\nVALUE = torch.zeros(1)\n")  # passes the audit
+    _shipped("from .helper import VALUE")(sandbox)
+    (sandbox / "model" / "modeling_hydra_bert.py").write_text(
+        (sandbox / "model" / "modeling_hydra_bert.py").read_text())  # unchanged file, refused for helper.py
+    rc, _, err = _push(sandbox)
+    assert rc == 2 and "helper.py: is not a file hydra_hf" in assert_one_line_error(err), err
+
+
+def test_layout_changes_are_ours_and_vouched_code_ships(sandbox):
+    """Comments and blank lines do not change the code (accepted without the flag); a docstring does:
+    refused, then shipped and run in the isolated check with --trust-foreign-code."""
+    from hydra_hf.hub.audit import check_shipped_code
+
+    path = sandbox / "model" / "hydra_layers.py"
+    path.write_text("# a comment of the user's\n\n" + path.read_text() + "\n\n# reviewed\n")
+    assert "hydra_layers.py" in check_shipped_code(sandbox / "model")
+    path.write_text(path.read_text() + '\nUSER_NOTE = "reviewed by the owner"\n')
+    rc, _, err = _push(sandbox)
+    assert rc == 2 and "hydra_layers.py:" in assert_one_line_error(err)
+    rc, out, err = _push(sandbox, *FOREIGN)
+    assert rc == 0, err
+    assert 'USER_NOTE = "reviewed by the owner"' in (sandbox / "staging" / "hydra_layers.py").read_text()
 
 
 STAGING_CASES = {

@@ -183,15 +183,20 @@ def test_shipped_code_check_accepts_the_package_and_rejects_network_imports(tmp_
     for name in sorted({n for spec in SHIPPED.values() for n in spec["files"]} | {"pipeline_hydra.py"}):
         shutil.copyfile(REPO / "src" / "hydra_hf" / "modeling" / name, folder / name)
     assert "pipeline_hydra.py" in hub.check_shipped_code(folder)
+    (folder / "evil.py").write_text("import math\n")  # harmless, but not a file hydra_hf ships
+    with pytest.raises(HydraUnsafeError, match="evil.py: is not a file hydra_hf .* ships"):
+        hub.check_shipped_code(folder)
+    # code the user vouches for must still pass the AST audit
+    assert "evil.py" in hub.check_shipped_code(folder, allow_foreign=True)
     (folder / "evil.py").write_text("import math\nimport urllib.request\n")
     with pytest.raises(HydraUnsafeError, match="evil.py:2: imports urllib.request"):
-        hub.check_shipped_code(folder)
+        hub.check_shipped_code(folder, allow_foreign=True)
     (folder / "evil.py").write_text("from hydra_hf import metrics\n")
     with pytest.raises(HydraUnsafeError, match="evil.py:1: imports hydra_hf"):
-        hub.check_shipped_code(folder)
+        hub.check_shipped_code(folder, allow_foreign=True)
     (folder / "evil.py").write_text("from .missing import x\n")
     with pytest.raises(HydraUnsafeError, match="not a file shipped beside it"):
-        hub.check_shipped_code(folder)
+        hub.check_shipped_code(folder, allow_foreign=True)
 
 
 def test_model_push_to_hub_gives_the_same_repository(assets, tmp_path, monkeypatch):

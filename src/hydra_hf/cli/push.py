@@ -16,8 +16,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "push",
         help="publish a Hydra Ensemble folder to the Hub (model card, validation, one commit)",
-        description="Stage DIR as a Hub repository (safetensors only, shipped code that passes the import/name "
-        "allow-list audit, tokenizer, README.md model card, evaluation report and plots), check that it loads "
+        description="Stage DIR as a Hub repository (safetensors only, shipped code that is exactly the code this "
+        "hydra_hf ships unless --trust-foreign-code, and passes the import/name allow-list audit, tokenizer, README.md model card, evaluation report and plots), check that it loads "
         "with trust_remote_code=True in an isolated fresh process without hydra_hf, then upload it in one "
         "commit. DIR and the report are only read: files are taken only from inside them (symlinks or paths "
         "leading out are refused), hidden files are never uploaded.",
@@ -44,6 +44,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="replace --staging DIR only if an earlier hydra-hf push staged it (its "
                    ".hydra_hf_output.json marker says so); never a folder of yours")
     p.add_argument("--token", default=None, help="Hub token (default: HF_TOKEN or the saved login)")
+    p.add_argument("--trust-foreign-code", action="store_true",
+                   help="ship .py files that differ from the ones this hydra_hf ships (they still must pass the "
+                   "import/name audit, and the isolated check runs them); only for code you wrote and vouch for")
     p.set_defaults(func=run)
 
 
@@ -65,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         training=args.training,
         staging_dir=args.staging,
         overwrite=args.overwrite,
+        trust_foreign_code=args.trust_foreign_code,
     )
     total = sum(result.files.values())
     target = f"{args.repo_id}@{args.revision or 'main'}{' (pull request)' if args.create_pr else ''}"

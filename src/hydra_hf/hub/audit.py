@@ -1,10 +1,20 @@
-"""The shipped-code audit: what the ``.py`` files of a Hub repository may import and name.
+"""The shipped-code audit: which ``.py`` files a Hub repository may ship, and what they may import and name.
 
 Users run these files with ``trust_remote_code=True``; ``hydra-hf push`` runs them too (in a fresh,
-isolated process, :mod:`hydra_hf.hub.validate`). Before either, every shipped file is parsed and
-checked on its AST against an **allow-list of imports** and a **deny-list of names and
-attributes**; the first violation is refused with its file and line number
-(:class:`~hydra_hf.errors.HydraUnsafeError`).
+isolated process, :mod:`hydra_hf.hub.validate`). Two lines of defence, both before anything runs:
+
+1. **An allow-list by content** (:func:`check_shipped_code`): the shipped files are *ours*, so every
+   ``.py`` file of the folder must be a file this version of hydra_hf ships (same name) whose
+   normalised AST (:func:`normalised_source`: comments and layout ignored, every name, string and
+   statement compared) equals ours. Anything else -- an appended line, a sibling helper, a file of
+   an older hydra_hf -- is refused with the first line that differs
+   (:class:`~hydra_hf.errors.HydraUnsafeError`), unless the caller vouches for foreign code
+   (``allow_foreign=True``, ``hydra-hf push --trust-foreign-code``). A deny-list of names cannot win
+   this: ``torch.utils.collect_env.run``, ``torch.fx`` helpers that ``exec`` source,
+   ``torch.utils.benchmark.Timer(stmt=...)`` all run code through allowed modules.
+2. **The AST audit** (:func:`audit_source`), which vouched-for foreign code must still pass: every
+   file is parsed and checked against an **allow-list of imports** and a **deny-list of names and
+   attributes**; the first violation is refused with its file and line number.
 
 - **Imports** (``import x`` / ``from x import y``): the pure standard-library modules of
   :data:`ALLOWED_STDLIB` (what the shipped files use, plus a few modules without I/O), ``torch``
@@ -24,18 +34,28 @@ attributes**; the first violation is refused with its file and line number
   ``__globals__`` walks). ``trust_remote_code`` may not appear at all.
 - String annotations are parsed and checked like code (``typing`` can evaluate them).
 
-No static check can prove Python code harmless; this one closes the known doors (aliases,
-``from``-imports, ``importlib``, ``__import__``, ``eval``/``exec``, ``getattr`` tricks, ``open``)
-and the isolated validation process is the second line. Read the code you publish.
+No static check can prove foreign Python code harmless; the AST audit closes the known doors
+(aliases, ``from``-imports, ``importlib``, ``__import__``, ``eval``/``exec``, ``getattr`` tricks,
+``open``) and the isolated validation process is the last line. Read code you vouch for.
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
+import logging
 import os
+from functools import cache
+from importlib import metadata
 from pathlib import Path
 
 from ..errors import HydraUnsafeError
+
+logger = logging.getLogger(__name__)
+
+# The folder of the files hydra_hf ships with every Hydra repository (hydra_hf/modeling, flat).
+PACKAGED_CODE_DIR = Path(__file__).resolve().parents[1] / "modeling"
+FOREIGN_CODE_FLAG = "--trust-foreign-code"
 
 # Standard-library modules shipped code may import: no file, process, network or code-loading access.
 # The shipped files use __future__, collections(.abc), dataclasses, math and typing; the rest are
@@ -272,11 +292,78 @@ def audit_source(source: str, filename: str, siblings: set[str]) -> None:
     _Auditor(filename, siblings).visit(tree)
 
 
-def check_shipped_code(folder: str | os.PathLike) -> list[str]:
-    """Audit every top-level ``.py`` file of ``folder`` (hidden files aside); returns their names.
+def normalised_source(source: str, filename: str = "<shipped>") -> str:
+    """The AST of ``source`` without positions: equal for two files that differ only in comments,
+    blank lines and layout; different as soon as a name, a string, a number or a statement differs.
 
     Raises:
-        HydraUnsafeError: ``FILE:LINE: what`` for the first import or name outside the allow-list.
+        HydraUnsafeError: the source does not parse.
+    """
+    try:
+        tree = ast.parse(source, filename=filename)
+    except SyntaxError as exc:
+        raise HydraUnsafeError(f"{filename}:{exc.lineno}: does not parse as Python ({exc.msg})") from None
+    return ast.dump(tree, annotate_fields=True, include_attributes=False)
+
+
+@cache
+def packaged_code() -> dict[str, tuple[str, str]]:
+    """``{file name: (source, normalised AST)}`` of every ``.py`` file hydra_hf ships (its modeling folder)."""
+    out = {}
+    for path in sorted(PACKAGED_CODE_DIR.glob("*.py")):
+        if path.name.startswith("_"):
+            continue  # the package's __init__.py is never shipped
+        source = path.read_text(encoding="utf-8")
+        out[path.name] = (source, normalised_source(source, path.name))
+    return out
+
+
+def _version() -> str:
+    try:
+        return metadata.version("hydra_hf")
+    except metadata.PackageNotFoundError:  # a source checkout without installed metadata
+        return "(source checkout)"
+
+
+def _first_difference(ours: str, theirs: str) -> int:
+    """1-based line of ``theirs`` where it first differs from ``ours`` (blank lines and indentation ignored)."""
+    a = [line.strip() for line in ours.splitlines() if line.strip()]
+    numbered = [(n, line.strip()) for n, line in enumerate(theirs.splitlines(), 1) if line.strip()]
+    matcher = difflib.SequenceMatcher(a=a, b=[line for _, line in numbered], autojunk=False)
+    for tag, _, _, j1, _ in matcher.get_opcodes():
+        if tag != "equal":
+            return numbered[j1][0] if j1 < len(numbered) else (numbered[-1][0] + 1 if numbered else 1)
+    return 1  # the texts agree line by line: the difference is inside a line's layout
+
+
+def check_packaged(name: str, source: str) -> None:
+    """Refuse ``source`` (the folder's file ``name``) unless it is the file hydra_hf ships under that name.
+
+    Raises:
+        HydraUnsafeError: ``NAME:LINE: ...`` naming the first differing line and the two ways out.
+    """
+    ours = packaged_code().get(name)
+    theirs = normalised_source(source, name)
+    if ours is not None and ours[1] == theirs:
+        return
+    fix = (f"re-write the folder with hydra-hf convert (it copies hydra_hf's own files), or pass {FOREIGN_CODE_FLAG} "
+           "if you wrote this code and vouch for it")
+    if ours is None:
+        raise HydraUnsafeError(f"{name}: is not a file hydra_hf {_version()} ships, so it is foreign code; {fix}")
+    line = _first_difference(ours[0], source)
+    raise HydraUnsafeError(f"{name}:{line}: differs from the {name} hydra_hf {_version()} ships; {fix}")
+
+
+def check_shipped_code(folder: str | os.PathLike, *, allow_foreign: bool = False) -> list[str]:
+    """Check every top-level ``.py`` file of ``folder`` (hidden files aside); returns their names.
+
+    Each file must be a file hydra_hf ships, unchanged (:func:`check_packaged`), unless
+    ``allow_foreign`` (the user vouches for the code); every file, ours or vouched for, must then pass
+    the AST audit (:func:`audit_source`). Nothing is imported or run.
+
+    Raises:
+        HydraUnsafeError: ``FILE:LINE: what`` for the first file that is not ours (without
+            ``allow_foreign``) or the first import or name outside the audit's allow-list.
     """
     root = Path(folder)
     files = sorted(p.name for p in root.glob("*.py") if not p.name.startswith(".") and p.is_file())
@@ -289,5 +376,11 @@ def check_shipped_code(folder: str | os.PathLike) -> list[str]:
             source = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise HydraUnsafeError(f"{name} is not UTF-8 text; shipped code must be plain Python source") from None
+        if allow_foreign:
+            if name not in packaged_code() or packaged_code()[name][1] != normalised_source(source, name):
+                logger.warning("%s is not the file hydra_hf ships; shipping it because you vouch for it (%s)",
+                               name, FOREIGN_CODE_FLAG)
+        else:
+            check_packaged(name, source)
         audit_source(source, name, siblings)
     return files

@@ -94,6 +94,7 @@ def push(
     overwrite: bool = False,
     endpoint: str | None = None,
     validate_timeout: float = 300,
+    trust_foreign_code: bool = False,
 ) -> PushResult:
     """Stage, validate and upload the Hydra folder ``model_dir`` to ``repo_id`` in one commit.
 
@@ -108,6 +109,8 @@ def push(
             push staged) and keep it after a successful push or dry run; a failed push removes it
             only if this push created it. Default: a private temporary folder, always removed.
         overwrite: replace ``staging_dir`` when an earlier ``hydra-hf push`` staged it (its marker).
+        trust_foreign_code: ship (and run, in the isolated check) ``.py`` files that are not the ones this
+            hydra_hf ships -- only for code you wrote and vouch for; it must still pass the AST audit.
         token: a Hub token (default: ``HF_TOKEN`` or the saved login).
         endpoint: another Hub endpoint (default ``HF_ENDPOINT`` / huggingface.co).
         report, base_model, license, training, tags: see :func:`hydra_hf.hub.build_model_card`.
@@ -128,8 +131,9 @@ def push(
 
     def write(tmp: Path) -> None:  # a failure here leaves no staging folder (write_output_folder)
         staged.append(stage_into(model_dir, tmp, repo_id=repo_id, report=report, revision=revision,
-                                 base_model=base_model, license=license, training=training, tags=tags))
-        validation.update(validate_staged(tmp, timeout=validate_timeout))
+                                 base_model=base_model, license=license, training=training, tags=tags,
+                                 allow_foreign_code=trust_foreign_code))
+        validation.update(validate_staged(tmp, timeout=validate_timeout, allow_foreign_code=trust_foreign_code))
 
     created = False
     try:

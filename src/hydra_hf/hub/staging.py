@@ -7,7 +7,8 @@ Only what belongs in the repository is copied, and only from inside the folders 
   ``weight_map`` may name only those files);
 - the shipped ``.py`` files: the modules ``auto_map`` and ``custom_pipelines`` name (each must be
   ``MODULE.CLASS`` with ``MODULE.py`` a file of the folder, or one hydra_hf ships) and the siblings
-  they import, nothing else; all of them must pass the audit (:mod:`hydra_hf.hub.audit`);
+  they import, nothing else; each must be the file this hydra_hf ships, unchanged, unless the user
+  vouches for foreign code (``allow_foreign_code``), and all must pass the audit (:mod:`hydra_hf.hub.audit`);
 - tokenizer / image-processor / processor files (their JSON configs may not name loader code);
 - ``README.md`` (the card), the kept-heads heat maps and, with a report, ``evaluation/``
   (``report.json``, ``report.md``, and PNG figures that lie inside the report's folder).
@@ -234,6 +235,7 @@ def stage_into(
     license: str | None = None,
     training: str | None = None,
     tags: list[str] | None = None,
+    allow_foreign_code: bool = False,
 ) -> StagedRepository:
     """Write the repository content of ``model_dir`` into the fresh folder ``out`` (see the module doc)."""
     src = Path(model_dir)
@@ -290,7 +292,7 @@ def stage_into(
         todo += [(name, f"{file} imports") for name in sorted(imports)]
     if not (out / PIPELINE_FILE).exists():
         shutil.copyfile(MODELING_DIR / PIPELINE_FILE, out / PIPELINE_FILE)
-    check_shipped_code(out)
+    check_shipped_code(out, allow_foreign=allow_foreign_code)
 
     heads_images = {}
     try:
@@ -362,6 +364,7 @@ def stage_repository(
     training: str | None = None,
     tags: list[str] | None = None,
     overwrite: bool = False,
+    allow_foreign_code: bool = False,
 ) -> StagedRepository:
     """Assemble the repository content of ``model_dir`` in ``staging_dir`` (see the module doc).
 
@@ -375,7 +378,8 @@ def stage_repository(
 
     def write(tmp: Path) -> None:
         result.append(stage_into(model_dir, tmp, repo_id=repo_id, report=report, revision=revision,
-                                 base_model=base_model, license=license, training=training, tags=tags))
+                                 base_model=base_model, license=license, training=training, tags=tags,
+                                 allow_foreign_code=allow_foreign_code))
 
     write_output_folder(staging, write, command="push", overwrite=overwrite, inputs=inputs)
     staged = result[0]

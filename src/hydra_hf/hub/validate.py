@@ -126,11 +126,12 @@ def fresh_check(
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def validate_staged(folder: str | os.PathLike, *, timeout: float = 300) -> dict[str, Any]:
+def validate_staged(folder: str | os.PathLike, *, timeout: float = 300, allow_foreign_code: bool = False) -> dict[str, Any]:
     """Check a staged repository as a Hub user would see it; raise :class:`HubError` if it fails.
 
-    Static checks: no pickle files; every shipped ``.py`` passes the audit
-    (:func:`hydra_hf.hub.audit.check_shipped_code`); ``README.md`` parses with ``ModelCard.load`` and
+    Static checks: no pickle files; every shipped ``.py`` is the file hydra_hf ships (or, with
+    ``allow_foreign_code``, code the user vouches for) and passes the audit
+    (:func:`hydra_hf.hub.audit.check_shipped_code`) -- nothing runs before these pass; ``README.md`` parses with ``ModelCard.load`` and
     its ``model-index`` is readable. Then :func:`fresh_check` (task ``load``) in an isolated process
     where ``import hydra_hf`` fails and the Hub is offline: the config and model load with
     ``trust_remote_code=True``, a forward pass on a dummy input gives finite member logits, and --
@@ -145,6 +146,6 @@ def validate_staged(folder: str | os.PathLike, *, timeout: float = 300) -> dict[
     pickled = sorted(p.name for p in root.rglob("*") if p.suffix in PICKLE_SUFFIXES)
     if pickled:
         raise HubError(f"staged folder holds pickle files {pickled}; only safetensors weights may be uploaded")
-    check_shipped_code(root)
+    check_shipped_code(root, allow_foreign=allow_foreign_code)
     card_summary = check_card(root / "README.md")
     return {"card": card_summary, "load": fresh_check(root, task="load", timeout=timeout)}
