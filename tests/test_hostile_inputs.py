@@ -519,3 +519,31 @@ def test_a_dead_writers_lock_is_taken_over_by_one_writer_only(tmp_path):
         assert all(kind == "HydraOutputError" for kind, _ in got if kind != "won"), got
         assert (out / "who").read_text() == str(winners[0])
         assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(f".out{trial}.")], "locks or temporaries left"
+
+
+def test_evaluate_refuses_a_folder_without_tokenizer_files(sandbox):
+    """Issue 25 item 5: transformers built an empty-vocabulary tokenizer (every word [UNK]) and a report was written."""
+    def strip(folder: Path) -> None:
+        for f in folder.iterdir():
+            if f.name.startswith(("tokenizer", "vocab", "special_tokens")):
+                f.unlink()
+
+    _damaged_copy(sandbox, "bare", strip)
+    before = tree_digest(sandbox)
+    rc, _, err = _evaluate(sandbox, model="bare")
+    line = assert_one_line_error(err)
+    assert rc == 2 and "no tokenizer vocabulary" in line and "save_pretrained" in line
+    assert tree_digest(sandbox) == before and not (sandbox / "report").exists()
+
+
+def test_evaluate_caps_max_length_at_the_models_positions(sandbox):
+    """Issue 25 item 6: --max-length 128 on a model with 64 positions crashed on texts longer than 64 tokens."""
+    words = "the movie was good and the plot was fun".split()
+    long = [" ".join(words[(i + j) % len(words)] for j in range(150)) for i in range(8)]
+    pd.DataFrame({"text": long, "label": [i % 3 for i in range(8)]}).to_csv(sandbox / "long.csv", index=False)
+    rc, _, err = run_cli(["evaluate", "--model", str(sandbox / "hydra"), "--baseline", f"Single={sandbox / 'base'}",
+                          "--id-data", str(sandbox / "long.csv"), "--ood-data", f"rev={sandbox / 'ood.csv'}",
+                          "--report", str(sandbox / "report"), "--batch-size", "4", "--max-length", "128",
+                          "--bootstrap", "0"])
+    assert rc == 0, err[-2000:]
+    assert {r["method"] for r in json.loads((sandbox / "report" / "report.json").read_text())["rows"]} >= {"Hydra", "Single"}

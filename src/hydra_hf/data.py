@@ -475,7 +475,9 @@ class _TextCollator:
 
     def __init__(self, tokenizer: Any, max_length: int) -> None:
         self.tokenizer = tokenizer
-        self.max_length = max_length
+        # never longer than the model can take: load_classifier sets model_max_length to its positions
+        limit = getattr(tokenizer, "model_max_length", None)
+        self.max_length = min(max_length, limit) if isinstance(limit, int) and limit > 0 else max_length
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         enc = self.tokenizer(

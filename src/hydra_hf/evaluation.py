@@ -754,7 +754,8 @@ def load_classifier(path: str | os.PathLike, *, trust_remote_code: bool = False)
         model = from_pretrained(AutoModelForImageClassification, folder, trust_remote_code=trust)
         return model.eval(), from_pretrained(AutoImageProcessor, folder, trust_remote_code=trust), "image"
     model = from_pretrained(AutoModelForSequenceClassification, folder, trust_remote_code=trust)
-    return model.eval(), from_pretrained(AutoTokenizer, folder, trust_remote_code=trust), "text"
+    tokenizer = fit_tokenizer_to_model(from_pretrained(AutoTokenizer, folder, trust_remote_code=trust), model.config)
+    return model.eval(), tokenizer, "text"
 
 
 def _load_onnx_classifier(path: str | os.PathLike) -> tuple[nn.Module, Any, str]:
@@ -762,7 +763,38 @@ def _load_onnx_classifier(path: str | os.PathLike) -> tuple[nn.Module, Any, str]
 
     model = OnnxHydraModel.from_pretrained(path)
     modality = _modality(model.config)
-    return model, load_preprocessor(model.file.parent, modality), modality
+    preprocessor = load_preprocessor(model.file.parent, modality)
+    if modality == "text":
+        preprocessor = fit_tokenizer_to_model(preprocessor, model.config)
+    return model, preprocessor, modality
+
+
+# position embeddings of these text models start after the padding index (RoBERTa's "offset" of pad + 1)
+_PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "camembert", "xlm-roberta-xl", "longformer")
+
+
+def max_text_positions(config: Any) -> int | None:
+    """How many tokens a text model (stock or Hydra) takes at most: its ``max_position_embeddings``,
+    less RoBERTa's padding offset; None when its config has no such limit."""
+    base = getattr(config, "base_config", None)
+    data = dict(base) if isinstance(base, Mapping) else (config.to_dict() if hasattr(config, "to_dict") else {})
+    data = data.get("text_config") or data
+    positions = data.get("max_position_embeddings")
+    if isinstance(positions, bool) or not isinstance(positions, int) or positions <= 0:
+        return None
+    if data.get("model_type") in _PADDING_OFFSET_TYPES:
+        positions -= int(data.get("pad_token_id") or 1) + 1
+    return positions if positions > 0 else None
+
+
+def fit_tokenizer_to_model(tokenizer: Any, config: Any) -> Any:
+    """Cap ``tokenizer.model_max_length`` at the model's positions, so a longer ``--max-length`` truncates
+    texts to what the model takes instead of crashing in its position embeddings."""
+    limit = max_text_positions(config)
+    current = getattr(tokenizer, "model_max_length", None)
+    if limit is not None and (not isinstance(current, int) or current > limit):
+        tokenizer.model_max_length = limit
+    return tokenizer
 
 
 def make_loader(dataset, preprocessor: Any, modality: str, batch_size: int = 32, max_length: int = 128,

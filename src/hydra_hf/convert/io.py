@@ -192,4 +192,19 @@ def from_pretrained(loader: Any, folder: str | Path, *, trust_remote_code: bool 
         ) from None
     if isinstance(loaded, torch.nn.Module):
         check_finite(loaded.state_dict(), source=repr(str(folder)))
+    if hasattr(loaded, "get_vocab") and hasattr(loaded, "all_special_tokens"):
+        check_vocabulary(loaded, folder)
     return loaded
+
+
+def check_vocabulary(tokenizer: Any, folder: str | Path) -> None:
+    """Refuse a tokenizer whose vocabulary holds nothing but its special tokens: transformers builds
+    one when a folder has a tokenizer class but no vocabulary file, and it turns every word into
+    ``[UNK]`` (a model evaluated with it sees no text at all)."""
+    vocab = tokenizer.get_vocab()
+    if len(vocab) <= len(set(tokenizer.all_special_tokens)):
+        raise HydraInputError(
+            f"{str(folder)!r} has no tokenizer vocabulary (no tokenizer.json / vocab file: the tokenizer built from it "
+            f"knows only its {len(vocab)} special tokens, so every word would be unknown); save the base model's tokenizer "
+            f"into it: AutoTokenizer.from_pretrained(BASE).save_pretrained({str(folder)!r})"
+        )
