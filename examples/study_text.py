@@ -25,7 +25,8 @@ import logging
 from pathlib import Path
 
 from hydra_hf.cli import run_script
-from hydra_hf.errors import HydraInputError
+from hydra_hf.errors import HydraInputError, HydraOutputError
+from hydra_hf.outputs import MARKER, is_owned
 from hydra_hf.study import (
     DEFAULT_CANDIDATES,
     TextStudy,
@@ -161,6 +162,10 @@ def main() -> None:
         if not (out / "study.json").is_file():
             raise HydraInputError(f"no study in {str(out)!r} (no study.json); give the folder a study ran in, "
                                   "or drop --table-only to run one")
+        if not is_owned(out, "study"):  # decision.md / summary.json below would replace the user's files
+            raise HydraOutputError(f"{str(out)!r} holds a study.json but was not created by the study (no {MARKER} "
+                                   "marker), so its decision.md / summary.json are not ours to replace; give the folder "
+                                   "that study_text.py --output created")
         summary = collect(out, study, DEFAULT_CANDIDATES)
     else:
         run_study(study, out, candidates=candidates, seeds=args.seeds, singles=singles, shard=args.shard,

@@ -547,3 +547,61 @@ def test_evaluate_caps_max_length_at_the_models_positions(sandbox):
                           "--bootstrap", "0"])
     assert rc == 0, err[-2000:]
     assert {r["method"] for r in json.loads((sandbox / "report" / "report.json").read_text())["rows"]} >= {"Hydra", "Single"}
+
+
+# ---------------------------------------------------------------------------------- the study
+STUDY_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "study_text.py"
+
+
+def _study_table(folder: Path) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, str(STUDY_SCRIPT), "--output", str(folder), "--table-only"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return proc.returncode, proc.stderr
+
+
+def test_study_table_only_never_replaces_a_users_files(tmp_path):
+    """Issue 25 item 3: --table-only overwrote decision.md / summary.json in a folder with a study.json but no marker."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "study.json").write_text(json.dumps({"settings": {}}))
+    (folder / "decision.md").write_text("my decision")
+    (folder / "summary.json").write_text('{"mine": true}')
+    before = tree_digest(tmp_path)
+    rc, err = _study_table(folder)
+    assert rc == 2 and "not created by the study" in assert_one_line_error(err)
+    assert tree_digest(tmp_path) == before
+
+
+def test_study_names_a_truncated_record_and_the_fix(tmp_path):
+    """Issue 25 item 9: a truncated cell file gave a JSON error naming neither the file nor the fix."""
+    from hydra_hf.outputs import prepare_owned_folder
+
+    folder = prepare_owned_folder(tmp_path / "study", command="study", overwrite=False)
+    (folder / "study.json").write_text(json.dumps({"settings": {}}))
+    record = folder / "cells" / "seed0" / "single.json"
+    record.parent.mkdir(parents=True)
+    record.write_text('{"seed": 0, "numbers": {"accur')
+    rc, err = _study_table(folder)
+    line = assert_one_line_error(err)
+    assert rc == 2 and str(record) in line and "delete it" in line
+
+
+def test_study_removes_a_killed_shards_work_folder(tmp_path, monkeypatch):
+    """Issue 25 item 9: a killed shard's work/process<PID>/ stayed forever; a live shard's is kept."""
+    from hydra_hf import study as st
+    from hydra_hf.outputs import prepare_owned_folder
+
+    folder = prepare_owned_folder(tmp_path / "study", command="study", overwrite=False)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for pid in (dead.pid, os.getppid()):
+        (folder / "work" / f"process{pid}" / "member_0").mkdir(parents=True)
+    (folder / "work" / "notes").mkdir()
+
+    class Stop(Exception):
+        pass
+
+    monkeypatch.setattr(st, "_single_of", lambda *a, **k: (_ for _ in ()).throw(Stop()))
+    with pytest.raises(Stop):
+        st.run_study(st.TextStudy(), folder, candidates=st.DEFAULT_CANDIDATES[:1])
+    assert sorted(p.name for p in (folder / "work").iterdir()) == sorted(["notes", f"process{os.getppid()}"])

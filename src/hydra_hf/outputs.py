@@ -212,6 +212,24 @@ def remove_stale_temporaries(output: str | os.PathLike) -> list[Path]:
     return removed
 
 
+def remove_dead_process_folders(folder: str | os.PathLike, prefix: str = "process") -> list[Path]:
+    """Remove the ``folder/PREFIX<PID>`` scratch folders of processes that no longer run (a killed
+    worker's), keeping those of live processes. Returns what was removed."""
+    removed = []
+    root = Path(folder)
+    if root.is_symlink() or not root.is_dir():
+        return removed
+    for entry in sorted(root.iterdir()):
+        pid = entry.name[len(prefix):]
+        if not entry.name.startswith(prefix) or not pid.isdigit() or entry.is_symlink() or not entry.is_dir():
+            continue
+        if not _pid_alive(int(pid)):
+            shutil.rmtree(entry, ignore_errors=True)
+            logger.info("removed %s, left by a process that no longer runs", entry)
+            removed.append(entry)
+    return removed
+
+
 @contextlib.contextmanager
 def output_lock(output: str | os.PathLike) -> Iterator[Path]:
     """Hold the exclusive lock file ``.NAME.lock`` beside ``output`` for the whole write.

@@ -39,7 +39,8 @@ from typing import Any
 
 import torch
 
-from .outputs import write_text_atomic
+from .errors import HydraInputError
+from .outputs import remove_dead_process_folders, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -347,6 +348,7 @@ def run_study(
     out = Path(output_dir).resolve()
     _check_settings(out, s, candidates)
     prepare_owned_folder(out, command="study", overwrite=False, keep=True)
+    remove_dead_process_folders(out / "work")  # a killed shard's scratch; live shards' are kept
     _write_json(out / "study.json", {"settings": dataclasses.asdict(s),
                                      "candidates": [dataclasses.asdict(c) for c in candidates], "seeds": list(seeds)})
     # cells that share a selection (the same masks) go to the same shard, so no selection runs twice
@@ -394,7 +396,7 @@ def _check_settings(out: Path, s: TextStudy, candidates: Sequence[Candidate]) ->
     for c in candidates:
         now = json.loads(json.dumps(dataclasses.asdict(c)))
         for file in sorted(out.glob(f"cells/seed*/{_cell_file(out, 0, c, ANY_FOLD).parent.name}/*.json")):
-            recorded = json.loads(file.read_text()).get("candidate")
+            recorded = _read_json(file).get("candidate")
             if recorded is not None and recorded != now:
                 raise HydraInputError(f"{file} was run for another candidate named {c.name!r} ({recorded}); "
                                       "give the changed candidate another name, or use another output folder")
@@ -419,7 +421,7 @@ def _single_of(s: TextStudy, seed: int, out: Path, singles: Mapping[int, str | o
     else the given one, else a newly trained one. A given checkpoint that differs from the recorded
     one is refused: the cells of one seed must share their Single."""
     single_file = out / "cells" / f"seed{seed}" / "single.json"
-    recorded = Path(json.loads(single_file.read_text())["checkpoint"]) if single_file.exists() else None
+    recorded = Path(_read_json(single_file)["checkpoint"]) if single_file.exists() else None
     given = Path(singles[seed]) if singles and seed in singles else None
     if recorded is not None and given is not None and given.resolve() != recorded.resolve():
         raise ValueError(f"seed {seed}: the study's cells were scored against the Single {recorded}, not {given}; "
@@ -430,6 +432,15 @@ def _single_of(s: TextStudy, seed: int, out: Path, singles: Mapping[int, str | o
                              f"restore it or use another --output")
         return recorded
     return given if given is not None else train_single(s, seed, out / f"single_seed{seed}")
+
+
+def _read_json(path: Path) -> Any:
+    """A record of the study folder (a cell, a Single's numbers), or one line naming it and the fix."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise HydraInputError(f"{str(path)!r} is not a readable study record (truncated or edited); delete it and run "
+                              "the study again to redo that cell") from None
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -444,7 +455,7 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
     kinds = list(s.ood_validation)
     singles = {}
     for f in sorted((out / "cells").glob("seed*/single.json")):
-        d = json.loads(f.read_text())
+        d = _read_json(f)
         if seeds is None or d["seed"] in seeds:
             singles[d["seed"]] = d["numbers"]
     rows, screening = [], []  # screening: the records of the first seed, (candidate, its numbers)
@@ -456,7 +467,7 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
             cells = {fold: _cell_file(out, seed, c, fold if c.uses_ood else ANY_FOLD) for fold in kinds}
             if not all(f.exists() for f in cells.values()):
                 continue
-            cells = {fold: json.loads(f.read_text()) for fold, f in cells.items()}
+            cells = {fold: _read_json(f) for fold, f in cells.items()}
             fusions = sorted({fu for cell in cells.values() for fu in cell["fusions"]})
             for fusion in fusions:
                 for score in OOD_SCORES:
