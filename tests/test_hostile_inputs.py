@@ -605,3 +605,67 @@ def test_study_removes_a_killed_shards_work_folder(tmp_path, monkeypatch):
     with pytest.raises(Stop):
         st.run_study(st.TextStudy(), folder, candidates=st.DEFAULT_CANDIDATES[:1])
     assert sorted(p.name for p in (folder / "work").iterdir()) == sorted(["notes", f"process{os.getppid()}"])
+
+
+# ---------------------------------------------------------------------------------- aggregate
+def _seed_reports(root: Path) -> None:
+    from hydra_hf.report import write_report
+
+    for seed, acc in ((0, 0.82), (1, 0.84)):
+        rows = [{"method": "Hydra", "accuracy": acc, "params_m": 22.7, "news": {"auroc": acc - 0.1}},
+                {"method": "Single", "accuracy": 0.80, "params_m": 22.7, "news": {"auroc": 0.7}}]
+        interval = {"difference": acc - 0.8, "ci_low": -0.01, "ci_high": 0.05, "verdict": "tie"}
+        write_report({"rows": rows, "settings": {"seed": seed, "id_data": "id.csv"},
+                      "comparisons": {"Hydra − Single": {"accuracy": interval}}}, root / f"r{seed}")
+
+
+def _edit(text_edit=None, data_edit=None):
+    def edit(file: Path) -> None:
+        if data_edit is not None:
+            data = json.loads(file.read_text())
+            data_edit(data)
+            file.write_text(json.dumps(data))
+        if text_edit is not None:
+            file.write_text(text_edit(file.read_text()))
+    return edit
+
+
+AGGREGATE_CASES = {
+    # issue 25 item 7: tracebacks
+    "rows are strings": (_edit(data_edit=lambda d: d.update(rows=["Hydra", "Single"])), "not an object"),
+    "comparisons is a list": (_edit(data_edit=lambda d: d.update(comparisons=[1, 2])), "'comparisons' must map"),
+    "nested 200000 deep": (_edit(text_edit=lambda t: "[" * 200_000 + "]" * 200_000), "nested more than"),
+    "edited columns": (_edit(data_edit=lambda d: d.update(columns=[["accuracy", "Acc", "%%q"]])), "formats no number"),
+    "columns is a string": (_edit(data_edit=lambda d: d.update(columns="accuracy")), "'columns' must be"),
+    "a value of 10**400": (_edit(text_edit=lambda t: t.replace("0.84", "1" + "0" * 400, 1)), "not a finite number"),
+    # issue 25 item 8: nonsense accepted
+    "Infinity": (_edit(text_edit=lambda t: t.replace("0.84", "Infinity", 1)), "Infinity is not JSON"),
+    "NaN": (_edit(text_edit=lambda t: t.replace("0.84", "NaN", 1)), "NaN is not JSON"),
+    "1e999": (_edit(text_edit=lambda t: t.replace("0.84", "1e999", 1)), "not a finite number"),
+    "1e308 overflows the mean": (lambda f: [_edit(data_edit=lambda d: d["rows"][0].update(accuracy=1e308))(g)
+                                            for g in (f, f.parent.parent / "r0" / "report.json")], "no finite mean"),
+    "the same numbers twice": (lambda f: f.write_text((f.parent.parent / "r0" / "report.json").read_text()), "same numbers"),
+    "another model under the same name": (_edit(data_edit=lambda d: d["rows"][0].update(params_m=33.4)), "other models"),
+    "other data": (_edit(data_edit=lambda d: d["settings"].update(id_data="other.csv")), "different id_data"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(AGGREGATE_CASES))
+def test_aggregate_refuses_edited_or_mismatched_reports(tmp_path, case):
+    damage, words = AGGREGATE_CASES[case]
+    _seed_reports(tmp_path)
+    damage(tmp_path / "r1" / "report.json")
+    before = tree_digest(tmp_path)
+    rc, _, err = run_cli(["aggregate", str(tmp_path / "r0"), str(tmp_path / "r1"), "--output", str(tmp_path / "agg")])
+    assert rc == 2 and words in assert_one_line_error(err)
+    assert tree_digest(tmp_path) == before
+
+
+def test_aggregate_refuses_one_report_given_twice(tmp_path):
+    _seed_reports(tmp_path)
+    rc, _, err = run_cli(["aggregate", str(tmp_path / "r0"), str(tmp_path / "r0" / "report.json"),
+                          "--output", str(tmp_path / "agg")])
+    assert rc == 2 and "names the same report" in assert_one_line_error(err)
+    assert not (tmp_path / "agg").exists()
+    rc, _, err = run_cli(["aggregate", str(tmp_path / "r0"), str(tmp_path / "r1"), "--output", str(tmp_path / "agg")])
+    assert rc == 0, err

@@ -28,10 +28,12 @@ import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from .errors import HydraInputError, HydraOutputError, HydraUnsafeError
 
@@ -99,6 +101,66 @@ def regular_files(root: str | os.PathLike, *, what: str = "folder") -> list[Path
         for entry in filenames:
             found.append((Path(dirpath) / entry).relative_to(root))
     return sorted(found)
+
+
+JSON_MAX_DEPTH = 64  # hydra-hf's files nest a handful of levels; deeper is hostile (or a recursion crash)
+
+
+def read_json(path: str | os.PathLike, *, what: str, fix: str, max_bytes: int = 64 * 2**20) -> Any:
+    """The JSON in ``path``, read with bounds: a regular file (a FIFO or device is refused without
+    blocking), at most ``max_bytes``, strict JSON (no ``NaN`` / ``Infinity``) nested at most
+    :data:`JSON_MAX_DEPTH` levels. Every problem is one :class:`HydraInputError` line naming ``what``
+    and ``path`` and ending with ``fix``.
+    """
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO opens without waiting for a writer
+    except FileNotFoundError:
+        raise HydraInputError(f"{what} {str(path)!r} does not exist; {fix}") from None
+    except IsADirectoryError:
+        raise HydraInputError(f"{what} {str(path)!r} is a folder, not a file; {fix}") from None
+    except OSError as exc:
+        raise HydraInputError(f"{what} {str(path)!r} cannot be read ({exc.strerror}); {fix}") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise HydraInputError(f"{what} {str(path)!r} is a folder, not a file; {fix}")
+        if not stat.S_ISREG(info.st_mode):
+            raise HydraInputError(f"{what} {str(path)!r} is not a regular file (a FIFO, device or socket); {fix}")
+        raw = handle.read(max_bytes + 1)  # bounded even if the file grows while it is read
+    if len(raw) > max_bytes:
+        raise HydraInputError(
+            f"{what} {str(path)!r} is larger than {max_bytes / 2**20:g} MB, far more than such a file needs; {fix}"
+        )
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON (hydra-hf writes null for a missing number)")
+
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=no_constant)
+    except RecursionError:
+        data, too_deep = None, True
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise HydraInputError(f"{what} {str(path)!r} is not valid JSON ({str(exc).splitlines()[0][:160]}); {fix}") from None
+    else:
+        too_deep = json_depth(data) > JSON_MAX_DEPTH
+    if too_deep:
+        raise HydraInputError(f"{what} {str(path)!r} is nested more than {JSON_MAX_DEPTH} levels deep; {fix}")
+    return data
+
+
+def json_depth(data: Any) -> int:
+    """How many levels of lists / dicts ``data`` nests (iteratively: no recursion limit)."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = list(value.values())
+        if isinstance(value, list):
+            deepest = max(deepest, depth)
+            if depth <= JSON_MAX_DEPTH:
+                stack.extend((v, depth + 1) for v in value)
+    return deepest
 
 
 # --------------------------------------------------------------------------------------------------

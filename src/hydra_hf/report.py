@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .errors import HydraInputError, HydraTypeError
 from .outputs import write_text_atomic
 
 logger = logging.getLogger(__name__)
@@ -264,6 +265,104 @@ def _figure_links(report: Mapping[str, Any], out_dir: Path) -> list[tuple[str, s
     return links
 
 
+VERDICTS = ("better", "tie", "worse")
+# what identifies the run behind a report: equal in every seed's report of one pipeline
+_SAME_RUN_SETTINGS = ("id_data", "ood_data", "score", "base_model", "model")
+
+
+def _finite_number(value: Any, where: str, fix: str) -> None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            ok = math.isfinite(float(value))
+        except OverflowError:  # an integer beyond float range (10**400)
+            ok = False
+        if not ok:
+            raise HydraInputError(f"{where} is {str(value)[:20]}, not a finite number; {fix}")
+
+
+def check_seed_report(data: Any, source: str) -> dict[str, Any]:
+    """``data`` if it is a report as `hydra-hf evaluate` (or a recipe) writes it, the shape
+    :func:`aggregate_seed_reports` reads; else one :class:`HydraInputError` / :class:`HydraTypeError`
+    line naming ``source``, the bad field and the fix (pass an unedited report).
+
+    Checked: ``rows`` a non-empty list of objects, each with a unique ``method`` name and values that are
+    finite where they are numbers (one level of objects deep, what is aggregated); ``columns`` triples of strings with
+    a valid format spec; ``comparisons`` metric -> {difference (finite number), verdict}; ``settings``
+    an object or a string.
+    """
+    fix = "pass the report.json that `hydra-hf evaluate` wrote, unedited"
+    if not isinstance(data, dict):
+        raise HydraTypeError(f"{source} holds a JSON {type(data).__name__}, not a report object; {fix}")
+    rows = data.get("rows")
+    if not isinstance(rows, list) or not rows:
+        raise HydraInputError(f"{source} has no report rows; {fix}")
+    methods = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise HydraTypeError(f"{source}: rows[{i}] is a {type(row).__name__}, not an object of column values; {fix}")
+        method = row.get("method")
+        if not isinstance(method, str) or not method:
+            raise HydraInputError(f"{source}: rows[{i}] has no 'method' name; {fix}")
+        methods.append(method)
+        for key, value in row.items():
+            for sub_key, sub in (value.items() if isinstance(value, dict) else [(None, value)]):
+                where = f"{source}: {method} {key}" + (f"/{sub_key}" if sub_key is not None else "")
+                _finite_number(sub, where, fix)  # deeper values are not aggregated
+    if len(set(methods)) != len(methods):
+        raise HydraInputError(f"{source} lists a method twice ({methods}); {fix}")
+    columns = data.get("columns")
+    if columns is not None:
+        if not isinstance(columns, list) or not all(
+                isinstance(c, (list, tuple)) and len(c) == 3 and all(isinstance(x, str) for x in c) for c in columns):
+            raise HydraTypeError(f"{source}: 'columns' must be a list of [key, header, format] strings; {fix}")
+        for key, _, spec in columns:
+            try:
+                format(0.5, spec)
+            except (ValueError, TypeError):
+                raise HydraInputError(f"{source}: column {key!r} has the format {spec!r}, which formats no number; {fix}") from None
+    comparisons = data.get("comparisons")
+    if comparisons is not None:
+        if not isinstance(comparisons, dict) or not all(isinstance(c, dict) for c in comparisons.values()):
+            raise HydraTypeError(f"{source}: 'comparisons' must map 'A − B' to per-metric intervals; {fix}")
+        for name, metrics in comparisons.items():
+            for metric, interval in metrics.items():
+                where = f"{source}: comparison {name!r} {metric}"
+                if not isinstance(interval, dict) or isinstance(interval.get("difference"), bool) or \
+                        not isinstance(interval.get("difference"), (int, float)):
+                    raise HydraTypeError(f"{where} has no numeric 'difference'; {fix}")
+                _finite_number(interval["difference"], f"{where} difference", fix)
+                if interval.get("verdict") not in (*VERDICTS, None):
+                    raise HydraInputError(f"{where}: verdict {interval.get('verdict')!r} is not one of {list(VERDICTS)}; {fix}")
+    if not isinstance(data.get("settings") or {}, (dict, str)):
+        raise HydraTypeError(f"{source}: 'settings' must be an object or a string; {fix}")
+    if not isinstance(data.get("ood_sets") or [], list):
+        raise HydraTypeError(f"{source}: 'ood_sets' must be a list of names; {fix}")
+    return data
+
+
+def _same_run(reports: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse reports that cannot be seeds of one pipeline: the same numbers twice (one run given twice),
+    other data, or a method whose model differs in size (another model under the same name)."""
+    rows = [json.dumps(r["rows"], sort_keys=True) for r in reports]
+    for j in range(len(reports)):
+        for i in range(j):
+            if rows[i] == rows[j]:
+                raise ValueError(f"reports {i + 1} and {j + 1} hold the same numbers (one run given twice?); "
+                                 "pass one report per seed")
+    settings = [r.get("settings") if isinstance(r.get("settings"), Mapping) else {} for r in reports]
+    for key in _SAME_RUN_SETTINGS:
+        values = [json.dumps(s.get(key), sort_keys=True) for s in settings]
+        if all(key in s for s in settings) and len(set(values)) > 1:
+            raise ValueError(f"the reports were run with different {key} ({[s[key] for s in settings]}); "
+                             "aggregate the seeds of one pipeline only")
+    for i, row in enumerate(reports[0]["rows"]):
+        sizes = [r["rows"][i].get("params_m") for r in reports]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in sizes) and \
+                max(sizes) - min(sizes) > 1e-6 * max(abs(v) for v in sizes):
+            raise ValueError(f"{row.get('method')!r} has {sizes} M parameters across the reports: other models under "
+                             "one name; aggregate the seeds of one pipeline only")
+
+
 def aggregate_seed_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Mean and standard deviation (over pipeline seeds) of every number of several reports.
 
@@ -277,6 +376,7 @@ def aggregate_seed_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, An
     methods = [[row.get("method") for row in r["rows"]] for r in reports]
     if any(m != methods[0] for m in methods):
         raise ValueError(f"the reports list different methods {methods}; aggregate runs of one pipeline only")
+    _same_run(reports)
     flat = [_flatten_rows(r["rows"]) for r in reports]
     means, stds = [], []
     for i, method in enumerate(methods[0]):
@@ -284,9 +384,16 @@ def aggregate_seed_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, An
         mean_row: dict[str, Any] = {"method": method}
         std_row: dict[str, Any] = {"method": method}
         for key in keys:
-            values = np.array([float(_as_number(f[i][key])) for f in flat])
-            mean_row[key] = float(values.mean())
-            std_row[key] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+            try:
+                values = np.array([float(_as_number(f[i][key])) for f in flat])
+            except OverflowError:  # an integer beyond float range
+                values = np.array([math.inf])
+            with np.errstate(over="ignore", invalid="ignore"):
+                mean_row[key] = float(values.mean())
+                std_row[key] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+            if not (math.isfinite(mean_row[key]) and math.isfinite(std_row[key])):
+                raise ValueError(f"{method} {key}: the values {values.tolist()} have no finite mean and standard "
+                                 "deviation (not a metric a report holds); pass unedited reports")
         means.append(_unflatten(mean_row))
         stds.append(_unflatten(std_row))
     first = reports[0]

@@ -28,18 +28,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _read(spec: str) -> dict:
     from ..errors import HydraInputError
+    from ..outputs import read_json
+    from ..report import check_seed_report
 
     path = Path(spec)
     file = path / "report.json" if path.is_dir() else path
-    if file.is_symlink() or not file.is_file():
+    if file.is_symlink() or not (file.exists() or path.is_dir()):
         raise HydraInputError(f"{spec!r} is not a report folder or report.json; pass what `hydra-hf evaluate --report` wrote")
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError):
-        raise HydraInputError(f"{str(file)!r} is not valid JSON; pass an intact report.json") from None
-    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
-        raise HydraInputError(f"{str(file)!r} has no report rows; pass what `hydra-hf evaluate --report` wrote")
-    return data
+    data = read_json(file, what="report", fix="pass the report.json that `hydra-hf evaluate` wrote, unedited")
+    return check_seed_report(data, repr(str(file)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +47,11 @@ def run(args: argparse.Namespace) -> int:
     if len(args.reports) < 2:
         raise HydraInputError(f"aggregate needs the reports of at least 2 seeds, got {len(args.reports)}")
     check_output(args.output, command="aggregate", overwrite=args.overwrite, inputs=args.reports)
+    files = [(Path(s) / "report.json" if Path(s).is_dir() else Path(s)).resolve() for s in args.reports]
+    for j, file in enumerate(files):
+        if file in files[:j]:
+            raise HydraInputError(f"{args.reports[j]!r} names the same report as {args.reports[files.index(file)]!r}; "
+                                  "pass one report per seed")
     reports = [_read(spec) for spec in args.reports]
     try:
         aggregate = aggregate_seed_reports(reports)
