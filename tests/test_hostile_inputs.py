@@ -669,3 +669,103 @@ def test_aggregate_refuses_one_report_given_twice(tmp_path):
     assert not (tmp_path / "agg").exists()
     rc, _, err = run_cli(["aggregate", str(tmp_path / "r0"), str(tmp_path / "r1"), "--output", str(tmp_path / "agg")])
     assert rc == 0, err
+
+
+# ---------------------------------------------------------------------------------- masks: bounds
+def test_masks_files_are_read_with_bounds(sandbox):
+    """Issue 25 items 7, 10: a masks file nested 100,000 deep was a traceback, a FIFO hung convert, and
+    60,000 members kept it busy for minutes; each is one line at once, before any work."""
+    (sandbox / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    os.mkfifo(sandbox / "fifo.json")
+    data = json.loads((sandbox / "masks.json").read_text())
+    data["members"] = data["members"] * 30_000
+    (sandbox / "many.json").write_text(json.dumps(data))
+    for masks, words in (("deep.json", "nested more than"), ("fifo.json", "not a regular file"),
+                         ("many.json", "60000 members, more than")):
+        t0 = time.perf_counter()
+        rc, _, err = _convert(sandbox, masks=masks)
+        assert rc == 2 and words in assert_one_line_error(err), masks
+        assert time.perf_counter() - t0 < 30 and not (sandbox / "out").exists()
+
+
+# ---------------------------------------------------------------------------------- ONNX folders
+def _fake_onnx_export(folder: Path, hydra: Path, num_classes: int = 3) -> Path:
+    """An export folder whose graph is a few hand-made nodes (logits (B, C) from the attention mask):
+    loading it is what these tests check, not what it computes."""
+    import shutil
+
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+
+    from hydra_hf.onnx.runtime import EXPORT_FORMAT, EXPORT_METADATA
+
+    folder.mkdir()
+    weight = helper.make_tensor("w", TensorProto.FLOAT, [1, num_classes], [0.1] * num_classes)
+    nodes = [helper.make_node("Cast", ["attention_mask"], ["m"], to=TensorProto.FLOAT),
+             helper.make_node("ReduceSum", ["m"], ["s"], keepdims=1),
+             helper.make_node("MatMul", ["s", "w"], ["logits"]),
+             helper.make_node("Unsqueeze", ["logits", "one"], ["member_logits"])]
+    graph = helper.make_graph(
+        nodes, "fake", [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "sequence"])
+                        for n in ("input_ids", "attention_mask", "token_type_ids")],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", num_classes]),
+         helper.make_tensor_value_info("member_logits", TensorProto.FLOAT, ["batch", 1, num_classes])],
+        initializer=[weight, helper.make_tensor("one", TensorProto.INT64, [1], [1])])
+    graph.node[1].input.append("axis")
+    graph.initializer.append(helper.make_tensor("axis", TensorProto.INT64, [1], [1]))
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(folder / "model.onnx"))
+    config = json.loads((hydra / "config.json").read_text())
+    config.pop("auto_map", None)
+    (folder / "config.json").write_text(json.dumps(config))
+    for f in hydra.iterdir():
+        if f.name.startswith(("tokenizer", "vocab", "special_tokens")):
+            shutil.copy(f, folder / f.name)
+    (folder / EXPORT_METADATA).write_text(json.dumps({
+        "format": EXPORT_FORMAT, "version": 1, "modality": "text", "task": "text-classification", "num_members": 1,
+        "files": {"model.onnx": {"precision": "fp32", "parameters": num_classes}}, "default_file": "model.onnx"}))
+    return folder
+
+
+def test_onnx_folders_with_edited_metadata_or_labels_are_one_line(sandbox):
+    """Issue 25 items 7, 12: hydra_onnx.json whose 'files' is a list was a traceback; a config naming
+    5 labels for a graph returning 3 was evaluated without complaint."""
+    from hydra_hf.onnx.runtime import EXPORT_METADATA
+
+    onnx_dir = _fake_onnx_export(sandbox / "onnx", sandbox / "hydra")
+    rc, _, err = _evaluate(sandbox, model="onnx")
+    assert rc == 0, err[-3000:]  # the hand-made folder itself loads and runs
+    import shutil
+
+    shutil.rmtree(sandbox / "report")
+    metadata = json.loads((onnx_dir / EXPORT_METADATA).read_text())
+    (onnx_dir / EXPORT_METADATA).write_text(json.dumps({**metadata, "files": ["model.onnx"]}))
+    before = tree_digest(sandbox)
+    rc, _, err = _evaluate(sandbox, model="onnx")
+    assert rc == 2 and "'files' must map" in assert_one_line_error(err)
+    (onnx_dir / EXPORT_METADATA).write_text(json.dumps(metadata))
+    config = json.loads((onnx_dir / "config.json").read_text())
+    config["id2label"] = {str(i): f"c{i}" for i in range(5)}
+    config["label2id"] = {f"c{i}": i for i in range(5)}
+    (onnx_dir / "config.json").write_text(json.dumps(config))
+    rc, _, err = _evaluate(sandbox, model="onnx")
+    line = assert_one_line_error(err)
+    assert rc == 2 and "returns 3 classes" in line and "5 labels" in line
+    assert not (sandbox / "report").exists()
+    del before
+
+
+def test_export_errors_name_what_export_offers(sandbox):
+    """Issue 25 items 7, 11: --batch-size 0 was a traceback; a folder shipping tokenizer code was told to
+    'pass --trust-remote-code', which export does not have."""
+    pytest.importorskip("onnxscript")
+    before = tree_digest(sandbox, exclude=("hydra/tokenizer_config.json",))
+    rc, _, err = run_cli(["export", str(sandbox / "hydra"), "--format", "onnx", "--output", str(sandbox / "onnx"),
+                          "--quantize", "int8", "--calibration-data", str(sandbox / "id.csv"), "--batch-size", "0"])
+    assert rc == 2 and "--batch-size 0" in assert_one_line_error(err)
+    tok = json.loads((sandbox / "hydra" / "tokenizer_config.json").read_text())
+    tok["auto_map"] = {"AutoTokenizer": ["evil_tok.EvilTokenizer", None]}
+    (sandbox / "hydra" / "tokenizer_config.json").write_text(json.dumps(tok))
+    rc, _, err = run_cli(["export", str(sandbox / "hydra"), "--format", "onnx", "--output", str(sandbox / "onnx")])
+    line = assert_one_line_error(err)
+    assert rc == 2 and "--trust-remote-code" not in line and "never runs" in line
+    assert not (sandbox / "onnx").exists() and tree_digest(sandbox, exclude=("hydra/tokenizer_config.json",)) == before

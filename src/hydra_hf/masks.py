@@ -52,10 +52,13 @@ import torch
 
 from .errors import HydraInputError, HydraTypeError
 from .modeling.configuration_hydra import check_kept_heads
-from .outputs import write_output_file
+from .outputs import read_json, write_output_file
 
 FORMAT_NAME = "hydra-head-masks"
 FORMAT_VERSION = 1
+# bounds checked before any work: an ensemble has a handful of members, and its masks file a few kB
+MAX_MEMBERS = 256
+MAX_FILE_BYTES = 8 * 2**20
 TOWER_NAMES = ("vision", "text")  # the names a masks file may give its towers
 ANY_TOWER = "*"  # the key of the unnamed tower of a one-tower masks file: the model's only tower
 
@@ -380,6 +383,7 @@ class HeadMasks:
         members = data["members"]
         if not isinstance(members, list) or not members or not all(isinstance(m, dict) for m in members):
             raise ValueError(f"{source}: 'members' must be a non-empty list of objects with 'kept_heads'")
+        _check_member_count(members, source)
         for i, m in enumerate(members):
             if "kept_heads" not in m:
                 raise ValueError(f"{source}: members[{i}] has no 'kept_heads'")
@@ -405,6 +409,7 @@ class HeadMasks:
             raise ValueError(f"{source}: unknown tower {unknown[0]!r}; towers are named {list(TOWER_NAMES)}")
         if not isinstance(members, list) or not members or not all(isinstance(m, dict) for m in members):
             raise ValueError(f"{source}: 'members' must be a non-empty list of objects with 'kept_heads'")
+        _check_member_count(members, source)
         per_tower: dict[str, HeadMasks] = {}
         for name, shape in towers.items():
             if not isinstance(shape, dict) or "num_layers" not in shape or "num_heads" not in shape:
@@ -495,13 +500,14 @@ def load_masks(path: str | os.PathLike) -> HeadMasks:
     return HeadMasks.load(path)
 
 
+def _check_member_count(members: list, source: str) -> None:
+    if len(members) > MAX_MEMBERS:
+        raise HydraInputError(f"{source}: {len(members)} members, more than the {MAX_MEMBERS} an ensemble file may hold; "
+                              "keep the members you mean to fuse")
+
+
 def _read_masks_json(path: Path) -> Any:
-    """The JSON content of a masks file; every problem is a ``ValueError`` naming the path."""
-    if path.is_dir():
-        raise ValueError(f"masks file {str(path)!r} is a folder; pass the masks JSON file (e.g. masks.json)")
-    if not path.is_file():
-        raise ValueError(f"masks file {str(path)!r} does not exist; create one with `hydra-hf prune` or by hand")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"masks file {str(path)!r} is not valid JSON ({exc}); fix or regenerate it") from None
+    """The JSON content of a masks file, read with bounds (:func:`hydra_hf.outputs.read_json`: a regular
+    file of at most 8 MB, no deeper than 64 levels); every problem is one line naming the path."""
+    return read_json(path, what="masks file", fix="fix it, or write a new one with `hydra-hf prune`",
+                     max_bytes=MAX_FILE_BYTES)

@@ -166,22 +166,27 @@ def shipped_code(folder: str | Path) -> list[str]:
     return found
 
 
-def check_remote_code(folder: str | Path, trust_remote_code: bool) -> None:
-    """Refuse a folder that ships Python code unless the user trusts it (loading would run that code)."""
+TRUST_REMEDY = "pass --trust-remote-code (trust_remote_code=True) only if you trust this folder"
+
+
+def check_remote_code(folder: str | Path, trust_remote_code: bool, *, remedy: str = TRUST_REMEDY) -> None:
+    """Refuse a folder that ships Python code unless the user trusts it (loading would run that code).
+    ``remedy`` ends the message: what the calling command offers (not every command has --trust-remote-code)."""
     found = shipped_code(folder)
     if found and not trust_remote_code:
         raise HydraUnsafeError(
-            f"{str(folder)!r} ships its own Python code ({'; '.join(found)}), which loading would run; "
-            "pass --trust-remote-code (trust_remote_code=True) only if you trust this folder"
+            f"{str(folder)!r} ships its own Python code ({'; '.join(found)}), which loading would run; {remedy}"
         )
 
 
-def from_pretrained(loader: Any, folder: str | Path, *, trust_remote_code: bool = False, **kwargs: Any) -> Any:
+def from_pretrained(loader: Any, folder: str | Path, *, trust_remote_code: bool = False, remedy: str = TRUST_REMEDY,
+                    **kwargs: Any) -> Any:
     """``loader.from_pretrained(folder)`` for a user-given folder: its code runs only with
-    ``trust_remote_code``, and unreadable weights are one :class:`HydraInputError` line."""
+    ``trust_remote_code`` (else one line ending with ``remedy``), and unreadable weights are one
+    :class:`HydraInputError` line."""
     import pickle
 
-    check_remote_code(folder, trust_remote_code)
+    check_remote_code(folder, trust_remote_code, remedy=remedy)
     try:
         loaded = loader.from_pretrained(str(folder), trust_remote_code=trust_remote_code, **kwargs)
     except (pickle.UnpicklingError, SafetensorError, EOFError) as exc:

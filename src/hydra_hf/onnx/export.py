@@ -276,7 +276,9 @@ def load_hydra_folder(path: str | os.PathLike) -> tuple[nn.Module, Any, dict[str
             "export a folder written by `hydra-hf convert` or `hydra-hf finetune`"
         )
     family = family_of_config(config)
-    model = from_pretrained(family.model_class(), folder)
+    model = from_pretrained(family.model_class(), folder, remedy=(
+        "hydra-hf export never runs a folder's code (it loads Hydra folders with its own classes): remove those "
+        "auto_map entries, or export the folder `hydra-hf convert` wrote"))
     return model.eval(), family, config
 
 
@@ -359,6 +361,10 @@ def export_onnx(
             "--quantize int8 needs --calibration-data (labelled in-distribution data, e.g. rotten_tomatoes:validation) "
             "to measure the int8 model against the fp32 one"
         )
+    for key in ("batch_size", "max_length", "max_samples"):
+        value = (data_options or {}).get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise HydraInputError(f"--{key.replace('_', '-')} {value!r}: give a positive whole number")
     inputs = [model_dir]
     check_output(output_dir, command=COMMAND, overwrite=overwrite, inputs=inputs)
     templates = list(templates)

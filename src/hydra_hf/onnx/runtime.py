@@ -55,15 +55,20 @@ def require_onnx(*modules: str) -> list[Any]:
 
 def read_export_metadata(folder: str | os.PathLike) -> dict[str, Any] | None:
     """``hydra_onnx.json`` of an ONNX export folder (None when ``folder`` is not one)."""
+    from ..outputs import read_json
+
     file = Path(folder) / EXPORT_METADATA
-    if file.is_symlink() or not file.is_file():
+    if file.is_symlink() or not file.exists():
         return None
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError):
-        raise HydraInputError(f"{str(file)!r} is not valid JSON; re-run `hydra-hf export`") from None
+    data = read_json(file, what="ONNX export metadata", fix="re-run `hydra-hf export`", max_bytes=2**20)
     if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
         return None
+    files = data.get("files")
+    if not isinstance(files, dict) or not files or not all(isinstance(k, str) and isinstance(v, dict) for k, v in files.items()):
+        raise HydraInputError(f"{str(file)!r}: 'files' must map each .onnx file name to its description; "
+                              "re-run `hydra-hf export`")
+    if not isinstance(data.get("default_file", "model.onnx"), str):
+        raise HydraInputError(f"{str(file)!r}: 'default_file' must be a file name; re-run `hydra-hf export`")
     return data
 
 
@@ -106,6 +111,21 @@ def resolve_onnx_file(path: str | os.PathLike, file_name: str | None = None) -> 
     if not file.is_file():
         raise HydraInputError(f"{str(file)!r} is missing from the export folder; re-run `hydra-hf export`")
     return folder, file, metadata
+
+
+def _check_labels(session: Any, config: Any, metadata: dict[str, Any], file: Path) -> None:
+    """Refuse a graph whose logits have another number of classes than its config's labels (an edited
+    config.json would name classes the graph never scores)."""
+    if metadata.get("modality") == "image-text":
+        return  # zero-shot two-tower graphs: the classes are the texts given at run time
+    num_labels = getattr(config, "num_labels", None)
+    for out in session.get_outputs():
+        classes = out.shape[-1] if out.shape else None
+        if isinstance(classes, int) and isinstance(num_labels, int) and classes != num_labels:
+            raise HydraInputError(
+                f"{str(file)!r} returns {classes} classes in {out.name!r} but {str(file.parent / 'config.json')!r} names "
+                f"{num_labels} labels; re-run `hydra-hf export` (or restore the exported config.json)"
+            )
 
 
 @dataclass
@@ -186,6 +206,7 @@ class OnnxHydraModel(nn.Module):
                                            providers=list(providers or ["CPUExecutionProvider"]))
         except Exception as exc:  # onnxruntime raises its own Fail / InvalidGraph types
             raise HydraInputError(f"ONNX Runtime cannot load {str(file)!r}: {str(exc).strip().splitlines()[0][:200]}") from None
+        _check_labels(session, config, metadata, file)
         logger.info("loaded %s (%s)", file, metadata["files"][file.name].get("precision", "?"))
         return cls(session, config, metadata, file)
 
