@@ -166,3 +166,54 @@ def test_screened_confirms_the_k_best_for_heads_per_step():
     a = circuit_prune(adapter, id_b, ood_b, Budget(remove=6), precision="screened", **kwargs)
     b = circuit_prune(adapter, id_b, ood_b, Budget(remove=6), precision="fp32", **kwargs)
     assert a.removal_order == b.removal_order
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_criteria_in_lockstep_equal_separate_searches_and_share_work(fast):
+    """Hydra (Circ): the lockstep search gives each criterion exactly circuit_prune's member, with a
+    per-layer budget, and pays once for the steps the searches share (all of the first step)."""
+    from hydra_hf.pruning import circuit_prune_criteria
+
+    model = tiny_bert(layers=3, seed=4)
+    adapter = get_adapter(model)
+    id_b, ood_b = text_batches(32, 11, batch_size=16), text_batches(32, 12, batch_size=16)
+    budget = Budget(heads_per_layer=2)
+    together = circuit_prune_criteria(adapter, id_b, ood_b, budget, fast=fast, progress=False)
+    assert [r.metadata["method"] for r in together] == ["circuit-acc", "circuit-ood", "circuit-avg"]
+    for result, score in zip(together, ("acc", "ood", "avg")):
+        alone = circuit_prune(adapter, id_b, ood_b, budget, score=score, fast=fast, progress=False)
+        assert result.removal_order == alone.removal_order, score
+        assert torch.equal(result.gates, alone.gates) and (result.gates.sum(dim=1) == 2).all()
+        assert result.metadata["score_history"] == pytest.approx(alone.metadata["score_history"], abs=1e-12)
+        assert result.metadata["evaluations"] == alone.metadata["evaluations"]
+    shared = [r.metadata["shared_evaluations"] for r in together]
+    assert shared[0] == 0 and all(s >= 12 for s in shared[1:])  # the first step (12 candidates) is paid once
+    assert len({tuple(map(tuple, r.removal_order)) for r in together}) > 1  # the criteria do choose differently
+
+
+def test_prune_members_runs_hydra_circ_in_lockstep(monkeypatch):
+    """prune_members with one criterion per member and the whole selection set uses the lockstep
+    search; the masks equal member-by-member searches."""
+    import datasets
+
+    from hydra_hf.pruning import circuits, prune_members
+
+    model = tiny_bert(layers=2, seed=7)
+    adapter = get_adapter(model)
+    id_b, ood_b = text_batches(24, 3, batch_size=12), text_batches(24, 4, batch_size=12)
+    id_data = datasets.Dataset.from_dict({"text": ["x"] * 24, "label": torch.cat([b["labels"] for b in id_b]).tolist()})
+    ood_data = datasets.Dataset.from_dict({"text": ["y"] * 24})
+    batches = {id(id_data): id_b, id(ood_data): ood_b}
+    calls = []
+    real = circuits.circuit_prune_criteria
+    monkeypatch.setattr("hydra_hf.pruning.diversity.circuit_prune_criteria",
+                        lambda *a, **k: calls.append(k["scores"]) or real(*a, **k))
+    masks = prune_members(adapter, methods="circuit-acc,circuit-ood,circuit-avg", budget=Budget(heads_per_layer=2),
+                          make_batches=lambda ds, seed: batches[id(ds)], id_data=id_data, ood_data=ood_data, members=3,
+                          data_fraction=1.0, progress=False)
+    assert calls == [["acc", "ood", "avg"]]
+    for m, score in enumerate(("acc", "ood", "avg")):
+        alone = circuit_prune(adapter, id_b, ood_b, Budget(heads_per_layer=2), score=score, seed=m, random_ties=True,
+                              progress=False)
+        assert masks.kept_heads[m] == [torch.nonzero(r).flatten().tolist() for r in alone.gates]
+        assert masks.member_metadata[m]["method"] == f"circuit-{score}"

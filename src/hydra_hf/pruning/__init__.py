@@ -15,7 +15,14 @@
 from .adapters import AttentionLayer, ModelAdapter, get_adapter
 from .budget import Budget
 from .cached_bert import CachedBertEvaluator
-from .circuits import Evaluator, GatedEvaluator, circuit_prune, make_evaluator, reference_circuit_ranking
+from .circuits import (
+    Evaluator,
+    GatedEvaluator,
+    circuit_prune,
+    circuit_prune_criteria,
+    make_evaluator,
+    reference_circuit_ranking,
+)
 from .diversity import METHODS, parse_methods, prune_members, random_prune, random_prune_layout
 from .gates import HeadGates, zero_head_columns_
 from .layout import JOINT, HeadLayout
@@ -40,6 +47,7 @@ __all__ = [
     "batch_labels",
     "build_members",
     "circuit_prune",
+    "circuit_prune_criteria",
     "circuit_score",
     "get_adapter",
     "load_pruning_target",

@@ -55,3 +55,17 @@ class Budget:
 
     def to_dict(self) -> dict[str, int | None]:
         return {"heads_per_layer": self.heads_per_layer, "remove": self.remove}
+
+    def describe(self) -> str:
+        """``"6 heads kept in every layer"`` / ``"36 heads removed"`` (report titles and logs)."""
+        if self.heads_per_layer is not None:
+            return f"{self.heads_per_layer} heads kept in every layer"
+        return f"{self.remove} heads removed"
+
+    @classmethod
+    def of(cls, owner: object) -> Budget:
+        """The budget of a recipe object with ``heads_per_layer`` and ``remove`` fields (exactly one set)."""
+        try:
+            return cls(heads_per_layer=getattr(owner, "heads_per_layer", None), remove=getattr(owner, "remove", None))
+        except ValueError as exc:
+            raise ValueError(f"{type(owner).__name__}: {exc}; set the other one to None") from None

@@ -319,15 +319,41 @@ class CachedBertEvaluator:
         return torch.cat(per_bucket, dim=1).cpu()
 
     def _scores(self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], score: str, low: bool) -> torch.Tensor:
+        return self._scores_many(gates, candidates, (score,), low)[score]
+
+    def _scores_many(
+        self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], scores: Sequence[str], low: bool
+    ) -> dict[str, torch.Tensor]:
+        """``{score: (C,)}`` from one pass of candidate logits (the OOD pass only if a score needs it)."""
         id_logits = self._candidate_logits(self.id_buckets, gates, candidates, low)  # (C, N_id, classes)
-        ood_logits = self._candidate_logits(self.ood_buckets, gates, candidates, low) if score != "acc" else None  # type: ignore[arg-type]
-        return torch.tensor(
-            [
-                circuit_score(id_logits[i], self.id_labels, ood_logits[i] if ood_logits is not None else None, score)
-                for i in range(len(candidates))
-            ],
-            dtype=torch.float64,
-        )
+        needs_ood = any(score != "acc" for score in scores)
+        ood_logits = self._candidate_logits(self.ood_buckets, gates, candidates, low) if needs_ood else None  # type: ignore[arg-type]
+        return {
+            score: torch.tensor(
+                [
+                    circuit_score(id_logits[i], self.id_labels, ood_logits[i] if ood_logits is not None else None, score)
+                    for i in range(len(candidates))
+                ],
+                dtype=torch.float64,
+            )
+            for score in scores
+        }
+
+    def evaluate_many(
+        self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], scores: Sequence[str], *, top: int = 1
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`evaluate` for several scores at once: one pass of candidate logits serves them all
+        (``"screened"`` precision scores each in turn, since its float32 confirmations depend on the score)."""
+        if self.precision == "screened" or not candidates:
+            return {score: self.evaluate(gates, candidates, score, top=top) for score in scores}
+        if any(score != "acc" for score in scores) and not self.ood_buckets:
+            raise ValueError("the circuit scores 'ood' and 'avg' need OOD data (--ood-data)")
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._scores_many(gates, candidates, scores, low=self.precision == "bf16")
+        finally:
+            self.model.train(was_training)
 
     def evaluate(
         self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], score: str, *, top: int = 1

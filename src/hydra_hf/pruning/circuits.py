@@ -78,6 +78,7 @@ __all__ = [
     "as_metadata",
     "auroc",
     "circuit_prune",
+    "circuit_prune_criteria",
     "circuit_score",
     "make_evaluator",
     "reference_circuit_ranking",
@@ -128,18 +129,26 @@ class GatedEvaluator:
         self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], score: str, *, top: int = 1
     ) -> torch.Tensor:
         """Score of the model with ``gates`` and, in turn, each candidate head also off. Shape ``(C,)``."""
+        return self.evaluate_many(gates, candidates, (score,), top=top)[score]
+
+    def evaluate_many(
+        self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], scores: Sequence[str], *, top: int = 1
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`evaluate` for several scores: each candidate's forward passes serve them all. ``{score: (C,)}``."""
         model = self.adapter.model
         was_training = model.training
         model.eval()
-        out = torch.empty(len(candidates), dtype=torch.float64)
+        out = {score: torch.empty(len(candidates), dtype=torch.float64) for score in scores}
+        needs_ood = any(score != "acc" for score in scores)
         try:
             with HeadGates(model, adapter=self.adapter) as hg:
                 for i, (layer, head) in enumerate(candidates):
                     g = gates.clone()
                     g[layer, head] = 0.0
                     id_logits = self._logits(hg, g, self.id_batches)
-                    ood_logits = self._logits(hg, g, self.ood_batches) if score != "acc" else None
-                    out[i] = circuit_score(id_logits, self.id_labels, ood_logits, score)
+                    ood_logits = self._logits(hg, g, self.ood_batches) if needs_ood else None
+                    for score in scores:
+                        out[score][i] = circuit_score(id_logits, self.id_labels, ood_logits, score)
         finally:
             model.train(was_training)
         return out
@@ -183,6 +192,93 @@ def make_evaluator(
     if fast:
         logger.info("no cached circuit evaluator for %s; re-running the full model per candidate", type(adapter.model).__name__)
     return GatedEvaluator(adapter, id_batches, ood_batches, tower=tower)
+
+
+class _GreedySearch:
+    """The state of one greedy search (Algorithm 1) over the stacked gate matrix of a layout: the
+    loop of :func:`circuit_prune`, split into "which candidates now" and "take the best of these
+    scores", so that several searches can share one evaluator (:func:`circuit_prune_criteria`)."""
+
+    def __init__(self, layout: HeadLayout, budget: Budget, score: str, *, heads_per_step: int, seed: int | None,
+                 random_ties: bool, tie_tolerance: float) -> None:
+        self.layout, self.score = layout, score
+        self.n_remove = layout.num_removed(budget)
+        self.min_keep = budget.min_kept_per_layer()
+        self.heads_per_step, self.random_ties, self.tie_tolerance = heads_per_step, random_ties, tie_tolerance
+        self.seed = seed
+        self.generator = torch.Generator().manual_seed(seed if seed is not None else 0)
+        self.gates = layout.ones()  # (R, H_max): one tower's (L, H), or the stacked towers (padding 0)
+        self.scores = torch.full(self.gates.shape, float("nan"))
+        self.removal: list[tuple[int, int] | tuple[str, int, int]] = []
+        self.history: list[float] = []
+        self.n_evals = 0
+
+    @property
+    def done(self) -> bool:
+        return len(self.removal) >= self.n_remove
+
+    @property
+    def take(self) -> int:
+        """Heads this step removes."""
+        return min(self.heads_per_step, self.n_remove - len(self.removal))
+
+    def candidates(self) -> list[tuple[int, int]]:
+        """The ``(row, head)`` cells that may be removed now (their row keeps more than the minimum)."""
+        kept_per_layer = self.gates.sum(dim=1)
+        R, H = self.gates.shape
+        found = [(row, h) for row in range(R) if kept_per_layer[row] > self.min_keep for h in range(H) if self.gates[row, h] > 0.5]
+        if not found:  # cannot happen with a checked budget; guard against an endless loop
+            raise RuntimeError("no candidate head left to remove")
+        return found
+
+    def step(self, candidates: Sequence[tuple[int, int]], s: torch.Tensor, evaluator: Evaluator) -> int:
+        """Remove the ``take`` best of ``candidates`` given their scores ``s`` ``(C,)``; returns how many."""
+        take = self.take
+        self.n_evals += len(candidates)
+        per_row_left = {row: int(k) for row, k in enumerate(self.gates.sum(dim=1).tolist())}
+        chosen: list[int] = []
+        for i in _rank_candidates(s, self.tie_tolerance, self.generator if self.random_ties else None):
+            row, h = candidates[i]
+            if per_row_left[row] <= self.min_keep:
+                continue
+            chosen.append(i)
+            per_row_left[row] -= 1
+            if len(chosen) == take:
+                break
+        for i in chosen:
+            row, h = candidates[i]
+            self.gates[row, h] = 0.0
+            self.scores[row, h] = float(s[i])
+            self.removal.append(self.layout.label(row, h))
+        self.history.append(float(s[chosen[0]]) if take == 1 else evaluator.score_of(self.gates, self.score))
+        return len(chosen)
+
+    def result(self, tower: str, elapsed: float, **extra: Any) -> PruneResult:
+        return PruneResult(
+            gates=self.layout.unstack(self.gates),
+            scores=self.layout.unstack(self.scores),
+            removal_order=self.removal,
+            metadata={
+                "method": f"circuit-{self.score}",
+                "score": self.score,
+                "seed": self.seed,
+                "heads_per_step": self.heads_per_step,
+                "tower": tower,
+                "score_history": self.history,
+                "evaluations": self.n_evals,
+                "seconds": round(elapsed, 3),
+                **extra,
+            },
+        )
+
+
+def _check_search_arguments(score: str, ood_batches: Sequence[Batch] | None, heads_per_step: int) -> None:
+    if score not in SCORES:
+        raise ValueError(f"unknown circuit score {score!r}; choose one of {list(SCORES)}")
+    if score != "acc" and not ood_batches:
+        raise ValueError(f"circuit-{score} needs OOD validation data; give --ood-data")
+    if heads_per_step < 1:
+        raise ValueError(f"heads_per_step must be >= 1, got {heads_per_step}")
 
 
 def circuit_prune(
@@ -231,74 +327,110 @@ def circuit_prune(
         ``tower="joint"``, ``gates`` and ``scores`` are ``{tower: (L_t, H_t)}`` and the ranking holds
         ``(tower, layer, head)`` triples.
     """
-    if score not in SCORES:
-        raise ValueError(f"unknown circuit score {score!r}; choose one of {list(SCORES)}")
-    if score != "acc" and not ood_batches:
-        raise ValueError(f"circuit-{score} needs OOD validation data; give --ood-data")
-    if heads_per_step < 1:
-        raise ValueError(f"heads_per_step must be >= 1, got {heads_per_step}")
+    _check_search_arguments(score, ood_batches, heads_per_step)
     layout = HeadLayout.of(adapter, tower)
     tower = "joint" if layout.joint else layout.names[0]
-    n_remove = layout.num_removed(budget)
-    min_keep = budget.min_kept_per_layer()
+    search = _GreedySearch(layout, budget, score, heads_per_step=heads_per_step, seed=seed, random_ties=random_ties,
+                           tie_tolerance=tie_tolerance)
     if evaluator is None:
         evaluator = make_evaluator(adapter, id_batches, ood_batches, tower=tower, fast=fast, precision=precision)
-    generator = torch.Generator().manual_seed(seed if seed is not None else 0)
-    gates = layout.ones()  # (R, H_max): one tower's (L, H), or the stacked towers (padding 0)
-    R, H = gates.shape
-    scores = torch.full((R, H), float("nan"))
-    removal: list[tuple[int, int] | tuple[str, int, int]] = []
-    history = [evaluator.score_of(gates, score)]
-    n_evals = 0
+    search.history.append(evaluator.score_of(search.gates, score))
     start_time = time.perf_counter()
-    bar = tqdm(total=n_remove, desc=f"circuit-{score}", disable=not progress)
-    while len(removal) < n_remove:
-        kept_per_layer = gates.sum(dim=1)
-        candidates = [
-            (row, h) for row in range(R) if kept_per_layer[row] > min_keep for h in range(H) if gates[row, h] > 0.5
-        ]
-        if not candidates:  # cannot happen with a checked budget; guard against an endless loop
-            raise RuntimeError("no candidate head left to remove")
-        take = min(heads_per_step, n_remove - len(removal))
-        s = evaluator.evaluate(gates, candidates, score, top=take)  # (C,)
-        n_evals += len(candidates)
-        chosen: list[int] = []
-        order = _rank_candidates(s, tie_tolerance, generator if random_ties else None)
-        per_row_left = {row: int(kept_per_layer[row]) for row in range(R)}
-        for i in order:
-            row, h = candidates[i]
-            if per_row_left[row] <= min_keep:
-                continue
-            chosen.append(i)
-            per_row_left[row] -= 1
-            if len(chosen) == take:
-                break
-        for i in chosen:
-            row, h = candidates[i]
-            gates[row, h] = 0.0
-            scores[row, h] = float(s[i])
-            removal.append(layout.label(row, h))
-        history.append(float(s[chosen[0]]) if take == 1 else evaluator.score_of(gates, score))
-        bar.update(len(chosen))
-        bar.set_postfix(S=f"{history[-1]:.4f}")
+    bar = tqdm(total=search.n_remove, desc=f"circuit-{score}", disable=not progress)
+    while not search.done:
+        candidates = search.candidates()
+        s = evaluator.evaluate(search.gates, candidates, score, top=search.take)  # (C,)
+        bar.update(search.step(candidates, s, evaluator))
+        bar.set_postfix(S=f"{search.history[-1]:.4f}")
     bar.close()
     elapsed = time.perf_counter() - start_time
-    logger.info("circuit-%s: %d evaluations in %.1f s (%.1f / s)", score, n_evals, elapsed, n_evals / max(elapsed, 1e-9))
-    return PruneResult(
-        gates=layout.unstack(gates),
-        scores=layout.unstack(scores),
-        removal_order=removal,
-        metadata={
-            "method": f"circuit-{score}",
-            "score": score,
-            "seed": seed,
-            "heads_per_step": heads_per_step,
-            "tower": tower,
-            "score_history": history,
-            "evaluations": n_evals,
-            "seconds": round(elapsed, 3),
-        },
-    )
+    logger.info("circuit-%s: %d evaluations in %.1f s (%.1f / s)", score, search.n_evals, elapsed,
+                search.n_evals / max(elapsed, 1e-9))
+    return search.result(tower, elapsed)
+
+
+def _evaluate_scores(evaluator: Evaluator, gates: torch.Tensor, candidates: Sequence[tuple[int, int]],
+                     scores: Sequence[str], top: int) -> dict[str, torch.Tensor]:
+    """``{score: (C,)}``: one pass of the evaluator for all scores where it can (``evaluate_many``)."""
+    many = getattr(evaluator, "evaluate_many", None)
+    if many is not None and len(scores) > 1:
+        return many(gates, candidates, scores, top=top)
+    return {score: evaluator.evaluate(gates, candidates, score, top=top) for score in scores}
+
+
+def circuit_prune_criteria(
+    adapter: ModelAdapter,
+    id_batches: Sequence[Batch],
+    ood_batches: Sequence[Batch] | None,
+    budget: Budget,
+    *,
+    scores: Sequence[str] = SCORES,
+    seeds: Sequence[int | None] | None = None,
+    tower: str | None = None,
+    heads_per_step: int = 1,
+    random_ties: bool = False,
+    tie_tolerance: float = 1e-12,
+    fast: bool = True,
+    precision: str = "fp32",
+    evaluator: Evaluator | None = None,
+    progress: bool = True,
+) -> list[PruneResult]:
+    """Hydra (Circ): one greedy circuit search per criterion (member ``m`` maximises ``scores[m]``:
+    CircAcc, CircOOD, CircAvg by default) on the same selection data, run in lockstep on one evaluator.
+
+    Each result is exactly what :func:`circuit_prune` gives for that score (a test checks it); the
+    searches share work: at every step, searches whose gates are equal (all of them at the first
+    step, and for as long as their removals agree) are scored by one pass over the candidates, which
+    yields the ID logits and OOD logits that every criterion is computed from
+    (``evaluate_many``). ``metadata["shared_evaluations"]`` counts the candidate evaluations a
+    member did not pay for itself.
+
+    Args:
+        scores: one circuit score per member (:data:`SCORES`), repeats allowed.
+        seeds: tie-breaking seed per member (``random_ties``); default ``None`` for all.
+        Other arguments: as :func:`circuit_prune`.
+
+    Returns:
+        One :class:`PruneResult` per entry of ``scores``.
+    """
+    if not scores:
+        raise ValueError("give at least one circuit score")
+    for score in scores:
+        _check_search_arguments(score, ood_batches, heads_per_step)
+    seeds = list(seeds) if seeds is not None else [None] * len(scores)
+    if len(seeds) != len(scores):
+        raise ValueError(f"give one seed per score: {len(scores)} scores, {len(seeds)} seeds")
+    layout = HeadLayout.of(adapter, tower)
+    tower = "joint" if layout.joint else layout.names[0]
+    searches = [_GreedySearch(layout, budget, score, heads_per_step=heads_per_step, seed=seed, random_ties=random_ties,
+                              tie_tolerance=tie_tolerance) for score, seed in zip(scores, seeds)]
+    if evaluator is None:
+        evaluator = make_evaluator(adapter, id_batches, ood_batches, tower=tower, fast=fast, precision=precision)
+    for search in searches:
+        search.history.append(evaluator.score_of(search.gates, search.score))
+    shared = [0] * len(searches)
+    start_time = time.perf_counter()
+    bar = tqdm(total=sum(s.n_remove for s in searches), desc=f"circuits {'/'.join(scores)}", disable=not progress)
+    while not all(s.done for s in searches):
+        groups: dict[bytes, list[int]] = {}  # searches at the same gates take the same candidates
+        for i, search in enumerate(searches):
+            if not search.done:
+                groups.setdefault(search.gates.numpy().tobytes() + bytes([search.take]), []).append(i)
+        for members in groups.values():
+            lead = searches[members[0]]
+            candidates = lead.candidates()
+            wanted = list(dict.fromkeys(searches[i].score for i in members))
+            values = _evaluate_scores(evaluator, lead.gates, candidates, wanted, lead.take)
+            for rank, i in enumerate(members):
+                bar.update(searches[i].step(candidates, values[searches[i].score], evaluator))
+                if rank:
+                    shared[i] += len(candidates)
+    bar.close()
+    elapsed = time.perf_counter() - start_time
+    paid = sum(s.n_evals for s in searches) - sum(shared)
+    logger.info("circuits %s: %d candidate evaluations paid for %d searched (%.0f%% shared) in %.1f s",
+                "/".join(scores), paid, paid + sum(shared), 100 * sum(shared) / max(paid + sum(shared), 1), elapsed)
+    return [search.result(tower, elapsed, shared_evaluations=shared[i]) for i, search in enumerate(searches)]
 
 
 def _rank_candidates(s: torch.Tensor, tol: float, generator: torch.Generator | None) -> list[int]:

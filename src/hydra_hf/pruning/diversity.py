@@ -13,7 +13,11 @@ seed of member ``m`` (``seed + m``) changes, per method:
 - ``random``: which heads are removed (uniformly at random within the budget).
 
 Members from different criteria: ``methods=["circuit-acc", "circuit-ood", "circuit-avg"]`` gives one
-member per method (cycled, with the next seed, when ``members`` is larger). Members from user masks:
+member per method (cycled, with the next seed, when ``members`` is larger): the paper's **Hydra
+(Circ)** (appendix B.2.3), whose diversity comes from the criteria. With ``data_fraction=1`` the
+circuit members see the same selection data, so their searches run in lockstep on one evaluator and
+share every step's evaluations while their removals agree
+(:func:`~hydra_hf.pruning.circuits.circuit_prune_criteria`; the masks are the same as member by member). Members from user masks:
 ``include`` (a :class:`~hydra_hf.masks.HeadMasks`) adds its members, unchanged, after the computed ones.
 
 :func:`HeadMasks.jaccard <hydra_hf.masks.HeadMasks.jaccard>` gives the pairwise overlap of the
@@ -33,7 +37,7 @@ import datasets
 from ..masks import HeadMasks
 from .adapters import ModelAdapter
 from .budget import Budget
-from .circuits import as_metadata, circuit_prune
+from .circuits import as_metadata, circuit_prune, circuit_prune_criteria
 from .layout import HeadLayout
 from .taylor import PruneResult, taylor_prune
 
@@ -178,11 +182,16 @@ def prune_members(
 
     kept: list[dict[str, list[list[int]]]] = []  # per member: {tower: [[heads] per layer]}, the layout's towers
     member_meta: list[dict[str, Any]] = []
+    shared = _shared_circuit_members(adapter, method_list, members, budget, make_batches, id_data, ood_data, seed=seed,
+                                     tower=tower, data_fraction=data_fraction, heads_per_step=heads_per_step,
+                                     random_ties=several, fast=fast, precision=precision, progress=progress)
     for m in range(members):
         method = method_list[m % len(method_list)]
         member_seed = seed + m
         logger.info("member %d/%d: %s, seed %d", m + 1, members, method, member_seed)
-        if method == "random":
+        if m in shared:
+            result = shared[m]
+        elif method == "random":
             result = random_prune_layout(layout, budget, seed=member_seed)
         elif method.startswith("taylor"):
             batches = make_batches(_subset(id_data, data_fraction, member_seed), member_seed)
@@ -240,6 +249,47 @@ def prune_members(
     }
     logger.info("%s", masks.summary())
     return masks
+
+
+def _shared_circuit_members(
+    adapter: ModelAdapter,
+    method_list: list[str],
+    members: int,
+    budget: Budget,
+    make_batches: Callable[[datasets.Dataset, int], Batches],
+    id_data: datasets.Dataset,
+    ood_data: datasets.Dataset | None,
+    *,
+    seed: int,
+    tower: str,
+    data_fraction: float,
+    heads_per_step: int,
+    random_ties: bool,
+    fast: bool,
+    precision: str,
+    progress: bool,
+) -> dict[int, PruneResult]:
+    """``{member: result}`` of the circuit members, searched in lockstep when they see the same data
+    (``data_fraction=1``: every member's subset is the whole set); ``{}`` otherwise."""
+    circuit = [m for m in range(members) if method_list[m % len(method_list)].startswith("circuit")]
+    if len(circuit) < 2 or data_fraction < 1.0:
+        return {}
+    logger.info("members %s: circuit searches in lockstep on the same selection data", [m + 1 for m in circuit])
+    results = circuit_prune_criteria(
+        adapter,
+        make_batches(id_data, seed),
+        make_batches(ood_data, seed) if ood_data is not None else None,
+        budget,
+        scores=[method_list[m % len(method_list)].split("-", 1)[1] for m in circuit],
+        seeds=[seed + m for m in circuit],
+        tower=tower,
+        heads_per_step=heads_per_step,
+        random_ties=random_ties,
+        fast=fast,
+        precision=precision,
+        progress=progress,
+    )
+    return dict(zip(circuit, results))
 
 
 def _kept_heads(gates: torch.Tensor) -> list[list[int]]:

@@ -15,6 +15,7 @@ from a sibling.
 """
 
 from ..baselines import all_heads_masks  # the Single's masks: one member keeping every head
+from .budget_args import add_budget_arguments, budget_arguments
 from .image import ImagePipeline, build_image_members, evaluate_image_pipeline, run_image_pipeline
 from .runner import (
     HUB_STAGE,
@@ -64,7 +65,9 @@ __all__ = [
     "StageRunner",
     "TextPipeline",
     "ZeroShotPipeline",
+    "add_budget_arguments",
     "all_heads_masks",
+    "budget_arguments",
     "build_image_members",
     "build_text_members",
     "build_zero_shot_members",

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..pruning.budget import Budget
 from .runner import (
     EvaluationData,
     PipelineResult,
@@ -60,7 +61,8 @@ class ImagePipeline:
     # members
     members: int = 3
     method: str = "taylor"
-    remove: int = 10  # heads removed per member (of L x H)
+    remove: int | None = 10  # heads removed per member, anywhere (of L x H); None with heads_per_layer
+    heads_per_layer: int | None = None  # or: keep K heads in every block (the paper's budgets; set remove=None)
     prune_samples: int = 512  # ID validation images per member's Taylor scores
     prune_data_fraction: float = 0.8
     # fine-tuning (single model and members): the paper's image recipe (finetune.image_recipe)
@@ -86,6 +88,13 @@ class ImagePipeline:
     report_notes: str = ""
     hub_base_model: str | None = None
 
+    def __post_init__(self) -> None:
+        self.budget()  # exactly one of remove / heads_per_layer
+
+    def budget(self) -> Budget:
+        """The members' pruning budget (exactly one of ``remove`` / ``heads_per_layer``)."""
+        return Budget.of(self)
+
     def describe(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -110,10 +119,10 @@ def _load_images(spec: str, labelled: bool, limit: int | None):
 
 def build_image_members(p: ImagePipeline, model_dir: Path) -> HeadMasks:
     """Stage 2: M members by ``p.method`` on the fine-tuned single model, ID validation data only."""
-    from ..pruning import Budget, build_members
+    from ..pruning import build_members
 
     return build_members(
-        model_dir, method=p.method, budget=Budget(remove=p.remove), id_data=p.validation_data,
+        model_dir, method=p.method, budget=p.budget(), id_data=p.validation_data,
         max_samples=p.prune_samples, image_column="image", members=p.members, seed=p.seed,
         data_fraction=p.prune_data_fraction, batch_size=32,
         metadata={"base_model": str(model_dir), "id_validation": p.validation_data},

