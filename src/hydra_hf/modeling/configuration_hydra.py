@@ -42,6 +42,15 @@ def custom_pipelines_for(auto_map: dict[str, str]) -> dict[str, dict[str, Any]]:
     }
 
 
+# The attributes every transformers config has of its own (output flags, labels, dtype ...) and the Hydra
+# fields: a Hydra config keeps these itself; every other name the base model's config holds is one of the
+# base's settings, kept in ``base_config`` (see ``HydraEnsembleConfig.__getattr__``).
+_CONFIG_OWN_NAMES = frozenset(PretrainedConfig().to_dict()) | {
+    "base_model_type", "base_config", "num_members", "kept_heads", "vision_kept_heads", "text_kept_heads",
+    "mlp_fusion", "member_metadata", "distilled", "auto_map", "custom_pipelines",
+}  # fmt: skip
+
+
 def check_kept_heads(kept_heads: Any, num_layers: int, num_heads: int, where: str = "kept_heads") -> None:
     """Raise ``ValueError`` unless ``kept_heads[m][l]`` is a sorted list of unique heads in ``[0, H)``
     for every member ``m`` and each of the ``num_layers`` layers."""
@@ -87,6 +96,15 @@ class HydraEnsembleConfig(PretrainedConfig):
     Labels (``id2label``, ``label2id``, ``num_labels``, ``problem_type``) are the usual
     ``PretrainedConfig`` arguments. The configuration validates itself when it is built: every error
     names the bad value and how to fix it.
+
+    The base model's settings read through, as in transformers' composite configs: ``config.vocab_size``,
+    ``config.pad_token_id``, ``config.hidden_dropout_prob`` ... are ``base_config``'s values and
+    ``config.get_text_config()`` is the config itself. One set on the config (by
+    ``resize_token_embeddings``, ``from_pretrained(folder, hidden_dropout_prob=0.2)``,
+    ``HydraEnsembleConfig(..., vocab_size=...)``) is written into ``base_config`` (``sync_base_settings``)
+    when the config is built or loaded, when a model is built from it, after ``resize_token_embeddings``
+    and when it is saved, so that a saved folder rebuilds the same model. The attributes every transformers config has
+    (``return_dict``, ``id2label``, ``dtype`` ...) and the Hydra fields above stay the Hydra config's own.
     """
 
     model_type = "hydra_ensemble"
@@ -132,10 +150,60 @@ class HydraEnsembleConfig(PretrainedConfig):
                 custom_pipelines_for(kwargs["auto_map"]) if self.hydra_uncertainty_pipelines else {}
             )
         super().__init__(**kwargs)
+        self.sync_base_settings()  # base settings given as arguments (or at the top level of an older config.json)
         # PretrainedConfig.__init__ may be called with nothing (e.g. to build a default instance for
         # diffing when saving); only a config that names its members is validated.
         if self.kept_heads or self.base_config:
             self.validate_hydra()
+
+    # ------------------------------------------------------------------- the base's settings
+    @staticmethod
+    def is_base_setting(name: str, base: dict[str, Any]) -> bool:
+        """Whether ``name`` is one of the base model's settings: a public key of ``base`` (the base config
+        dict) that is neither a Hydra field nor an attribute every transformers config has. The towers of
+        a two-tower base (``text_config``, ``vision_config``) are not settings of their own: they stay
+        in ``base_config``."""
+        return (
+            name in base
+            and not name.startswith("_")
+            and name not in _CONFIG_OWN_NAMES
+            and not (name.endswith("_config") and isinstance(base[name], dict))
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        # reached only when the normal lookup fails: the base model's settings read through
+        if name != "base_config":
+            base = getattr(self, "base_config", None)
+            if isinstance(base, dict) and self.is_base_setting(name, base):
+                return base[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (nor has its base_config)")
+
+    def sync_base_settings(self) -> None:
+        """Write the base settings set on this config (``config.vocab_size = ...`` by
+        ``resize_token_embeddings``, ``from_pretrained(folder, hidden_dropout_prob=...)``) into
+        ``base_config``, which the model reads. Runs when the config is built or loaded, when a model is
+        built from it, after ``resize_token_embeddings`` and when it is saved (``to_dict``)."""
+        base = getattr(self, "base_config", None)
+        if isinstance(base, dict):
+            base.update(self.to_dict()["base_config"])
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:
+        """transformers' ``from_dict``; the overrides it sets after building the config
+        (``from_pretrained(folder, hidden_dropout_prob=0.2)``) are written into ``base_config``."""
+        out = super().from_dict(config_dict, **kwargs)
+        (out[0] if isinstance(out, tuple) else out).sync_base_settings()
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as saved: a base setting set on this config is written into ``base_config`` (one
+        place for it, where the model reads it), not at the top level."""
+        out = super().to_dict()
+        base = out.get("base_config")
+        if isinstance(base, dict):
+            for name in [key for key in out if self.is_base_setting(key, base)]:
+                base[name] = out.pop(name)
+        return out
 
     # ----------------------------------------------------------------------------------- checks
     def _tower_shape(self) -> tuple[int, int]:
