@@ -25,7 +25,7 @@ from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.utils import ModelOutput, is_tracing
 
 
@@ -37,9 +37,16 @@ class HydraModelOutput(ModelOutput):
         last_hidden_state: ``(B, M, T, d)`` every member's final hidden states (after the final
             LayerNorm for ViT; before it for the CLIP towers, as in transformers' CLIP).
         pooler_output: ``(B, M, d)`` every member's pooled output (BERT pooler, CLIP towers; None for ViT).
-        hidden_states: per layer (embeddings first) ``(B, M, T, d)``, with ``output_hidden_states``.
-        attentions: per layer ``(B, K_l, T, T)`` over the K_l heads all members keep in layer l (member
-            order, each member's heads ascending), with ``output_attentions`` and eager attention.
+        hidden_states: per layer (embeddings first) ``(B, M, T, d)``, with ``output_hidden_states``:
+            ``hidden_states[l][:, m]`` is member m's stream. ``hidden_states[0]`` is the shared embeddings
+            expanded over the members (a stride-0 view); ``hidden_states[l]`` for ``l >= 1`` is layer l's
+            output. Each is a view of the tensor the next computation reads, so ``retain_grad()`` on it
+            receives member m's gradient in slot ``[:, m]``.
+        attentions: per layer ``(B, K_l, T, T)`` over the K_l heads all members keep in layer l, with
+            ``output_attentions`` and eager attention: the member axis is folded into the head axis, member
+            0's kept heads first (ascending), then member 1's, ... (``kept_heads[m][l]`` says which); a layer
+            where no member keeps a head has ``K_l = 0``. They are the softmax weights the layer multiplies
+            the values with (``retain_grad()`` works). transformers' models have ``H`` heads here instead.
     """
 
     last_hidden_state: torch.Tensor | None = None
@@ -165,6 +172,11 @@ class HydraSelfAttention(nn.Module):
     When all members keep the same number of heads the projections are single batched products
     (``baddbmm`` over M); otherwise one product per member (never one per head, and never padded to
     equal widths, which would waste multiply-adds).
+
+    Eager attention (the reference path, and the one that returns attention weights) never folds the
+    members into the batch axis: it runs over all kept heads in member order, ``(B, K, T, dk)``, so the
+    weights ``(B, K, T, T)`` it returns are the very tensor the context is computed from (a view, no
+    copy: ``retain_grad()`` on them receives gradients).
     """
 
     def __init__(self, config, spec: HydraLayerSpec, is_causal: bool = False) -> None:
@@ -187,15 +199,20 @@ class HydraSelfAttention(nn.Module):
         self.o_bias = nn.Parameter(torch.empty(self.num_members, d))
 
     # -------------------------------------------------------------------------------- helpers
+    def folds_members(self) -> bool:
+        """Whether this call folds the members into the batch axis: equal widths, and not eager attention
+        (whose weights are returned over all kept heads, ``(B, K, T, T)``)."""
+        return self.uniform and self.config._attn_implementation != "eager"
+
     def _member_rows(self, m: int, per_head: int) -> slice:
         return slice(per_head * self.head_dim * self.offsets[m], per_head * self.head_dim * (self.offsets[m] + self.widths[m]))
 
-    def _project_qkv(self, hidden: torch.Tensor) -> torch.Tensor:
+    def _project_qkv(self, hidden: torch.Tensor, folded: bool = True) -> torch.Tensor:
         """Grouped Q, K, V projections.
 
-        Returns ``(3, M*B, k, T, dk)`` when every member keeps ``k`` heads (members folded into the
-        batch axis: a free view of the batched product, no copy), else ``(3, B, K, T, dk)`` with the
-        heads in member order.
+        Returns ``(3, M*B, k, T, dk)`` when every member keeps ``k`` heads and ``folded`` (members folded
+        into the batch axis: a free view of the batched product, no copy), else ``(3, B, K, T, dk)`` with
+        the heads in member order.
         """
         M, dk, K = self.num_members, self.head_dim, self.total_heads
         shared = hidden.dim() == 3  # the same input for every member (the first layer)
@@ -205,13 +222,15 @@ class HydraSelfAttention(nn.Module):
             if shared:  # one product for all members
                 qkv = F.linear(hidden, self.qkv_weight, self.qkv_bias)  # (B, T, M*3*k*dk)
                 qkv = qkv.view(B, T, M, 3, k, dk).permute(3, 2, 0, 4, 1, 5)  # (3, M, B, k, T, dk)
-                return qkv.reshape(3, M * B, k, T, dk)
-            d = hidden.shape[-1]
-            x = hidden.reshape(M, B * T, d)  # (M, BT, d)
-            w = self.qkv_weight.view(M, 3 * k * dk, d)  # (M, 3k*dk, d)
-            qkv = grouped_linear(x, w.transpose(1, 2), self.qkv_bias.view(M, 3 * k * dk))  # (M, BT, 3k*dk)
-            qkv = qkv.view(M, B, T, 3, k, dk).permute(3, 0, 1, 4, 2, 5)  # (3, M, B, k, T, dk), strided view
-            return qkv.reshape(3, M * B, k, T, dk)  # merging M and B is a view: no copy
+            else:
+                d = hidden.shape[-1]
+                x = hidden.reshape(M, B * T, d)  # (M, BT, d)
+                w = self.qkv_weight.view(M, 3 * k * dk, d)  # (M, 3k*dk, d)
+                qkv = grouped_linear(x, w.transpose(1, 2), self.qkv_bias.view(M, 3 * k * dk))  # (M, BT, 3k*dk)
+                qkv = qkv.view(M, B, T, 3, k, dk).permute(3, 0, 1, 4, 2, 5)  # (3, M, B, k, T, dk), strided view
+            if folded:
+                return qkv.reshape(3, M * B, k, T, dk)  # after the grouped product, merging M and B is a view
+            return qkv.transpose(1, 2).reshape(3, B, K, T, dk)  # heads in member order
         if shared:
             qkv = F.linear(hidden, self.qkv_weight, self.qkv_bias)  # (B, T, 3*K*dk): one product for all members
             chunks = qkv.split([3 * w * dk for w in self.widths], dim=-1)  # per member (B, T, 3*k_m*dk)
@@ -227,13 +246,13 @@ class HydraSelfAttention(nn.Module):
         ]
         return torch.cat(parts, dim=2)  # (3, B, K, T, dk)
 
-    def _project_out(self, context: torch.Tensor, batch: int) -> torch.Tensor:
-        """Grouped output projection. ``context`` is ``(M*B, T, k, dk)`` (equal widths) or
+    def _project_out(self, context: torch.Tensor, batch: int, folded: bool = True) -> torch.Tensor:
+        """Grouped output projection. ``context`` is ``(M*B, T, k, dk)`` (equal widths, ``folded``) or
         ``(B, T, K, dk)``. Returns ``(M, B, T, d)``."""
         M, dk = self.num_members, self.head_dim
         d = self.o_bias.shape[-1]
         T = context.shape[1]
-        if self.uniform:
+        if self.uniform and folded:
             k = self.total_heads // M
             x = context.reshape(M, batch * T, k * dk)  # a view of the attention output
             out = grouped_linear(x, self.o_weight.view(M, k * dk, d), self.o_bias)  # (M, BT, d)
@@ -291,8 +310,10 @@ class HydraSelfAttention(nn.Module):
                 return out, hidden.new_zeros(B, 0, T, T)
             return out, None
         M = self.num_members
-        query, key, value = self._project_qkv(hidden)  # each (M*B, k, T, dk) or (B, K, T, dk)
-        attention_mask = self.fold_mask(attention_mask, B)
+        folded = self.folds_members()
+        query, key, value = self._project_qkv(hidden, folded)  # each (M*B, k, T, dk) or (B, K, T, dk)
+        if folded:
+            attention_mask = self.fold_mask(attention_mask, B)
         attention_interface: Callable = eager_attention_forward
         if self.config._attn_implementation != "eager":
             attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -309,10 +330,10 @@ class HydraSelfAttention(nn.Module):
             is_causal=self.is_causal and attention_mask is None,
             output_attentions=output_attentions,
         )  # context (M*B, T, k, dk) or (B, T, K, dk)
-        if weights is not None and self.uniform:  # report (B, K, T, T), heads in member order
+        if weights is not None and folded:  # another implementation's weights: report (B, K, T, T) (a copy)
             k = self.total_heads // M
             weights = weights.view(M, B, k, T, T).transpose(0, 1).reshape(B, self.total_heads, T, T)
-        return self._project_out(context, B), weights
+        return self._project_out(context, B, folded), weights
 
 
 class HydraLayerNorm(nn.Module):
@@ -527,31 +548,71 @@ def check_pixel_values(
 
 
 
+class LayerOutputs:
+    """The hidden states and attention weights of one pass through the fused layers, collected so that
+    every returned tensor is one the computation reads (as in transformers' models, ``retain_grad()`` on
+    a returned hidden state or attention map receives its gradient). Every family's layer loop uses it::
+
+        outs = LayerOutputs(embeddings, M, output_hidden_states, output_attentions)
+        for layer in layers:
+            outs.add(*layer(outs.input, mask))  # each layer returns (streams (M, B, T, d), weights)
+        hidden = outs.streams()  # (M, B, T, d)
+
+    ``input`` is the next layer's input: the shared embeddings ``(B, T, d)`` for the first layer, or the
+    members' streams ``(M, B, T, d)``. With ``output_hidden_states`` the first layer reads
+    ``hidden_states[0]`` (the embeddings expanded over the members, a stride-0 view) member by member,
+    so member m's gradient lands in its own slot; the result equals the shared computation. Layer l's
+    output is returned as ``hidden_states[l + 1] (B, M, T, d)``, and the next layer reads a view of it.
+    ``attentions`` keeps the weights each layer returns (None, as sdpa gives, is left out).
+    """
+
+    def __init__(
+        self, embeddings: torch.Tensor, num_members: int, output_hidden_states: bool, output_attentions: bool
+    ) -> None:
+        self.num_members = num_members
+        self.input = embeddings  # shared until the first layer gives every member its own stream
+        self.hidden_states: tuple[torch.Tensor, ...] | None = None
+        self.attentions: tuple[torch.Tensor, ...] | None = () if output_attentions else None
+        if output_hidden_states:
+            B, T, d = embeddings.shape
+            first = embeddings.unsqueeze(1).expand(B, num_members, T, d)  # (B, M, T, d), a view
+            self.hidden_states = (first,)
+            self.input = first.transpose(0, 1)  # (M, B, T, d): member m reads slot m
+
+    def add(self, hidden: torch.Tensor, weights: torch.Tensor | None = None) -> None:
+        """Record a layer's output ``hidden (M, B, T, d)`` and ``weights (B, K, T, T)`` (or None)."""
+        if self.attentions is not None and weights is not None:
+            self.attentions += (weights,)
+        if self.hidden_states is not None:
+            public = hidden.transpose(0, 1)  # (B, M, T, d), a view
+            self.hidden_states += (public,)
+            hidden = public.transpose(0, 1)  # the next computation reads the returned tensor (a view)
+        self.input = hidden
+
+    def streams(self) -> torch.Tensor:
+        """The members' streams after the last layer, ``(M, B, T, d)`` (a view of the last hidden state)."""
+        hidden = self.input
+        if hidden.dim() == 3:  # a tower with no layers
+            hidden = hidden.unsqueeze(0).expand(self.num_members, *hidden.shape)
+        return hidden
+
+
 def run_layers(
     layers: nn.ModuleList, embeddings: torch.Tensor, num_members: int, attention_mask: torch.Tensor | None,
     output_hidden_states: bool, output_attentions: bool,
 ) -> tuple[torch.Tensor, tuple | None, tuple | None]:
-    """Run the fused layers on shared ``embeddings (B, T, d)``.
+    """Run the fused layers on shared ``embeddings (B, T, d)`` (see ``LayerOutputs``).
 
     Returns the members' streams ``(M, B, T, d)``, the hidden states per layer ``(B, M, T, d)`` (embeddings
     first) and the attention weights per layer, the last two only when asked for. As in transformers'
     models, attention weights are only returned by eager attention: with sdpa the attention function
     warns and ``attentions`` is an empty tuple.
     """
-    B = embeddings.shape[0]
-    hidden = embeddings  # shared until the first layer gives every member its own stream
-    all_hidden = (embeddings.unsqueeze(1).expand(B, num_members, *embeddings.shape[1:]),) if output_hidden_states else None
-    all_attentions = () if output_attentions else None
+    outs = LayerOutputs(embeddings, num_members, output_hidden_states, output_attentions)
     for layer in layers:
         # hidden and mask positional: what GradientCheckpointingLayer checkpoints
-        hidden, weights = layer(hidden, attention_mask, output_attentions=output_attentions)  # (M, B, T, d)
-        if output_hidden_states:
-            all_hidden += (hidden.transpose(0, 1),)
-        if output_attentions and weights is not None:
-            all_attentions += (weights,)
-    if hidden.dim() == 3:  # a tower with no layers
-        hidden = hidden.unsqueeze(0).expand(num_members, *hidden.shape)
-    return hidden, all_hidden, all_attentions
+        outs.add(*layer(outs.input, attention_mask, output_attentions=output_attentions))  # (M, B, T, d)
+    return outs.streams(), outs.hidden_states, outs.attentions
 
 
 def may_mask(attention_mask: torch.Tensor | None) -> bool:
@@ -664,6 +725,29 @@ def init_hydra_weights(module: nn.Module, std: float) -> bool:
     else:
         return False
     return True
+
+
+class HydraPreTrainedModel(PreTrainedModel):
+    """What every fused model shares, so that a new family has it by inheriting this class: SDPA and
+    eager attention (``HydraSelfAttention``), gradient checkpointing (every fused layer is a
+    ``GradientCheckpointingLayer``: ``model.gradient_checkpointing_enable()`` recomputes each layer in the
+    backward pass), the prefix of the fused encoder in a task model (``hydra``), and the base settings
+    set on the config written into ``base_config`` before the family's code reads it."""
+
+    base_model_prefix = "hydra"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _supports_attention_backend = False
+
+    def __init__(self, config, *args, **kwargs) -> None:
+        config.sync_base_settings()  # e.g. from_pretrained(folder, hidden_dropout_prob=0.2): the family reads base_config
+        super().__init__(config, *args, **kwargs)
+
+    def resize_token_embeddings(self, *args, **kwargs) -> nn.Module:
+        """transformers' ``resize_token_embeddings``; the new ``vocab_size`` is written into ``base_config``."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        self.config.sync_base_settings()
+        return embeddings
 
 
 # ==================================================================================================

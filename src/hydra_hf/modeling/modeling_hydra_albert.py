@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import AlbertConfig, PreTrainedModel
+from transformers import AlbertConfig
 from transformers import initialization as init
 from transformers.models.albert.modeling_albert import AlbertEmbeddings
 
@@ -23,6 +23,7 @@ from .hydra_layers import (
     HydraMemberLinear,
     HydraModelOutput,
     HydraPostLNLayer,
+    HydraPreTrainedModel,
     classifier_output,
     init_hydra_weights,
     layer_spec_for,
@@ -36,12 +37,9 @@ def albert_base_config(config: HydraEnsembleAlbertConfig) -> AlbertConfig:
     return AlbertConfig.from_dict(config.base_config)
 
 
-class HydraEnsembleAlbertPreTrainedModel(PreTrainedModel):
+class HydraEnsembleAlbertPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleAlbertConfig
-    base_model_prefix = "hydra"
     main_input_name = "input_ids"
-    _supports_sdpa = True
-    _supports_attention_backend = False
     _no_split_modules = ["HydraPostLNLayer"]
 
     @torch.no_grad()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BeitConfig, PreTrainedModel
+from transformers import BeitConfig
 from transformers import initialization as init
 from transformers.models.beit.modeling_beit import BeitEmbeddings, BeitRelativePositionBias
 
@@ -36,6 +36,8 @@ from .hydra_layers import (
     HydraLayerSpec,
     HydraMemberLinear,
     HydraModelOutput,
+    HydraPreTrainedModel,
+    LayerOutputs,
     check_pixel_values,
     ensemble_outputs,
     init_hydra_weights,
@@ -121,13 +123,10 @@ class HydraBeitLayer(HydraLayerScalePreLNLayer):
         return bias
 
 
-class HydraEnsembleBeitPreTrainedModel(PreTrainedModel):
+class HydraEnsembleBeitPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleBeitConfig
-    base_model_prefix = "hydra"
     main_input_name = "pixel_values"
     input_modalities = ("image",)
-    _supports_sdpa = True
-    _supports_attention_backend = False
     _no_split_modules = ["BeitEmbeddings", "HydraBeitLayer"]
 
     @torch.no_grad()
@@ -211,22 +210,15 @@ class HydraEnsembleBeitModel(HydraEnsembleBeitPreTrainedModel):
         check_pixel_values(pixel_values, patch.num_channels, patch.image_size, True)
         pixel_values = pixel_values.to(patch.projection.weight.dtype)
         embeddings = self.embeddings(pixel_values)  # (B, T, d)
-        B, T = embeddings.shape[:2]
+        T = embeddings.shape[1]
         M = self.config.num_members
         window = (pixel_values.shape[2] // self.patch_size, pixel_values.shape[3] // self.patch_size)
         interpolate = bool(interpolate_pos_encoding)
-        hidden = embeddings  # shared until the first layer gives every member its own stream
-        all_hidden = (embeddings.unsqueeze(1).expand(B, M, T, -1),) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
+        outs = LayerOutputs(embeddings, M, output_hidden_states, output_attentions)
         for layer in self.layers:
             bias = layer.head_bias(self.shared_relative_position_bias_table, self.base_window, window, interpolate, T)
-            hidden, weights = layer(hidden, bias)  # (M, B, T, d); bias (1, K, T, T) per kept head
-            if output_hidden_states:
-                all_hidden += (hidden.transpose(0, 1),)
-            if output_attentions:
-                all_attentions += (weights,)
-        if hidden.dim() == 3:  # no layers
-            hidden = hidden.unsqueeze(0).expand(M, *hidden.shape)
+            outs.add(*layer(outs.input, bias))  # (M, B, T, d); bias (1, K, T, T) per kept head
+        hidden, all_hidden, all_attentions = outs.streams(), outs.hidden_states, outs.attentions
         if self.use_mean_pooling:
             pooled = self.pooler_layernorm(hidden[:, :, 1:].mean(dim=2))  # (M, B, d): mean of the patch tokens
         else:

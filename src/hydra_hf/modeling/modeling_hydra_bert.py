@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import BertConfig, PreTrainedModel
+from transformers import BertConfig
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.bert.modeling_bert import BertEmbeddings
@@ -25,6 +25,7 @@ from .hydra_layers import (
     HydraMemberLinear,
     HydraMLP,
     HydraModelOutput,
+    HydraPreTrainedModel,
     HydraSelfAttention,
     ensemble_outputs,
     init_hydra_weights,
@@ -74,13 +75,9 @@ class HydraBertLayer(GradientCheckpointingLayer):
         return hidden, weights
 
 
-class HydraEnsemblePreTrainedModel(PreTrainedModel):
+class HydraEnsemblePreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleConfig
-    base_model_prefix = "hydra"
     main_input_name = "input_ids"
-    _supports_sdpa = True
-    supports_gradient_checkpointing = True
-    _supports_attention_backend = False
     _no_split_modules = ["HydraBertLayer"]
 
     @torch.no_grad()

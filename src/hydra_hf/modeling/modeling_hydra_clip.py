@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import CLIPConfig, CLIPTextConfig, CLIPVisionConfig, PreTrainedModel
+from transformers import CLIPConfig, CLIPTextConfig, CLIPVisionConfig
 from transformers import initialization as init
 from transformers.models.clip.modeling_clip import (
     CLIPTextEmbeddings,
@@ -35,6 +35,7 @@ from .hydra_layers import (
     HydraMemberLinear,
     HydraModelOutput,
     HydraPreLNLayer,
+    HydraPreTrainedModel,
     check_pixel_values,
     ensemble_log_probs,
     init_hydra_weights,
@@ -186,13 +187,10 @@ class HydraCLIPTextTower(nn.Module):
         )
 
 
-class HydraEnsembleCLIPPreTrainedModel(PreTrainedModel):
+class HydraEnsembleCLIPPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleCLIPConfig
     base_model_prefix = "hydra_clip"
     input_modalities = ("image", "text")
-    _supports_sdpa = True
-    supports_gradient_checkpointing = True  # the towers' HydraPreLNLayer
-    _supports_attention_backend = False
     _no_split_modules = ["CLIPTextEmbeddings", "CLIPVisionEmbeddings", "HydraPreLNLayer"]
 
     @torch.no_grad()

@@ -28,9 +28,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import DebertaV2Config, PreTrainedModel
+from transformers import DebertaV2Config
 from transformers import initialization as init
 from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.deberta_v2.modeling_deberta_v2 import DebertaV2Embeddings, make_log_bucket_position
 
@@ -42,7 +43,9 @@ from .hydra_layers import (
     HydraMemberLinear,
     HydraMLP,
     HydraModelOutput,
+    HydraPreTrainedModel,
     HydraSelfAttention,
+    LayerOutputs,
     classifier_output,
     eager_attention_forward,
     init_hydra_weights,
@@ -159,18 +162,18 @@ class HydraDisentangledSelfAttention(HydraSelfAttention):
             out.append(pos.view(pos.shape[0], self.total_heads, self.head_dim).transpose(0, 1))  # (K, 2S, dk)
         return out[0], out[1]
 
-    def _by_head(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Align the content ``x`` (``(M*B, k, T, dk)`` equal widths, else ``(B, K, T, dk)``) with
+    def _by_head(self, x: torch.Tensor, pos: torch.Tensor, folded: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Align the content ``x`` (``(M*B, k, T, dk)`` when ``folded``, else ``(B, K, T, dk)``) with
         ``pos (K, 2S, dk)`` for a broadcast product: ``(M, B, k, T, dk)`` with ``(M, 1, k, 2S, dk)``, or
         ``(B, K, T, dk)`` with ``(K, 2S, dk)``."""
-        if not self.uniform:
+        if not folded:
             return x, pos
         M = self.num_members
         return x.view(M, -1, *x.shape[1:]), pos.view(M, 1, self.total_heads // M, *pos.shape[1:])
 
     def relative_scores(
         self, query: torch.Tensor, key: torch.Tensor, rel_embeddings: torch.Tensor,
-        c2p_index: torch.Tensor, p2c_index: torch.Tensor,
+        c2p_index: torch.Tensor, p2c_index: torch.Tensor, folded: bool = True,
     ) -> torch.Tensor | None:
         """The unscaled c2p + p2c terms of every kept head, shaped like the content scores
         (``(M*B, k, T, T)`` or ``(B, K, T, T)``); None when the base has neither."""
@@ -180,11 +183,11 @@ class HydraDisentangledSelfAttention(HydraSelfAttention):
         T = query.shape[-2]
         score = None
         if self.c2p:  # content of i -> position delta(i, j)
-            q, pk = self._by_head(query, pos_key)
+            q, pk = self._by_head(query, pos_key, folded)
             c2p = torch.matmul(q, pk.transpose(-1, -2))  # (..., T, 2S)
             score = torch.gather(c2p, -1, c2p_index.expand(*c2p.shape[:-1], T))  # (..., T, T)
         if self.p2c:  # position delta(i, j) of the query -> content of j
-            k, pq = self._by_head(key, pos_query)
+            k, pq = self._by_head(key, pos_query, folded)
             p2c = torch.matmul(k, pq.transpose(-1, -2))  # (..., T_k, 2S)
             p2c = torch.gather(p2c, -1, p2c_index.expand(*p2c.shape[:-1], T)).transpose(-1, -2)  # (..., T, T)
             score = p2c if score is None else score + p2c
@@ -212,15 +215,17 @@ class HydraDisentangledSelfAttention(HydraSelfAttention):
         """
         B, T, d = hidden.shape[-3], hidden.shape[-2], hidden.shape[-1]
         if self.total_heads == 0:  # every member removed every head of this layer
-            return self.o_bias[:, None, None, :].expand(self.num_members, B, T, d), None
+            out = self.o_bias[:, None, None, :].expand(self.num_members, B, T, d)
+            return out, (hidden.new_zeros(B, 0, T, T) if self.config._attn_implementation == "eager" else None)
         M = self.num_members
-        query, key, value = self._project_qkv(hidden)  # each (M*B, k, T, dk) or (B, K, T, dk)
+        folded = self.folds_members()
+        query, key, value = self._project_qkv(hidden, folded)  # each (M*B, k, T, dk) or (B, K, T, dk)
         bias = None
         if rel_embeddings is not None:
-            rel = self.relative_scores(query, key, rel_embeddings, c2p_index, p2c_index)
+            rel = self.relative_scores(query, key, rel_embeddings, c2p_index, p2c_index, folded)
             bias = rel * self.scaling if rel is not None else None  # (N, k, T, T)
         if attention_mask is not None:
-            if self.uniform:  # members folded into the batch axis, member-major
+            if folded:  # members folded into the batch axis, member-major
                 attention_mask = attention_mask.repeat(M, 1, 1, 1)  # (M*B, 1, T, T)
             if bias is None:
                 bias = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
@@ -240,10 +245,10 @@ class HydraDisentangledSelfAttention(HydraSelfAttention):
             scaling=self.scaling,
             is_causal=False,
         )  # context (M*B, T, k, dk) or (B, T, K, dk)
-        if weights is not None and self.uniform:  # report (B, K, T, T), heads in member order
+        if weights is not None and folded:  # another implementation's weights: report (B, K, T, T) (a copy)
             k = self.total_heads // M
             weights = weights.view(M, B, k, T, T).transpose(0, 1).reshape(B, self.total_heads, T, T)
-        return self._project_out(context, B), weights
+        return self._project_out(context, B, folded), weights
 
 
 class HydraDebertaV2Conv(nn.Module):
@@ -277,8 +282,9 @@ class HydraDebertaV2Conv(nn.Module):
         return out
 
 
-class HydraDebertaV2Layer(nn.Module):
-    """DeBERTa's post-LN layer for M members: ``h = LN1_m(h + Attn(h)); h = LN2_m(h + MLP(h))``."""
+class HydraDebertaV2Layer(GradientCheckpointingLayer):
+    """DeBERTa's post-LN layer for M members: ``h = LN1_m(h + Attn(h)); h = LN2_m(h + MLP(h))``. Checkpointed
+    (recomputed in the backward pass) after ``model.gradient_checkpointing_enable()``."""
 
     def __init__(self, config: HydraEnsembleDebertaV2Config, spec: HydraLayerSpec, base: DebertaV2Config) -> None:
         super().__init__()
@@ -299,12 +305,9 @@ class HydraDebertaV2Layer(nn.Module):
         return hidden, weights
 
 
-class HydraEnsembleDebertaV2PreTrainedModel(PreTrainedModel):
+class HydraEnsembleDebertaV2PreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleDebertaV2Config
-    base_model_prefix = "hydra"
     main_input_name = "input_ids"
-    _supports_sdpa = True
-    _supports_attention_backend = False
     _no_split_modules = ["HydraDebertaV2Layer"]
 
     @torch.no_grad()
@@ -401,19 +404,14 @@ class HydraEnsembleDebertaV2Model(HydraEnsembleDebertaV2PreTrainedModel):
             c2p_index = torch.clamp(delta + self.span, 0, 2 * self.span - 1)
             p2c_index = torch.clamp(-delta + self.span, 0, 2 * self.span - 1)
 
-        hidden = embeddings  # shared until the first layer gives every member its own stream
-        all_hidden = (embeddings.unsqueeze(1).expand(B, M, T, -1),) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
+        outs = LayerOutputs(embeddings, M, output_hidden_states, output_attentions)
         for i, layer in enumerate(self.layers):
-            hidden, weights = layer(hidden, pair_mask, rel_embeddings, c2p_index, p2c_index)  # (M, B, T, d)
+            # tensors positional: what GradientCheckpointingLayer checkpoints
+            hidden, weights = layer(outs.input, pair_mask, rel_embeddings, c2p_index, p2c_index)  # (M, B, T, d)
             if i == 0 and self.conv is not None:
                 hidden = self.conv(embeddings, hidden, attention_mask)
-            if output_hidden_states:
-                all_hidden += (hidden.transpose(0, 1),)
-            if output_attentions:
-                all_attentions += (weights,)
-        if hidden.dim() == 3:  # no layers
-            hidden = hidden.unsqueeze(0).expand(M, *hidden.shape)
+            outs.add(hidden, weights)
+        hidden, all_hidden, all_attentions = outs.streams(), outs.hidden_states, outs.attentions
         last = hidden.transpose(0, 1)  # (B, M, T, d)
         if not return_dict:
             return tuple(v for v in (last, all_hidden, all_attentions) if v is not None)

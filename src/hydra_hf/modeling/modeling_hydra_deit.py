@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import DeiTConfig, PreTrainedModel
+from transformers import DeiTConfig
 from transformers import initialization as init
 from transformers.models.deit.modeling_deit import DeiTEmbeddings
 
@@ -30,6 +30,7 @@ from .hydra_layers import (
     HydraMemberLinear,
     HydraModelOutput,
     HydraPreLNLayer,
+    HydraPreTrainedModel,
     check_pixel_values,
     ensemble_outputs,
     init_hydra_weights,
@@ -43,13 +44,10 @@ def deit_base_config(config: HydraEnsembleDeiTConfig) -> DeiTConfig:
     return DeiTConfig.from_dict(config.base_config)
 
 
-class HydraEnsembleDeiTPreTrainedModel(PreTrainedModel):
+class HydraEnsembleDeiTPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleDeiTConfig
-    base_model_prefix = "hydra"
     main_input_name = "pixel_values"
     input_modalities = ("image",)
-    _supports_sdpa = True
-    _supports_attention_backend = False
     _no_split_modules = ["DeiTEmbeddings", "HydraPreLNLayer"]
 
     @torch.no_grad()

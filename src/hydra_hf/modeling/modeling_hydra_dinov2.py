@@ -18,7 +18,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import Dinov2Config, Dinov2WithRegistersConfig, PreTrainedModel
+from transformers import Dinov2Config, Dinov2WithRegistersConfig
 from transformers import initialization as init
 from transformers.models.dinov2.modeling_dinov2 import Dinov2Embeddings
 from transformers.models.dinov2_with_registers.modeling_dinov2_with_registers import Dinov2WithRegistersEmbeddings
@@ -32,6 +32,7 @@ from .hydra_layers import (
     HydraMemberLinear,
     HydraMLP,
     HydraModelOutput,
+    HydraPreTrainedModel,
     check_pixel_values,
     ensemble_outputs,
     grouped_linear,
@@ -70,13 +71,10 @@ class HydraSwiGLUMLP(HydraMLP):
         return grouped_linear(F.silu(gate) * up, self.fc2_weight.transpose(1, 2), self.fc2_bias)  # (M, N, d)
 
 
-class HydraEnsembleDinov2PreTrainedModel(PreTrainedModel):
+class HydraEnsembleDinov2PreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleDinov2Config
-    base_model_prefix = "hydra"
     main_input_name = "pixel_values"
     input_modalities = ("image",)
-    _supports_sdpa = True
-    _supports_attention_backend = False
     _no_split_modules = ["Dinov2Embeddings", "Dinov2WithRegistersEmbeddings", "HydraLayerScalePreLNLayer"]
 
     @torch.no_grad()

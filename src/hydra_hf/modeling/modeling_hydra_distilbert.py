@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import DistilBertConfig, PreTrainedModel
+from transformers import DistilBertConfig
 from transformers import initialization as init
 from transformers.models.distilbert.modeling_distilbert import Embeddings as DistilBertEmbeddings
 
@@ -22,6 +22,7 @@ from .hydra_layers import (
     HydraClassificationHead,
     HydraModelOutput,
     HydraPostLNLayer,
+    HydraPreTrainedModel,
     classifier_output,
     init_hydra_weights,
     layer_spec_for,
@@ -39,12 +40,9 @@ def distilbert_base_config(config: HydraEnsembleDistilBertConfig) -> DistilBertC
     return DistilBertConfig.from_dict(config.base_config)
 
 
-class HydraEnsembleDistilBertPreTrainedModel(PreTrainedModel):
+class HydraEnsembleDistilBertPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleDistilBertConfig
-    base_model_prefix = "hydra"
     main_input_name = "input_ids"
-    _supports_sdpa = True
-    _supports_attention_backend = False
     _no_split_modules = ["HydraPostLNLayer"]
 
     @torch.no_grad()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import ElectraConfig, PreTrainedModel
+from transformers import ElectraConfig
 from transformers import initialization as init
 from transformers.models.electra.modeling_electra import ElectraEmbeddings
 
@@ -22,6 +22,7 @@ from .hydra_layers import (
     HydraClassificationHead,
     HydraModelOutput,
     HydraPostLNLayer,
+    HydraPreTrainedModel,
     classifier_output,
     init_hydra_weights,
     layer_spec_for,
@@ -35,12 +36,9 @@ def electra_base_config(config: HydraEnsembleElectraConfig) -> ElectraConfig:
     return ElectraConfig.from_dict(config.base_config)
 
 
-class HydraEnsembleElectraPreTrainedModel(PreTrainedModel):
+class HydraEnsembleElectraPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleElectraConfig
-    base_model_prefix = "hydra"
     main_input_name = "input_ids"
-    _supports_sdpa = True
-    _supports_attention_backend = False
     _no_split_modules = ["HydraPostLNLayer"]
 
     @torch.no_grad()

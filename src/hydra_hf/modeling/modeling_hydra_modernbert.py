@@ -27,9 +27,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import ModernBertConfig, PreTrainedModel
+from transformers import ModernBertConfig
 from transformers import initialization as init
 from transformers.activations import ACT2FN
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.modernbert.modeling_modernbert import ModernBertEmbeddings, ModernBertRotaryEmbedding
@@ -41,7 +42,9 @@ from .hydra_layers import (
     HydraLayerSpec,
     HydraMemberLinear,
     HydraModelOutput,
+    HydraPreTrainedModel,
     HydraSelfAttention,
+    LayerOutputs,
     classifier_output,
     eager_attention_forward,
     grouped_linear,
@@ -120,10 +123,12 @@ class HydraRotarySelfAttention(HydraSelfAttention):
         """
         B, T, d = hidden.shape[-3], hidden.shape[-2], hidden.shape[-1]
         if self.total_heads == 0:  # every member removed every head of this layer
-            return self.out_drop(self.o_bias[:, None, None, :].expand(self.num_members, B, T, d)), None
+            out = self.out_drop(self.o_bias[:, None, None, :].expand(self.num_members, B, T, d))
+            return out, (hidden.new_zeros(B, 0, T, T) if self.config._attn_implementation == "eager" else None)
         M = self.num_members
-        query, key, value = self._project_qkv(hidden)  # each (M*B, k, T, dk) or (B, K, T, dk)
-        if self.uniform:  # members folded into the batch axis, member-major
+        folded = self.folds_members()
+        query, key, value = self._project_qkv(hidden, folded)  # each (M*B, k, T, dk) or (B, K, T, dk)
+        if folded:  # members folded into the batch axis, member-major
             if cos.shape[0] > 1:
                 cos, sin = cos.repeat(M, 1, 1), sin.repeat(M, 1, 1)  # (M*B, T, dk)
             if attention_mask is not None:
@@ -145,10 +150,10 @@ class HydraRotarySelfAttention(HydraSelfAttention):
             scaling=self.scaling,
             is_causal=False,
         )  # context (M*B, T, k, dk) or (B, T, K, dk)
-        if weights is not None and self.uniform:  # report (B, K, T, T), heads in member order
+        if weights is not None and folded:  # another implementation's weights: report (B, K, T, T) (a copy)
             k = self.total_heads // M
             weights = weights.view(M, B, k, T, T).transpose(0, 1).reshape(B, self.total_heads, T, T)
-        return self.out_drop(self._project_out(context, B)), weights
+        return self.out_drop(self._project_out(context, B, folded)), weights
 
 
 class HydraGatedMLP(nn.Module):
@@ -200,9 +205,10 @@ class HydraGatedMLP(nn.Module):
         return out.view(hidden.shape)
 
 
-class HydraModernBertLayer(nn.Module):
+class HydraModernBertLayer(GradientCheckpointingLayer):
     """ModernBERT's pre-LN layer for M members: ``h = h + Attn(LN1_m(h)); h = h + MLP(LN2_m(h))``; the first
-    layer has no ``LN1`` (the embeddings are normalised already), so its attention sees the shared input."""
+    layer has no ``LN1`` (the embeddings are normalised already), so its attention sees the shared input.
+    Checkpointed (recomputed in the backward pass) after ``model.gradient_checkpointing_enable()``."""
 
     def __init__(
         self, config: HydraEnsembleModernBertConfig, spec: HydraLayerSpec, base: ModernBertConfig, layer_idx: int
@@ -238,12 +244,9 @@ class HydraModernBertHead(nn.Module):
         return self.norm(self.act(self.dense(x)))
 
 
-class HydraEnsembleModernBertPreTrainedModel(PreTrainedModel):
+class HydraEnsembleModernBertPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleModernBertConfig
-    base_model_prefix = "hydra"
     main_input_name = "input_ids"
-    _supports_sdpa = True
-    _supports_attention_backend = False
     _no_split_modules = ["HydraModernBertLayer"]
 
     @torch.no_grad()
@@ -325,25 +328,18 @@ class HydraEnsembleModernBertModel(HydraEnsembleModernBertPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         embeddings = self.embeddings(input_ids=input_ids, inputs_embeds=inputs_embeds)  # (B, T, d), shared
-        B, T, _ = embeddings.shape
+        T = embeddings.shape[1]
         M = self.config.num_members
         if position_ids is None:
             position_ids = torch.arange(T, device=embeddings.device).unsqueeze(0)  # (1, T)
         masks = self._masks(attention_mask, embeddings)
         rotary = {kind: self.rotary_emb(embeddings, position_ids, kind) for kind in {l.attention_type for l in self.layers}}
 
-        hidden = embeddings  # shared until the first layer gives every member its own stream
-        all_hidden = (embeddings.unsqueeze(1).expand(B, M, T, -1),) if output_hidden_states else None
-        all_attentions = () if output_attentions else None
+        outs = LayerOutputs(embeddings, M, output_hidden_states, output_attentions)
         for layer in self.layers:
             cos, sin = rotary[layer.attention_type]  # (B or 1, T, dk) each
-            hidden, weights = layer(hidden, masks[layer.attention_type], cos, sin)  # (M, B, T, d)
-            if output_hidden_states:
-                all_hidden += (hidden.transpose(0, 1),)
-            if output_attentions:
-                all_attentions += (weights,)
-        if hidden.dim() == 3:  # no layers
-            hidden = hidden.unsqueeze(0).expand(M, *hidden.shape)
+            outs.add(*layer(outs.input, masks[layer.attention_type], cos, sin))  # (M, B, T, d)
+        hidden, all_hidden, all_attentions = outs.streams(), outs.hidden_states, outs.attentions
         last = self.final_norm(hidden).transpose(0, 1)  # (B, M, T, d)
         if not return_dict:
             return tuple(v for v in (last, all_hidden, all_attentions) if v is not None)

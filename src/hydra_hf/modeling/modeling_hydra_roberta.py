@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel, RobertaConfig
+from transformers import RobertaConfig
 from transformers import initialization as init
 from transformers.models.roberta.modeling_roberta import RobertaEmbeddings
 
@@ -23,6 +23,7 @@ from .hydra_layers import (
     HydraClassificationHead,
     HydraModelOutput,
     HydraPostLNLayer,
+    HydraPreTrainedModel,
     classifier_output,
     init_hydra_weights,
     layer_spec_for,
@@ -36,12 +37,9 @@ def roberta_base_config(config: HydraEnsembleRobertaConfig) -> RobertaConfig:
     return RobertaConfig.from_dict(config.base_config)
 
 
-class HydraEnsembleRobertaPreTrainedModel(PreTrainedModel):
+class HydraEnsembleRobertaPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleRobertaConfig
-    base_model_prefix = "hydra"
     main_input_name = "input_ids"
-    _supports_sdpa = True
-    _supports_attention_backend = False
     _no_split_modules = ["HydraPostLNLayer"]
 
     @torch.no_grad()

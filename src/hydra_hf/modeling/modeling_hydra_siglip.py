@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel, SiglipConfig, SiglipTextConfig, SiglipVisionConfig
+from transformers import SiglipConfig, SiglipTextConfig, SiglipVisionConfig
 from transformers import initialization as init
 from transformers.models.siglip.modeling_siglip import SiglipTextEmbeddings, SiglipVisionEmbeddings
 from transformers.utils import ModelOutput
@@ -46,6 +46,7 @@ from .hydra_layers import (
     HydraMLP,
     HydraModelOutput,
     HydraPreLNLayer,
+    HydraPreTrainedModel,
     check_pixel_values,
     init_hydra_weights,
     layer_spec,
@@ -225,12 +226,10 @@ class HydraSiglipTextTower(nn.Module):
         )
 
 
-class HydraEnsembleSiglipPreTrainedModel(PreTrainedModel):
+class HydraEnsembleSiglipPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleSiglipConfig
     base_model_prefix = "hydra_siglip"
     input_modalities = ("image", "text")
-    _supports_sdpa = True
-    _supports_attention_backend = False
     _no_split_modules = ["SiglipTextEmbeddings", "SiglipVisionEmbeddings", "HydraPreLNLayer", "HydraSiglipAttentionPoolingHead"]
 
     @torch.no_grad()

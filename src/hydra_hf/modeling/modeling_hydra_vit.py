@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel, ViTConfig
+from transformers import ViTConfig
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.vit.modeling_vit import ViTEmbeddings
@@ -33,6 +33,7 @@ from .hydra_layers import (
     HydraMemberLinear,
     HydraModelOutput,
     HydraPreLNLayer,
+    HydraPreTrainedModel,
     check_pixel_values,
     ensemble_outputs,
     init_hydra_weights,
@@ -47,14 +48,10 @@ def vit_base_config(config: HydraEnsembleViTConfig) -> ViTConfig:
     return ViTConfig.from_dict(config.base_config)
 
 
-class HydraEnsembleViTPreTrainedModel(PreTrainedModel):
+class HydraEnsembleViTPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleViTConfig
-    base_model_prefix = "hydra"
     main_input_name = "pixel_values"
     input_modalities = ("image",)
-    _supports_sdpa = True
-    supports_gradient_checkpointing = True
-    _supports_attention_backend = False
     _no_split_modules = ["ViTEmbeddings", "HydraPreLNLayer"]
 
     @torch.no_grad()
