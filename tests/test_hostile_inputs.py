@@ -769,3 +769,105 @@ def test_export_errors_name_what_export_offers(sandbox):
     line = assert_one_line_error(err)
     assert rc == 2 and "--trust-remote-code" not in line and "never runs" in line
     assert not (sandbox / "onnx").exists() and tree_digest(sandbox, exclude=("hydra/tokenizer_config.json",)) == before
+
+
+# ---------------------------------------------------------------------------------- where outputs go
+def _read_only_folder() -> Path:
+    for candidate in ("/proc/sys", "/sys"):
+        if os.path.isdir(candidate) and not os.access(candidate, os.W_OK):
+            return Path(candidate)
+    pytest.skip("no read-only folder on this machine")
+
+
+def test_an_unwritable_output_is_refused_before_any_work(sandbox, monkeypatch):
+    """Issue 25 item 7: a read-only --report was found only after the whole evaluation ran."""
+    from hydra_hf import evaluation
+
+    monkeypatch.setattr(evaluation, "load_classifier", lambda *a, **k: pytest.fail("loaded a model before checking --report"))
+    rc, _, err = run_cli(["evaluate", "--model", str(sandbox / "hydra"), "--id-data", str(sandbox / "id.csv"),
+                          "--ood-data", str(sandbox / "ood.csv"), "--report", str(_read_only_folder() / "hydra" / "report")])
+    assert rc == 2 and "is not writable" in assert_one_line_error(err)
+
+
+def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    """Issue 25 item 7: ENOSPC while writing was a traceback."""
+    import errno
+
+    from hydra_hf import report
+
+    def full(path, text):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    _seed_reports(tmp_path)
+    monkeypatch.setattr(report, "write_text_atomic", full)
+    before = tree_digest(tmp_path)
+    rc, _, err = run_cli(["aggregate", str(tmp_path / "r0"), str(tmp_path / "r1"), "--output", str(tmp_path / "agg")])
+    line = assert_one_line_error(err)
+    assert rc == 2 and "No space left on device" in line and "free some space" in line
+    assert tree_digest(tmp_path) == before
+
+
+def test_outputs_get_the_users_umask(sandbox):
+    """Issue 25 item 13: every output folder (and masks file) was created mode 700 (600) whatever the umask."""
+    from hydra_hf.masks import HeadMasks
+
+    old = os.umask(0o022)
+    try:
+        rc, _, err = _convert(sandbox)
+        assert rc == 0, err
+        HeadMasks.load(sandbox / "masks.json").save(sandbox / "copy.json")
+    finally:
+        os.umask(old)
+    assert (sandbox / "out").stat().st_mode & 0o777 == 0o755
+    assert (sandbox / "copy.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_an_output_inside_an_input_folder_is_refused(sandbox):
+    """Issue 25, decided: an output never lies inside an input folder (a later command taking the folder
+    whole, e.g. push, would take the output for part of the model; a rerun would read its own output)."""
+    before = tree_digest(sandbox)
+    rc, _, err = _convert(sandbox, output="base/hydra")
+    assert rc == 2 and "lies inside the input folder" in assert_one_line_error(err)
+    rc, _, err = _evaluate(sandbox, report="hydra/report")
+    assert rc == 2 and "lies inside the input folder" in assert_one_line_error(err)
+    pytest.importorskip("onnxscript")
+    rc, _, err = run_cli(["export", str(sandbox / "hydra"), "--format", "onnx", "--output", str(sandbox / "hydra" / "onnx")])
+    assert rc == 2 and "lies inside the input folder" in assert_one_line_error(err)
+    assert tree_digest(sandbox) == before
+
+
+def _config_edit(change):
+    def damage(folder: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(change(config)))
+    return damage
+
+
+MISLEADING_CASES = {
+    # issue 25 item 11: messages that named the wrong cause
+    "num_attention_heads is a string": (_config_edit(lambda c: {**c, "num_attention_heads": "4"}),
+                                        "num_attention_heads must be an integer, got str '4'; write 4 without quotes"),
+    "config.json is a list": (_config_edit(lambda c: [c]), "holds a JSON list, not a config object"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISLEADING_CASES))
+def test_convert_names_the_real_problem_of_a_config(sandbox, case):
+    damage, words = MISLEADING_CASES[case]
+    _damaged_copy(sandbox, "bad", damage)
+    before = tree_digest(sandbox)
+    rc, _, err = _convert(sandbox, base="bad")
+    assert rc == 2 and words in assert_one_line_error(err)
+    assert tree_digest(sandbox) == before and not (sandbox / "out").exists()
+
+
+def test_empty_data_files_are_named(sandbox):
+    """Issue 25 item 11: an empty CSV surfaced the datasets builder's message."""
+    (sandbox / "empty.csv").write_text("")
+    (sandbox / "header.csv").write_text("text,label\n")
+    for name, words in (("empty.csv", "is empty (0 bytes)"), ("header.csv", "holds no examples (only a header row)")):
+        rc, _, err = run_cli(["evaluate", "--model", str(sandbox / "hydra"), "--id-data", str(sandbox / name),
+                              "--ood-data", str(sandbox / "ood.csv"), "--report", str(sandbox / "report")])
+        line = assert_one_line_error(err)
+        assert rc == 2 and words in line and name in line
+    assert not (sandbox / "report").exists()

@@ -227,6 +227,21 @@ def _load_image_folder(path: Path) -> datasets.Dataset:
     return datasets.Dataset.from_dict({"image": files, "label": labels}, features=features)
 
 
+def _check_has_rows(path: Path, suffix: str) -> None:
+    """An empty file, a csv with only its header or a jsonl of blank lines is one line naming it (the
+    builders' own message, "Instruction 'train' corresponds to no data", names neither the file nor the fix)."""
+    if path.stat().st_size == 0:
+        raise ValueError(f"data file {str(path)!r} is empty (0 bytes); give a {suffix[1:]} file with at least one example")
+    if suffix not in (".csv", ".tsv", ".jsonl"):
+        return
+    with open(path, "rb") as handle:
+        head = handle.read(1 << 16)
+    lines = [line for line in head.splitlines() if line.strip()]
+    if len(head) < (1 << 16) and len(lines) < (2 if suffix != ".jsonl" else 1):
+        raise ValueError(f"data file {str(path)!r} holds no examples ({'only a header row' if lines else 'blank lines only'}); "
+                         "give at least one example")
+
+
 def load_local(path: str | os.PathLike, split: str | None = None) -> datasets.Dataset:
     """Read a local file, a ``save_to_disk`` folder or an image folder into a dataset (columns as stored).
 
@@ -266,6 +281,9 @@ def load_local(path: str | os.PathLike, split: str | None = None) -> datasets.Da
     if suffix not in TEXT_SUFFIXES:
         raise ValueError(f"unknown data file type {suffix!r} for {str(path)!r}; use one of {sorted(TEXT_SUFFIXES)}")
     builder = TEXT_SUFFIXES[suffix]
+    if not path.is_file():  # a FIFO or device: the builders would block on it
+        raise ValueError(f"data {str(path)!r} is not a regular file; give a csv/jsonl/parquet file")
+    _check_has_rows(path, suffix)
     kwargs: dict[str, Any] = {"delimiter": "\t"} if suffix == ".tsv" else {}
     try:
         loaded = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)

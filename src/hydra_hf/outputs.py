@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -118,15 +117,15 @@ def read_json(path: str | os.PathLike, *, what: str, fix: str, max_bytes: int = 
     except FileNotFoundError:
         raise HydraInputError(f"{what} {str(path)!r} does not exist; {fix}") from None
     except IsADirectoryError:
-        raise HydraInputError(f"{what} {str(path)!r} is a folder, not a file; {fix}") from None
+        raise HydraInputError(f"{what} {str(path)!r} is a folder; {fix}") from None
     except OSError as exc:
         raise HydraInputError(f"{what} {str(path)!r} cannot be read ({exc.strerror}); {fix}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file (a FIFO, device or socket)"
+        raise HydraInputError(f"{what} {str(path)!r} is {kind}; {fix}")
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            raise HydraInputError(f"{what} {str(path)!r} is a folder, not a file; {fix}")
-        if not stat.S_ISREG(info.st_mode):
-            raise HydraInputError(f"{what} {str(path)!r} is not a regular file (a FIFO, device or socket); {fix}")
         raw = handle.read(max_bytes + 1)  # bounded even if the file grows while it is read
     if len(raw) > max_bytes:
         raise HydraInputError(
@@ -146,6 +145,33 @@ def read_json(path: str | os.PathLike, *, what: str, fix: str, max_bytes: int = 
         too_deep = json_depth(data) > JSON_MAX_DEPTH
     if too_deep:
         raise HydraInputError(f"{what} {str(path)!r} is nested more than {JSON_MAX_DEPTH} levels deep; {fix}")
+    return data
+
+
+# config.json fields that transformers and hydra_hf use as counts: a string there ("4") would compare
+# unequal to the number it prints as
+CONFIG_COUNTS = ("num_attention_heads", "num_hidden_layers", "hidden_size", "intermediate_size",
+                 "max_position_embeddings", "vocab_size", "num_heads", "num_layers", "n_head", "n_layer")
+
+
+def read_model_config(file: str | os.PathLike) -> dict[str, Any]:
+    """A model folder's ``config.json`` as a dict, read with :func:`read_json`'s bounds; a config that is
+    not an object, or whose counts (``num_attention_heads`` ..., nested tower configs too) are not
+    integers, is one line naming the field and the fix."""
+    file = Path(file)
+    fix = "restore the config.json that save_pretrained wrote"
+    data = read_json(file, what="model config", fix=fix, max_bytes=16 * 2**20)
+    if not isinstance(data, dict):
+        raise HydraInputError(f"{str(file)!r} holds a JSON {type(data).__name__}, not a config object; {fix}")
+    for where, config in [("", data), *((f"{k}.", v) for k, v in data.items() if k.endswith("_config"))]:
+        if not isinstance(config, dict):
+            continue
+        for key in CONFIG_COUNTS:
+            value = config.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                hint = f"write {value} without quotes" if isinstance(value, str) and value.strip().isdigit() else fix
+                raise HydraInputError(
+                    f"{str(file)!r}: {where}{key} must be an integer, got {type(value).__name__} {value!r}; {hint}")
     return data
 
 
@@ -194,6 +220,9 @@ def is_owned(folder: str | os.PathLike, command: str) -> bool:
 
 
 def _check_not_input(out: Path, inputs: Iterable[str | os.PathLike | None]) -> None:
+    """An output is never an input, never contains one, and never lies inside one: inside, it would be
+    read back as part of that input by every later command that takes the folder whole (``push`` stages
+    every file of a model folder), and a rerun of the same command would read its own output."""
     real_out = out.resolve()
     for item in inputs:
         if item is None:
@@ -204,6 +233,24 @@ def _check_not_input(out: Path, inputs: Iterable[str | os.PathLike | None]) -> N
                 f"output {str(out)!r} is (or contains) the input {str(item)!r}; choose an output folder "
                 "outside the inputs"
             )
+        if real_in in real_out.parents and real_in.is_dir():
+            raise HydraUnsafeError(
+                f"output {str(out)!r} lies inside the input folder {str(item)!r}, which would then hold it as part "
+                f"of its files; choose an output folder outside the inputs (e.g. beside it)"
+            )
+
+
+def _check_writable(out: Path) -> None:
+    """Fail before any work when ``out`` cannot be written (its temporary sibling goes in its parent): the
+    nearest existing folder above it must be writable (not a read-only filesystem, not someone else's)."""
+    folder = out.parent if str(out.parent) else Path(".")
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise HydraOutputError(
+            f"output {str(out)!r} cannot be written: {str(folder)!r} is not writable (a read-only filesystem or no "
+            "permission); choose a writable output folder"
+        )
 
 
 def check_output(
@@ -224,6 +271,7 @@ def check_output(
     if out.exists() and not out.is_dir():
         raise HydraOutputError(f"output {str(out)!r} is a file; choose a folder path")
     _check_not_input(out, inputs)
+    _check_writable(out)
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise HydraOutputError(
@@ -387,7 +435,9 @@ def make_temporary(output: str | os.PathLike) -> Path:
     """A fresh ``.NAME.tmp-PID-XXXX`` folder beside ``output`` (removed later if this process dies)."""
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+    # os.mkdir with 0o777 (not mkdtemp's 0o700): the finished folder gets the user's umask, as mkdir gives it
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    os.mkdir(tmp, 0o777)
     (tmp / _TEMP_SENTINEL).write_text("")
     return tmp
 
@@ -470,6 +520,7 @@ def prepare_owned_folder(
     if path.exists() and not path.is_dir():
         raise HydraOutputError(f"{str(path)!r} is a file; choose a folder path")
     _check_not_input(path, inputs)
+    _check_writable(path / "x" if path.is_dir() else path)  # a working folder is written inside itself
     if path.is_dir() and any(path.iterdir()):
         if not is_owned(path, command):
             raise HydraOutputError(
@@ -519,6 +570,7 @@ def check_output_file(
             )
     if not path.parent.exists() and str(path.parent):
         raise HydraInputError(f"folder {str(path.parent)!r} of the {what} does not exist; create it first")
+    _check_writable(path)
     return path
 
 
@@ -526,7 +578,9 @@ def write_output_file(output: str | os.PathLike, data: bytes | str) -> Path:
     """Write a single file atomically (a temporary sibling, then ``os.replace``)."""
     path = Path(output)
     payload = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-{os.getpid()}-", dir=path.parent if str(path.parent) else ".")
+    # 0o666 less the umask (not mkstemp's 0o600), as any file the user writes
+    tmp = (path.parent if str(path.parent) else Path(".")) / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(payload)

@@ -3,14 +3,16 @@
 Each sub-command lives in its own module of this package and exposes ``add_parser(subparsers)``,
 which registers its arguments and sets ``func`` (called with the parsed ``argparse.Namespace``).
 Errors caused by the user (:class:`hydra_hf.errors.HydraError`, and the ``ValueError``,
-``FileNotFoundError``, ``FileExistsError`` that libraries raise for bad input) become a one-line
-message on stderr and exit code 2; ``-v`` shows the traceback too. Anything else keeps its traceback.
+``FileNotFoundError``, ``FileExistsError`` that libraries raise for bad input), and a full disk or a
+read-only filesystem met while writing, become a one-line message on stderr and exit code 2; ``-v``
+shows the traceback too. Anything else keeps its traceback.
 :func:`run_script` gives the example scripts the same contract.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import os
@@ -56,6 +58,22 @@ HydraUserError = HydraError
 # what a user's bad input raises inside the libraries we call (safetensors, json, torch.load, ...)
 USER_ERRORS = (HydraError, ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
                IsADirectoryError, PermissionError)
+# the machine's state, not a bug: a full disk or quota, a read-only filesystem, a file too large for it
+ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG})
+
+
+def _is_user_error(exc: BaseException) -> bool:
+    return isinstance(exc, USER_ERRORS) or (isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS)
+
+
+def _message(exc: BaseException) -> str:
+    """The one line of ``exc``; a full or read-only disk also says what to do (outputs are written
+    atomically, so nothing half-written was left)."""
+    if isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS and not isinstance(exc, HydraError):
+        where = f" writing {exc.filename!r}" if exc.filename else ""
+        return (f"{exc.strerror or one_line(exc)}{where}; free some space (or write to another filesystem) and "
+                "run again: nothing half-written was left")
+    return one_line(exc)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,10 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         result = args.func(args)
-    except USER_ERRORS as exc:
+    except (*USER_ERRORS, OSError) as exc:
+        if not _is_user_error(exc):  # another OSError: a bug or the machine, keep its traceback
+            raise
         if args.verbose:
             logging.getLogger("hydra_hf.cli").exception("%s failed", args.command)
-        print(f"hydra-hf {args.command}: error: {one_line(exc)}", file=sys.stderr)
+        print(f"hydra-hf {args.command}: error: {_message(exc)}", file=sys.stderr)
         return 2
     return int(result or 0)
 
@@ -115,10 +135,10 @@ def run_script(script_main: Callable[[], Any]) -> None:
     ``main``'s return value is the exit status."""
     try:
         code = script_main()
-    except USER_ERRORS as exc:
-        if os.environ.get("HYDRA_HF_TRACEBACK"):
+    except (*USER_ERRORS, OSError) as exc:
+        if os.environ.get("HYDRA_HF_TRACEBACK") or not _is_user_error(exc):
             raise
-        print(f"{Path(sys.argv[0]).name}: error: {one_line(exc)}", file=sys.stderr)
+        print(f"{Path(sys.argv[0]).name}: error: {_message(exc)}", file=sys.stderr)
         sys.exit(2)
     sys.exit(int(code or 0))
 

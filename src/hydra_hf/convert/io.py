@@ -13,7 +13,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from ..errors import HydraInputError, HydraUnsafeError
-from ..outputs import resolve_inside
+from ..outputs import read_model_config, resolve_inside
 
 logger = logging.getLogger(__name__)
 
@@ -34,12 +34,9 @@ def read_config(path: str | Path) -> dict[str, Any]:
     """The ``config.json`` of a model folder as a dict."""
     folder = checkpoint_dir(path)
     file = folder / "config.json"
-    if not file.is_file():
+    if not file.exists():
         raise ValueError(f"{str(folder)!r} has no config.json; it is not a Hugging Face model folder")
-    try:
-        return json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{str(file)!r} is not valid JSON ({exc})") from None
+    return read_model_config(file)
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:

@@ -19,7 +19,6 @@ Hugging Face text encoder) in ``families/<name>.py``, ship its modeling file in 
 from __future__ import annotations
 
 import importlib
-import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import HydraInputError
+from ..outputs import read_model_config
 
 if TYPE_CHECKING:  # imported lazily at run time: the registry is imported by light modules
     from torch import nn
@@ -275,13 +275,9 @@ def family_of_config(config: Any) -> Family:
 
 
 def _read_json(file: Path) -> dict[str, Any] | None:
-    if not file.is_file():
+    if not file.exists():
         return None
-    try:
-        data = json.loads(file.read_text())
-    except json.JSONDecodeError as exc:
-        raise HydraInputError(f"{str(file)!r} is not valid JSON ({exc})") from None
-    return data if isinstance(data, dict) else None
+    return read_model_config(file)  # bounded; a list or a count written as a string is one line
 
 
 def detect_family(path: str | os.PathLike, *, check: bool = True) -> Family:
