@@ -66,3 +66,49 @@ def test_family_members_finetune_and_fuse(spec, data, tmp_path):
     trained = auto.from_pretrained(tmp_path / "out.work" / "member_0" / "model").state_dict()
     original = spec.stock().state_dict()
     assert any(not torch.equal(trained[k], original[k]) for k in original if k in trained), "nothing was trained"
+
+
+def test_distilled_deit_members_finetune_with_both_heads(data, tmp_path):
+    """A DeiTForImageClassificationWithTeacher base (``cls_classifier`` + ``distillation_classifier``): its
+    trained heads are kept (not a bare encoder) and every member exports as the same architecture (the
+    export used DeiTForImageClassification and crashed after member 0, issue 24 item 6)."""
+    from transformers import DeiTForImageClassificationWithTeacher, ViTImageProcessor
+
+    from hydra_hf.finetune import _prepare_run, finetune_members, image_recipe
+
+    spec = next(s for s in SPECS if s.name == "deit")
+    base = tmp_path / "base"
+    torch.manual_seed(0)
+    DeiTForImageClassificationWithTeacher(spec.stock_config()).save_pretrained(base)
+    ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(base)
+    masks = write_masks(tmp_path / "masks.json", [[[0, 1], []], [[1, 2, 3], [0]]], 4)
+    config = image_recipe(learning_rate=1e-3, batch_size=4, eval_batch_size=4, num_epochs=1, log_every_steps=1,
+                          mlp_fusion="per_member")
+    run = _prepare_run(base, masks, str(data / "images"), None, tmp_path / "check", config, None, False, None)
+    assert run.base_has_classifier
+    out = finetune_members(base, masks, str(data / "images"), None, tmp_path / "out", config)
+    from transformers import AutoModelForImageClassification
+
+    fused = AutoModelForImageClassification.from_pretrained(out).eval()
+    assert fused.config.distilled
+    batch = {"pixel_values": torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))}
+    with torch.no_grad():
+        member_logits = fused(**batch).member_logits  # (B, M, C)
+        for m in range(2):
+            stock = DeiTForImageClassificationWithTeacher.from_pretrained(tmp_path / "out.work" / f"member_{m}" / "model")
+            torch.testing.assert_close(member_logits[:, m], stock.eval()(**batch).logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["roberta", "electra"])
+def test_a_text_classifier_checkpoint_keeps_its_head(name, data, tmp_path):
+    """RoBERTa / ELECTRA name their classifier ``classifier.dense`` / ``classifier.out_proj``: the
+    checkpoint's trained head is found (it was taken for a bare encoder: "bare encoder: N classes")."""
+    from hydra_hf.finetune import _prepare_run, text_recipe
+
+    spec = next(s for s in SPECS if s.name == name)
+    base = tmp_path / "base"
+    spec.stock().save_pretrained(base)
+    spec.tokenizer().save_pretrained(base)
+    masks = write_masks(tmp_path / "masks.json", [[[0, 1], [2]], [[3], [0, 1]]], 4)
+    run = _prepare_run(base, masks, str(data / "text.csv"), None, tmp_path / "out", text_recipe(batch_size=4), None, False, None)
+    assert run.base_has_classifier and run.num_labels == 3

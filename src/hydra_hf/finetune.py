@@ -244,7 +244,8 @@ class _ArchSupport:
     modality: str  # "text" (tokenizer, text column) or "image" (image processor, image column)
     frozen_prefixes: tuple[str, ...]  # parameter names of the shared embeddings in the Hydra model
     unfuse: Callable[[dict[str, torch.Tensor], Any], list[dict[str, torch.Tensor]]]
-    stock_model: Callable[[dict[str, Any]], nn.Module]  # config dict -> stock task model
+    stock_model: Callable[[dict[str, Any], Any], nn.Module]  # (config dict, Hydra config) -> stock task model
+    classifier_keys: tuple[str, ...]  # stock tensor names whose presence means a trained classifier
 
 
 def _arch_support(arch: str) -> _ArchSupport:
@@ -258,9 +259,11 @@ def _arch_support(arch: str) -> _ArchSupport:
             "Hydra members need no training: prune and convert them)"
         )
 
-    def stock_model(cfg: dict[str, Any]) -> nn.Module:
+    def stock_model(cfg: dict[str, Any], hydra_config: Any) -> nn.Module:
         num_labels = len(cfg["id2label"]) if cfg.get("id2label") else cfg.get("num_labels")
-        return family.stock_model(cfg, num_labels)
+        # the member's own architecture: a distilled DeiT's members keep both heads (WithTeacher)
+        options = {"distilled": True} if getattr(hydra_config, "distilled", False) else {}
+        return family.stock_model(cfg, num_labels, **options)
 
     return _ArchSupport(
         name=family.name,
@@ -268,6 +271,7 @@ def _arch_support(arch: str) -> _ArchSupport:
         frozen_prefixes=tuple(family.frozen_prefixes),
         unfuse=family.unfuse,
         stock_model=stock_model,
+        classifier_keys=tuple(family.classifier_keys),
     )
 
 
@@ -360,7 +364,8 @@ def _prepare_run(
     masks.check_compatible(  # family's names for the sizes (DistilBERT's n_layers / n_heads)
         sizes.num_hidden_layers, sizes.num_attention_heads, model=f"the model {str(model_dir)!r}"
     )
-    has_classifier = "classifier.weight" in _weight_names(model_dir)
+    weights = _weight_names(model_dir)  # the family names its heads (RoBERTa's classifier.out_proj, DeiT's cls_classifier)
+    has_classifier = any(key in weights for key in arch.classifier_keys)
     what, loader = ("tokenizer", AutoTokenizer) if arch.modality == "text" else ("image processor", AutoImageProcessor)
     try:
         processor = loader.from_pretrained(str(model_dir))
@@ -1092,7 +1097,7 @@ def _export_member(run: _Run, model: nn.Module, state: dict[str, torch.Tensor], 
     stock_state = run.arch.unfuse(state, model.config)[0]
     cfg = {k: v for k, v in run.base_config.items() if k not in ("id2label", "label2id", "num_labels", "architectures")}
     cfg.update(id2label={int(k): v for k, v in model.config.id2label.items()}, problem_type="single_label_classification")
-    stock = run.arch.stock_model(cfg)
+    stock = run.arch.stock_model(cfg, model.config)
     stock.load_state_dict(stock_state, strict=True)
 
     def write(tmp: Path) -> None:
@@ -1136,8 +1141,9 @@ def finetune_members(
     by all processes in turn). Only the main process writes files.
 
     Args:
-        model_dir: the base checkpoint folder (a BERT classifier, or a bare encoder: every member then
-            gets a new classifier, initialised with its own seed).
+        model_dir: the base checkpoint folder (a classifier of a registered family, whose trained head every
+            member keeps, or a bare encoder: every member then gets a new classifier, initialised with its
+            own seed).
         masks: the masks file (or ``HeadMasks``) for this base model.
         train_data, eval_data: dataset specs (``rotten_tomatoes:train``, a csv/jsonl/parquet file, a
             ``save_to_disk`` folder) or ``datasets.Dataset`` objects with the configured text and
