@@ -101,6 +101,16 @@ def test_hf_clip_joint_circuits_end_to_end(hf_clip_dir, images, tmp_path, capsys
     assert config["vision_kept_heads"] == masks.towers["vision"].kept_heads
 
 
+def test_hf_clip_class_names_from_the_image_folder(hf_clip_dir, images, tmp_path, capsys):
+    """Without --class-names, an image folder's sub-folders are the class names (issue 24 item 8)."""
+    id_dir, _ = images
+    out = tmp_path / "masks.json"
+    rc = _prune(out, "--model", str(hf_clip_dir), "--id-data", str(id_dir), "--method", "taylor", "--remove", "2")
+    assert rc == 0, capsys.readouterr().err
+    assert load_masks(out).metadata["class_names"] == ["bird", "cat", "dog"]
+    assert "class names from the image folder" in capsys.readouterr().out
+
+
 def test_hf_clip_one_tower_and_class_names_file(hf_clip_dir, images, tmp_path):
     id_dir, _ = images
     names = tmp_path / "classes.txt"
@@ -154,8 +164,10 @@ def test_hf_clip_errors_leave_no_output(hf_clip_dir, images, tmp_path, capsys, c
     id_dir, _ = images
     args = {"class-names": ",".join(CLASSES), "remove": "2"}
     extra: list[str] = []
-    if case == "no-class-names":
+    if case == "no-class-names":  # and ID data that does not name its classes (an image folder does)
         args.pop("class-names")
+        id_dir = tmp_path / "id.csv"
+        id_dir.write_text("image,label\n" + "".join(f"{p},{i % 3}\n" for i, p in enumerate(sorted(images[0].rglob("*.png")))))
     elif case == "count-mismatch":
         args["class-names"] = "lion,tiger"
     elif case == "unknown-tower":

@@ -212,9 +212,18 @@ def _is_image_folder(path: Path) -> bool:
     )
 
 
+def image_folder_classes(path: str | os.PathLike) -> list[str] | None:
+    """The class names of an image folder (one sub-folder of images per class), sorted: the label order
+    :func:`load_local` gives them. None when ``path`` is not an image folder."""
+    path = Path(path)
+    if not path.is_dir() or not _is_image_folder(path):
+        return None
+    return sorted(p.name for p in path.iterdir() if p.is_dir())
+
+
 def _load_image_folder(path: Path) -> datasets.Dataset:
     """One sub-folder per class; labels are the indices of the sorted class names."""
-    classes = sorted(p.name for p in path.iterdir() if p.is_dir())
+    classes = image_folder_classes(path) or []
     files, labels = [], []
     for label, cls in enumerate(classes):
         for f in sorted((path / cls).iterdir()):

@@ -16,7 +16,7 @@ Models:
   ``save_for_hf`` folder whose ``model_args`` are used). Nothing is downloaded.
 
 CLIP models classify images zero-shot: ``--class-names`` (comma-separated, or a file with one name
-per line, in label order) and ``--prompt-template`` (default ``"a photo of a {}."``) give the class
+per line, in label order; an image folder as ``--id-data`` names them itself) and ``--prompt-template`` (default ``"a photo of a {}."``) give the class
 prompts; label values must be ``0 .. C-1`` (or the class names themselves; image-folder classes are
 matched by name). ``--tower joint`` (the default for two-tower models) selects every member's heads
 over both towers at once (``--remove N`` counts the heads of both, ``--heads-per-layer K`` applies
@@ -56,7 +56,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     source.add_argument("--open-clip", metavar="NAME", help="open_clip model name (e.g. ViT-B-32) or local open_clip_config.json; weights from --checkpoint")
     source.add_argument("--timm", metavar="NAME", help="timm ViT architecture (e.g. vit_base_patch16_224); weights from --checkpoint")
     p.add_argument("--checkpoint", help="local weights of --open-clip / --timm: a .safetensors/.bin/.pt file or a checkpoint folder")
-    p.add_argument("--class-names", help="CLIP: class names in label order, comma-separated or a file with one per line")
+    p.add_argument("--class-names", help="CLIP: class names in label order, comma-separated or a file with one per line (default with an image folder as --id-data: its sub-folders)")
     p.add_argument("--prompt-template", default=None, help='CLIP: prompt of each class (default "a photo of a {}.")')
     p.add_argument("--tower", help="two-tower models: vision, text or joint (default joint: both towers together)")
     p.add_argument(
@@ -139,14 +139,19 @@ def _hf_config(path: str, trust_remote_code: bool = False) -> Any:
 
 
 def _clip_text_inputs(adapter_kind: str, tokenize: Callable[[list[str]], Any], args: argparse.Namespace) -> tuple[Any, list[str]]:
+    from ..data import image_folder_classes, parse_spec
     from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, read_class_names
 
-    if not args.class_names:
-        raise ValueError(
-            f"a CLIP model ({adapter_kind}) classifies zero-shot: give --class-names (comma-separated or a file, one per "
-            "line, in label order)"
-        )
-    names = read_class_names(args.class_names)
+    if args.class_names:
+        names = read_class_names(args.class_names)
+    else:  # an image folder names its classes (its sub-folders)
+        names = image_folder_classes(parse_spec(args.id_data)[0])
+        if names is None:
+            raise ValueError(
+                f"a CLIP model ({adapter_kind}) classifies zero-shot: give --class-names (comma-separated or a file, one "
+                "per line, in label order), or an image folder (one sub-folder per class) as --id-data"
+            )
+        print(f"class names from the image folder {args.id_data!r}: {', '.join(names)}")
     prompts = class_prompts(names, args.prompt_template or DEFAULT_PROMPT_TEMPLATE)
     return tokenize(prompts), names
 
