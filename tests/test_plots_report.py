@@ -195,3 +195,9 @@ def test_write_report_invalid_writes_nothing(tmp_path) -> None:  # noqa: ANN001
     with pytest.raises(TypeError, match=r"report\['extra'\] has type object"):
         report.write_report({"rows": [{"method": "a"}], "extra": object()}, out)
     assert not out.exists()
+
+
+def test_params_of_a_tiny_model_are_not_zero() -> None:
+    """``params (M)`` keeps 3 significant digits: a 12k-parameter test model is 0.0123, not 0.0 (issue 24 item 9)."""
+    table = report.render_markdown_table([{"method": "tiny", "params_m": 0.0123}, {"method": "base", "params_m": 109.48}])
+    assert table.splitlines()[2].endswith("| 0.0123 |") and table.splitlines()[3].endswith("| 109 |")

@@ -151,6 +151,13 @@ def test_cli_convert_success(tiny_bert_dir, tmp_path, capsys):
     assert cli_main(["convert", "--members", *[str(tiny_bert_dir)] * 3, "--masks", str(masks), "--output", str(out2)]) == 0
 
 
+def test_cli_convert_of_one_member_says_it_gives_no_uncertainty(tiny_bert_dir, tmp_path, caplog):
+    masks = write_masks(tmp_path / "masks.json", KEPT[:1], 4)
+    with caplog.at_level("WARNING", logger="hydra_hf.cli.convert"):
+        assert cli_main(["convert", "--base", str(tiny_bert_dir), "--masks", str(masks), "--output", str(tmp_path / "o")]) == 0
+    assert "1 member" in caplog.text and "no ensemble uncertainty" in caplog.text
+
+
 def _cli_error(args, capsys) -> str:
     code = cli_main(args)
     err = capsys.readouterr().err.strip()

@@ -61,7 +61,7 @@ OOD_COLUMNS: tuple[tuple[str, str, str], ...] = (
 """Per OOD set ``s``: columns ``"s/auroc"`` … with headers ``"s AUROC ↑"`` …"""
 TAIL_COLUMNS: tuple[Column, ...] = (
     ("latency_ms", "latency (ms)", ".2f"),
-    ("params_m", "params (M)", ".1f"),
+    ("params_m", "params (M)", ".3g"),  # 3 significant digits: a tiny model is not 0.0
 )
 
 

@@ -47,6 +47,11 @@ def run(args: argparse.Namespace) -> int:
 
     masks = load_masks(args.masks)  # one tower, or named towers (CLIP) in a masks file with "towers"
     logger.info("masks: %s", masks.summary())
+    if masks.num_members == 1:
+        logger.warning(
+            "the masks file has 1 member: the model is one pruned network, which cannot disagree with itself "
+            "(mutual information 0, no ensemble uncertainty); prune 2 or more members (hydra-hf prune --members M)"
+        )
     id2label = None
     if args.labels:
         names = [s.strip() for s in args.labels.split(",") if s.strip()]
