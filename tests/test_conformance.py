@@ -367,3 +367,61 @@ def test_loads_in_bfloat16_on_a_device_map(spec, layout, store):
         expected = model(**batch)
     assert out.member_logits.dtype == torch.bfloat16
     torch.testing.assert_close(out.member_logits.float(), expected.member_logits, atol=0.1, rtol=0.05)
+
+
+# ------------------------------------------------------------------------------ two-tower families
+def _two_tower(name: str) -> nn.Module:
+    """A tiny Hydra CLIP / SigLIP (random weights): 2 members with unequal heads, a 0-head member layer."""
+    from transformers import CLIPConfig, SiglipConfig
+
+    from hydra_hf.modeling.configuration_hydra import HydraEnsembleCLIPConfig, HydraEnsembleSiglipConfig
+    from hydra_hf.modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
+    from hydra_hf.modeling.modeling_hydra_siglip import HydraEnsembleSiglipModel
+
+    towers = dict(
+        text_config=dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                         max_position_embeddings=16),
+        vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                           image_size=16, patch_size=8),
+    )  # fmt: skip
+    kept = dict(vision_kept_heads=[[[0, 1], [2]], [[3], []]], text_kept_heads=[[[0], [1, 2]], [[1, 2, 3], [0]]])
+    torch.manual_seed(0)
+    if name == "clip":
+        model = HydraEnsembleCLIPModel(HydraEnsembleCLIPConfig(base_config=CLIPConfig(**towers, projection_dim=16).to_dict(), **kept))
+    else:
+        model = HydraEnsembleSiglipModel(HydraEnsembleSiglipConfig(base_config=SiglipConfig(**towers).to_dict(), **kept))
+    _perturb(model)
+    return model.eval()
+
+
+@pytest.mark.parametrize("name", ["clip", "siglip"])
+def test_two_tower_checkpointing_gradients_and_config(name):
+    """CLIP / SigLIP: the towers' layers are recomputed under gradient checkpointing (SigLIP raised), the
+    towers' returned hidden states receive gradients, and the config reads the base's top-level settings
+    (the towers' own stay in ``base_config['text_config']`` / ``['vision_config']``)."""
+    from hydra_hf.modeling.hydra_layers import HydraSelfAttention
+
+    g = torch.Generator().manual_seed(0)
+    batch = {"input_ids": torch.randint(5, 60, (3, 7), generator=g), "attention_mask": torch.ones(3, 7, dtype=torch.long),
+             "pixel_values": torch.randn(2, 3, 16, 16, generator=g)}  # fmt: skip
+    calls = {}
+    for checkpointing in (False, True):
+        model = _two_tower(name).train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        counter = [0]
+        for module in model.modules():
+            if isinstance(module, HydraSelfAttention):
+                module.register_forward_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
+        out = model(**batch, output_hidden_states=True)
+        hidden = [*out.vision_model_output.hidden_states, *out.text_model_output.hidden_states]
+        for h in hidden:
+            h.retain_grad()
+        out.logits_per_image.sum().backward()
+        assert all(h.grad is not None and h.grad.abs().max() > 0 for h in hidden)
+        calls[checkpointing] = counter[0]
+    assert calls == {False: 4, True: 8}  # 2 layers in each tower
+    config = model.config
+    assert config.base_config["text_config"]["vocab_size"] == 99 and config.get_text_config() is config
+    key = "projection_dim" if name == "clip" else "initializer_factor"
+    assert getattr(config, key) == config.base_config[key]
