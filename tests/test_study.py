@@ -195,12 +195,69 @@ def test_study_reads_validation_splits_only_and_the_script_builds_it(tmp_path):
 
 
 def test_candidate_validation():
-    with pytest.raises(ValueError, match="method 'nope'"):
+    with pytest.raises(ValueError, match="candidate 'x': unknown pruning method.*'nope'"):
         st.Candidate("x", method="nope")
     with pytest.raises(ValueError, match="member_steps > 0"):
         st.Candidate("x", start="pretrained", member_steps=0)
     assert st.Candidate("x", method="taylor").selection_key("guardian").endswith("-any")
     assert st.Candidate("x").selection_key("guardian").endswith("-guardian")
+    # the keys of the candidates that predate issue 23 are unchanged: their cached masks and cells resume
+    assert st.Candidate("x").selection_key("g") == "circuit-avg-r36-k6-n96-m3-g"
+    # issue 23: the per-layer budget, one criterion per member, held-out selection, pooled OOD kinds
+    circ = st.Candidate("circ", method="circuit-acc,circuit-ood,circuit-avg", remove=None, heads_per_layer=6,
+                        selection="heldout", ood_selection="pooled", data_fraction=1.0, samples=1000)
+    assert circ.uses_ood and circ.pooled and circ.budget().heads_per_layer == 6
+    assert circ.selection_key("g") == "circuit-acc,circuit-ood,circuit-avg-K6-k6-n1000-m3-heldout-pooled-f1-g"
+    assert not st.Candidate("t", method="taylor", ood_selection="pooled").pooled  # no OOD data: nothing to pool
+    with pytest.raises(ValueError, match="candidate 'x': .*give exactly one budget.*set the other one to None"):
+        st.Candidate("x", heads_per_layer=6)  # remove keeps its default of 36
+    for bad, words in (({"selection": "test"}, "selection 'test'"), ({"ood_selection": "all"}, "ood_selection 'all'"),
+                       ({"data_fraction": 0.0}, "data_fraction must be in")):
+        with pytest.raises(ValueError, match=words):
+            st.Candidate("x", **bad)
+
+
+def test_pooled_selection_transfers_to_the_folds_own_kind(tmp_path):
+    """A selection on the pooled other kinds is scored on the fold's kind, which it never saw."""
+    s = st.TextStudy(ood_validation={"a": "x", "b": "y", "c": "z"})
+    _write_single(tmp_path, 0, {"a": 0.70, "b": 0.60, "c": 0.50})
+    pooled = st.Candidate("pooled", method="circuit-avg", ood_selection="pooled")
+    _write_cell(tmp_path, 0, pooled, "a", {"a": 0.75, "b": 0.90, "c": 0.90})  # selected on b + c, unseen a: +0.05
+    _write_cell(tmp_path, 0, pooled, "b", {"a": 0.90, "b": 0.62, "c": 0.90})  # +0.02
+    _write_cell(tmp_path, 0, pooled, "c", {"a": 0.90, "b": 0.90, "c": 0.47})  # -0.03
+    r = {row["score"]: row for row in st.collect(tmp_path, s, [pooled])["rows"]}["msp"]
+    assert r["gain"] == pytest.approx((0.05 + 0.02 - 0.03) / 3) and r["worst_fold_gain"] == pytest.approx(-0.03)
+    assert r["gain_a"] == pytest.approx(0.05) and r["gain_c"] == pytest.approx(-0.03)
+    # the kinds it selected on: fold a saw b and c (+0.30, +0.40), ...
+    assert r["selected_kind_gain"] == pytest.approx(((0.30 + 0.40) / 2 + (0.20 + 0.40) / 2 + (0.20 + 0.30) / 2) / 3)
+
+
+def test_selection_data_heldout_rows_and_pooled_kinds(tmp_path):
+    """selection='heldout' reads the training rows no model trains on; pooled OOD data leaves the fold's kind out."""
+    from conftest import write_tiny_tokenizer
+    from transformers import AutoTokenizer
+
+    from test_recipes import _reviews
+
+    train = _reviews(40, 0)
+    train["text"] = [f"row{i} {t}" for i, t in enumerate(train["text"])]
+    train.to_csv(tmp_path / "train.csv", index=False)
+    _reviews(60, 1).to_csv(tmp_path / "validation.csv", index=False)
+    for kind in "abc":
+        pd.DataFrame({"text": [f"{kind} text {i}" for i in range(10)]}).to_csv(tmp_path / f"{kind}.csv", index=False)
+    (tmp_path / "tok").mkdir()
+    write_tiny_tokenizer(tmp_path / "tok")
+    s = st.TextStudy(train_data=str(tmp_path / "train.csv"), heldout_data=str(tmp_path / "train.csv"),
+                     id_validation=str(tmp_path / "validation.csv"), finetune_eval=8, max_train_samples=25,
+                     ood_validation={k: str(tmp_path / f"{k}.csv") for k in "abc"})
+    data = st.study_data(s, AutoTokenizer.from_pretrained(str(tmp_path / "tok")))
+    ident, ood = data.selection("a", 12, heldout=True, pooled=True)
+    assert [t.split()[0] for t in ident["text"]] == [f"row{i}" for i in range(25, 37)]  # never a training row
+    assert sorted({t[0] for t in ood["text"]}) == ["b", "c"] and len(ood) == 12  # 6 of each other kind, none of a
+    ident, ood = data.selection("a", 5)
+    assert len(ident) == 5 and {t[0] for t in ood["text"]} == {"a"}
+    with pytest.raises(ValueError, match="none after the first max_train_samples = 40"):
+        st.study_data(dataclasses.replace(s, max_train_samples=40), data.tokenizer).selection(None, 5, heldout=True)
 
 
 def test_tiny_study_end_to_end(tmp_path, monkeypatch):

@@ -59,35 +59,70 @@ class Candidate:
     """
 
     name: str
-    method: str = "circuit-avg"
-    remove: int = 36
+    method: str = "circuit-avg"  # or several, comma-separated: one per member (Hydra (Circ))
+    remove: int | None = 36  # heads removed anywhere; None with heads_per_layer
     heads_per_step: int = 6
     samples: int = 96
     member_steps: int = 120
     start: str = "single"
     members: int = 3
+    # issue 23: the paper's budget, selection set and members
+    heads_per_layer: int | None = None  # keep K heads in every layer (set remove=None)
+    selection: str = "validation"  # "validation": the ID validation pool; "heldout": training rows no model trains on
+    ood_selection: str = "fold"  # "fold": select on the fold's kind; "pooled": on every other kind, score the fold's
+    data_fraction: float | None = None  # of the selection data per member (None: the study's prune_data_fraction)
+    member_seed_offset: int = 0  # members fine-tune with seed + offset (0: member 0 replays the Single's seed)
 
     def __post_init__(self) -> None:
-        from .pruning.diversity import METHODS
+        from .pruning.budget import Budget
+        from .pruning.diversity import parse_methods
 
-        if self.method not in METHODS:
-            raise ValueError(f"candidate {self.name!r}: method {self.method!r} is unknown; use one of {list(METHODS)}")
+        try:
+            parse_methods(self.method)
+            Budget.of(self)
+        except ValueError as exc:
+            raise ValueError(f"candidate {self.name!r}: {exc}") from None
         if self.start not in ("single", "pretrained"):
             raise ValueError(f"candidate {self.name!r}: start {self.start!r} must be 'single' or 'pretrained'")
         if self.start == "pretrained" and self.member_steps == 0:
             raise ValueError(f"candidate {self.name!r}: start='pretrained' needs member_steps > 0")
-        for key in ("remove", "heads_per_step", "samples", "members"):
+        if self.selection not in ("validation", "heldout"):
+            raise ValueError(f"candidate {self.name!r}: selection {self.selection!r} must be 'validation' or 'heldout'")
+        if self.ood_selection not in ("fold", "pooled"):
+            raise ValueError(f"candidate {self.name!r}: ood_selection {self.ood_selection!r} must be 'fold' or 'pooled'")
+        if self.data_fraction is not None and not 0.0 < self.data_fraction <= 1.0:
+            raise ValueError(f"candidate {self.name!r}: data_fraction must be in (0, 1], got {self.data_fraction}")
+        for key in ("heads_per_step", "samples", "members"):
             if getattr(self, key) < 1:
                 raise ValueError(f"candidate {self.name!r}: {key} must be >= 1, got {getattr(self, key)}")
 
     @property
     def uses_ood(self) -> bool:
-        return self.method in ("circuit-ood", "circuit-avg")
+        from .pruning.diversity import parse_methods
+
+        return any(m in ("circuit-ood", "circuit-avg") for m in parse_methods(self.method))
+
+    @property
+    def pooled(self) -> bool:
+        """Selects on the pooled OOD kinds other than the fold's, and transfers to the fold's kind."""
+        return self.uses_ood and self.ood_selection == "pooled"
+
+    def budget(self):
+        from .pruning.budget import Budget
+
+        return Budget.of(self)
 
     def selection_key(self, fold: str) -> str:
-        """Candidates with the same key share their masks (e.g. the same selection, fine-tuned or not)."""
+        """Candidates with the same key share their masks (e.g. the same selection, fine-tuned or not).
+        The keys of the candidates that predate the per-layer budget are unchanged (their cells resume)."""
         fold = fold if self.uses_ood else ANY_FOLD
-        return f"{self.method}-r{self.remove}-k{self.heads_per_step}-n{self.samples}-m{self.members}-{fold}"
+        budget = f"r{self.remove}" if self.heads_per_layer is None else f"K{self.heads_per_layer}"
+        extra = "".join([
+            "-heldout" if self.selection == "heldout" else "",
+            "-pooled" if self.pooled else "",
+            f"-f{self.data_fraction:g}" if self.data_fraction is not None else "",
+        ])  # fmt: skip
+        return f"{self.method}-{budget}-k{self.heads_per_step}-n{self.samples}-m{self.members}{extra}-{fold}"
 
 
 # The default grid: the demo's recipe (R0) and one change at a time, plus a random-heads control.
@@ -122,6 +157,9 @@ class TextStudy:
     # selection set's pool; [finetune_eval, ...) scores the recipes (never seen by a selection)
     finetune_eval: int = 400
     max_score_samples: int = 800  # per scoring set
+    # the selection set of candidates with selection="heldout": this split's rows from max_train_samples on,
+    # which no model of the study trains on (the paper selects on 3,000 held-out training rows)
+    heldout_data: str = "rotten_tomatoes:train"
     max_length: int = 48
     batch_size: int = 32
     learning_rate: float = 1e-4
@@ -191,6 +229,7 @@ class _Data:
         from .evaluation import make_loader
 
         self.s, self.tokenizer = s, tokenizer
+        self._heldout = None  # the held-out training rows, read on first use (heldout_pool)
         id_all = resolve_dataset(s.id_validation, require_labels=True, num_labels=len(s.labels))
         if len(id_all) <= s.finetune_eval + 50:
             raise ValueError(f"{s.id_validation!r} has {len(id_all)} examples; the study needs more than "
@@ -204,10 +243,37 @@ class _Data:
             self.loaders[kind] = make_loader(ds.select(range(min(len(ds), s.max_score_samples))), tokenizer, "text",
                                              64, s.max_length)
 
-    def selection(self, kind: str | None, samples: int):
-        id_data = self.id_pool.select(range(min(samples, len(self.id_pool))))
-        ood = None if kind is None else self.ood_pool[kind].select(range(min(samples, len(self.ood_pool[kind]))))
-        return id_data, ood
+    def heldout_pool(self):
+        """Labelled ID rows no model of the study trains on: ``heldout_data`` from ``max_train_samples`` on."""
+        from .data import resolve_dataset
+
+        if self._heldout is None:
+            s = self.s
+            if s.max_train_samples is None:
+                raise ValueError("selection='heldout' needs max_train_samples: the held-out rows are the ones after it")
+            rows = resolve_dataset(s.heldout_data, require_labels=True, num_labels=len(s.labels))
+            if len(rows) <= s.max_train_samples:
+                raise ValueError(f"{s.heldout_data!r} has {len(rows)} rows, none after the first max_train_samples = "
+                                 f"{s.max_train_samples} that train the models; lower max_train_samples")
+            self._heldout = rows.select(range(s.max_train_samples, len(rows)))
+        return self._heldout
+
+    def selection(self, kind: str | None, samples: int, *, heldout: bool = False, pooled: bool = False):
+        """``(ID, OOD)`` selection data: ``samples`` ID texts (the validation pool, or the held-out
+        training rows), and ``samples`` OOD texts of ``kind`` -- or, ``pooled``, of every other kind
+        (split evenly, as many as each has), so that ``kind`` stays unseen."""
+        pool = self.heldout_pool() if heldout else self.id_pool
+        id_data = pool.select(range(min(samples, len(pool))))
+        if kind is None:
+            return id_data, None
+        if not pooled:
+            return id_data, self.ood_pool[kind].select(range(min(samples, len(self.ood_pool[kind]))))
+        import datasets
+
+        others = [k for k in self.ood_pool if k != kind]
+        share = -(-samples // len(others))  # ceil
+        parts = [self.ood_pool[k].select(range(min(share, len(self.ood_pool[k])))).select_columns(["text"]) for k in others]
+        return id_data, datasets.concatenate_datasets(parts)
 
 
 def study_data(s: TextStudy, tokenizer: Any) -> _Data:
@@ -242,12 +308,14 @@ def model_numbers(predictor: Any, data: _Data) -> dict[str, Any]:
 
 def _build_masks(c: Candidate, target: Any, data: _Data, fold: str, seed: int):
     """The candidate's members for ``fold`` (:func:`hydra_hf.pruning.build_members`, as ``hydra-hf prune``)."""
-    from .pruning import Budget, build_members
+    from .pruning import build_members
 
-    id_data, ood_data = data.selection(fold if c.uses_ood else None, c.samples)
+    id_data, ood_data = data.selection(fold if c.uses_ood else None, c.samples, heldout=c.selection == "heldout",
+                                       pooled=c.pooled)
+    fraction = c.data_fraction if c.data_fraction is not None else data.s.prune_data_fraction
     return build_members(
-        target, method=c.method, budget=Budget(remove=c.remove), id_data=id_data, ood_data=ood_data,
-        members=c.members, seed=seed, heads_per_step=c.heads_per_step, data_fraction=data.s.prune_data_fraction,
+        target, method=c.method, budget=c.budget(), id_data=id_data, ood_data=ood_data,
+        members=c.members, seed=seed, heads_per_step=c.heads_per_step, data_fraction=fraction,
         batch_size=64, max_length=data.s.max_length,  # a progress bar per member: a selection can take an hour
         metadata={"selection": c.selection_key(fold), "seed": seed},
     )
@@ -282,7 +350,8 @@ def run_cell(s: TextStudy, c: Candidate, fold: str, seed: int, single_dir: Path,
         lr = s.member_learning_rate if c.start == "single" else s.learning_rate
         shutil.rmtree(work, ignore_errors=True)
         finetune_members(start, masks, s.train_data, s.id_validation, work / "fused",
-                         _finetune_config(s, c.member_steps, lr, seed), work_dir=work / "members", overwrite=True,
+                         _finetune_config(s, c.member_steps, lr, seed + c.member_seed_offset), work_dir=work / "members",
+                         overwrite=True,
                          id2label=dict(enumerate(s.labels)))
         folders = [work / "members" / f"member_{m}" / "model" for m in range(masks.num_members)]
         fused = {f: convert_checkpoint(masks, members=folders, mlp_fusion=f) for f in s.mlp_fusions}
@@ -393,11 +462,13 @@ def _check_settings(out: Path, s: TextStudy, candidates: Sequence[Candidate]) ->
     table. The decision settings may change."""
     from .errors import HydraInputError
 
+    defaults = {f.name: f.default for f in dataclasses.fields(Candidate)}
     for c in candidates:
         now = json.loads(json.dumps(dataclasses.asdict(c)))
         for file in sorted(out.glob(f"cells/seed*/{_cell_file(out, 0, c, ANY_FOLD).parent.name}/*.json")):
             recorded = _read_json(file).get("candidate")
-            if recorded is not None and recorded != now:
+            # a field Candidate gained after the cell was written counts as recorded at its default
+            if recorded is not None and recorded != {k: v for k, v in now.items() if k in recorded or v != defaults[k]}:
                 raise HydraInputError(f"{file} was run for another candidate named {c.name!r} ({recorded}); "
                                       "give the changed candidate another name, or use another output folder")
     file = out / "study.json"
@@ -478,15 +549,17 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
                         if score not in num["ood"][kinds[0]]:
                             ok = False
                             break
+                        # a fold transfers to the kinds its selection did not see: the others, or -- for a
+                        # selection on the pooled other kinds -- the fold's own kind
+                        unseen = [fold] if c.pooled else [k for k in kinds if k != fold]
                         fold_gain = []
-                        for k in kinds:
-                            if k == fold:
-                                continue
+                        for k in unseen:
                             g = num["ood"][k][score] - single["ood"][k]["msp"]
                             fold_gain.append(g)
                             per_kind[k].append(g)
                         gains.append(sum(fold_gain) / len(fold_gain))
-                        own.append(num["ood"][fold][score] - single["ood"][fold]["msp"])  # the kind it selected on
+                        seen = [k for k in kinds if k not in unseen]  # the kind(s) it selected on
+                        own.append(sum(num["ood"][k][score] - single["ood"][k]["msp"] for k in seen) / len(seen))
                         accs.append(num["accuracy"] - single["accuracy"])
                         eces.append(num["ece"] - single["ece"])
                         mis_id.append(num["mutual_information"] or 0.0)
