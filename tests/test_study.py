@@ -438,3 +438,29 @@ def test_first_step_scores_match_the_search_and_selection_noise(tmp_path):
     assert "| o | 8 | CircOOD |" in st.render_selection_noise(rows)
     with pytest.raises(ValueError, match="size 16 needs 2 x 16"):
         st.selection_noise(target, st.study_data(s, target.tokenizer), sizes=(16,))
+
+
+def test_msp_is_the_headline_and_other_scores_compare_with_the_same_score(tmp_path):
+    """Issue 23: a row under another score is compared with the Single under that score (MI: the Single's
+    best own score), and the choice is made among MSP rows only, however good another score looks."""
+    s = st.TextStudy(ood_validation={"a": "x", "b": "y"})
+    f = tmp_path / "cells" / "seed0" / "single.json"
+    f.parent.mkdir(parents=True)
+    f.write_text(json.dumps({"seed": 0, "numbers": {"accuracy": 0.8, "ece": 0.05, "ood": {
+        k: {"msp": 0.60, "entropy": 0.62, "energy": 0.70} for k in "ab"}}}))
+    c = st.Candidate("c", method="taylor")
+    _write_cell(tmp_path, 0, c, st.ANY_FOLD, {"a": 0.65, "b": 0.65})  # every score 0.65
+    rows = {r["score"]: r for r in st.collect(tmp_path, s, [c])["rows"]}
+    assert rows["msp"]["gain"] == pytest.approx(0.05) and rows["entropy"]["gain"] == pytest.approx(0.03)
+    assert rows["energy"]["gain"] == pytest.approx(-0.05)
+    assert rows["mutual_information"]["gain"] == pytest.approx(-0.05)  # against the Single's best: energy 0.70
+    better = st.Candidate("d", method="random")
+    ood = {k: {"msp": 0.55, "entropy": 0.55, "energy": 0.95, "mutual_information": 0.55,
+               "mutual_information_mean": 0.01, "disagreement_mean": 0.1} for k in "ab"}
+    cell = tmp_path / "cells" / "seed0" / "d" / "any.json"
+    cell.parent.mkdir(parents=True)
+    cell.write_text(json.dumps({"fusions": {"average": {"accuracy": 0.8, "ece": 0.05, "nll": 0.4,
+                                                        "mutual_information": 0.005, "disagreement": 0.05, "ood": ood}}}))
+    summary = st.collect(tmp_path, s, [c, better])
+    assert st.decide(summary, s)["candidate"] == "c"  # d's energy row (+0.25) is not an MSP row
+    assert st.decide(summary, dataclasses.replace(s, headline_score=None))["score"] == "energy"

@@ -9,7 +9,13 @@ compares recipes on **validation splits only**, leave-one-OOD-kind-out:
   the OOD data (methods that use no OOD data select once for all folds);
 - the ensemble is then scored on the ID validation examples the selection never saw and on the
   validation splits of every *other* OOD kind; the recipe's transfer gain on a fold is the mean,
-  over those other kinds, of its OOD AUROC minus the Single model's (MSP) AUROC.
+  over those other kinds, of its OOD AUROC minus the Single model's AUROC under the same score
+  (:func:`single_reference`). A candidate with ``ood_selection="pooled"`` selects on the other kinds
+  pooled and is scored on the fold's kind.
+
+MSP is the headline score (the paper's): :func:`decide` chooses among MSP rows only
+(``TextStudy.headline_score``); the other scores are extra rows, so a choice is never the best of
+many scores' rows.
 
 No test split is read. :func:`decide` applies the decision rule (accuracy within
 ``max_accuracy_drop`` of Single, ECE no worse than Single's plus ``ece_tolerance``, run on as many
@@ -72,6 +78,7 @@ class Candidate:
     ood_selection: str = "fold"  # "fold": select on the fold's kind; "pooled": on every other kind, score the fold's
     data_fraction: float | None = None  # of the selection data per member (None: the study's prune_data_fraction)
     member_seed_offset: int = 0  # members fine-tune with seed + offset (0: member 0 replays the Single's seed)
+    temperature: float | None = None  # Taylor: sampling temperature of the kept heads (None: 1.0; 0: the top K)
 
     def __post_init__(self) -> None:
         from .pruning.budget import Budget
@@ -121,6 +128,7 @@ class Candidate:
             "-heldout" if self.selection == "heldout" else "",
             "-pooled" if self.pooled else "",
             f"-f{self.data_fraction:g}" if self.data_fraction is not None else "",
+            f"-T{self.temperature:g}" if self.temperature is not None else "",
         ])  # fmt: skip
         return f"{self.method}-{budget}-k{self.heads_per_step}-n{self.samples}-m{self.members}{extra}-{fold}"
 
@@ -136,6 +144,15 @@ DEFAULT_CANDIDATES: tuple[Candidate, ...] = (
     Candidate("12 removed, exact greedy, no ft", remove=12, heads_per_step=1, member_steps=0),
     Candidate("12 removed, exact greedy, ft 120", remove=12, heads_per_step=1),
     Candidate("members from pretrained, ft 180", start="pretrained", member_steps=180),
+    # issue 23: the paper's recipe -- its per-layer budget (keep 6 of 12 heads in every layer), Hydra (Circ)
+    # with one criterion per member on 1,000 held-out training reviews and the other OOD kinds pooled (the
+    # fold's kind stays unseen), members fine-tuned with seeds offset from the Single's; and Taylor, per
+    # layer with prune-recompute, on the same held-out set
+    Candidate("Hydra (Circ), keep 6 per layer, held-out n=1000, pooled OOD", method="circuit-acc,circuit-ood,circuit-avg",
+              remove=None, heads_per_layer=6, samples=1000, selection="heldout", ood_selection="pooled",
+              data_fraction=1.0, member_seed_offset=1000),
+    Candidate("Taylor, keep 6 per layer, held-out n=1000", method="taylor", remove=None, heads_per_layer=6,
+              samples=1000, selection="heldout", member_seed_offset=1000),
 )
 
 
@@ -175,6 +192,10 @@ class TextStudy:
     # two-stage protocol: candidates within this much transfer gain of the best on the screening seed
     # are replicated on the other seeds (about the seed-to-seed std of a gain measured here, 0.009-0.012)
     replicate_margin: float = 0.01
+    # the score a choice is made on: MSP, the paper's (issue 23). Other scores are extra rows, each against the
+    # Single under the same score (or its best own score, for scores one model lacks); None: any row may be
+    # chosen -- then the choice is the best of many rows, and must be confirmed on held-out kinds
+    headline_score: str | None = "msp"
 
     def __post_init__(self) -> None:
         # the protocol decides on validation data only: a test split named here would leak into the choice
@@ -315,7 +336,7 @@ def _build_masks(c: Candidate, target: Any, data: _Data, fold: str, seed: int):
     fraction = c.data_fraction if c.data_fraction is not None else data.s.prune_data_fraction
     return build_members(
         target, method=c.method, budget=c.budget(), id_data=id_data, ood_data=ood_data,
-        members=c.members, seed=seed, heads_per_step=c.heads_per_step, data_fraction=fraction,
+        members=c.members, seed=seed, heads_per_step=c.heads_per_step, data_fraction=fraction, temperature=c.temperature,
         batch_size=64, max_length=data.s.max_length,  # a progress bar per member: a selection can take an hour
         metadata={"selection": c.selection_key(fold), "seed": seed},
     )
@@ -453,7 +474,16 @@ def run_study(
 
 
 # settings that only change the decision over finished cells, not the cells
-DECISION_SETTINGS = ("max_accuracy_drop", "ece_tolerance", "min_seeds", "replicate_margin")
+DECISION_SETTINGS = ("max_accuracy_drop", "ece_tolerance", "min_seeds", "replicate_margin", "headline_score")
+SINGLE_SCORES = ("msp", "entropy", "energy")  # the scores one model has (mutual information needs members)
+
+
+def single_reference(single_ood: Mapping[str, float], score: str) -> float:
+    """The Single's AUROC an ensemble row under ``score`` is compared with: the Single's AUROC under the
+    same score, or -- for a score one model lacks (mutual information) -- its best own score."""
+    if score in single_ood:
+        return single_ood[score]
+    return max(single_ood[sc] for sc in SINGLE_SCORES if sc in single_ood)
 
 
 def _check_settings(out: Path, s: TextStudy, candidates: Sequence[Candidate]) -> None:
@@ -554,12 +584,13 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
                         unseen = [fold] if c.pooled else [k for k in kinds if k != fold]
                         fold_gain = []
                         for k in unseen:
-                            g = num["ood"][k][score] - single["ood"][k]["msp"]
+                            g = num["ood"][k][score] - single_reference(single["ood"][k], score)
                             fold_gain.append(g)
                             per_kind[k].append(g)
                         gains.append(sum(fold_gain) / len(fold_gain))
                         seen = [k for k in kinds if k not in unseen]  # the kind(s) it selected on
-                        own.append(sum(num["ood"][k][score] - single["ood"][k]["msp"] for k in seen) / len(seen))
+                        own.append(sum(num["ood"][k][score] - single_reference(single["ood"][k], score) for k in seen)
+                                   / len(seen))
                         accs.append(num["accuracy"] - single["accuracy"])
                         eces.append(num["ece"] - single["ece"])
                         mis_id.append(num["mutual_information"] or 0.0)
@@ -630,12 +661,14 @@ def seeds_to_choose(summary: Mapping[str, Any], s: TextStudy) -> int:
 
 
 def decide(summary: Mapping[str, Any], s: TextStudy) -> dict[str, Any] | None:
-    """The protocol's choice: among rows with accuracy within ``max_accuracy_drop`` of Single, ECE at
+    """The protocol's choice: among rows under ``s.headline_score`` (MSP, the paper's; other scores are
+    reported, not chosen) with accuracy within ``max_accuracy_drop`` of Single, ECE at
     most ``ece_tolerance`` above it and at least :func:`seeds_to_choose` seeds, the largest mean
     transfer gain (ties: the better worst fold). Rows run on fewer seeds are provisional: a gain on
     one seed is within the seed-to-seed spread the replicated rows show, so it cannot win until replicated."""
     need = seeds_to_choose(summary, s)
-    eligible = [r for r in summary["rows"] if _meets_constraints(r, s) and r["seeds"] >= need]
+    eligible = [r for r in summary["rows"] if _meets_constraints(r, s) and r["seeds"] >= need
+                and (s.headline_score is None or r["score"] == s.headline_score)]
     if not eligible:
         return None
     return max(eligible, key=lambda r: (round(r["gain"], 6), r["worst_fold_gain"]))
