@@ -181,6 +181,8 @@ HOSTILE: dict[str, tuple[Callable[[Path], None], list[str], str]] = {
     "report folder symlink outside": (_report_symlink, [], "is a symlink to"),
     "report .png that is not a PNG": (_not_a_png, [], "is not a PNG image"),
     "report figures of the wrong type": (_report(lambda r: r.__setitem__("figures", 5)), [], "'figures' must be"),
+    # --- issue 25 item 11: an ONNX export folder is named as one
+    "an ONNX export folder": (lambda sb: (sb / "model" / "hydra_onnx.json").write_text("{}"), [], "is an ONNX export"),
     # --- config.json of the wrong shape
     "config.json is a list": (lambda sb: (sb / "model" / "config.json").write_text("[]"), [], "holds a list"),
     "config.json is not JSON": (lambda sb: (sb / "model" / "config.json").write_text("{"), [], "is not valid JSON"),

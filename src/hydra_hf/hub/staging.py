@@ -35,6 +35,7 @@ from typing import Any
 
 from ..errors import HydraTypeError, HydraUnsafeError, one_line
 from ..export import MODELING_DIR, PIPELINE_FILE, custom_pipelines_for
+from ..onnx.runtime import EXPORT_METADATA
 from ..outputs import regular_files, resolve_inside, write_output_folder
 from .audit import check_shipped_code, sibling_imports
 from .card import build_model_card, load_report, model_kind, towers
@@ -70,6 +71,9 @@ def read_config(folder: str | os.PathLike) -> dict[str, Any]:
         raise FileNotFoundError(f"model folder {str(folder)!r} does not exist; pass a folder written by hydra-hf convert")
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{str(folder)!r} has no config.json; pass a folder written by hydra-hf convert")
+    if (folder / EXPORT_METADATA).exists():
+        raise HubError(f"{str(folder)!r} is an ONNX export ({EXPORT_METADATA}): push publishes the PyTorch Hydra folder "
+                       "with its remote code; push the folder you exported from (hydra-hf export's input)")
     file = resolve_inside(folder, "config.json", what="config.json")
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
