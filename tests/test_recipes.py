@@ -81,6 +81,10 @@ def test_text_pipeline_smoke(tmp_path, tiny_bert_dir, monkeypatch):
     assert not (out / "deep_ensemble" / "member_0").exists()  # member 0 is the Single, not trained twice
     # the Hydra rows use the chosen OOD score, the baselines MSP; paired intervals against Single and the Deep Ensemble
     assert rows[methods[0]]["ood_score"] == "mutual_information" and rows["Single"]["ood_score"] == "msp"
+    # issue 23: every extra score is a Hydra row and a Single row under that same score
+    extra_hydra, extra_single = rows[f"{methods[0]} [energy]"], rows["Single [energy]"]
+    assert extra_hydra["ood_score"] == extra_single["ood_score"] == "energy"
+    assert extra_single["accuracy"] == rows["Single"]["accuracy"] and extra_hydra["accuracy"] == rows[methods[0]]["accuracy"]
     assert set(result.report["comparisons"]) == {f"{methods[0]} − Single", f"{methods[0]} − Deep Ensemble (M=2)"}
     assert result.report["comparisons"][f"{methods[0]} − Single"]["a.auroc"]["verdict"] in ("better", "worse", "tie")
     card = (out / "hub" / "README.md").read_text()

@@ -124,7 +124,10 @@ class TextPipeline:
     max_ood_samples: int | None = 800  # per OOD test set
     mc_samples: int = 3  # = members: every ensemble row of the report has M = 3 members
     ensemble_heads: int = 3
-    ood_score: str = "energy"  # the OOD score of the Hydra rows (the baselines use MSP, the paper's score)
+    # the OOD score of the Hydra rows: MSP, the paper's and every baseline's (issue 23: the headline); each
+    # score of extra_scores adds a Hydra row and a Single row under that score (Single: its own score)
+    ood_score: str = "msp"
+    extra_scores: tuple[str, ...] = ("energy",)
     bootstrap: int = 1000  # paired bootstrap resamples of Hydra - Single and Hydra - Deep Ensemble (0: none)
     onnx_int8: bool = True  # also export Hydra to ONNX, quantise it to int8 and evaluate it (needs hydra-hf[onnx])
     seed: int = 0
@@ -230,6 +233,12 @@ def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member
         extra["LoRA-Single"] = ev.ModelPredictor(lora_models[0])
         extra[f"LoRA-Ensemble (M={len(lora)})"] = ev.EnsemblePredictor(lora_models)
     scores = {name: p.ood_score}
+    for score in p.extra_scores:  # extra rows: Hydra and Single under the same score (the forwards are reused)
+        if score == p.ood_score:
+            continue
+        extra[f"{name} [{score}]"], scores[f"{name} [{score}]"] = ev.ModelPredictor(hydra), score
+        if score != "mutual_information":  # one model has no disagreement to score with
+            extra[f"Single [{score}]"], scores[f"Single [{score}]"] = ev.ModelPredictor(single), score
     if onnx_dir is not None:
         int8_row = f"Hydra int8 (ONNX Runtime, M={p.members})"
         extra[int8_row] = ev.ModelPredictor(ev.load_classifier(onnx_dir)[0])  # the export's default graph: int8
@@ -275,7 +284,7 @@ def lora_stage(p: TextPipeline, base: Path, out: Path) -> Stage:
 
 
 def _selection_note(p: TextPipeline) -> str:
-    uses_ood = p.method in ("circuit-ood", "circuit-avg")
+    uses_ood = any(m.strip() in ("circuit-ood", "circuit-avg") for m in p.method.split(","))
     data = f"the ID validation split and the OOD validation data `{p.ood_validation_data}`" if uses_ood else \
         "the ID validation split"
     return (f"Members were selected on {data} only; the recipe (method, heads removed, member fine-tuning, OOD score) "
