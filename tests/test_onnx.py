@@ -21,6 +21,7 @@ from transformers import CLIPConfig, ViTConfig
 
 from hydra_hf.cli import main
 from hydra_hf.export import save_hydra_model
+from hydra_hf.hub.audit import PACKAGED_CODE_DIR, check_shipped_code
 from hydra_hf.modeling.configuration_hydra import HydraEnsembleCLIPConfig, HydraEnsembleConfig, HydraEnsembleViTConfig
 from hydra_hf.modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification
 from hydra_hf.modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
@@ -143,13 +144,19 @@ def test_fp32_graph_equals_pytorch_at_other_batch_sizes_and_lengths(family, expo
 
 
 def test_export_folder_has_config_preprocessor_card_and_no_code(exported):
+    """The folder ships its config's code (hydra_hf's own files, verbatim) and no modeling code or weights."""
     folder = exported["bert"]
     names = {p.name for p in folder.iterdir()}
     assert {"model.onnx", "model_int8.onnx", "config.json", "hydra_onnx.json", "README.md", "tokenizer_config.json",
             "quantization_report.json", "quantization_report.md"} <= names
-    assert not [n for n in names if n.endswith((".py", ".safetensors"))]
+    assert not [n for n in names if n.endswith(".safetensors") or n.startswith("modeling_")]
+    assert sorted(n for n in names if n.endswith(".py")) == ["configuration_hydra.py", "pipeline_hydra.py"]
+    for name in ("configuration_hydra.py", "pipeline_hydra.py"):  # the source folder's modeling file was broken
+        assert (folder / name).read_bytes() == (PACKAGED_CODE_DIR / name).read_bytes(), name
+    assert check_shipped_code(folder) == ["configuration_hydra.py", "pipeline_hydra.py"]  # the audit's allow-list
     config = json.loads((folder / "config.json").read_text())
-    assert "auto_map" not in config and "custom_pipelines" not in config and config["model_type"].startswith("hydra_ensemble")
+    assert config["auto_map"] == {"AutoConfig": "configuration_hydra.HydraEnsembleConfig"}
+    assert "custom_pipelines" not in config and config["model_type"].startswith("hydra_ensemble")
     metadata = json.loads((folder / "hydra_onnx.json").read_text())
     assert metadata["opset"] == 18 and metadata["default_file"] == "model_int8.onnx"
     assert metadata["inputs"]["input_ids"]["shape"] == ["batch", "sequence"]
@@ -162,6 +169,23 @@ def test_export_folder_has_config_preprocessor_card_and_no_code(exported):
     assert set(clip["outputs"]) == {"logits_per_image", "member_logits_per_image"}
     assert clip["inputs"]["pixel_values"]["shape"][0] == "images" and clip["inputs"]["input_ids"]["shape"] == ["texts", "sequence"]
 
+
+
+def test_export_folder_opens_with_autoconfig_in_a_fresh_process_without_hydra_hf(exported):
+    """`AutoConfig.from_pretrained(folder, trust_remote_code=True)` (how loaders start) reads the export's
+    Hydra config where hydra_hf is not installed: labels, members, the base model's settings."""
+    folders = {family: str(exported[family]) for family in FAMILIES}
+    out = run_fresh_python(f"""
+        import json
+        from transformers import AutoConfig
+        for family, folder in {folders!r}.items():
+            config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
+            base = config.base_config["text_config"]["vocab_size"] if family == "clip" else config.hidden_size
+            print(json.dumps([family, type(config).__name__, config.num_members, config.id2label.get(0), base]))
+    """)
+    rows = {row[0]: row[1:] for row in map(json.loads, out.splitlines())}
+    assert rows == {"bert": ["HydraEnsembleConfig", 3, "LABEL_0", 32], "vit": ["HydraEnsembleViTConfig", 3, "cat", 32],
+                    "clip": ["HydraEnsembleCLIPConfig", 3, "LABEL_0", 514]}, rows
 
 # ------------------------------------------------------------------------------ int8
 def test_int8_graph_is_close_but_not_equal_and_its_report_has_the_metrics(exported):

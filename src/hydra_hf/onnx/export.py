@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import HydraInputError
+from ..hub.audit import PACKAGED_CODE_DIR, packaged_code, sibling_imports
 from .runtime import EXPORT_FORMAT, EXPORT_METADATA, INSTALL_HINT, OnnxHydraModel, require_onnx
 
 logger = logging.getLogger(__name__)
@@ -293,6 +295,26 @@ def _preprocessor(folder: Path, modality: str) -> Any | None:
         return None
 
 
+def config_code_files(family: Any) -> list[str]:
+    """The shipped files ``AutoConfig.from_pretrained(folder, trust_remote_code=True)`` runs for a folder of
+    ``family``: the module its ``auto_map["AutoConfig"]`` names and, transitively, the sibling files that
+    module imports (``configuration_hydra.py`` names ``pipeline_hydra.py``; transformers fetches every
+    relative import it finds). They are copied from hydra_hf itself, never from the exported folder, so
+    the shipped-code audit (:func:`hydra_hf.hub.audit.check_shipped_code`) recognises each one. Empty
+    for a family whose config code hydra_hf does not ship (a family registered from outside)."""
+    packaged = packaged_code()
+    pending, found = [family.auto_map["AutoConfig"].rpartition(".")[0] + ".py"], []
+    while pending:
+        name = pending.pop()
+        if name in found:
+            continue
+        if name not in packaged:
+            return []
+        found.append(name)
+        pending += sorted(f"{module}.py" for module in sibling_imports(packaged[name][0], name))
+    return sorted(found)
+
+
 # ------------------------------------------------------------------------------ verification
 def compare_with_eager(model: nn.Module, onnx_model: OnnxHydraModel, inputs: dict[str, torch.Tensor],
                        output_keys: Sequence[str]) -> float:
@@ -327,8 +349,9 @@ def export_onnx(
     The folder holds ``model.onnx`` (fp32), with ``quantize="int8"`` also ``model_int8.onnx`` (the
     folder's default graph) and ``quantization_report.json`` / ``.md`` (int8 against fp32 on
     ``calibration_data``, labelled in-distribution data, and each of ``ood_data``), the Hydra
-    ``config.json`` (without ``auto_map``), the tokenizer / image processor, ``hydra_onnx.json`` and a
-    README section describing the export.
+    ``config.json`` (its ``auto_map`` names only ``AutoConfig``) with the configuration code it runs
+    (:func:`config_code_files`; no modeling code, no weights), the tokenizer / image processor,
+    ``hydra_onnx.json`` and a README section describing the export.
 
     Args:
         opset: the ONNX opset (>= 18).
@@ -394,6 +417,11 @@ def export_onnx(
                                 "size_mb": round((tmp / INT8_FILE).stat().st_size / 2**20, 3),
                                 "quantized_operators": counts}
         config = {k: v for k, v in config_data.items() if k not in ("auto_map", "custom_pipelines")}
+        code = config_code_files(family)
+        if code:  # AutoConfig.from_pretrained(folder, trust_remote_code=True) opens it without hydra_hf
+            config["auto_map"] = {"AutoConfig": family.auto_map["AutoConfig"]}
+            for name in code:
+                shutil.copyfile(PACKAGED_CODE_DIR / name, tmp / name)
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         if preprocessor is not None:
             copy_preprocessor(folder, tmp)
@@ -572,7 +600,8 @@ def export_card(metadata: dict[str, Any], report: dict[str, Any] | None) -> str:
         "```",
         "",
         "Without hydra_hf: `onnxruntime.InferenceSession(\"model.onnx\")`, feed the tokenizer's / image processor's",
-        "numpy outputs (`return_tensors=\"np\"`, int64 ids), and read the labels from `config.json`'s `id2label`.",
+        "numpy outputs (`return_tensors=\"np\"`, int64 ids), and read the labels from `config.json`'s `id2label`",
+        "(`transformers.AutoConfig.from_pretrained(\"THIS_FOLDER\", trust_remote_code=True)` reads the whole config).",
         f"`hydra-hf evaluate --model THIS_FOLDER ...` evaluates it like a PyTorch folder ({INSTALL_HINT}).",
     ]
     if report is not None:

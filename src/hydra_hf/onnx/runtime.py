@@ -2,9 +2,11 @@
 like the PyTorch one) and :func:`pipeline` (the uncertainty pipelines of ``pipeline_hydra`` on it).
 
 An ONNX export folder (``hydra-hf export DIR --format onnx --output OUT``) holds ``model.onnx`` (and
-``model_int8.onnx`` when quantised), the Hydra ``config.json`` (labels, members; no ``auto_map``:
-there is no PyTorch code or weight in it), the tokenizer / image processor, ``hydra_onnx.json``
-(what the graph takes and returns, opset, quantisation, the export's own check) and a README.
+``model_int8.onnx`` when quantised), the Hydra ``config.json`` (labels, members; its ``auto_map``
+names only ``AutoConfig``, whose code ships beside it, so ``AutoConfig.from_pretrained(folder,
+trust_remote_code=True)`` opens it without hydra_hf; there is no PyTorch modeling code or weight in
+it), the tokenizer / image processor, ``hydra_onnx.json`` (what the graph takes and returns, opset,
+quantisation, the export's own check) and a README.
 """
 
 from __future__ import annotations
