@@ -21,8 +21,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-# Sub-command modules, in the order `hydra-hf --help` lists them.
-COMMANDS = ("prune", "convert", "finetune", "evaluate", "aggregate", "export", "push")
+import hydra_hf_cli
+
+# Sub-command modules, in the order `hydra-hf --help` lists them (hydra_hf_cli, the console script, prints
+# the top-level help and the version without importing hydra_hf; this parser's top level is its).
+COMMANDS = tuple(hydra_hf_cli.COMMANDS)
 
 # One worked example per command, shown at the end of `hydra-hf COMMAND --help`.
 EXAMPLES = {
@@ -77,13 +80,7 @@ def _message(exc: BaseException) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hydra-hf",
-        description="Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, evaluate, aggregate, export, push.",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks of errors")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}",
-                        help="print the hydra-hf version and exit")
+    parser = hydra_hf_cli.top_parser()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:
@@ -98,12 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
         if name in EXAMPLES and not command.epilog:
             command.epilog = EXAMPLES[name]
     return parser
-
-
-def _version() -> str:
-    from .. import __version__
-
-    return __version__
 
 
 def main(argv: list[str] | None = None) -> int:
