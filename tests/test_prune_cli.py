@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pandas as pd
 import pytest
@@ -77,6 +78,41 @@ def test_bad_arguments(tiny_bert_dir, data_files, tmp_path, capsys, extra, messa
     assert message in capsys.readouterr().err
     assert not out.exists()
 
+
+
+def test_a_masked_lm_checkpoint_is_one_line_naming_num_labels(tmp_path, data_files, capfd, caplog):
+    """Issue 24 item 9: a masked-LM checkpoint (no trained classification head) printed transformers' ~15-line
+    load report, then an error naming config.num_labels. Now one line naming --num-labels; with it, the
+    prune runs on a new head without the report; --num-labels against a trained head of another size is one line."""
+    from conftest import tiny_bert_config, write_tiny_tokenizer
+    from transformers import BertForMaskedLM
+
+    id_csv, _ = data_files
+    folder = tmp_path / "mlm"
+    BertForMaskedLM(tiny_bert_config(num_labels=2)).save_pretrained(folder)  # a real one's config names no labels
+    write_tiny_tokenizer(folder)
+    capfd.readouterr()
+    caplog.set_level(logging.INFO, logger="hydra_hf.pruning.members")
+    out = tmp_path / "m.json"
+    assert _prune(folder, id_csv, out, "--method", "taylor", "--members", "2", "--remove", "2") == 2
+    captured = capfd.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "--num-labels N" in err[0] and "BertForMaskedLM" in err[0], captured.err
+    assert "config.num_labels" not in captured.err and "LOAD REPORT" not in captured.out + captured.err
+    assert not out.exists()
+    assert _prune(folder, id_csv, out, "--method", "taylor", "--members", "2", "--remove", "2", "--num-labels", "3") == 0
+    captured = capfd.readouterr()
+    assert "LOAD REPORT" not in captured.out + captured.err and "not sharded" not in captured.err
+    assert "no trained classification head: pruning with a new one of 3 classes" in caplog.text
+    assert HeadMasks.load(out).num_members == 2
+    classifier = tmp_path / "classifier"
+    from transformers import BertForSequenceClassification
+
+    BertForSequenceClassification(tiny_bert_config()).save_pretrained(classifier)  # a trained head of 3 classes
+    write_tiny_tokenizer(classifier)
+    assert _prune(classifier, id_csv, tmp_path / "m2.json", "--method", "taylor", "--members", "2", "--remove", "2",
+                  "--num-labels", "4") == 2
+    assert "--num-labels 4, but the trained classification head" in capfd.readouterr().err
 
 def test_bad_data(tiny_bert_dir, tmp_path, capsys):
     pd.DataFrame({"review": ["good", "bad"], "stars": [0, 7]}).to_csv(tmp_path / "bad.csv", index=False)

@@ -304,19 +304,6 @@ class _Run:
     inputs: list[Path]  # what the run reads (model folder, masks file, data files): never written or deleted
 
 
-def _weight_names(folder: Path) -> set[str]:
-    """Tensor names of a checkpoint folder, without loading the tensors when it is safetensors."""
-    from safetensors import safe_open
-
-    from .convert import read_state_dict
-
-    file = folder / "model.safetensors"
-    if file.is_file():
-        with safe_open(str(file), framework="pt") as f:
-            return set(f.keys())
-    return set(read_state_dict(folder))
-
-
 def _prepare_run(
     model_dir: str | os.PathLike,
     masks: HeadMasks | str | os.PathLike,
@@ -332,6 +319,7 @@ def _prepare_run(
     from transformers import AutoImageProcessor, AutoTokenizer
 
     from .convert import detect_arch, read_config
+    from .convert.io import weight_names
     from .data import parse_spec
 
     model_dir = Path(model_dir)
@@ -364,7 +352,7 @@ def _prepare_run(
     masks.check_compatible(  # family's names for the sizes (DistilBERT's n_layers / n_heads)
         sizes.num_hidden_layers, sizes.num_attention_heads, model=f"the model {str(model_dir)!r}"
     )
-    weights = _weight_names(model_dir)  # the family names its heads (RoBERTa's classifier.out_proj, DeiT's cls_classifier)
+    weights = weight_names(model_dir)  # the family names its heads (RoBERTa's classifier.out_proj, DeiT's cls_classifier)
     has_classifier = any(key in weights for key in arch.classifier_keys)
     what, loader = ("tokenizer", AutoTokenizer) if arch.modality == "text" else ("image processor", AutoImageProcessor)
     try:

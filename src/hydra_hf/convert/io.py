@@ -39,6 +39,31 @@ def read_config(path: str | Path) -> dict[str, Any]:
     return read_model_config(file)
 
 
+def weight_names(folder: str | Path) -> set[str]:
+    """Tensor names of a checkpoint folder, without loading the tensors when it is safetensors
+    (one file or shards); other weights are read with :func:`read_state_dict`."""
+    from safetensors import safe_open
+
+    folder = checkpoint_dir(folder)
+    if (folder / "model.safetensors").is_file():
+        files = [resolve_inside(folder, "model.safetensors", what="weights file")]
+    elif (folder / "model.safetensors.index.json").is_file():
+        files = _index_files(folder, "model.safetensors.index.json")
+    else:
+        return set(read_state_dict(folder))
+    names: set[str] = set()
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                names.update(handle.keys())
+        except (SafetensorError, OSError) as exc:
+            raise HydraInputError(
+                f"{str(file)!r} is not a readable safetensors file ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}); "
+                "re-save the checkpoint with save_pretrained"
+            ) from None
+    return names
+
+
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """All weights of a model folder (or of one weights file), on CPU.
 

@@ -10,9 +10,10 @@ image classifier folder; the CLI and the zero-shot recipe build theirs for CLIP-
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +27,9 @@ from transformers import (
     AutoTokenizer,
 )
 
-from ..convert.io import from_pretrained
+from ..convert.io import from_pretrained, read_config, weight_names
 from ..data import make_image_loader, make_text_loader, resolve_dataset
+from ..errors import HydraInputError
 from ..families import detect_family
 from ..masks import HeadMasks
 from .adapters import ModelAdapter, get_adapter
@@ -64,6 +66,53 @@ def label2id_of(config: Any) -> dict[str, int] | None:
     return None if not mapping or mapping == default else {str(k): int(v) for k, v in mapping.items()}
 
 
+def check_classifier_head(folder: Path, family: Any, num_labels: int | None) -> bool:
+    """Whether the checkpoint in ``folder`` needs a new classification head of ``num_labels`` classes (it
+    has no trained one: a masked-LM or bare encoder checkpoint); raises one line naming ``--num-labels``
+    when that number is missing, or given for a trained head of another size."""
+    if not family.classifier_keys:  # a family without a classifier of its own (zero-shot)
+        return False
+    config = read_config(folder)
+    if any(key in weight_names(folder) for key in family.classifier_keys):
+        trained = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
+        if num_labels is not None and num_labels != trained:
+            raise HydraInputError(
+                f"--num-labels {num_labels}, but the trained classification head of {str(folder)!r} has {trained} "
+                "classes; drop --num-labels (it is for a checkpoint without a trained head)"
+            )
+        return False
+    if num_labels is None:
+        what = ", ".join(config.get("architectures") or []) or "a bare encoder"
+        raise HydraInputError(
+            f"{str(folder)!r} has no trained classification head ({what} checkpoint: none of "
+            f"{list(family.classifier_keys)} in its weights); pass --num-labels N, the classes of --id-data, to prune it "
+            "with a new head, or prune a fine-tuned classifier"
+        )
+    logger.info("%s has no trained classification head: pruning with a new one of %d classes (--num-labels)",
+                folder, num_labels)
+    return True
+
+
+@contextlib.contextmanager
+def _without_load_report() -> Iterator[None]:
+    """Load a checkpoint into a classifier without transformers' LOAD REPORT (a warning of
+    ``transformers.modeling_utils`` listing every tensor of the new head as missing and of the old one
+    as unexpected): :func:`check_classifier_head` has said it in one line. A filter, not a level: that
+    logger's level at WARNING or above makes transformers log a tensor-parallel warning instead."""
+    report = logging.getLogger("transformers.modeling_utils")
+    drop = _DropLoadReport()
+    report.addFilter(drop)
+    try:
+        yield
+    finally:
+        report.removeFilter(drop)
+
+
+class _DropLoadReport(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in str(record.msg)
+
+
 def load_pruning_target(
     folder: str | os.PathLike, *, num_labels: int | None = None, trust_remote_code: bool = False
 ) -> PruningTarget:
@@ -81,14 +130,16 @@ def load_pruning_target(
     if family.task == "zero-shot-image-classification":
         raise ValueError(f"{str(folder)!r} is a zero-shot {family.name} model: give its class prompts "
                          "(hydra-hf prune --class-names)")
+    new_head = check_classifier_head(folder, family, num_labels)
     kwargs: dict[str, Any] = {"num_labels": num_labels} if num_labels is not None else {}
     kwargs["trust_remote_code"] = trust_remote_code
+    loader = AutoModelForImageClassification if family.modality == "image" else AutoModelForSequenceClassification
+    with _without_load_report() if new_head else contextlib.nullcontext():
+        model = from_pretrained(loader, folder, **kwargs).eval()
     if family.modality == "image":
-        model = from_pretrained(AutoModelForImageClassification, folder, **kwargs).eval()
         processor = from_pretrained(AutoImageProcessor, folder, trust_remote_code=trust_remote_code)
         transform = lambda image: processor(image, return_tensors="pt")["pixel_values"][0]  # noqa: E731  (3, H, W)
         return PruningTarget(get_adapter(model), transform, None, model.config.num_labels, label2id_of(model.config), False)
-    model = from_pretrained(AutoModelForSequenceClassification, folder, **kwargs).eval()
     tokenizer = from_pretrained(AutoTokenizer, folder, trust_remote_code=trust_remote_code)
     return PruningTarget(get_adapter(model), None, tokenizer, model.config.num_labels, label2id_of(model.config), False)
 
