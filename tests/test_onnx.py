@@ -8,6 +8,7 @@ none in a layer; each family is exported once per module (the dynamo exporter ta
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -186,6 +187,13 @@ def test_export_folder_opens_with_autoconfig_in_a_fresh_process_without_hydra_hf
     rows = {row[0]: row[1:] for row in map(json.loads, out.splitlines())}
     assert rows == {"bert": ["HydraEnsembleConfig", 3, "LABEL_0", 32], "vit": ["HydraEnsembleViTConfig", 3, "cat", 32],
                     "clip": ["HydraEnsembleCLIPConfig", 3, "LABEL_0", 514]}, rows
+
+
+def test_export_logs_name_the_output_not_its_temporary_folder(exported, tmp_path, caplog):
+    """Issue 24 item 9: the export's own check logged `loaded OUT_PARENT/.OUT.tmp-PID-.../model.onnx`."""
+    caplog.set_level(logging.INFO)
+    out = export_onnx(exported["root"] / "hydra-vit", tmp_path / "again")
+    assert f"wrote {out}" in caplog.text and ".tmp-" not in caplog.text, caplog.text
 
 # ------------------------------------------------------------------------------ int8
 def test_int8_graph_is_close_but_not_equal_and_its_report_has_the_metrics(exported):

@@ -56,7 +56,7 @@ def _save_atomic(fig: Any, path: str | os.PathLike[str]) -> str:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    logger.info("wrote %s", path)
+    logger.debug("wrote %s", path)  # often inside a temporary folder: callers name the output
     return path
 
 

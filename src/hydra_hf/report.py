@@ -544,5 +544,5 @@ def write_report(
     json_path, md_path = out / "report.json", out / "report.md"
     write_text_atomic(json_path, payload)
     write_text_atomic(md_path, markdown)
-    logger.info("wrote %s and %s", json_path, md_path)
+    logger.debug("wrote %s and %s", json_path, md_path)  # often inside a temporary folder: callers name the output
     return {"json": str(json_path), "markdown": str(md_path)}

@@ -472,7 +472,13 @@ def export_onnx(
         (tmp / EXPORT_METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
         (tmp / "README.md").write_text(export_card(metadata, report))
 
-    out = write_output_folder(output_dir, write, command=COMMAND, overwrite=overwrite, inputs=inputs)
+    runtime_log = logging.getLogger("hydra_hf.onnx.runtime")  # its "loaded TMP/model.onnx" of the checks above
+    level = runtime_log.level
+    runtime_log.setLevel(logging.WARNING)  # would name the temporary folder, not the output
+    try:
+        out = write_output_folder(output_dir, write, command=COMMAND, overwrite=overwrite, inputs=inputs)
+    finally:
+        runtime_log.setLevel(level)
     logger.info("wrote %s", out)
     return out
 
