@@ -56,6 +56,7 @@ from hydra_hf.recipes import (
     run_zero_shot_pipeline,
     save_open_clip_folder,
 )
+from hydra_hf.zero_shot import read_templates  # the template sets `hydra-hf evaluate --templates` reads
 
 MODEL_NAME = "ViT-B-32"
 PRETRAINED = "laion2b_s34b_b79k"
@@ -83,17 +84,6 @@ def read_class_names(spec: str) -> list[str]:
         return loading.read_class_names(spec)
     except ValueError as err:
         raise SystemExit(f"--class-names {spec!r}: {err}") from None
-
-
-def read_templates(spec: str) -> list[str]:
-    from open_clip.zero_shot_metadata import OPENAI_IMAGENET_TEMPLATES, SIMPLE_IMAGENET_TEMPLATES
-
-    if spec in ("openai", "simple"):  # open_clip keeps them as functions of the class name
-        return [t("{}") for t in (OPENAI_IMAGENET_TEMPLATES if spec == "openai" else SIMPLE_IMAGENET_TEMPLATES)]
-    path = Path(spec)
-    if not path.is_file():
-        raise SystemExit(f"--templates {spec!r}: give 'openai', 'simple' or a file with one template per line")
-    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
 
 
 def parse_ood(items: list[str]) -> dict[str, str]:

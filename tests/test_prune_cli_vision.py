@@ -36,6 +36,10 @@ def images(tmp_path):
 
 @pytest.fixture
 def hf_clip_dir(tmp_path):
+    return save_hf_clip(tmp_path / "hf-clip")
+
+
+def save_hf_clip(folder):
     """A stock CLIPModel (open_clip's 49,408-token vocabulary) with an HF tokenizer and image processor."""
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
 
@@ -50,7 +54,6 @@ def hf_clip_dir(tmp_path):
                            image_size=16, patch_size=8),
         projection_dim=16,
     )  # fmt: skip
-    folder = tmp_path / "hf-clip"
     perturb(CLIPModel(config).eval(), scale=0.15).save_pretrained(folder)
     image_processor = CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
     CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(folder)

@@ -1,12 +1,26 @@
 """`hydra-hf evaluate`: calibration and OOD detection of a Hydra model and its baselines, written as
-report.json, report.md, a reliability diagram and OOD-score histograms."""
+report.json, report.md, a reliability diagram and OOD-score histograms.
+
+A classifier folder (text or image) is read with its own head. A CLIP / SigLIP folder (Hydra or stock;
+open_clip folders as baselines) classifies zero-shot (:mod:`hydra_hf.zero_shot`): its classes are
+``--class-names`` or the sub-folders of an image folder given as ``--id-data``, each embedded with the
+``--templates`` prompt ensemble. Both paths share the baselines' temperature scaling, the comparisons
+and the report."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 logger = logging.getLogger(__name__)
+
+# hydra_hf.zero_shot.TEMPLATE_SETS, named here: building the parser (every command does) imports no open_clip;
+# tests/test_evaluate_zero_shot.py compares the two
+TEMPLATE_SET_NAMES = ("openai", "simple", "default")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -18,10 +32,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", required=True,
                    help="model folder to evaluate (Hydra or any classifier; a `hydra-hf export --format onnx` folder, or "
-                   "a .onnx file in one, runs on ONNX Runtime)")
+                   "a .onnx file in one, runs on ONNX Runtime; a CLIP / SigLIP folder classifies zero-shot: see "
+                   "--class-names, --templates)")
     p.add_argument("--name", default="Hydra", help="name of --model in the report")
     p.add_argument("--baseline", action="append", default=[], metavar="NAME=DIR",
-                   help="another model folder (or ONNX export) to compare with (repeatable), e.g. Single=runs/single")
+                   help="another model folder (or ONNX export) to compare with (repeatable), e.g. Single=runs/single; "
+                   "beside a zero-shot --model: a stock CLIP / SigLIP or open_clip folder")
     p.add_argument("--mc-dropout", action="append", default=[], metavar="NAME",
                    help="add MC Dropout of the model NAME (repeatable)")
     p.add_argument("--mc-samples", type=int, default=10, help="MC Dropout samples (default 10)")
@@ -40,6 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="column holding the integer class (or class name) of labelled data (default: label)")
     p.add_argument("--image-column", default=None,
                    help="column holding images (or image paths) of tabular image data; image folders need none")
+    p.add_argument("--class-names", default=None,
+                   help="zero-shot models: the classes in label order, comma-separated or a file with one per line "
+                   "(default with an image folder as --id-data: its sub-folders, matched by name)")
+    p.add_argument("--templates", default=None, metavar="SET|FILE|TEMPLATE",
+                   help=f"zero-shot models: the prompt templates of every class (CLIP's prompt ensemble): "
+                   f"{' / '.join(TEMPLATE_SET_NAMES)}, a file with one template per line, or one template with {{}} "
+                   "(default: 'a photo of a {}.')")
     p.add_argument("--score", default="msp", choices=["msp", "entropy", "mutual_information", "energy"],
                    help="OOD score (higher = more in-distribution); the paper uses msp")
     p.add_argument("--max-samples", type=int, default=None, help="cap every data set at this many examples")
@@ -61,6 +84,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+@dataclass
+class _Setup:
+    """What either path (classifier, zero-shot) hands to the shared evaluation and report."""
+
+    predictors: dict[str, Any]  # name -> hydra_hf.evaluation.Predictor
+    id_loader: Iterable
+    ood_loaders: Mapping[str, Iterable]
+    val_loader: Iterable | None  # labelled validation data (--val-data), for temperature scaling
+    settings: dict[str, Any] = field(default_factory=dict)  # added to the report's settings
+    notes: str | None = None
+
+
 def _named(spec: str, default_name: str) -> tuple[str, str]:
     if "=" in spec:
         name, _, path = spec.partition("=")
@@ -68,16 +103,8 @@ def _named(spec: str, default_name: str) -> tuple[str, str]:
     return default_name, spec
 
 
-def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from .. import distributed
-    from .. import evaluation as ev
-    from ..outputs import check_output, write_output_folder
-
-    info = distributed.process_info()
-    from ..data import parse_spec, resolve_dataset
-
+def _check_models(args: argparse.Namespace) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """``({name: folder}, [(a, b) compared])`` from the options, checked before anything is loaded."""
     if args.temperature_scaling and not args.val_data:
         raise ValueError("--temperature-scaling needs --val-data (a labelled validation split)")
     if args.deep_ensemble and not args.train_data:
@@ -101,9 +128,42 @@ def run(args: argparse.Namespace) -> int:
     for a, b in pairs:
         if not a or not b:
             raise ValueError(f"--compare needs A=B with two model names, e.g. {args.name}=Single")
+    return models, pairs
 
-    # claim the report folder before any work: no evaluation is lost to an unwritable --report
-    check_output(args.report, command="evaluate", overwrite=args.overwrite, inputs=list(models.values()))
+
+def _check_zero_shot_options(args: argparse.Namespace, models: dict[str, str], family: str | None) -> None:
+    """Zero-shot options only with a zero-shot --model, classifier options only with a classifier."""
+    from ..zero_shot import zero_shot_family
+
+    if family is None:
+        if args.class_names or args.templates:
+            raise ValueError(f"--class-names / --templates apply to zero-shot CLIP / SigLIP models; --model {args.model!r} "
+                             "is a classifier with its own classes")
+        for name, path in models.items():
+            other = zero_shot_family(path)
+            if other is not None:
+                raise ValueError(f"--baseline {name} is a zero-shot {other.name} model but --model is a classifier; "
+                                 "evaluate zero-shot models with a CLIP / SigLIP folder as --model")
+        return
+    if family == "open_clip":
+        raise ValueError(f"--model {args.model!r} is an open_clip folder: convert it (hydra-hf convert) or give it as "
+                         "--baseline beside a CLIP folder, whose image processor reads the images")
+    for flag, given in (("--mc-dropout", args.mc_dropout), ("--deep-ensemble", args.deep_ensemble)):
+        if given:
+            raise ValueError(f"{flag} does not apply to a zero-shot {family} model (no trained copies to ensemble, no "
+                             "dropout it was trained with); use --temperature-scaling --val-data, or drop the option")
+    for name, path in models.items():
+        if name != args.name and zero_shot_family(path) is None:
+            what = "does not exist" if not os.path.exists(path) else "is not a CLIP, SigLIP or open_clip folder"
+            raise ValueError(f"--baseline {name}={path} {what}; a zero-shot --model ({family}) is compared with "
+                             "zero-shot model folders only")
+
+
+def _classifier_setup(args: argparse.Namespace, models: dict[str, str]) -> _Setup:
+    """Predictors and loaders of classifier folders (text or image), each with its own head."""
+    from .. import evaluation as ev
+    from ..data import parse_spec, resolve_dataset
+
     loaded = {name: ev.load_classifier(path, trust_remote_code=args.trust_remote_code) for name, path in models.items()}
     modalities = {m for _, _, m in loaded.values()}
     if len(modalities) != 1:
@@ -136,19 +196,88 @@ def run(args: argparse.Namespace) -> int:
         heads = ev.train_ensemble_heads(loaded[args.deep_ensemble][0], loader(data(args.train_data, True)),
                                         num_heads=args.ensemble_size)
         predictors["Deep Ensembles (D)"] = ev.HeadsEnsemblePredictor(loaded[args.deep_ensemble][0], heads)
+    val_loader = loader(data(args.val_data, True)) if args.temperature_scaling else None
+    return _Setup(predictors, id_loader, ood_loaders, val_loader)
+
+
+def _zero_shot_setup(args: argparse.Namespace, models: dict[str, str], family: str) -> _Setup:
+    """Predictors and loaders of zero-shot models: every model classifies the same classes with the same
+    prompt templates, on the images --model's image processor makes."""
+    from .. import evaluation as ev
+    from ..data import parse_spec, resolve_dataset
+    from ..zero_shot import check_same_images, load_zero_shot_model, read_templates, zero_shot_class_names, zero_shot_data
+
+    what = f"a zero-shot {family} model"
+    names = zero_shot_class_names(args.class_names, args.id_data, model=f"a {family} model")
+    templates = read_templates(args.templates)
+    if not args.class_names:
+        logger.info("class names from the image folder %r: %s", args.id_data, ", ".join(names))
+    label2id = {name: i for i, name in enumerate(names)}  # string labels name their class
+
+    def data(flag: str, spec: str, labelled: bool):
+        dataset = resolve_dataset(spec, text_column=args.text_column, image_column=args.image_column,
+                                  label_column=args.label_column if labelled else None, require_labels=labelled,
+                                  label2id=label2id if labelled else None, max_samples=args.max_samples)  # fmt: skip
+        return zero_shot_data(dataset, names, f"{flag} {spec!r}", what)
+
+    # the data is read before the models: a bad data set fails at once
+    id_data = data("--id-data", args.id_data, True)
+    val_data = data("--val-data", args.val_data, True) if args.temperature_scaling else None
+    oods = {}
+    for spec in args.ood_data:
+        name, path = _named(spec, parse_spec(spec)[0])
+        oods[name] = data("--ood-data", path, False)
+    loaded = {name: load_zero_shot_model(path, trust_remote_code=args.trust_remote_code) for name, path in models.items()}
+    reference = loaded[args.name]
+    for name, model in loaded.items():
+        if name != args.name:
+            check_same_images(reference, model, name)
+
+    def loader(dataset):  # under `accelerate launch`, each process predicts one shard (gathered in order)
+        return ev.make_loader(dataset, reference.image_processor, "image", batch_size=args.batch_size, shard=True)
+
+    predictors: dict[str, ev.Predictor] = {name: model.predictor(names, templates) for name, model in loaded.items()}
+    shown = ", ".join(templates[:3]) + (", ..." if len(templates) > 3 else "")
+    settings = {"class_names": names, "templates": f"{len(templates)} templates: {shown}"}
+    notes = (f"Zero-shot: {len(names)} classes x {len(templates)} prompt templates (CLIP's prompt ensemble). A member's "
+             "class probabilities are the softmax of its scaled image-prompt similarities (SigLIP too: its sigmoid "
+             "scores are not a distribution over the classes, and its logit bias cancels). Latency: the class "
+             "embeddings cached (the image tower only).")
+    return _Setup(predictors, loader(id_data), {name: loader(d) for name, d in oods.items()},
+                  loader(val_data) if val_data is not None else None, settings, notes)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .. import distributed
+    from .. import evaluation as ev
+    from ..outputs import check_output, write_output_folder
+    from ..zero_shot import zero_shot_family
+
+    info = distributed.process_info()
+    models, pairs = _check_models(args)
+    found = zero_shot_family(args.model)  # None: a classifier (or an ONNX export of one)
+    family = found.name if found is not None else None
+    _check_zero_shot_options(args, models, family)
+
+    # claim the report folder before any work: no evaluation is lost to an unwritable --report
+    check_output(args.report, command="evaluate", overwrite=args.overwrite, inputs=list(models.values()))
+    setup = _classifier_setup(args, models) if family is None else _zero_shot_setup(args, models, family)
+    predictors = setup.predictors
     if args.temperature_scaling:
-        val_loader = loader(data(args.val_data, True))
         for name in list(predictors):
-            t = ev.fit_temperature(ev.predict(predictors[name], val_loader, desc=f"{name}: validation"))
+            t = ev.fit_temperature(ev.predict(predictors[name], setup.val_loader, desc=f"{name}: validation"))
             predictors[f"{name} + TS"] = ev.TemperatureScaledPredictor(predictors[name], t)
     unknown = [n for pair in pairs for n in pair if n not in predictors]
     if unknown:
         raise ValueError(f"--compare names {unknown[0]!r}, which this run does not evaluate; known: {sorted(predictors)}")
-    first = next(iter(id_loader), None)  # None on a process whose shard is empty: only the main one reports latency
+    first = next(iter(setup.id_loader), None)  # None on a process whose shard is empty: only the main one reports latency
     latency_batch = None if first is None else {k: v for k, v in first.items() if k != "labels"}
-    result = ev.evaluate_predictors(predictors, id_loader, ood_loaders, score=args.score, latency_batch=latency_batch)
-    settings = {"id_data": args.id_data, "ood_data": list(ood_loaders), "score": args.score,
-                "latency": f"median ms per batch of {args.batch_size} on this machine"}
+    result = ev.evaluate_predictors(predictors, setup.id_loader, setup.ood_loaders, score=args.score,
+                                    latency_batch=latency_batch)
+    settings = {"id_data": args.id_data, "ood_data": list(setup.ood_loaders), "score": args.score,
+                "latency": f"median ms per batch of {args.batch_size} on this machine", **setup.settings}
     if info.distributed:
         settings["processes"] = info.num_processes
     comparisons = {}
@@ -157,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
             comparisons[f"{a} − {b}"] = ev.compare_predictions(result, a, b, n_boot=args.bootstrap)
     if info.is_main:  # every process holds the same metrics; one writes them
         write_output_folder(args.report, lambda tmp: ev.write_evaluation_report(result, tmp, settings=settings,
-                                                                         comparisons=comparisons),
+                                                                         comparisons=comparisons, notes=setup.notes),
                             command="evaluate", overwrite=args.overwrite, inputs=list(models.values()))
         from ..report import render_markdown_table
 

@@ -139,18 +139,12 @@ def _hf_config(path: str, trust_remote_code: bool = False) -> Any:
 
 
 def _clip_text_inputs(adapter_kind: str, tokenize: Callable[[list[str]], Any], args: argparse.Namespace) -> tuple[Any, list[str]]:
-    from ..data import image_folder_classes, parse_spec
-    from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, read_class_names
+    from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts
+    from ..zero_shot import zero_shot_class_names
 
-    if args.class_names:
-        names = read_class_names(args.class_names)
-    else:  # an image folder names its classes (its sub-folders)
-        names = image_folder_classes(parse_spec(args.id_data)[0])
-        if names is None:
-            raise ValueError(
-                f"a CLIP model ({adapter_kind}) classifies zero-shot: give --class-names (comma-separated or a file, one "
-                "per line, in label order), or an image folder (one sub-folder per class) as --id-data"
-            )
+    # --class-names, else the sub-folders of an image folder given as --id-data
+    names = zero_shot_class_names(args.class_names, args.id_data, model=f"a CLIP model ({adapter_kind})")
+    if not args.class_names:
         print(f"class names from the image folder {args.id_data!r}: {', '.join(names)}")
     prompts = class_prompts(names, args.prompt_template or DEFAULT_PROMPT_TEMPLATE)
     return tokenize(prompts), names
