@@ -327,26 +327,12 @@ def circuit_prune(
         ``tower="joint"``, ``gates`` and ``scores`` are ``{tower: (L_t, H_t)}`` and the ranking holds
         ``(tower, layer, head)`` triples.
     """
-    _check_search_arguments(score, ood_batches, heads_per_step)
-    layout = HeadLayout.of(adapter, tower)
-    tower = "joint" if layout.joint else layout.names[0]
-    search = _GreedySearch(layout, budget, score, heads_per_step=heads_per_step, seed=seed, random_ties=random_ties,
-                           tie_tolerance=tie_tolerance)
-    if evaluator is None:
-        evaluator = make_evaluator(adapter, id_batches, ood_batches, tower=tower, fast=fast, precision=precision)
-    search.history.append(evaluator.score_of(search.gates, score))
-    start_time = time.perf_counter()
-    bar = tqdm(total=search.n_remove, desc=f"circuit-{score}", disable=not progress)
-    while not search.done:
-        candidates = search.candidates()
-        s = evaluator.evaluate(search.gates, candidates, score, top=search.take)  # (C,)
-        bar.update(search.step(candidates, s, evaluator))
-        bar.set_postfix(S=f"{search.history[-1]:.4f}")
-    bar.close()
-    elapsed = time.perf_counter() - start_time
-    logger.info("circuit-%s: %d evaluations in %.1f s (%.1f / s)", score, search.n_evals, elapsed,
-                search.n_evals / max(elapsed, 1e-9))
-    return search.result(tower, elapsed)
+    (result,) = circuit_prune_criteria(
+        adapter, id_batches, ood_batches, budget, scores=[score], seeds=[seed], tower=tower,
+        heads_per_step=heads_per_step, random_ties=random_ties, tie_tolerance=tie_tolerance, fast=fast,
+        precision=precision, evaluator=evaluator, progress=progress,
+    )  # fmt: skip
+    return result
 
 
 def _evaluate_scores(evaluator: Evaluator, gates: torch.Tensor, candidates: Sequence[tuple[int, int]],
@@ -410,7 +396,8 @@ def circuit_prune_criteria(
         search.history.append(evaluator.score_of(search.gates, search.score))
     shared = [0] * len(searches)
     start_time = time.perf_counter()
-    bar = tqdm(total=sum(s.n_remove for s in searches), desc=f"circuits {'/'.join(scores)}", disable=not progress)
+    desc = f"circuit-{scores[0]}" if len(scores) == 1 else f"circuits {'/'.join(scores)}"
+    bar = tqdm(total=sum(s.n_remove for s in searches), desc=desc, disable=not progress)
     while not all(s.done for s in searches):
         groups: dict[bytes, list[int]] = {}  # searches at the same gates take the same candidates
         for i, search in enumerate(searches):
@@ -425,11 +412,15 @@ def circuit_prune_criteria(
                 bar.update(searches[i].step(candidates, values[searches[i].score], evaluator))
                 if rank:
                     shared[i] += len(candidates)
+                if len(searches) == 1:
+                    bar.set_postfix(S=f"{searches[i].history[-1]:.4f}")
     bar.close()
     elapsed = time.perf_counter() - start_time
     paid = sum(s.n_evals for s in searches) - sum(shared)
-    logger.info("circuits %s: %d candidate evaluations paid for %d searched (%.0f%% shared) in %.1f s",
-                "/".join(scores), paid, paid + sum(shared), 100 * sum(shared) / max(paid + sum(shared), 1), elapsed)
+    logger.info("%s: %d evaluations in %.1f s (%.1f / s)%s", desc, paid, elapsed, paid / max(elapsed, 1e-9),
+                f"; {sum(shared)} more shared between the searches" if len(searches) > 1 else "")
+    if len(searches) == 1:  # one search: circuit_prune's result, as it always was
+        return [searches[0].result(tower, elapsed)]
     return [search.result(tower, elapsed, shared_evaluations=shared[i]) for i, search in enumerate(searches)]
 
 
