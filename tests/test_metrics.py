@@ -354,3 +354,33 @@ def test_importing_metrics_does_not_import_matplotlib() -> None:
     code = "import sys, hydra_hf.metrics; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_ood_scores_are_a_registry_the_cli_and_study_read():
+    """Issue 27 item 4: an OOD score is an object registered by name; adding one is a function and a
+    registration, and ood_score, Predictions, the study and `evaluate --score` pick it up."""
+    import argparse
+
+    from hydra_hf import metrics, study
+    from hydra_hf.cli import evaluate as cli_evaluate
+    from hydra_hf.evaluation import Predictions
+
+    assert list(metrics.OOD_SCORES) == list(metrics.OOD_SCORE_NAMES) == ["msp", "entropy", "mutual_information", "energy"]
+    assert study.SINGLE_SCORES == ("msp", "entropy", "energy") and set(study.OOD_SCORES) == set(metrics.OOD_SCORES)
+    member_logits = torch.tensor([[[2.0, 0.0], [1.0, 0.5]], [[0.1, 0.0], [0.0, 3.0]]])  # (N=2, M=2, C=2)
+    preds = Predictions(member_logits, None)
+    torch.testing.assert_close(preds.ood_scores("energy"), torch.logsumexp(member_logits.double().mean(1), -1))
+    score = metrics.OODScore("max_logit", "logits", lambda logits, t: torch.as_tensor(logits).amax(-1), True, "largest logit")
+    try:
+        metrics.register_ood_score(score)
+        torch.testing.assert_close(preds.ood_scores("max_logit"), member_logits.double().mean(1).amax(-1))
+        parser = argparse.ArgumentParser()
+        cli_evaluate.add_parser(parser.add_subparsers())
+        assert parser.parse_args(["evaluate", "--model", "m", "--id-data", "i", "--ood-data", "o", "--report", "r",
+                                  "--score", "max_logit"]).score == "max_logit"
+        with pytest.raises(ValueError, match="already registered"):
+            metrics.register_ood_score(score)
+    finally:
+        metrics.OOD_SCORES.pop("max_logit", None)
+    with pytest.raises(ValueError, match="reads must be"):
+        metrics.register_ood_score(metrics.OODScore("x", "images", lambda x, t: x, True, ""))

@@ -31,11 +31,9 @@ from typing import Any
 
 from .evaluation import EnsemblePredictor, ModelPredictor
 from .outputs import prepare_owned_folder, write_text_atomic
-from .study import OOD_SCORES, Candidate, TextStudy, model_numbers, run_cell, study_data, train_single
+from .study import OOD_SCORES, SINGLE_SCORES, Candidate, TextStudy, model_numbers, run_cell, study_data, train_single
 
 logger = logging.getLogger(__name__)
-
-SINGLE_SCORES = ("msp", "entropy", "energy")  # what one model can score with (MI needs several members)
 
 
 def _cached(path: Path, compute) -> dict[str, Any]:

@@ -419,9 +419,10 @@ class Predictions:
 
         ``energy`` uses the mean of the member logits (for M = 1, the logits).
         """
-        if score == "energy":
-            return metrics.ood_score("energy", logits=self.member_logits.double().mean(dim=1))
-        if score == "mutual_information":
+        reads = metrics.OOD_SCORES[score].reads if score in metrics.OOD_SCORES else "probs"  # unknown: ood_score says so
+        if reads == "logits":
+            return metrics.ood_score(score, logits=self.member_logits.double().mean(dim=1))
+        if reads == "member_probs":
             return metrics.ood_score(score, member_probs=self.member_probs)
         return metrics.ood_score(score, probs=self.probs)
 

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -35,7 +37,9 @@ import torch
 __all__ = [
     "PROB_ATOL",
     "METRIC_MODULE_NAMES",
+    "OOD_SCORES",
     "OOD_SCORE_NAMES",
+    "OODScore",
     "accuracy",
     "brier_score",
     "nll",
@@ -58,6 +62,7 @@ __all__ = [
     "negative_mutual_information",
     "energy_score",
     "ood_score",
+    "register_ood_score",
     "paired_bootstrap",
     "bootstrap_verdict",
     "calibration_report",
@@ -86,8 +91,40 @@ METRIC_MODULE_NAMES: tuple[str, ...] = (
 )
 """Names accepted by :func:`module_path` (the ``evaluate`` modules shipped with the package)."""
 
-OOD_SCORE_NAMES: tuple[str, ...] = ("msp", "entropy", "mutual_information", "energy")
-"""Names accepted by :func:`ood_score`."""
+@dataclass(frozen=True)
+class OODScore:
+    """An OOD score, registered by name (:data:`OOD_SCORES`); higher = more in-distribution.
+
+    Attributes:
+        name: the registry key (``--score NAME``, report columns).
+        reads: what it is computed from: ``"probs"`` (the ensemble's mean softmax ``(N, C)``),
+            ``"member_probs"`` (every member's softmax ``(N, M, C)``) or ``"logits"`` (``(N, C)``; the
+            mean of the members' logits for an ensemble).
+        compute: ``(input, temperature) -> (N,)`` scores.
+        single_model: whether one model (M = 1) has it (mutual information needs members).
+        help: one line for ``--help`` and the docs.
+    """
+
+    name: str
+    reads: str
+    compute: Callable[[torch.Tensor, float], torch.Tensor]
+    single_model: bool
+    help: str
+
+
+OOD_SCORES: dict[str, OODScore] = {}
+"""The registered OOD scores, by name (:func:`register_ood_score`); the CLI and the study read their
+choices from it."""
+
+
+def register_ood_score(score: OODScore) -> OODScore:
+    """Add ``score`` to :data:`OOD_SCORES` (adding a score is one function plus this call)."""
+    if score.reads not in ("probs", "member_probs", "logits"):
+        raise ValueError(f"OOD score {score.name!r}: reads must be 'probs', 'member_probs' or 'logits', got {score.reads!r}")
+    if score.name in OOD_SCORES:
+        raise ValueError(f"an OOD score named {score.name!r} is already registered")
+    OOD_SCORES[score.name] = score
+    return score
 
 
 # ----------------------------------------------------------------------------------------------
@@ -636,6 +673,15 @@ def energy_score(logits: ArrayLike, temperature: float = 1.0) -> torch.Tensor:
     return temperature * torch.logsumexp(z / temperature, dim=1)
 
 
+register_ood_score(OODScore("msp", "probs", lambda p, t: msp(p), True, "maximum softmax probability (the paper's)"))
+register_ood_score(OODScore("entropy", "probs", lambda p, t: negative_entropy(p), True, "negative predictive entropy"))
+register_ood_score(OODScore("mutual_information", "member_probs", lambda p, t: negative_mutual_information(p), False,
+                            "negative mutual information between the prediction and the members (their disagreement)"))
+register_ood_score(OODScore("energy", "logits", energy_score, True, "negative energy of the logits (logsumexp)"))
+OOD_SCORE_NAMES: tuple[str, ...] = tuple(OOD_SCORES)
+"""Names accepted by :func:`ood_score` (the keys of :data:`OOD_SCORES`)."""
+
+
 def ood_score(
     name: str,
     *,
@@ -654,21 +700,22 @@ def ood_score(
     Shape:
         probs: (N, C); member_probs: (N, M, C); logits: (N, C) -> (N,)
     """
-    if name not in OOD_SCORE_NAMES:
-        raise ValueError(f"unknown OOD score {name!r}; choose one of {list(OOD_SCORE_NAMES)}")
-    if name in ("msp", "entropy"):
+    score = OOD_SCORES.get(name)
+    if score is None:
+        raise ValueError(f"unknown OOD score {name!r}; choose one of {list(OOD_SCORES)}")
+    if score.reads == "probs":
         if probs is None:
             if member_probs is None:
                 raise ValueError(f"ood_score({name!r}) needs probs=(N, C) or member_probs=(N, M, C)")
             probs = _member_probs(member_probs).mean(dim=1)
-        return msp(probs) if name == "msp" else negative_entropy(probs)
-    if name == "mutual_information":
+        return score.compute(probs, temperature)
+    if score.reads == "member_probs":
         if member_probs is None:
-            raise ValueError("ood_score('mutual_information') needs member_probs=(N, M, C)")
-        return negative_mutual_information(member_probs)
+            raise ValueError(f"ood_score({name!r}) needs member_probs=(N, M, C)")
+        return score.compute(member_probs, temperature)
     if logits is None:
-        raise ValueError("ood_score('energy') needs logits=(N, C)")
-    return energy_score(logits, temperature)
+        raise ValueError(f"ood_score({name!r}) needs logits=(N, C)")
+    return score.compute(logits, temperature)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -45,12 +45,14 @@ from typing import Any
 
 import torch
 
+from . import metrics
 from .errors import HydraInputError
 from .outputs import remove_dead_process_folders, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
-OOD_SCORES = ("msp", "entropy", "energy", "mutual_information")
+# the registered OOD scores (hydra_hf.metrics.OOD_SCORES), each a row of the decision table
+OOD_SCORES = tuple(metrics.OOD_SCORES)
 ANY_FOLD = "any"  # the fold name of a selection that uses no OOD data
 
 
@@ -475,7 +477,7 @@ def run_study(
 
 # settings that only change the decision over finished cells, not the cells
 DECISION_SETTINGS = ("max_accuracy_drop", "ece_tolerance", "min_seeds", "replicate_margin", "headline_score")
-SINGLE_SCORES = ("msp", "entropy", "energy")  # the scores one model has (mutual information needs members)
+SINGLE_SCORES = tuple(s.name for s in metrics.OOD_SCORES.values() if s.single_model)  # the scores one model has
 
 
 def single_reference(single_ood: Mapping[str, float], score: str) -> float:

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..metrics import OOD_SCORES
+
 logger = logging.getLogger(__name__)
 
 # hydra_hf.zero_shot.TEMPLATE_SETS, named here: building the parser (every command does) imports no open_clip;
@@ -63,8 +65,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"zero-shot models: the prompt templates of every class (CLIP's prompt ensemble): "
                    f"{' / '.join(TEMPLATE_SET_NAMES)}, a file with one template per line, or one template with {{}} "
                    "(default: 'a photo of a {}.')")
-    p.add_argument("--score", default="msp", choices=["msp", "entropy", "mutual_information", "energy"],
-                   help="OOD score (higher = more in-distribution); the paper uses msp")
+    p.add_argument("--score", default="msp", choices=list(OOD_SCORES),
+                   help="OOD score (higher = more in-distribution; the paper uses msp): "
+                   + "; ".join(f"{s.name}: {s.help}" for s in OOD_SCORES.values()))
     p.add_argument("--max-samples", type=int, default=None, help="cap every data set at this many examples")
     p.add_argument("--batch-size", type=int, default=32,
                    help="examples per forward pass; also the batch of the latency column (default 32)")
