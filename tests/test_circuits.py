@@ -217,3 +217,39 @@ def test_prune_members_runs_hydra_circ_in_lockstep(monkeypatch):
                               progress=False)
         assert masks.kept_heads[m] == [torch.nonzero(r).flatten().tolist() for r in alone.gates]
         assert masks.member_metadata[m]["method"] == f"circuit-{score}"
+
+
+def test_pruning_methods_are_a_registry(monkeypatch):
+    """Issue 27 item 4: a pruning method is an object registered by name; adding one is a function and a
+    registration, and prune_members, parse_methods, the OOD check and `prune --help` pick it up."""
+    import datasets
+
+    import argparse
+
+    from hydra_hf.cli import prune as cli_prune
+    from hydra_hf.pruning import PRUNING_METHODS, PruningMethod, prune_members, register_pruning_method, uses_ood
+    from hydra_hf.pruning.diversity import parse_methods
+    from hydra_hf.pruning.taylor import PruneResult
+
+    assert list(PRUNING_METHODS) == ["taylor", "taylor-gate", "circuit-acc", "circuit-ood", "circuit-avg", "random"]
+    assert uses_ood("taylor,circuit-avg") and not uses_ood("circuit-acc,random")
+
+    def keep_first_heads(ctx, member_seed):  # keeps heads 0..K-1 of every layer
+        gates = torch.zeros(2, 4)
+        gates[:, : ctx.budget.heads_per_layer] = 1
+        return PruneResult(gates=gates, scores=torch.zeros(2, 4), removal_order=[], metadata={"seed": member_seed})
+
+    monkeypatch.setitem(PRUNING_METHODS, "first", PruningMethod("first", keep_first_heads, needs_labels=False, help="x"))
+    assert parse_methods("first,taylor") == ["first", "taylor"]
+    parser = argparse.ArgumentParser()
+    cli_prune.add_parser(parser.add_subparsers())
+    assert "first: x" in " ".join(parser._subparsers._group_actions[0].choices["prune"].format_help().split())
+    ids = datasets.Dataset.from_dict({"text": ["a"] * 4})
+    masks = prune_members(get_adapter(tiny_bert(layers=2)), methods="first", budget=Budget(heads_per_layer=3),
+                          make_batches=lambda ds, seed: [], id_data=ids, members=2, progress=False)
+    assert masks.kept_heads == [[[0, 1, 2], [0, 1, 2]]] * 2 and masks.member_metadata[1]["method"] == "first"
+    with pytest.raises(ValueError, match="already registered"):
+        register_pruning_method(PRUNING_METHODS["taylor"])
+    with pytest.raises(ValueError, match="circuit-ood need OOD validation data"):
+        prune_members(get_adapter(tiny_bert(layers=2)), methods="circuit-ood", budget=Budget(remove=1),
+                      make_batches=lambda ds, seed: [], id_data=ids, members=1, progress=False)

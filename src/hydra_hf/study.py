@@ -107,9 +107,9 @@ class Candidate:
 
     @property
     def uses_ood(self) -> bool:
-        from .pruning.diversity import parse_methods
+        from .pruning.diversity import uses_ood
 
-        return any(m in ("circuit-ood", "circuit-avg") for m in parse_methods(self.method))
+        return uses_ood(self.method)
 
     @property
     def pooled(self) -> bool:

@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from ..pruning.diversity import METHODS
+    from ..pruning.diversity import PRUNING_METHODS
 
     p = subparsers.add_parser(
         "prune",
@@ -62,7 +62,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--method",
         default="taylor",
-        help=f"pruning method, or several comma-separated (one member each): {', '.join(METHODS)}",
+        help="pruning method, or several comma-separated (one member each): "
+        + "; ".join(f"{m.name}: {m.help}" for m in PRUNING_METHODS.values()),
     )
     p.add_argument("--members", type=int, default=3, help="members to compute (default 3)")
     budget = p.add_mutually_exclusive_group(required=True)
@@ -202,12 +203,11 @@ def run(args: argparse.Namespace) -> int:
     from ..masks import load_masks
     from ..outputs import check_output_file
     from ..pruning.budget import Budget
-    from ..pruning.diversity import parse_methods
+    from ..pruning.diversity import parse_methods, uses_ood
     from ..pruning.members import build_members
 
     # --- cheap checks first: fail before loading anything heavy
-    methods = parse_methods(args.method)
-    if any(m in ("circuit-ood", "circuit-avg") for m in methods) and not args.ood_data:
+    if uses_ood(args.method) and not args.ood_data:
         raise ValueError(f"--method {args.method} needs OOD validation data; give --ood-data (e.g. guardian_headlines:ood_validation)")
     budget = Budget(heads_per_layer=args.heads_per_layer, remove=args.remove)
     output = check_output_file(args.output, overwrite=args.overwrite, accept=_is_masks_file, what="--output")
@@ -232,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
         metadata["prompt_template"] = args.prompt_template or "a photo of a {}."
     masks = build_members(
         target,
-        method=methods,
+        method=parse_methods(args.method),
         budget=budget,
         id_data=args.id_data,
         ood_data=args.ood_data,

@@ -23,7 +23,18 @@ from .circuits import (
     make_evaluator,
     reference_circuit_ranking,
 )
-from .diversity import METHODS, parse_methods, prune_members, random_prune, random_prune_layout
+from .diversity import (
+    METHODS,
+    PRUNING_METHODS,
+    MemberContext,
+    PruningMethod,
+    parse_methods,
+    prune_members,
+    random_prune,
+    random_prune_layout,
+    register_pruning_method,
+    uses_ood,
+)
 from .gates import HeadGates, zero_head_columns_
 from .layout import JOINT, HeadLayout
 from .members import PruningTarget, build_members, load_pruning_target
@@ -32,6 +43,11 @@ from .taylor import PruneResult, normalize_layer_scores, select_top, taylor_prun
 
 __all__ = [
     "METHODS",
+    "PRUNING_METHODS",
+    "MemberContext",
+    "PruningMethod",
+    "register_pruning_method",
+    "uses_ood",
     "AttentionLayer",
     "Budget",
     "CachedBertEvaluator",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,8 +44,68 @@ from .taylor import PruneResult, taylor_prune
 
 logger = logging.getLogger(__name__)
 
-METHODS = ("taylor", "taylor-gate", "circuit-acc", "circuit-ood", "circuit-avg", "random")
 Batches = list[dict[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class MemberContext:
+    """Everything a pruning method may read to build one member (one per :func:`prune_members` call)."""
+
+    adapter: ModelAdapter
+    layout: HeadLayout
+    budget: Budget
+    make_batches: Callable[[datasets.Dataset, int], Batches]
+    id_data: datasets.Dataset
+    ood_data: datasets.Dataset | None
+    tower: str
+    temperature: float
+    data_fraction: float
+    heads_per_step: int
+    taylor_rounds: int
+    random_ties: bool
+    fast: bool
+    precision: str
+    progress: bool
+
+
+@dataclass(frozen=True)
+class PruningMethod:
+    """A way of choosing one member's heads, registered by name (:data:`PRUNING_METHODS`).
+
+    Attributes:
+        name: the registry key (``--method NAME``, the masks' ``method``).
+        prune: ``(context, member_seed) -> PruneResult``.
+        uses_ood: whether it needs OOD validation data.
+        needs_labels: whether it needs labelled ID data.
+        circuit_score: for greedy circuit searches, the score (:data:`~hydra_hf.pruning.scoring.SCORES`):
+            members of such methods that see the same data run in lockstep (:func:`circuit_prune_criteria`).
+        help: one line for ``--help`` and the docs.
+    """
+
+    name: str
+    prune: Callable[[MemberContext, int], PruneResult]
+    uses_ood: bool = False
+    needs_labels: bool = True
+    circuit_score: str | None = None
+    help: str = ""
+
+
+PRUNING_METHODS: dict[str, PruningMethod] = {}
+"""The registered pruning methods, by name (:func:`register_pruning_method`); ``hydra-hf prune`` and
+the study read their choices from it."""
+
+
+def register_pruning_method(method: PruningMethod) -> PruningMethod:
+    """Add ``method`` to :data:`PRUNING_METHODS` (adding a method is one function plus this call)."""
+    if method.name in PRUNING_METHODS:
+        raise ValueError(f"a pruning method named {method.name!r} is already registered")
+    PRUNING_METHODS[method.name] = method
+    return method
+
+
+def uses_ood(methods: str | Sequence[str]) -> bool:
+    """Whether any of ``methods`` (a comma-separated string or a list) needs OOD validation data."""
+    return any(PRUNING_METHODS[m].uses_ood for m in parse_methods(methods))
 
 
 def random_prune(num_layers: int, num_heads: int, budget: Budget, *, seed: int = 0) -> PruneResult:
@@ -93,11 +154,47 @@ def parse_methods(methods: str | Sequence[str]) -> list[str]:
     items = [m.strip() for m in methods.split(",")] if isinstance(methods, str) else [str(m).strip() for m in methods]
     items = [m for m in items if m]
     if not items:
-        raise ValueError(f"no pruning method given; choose from {list(METHODS)}")
-    bad = [m for m in items if m not in METHODS]
+        raise ValueError(f"no pruning method given; choose from {list(PRUNING_METHODS)}")
+    bad = [m for m in items if m not in PRUNING_METHODS]
     if bad:
-        raise ValueError(f"unknown pruning method(s) {bad}; choose from {list(METHODS)} (comma-separated for several)")
+        raise ValueError(f"unknown pruning method(s) {bad}; choose from {list(PRUNING_METHODS)} (comma-separated for several)")
     return items
+
+
+def _prune_random(ctx: MemberContext, member_seed: int) -> PruneResult:
+    return random_prune_layout(ctx.layout, ctx.budget, seed=member_seed)
+
+
+def _taylor(criterion: str) -> Callable[[MemberContext, int], PruneResult]:
+    def prune(ctx: MemberContext, member_seed: int) -> PruneResult:
+        batches = ctx.make_batches(_subset(ctx.id_data, ctx.data_fraction, member_seed), member_seed)
+        return taylor_prune(ctx.adapter, batches, ctx.budget, criterion=criterion, tower=ctx.tower, seed=member_seed,
+                            temperature=ctx.temperature, rounds=ctx.taylor_rounds, progress=ctx.progress)
+    return prune
+
+
+def _circuit(score: str) -> Callable[[MemberContext, int], PruneResult]:
+    def prune(ctx: MemberContext, member_seed: int) -> PruneResult:
+        id_batches = ctx.make_batches(_subset(ctx.id_data, ctx.data_fraction, member_seed), member_seed)
+        ood_subset = _subset(ctx.ood_data, ctx.data_fraction, member_seed + 7919) if ctx.ood_data is not None else None
+        ood_batches = ctx.make_batches(ood_subset, member_seed) if ood_subset is not None else None
+        return circuit_prune(ctx.adapter, id_batches, ood_batches, ctx.budget, score=score, tower=ctx.tower,
+                             heads_per_step=ctx.heads_per_step, seed=member_seed, random_ties=ctx.random_ties,
+                             fast=ctx.fast, precision=ctx.precision, progress=ctx.progress)
+    return prune
+
+
+register_pruning_method(PruningMethod("taylor", _taylor("weight"), help="Taylor importance |W * dL/dW| of Q/K/V rows (Molchanov)"))
+register_pruning_method(PruningMethod("taylor-gate", _taylor("gate"), help="Taylor importance |dL/dgate| (Michel et al.)"))
+register_pruning_method(PruningMethod("circuit-acc", _circuit("acc"), circuit_score="acc",
+                                      help="greedy circuit search on ID accuracy (CircAcc)"))
+register_pruning_method(PruningMethod("circuit-ood", _circuit("ood"), uses_ood=True, circuit_score="ood",
+                                      help="greedy circuit search on MSP-AUROC between ID and OOD data (CircOOD)"))
+register_pruning_method(PruningMethod("circuit-avg", _circuit("avg"), uses_ood=True, circuit_score="avg",
+                                      help="greedy circuit search on the mean of the two (CircAvg)"))
+register_pruning_method(PruningMethod("random", _prune_random, needs_labels=False, help="heads removed at random (a control)"))
+METHODS = tuple(PRUNING_METHODS)
+"""The registered method names (the keys of :data:`PRUNING_METHODS`)."""
 
 
 def prune_members(
@@ -164,9 +261,10 @@ def prune_members(
     layout = HeadLayout.of(adapter, tower)
     tower = "joint" if layout.joint else layout.names[0]
     layout.check(budget)
-    if any(m.startswith("circuit") and m != "circuit-acc" for m in method_list) and ood_data is None:
-        raise ValueError("circuit-ood and circuit-avg need OOD validation data; give --ood-data")
-    if "label" not in id_data.column_names and any(m != "random" for m in method_list):
+    needing_ood = [m for m in method_list if PRUNING_METHODS[m].uses_ood]
+    if needing_ood and ood_data is None:
+        raise ValueError(f"{' and '.join(dict.fromkeys(needing_ood))} need OOD validation data; give --ood-data")
+    if "label" not in id_data.column_names and any(PRUNING_METHODS[m].needs_labels for m in method_list):
         raise ValueError("the ID data has no labels; Taylor and circuit pruning need labelled ID data (--label-column)")
     if len(id_data) == 0:
         raise ValueError("the ID data is empty; give at least one labelled example")
@@ -182,48 +280,16 @@ def prune_members(
 
     kept: list[dict[str, list[list[int]]]] = []  # per member: {tower: [[heads] per layer]}, the layout's towers
     member_meta: list[dict[str, Any]] = []
-    shared = _shared_circuit_members(adapter, method_list, members, budget, make_batches, id_data, ood_data, seed=seed,
-                                     tower=tower, data_fraction=data_fraction, heads_per_step=heads_per_step,
-                                     random_ties=several, fast=fast, precision=precision, progress=progress)
+    ctx = MemberContext(adapter=adapter, layout=layout, budget=budget, make_batches=make_batches, id_data=id_data,
+                        ood_data=ood_data, tower=tower, temperature=temperature, data_fraction=data_fraction,
+                        heads_per_step=heads_per_step, taylor_rounds=taylor_rounds, random_ties=several, fast=fast,
+                        precision=precision, progress=progress)
+    shared = _shared_circuit_members(ctx, method_list, members, seed=seed)
     for m in range(members):
         method = method_list[m % len(method_list)]
         member_seed = seed + m
         logger.info("member %d/%d: %s, seed %d", m + 1, members, method, member_seed)
-        if m in shared:
-            result = shared[m]
-        elif method == "random":
-            result = random_prune_layout(layout, budget, seed=member_seed)
-        elif method.startswith("taylor"):
-            batches = make_batches(_subset(id_data, data_fraction, member_seed), member_seed)
-            result = taylor_prune(
-                adapter,
-                batches,
-                budget,
-                criterion="gate" if method == "taylor-gate" else "weight",
-                tower=tower,
-                seed=member_seed,
-                temperature=temperature,
-                rounds=taylor_rounds,
-                progress=progress,
-            )
-        else:
-            id_batches = make_batches(_subset(id_data, data_fraction, member_seed), member_seed)
-            ood_subset = _subset(ood_data, data_fraction, member_seed + 7919) if ood_data is not None else None
-            ood_batches = make_batches(ood_subset, member_seed) if ood_subset is not None else None
-            result = circuit_prune(
-                adapter,
-                id_batches,
-                ood_batches,
-                budget,
-                score=method.split("-", 1)[1],
-                tower=tower,
-                heads_per_step=heads_per_step,
-                seed=member_seed,
-                random_ties=several,
-                fast=fast,
-                precision=precision,
-                progress=progress,
-            )
+        result = shared[m] if m in shared else PRUNING_METHODS[method].prune(ctx, member_seed)
         meta = as_metadata(result)
         meta.update({"method": method, "seed": member_seed, "data_fraction": data_fraction})
         kept.append({t: _kept_heads(g) for t, g in layout.per_tower(result.gates).items()})
@@ -251,43 +317,27 @@ def prune_members(
     return masks
 
 
-def _shared_circuit_members(
-    adapter: ModelAdapter,
-    method_list: list[str],
-    members: int,
-    budget: Budget,
-    make_batches: Callable[[datasets.Dataset, int], Batches],
-    id_data: datasets.Dataset,
-    ood_data: datasets.Dataset | None,
-    *,
-    seed: int,
-    tower: str,
-    data_fraction: float,
-    heads_per_step: int,
-    random_ties: bool,
-    fast: bool,
-    precision: str,
-    progress: bool,
-) -> dict[int, PruneResult]:
+def _shared_circuit_members(ctx: MemberContext, method_list: list[str], members: int, *, seed: int) -> dict[int, PruneResult]:
     """``{member: result}`` of the circuit members, searched in lockstep when they see the same data
     (``data_fraction=1``: every member's subset is the whole set); ``{}`` otherwise."""
-    circuit = [m for m in range(members) if method_list[m % len(method_list)].startswith("circuit")]
-    if len(circuit) < 2 or data_fraction < 1.0:
+    scores = {m: PRUNING_METHODS[method_list[m % len(method_list)]].circuit_score for m in range(members)}
+    circuit = [m for m, score in scores.items() if score is not None]
+    if len(circuit) < 2 or ctx.data_fraction < 1.0:
         return {}
     logger.info("members %s: circuit searches in lockstep on the same selection data", [m + 1 for m in circuit])
     results = circuit_prune_criteria(
-        adapter,
-        make_batches(id_data, seed),
-        make_batches(ood_data, seed) if ood_data is not None else None,
-        budget,
-        scores=[method_list[m % len(method_list)].split("-", 1)[1] for m in circuit],
+        ctx.adapter,
+        ctx.make_batches(ctx.id_data, seed),
+        ctx.make_batches(ctx.ood_data, seed) if ctx.ood_data is not None else None,
+        ctx.budget,
+        scores=[scores[m] for m in circuit],
         seeds=[seed + m for m in circuit],
-        tower=tower,
-        heads_per_step=heads_per_step,
-        random_ties=random_ties,
-        fast=fast,
-        precision=precision,
-        progress=progress,
+        tower=ctx.tower,
+        heads_per_step=ctx.heads_per_step,
+        random_ties=ctx.random_ties,
+        fast=ctx.fast,
+        precision=ctx.precision,
+        progress=ctx.progress,
     )
     return dict(zip(circuit, results))
 

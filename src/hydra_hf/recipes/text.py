@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..pruning.budget import Budget
+from ..pruning.diversity import uses_ood as methods_use_ood
 from .runner import (
     EvaluationData,
     PipelineResult,
@@ -284,7 +285,7 @@ def lora_stage(p: TextPipeline, base: Path, out: Path) -> Stage:
 
 
 def _selection_note(p: TextPipeline) -> str:
-    uses_ood = any(m.strip() in ("circuit-ood", "circuit-avg") for m in p.method.split(","))
+    uses_ood = methods_use_ood(p.method)
     data = f"the ID validation split and the OOD validation data `{p.ood_validation_data}`" if uses_ood else \
         "the ID validation split"
     return (f"Members were selected on {data} only; the recipe (method, heads removed, member fine-tuning, OOD score) "
