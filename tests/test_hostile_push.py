@@ -366,3 +366,26 @@ def test_one_fresh_interpreter_check_in_the_sources():
     assert blockers == ["hub/fresh_check.py"]
     spawners = sorted(p.relative_to(src).as_posix() for p in src.rglob("*.py") if "subprocess.run(" in p.read_text())
     assert "hub/validate.py" in spawners and not [s for s in spawners if s.startswith("recipes")]
+
+
+def test_a_folder_saved_again_by_transformers_is_still_ours(sandbox):
+    """The content allow-list accepts the shipped files as transformers copies them: a Hub user loads the
+    folder with trust_remote_code (no hydra_hf) and save_pretrained's it; push takes the re-saved folder."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import sys; sys.modules['hydra_hf'] = None\n"
+              "from transformers import AutoModelForSequenceClassification\n"
+              "m = AutoModelForSequenceClassification.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
+              "m.save_pretrained(sys.argv[2])\n")
+    env = {**os.environ, "HF_HOME": str(sandbox / "hf"), "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    proc = subprocess.run([sys.executable, "-I", "-c", script, str(sandbox / "model"), str(sandbox / "resaved")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(sandbox / "model" / name, sandbox / "resaved" / name)
+    shipped = sorted(p.name for p in (sandbox / "resaved").glob("*.py"))
+    assert shipped == ["configuration_hydra.py", "hydra_layers.py", "modeling_hydra_bert.py", "pipeline_hydra.py"]
+    rc, out, err = _push(sandbox, model="resaved")
+    assert rc == 0, err
