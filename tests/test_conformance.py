@@ -157,6 +157,23 @@ def test_config_built_with_a_base_setting_keeps_it_in_base_config(store):
     assert isinstance(config, PreTrainedConfig) and copy.deepcopy(config) == config
 
 
+@pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
+def test_config_given_the_bases_labels_equals_its_saved_copy(spec, store, tmp_path):
+    """A config built from the base's full ``to_dict()`` (as the docstring says: ``BertConfig().to_dict()``
+    holds the base's labels, ``id2label {0: "LABEL_0", ...}``) equals its saved and reloaded copy, as
+    transformers' ConfigTester checks: the labels are the Hydra config's own (top level), base_config
+    keeps none (JSON would turn their integer keys into strings)."""
+    model, _ = store(spec, "single")
+    labels = {k: v for k, v in spec.stock_config().to_dict().items() if k in ("id2label", "label2id")}
+    assert set(labels) == {"id2label", "label2id"}
+    config = type(model.config).from_dict({**model.config.to_dict(), "base_config": {**model.config.base_config, **labels}})
+    config.save_pretrained(tmp_path)
+    loaded = type(model.config).from_pretrained(tmp_path)
+    assert loaded.to_dict() == config.to_dict()
+    assert loaded.to_json_string() == config.to_json_string()
+    assert "id2label" not in config.base_config and "label2id" not in config.base_config
+
+
 # ------------------------------------------------------------------------------------- save / load
 @pytest.mark.parametrize("spec, layout", CASES)
 def test_save_load_round_trip_is_exact(spec, layout, store):

@@ -51,6 +51,22 @@ _CONFIG_OWN_NAMES = frozenset(PretrainedConfig().to_dict()) | {
 }  # fmt: skip
 
 
+# The labels are the Hydra config's own (top level): ``base_config`` keeps none of the base's (the converter
+# writes none). A base config's ``to_dict()`` has them (``BertConfig().to_dict()``: ``LABEL_0``, ``LABEL_1``),
+# and JSON turns ``id2label``'s integer keys into strings, so a config holding them would not equal its
+# saved copy.
+BASE_LABEL_KEYS = ("id2label", "label2id")
+
+
+def without_base_labels(base: dict[str, Any]) -> dict[str, Any]:
+    """``base`` (a base config dict) without its labels, in nested tower configs too."""
+    out = {k: v for k, v in base.items() if k not in BASE_LABEL_KEYS}
+    for key, value in out.items():
+        if key.endswith("_config") and isinstance(value, dict):
+            out[key] = without_base_labels(value)
+    return out
+
+
 def check_kept_heads(kept_heads: Any, num_layers: int, num_heads: int, where: str = "kept_heads") -> None:
     """Raise ``ValueError`` unless ``kept_heads[m][l]`` is a sorted list of unique heads in ``[0, H)``
     for every member ``m`` and each of the ``num_layers`` layers."""
@@ -83,7 +99,8 @@ class HydraEnsembleConfig(PretrainedConfig):
 
     Args:
         base_model_type (`str`): architecture of the base model (``"bert"``).
-        base_config (`dict`): the base model's own configuration (``BertConfig.to_dict()``), nested.
+        base_config (`dict`): the base model's own configuration (``BertConfig.to_dict()``), nested. Its
+            labels are dropped: the labels are this config's (``id2label``, ``num_labels`` ...).
         num_members (`int`): M, the number of members. Must equal ``len(kept_heads)``.
         kept_heads (`list[list[list[int]]]`): ``kept_heads[m][l]`` = sorted indices of the heads that
             member ``m`` keeps in layer ``l``. Members and layers may keep different numbers of heads,
@@ -134,7 +151,7 @@ class HydraEnsembleConfig(PretrainedConfig):
         **kwargs: Any,
     ) -> None:
         self.base_model_type = base_model_type
-        self.base_config = dict(base_config or {})
+        self.base_config = without_base_labels(dict(base_config or {}))
         self.kept_heads = [[list(h) for h in member] for member in (kept_heads or [])]
         self.num_members = len(self.kept_heads) if num_members is None else num_members
         self.mlp_fusion = mlp_fusion
