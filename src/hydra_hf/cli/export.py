@@ -32,9 +32,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quantize", default=None, metavar="int8",
                    help="also write an int8 graph (ONNX Runtime dynamic quantisation of MatMul / Gemm weights), the "
                    "folder's default graph, and quantization_report.json / .md; needs --calibration-data")
+    from ..onnx.int8 import DEFAULT_RECIPE, INT8_RECIPES
+
+    p.add_argument("--int8-recipe", default=None, choices=sorted(INT8_RECIPES), metavar="RECIPE",
+                   help=f"int8: how the graph is quantised (default {DEFAULT_RECIPE}); "
+                   + "; ".join(f"{name}: {r.help}" for name, r in INT8_RECIPES.items()))
     p.add_argument("--quantize-all", action="store_true",
-                   help="int8: also quantise the MLP output projections, which stay fp32 by default (faster; on the "
-                   "demo model it flipped 4x more labels, docs/deploy.md)")
+                   help="int8: the same as --int8-recipe all (every constant weight per-tensor int8, fc2 unsmoothed; on "
+                   "the demo model it flipped 4x more labels than keep-fc2, docs/deploy.md)")
     p.add_argument("--calibration-data", default=None, metavar="SPEC",
                    help="labelled in-distribution data for the quantisation report (file, folder or NAME:SPLIT, as "
                    "`hydra-hf evaluate --id-data` takes it), e.g. rotten_tomatoes:validation")
@@ -64,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
         raise HydraInputError(f"--format {args.format!r} is not supported; use one of {list(FORMATS)}")
     if args.quantize is not None and args.quantize.lower() != "int8":
         raise HydraInputError(f"--quantize {args.quantize!r} is unknown; use int8")
-    if args.quantize_all and args.quantize is None:
-        raise HydraInputError("--quantize-all changes the int8 graph; pass --quantize int8 too")
+    if (args.quantize_all or args.int8_recipe) and args.quantize is None:
+        raise HydraInputError("--quantize-all / --int8-recipe change the int8 graph; pass --quantize int8 too")
     from ..onnx import export_onnx, require_onnx
 
     require_onnx("onnx", "onnxruntime", "onnxscript")  # before any work: a missing package is one line
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     out = export_onnx(args.model, args.output, opset=args.opset, quantize=args.quantize and args.quantize.lower(),
                       calibration_data=args.calibration_data, ood_data=args.ood_data, overwrite=args.overwrite,
                       data_options=options, **({"templates": args.class_template} if args.class_template else {}),
-                      keep_mlp_output_fp32=not args.quantize_all)
+                      keep_mlp_output_fp32=False if args.quantize_all else None, int8_recipe=args.int8_recipe)
     from ..onnx.runtime import read_export_metadata
 
     metadata = read_export_metadata(out)

@@ -342,7 +342,8 @@ def export_onnx(
     overwrite: bool = False,
     data_options: dict[str, Any] | None = None,
     templates: Sequence[str] = DEFAULT_TEMPLATES,
-    keep_mlp_output_fp32: bool = True,
+    keep_mlp_output_fp32: bool | None = None,
+    int8_recipe: str | None = None,
 ) -> Path:
     """Export the Hydra folder ``model_dir`` to an ONNX folder ``output_dir`` (written atomically).
 
@@ -357,8 +358,11 @@ def export_onnx(
         opset: the ONNX opset (>= 18).
         data_options: for the report's data, as ``hydra-hf evaluate`` takes them: ``text_column``,
             ``label_column``, ``image_column``, ``max_samples``, ``batch_size``, ``max_length``.
-        keep_mlp_output_fp32: int8 only: leave the MLP output projections in fp32 (default; see
-            :func:`activation_fed_products`); False quantises every constant weight.
+        int8_recipe: int8 only: a recipe of :data:`hydra_hf.onnx.int8.INT8_RECIPES` (default
+            ``"smoothquant"``: constants folded, fc2's activation outliers migrated into its weights with
+            alpha calibrated on ``calibration_data``, per-channel int8 weights on every product).
+        keep_mlp_output_fp32: the older switch: True is the recipe ``"keep-fc2"`` (the MLP output
+            projections kept fp32, see :func:`activation_fed_products`), False ``"all"``.
         templates: two-tower models (CLIP, SigLIP, open_clip): the prompt templates of the report's
             zero-shot classifier, each with one ``{}`` for a class name of ``calibration_data`` (an
             image folder with one sub-folder per class, or a label column of class names).
@@ -376,6 +380,9 @@ def export_onnx(
         raise HydraInputError(f"opset {opset!r} is not supported; the dynamo exporter needs opset >= {DEFAULT_OPSET}")
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise HydraInputError(f"--quantize {quantize!r} is unknown; use one of {list(QUANTIZATIONS)}")
+    from .int8 import calibration_feeds, resolve_recipe
+
+    recipe = resolve_recipe(int8_recipe, keep_mlp_output_fp32)
     ood_data = list(ood_data)
     if quantize is None and (calibration_data or ood_data):
         raise HydraInputError("--calibration-data and --ood-data feed the quantisation report; pass --quantize int8 too")
@@ -412,7 +419,12 @@ def export_onnx(
         files = {FP32_FILE: {"precision": "fp32", "parameters": count_weights(tmp / FP32_FILE),
                              "size_mb": round((tmp / FP32_FILE).stat().st_size / 2**20, 3)}}
         if quantize == "int8":
-            counts = quantize_int8(tmp / FP32_FILE, tmp / INT8_FILE, keep_mlp_output_fp32)
+            # calibration: the first examples of the labelled ID data (two towers: with the class prompts)
+            from ..evaluation import zero_shot_prompts
+
+            prompts = None if class_names is None else dict(preprocessor.tokenizer(
+                zero_shot_prompts(class_names, templates), padding=True, return_tensors="np"))
+            counts = recipe.run(tmp / FP32_FILE, tmp / INT8_FILE, calibration_feeds(loaders[0], names, extra=prompts))
             files[INT8_FILE] = {"precision": "int8", "parameters": count_weights(tmp / INT8_FILE),
                                 "size_mb": round((tmp / INT8_FILE).stat().st_size / 2**20, 3),
                                 "quantized_operators": counts}
@@ -436,10 +448,13 @@ def export_onnx(
             "outputs": _outputs_doc(output_keys, family.modality, softmax=family.uncertainty_pipelines),
             "files": files, "default_file": INT8_FILE if quantize == "int8" else FP32_FILE,
             "quantization": None if quantize is None else {
-                "method": "onnxruntime.quantization.quantize_dynamic", "weight_type": "QInt8",
-                "op_types": ["MatMul", "Gemm"], "activations": "uint8, quantised per batch at run time",
-                "kept_fp32": "MLP output projections (products fed by an activation)" if keep_mlp_output_fp32 else "none",
-                "kept_fp32_products": len(files[INT8_FILE]["quantized_operators"]["kept_fp32"])},
+                "recipe": recipe.name, "method": recipe.method, "weight_type": "QInt8",
+                "op_types": ["MatMul", "Gemm"], "activations": recipe.activations,
+                "kept_fp32": {"keep-fc2": "MLP output projections (products fed by an activation)", "all": "none"}.get(
+                    recipe.name, "products with a stacked (M, in, out) weight (the members' poolers and classifiers)"),
+                "kept_fp32_products": len(files[INT8_FILE]["quantized_operators"]["kept_fp32"]),
+                **({"smoothquant_alpha": files[INT8_FILE]["quantized_operators"]["alpha"]}
+                   if recipe.name == "smoothquant" else {})},
         }
         (tmp / EXPORT_METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
         # the export's own check: ONNX Runtime == PyTorch on the example and on other sizes (padded)
@@ -458,7 +473,8 @@ def export_onnx(
             int8 = OnnxHydraModel.from_pretrained(tmp, file_name=INT8_FILE)
             metadata["verification"]["max_abs_diff_int8"] = max(
                 compare_with_eager(model, int8, x, output_keys) for x in (example, other))
-            settings = {"calibration_data": calibration_data, "ood_data": list(loaders[1]), **(data_options or {})}
+            settings = {"calibration_data": calibration_data, "ood_data": list(loaders[1]), "int8_recipe": recipe.name,
+                        **(data_options or {})}
             predictor = None
             if family.modality == "image-text":
                 from .quantize import OnnxZeroShotPredictor
@@ -581,7 +597,7 @@ def export_card(metadata: dict[str, Any], report: dict[str, Any] | None) -> str:
     quant = "none (fp32)."
     if metadata["quantization"]:
         q = metadata["quantization"]
-        quant = (f"`{q['method']}`: {q['weight_type']} weights on {', '.join(q['op_types'])} "
+        quant = (f"recipe `{q.get('recipe', 'keep-fc2')}`, `{q['method']}`: {q['weight_type']} weights on {', '.join(q['op_types'])} "
                  f"({metadata['files'][INT8_FILE]['quantized_operators']['MatMulInteger']} MatMulInteger nodes; "
                  f"{q.get('kept_fp32_products', 0)} products kept in fp32: {q.get('kept_fp32', 'none')}), "
                  f"{q['activations']}. `{INT8_FILE}` is the folder's default graph; `{FP32_FILE}` is kept for comparison.")

@@ -100,7 +100,7 @@ def quantization_report(
     changes = [(a.member_logits - b.member_logits).abs().max()]
     changes += [(a_ood[o].member_logits - b_ood[o].member_logits).abs().max() for o in ood_loaders]
     return {
-        "title": "int8 (ONNX Runtime dynamic quantisation) against fp32",
+        "title": f"int8 (ONNX Runtime, recipe `{(settings or {}).get('int8_recipe', 'keep-fc2')}`) against fp32",
         "settings": dict(settings or {}),
         "num_examples": {"calibration": int(a.labels.numel()), **{o: int(p.member_logits.shape[0]) for o, p in a_ood.items()}},
         "models": {"fp32": {"file": fp32.file.name, **rows["fp32"]}, "int8": {"file": int8.file.name, **rows["int8"]}},
