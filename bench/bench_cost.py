@@ -8,7 +8,8 @@ Geometries:
 
 For every model and batch size: the total latency (no hooks; Single and Hydra measured side by side,
 interleaved rounds, medians) and, from a second, hooked pass (forward pre/post hooks around each
-sub-block; on a GPU every hook synchronises), each component's share of the time and its matrix
+sub-block; on a GPU every hook synchronises; Single and Hydra alternate round by round), each
+component's median share of the time, shown as that share of the unhooked latency, and its matrix
 multiply-adds (torch's FlopCounterMode, read in the same hooks). Components:
 
 - ``embeddings``: the model's embeddings module (token/position lookups + LN, or the patch convolution).
@@ -34,6 +35,7 @@ import argparse
 import json
 import logging
 import re
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -134,17 +136,14 @@ def make_inputs(modality: str, batch: int, seq_len: int, device: str, dtype: tor
     return {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
 
 
-def breakdown(model: torch.nn.Module, inputs: dict, repeats: int, sync) -> dict[str, dict[str, float]]:
-    """Median ms and matrix MACs per component of ``model(**inputs)``, from hooks around its sub-blocks.
-
-    Returns ``{component: {"ms", "macs"}}`` with ``"total"`` (the hooked pass) among the components.
-    """
-    from torch.utils.flop_counter import FlopCounterMode
-
+def hooked(model: torch.nn.Module, sync) -> tuple[dict, list]:
+    """Forward pre/post hooks around ``model``'s sub-blocks that add each one's ms and matrix MACs to
+    ``state["ms"]`` / ``state["macs"]`` by component (MACs only while ``state["counter"]`` is a
+    FlopCounterMode). Returns ``(state, handles)``."""
     state = {"start": {}, "ms": defaultdict(float), "macs": defaultdict(int), "counter": None}
 
     def pre(name):
-        def hook(module, args, kwargs=None):
+        def hook(module, args):
             sync()
             flops = state["counter"].get_total_flops() if state["counter"] is not None else 0
             state["start"][name] = (time.perf_counter(), flops)
@@ -164,32 +163,54 @@ def breakdown(model: torch.nn.Module, inputs: dict, repeats: int, sync) -> dict[
         component = component_of(name)
         if component is not None:
             handles += [module.register_forward_pre_hook(pre(name)), module.register_forward_hook(post(name, component))]
+    return state, handles
+
+
+def breakdown(models: dict[str, torch.nn.Module], inputs: dict, rounds: int, sync) -> dict[str, dict[str, dict]]:
+    """Per model and component: the median share of the hooked pass's time and the matrix MACs.
+
+    The models' hooked passes alternate round by round (load drift hits them alike); the shares, not
+    the hooked milliseconds, are what :func:`run_geometry` scales by each model's unhooked latency.
+    Returns ``{model: {component: {"share", "macs"}}}``.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    hooks = {name: hooked(model, sync) for name, model in models.items()}
+    samples: dict[str, list[dict[str, float]]] = {name: [] for name in models}
+    macs: dict[str, dict[str, int]] = {}
     try:
         with torch.inference_mode():
-            with FlopCounterMode(display=False) as counter:
-                state["counter"] = counter
-                model(**inputs)
-                total_macs = counter.get_total_flops() // 2
-            state["counter"] = None
-            macs = dict(state["macs"])
-            samples = []
-            for _ in range(max(repeats, 1) + 1):  # the first is a warm-up
-                state["ms"].clear()
-                sync()
-                t0 = time.perf_counter()
-                model(**inputs)
-                sync()
-                samples.append({**state["ms"], "total": (time.perf_counter() - t0) * 1e3})
+            for name, model in models.items():
+                state = hooks[name][0]
+                with FlopCounterMode(display=False) as counter:
+                    state["counter"] = counter
+                    model(**inputs)  # also the warm-up of the hooked pass
+                    total = counter.get_total_flops() // 2
+                state["counter"] = None
+                macs[name] = {**state["macs"], "total": total}
+            for _ in range(max(rounds, 1)):
+                for name, model in models.items():
+                    state = hooks[name][0]
+                    state["ms"].clear()
+                    sync()
+                    t0 = time.perf_counter()
+                    model(**inputs)
+                    sync()
+                    total_ms = (time.perf_counter() - t0) * 1e3
+                    shares = {c: state["ms"].get(c, 0.0) / total_ms for c in COMPONENTS[:-1]}
+                    shares["other"] = max(1.0 - sum(shares.values()), 0.0)
+                    samples[name].append(shares)
     finally:
-        for handle in handles:
-            handle.remove()
-    samples = samples[1:]
+        for _, handles in hooks.values():
+            for handle in handles:
+                handle.remove()
     out = {}
-    for component in (*COMPONENTS[:-1], "total"):
-        values = sorted(s.get(component, 0.0) for s in samples)
-        out[component] = {"ms": values[len(values) // 2], "macs": macs.get(component, total_macs if component == "total" else 0)}
-    out["other"] = {"ms": max(out["total"]["ms"] - sum(out[c]["ms"] for c in COMPONENTS[:-1]), 0.0),
-                    "macs": total_macs - sum(out[c]["macs"] for c in COMPONENTS[:-1])}
+    for name in models:
+        m = macs[name]
+        m["other"] = m["total"] - sum(m.get(c, 0) for c in COMPONENTS[:-1])
+        out[name] = {c: {"share": statistics.median(s[c] for s in samples[name]), "macs": m.get(c, 0)}
+                     for c in COMPONENTS}
+        out[name]["total"] = {"share": 1.0, "macs": m["total"]}
     return out
 
 
@@ -204,24 +225,25 @@ def run_geometry(geometry: str, args, device: str, dtype: torch.dtype) -> tuple[
         inputs = make_inputs(modality, batch, args.seq_len, device, dtype)
         fns = {name: (lambda m=m: (m(**inputs).logits, sync())) for name, m in models.items()}
         total = interleaved_medians(fns, rounds=args.rounds, repeats=args.repeats, warmup=args.warmup)
-        parts = {name: breakdown(m, inputs, args.repeats * args.rounds, sync) for name, m in models.items()}
+        parts = breakdown(models, inputs, args.rounds * args.repeats, sync)
         ratio = total["hydra"] / total["single"]
         lines.append(f"{geometry} batch {batch} ({device}, {str(dtype).removeprefix('torch.')}): Hydra / Single = "
                      f"{ratio:.2f} ({total['hydra']:.1f} / {total['single']:.1f} ms, unhooked)")
         if device.startswith("cuda") and dtype == torch.bfloat16 and batch == 4 and geometry in ("bert", "vit"):
             verdict = "met" if ratio <= BF16_TARGET else "MISSED"
             lines.append(f"{geometry}: bf16 batch-4 Hydra / Single = {ratio:.2f} (target <= {BF16_TARGET}: {verdict})")
+        # a component's ms: its median share of the hooked pass times the model's unhooked latency
+        ms = {name: {c: parts[name][c]["share"] * total[name] for c in COMPONENTS} for name in models}
         for name, label in (("single", "Single"), ("hydra", f"Hydra ({members})")):
-            hooked = parts[name]["total"]["ms"]
-            rows.append({"geometry": geometry, "batch": batch, "model": label, "component": "total (unhooked)",
+            rows.append({"geometry": geometry, "batch": batch, "model": label, "component": "total",
                          "ms": total[name], "% of model": 100.0, "GMACs": parts[name]["total"]["macs"] / 1e9,
                          "x Single per member": total[name] / members / total["single"] if name == "hydra" else 1.0})
             for component in COMPONENTS:
-                ms = parts[name][component]["ms"]
-                single_ms = parts["single"][component]["ms"]
-                per_member = ms / members / single_ms if name == "hydra" and single_ms > 0 else (1.0 if name == "single" else float("nan"))
-                rows.append({"geometry": geometry, "batch": batch, "model": label, "component": component, "ms": ms,
-                             "% of model": 100 * ms / hooked if hooked else float("nan"),
+                single_ms = ms["single"][component]
+                per_member = 1.0 if name == "single" else (
+                    ms[name][component] / members / single_ms if single_ms > 0 else float("nan"))
+                rows.append({"geometry": geometry, "batch": batch, "model": label, "component": component,
+                             "ms": ms[name][component], "% of model": 100 * parts[name][component]["share"],
                              "GMACs": parts[name][component]["macs"] / 1e9, "x Single per member": per_member})
     return rows, lines
 

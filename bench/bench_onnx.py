@@ -7,7 +7,8 @@ Contenders, all measured side by side in this process (interleaved rounds, media
 - ONNX fp32 Single / Hydra: the same models exported with ``torch.onnx.export(dynamo=True)`` (as
   ``hydra-hf export`` does: hydra_hf.onnx.export), run by ONNX Runtime's CPUExecutionProvider with as
   many intra-op threads as torch uses.
-- ONNX int8 Single / Hydra: those graphs after ``quantize_dynamic`` (QInt8 weights on MatMul / Gemm).
+- ONNX int8 Single / Hydra: the export's default recipe (smoothquant, hydra_hf.onnx.int8); int8-keep-fc2 and
+  int8-all: the earlier per-tensor ``quantize_dynamic`` graphs (QInt8 weights on MatMul / Gemm).
 
 Random weights (the timing does not depend on them); every ONNX graph is checked against its eager
 model on the benchmark's inputs first (fp32: max |diff| printed). The issue's targets, printed at the
@@ -35,19 +36,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import count_parameters, interleaved_medians, random_kept_heads, table  # noqa: E402
 
 from hydra_hf.onnx.export import OnnxGraph, dynamic_shapes, export_module, quantize_int8  # noqa: E402
+from hydra_hf.onnx.int8 import INT8_RECIPES  # noqa: E402
 
 logger = logging.getLogger("bench_onnx")
 
 CONTENDERS = ("eager Single", "eager Deep Ensemble (3)", "eager Hydra (3)", "ONNX fp32 Single", "ONNX fp32 Hydra (3)",
-              "ONNX int8 Single", "ONNX int8 Hydra (3)", "ONNX int8-all Single", "ONNX int8-all Hydra (3)")
-# int8: the export's default (the MLP output projections kept fp32, for Single and Hydra alike);
-# int8-all: every constant weight quantised (`hydra-hf export --quantize-all`)
+              "ONNX int8 Single", "ONNX int8 Hydra (3)", "ONNX int8-keep-fc2 Single", "ONNX int8-keep-fc2 Hydra (3)",
+              "ONNX int8-all Single", "ONNX int8-all Hydra (3)")
+# int8: the export's default recipe, smoothquant (constants folded, fc2 smoothed with alpha calibrated on
+# the benchmark's random inputs, per-channel int8 weights on every product; hydra_hf.onnx.int8);
+# int8-keep-fc2: the earlier default (per-tensor, MLP output projections fp32, members' stacked projections
+# fp32); int8-all: every constant weight per-tensor (`hydra-hf export --quantize-all`)
 COLUMNS = ["geometry", "batch", "model", "latency_ms", "x eager Single", "x eager Hydra", "weights_M", "file_MB"]
 TARGETS = [  # (name, numerator, denominator, batch, bound)
     ("ONNX fp32 Hydra / eager Hydra", "ONNX fp32 Hydra (3)", "eager Hydra (3)", 1, 0.80),
     ("ONNX fp32 Hydra / eager Hydra", "ONNX fp32 Hydra (3)", "eager Hydra (3)", 8, 0.92),
     ("int8 Hydra / eager Single", "ONNX int8 Hydra (3)", "eager Single", 1, 1.0),
     ("int8 Hydra / eager Hydra", "ONNX int8 Hydra (3)", "eager Hydra (3)", 8, 0.5),
+    ("int8 Hydra / int8 Single (stretch)", "ONNX int8 Hydra (3)", "ONNX int8 Single", 1, 1.2),
 ]
 
 
@@ -90,17 +96,21 @@ def make_inputs(modality: str, batch: int, seq_len: int) -> dict[str, torch.Tens
 
 
 def export_pair(model: torch.nn.Module, keys: tuple[str, ...], modality: str, folder: Path, name: str, seq_len: int):
-    """fp32 and int8 ONNX files of ``model`` (the example has a padded row and batch 2)."""
+    """fp32 and int8 ONNX files of ``model`` (the example has a padded row and batch 2): the default
+    recipe (smoothquant, calibrated on 4 random batches), keep-fc2 and all."""
     example = make_inputs(modality, 2, min(seq_len, 16))
     if "attention_mask" in example:
         example["attention_mask"][0, 8:] = 0
     fp32 = export_module(OnnxGraph(model, keys), example, dynamic_shapes(list(example), modality), keys,
                          folder / f"{name}.onnx")
-    int8, int8_all = folder / f"{name}_int8.onnx", folder / f"{name}_int8_all.onnx"
-    kept = quantize_int8(fp32, int8)["kept_fp32"]
-    logger.info("%s int8: %d products kept fp32", name, len(kept))
+    int8, int8_keep, int8_all = (folder / f"{name}_{tag}.onnx" for tag in ("int8", "int8_keep_fc2", "int8_all"))
+    calibration = [{k: v.numpy() for k, v in make_inputs(modality, 4, min(seq_len, 64)).items()} for _ in range(2)]
+    info = INT8_RECIPES["smoothquant"].run(fp32, int8, calibration)
+    logger.info("%s int8 (smoothquant): alpha %s, %d MatMulInteger", name, info["alpha"], info["MatMulInteger"])
+    kept = quantize_int8(fp32, int8_keep)["kept_fp32"]
+    logger.info("%s int8-keep-fc2: %d products kept fp32", name, len(kept))
     quantize_int8(fp32, int8_all, keep_mlp_output_fp32=False)
-    return fp32, int8, int8_all
+    return fp32, int8, int8_keep, int8_all
 
 
 def session(path: Path, threads: int):
@@ -124,8 +134,9 @@ def run_geometry(geometry: str, args, folder: Path) -> list[dict]:
         files[name] = export_pair(models[name], keys, modality, folder, f"{geometry}-{name}", args.seq_len)
     sessions = {f"ONNX fp32 {label}": session(files[name][0], threads) for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))}
     sessions |= {f"ONNX int8 {label}": session(files[name][1], threads) for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))}
-    sessions |= {f"ONNX int8-all {label}": session(files[name][2], threads) for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))}
-    sizes = {f"ONNX {kind} {label}": files[name][i] for i, kind in ((0, "fp32"), (1, "int8"), (2, "int8-all"))
+    sessions |= {f"ONNX int8-keep-fc2 {label}": session(files[name][2], threads) for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))}
+    sessions |= {f"ONNX int8-all {label}": session(files[name][3], threads) for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))}
+    sizes = {f"ONNX {kind} {label}": files[name][i] for i, kind in ((0, "fp32"), (1, "int8"), (2, "int8-keep-fc2"), (3, "int8-all"))
              for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))}
     rows = []
     for batch in args.batch_sizes:
