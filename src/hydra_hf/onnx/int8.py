@@ -1,6 +1,7 @@
 """int8 recipes for an exported graph: constant folding (so that every member's stacked projection
 weights are constants a quantiser sees), SmoothQuant-style migration of the MLP output projection's
-activation outliers into its weights, and ONNX Runtime quantisation (dynamic or static QDQ).
+activation outliers into its weights, and ONNX Runtime dynamic quantisation with per-channel weights.
+Recipes are registered by name (:data:`INT8_RECIPES`; ``hydra-hf export --int8-recipe``).
 
 Why each step (measured, docs/deploy.md):
 
@@ -14,7 +15,9 @@ Why each step (measured, docs/deploy.md):
   (Xiao et al., 2023) divides channel j of that input by ``s_j = amax(X_j)^alpha / amax(W_j)^(1-alpha)``
   and multiplies row j of the weight by it (the product is unchanged in exact arithmetic), moving the
   outliers into the weights, which are quantised per output channel. ``amax(X_j)`` and ``alpha`` are
-  calibrated on labelled in-distribution data (:func:`calibrate_alpha`).
+  calibrated on labelled in-distribution data (:func:`smoothquant_int8`).
+- Static QDQ (ranges fixed at calibration) was measured too: int8 activations ran 2x slower than
+  dynamic uint8 in ONNX Runtime's CPU kernels and uint8 no faster than dynamic, so it is not a recipe.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-ALPHAS = (0.5, 0.65, 0.8)  # SmoothQuant migration strengths tried by calibrate_alpha (the paper: 0.5 - 0.85)
+ALPHAS = (0.5, 0.65, 0.8)  # SmoothQuant migration strengths smoothquant_int8 tries (the paper: 0.5 - 0.85)
 SMOOTH_SUFFIX = "_smooth_inv_scale"
 
 
