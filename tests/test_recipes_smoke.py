@@ -193,6 +193,11 @@ def test_run_script_gives_the_commands_error_contract(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_info:
         run_script(lambda: 3)
     assert exit_info.value.code == 3
+    # a recipe's main returns its result (a PipelineResult, a table): success, not a TypeError at the end
+    for result in ({"rows": []}, object(), None):
+        with pytest.raises(SystemExit) as exit_info:
+            run_script(lambda result=result: result)
+        assert exit_info.value.code == 0
 
 
 def test_examples_refuse_bad_input_in_one_line(tmp_path):

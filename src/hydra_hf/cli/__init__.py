@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_script(script_main: Callable[[], Any]) -> None:
     """Run an example script's ``main`` with the commands' error contract: a user's bad input
     (:data:`USER_ERRORS`) exits 2 with one line (``HYDRA_HF_TRACEBACK=1`` shows the traceback);
-    ``main``'s return value is the exit status."""
+    an ``int`` that ``main`` returns is the exit status; any other return value (a recipe's result, for
+    callers of ``main``) is success."""
     try:
         code = script_main()
     except (*USER_ERRORS, OSError) as exc:
@@ -131,7 +132,7 @@ def run_script(script_main: Callable[[], Any]) -> None:
             raise
         print(f"{Path(sys.argv[0]).name}: error: {_message(exc)}", file=sys.stderr)
         sys.exit(2)
-    sys.exit(int(code or 0))
+    sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
 
 
 if __name__ == "__main__":
