@@ -31,6 +31,7 @@ from typing import Any
 
 from .evaluation import EnsemblePredictor, ModelPredictor
 from .outputs import prepare_owned_folder, write_text_atomic
+from .pruning import load_pruning_target
 from .study import OOD_SCORES, SINGLE_SCORES, Candidate, TextStudy, model_numbers, run_cell, study_data, train_single
 
 logger = logging.getLogger(__name__)
@@ -61,8 +62,6 @@ def ceiling_numbers(
     """Train or reuse the Singles of ``seeds`` and score them, their Deep Ensemble and (optionally) the
     ``hydra`` recipe per seed; returns ``{"kinds", "seeds", "single": {seed: numbers}, "deep_ensemble":
     numbers, "hydra": {seed: numbers}}`` (numbers as :func:`hydra_hf.study.model_numbers`)."""
-    from .pruning import load_pruning_target
-
     if len(seeds) < 2:
         raise ValueError(f"the ceiling needs at least 2 seeds (3 or more to report a spread), got {list(seeds)}")
     if hydra is not None and hydra.uses_ood:

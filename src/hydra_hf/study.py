@@ -48,6 +48,8 @@ import torch
 from . import metrics
 from .errors import HydraInputError
 from .outputs import remove_dead_process_folders, write_text_atomic
+from .pruning.budget import Budget
+from .pruning.diversity import parse_methods, uses_ood
 
 logger = logging.getLogger(__name__)
 
@@ -83,9 +85,6 @@ class Candidate:
     temperature: float | None = None  # Taylor: sampling temperature of the kept heads (None: 1.0; 0: the top K)
 
     def __post_init__(self) -> None:
-        from .pruning.budget import Budget
-        from .pruning.diversity import parse_methods
-
         try:
             parse_methods(self.method)
             Budget.of(self)
@@ -107,8 +106,6 @@ class Candidate:
 
     @property
     def uses_ood(self) -> bool:
-        from .pruning.diversity import uses_ood
-
         return uses_ood(self.method)
 
     @property
@@ -116,9 +113,7 @@ class Candidate:
         """Selects on the pooled OOD kinds other than the fold's, and transfers to the fold's kind."""
         return self.uses_ood and self.ood_selection == "pooled"
 
-    def budget(self):
-        from .pruning.budget import Budget
-
+    def budget(self) -> Budget:
         return Budget.of(self)
 
     def selection_key(self, fold: str) -> str:
@@ -307,7 +302,6 @@ def study_data(s: TextStudy, tokenizer: Any) -> _Data:
 def model_numbers(predictor: Any, data: _Data) -> dict[str, Any]:
     """ID numbers (accuracy, ECE, NLL, mean MI and disagreement) and, per OOD kind, the AUROC of every
     OOD score and the mean MI / disagreement, on the scoring sets."""
-    from . import metrics
     from .evaluation import predict
 
     ident = predict(predictor, data.loaders["id"], desc="score: id")
