@@ -62,11 +62,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import HydraInputError, HydraOutputError, HydraUnsafeError, one_line
-from .export import copy_preprocessor, save_hydra_model
-from .masks import HeadMasks
-from .modeling.hydra_layers import HydraLayerNorm, HydraSelfAttention
-from .outputs import (
+from ..errors import HydraInputError, HydraOutputError, HydraUnsafeError, one_line
+from ..export import copy_preprocessor, save_hydra_model
+from ..masks import HeadMasks
+from ..modeling.hydra_layers import HydraLayerNorm, HydraSelfAttention
+from ..outputs import (
     check_output,
     prepare_owned_folder,
     remove_stale_temporaries,
@@ -74,7 +74,7 @@ from .outputs import (
     write_output_folder,
 )
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger(__package__)  # "hydra_hf.finetune", as log lines named it before the split
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULERS = ("linear", "cosine", "constant")
@@ -250,7 +250,7 @@ class _ArchSupport:
 
 def _arch_support(arch: str) -> _ArchSupport:
     """What fine-tuning needs, from the family registry (hydra_hf.families)."""
-    from .families import get_family
+    from ..families import get_family
 
     family = get_family(arch)
     if family.task not in ("text-classification", "image-classification"):
@@ -277,7 +277,7 @@ def _arch_support(arch: str) -> _ArchSupport:
 
 def default_recipe(model_dir: str | os.PathLike) -> FinetuneConfig:
     """The paper's recipe for this base model: :func:`image_recipe` for ViT, else :func:`text_recipe`."""
-    from .convert import detect_arch
+    from ..convert import detect_arch
 
     return image_recipe() if detect_arch(model_dir) == "vit" else text_recipe()
 
@@ -318,9 +318,9 @@ def _prepare_run(
     """Check every input (fail before any work, nothing written) and load data and preprocessor."""
     from transformers import AutoImageProcessor, AutoTokenizer
 
-    from .convert import detect_arch, read_config
-    from .convert.io import weight_names
-    from .data import parse_spec
+    from ..convert import detect_arch, read_config
+    from ..convert.io import weight_names
+    from ..data import parse_spec
 
     model_dir = Path(model_dir)
     inputs = [model_dir] if isinstance(masks, HeadMasks) else [model_dir, Path(masks)]
@@ -383,7 +383,7 @@ def _prepare_run(
         num_labels = max(2, int(max(train["label"])) + 1)
         logger.info("bare encoder: %d classes, from the training labels", num_labels)
     if id2label is None and not has_classifier and isinstance(train_data, str) and train_data.startswith("rotten_tomatoes"):
-        from .data import ROTTEN_TOMATOES_LABELS
+        from ..data import ROTTEN_TOMATOES_LABELS
 
         id2label = dict(ROTTEN_TOMATOES_LABELS) if num_labels == len(ROTTEN_TOMATOES_LABELS) else None
     evaluation = None
@@ -408,7 +408,7 @@ def _load_data(
     and ``label``."""
     import datasets
 
-    from .data import check_labels, resolve_dataset
+    from ..data import check_labels, resolve_dataset
 
     column, standard = (config.text_column, "text") if modality == "text" else (config.image_column, "image")
     if isinstance(data, (str, os.PathLike)):
@@ -702,7 +702,7 @@ class _Trainer:
 
     # ------------------------------------------------------------------------------- loaders
     def _loader(self, dataset, batch_size: int):
-        from .data import make_image_loader, make_text_loader
+        from ..data import make_image_loader, make_text_loader
 
         if self.run.arch.modality == "image":
             processor = self.run.processor
@@ -1071,7 +1071,7 @@ class _Trainer:
 def _build_hydra(run: _Run, masks: HeadMasks, mlp_fusion: str, seed: int) -> nn.Module:
     """A Hydra model of ``masks``' members from the base checkpoint (a bare encoder gets new
     per-member classifiers, initialised from ``seed``)."""
-    from .convert import convert_checkpoint
+    from ..convert import convert_checkpoint
 
     model = convert_checkpoint(
         masks, base=run.model_dir, mlp_fusion=mlp_fusion, num_labels=run.num_labels, id2label=run.id2label, seed=seed
@@ -1213,7 +1213,7 @@ def finetune_members(
 
 
 def _fuse_members(run: _Run) -> None:
-    from .convert import convert_checkpoint
+    from ..convert import convert_checkpoint
 
     folders = [run.work_dir / f"member_{m}" / "model" for m in range(run.masks.num_members)]
     infos = [json.loads((f / "finetune_member.json").read_text()) for f in folders]

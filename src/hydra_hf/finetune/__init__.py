@@ -1,0 +1,27 @@
+"""Fine-tuning Hydra members with Accelerate, then fusing them (the paper's Appendix D.2)."""
+
+from .trainer import (
+    COMMAND,
+    CONFIG_FILE,
+    MIXED_PRECISION,
+    MLP_FUSIONS,
+    OPTIMIZERS,
+    RECIPES,
+    RNG_FILE,
+    SCHEDULERS,
+    STATE_FILE,
+    FinetuneConfig,
+    TrainingInterrupted,
+    _make_accelerator,
+    _prepare_run,
+    _RESUME_FREE,
+    _start,
+    _Trainer,
+    cpu_has_native_bf16,
+    default_recipe,
+    finetune_fused,
+    finetune_members,
+    image_recipe,
+    member_cross_entropy,
+    text_recipe,
+)
