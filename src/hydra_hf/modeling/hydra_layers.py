@@ -424,7 +424,7 @@ class HydraMemberLinear(nn.Module):
         return out.view(*x.shape[:-1], self.weight.shape[1])
 
 
-# ------------------------------------------------------------------ pre-LN layers (ViT family)
+# ------------------------------------------------------------------ layer specs, pre-LN layers (ViT family)
 def layer_spec(
     kept_heads: list[list[list[int]]], layer_idx: int, *, hidden_size: int, num_heads: int, intermediate_size: int,
     hidden_act: str, layer_norm_eps: float, attention_dropout: float, hidden_dropout: float, mlp_fusion: str,
@@ -441,6 +441,22 @@ def layer_spec(
         hidden_dropout=hidden_dropout,
         mlp_fusion=mlp_fusion,
     )
+
+
+def base_layer_specs(config, base) -> list[HydraLayerSpec]:
+    """Every fused layer's spec from a base config that uses BERT's names (``hidden_size``,
+    ``num_attention_heads``, ``intermediate_size``, ``hidden_act``, ``layer_norm_eps``,
+    ``attention_probs_dropout_prob``, ``hidden_dropout_prob``, ``num_hidden_layers``): BERT, RoBERTa,
+    ELECTRA, ALBERT, ViT, DeiT, BEiT, DINOv2 and DeBERTa-v2."""
+    return [
+        layer_spec(
+            config.kept_heads, i, hidden_size=base.hidden_size, num_heads=base.num_attention_heads,
+            intermediate_size=base.intermediate_size, hidden_act=base.hidden_act, layer_norm_eps=base.layer_norm_eps,
+            attention_dropout=base.attention_probs_dropout_prob, hidden_dropout=base.hidden_dropout_prob,
+            mlp_fusion=config.mlp_fusion,
+        )
+        for i in range(base.num_hidden_layers)
+    ]
 
 
 class HydraPreLNLayer(GradientCheckpointingLayer):
@@ -751,27 +767,9 @@ class HydraPreTrainedModel(PreTrainedModel):
 
 
 # ==================================================================================================
-# Post-LN text encoders (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, ALBERT): the layer
-# spec builder, the post-LN layer, the per-member classification head and the classifier output.
+# Post-LN text encoders (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, ALBERT): the
+# post-LN layer, the per-member classification head and the classifier output.
 # ==================================================================================================
-def layer_spec_for(
-    kept_heads: list[list[list[int]]], layer_idx: int, *, hidden_size: int, num_heads: int, intermediate_size: int,
-    hidden_act: str, layer_norm_eps: float, attention_dropout: float, hidden_dropout: float, mlp_fusion: str,
-) -> HydraLayerSpec:
-    """The spec of fused layer ``layer_idx``: the members' ``kept_heads[m][layer_idx]`` and the base's sizes."""
-    return HydraLayerSpec(
-        hidden_size=hidden_size,
-        num_heads=num_heads,
-        kept_heads=tuple(tuple(member[layer_idx]) for member in kept_heads),
-        intermediate_size=intermediate_size,
-        hidden_act=hidden_act,
-        layer_norm_eps=layer_norm_eps,
-        attention_dropout=attention_dropout,
-        hidden_dropout=hidden_dropout,
-        mlp_fusion=mlp_fusion,
-    )
-
-
 class HydraPostLNLayer(GradientCheckpointingLayer):
     """A post-LN encoder layer for M members: ``h = LN1_m(h + Attn(h)); h = LN2_m(h + MLP(h))``.
 
@@ -844,3 +842,233 @@ def classifier_output(
         hidden_states=encoder_output.hidden_states,
         attentions=encoder_output.attentions,
     )
+
+
+# ==================================================================================================
+# Model skeletons: the encoder and classifier classes a family's modeling file subclasses. The family
+# declares what is its own as class attributes and small hooks (base config class, embeddings, head,
+# dropout flags); the skeletons hold the layer loop, the outputs and the ensemble.
+# ==================================================================================================
+def resolve_output_flags(
+    config, output_attentions: bool | None, output_hidden_states: bool | None, return_dict: bool | None
+) -> tuple[bool, bool, bool]:
+    """The call's ``output_attentions``, ``output_hidden_states`` and ``return_dict``, the config's where None."""
+    return (
+        config.output_attentions if output_attentions is None else output_attentions,
+        config.output_hidden_states if output_hidden_states is None else output_hidden_states,
+        config.return_dict if return_dict is None else return_dict,
+    )
+
+
+def encoder_output(
+    last: torch.Tensor, pooled: torch.Tensor | None, all_hidden: tuple | None, all_attentions: tuple | None,
+    return_dict: bool,
+) -> HydraModelOutput | tuple:
+    """A fused encoder's output: ``last (B, M, T, d)``, ``pooled (B, M, d)`` or None, per-layer tuples or None."""
+    if not return_dict:
+        return tuple(v for v in (last, pooled, all_hidden, all_attentions) if v is not None)
+    return HydraModelOutput(last_hidden_state=last, pooler_output=pooled, hidden_states=all_hidden, attentions=all_attentions)
+
+
+class HydraTextPreTrainedModel(HydraPreTrainedModel):
+    """The base of a post-LN text family's classes. The family's own subclass sets ``config_class``,
+    ``base_config_class`` (e.g. ``BertConfig``) and ``embeddings_class`` (e.g. ``BertEmbeddings``), and
+    overrides :meth:`layer_specs` / :meth:`embed` where its base differs from BERT."""
+
+    main_input_name = "input_ids"
+    _no_split_modules = ["HydraPostLNLayer"]
+    base_config_class: type
+    embeddings_class: type
+
+    @classmethod
+    def base_config(cls, config):
+        """The base configuration stored in ``config.base_config``, as an instance of ``base_config_class``."""
+        return cls.base_config_class.from_dict(config.base_config)
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.base_config.get("initializer_range", 0.02)
+        if init_hydra_weights(module, std):
+            return
+        if isinstance(module, self.embeddings_class):
+            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
+            if hasattr(module, "token_type_ids"):  # DistilBERT's embeddings have none
+                init.zeros_(module.token_type_ids)
+        elif isinstance(module, (nn.Linear, nn.Embedding, nn.LayerNorm)):
+            super()._init_weights(module)
+
+
+class HydraPostLNTextModel(HydraTextPreTrainedModel):
+    """The fused post-LN text encoder: shared embeddings, M residual streams through ``HydraPostLNLayer``s,
+    and (``has_pooler``: BERT, ALBERT) per-member tanh poolers on the first token.
+
+    Family hooks: ``add_input_projection`` (a shared projection between the embeddings and the layers,
+    registered between them: ELECTRA, ALBERT), ``embed`` (the embeddings call), ``layer_specs`` and the
+    flags ``attention_output_dropout`` / ``mlp_output_dropout`` of ``HydraPostLNLayer``.
+    """
+
+    has_pooler = False
+    attention_output_dropout = True
+    mlp_output_dropout = True
+
+    def __init__(self, config, add_pooling_layer: bool = True) -> None:
+        super().__init__(config)
+        base = self.base_config(config)
+        self.embeddings = self.embeddings_class(base)
+        self.add_input_projection(base)
+        self.layers = nn.ModuleList(
+            HydraPostLNLayer(
+                config, spec, attention_output_dropout=self.attention_output_dropout,
+                mlp_output_dropout=self.mlp_output_dropout,
+            )
+            for spec in self.layer_specs(config, base)
+        )
+        if self.has_pooler and add_pooling_layer:
+            self.pooler = HydraMemberLinear(config.num_members, base.hidden_size, base.hidden_size)
+        else:
+            self.pooler = None
+        self.post_init()
+
+    def add_input_projection(self, base) -> None:
+        """Register a shared module between the embeddings and the layers (none by default)."""
+
+    @staticmethod
+    def layer_specs(config, base) -> list[HydraLayerSpec]:
+        return base_layer_specs(config, base)
+
+    def embed(
+        self, input_ids: torch.Tensor | None, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None,
+        inputs_embeds: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The shared input of the first layer, ``(B, T, d)``."""
+        return self.embeddings(
+            input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds
+        )
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> HydraModelOutput | tuple:
+        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
+            self.config, output_attentions, output_hidden_states, return_dict
+        )
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        embeddings = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, d), shared by all members
+        mask = padding_mask_to_additive(attention_mask, embeddings.dtype, embeddings.shape[1])  # (B, 1, 1, T) or None
+        hidden, all_hidden, all_attentions = run_layers(
+            self.layers, embeddings, self.config.num_members, mask, output_hidden_states, output_attentions
+        )  # (M, B, T, d)
+        pooled = torch.tanh(self.pooler(hidden[:, :, 0])).transpose(0, 1) if self.pooler is not None else None  # (B, M, d)
+        return encoder_output(hidden.transpose(0, 1), pooled, all_hidden, all_attentions, return_dict)
+
+    def forward_without_token_types(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> HydraModelOutput | tuple:
+        """``forward`` for a base without token types (DistilBERT: ``forward = forward_without_token_types``),
+        so that its signature names only the inputs the model reads (ONNX export reads it)."""
+        return HydraPostLNTextModel.forward(
+            self, input_ids, attention_mask, None, position_ids, inputs_embeds, output_attentions,
+            output_hidden_states, return_dict,
+        )
+
+
+class HydraPostLNTextForSequenceClassification(HydraTextPreTrainedModel):
+    """M pruned classifiers of a post-LN text family in one model. ``logits`` = log of the mean of the
+    members' softmaxes (see ``ensemble_outputs``).
+
+    ``encoder_class`` is the family's encoder. The head, by ``head_activation``: None (BERT, ALBERT):
+    dropout and a per-member ``classifier`` on the pooled output; ``"tanh"`` / ``"gelu"`` / ``"relu"``:
+    a per-member ``HydraClassificationHead`` on the first token (``head_dropout_first``: dropout before
+    its ``dense`` too). ``classifier_dropout`` reads the head's dropout from the base config.
+    """
+
+    encoder_class: type
+    head_activation: str | None = None
+    head_dropout_first = True
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        base = self.base_config(config)
+        self.num_labels = config.num_labels
+        self.hydra = self.encoder_class(config)
+        M, d, C = config.num_members, base.hidden_size, config.num_labels
+        if self.head_activation is None:
+            self.dropout = nn.Dropout(self.classifier_dropout(base))
+            self.classifier = HydraMemberLinear(M, d, C)
+        else:
+            self.classifier = HydraClassificationHead(
+                M, d, C, self.head_activation, self.classifier_dropout(base), dropout_first=self.head_dropout_first
+            )
+        self.post_init()
+
+    @staticmethod
+    def classifier_dropout(base) -> float:
+        return base.classifier_dropout if base.classifier_dropout is not None else base.hidden_dropout_prob
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> HydraClassifierOutput | tuple:
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.hydra(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+            position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states, return_dict=True,
+        )
+        if self.head_activation is None:
+            pooled = outputs.pooler_output.transpose(0, 1)  # (M, B, d)
+            member_logits = self.classifier(self.dropout(pooled)).transpose(0, 1)  # (B, M, C)
+        else:
+            first = outputs.last_hidden_state[:, :, 0].transpose(0, 1)  # (M, B, d): every member's first token
+            member_logits = self.classifier(first).transpose(0, 1)  # (B, M, C)
+        return classifier_output(member_logits, labels, self.config, outputs, return_dict)
+
+    def forward_without_token_types(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> HydraClassifierOutput | tuple:
+        """``forward`` for a base without token types (see ``HydraPostLNTextModel.forward_without_token_types``)."""
+        return HydraPostLNTextForSequenceClassification.forward(
+            self, input_ids, attention_mask, None, position_ids, inputs_embeds, labels, output_attentions,
+            output_hidden_states, return_dict,
+        )

@@ -46,10 +46,10 @@ from .hydra_layers import (
     HydraPreTrainedModel,
     HydraSelfAttention,
     LayerOutputs,
+    base_layer_specs,
     classifier_output,
     eager_attention_forward,
     init_hydra_weights,
-    layer_spec_for,
 )
 
 
@@ -80,15 +80,6 @@ def relative_positions(num_tokens: int, base: DebertaV2Config, device: torch.dev
     if buckets > 0 and max_relative > 0:
         delta = make_log_bucket_position(delta, buckets, max_relative)
     return delta.to(torch.long)
-
-
-def deberta_layer_spec(config: HydraEnsembleDebertaV2Config, base: DebertaV2Config, layer_idx: int) -> HydraLayerSpec:
-    return layer_spec_for(
-        config.kept_heads, layer_idx, hidden_size=base.hidden_size, num_heads=base.num_attention_heads,
-        intermediate_size=base.intermediate_size, hidden_act=base.hidden_act, layer_norm_eps=base.layer_norm_eps,
-        attention_dropout=base.attention_probs_dropout_prob, hidden_dropout=base.hidden_dropout_prob,
-        mlp_fusion=config.mlp_fusion,
-    )
 
 
 class HydraDisentangledSelfAttention(HydraSelfAttention):
@@ -351,7 +342,7 @@ class HydraEnsembleDebertaV2Model(HydraEnsembleDebertaV2PreTrainedModel):
             HydraLayerNorm(config.num_members, base.hidden_size, base.layer_norm_eps) if "layer_norm" in norm_rel else None
         )
         self.layers = nn.ModuleList(
-            HydraDebertaV2Layer(config, deberta_layer_spec(config, base, i), base) for i in range(base.num_hidden_layers)
+            HydraDebertaV2Layer(config, spec, base) for spec in base_layer_specs(config, base)
         )
         self.conv = HydraDebertaV2Conv(config.num_members, base) if getattr(base, "conv_kernel_size", 0) > 0 else None
         self.post_init()

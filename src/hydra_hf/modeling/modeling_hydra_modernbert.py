@@ -49,7 +49,7 @@ from .hydra_layers import (
     eager_attention_forward,
     grouped_linear,
     init_hydra_weights,
-    layer_spec_for,
+    layer_spec,
     padding_mask_to_additive,
 )
 
@@ -78,7 +78,7 @@ def hydra_norm(num_members: int, base: ModernBertConfig) -> HydraLayerNorm:
 def modernbert_layer_spec(
     config: HydraEnsembleModernBertConfig, base: ModernBertConfig, layer_idx: int
 ) -> HydraLayerSpec:
-    return layer_spec_for(
+    return layer_spec(
         config.kept_heads, layer_idx, hidden_size=base.hidden_size, num_heads=base.num_attention_heads,
         intermediate_size=base.intermediate_size, hidden_act=base.hidden_activation, layer_norm_eps=base.norm_eps,
         attention_dropout=base.attention_dropout, hidden_dropout=base.mlp_dropout, mlp_fusion=config.mlp_fusion,
