@@ -755,9 +755,16 @@ class HydraPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_attention_backend = False
 
+    base_config_class: type  # the base's transformers config class (``BertConfig``), set by the family
+
     def __init__(self, config, *args, **kwargs) -> None:
         config.sync_base_settings()  # e.g. from_pretrained(folder, hidden_dropout_prob=0.2): the family reads base_config
         super().__init__(config, *args, **kwargs)
+
+    @classmethod
+    def base_config(cls, config):
+        """The base configuration stored in ``config.base_config``, as an instance of ``base_config_class``."""
+        return cls.base_config_class.from_dict(config.base_config)
 
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Module:
         """transformers' ``resize_token_embeddings``; the new ``vocab_size`` is written into ``base_config``."""
@@ -877,13 +884,7 @@ class HydraTextPreTrainedModel(HydraPreTrainedModel):
 
     main_input_name = "input_ids"
     _no_split_modules = ["HydraPostLNLayer"]
-    base_config_class: type
     embeddings_class: type
-
-    @classmethod
-    def base_config(cls, config):
-        """The base configuration stored in ``config.base_config``, as an instance of ``base_config_class``."""
-        return cls.base_config_class.from_dict(config.base_config)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -1072,3 +1073,137 @@ class HydraPostLNTextForSequenceClassification(HydraTextPreTrainedModel):
             self, input_ids, attention_mask, None, position_ids, inputs_embeds, labels, output_attentions,
             output_hidden_states, return_dict,
         )
+
+
+class HydraVisionPreTrainedModel(HydraPreTrainedModel):
+    """The base of a pre-LN image family's classes (ViT, DeiT, BEiT, DINOv2). The family's own subclass
+    sets ``config_class``, ``base_config_class``, ``embeddings_class`` (one class or a tuple), the
+    embeddings' tokens initialised truncated-normal (``trunc_normal_tokens``, in this order) or zero
+    (``zero_tokens``), and ``init_own_weights`` for its own modules (layer scale, bias tables)."""
+
+    main_input_name = "pixel_values"
+    input_modalities = ("image",)
+    embeddings_class: type | tuple[type, ...]
+    trunc_normal_tokens: tuple[str, ...] = ("position_embeddings", "cls_token")
+    zero_tokens: tuple[str, ...] = ()
+
+    def init_own_weights(self, module: nn.Module) -> bool:
+        """Initialise one of the family's own modules; False for any other module."""
+        return False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.base_config.get("initializer_range", 0.02)
+        if init_hydra_weights(module, std) or self.init_own_weights(module):
+            return
+        if isinstance(module, self.embeddings_class):
+            for name in self.trunc_normal_tokens:
+                if getattr(module, name, None) is not None:  # BEiT: no absolute position embeddings
+                    init.trunc_normal_(getattr(module, name), mean=0.0, std=std)
+            for name in self.zero_tokens:
+                if getattr(module, name, None) is not None:
+                    init.zeros_(getattr(module, name))
+        elif isinstance(module, (nn.Linear, nn.Conv2d, nn.LayerNorm)):
+            super()._init_weights(module)
+
+
+class HydraPreLNVisionModel(HydraVisionPreTrainedModel):
+    """The fused pre-LN image encoder: shared embeddings, M residual streams through the family's layers
+    (``build_layers``; default ``HydraPreLNLayer``), per-member final LayerNorms (``layernorm``).
+
+    Family hooks: ``build_embeddings``, ``build_layers``, ``embed`` (the embeddings call), ``pool`` (the
+    ``pooler_output`` from the normalised tokens; None by default) and ``any_image_size`` (accept every
+    image size, interpolating the position embeddings, as transformers' DINOv2 and BEiT do).
+    """
+
+    any_image_size = False
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        base = self.base_config(config)
+        self.embeddings = self.build_embeddings(base)
+        self.layers = nn.ModuleList(self.build_layers(config, base))
+        self.layernorm = HydraLayerNorm(config.num_members, base.hidden_size, base.layer_norm_eps)
+        self.post_init()
+
+    def build_embeddings(self, base) -> nn.Module:
+        return self.embeddings_class(base)
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embeddings.patch_embeddings
+
+    def build_layers(self, config, base) -> list[nn.Module]:
+        return [HydraPreLNLayer(config, spec) for spec in base_layer_specs(config, base)]
+
+    def embed(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool) -> torch.Tensor:
+        """``(B, C, H, W)`` -> the shared input of the first layer ``(B, T, d)``."""
+        return self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
+
+    def pool(self, last: torch.Tensor) -> torch.Tensor | None:
+        """``last (B, M, T, d)`` -> ``pooler_output (B, M, d)``, or None."""
+        return None
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        interpolate_pos_encoding: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> HydraModelOutput | tuple:
+        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
+            self.config, output_attentions, output_hidden_states, return_dict
+        )
+        interpolate = bool(interpolate_pos_encoding)
+        patch = self.embeddings.patch_embeddings
+        check_pixel_values(pixel_values, patch.num_channels, patch.image_size, interpolate or self.any_image_size)
+        embeddings = self.embed(pixel_values.to(patch.projection.weight.dtype), interpolate)  # (B, T, d)
+        hidden, all_hidden, all_attentions = run_layers(
+            self.layers, embeddings, self.config.num_members, None, output_hidden_states, output_attentions
+        )  # (M, B, T, d)
+        last = self.layernorm(hidden).transpose(0, 1)  # (B, M, T, d)
+        return encoder_output(last, self.pool(last), all_hidden, all_attentions, return_dict)
+
+
+class HydraVisionForImageClassification(HydraVisionPreTrainedModel):
+    """M pruned image classifiers in one model. ``logits`` = log of the mean of the members' softmaxes.
+
+    ``encoder_class`` is the family's encoder; ``add_head`` registers the per-member head (default: a
+    ``classifier (M, C, d)``) and ``member_logits`` computes ``(B, M, C)`` from the encoder's output
+    (default: the classifier on every member's first token).
+    """
+
+    encoder_class: type
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        base = self.base_config(config)
+        self.num_labels = config.num_labels
+        self.hydra = self.encoder_class(config)
+        self.add_head(config, base)
+        self.post_init()
+
+    def add_head(self, config, base) -> None:
+        self.classifier = HydraMemberLinear(config.num_members, base.hidden_size, config.num_labels)
+
+    def member_logits(self, outputs: HydraModelOutput) -> torch.Tensor:
+        first = outputs.last_hidden_state[:, :, 0].transpose(0, 1)  # (M, B, d): every member's first ([CLS]) token
+        return self.classifier(first).transpose(0, 1)  # (B, M, C)
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        interpolate_pos_encoding: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> HydraClassifierOutput | tuple:
+        return_dict = self.config.return_dict if return_dict is None else return_dict
+        outputs = self.hydra(
+            pixel_values, interpolate_pos_encoding=interpolate_pos_encoding, output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states, return_dict=True,
+        )
+        return classifier_output(self.member_logits(outputs), labels, self.config, outputs, return_dict)

@@ -30,25 +30,18 @@ from transformers.models.beit.modeling_beit import BeitEmbeddings, BeitRelativeP
 
 from .configuration_hydra import HydraEnsembleBeitConfig
 from .hydra_layers import (
-    HydraClassifierOutput,
     HydraLayerNorm,
     HydraLayerScalePreLNLayer,
     HydraLayerSpec,
-    HydraMemberLinear,
     HydraModelOutput,
-    HydraPreTrainedModel,
+    HydraVisionForImageClassification,
+    HydraVisionPreTrainedModel,
     LayerOutputs,
+    base_layer_specs,
     check_pixel_values,
-    ensemble_outputs,
-    init_hydra_weights,
-    layer_spec,
+    encoder_output,
+    resolve_output_flags,
 )
-
-
-def beit_base_config(config: HydraEnsembleBeitConfig) -> BeitConfig:
-    """The base BEiT configuration stored in ``config.base_config`` (without a mask token: masked image
-    modeling is not part of a classifier)."""
-    return BeitConfig.from_dict({**config.base_config, "use_mask_token": False})
 
 
 def window_of(base: BeitConfig) -> tuple[int, int]:
@@ -123,33 +116,31 @@ class HydraBeitLayer(HydraLayerScalePreLNLayer):
         return bias
 
 
-class HydraEnsembleBeitPreTrainedModel(HydraPreTrainedModel):
+class HydraEnsembleBeitPreTrainedModel(HydraVisionPreTrainedModel):
     config_class = HydraEnsembleBeitConfig
-    main_input_name = "pixel_values"
-    input_modalities = ("image",)
+    embeddings_class = BeitEmbeddings
+    trunc_normal_tokens = ("cls_token", "position_embeddings")
     _no_split_modules = ["BeitEmbeddings", "HydraBeitLayer"]
 
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        base = self.config.base_config
-        std = base.get("initializer_range", 0.02)
-        if init_hydra_weights(module, std):
-            return
+    @classmethod
+    def base_config(cls, config: HydraEnsembleBeitConfig) -> BeitConfig:
+        """The base BEiT configuration stored in ``config.base_config`` (without a mask token: masked image
+        modeling is not part of a classifier)."""
+        return BeitConfig.from_dict({**config.base_config, "use_mask_token": False})
+
+    def init_own_weights(self, module: nn.Module) -> bool:
         if isinstance(module, HydraBeitLayer):
             if module.lambda_1 is not None:
-                init.constant_(module.lambda_1, float(base.get("layer_scale_init_value", 0.1)))
-                init.constant_(module.lambda_2, float(base.get("layer_scale_init_value", 0.1)))
+                init.constant_(module.lambda_1, float(self.config.base_config.get("layer_scale_init_value", 0.1)))
+                init.constant_(module.lambda_2, float(self.config.base_config.get("layer_scale_init_value", 0.1)))
             if module.relative_position_bias_table is not None:
                 init.zeros_(module.relative_position_bias_table)
         elif isinstance(module, HydraEnsembleBeitModel):
             if module.shared_relative_position_bias_table is not None:
                 init.zeros_(module.shared_relative_position_bias_table)
-        elif isinstance(module, BeitEmbeddings):
-            init.trunc_normal_(module.cls_token, mean=0.0, std=std)
-            if module.position_embeddings is not None:
-                init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
-        elif isinstance(module, (nn.Linear, nn.Conv2d, nn.LayerNorm)):
-            super()._init_weights(module)
+        else:
+            return False
+        return True
 
 
 class HydraEnsembleBeitModel(HydraEnsembleBeitPreTrainedModel):
@@ -161,7 +152,7 @@ class HydraEnsembleBeitModel(HydraEnsembleBeitPreTrainedModel):
 
     def __init__(self, config: HydraEnsembleBeitConfig) -> None:
         super().__init__(config)
-        base = beit_base_config(config)
+        base = self.base_config(config)
         M, d, L = config.num_members, base.hidden_size, base.num_hidden_layers
         self.base_window = window_of(base)
         self.patch_size = base.patch_size
@@ -171,20 +162,8 @@ class HydraEnsembleBeitModel(HydraEnsembleBeitPreTrainedModel):
             nn.Parameter(torch.zeros(M, rows, base.num_attention_heads)) if base.use_shared_relative_position_bias else None
         )
         rates = [base.drop_path_rate * i / max(L - 1, 1) for i in range(L)]  # the stock schedule
-        self.layers = nn.ModuleList(
-            HydraBeitLayer(
-                config,
-                layer_spec(
-                    config.kept_heads, i, hidden_size=d, num_heads=base.num_attention_heads,
-                    intermediate_size=base.intermediate_size, hidden_act=base.hidden_act,
-                    layer_norm_eps=base.layer_norm_eps, attention_dropout=base.attention_probs_dropout_prob,
-                    hidden_dropout=base.hidden_dropout_prob, mlp_fusion=config.mlp_fusion,
-                ),
-                base,
-                rates[i],
-            )
-            for i in range(L)
-        )
+        specs = base_layer_specs(config, base)
+        self.layers = nn.ModuleList(HydraBeitLayer(config, specs[i], base, rates[i]) for i in range(L))
         self.use_mean_pooling = bool(base.use_mean_pooling)
         self.layernorm = None if self.use_mean_pooling else HydraLayerNorm(M, d, base.layer_norm_eps)
         self.pooler_layernorm = HydraLayerNorm(M, d, base.layer_norm_eps) if self.use_mean_pooling else None
@@ -202,80 +181,39 @@ class HydraEnsembleBeitModel(HydraEnsembleBeitPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> HydraModelOutput | tuple:
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        return_dict = self.config.return_dict if return_dict is None else return_dict
+        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
+            self.config, output_attentions, output_hidden_states, return_dict
+        )
         patch = self.embeddings.patch_embeddings
         # like transformers' BEiT, any image size works (the bias tables are resized to the patch grid)
         check_pixel_values(pixel_values, patch.num_channels, patch.image_size, True)
         pixel_values = pixel_values.to(patch.projection.weight.dtype)
         embeddings = self.embeddings(pixel_values)  # (B, T, d)
         T = embeddings.shape[1]
-        M = self.config.num_members
         window = (pixel_values.shape[2] // self.patch_size, pixel_values.shape[3] // self.patch_size)
         interpolate = bool(interpolate_pos_encoding)
-        outs = LayerOutputs(embeddings, M, output_hidden_states, output_attentions)
+        outs = LayerOutputs(embeddings, self.config.num_members, output_hidden_states, output_attentions)
         for layer in self.layers:
             bias = layer.head_bias(self.shared_relative_position_bias_table, self.base_window, window, interpolate, T)
             outs.add(*layer(outs.input, bias))  # (M, B, T, d); bias (1, K, T, T) per kept head
-        hidden, all_hidden, all_attentions = outs.streams(), outs.hidden_states, outs.attentions
+        hidden = outs.streams()
         if self.use_mean_pooling:
             pooled = self.pooler_layernorm(hidden[:, :, 1:].mean(dim=2))  # (M, B, d): mean of the patch tokens
         else:
             hidden = self.layernorm(hidden)
             pooled = hidden[:, :, 0]  # (M, B, d): [CLS]
-        last = hidden.transpose(0, 1)  # (B, M, T, d)
-        pooled = pooled.transpose(0, 1)  # (B, M, d)
-        if not return_dict:
-            return tuple(v for v in (last, pooled, all_hidden, all_attentions) if v is not None)
-        return HydraModelOutput(
-            last_hidden_state=last, pooler_output=pooled, hidden_states=all_hidden, attentions=all_attentions
-        )
+        return encoder_output(hidden.transpose(0, 1), pooled.transpose(0, 1), outs.hidden_states, outs.attentions, return_dict)
 
 
-class HydraEnsembleBeitForImageClassification(HydraEnsembleBeitPreTrainedModel):
-    """M pruned BEiT classifiers in one model. ``logits`` = log of the mean of the members' softmaxes.
+class HydraEnsembleBeitForImageClassification(HydraEnsembleBeitPreTrainedModel, HydraVisionForImageClassification):
+    """M pruned BEiT classifiers in one model (every member's classifier on its ``pooler_output``).
+    ``logits`` = log of the mean of the members' softmaxes.
 
     ``AutoModelForImageClassification`` and ``pipeline("image-classification", model=folder,
     trust_remote_code=True)`` use this class.
     """
 
-    def __init__(self, config: HydraEnsembleBeitConfig) -> None:
-        super().__init__(config)
-        base = beit_base_config(config)
-        self.num_labels = config.num_labels
-        self.hydra = HydraEnsembleBeitModel(config)
-        self.classifier = HydraMemberLinear(config.num_members, base.hidden_size, config.num_labels)
-        self.post_init()
+    encoder_class = HydraEnsembleBeitModel
 
-    def forward(
-        self,
-        pixel_values: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        interpolate_pos_encoding: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> HydraClassifierOutput | tuple:
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.hydra(
-            pixel_values,
-            interpolate_pos_encoding=interpolate_pos_encoding,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
-        member_logits = self.classifier(outputs.pooler_output.transpose(0, 1)).transpose(0, 1)  # (B, M, C)
-        logits, loss = ensemble_outputs(member_logits, labels, self.config)
-        if not return_dict:
-            out = (logits, member_logits, outputs.hidden_states, outputs.attentions)
-            out = tuple(v for v in out if v is not None)
-            return ((loss,) + out) if loss is not None else out
-        return HydraClassifierOutput(
-            loss=loss,
-            logits=logits,
-            member_logits=member_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+    def member_logits(self, outputs: HydraModelOutput) -> torch.Tensor:
+        return self.classifier(outputs.pooler_output.transpose(0, 1)).transpose(0, 1)  # (B, M, C)

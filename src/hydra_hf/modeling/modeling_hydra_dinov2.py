@@ -25,27 +25,17 @@ from transformers.models.dinov2_with_registers.modeling_dinov2_with_registers im
 
 from .configuration_hydra import HydraEnsembleDinov2Config
 from .hydra_layers import (
-    HydraClassifierOutput,
-    HydraLayerNorm,
     HydraLayerScalePreLNLayer,
     HydraLayerSpec,
     HydraMemberLinear,
     HydraMLP,
     HydraModelOutput,
-    HydraPreTrainedModel,
-    check_pixel_values,
-    ensemble_outputs,
+    HydraPreLNVisionModel,
+    HydraVisionForImageClassification,
+    HydraVisionPreTrainedModel,
     grouped_linear,
-    init_hydra_weights,
     layer_spec,
-    run_layers,
 )
-
-
-def dinov2_base_config(config: HydraEnsembleDinov2Config) -> Dinov2Config | Dinov2WithRegistersConfig:
-    """The base configuration stored in ``config.base_config``."""
-    cls = Dinov2WithRegistersConfig if config.base_model_type == "dinov2_with_registers" else Dinov2Config
-    return cls.from_dict(config.base_config)
 
 
 def swiglu_hidden_features(base: Dinov2Config) -> int:
@@ -71,86 +61,59 @@ class HydraSwiGLUMLP(HydraMLP):
         return grouped_linear(F.silu(gate) * up, self.fc2_weight.transpose(1, 2), self.fc2_bias)  # (M, N, d)
 
 
-class HydraEnsembleDinov2PreTrainedModel(HydraPreTrainedModel):
+class HydraEnsembleDinov2PreTrainedModel(HydraVisionPreTrainedModel):
     config_class = HydraEnsembleDinov2Config
-    main_input_name = "pixel_values"
-    input_modalities = ("image",)
+    embeddings_class = (Dinov2Embeddings, Dinov2WithRegistersEmbeddings)
+    zero_tokens = ("mask_token", "register_tokens")
     _no_split_modules = ["Dinov2Embeddings", "Dinov2WithRegistersEmbeddings", "HydraLayerScalePreLNLayer"]
 
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        base = self.config.base_config
-        std = base.get("initializer_range", 0.02)
-        if init_hydra_weights(module, std):
-            return
-        if isinstance(module, HydraLayerScalePreLNLayer):
-            init.constant_(module.lambda_1, float(base.get("layerscale_value", 1.0)))
-            init.constant_(module.lambda_2, float(base.get("layerscale_value", 1.0)))
-        elif isinstance(module, (Dinov2Embeddings, Dinov2WithRegistersEmbeddings)):
-            init.trunc_normal_(module.position_embeddings, mean=0.0, std=std)
-            init.trunc_normal_(module.cls_token, mean=0.0, std=std)
-            if module.mask_token is not None:
-                init.zeros_(module.mask_token)
-            if getattr(module, "register_tokens", None) is not None:
-                init.zeros_(module.register_tokens)
-        elif isinstance(module, (nn.Linear, nn.Conv2d, nn.LayerNorm)):
-            super()._init_weights(module)
-
-
-class HydraEnsembleDinov2Model(HydraEnsembleDinov2PreTrainedModel):
-    """The fused DINOv2 encoder: shared embeddings (and register tokens), M residual streams, per-member
-    final LayerNorms. Returns ``last_hidden_state (B, M, T, d)`` and ``pooler_output (B, M, d)`` ([CLS])."""
-
-    def __init__(self, config: HydraEnsembleDinov2Config) -> None:
-        super().__init__(config)
-        base = dinov2_base_config(config)
+    @classmethod
+    def base_config(cls, config: HydraEnsembleDinov2Config) -> Dinov2Config | Dinov2WithRegistersConfig:
+        """The base configuration stored in ``config.base_config`` (with or without registers)."""
         with_registers = config.base_model_type == "dinov2_with_registers"
+        return (Dinov2WithRegistersConfig if with_registers else Dinov2Config).from_dict(config.base_config)
+
+    def init_own_weights(self, module: nn.Module) -> bool:
+        if not isinstance(module, HydraLayerScalePreLNLayer):
+            return False
+        init.constant_(module.lambda_1, float(self.config.base_config.get("layerscale_value", 1.0)))
+        init.constant_(module.lambda_2, float(self.config.base_config.get("layerscale_value", 1.0)))
+        return True
+
+
+class HydraEnsembleDinov2Model(HydraEnsembleDinov2PreTrainedModel, HydraPreLNVisionModel):
+    """The fused DINOv2 encoder: shared embeddings (and register tokens), M residual streams, per-member
+    final LayerNorms. Returns ``last_hidden_state (B, M, T, d)`` and ``pooler_output (B, M, d)`` ([CLS]).
+    Any image size is accepted: the position embeddings are always interpolated, as in transformers."""
+
+    any_image_size = True
+
+    def build_embeddings(self, base: Dinov2Config | Dinov2WithRegistersConfig) -> nn.Module:
+        with_registers = self.config.base_model_type == "dinov2_with_registers"
         self.num_register_tokens = int(base.num_register_tokens) if with_registers else 0
-        self.embeddings = (Dinov2WithRegistersEmbeddings if with_registers else Dinov2Embeddings)(base)
-        inner = int(base.hidden_size * base.mlp_ratio)
+        return (Dinov2WithRegistersEmbeddings if with_registers else Dinov2Embeddings)(base)
+
+    def build_layers(self, config: HydraEnsembleDinov2Config, base: Dinov2Config) -> list[nn.Module]:
         layers = []
         for i in range(base.num_hidden_layers):
             spec = layer_spec(
                 config.kept_heads, i, hidden_size=base.hidden_size, num_heads=base.num_attention_heads,
-                intermediate_size=inner, hidden_act=base.hidden_act, layer_norm_eps=base.layer_norm_eps,
-                attention_dropout=base.attention_probs_dropout_prob, hidden_dropout=0.0, mlp_fusion=config.mlp_fusion,
+                intermediate_size=int(base.hidden_size * base.mlp_ratio), hidden_act=base.hidden_act,
+                layer_norm_eps=base.layer_norm_eps, attention_dropout=base.attention_probs_dropout_prob,
+                hidden_dropout=0.0, mlp_fusion=config.mlp_fusion,
             )  # DINOv2's layers have no dropout on their branches
             mlp = HydraSwiGLUMLP(spec, swiglu_hidden_features(base)) if base.use_swiglu_ffn else None
             layers.append(HydraLayerScalePreLNLayer(config, spec, layer_scale=True, drop_path=base.drop_path_rate, mlp=mlp))
-        self.layers = nn.ModuleList(layers)
-        self.layernorm = HydraLayerNorm(config.num_members, base.hidden_size, base.layer_norm_eps)
-        self.post_init()
+        return layers
 
-    def get_input_embeddings(self) -> nn.Module:
-        return self.embeddings.patch_embeddings
+    def embed(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool) -> torch.Tensor:
+        return self.embeddings(pixel_values)  # (B, T, d): always interpolated
 
-    def forward(
-        self,
-        pixel_values: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> HydraModelOutput | tuple:
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        patch = self.embeddings.patch_embeddings
-        check_pixel_values(pixel_values, patch.num_channels, patch.image_size, True)  # any size, as in transformers
-        embeddings = self.embeddings(pixel_values.to(patch.projection.weight.dtype))  # (B, T, d)
-        hidden, all_hidden, all_attentions = run_layers(
-            self.layers, embeddings, self.config.num_members, None, output_hidden_states, output_attentions
-        )  # (M, B, T, d)
-        last = self.layernorm(hidden).transpose(0, 1)  # (B, M, T, d)
-        pooled = last[:, :, 0]  # (B, M, d): [CLS]
-        if not return_dict:
-            return tuple(v for v in (last, pooled, all_hidden, all_attentions) if v is not None)
-        return HydraModelOutput(
-            last_hidden_state=last, pooler_output=pooled, hidden_states=all_hidden, attentions=all_attentions
-        )
+    def pool(self, last: torch.Tensor) -> torch.Tensor:
+        return last[:, :, 0]  # (B, M, d): [CLS]
 
 
-class HydraEnsembleDinov2ForImageClassification(HydraEnsembleDinov2PreTrainedModel):
+class HydraEnsembleDinov2ForImageClassification(HydraEnsembleDinov2PreTrainedModel, HydraVisionForImageClassification):
     """M pruned DINOv2 classifiers in one model: member m's classifier ``(M, C, 2d)`` reads its
     ``[CLS ; mean of the patch tokens]``. ``logits`` = log of the mean of the members' softmaxes.
 
@@ -158,40 +121,13 @@ class HydraEnsembleDinov2ForImageClassification(HydraEnsembleDinov2PreTrainedMod
     trust_remote_code=True)`` use this class.
     """
 
-    def __init__(self, config: HydraEnsembleDinov2Config) -> None:
-        super().__init__(config)
-        base = dinov2_base_config(config)
-        self.num_labels = config.num_labels
-        self.hydra = HydraEnsembleDinov2Model(config)
-        self.classifier = HydraMemberLinear(config.num_members, 2 * base.hidden_size, config.num_labels)
-        self.post_init()
+    encoder_class = HydraEnsembleDinov2Model
 
-    def forward(
-        self,
-        pixel_values: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> HydraClassifierOutput | tuple:
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.hydra(
-            pixel_values, output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True
-        )
+    def add_head(self, config: HydraEnsembleDinov2Config, base: Dinov2Config) -> None:
+        self.classifier = HydraMemberLinear(config.num_members, 2 * base.hidden_size, config.num_labels)
+
+    def member_logits(self, outputs: HydraModelOutput) -> torch.Tensor:
         tokens = outputs.last_hidden_state.transpose(0, 1)  # (M, B, T, d)
         patches = tokens[:, :, 1 + self.hydra.num_register_tokens :]  # (M, B, P, d): registers excluded
         features = torch.cat([tokens[:, :, 0], patches.mean(dim=2)], dim=-1)  # (M, B, 2d)
-        member_logits = self.classifier(features).transpose(0, 1)  # (B, M, C)
-        logits, loss = ensemble_outputs(member_logits, labels, self.config)
-        if not return_dict:
-            out = (logits, member_logits, outputs.hidden_states, outputs.attentions)
-            out = tuple(v for v in out if v is not None)
-            return ((loss,) + out) if loss is not None else out
-        return HydraClassifierOutput(
-            loss=loss,
-            logits=logits,
-            member_logits=member_logits,
-            hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
-        )
+        return self.classifier(features).transpose(0, 1)  # (B, M, C)

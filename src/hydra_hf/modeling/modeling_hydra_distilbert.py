@@ -3,10 +3,10 @@
 """Hydra Ensemble of DistilBERT: M head-pruned members run as one model in one pass.
 
 Shared DistilBERT embeddings (word + position, no token types) feed M residual streams through
-post-LN layers (``sa_layer_norm`` / ``output_layer_norm``; no dropout on the attention output, as in
-DistilBERT) with fused self-attention, per-member LayerNorms and an MLP averaged across members (or
-kept per member). Every member has its own ``pre_classifier`` -> ReLU -> ``classifier`` head on its
-first token; the prediction is the mean of the members' softmaxes. The skeletons are in ``hydra_layers.py``.
+post-LN layers (no dropout on the attention output, as in DistilBERT) with fused self-attention,
+per-member LayerNorms and an MLP averaged across members (or kept per member). Every member has its
+own ``pre_classifier`` -> ReLU -> ``classifier`` head on its first token; the prediction is the mean
+of the members' softmaxes. The encoder and classifier skeletons are in ``hydra_layers.py``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from .hydra_layers import (
     HydraLayerSpec, HydraPostLNTextForSequenceClassification, HydraPostLNTextModel, HydraTextPreTrainedModel, layer_spec,
 )
 
-# DistilBERT's LayerNorms use this epsilon whatever its config says (transformers' TransformerBlock).
-DISTILBERT_LAYER_NORM_EPS = 1e-12
+DISTILBERT_LAYER_NORM_EPS = 1e-12  # its LayerNorms' epsilon whatever its config says (transformers' TransformerBlock)
 
 
 class HydraEnsembleDistilBertPreTrainedModel(HydraTextPreTrainedModel):
@@ -33,17 +32,17 @@ class HydraEnsembleDistilBertModel(HydraEnsembleDistilBertPreTrainedModel, Hydra
     """The fused encoder: shared DistilBERT embeddings, M residual streams (``AutoModel``)."""
 
     attention_output_dropout = False
+    forward = HydraPostLNTextModel.forward_without_token_types  # DistilBERT has no token types
 
     @staticmethod
     def layer_specs(config: HydraEnsembleDistilBertConfig, base: DistilBertConfig) -> list[HydraLayerSpec]:
-        sizes = dict(hidden_size=base.dim, num_heads=base.n_heads, intermediate_size=base.hidden_dim, hidden_act=base.activation)
-        return [layer_spec(config.kept_heads, i, **sizes, layer_norm_eps=DISTILBERT_LAYER_NORM_EPS, mlp_fusion=config.mlp_fusion,
-                           attention_dropout=base.attention_dropout, hidden_dropout=base.dropout) for i in range(base.n_layers)]
+        sizes = dict(hidden_size=base.dim, num_heads=base.n_heads, intermediate_size=base.hidden_dim,
+                     hidden_act=base.activation, layer_norm_eps=DISTILBERT_LAYER_NORM_EPS,
+                     attention_dropout=base.attention_dropout, hidden_dropout=base.dropout)  # fmt: skip
+        return [layer_spec(config.kept_heads, i, **sizes, mlp_fusion=config.mlp_fusion) for i in range(base.n_layers)]
 
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds):
         return self.embeddings(input_ids, inputs_embeds, position_ids)  # (B, T, d)
-
-    forward = HydraPostLNTextModel.forward_without_token_types  # DistilBERT has no token types
 
 
 class HydraEnsembleDistilBertForSequenceClassification(
@@ -54,9 +53,8 @@ class HydraEnsembleDistilBertForSequenceClassification(
 
     encoder_class = HydraEnsembleDistilBertModel
     head_activation, head_dropout_first = "relu", False
+    forward = HydraPostLNTextForSequenceClassification.forward_without_token_types
 
     @staticmethod
     def classifier_dropout(base: DistilBertConfig) -> float:
         return base.seq_classif_dropout
-
-    forward = HydraPostLNTextForSequenceClassification.forward_without_token_types
