@@ -74,7 +74,8 @@ def test_distilled_deit_members_finetune_with_both_heads(data, tmp_path):
     export used DeiTForImageClassification and crashed after member 0, issue 24 item 6)."""
     from transformers import DeiTForImageClassificationWithTeacher, ViTImageProcessor
 
-    from hydra_hf.finetune import _prepare_run, finetune_members, image_recipe
+    from hydra_hf.finetune import finetune_members, image_recipe
+    from hydra_hf.finetune import prepare_run as _prepare_run
 
     spec = next(s for s in SPECS if s.name == "deit")
     base = tmp_path / "base"
@@ -103,7 +104,8 @@ def test_distilled_deit_members_finetune_with_both_heads(data, tmp_path):
 def test_a_text_classifier_checkpoint_keeps_its_head(name, data, tmp_path):
     """RoBERTa / ELECTRA name their classifier ``classifier.dense`` / ``classifier.out_proj``: the
     checkpoint's trained head is found (it was taken for a bare encoder: "bare encoder: N classes")."""
-    from hydra_hf.finetune import _prepare_run, text_recipe
+    from hydra_hf.finetune import prepare_run as _prepare_run
+    from hydra_hf.finetune import text_recipe
 
     spec = next(s for s in SPECS if s.name == name)
     base = tmp_path / "base"

@@ -7,7 +7,7 @@ LoRA-Ensemble.
   a pipeline that has trained its Single passes it as ``reuse_member0`` and trains M-1 models.
 - :func:`train_lora` / :func:`train_lora_ensemble`: LoRA adapters (``peft``) on the attention
   projections plus a trainable classifier, trained by the same loop as the members (optimizer,
-  schedule, steps, batch, seeded data order, early stopping: ``finetune._Trainer``), then merged into
+  schedule, steps, batch, seeded data order, early stopping: ``finetune.MemberTrainer``), then merged into
   the weights and saved as a stock ``*ForSequenceClassification`` checkpoint, so that evaluation loads
   a plain model. The adapter itself is kept in ``adapter/``. LoRA-Single is member 0 of a
   LoRA-Ensemble (seed ``config.seed``).
@@ -29,11 +29,26 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from accelerate.utils import set_seed
 from torch import nn
+from transformers import AutoConfig, AutoModelForImageClassification, AutoModelForSequenceClassification
 
+from .convert import read_config
 from .errors import HydraInputError
-from .finetune import _RESUME_FREE, COMMAND, FinetuneConfig, default_recipe
+from .finetune import (
+    COMMAND,
+    RESUME_FREE,
+    FinetuneConfig,
+    MemberTrainer,
+    claim_work_dir,
+    default_recipe,
+    finetune_members,
+    make_accelerator,
+    prepare_run,
+)
 from .masks import HeadMasks
+from .outputs import prepare_owned_folder, write_output_folder
+from .saving import copy_preprocessor
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +60,7 @@ ADAPTER_DIR = "adapter"
 def require_peft() -> Any:
     """The ``peft`` module, or one :class:`HydraInputError` line saying how to install it."""
     try:
-        import peft
+        import peft  # optional: pip install hydra-hf[peft]
     except ImportError:
         raise HydraInputError(f"LoRA baselines need the optional package peft, which is not installed; `{PEFT_HINT}`") from None
     return peft
@@ -53,10 +68,6 @@ def require_peft() -> Any:
 
 def all_heads_masks(model_dir: str | os.PathLike, members: int = 1) -> HeadMasks:
     """``members`` members that each keep every head of ``model_dir``: M full models."""
-    from transformers import AutoConfig
-
-    from .convert import read_config
-
     if isinstance(members, bool) or not isinstance(members, int) or members < 1:
         raise HydraInputError(f"members must be a positive integer, got {members!r}")
     sizes = AutoConfig.for_model(**read_config(model_dir))  # knows every family's names for the sizes
@@ -90,7 +101,7 @@ def _check_reusable(single: Path, config: FinetuneConfig) -> None:
     saved_file = single.parent.parent / "finetune_config.json"
     if saved_file.is_file():
         saved, now = json.loads(saved_file.read_text()), config.to_dict()
-        ignored = {*_RESUME_FREE, "mlp_fusion"}  # they change nothing in a member's weights
+        ignored = {*RESUME_FREE, "mlp_fusion"}  # they change nothing in a member's weights
         diff = {k: (saved.get(k), v) for k, v in now.items() if k not in ignored and saved.get(k) != v}
         if diff:
             raise HydraInputError(
@@ -136,8 +147,6 @@ def train_deep_ensemble(
     Returns:
         The M member checkpoint folders, member 0 first.
     """
-    from .finetune import finetune_members
-
     config = config or default_recipe(base_model_dir)
     masks = all_heads_masks(base_model_dir, members)
     out = Path(output_dir)
@@ -173,8 +182,6 @@ def _task_model(run: Any, seed: int) -> tuple[nn.Module, list[str]]:
     """The stock task model of the base (a new classifier, initialised from ``seed``, for a bare
     encoder) and the modules it trains in full: its task head (every child outside the backbone that
     has weights) and whatever the checkpoint lacks (a bare encoder without a pooler)."""
-    from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
-
     auto = AutoModelForImageClassification if run.arch.modality == "image" else AutoModelForSequenceClassification
     kwargs: dict[str, Any] = {}
     if not run.base_has_classifier:
@@ -224,7 +231,7 @@ def train_lora(
     """LoRA-Single: LoRA adapters on the attention projections and a trainable classifier, trained
     with the recipe of :func:`~hydra_hf.finetune.finetune_members`, merged and saved as a stock model.
 
-    The training loop is the members' (``finetune._Trainer``: the same optimizer and weight-decay
+    The training loop is the members' (``finetune.MemberTrainer``: the same optimizer and weight-decay
     groups, warm-up and schedule, gradient clipping, batch, data order seeded by ``seed``, early
     stopping on validation accuracy, checkpoint/resume); only the model differs: the pretrained
     weights stay frozen, and the LoRA matrices (``A`` random from ``seed``, ``B`` zero) plus the task
@@ -249,8 +256,6 @@ def train_lora(
     Returns:
         ``output_dir``.
     """
-    from .finetune import _make_accelerator, _prepare_run, _start, _Trainer
-
     peft = require_peft()
     _check_lora_args(r, alpha, dropout, target_modules)
     config = config or default_recipe(base_model_dir)
@@ -259,13 +264,13 @@ def train_lora(
         raise HydraInputError(f"seed must be a non-negative integer, got {seed!r}")
     if resume and overwrite:
         raise HydraInputError("resume continues the run in the work folder and overwrite starts it afresh; pass one")
-    accelerator, config = _make_accelerator(config)
+    accelerator, config = make_accelerator(config)
     with accelerator.main_process_first():
-        run = _prepare_run(
+        run = prepare_run(
             base_model_dir, all_heads_masks(base_model_dir), train_data, validation_data, output_dir, config, work_dir,
             overwrite, id2label,
         )  # fmt: skip
-    _start(accelerator, run, ["lora"], resume=resume, shared=False)
+    claim_work_dir(accelerator, run, ["lora"], resume=resume, shared=False)
 
     model, head = _task_model(run, seed)
     lora_config = peft.LoraConfig(
@@ -277,13 +282,10 @@ def train_lora(
     peft_model = peft.get_peft_model(model, lora_config)
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     logger.info("LoRA seed %d: %d trainable parameters (%.2f %% of %d)", seed, trainable, 100 * trainable / total, total)
-
-    from accelerate.utils import set_seed
-
     set_seed(seed)
     wrapper = _AsMember(peft_model)
     folder = run.work_dir / "lora"
-    trainer = _Trainer(accelerator, run, wrapper, folder, seed, tag=f"LoRA seed {seed}")
+    trainer = MemberTrainer(accelerator, run, wrapper, folder, seed, tag=f"LoRA seed {seed}")
     state = trainer.train(resume, None, False)
     if accelerator.is_main_process:
         wrapper.load_state_dict(trainer.final_state_dict(), strict=True)
@@ -293,7 +295,7 @@ def train_lora(
             "trainable_parameters": trainable, "base_parameters": total, "epochs": state["epoch"], "steps": state["global_step"],
             "best_eval_accuracy": state["best_metric"], "best_epoch": state["best_epoch"], "history": state["history"],
         }  # fmt: skip
-        batch = next(iter(trainer._loader(run.eval if run.eval is not None else run.train, 8)))
+        batch = next(iter(trainer.data_loader(run.eval if run.eval is not None else run.train, 8)))
         device = next(peft_model.parameters()).device
         _export_lora(run, peft_model.eval(), {k: v.to(device) for k, v in batch.items() if k != "labels"}, info)
         if not config.keep_checkpoints:
@@ -307,9 +309,6 @@ def _export_lora(run: Any, peft_model: nn.Module, batch: dict[str, torch.Tensor]
     """Main process: write the adapter, merge it into the weights and write the stock checkpoint.
     The merged model's logits on ``batch`` (validation inputs) are recorded against the unmerged
     model's (``merge_max_abs_diff``)."""
-    from .export import copy_preprocessor
-    from .outputs import write_output_folder
-
     with torch.no_grad():
         before = peft_model(**batch).logits.float()  # (B, C)
 
@@ -352,8 +351,6 @@ def train_lora_ensemble(
     Returns:
         The M merged member folders, member 0 first.
     """
-    from .outputs import prepare_owned_folder
-
     if isinstance(members, bool) or not isinstance(members, int) or members < 1:
         raise HydraInputError(f"members must be a positive integer, got {members!r}")
     unknown = sorted(set(lora) - {"r", "alpha", "dropout", "target_modules", "modules_to_save"})
@@ -386,7 +383,7 @@ def _lora_done(folder: Path, config: FinetuneConfig, seed: int, lora: dict[str, 
     except ValueError:
         return False
     saved, now = info.get("config") or {}, config.to_dict()
-    same_config = all(saved.get(k) == v for k, v in now.items() if k not in _RESUME_FREE)
+    same_config = all(saved.get(k) == v for k, v in now.items() if k not in RESUME_FREE)
     params = inspect.signature(train_lora).parameters
     wanted = {k: lora.get(k, params[k].default) for k in ("r", "alpha", "dropout", "target_modules")}
     wanted["target_modules"] = list(wanted["target_modules"])

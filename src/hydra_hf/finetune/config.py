@@ -1,0 +1,173 @@
+"""The settings of a fine-tuning run: :class:`FinetuneConfig` (validated when built) and the paper's
+two recipes, :func:`text_recipe` (BERT) and :func:`image_recipe` (ViT)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..assemble import detect_arch
+
+OPTIMIZERS = ("adamw", "sgd")
+SCHEDULERS = ("linear", "cosine", "constant")
+MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
+MLP_FUSIONS = ("average", "per_member")
+RECIPES = ("text", "image")
+COMMAND = "finetune"  # the marker command of the work and output folders
+# FinetuneConfig fields that may change between an interrupted run and its --resume
+RESUME_FREE = ("mixed_precision", "log_every_steps", "save_every_steps", "keep_checkpoints", "eval_batch_size")
+
+
+@dataclass
+class FinetuneConfig:
+    """Every setting of a fine-tuning run. The defaults are the paper's text recipe for BERT
+    (:func:`text_recipe`); :func:`image_recipe` gives its ViT recipe. Validated when built."""
+
+    # optimisation
+    optimizer: str = field(default="adamw", metadata={"help": f"one of {list(OPTIMIZERS)}"})
+    learning_rate: float = field(default=1e-5, metadata={"help": "peak learning rate"})
+    weight_decay: float = field(default=0.01, metadata={"help": "decoupled weight decay (never on biases and LayerNorms)"})
+    momentum: float = field(default=0.9, metadata={"help": "SGD momentum"})
+    adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
+    adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2"})
+    adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
+    scheduler: str = field(default="linear", metadata={"help": f"decay after warm-up, one of {list(SCHEDULERS)}"})
+    warmup_ratio: float = field(default=0.1, metadata={"help": "fraction of the optimizer steps spent in linear warm-up"})
+    max_grad_norm: float | None = field(default=1.0, metadata={"help": "gradient clipping norm (none: off)"})
+    label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing of the cross-entropy"})
+    # schedule
+    num_epochs: int = field(default=7, metadata={"help": "maximum epochs per member"})
+    max_steps: int | None = field(default=None, metadata={"help": "stop a member after this many optimizer steps (none: no cap)"})
+    early_stopping_patience: int | None = field(
+        default=2, metadata={"help": "stop after this many evaluations without a better validation accuracy (none: off)"}
+    )
+    batch_size: int = field(default=32, metadata={"help": "global batch per forward step, all processes together"})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "forward steps per optimizer step"})
+    eval_batch_size: int = field(default=64, metadata={"help": "global evaluation batch"})
+    # model and data
+    max_length: int = field(default=128, metadata={"help": "maximum tokens per text"})
+    freeze_embeddings: bool = field(default=True, metadata={"help": "freeze the embeddings, so that the members share them"})
+    mlp_fusion: str = field(default="average", metadata={"help": f"MLP of the fused model, one of {list(MLP_FUSIONS)}"})
+    num_labels: int | None = field(default=None, metadata={"help": "classes of a bare encoder (none: from the data)"})
+    text_column: str = field(default="text", metadata={"help": "text column of the data (text models)"})
+    image_column: str = field(default="image", metadata={"help": "image column of the data (image models)"})
+    label_column: str = field(default="label", metadata={"help": "label column of the data"})
+    max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training examples"})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "use only the first N evaluation examples"})
+    # run
+    seed: int = field(default=0, metadata={"help": "member m uses seed + m"})
+    mixed_precision: str = field(
+        default="auto", metadata={"help": f"one of {list(MIXED_PRECISION)}; auto: bf16 (else fp16) on a GPU, none on CPU"}
+    )
+    save_every_steps: int | None = field(
+        default=None, metadata={"help": "also checkpoint every N optimizer steps (always: every epoch)"}
+    )
+    keep_checkpoints: bool = field(default=False, metadata={"help": "keep each member's last training checkpoint"})
+    log_every_steps: int = field(default=50, metadata={"help": "update the progress bar's loss every N steps"})
+
+    def __post_init__(self) -> None:
+        def choice(name: str, options: Sequence[str]) -> None:
+            if getattr(self, name) not in options:
+                raise ValueError(f"{name}={getattr(self, name)!r} is unknown; use one of {list(options)}")
+
+        def number(name: str, *, minimum: float, integer: bool = False, optional: bool = False, strict: bool = False) -> None:
+            value = getattr(self, name)
+            if value is None and optional:
+                return
+            kinds = (int,) if integer else (int, float)
+            bad_type = isinstance(value, bool) or not isinstance(value, kinds)
+            if bad_type:
+                raise TypeError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
+            if value < minimum or (strict and value == minimum):
+                raise ValueError(f"{name}={value!r} must be {'>' if strict else '>='} {minimum}")
+
+        choice("optimizer", OPTIMIZERS)
+        choice("scheduler", SCHEDULERS)
+        choice("mixed_precision", MIXED_PRECISION)
+        choice("mlp_fusion", MLP_FUSIONS)
+        number("learning_rate", minimum=0, strict=True)
+        for name in ("weight_decay", "momentum", "adam_epsilon", "label_smoothing", "warmup_ratio"):
+            number(name, minimum=0)
+        for name in ("adam_beta1", "adam_beta2", "label_smoothing", "warmup_ratio"):
+            if getattr(self, name) >= 1:
+                raise ValueError(f"{name}={getattr(self, name)!r} must be < 1")
+        number("max_grad_norm", minimum=0, optional=True, strict=True)
+        for name in ("num_epochs", "batch_size", "gradient_accumulation_steps", "eval_batch_size", "max_length", "log_every_steps"):
+            number(name, minimum=1, integer=True)
+        for name in ("max_steps", "save_every_steps", "max_train_samples", "max_eval_samples"):
+            number(name, minimum=1, integer=True, optional=True)
+        number("early_stopping_patience", minimum=1, integer=True, optional=True)
+        number("num_labels", minimum=2, integer=True, optional=True)
+        number("seed", minimum=0, integer=True)
+
+    # ------------------------------------------------------------------------------------ files
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> FinetuneConfig:
+        """Build from a dict; ``"recipe": "text" | "image"`` picks the preset the other keys override."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: expected a mapping of settings, got {type(data).__name__}")
+        data = dict(data)
+        recipe = data.pop("recipe", "text")
+        if recipe not in RECIPES:
+            raise ValueError(f"{source}: recipe {recipe!r} is unknown; use one of {list(RECIPES)}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"{source}: unknown settings {unknown}; valid ones are {sorted(names)}")
+        return (text_recipe if recipe == "text" else image_recipe)(**data)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, **overrides: Any) -> FinetuneConfig:
+        """Read a JSON or YAML file of settings (``recipe`` plus any fields); ``overrides`` win."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"fine-tuning config file {str(path)!r} does not exist")
+        text = path.read_text()
+        try:
+            if path.suffix.lower() in (".yaml", ".yml"):
+                data = yaml.safe_load(text) or {}
+            else:
+                data = json.loads(text)
+        except Exception as exc:  # JSON/YAML syntax errors: name the file
+            raise ValueError(f"fine-tuning config file {str(path)!r} could not be parsed: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"fine-tuning config file {str(path)!r} must hold a mapping of settings")
+        return cls.from_dict({**data, **overrides}, source=f"fine-tuning config file {str(path)!r}")
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+
+def text_recipe(**overrides: Any) -> FinetuneConfig:
+    """The paper's text recipe (BERT): AdamW (weight decay 0.01, none on biases and LayerNorms),
+    lr 1e-5, linear warm-up over 10 % of the steps then linear decay, gradient clipping 1.0, max
+    length 128, up to 7 epochs with early stopping on validation accuracy (patience 2), embeddings
+    frozen so that the members share them."""
+    return FinetuneConfig(**overrides)
+
+
+def image_recipe(**overrides: Any) -> FinetuneConfig:
+    """The paper's image recipe (ViT): SGD with momentum 0.9, warm-up then cosine decay, label
+    smoothing 0.1. The learning rate (0.01), no weight decay, 10 % warm-up, gradient clipping 1.0 and
+    batch 64 follow the usual ViT fine-tuning practice; override them for your data."""
+    values: dict[str, Any] = dict(
+        optimizer="sgd", learning_rate=0.01, momentum=0.9, weight_decay=0.0, scheduler="cosine",
+        warmup_ratio=0.1, label_smoothing=0.1, max_grad_norm=1.0, batch_size=64, num_epochs=7,
+    )  # fmt: skip
+    values.update(overrides)
+    return FinetuneConfig(**values)
+
+
+def default_recipe(model_dir: str | os.PathLike) -> FinetuneConfig:
+    """The paper's recipe for this base model: :func:`image_recipe` for ViT, else :func:`text_recipe`."""
+    return image_recipe() if detect_arch(model_dir) == "vit" else text_recipe()

@@ -1,0 +1,266 @@
+"""A fine-tuning run set up once, before any training: every input checked, the data and the
+preprocessor loaded (:func:`prepare_run` -> :class:`FinetuneRun`), and the Accelerator built
+(:func:`make_accelerator`)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.state import AcceleratorState
+from torch import nn
+from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+
+from ..assemble import detect_arch
+from ..convert import read_config
+from ..convert.io import weight_names
+from ..data import ROTTEN_TOMATOES_LABELS, check_labels, parse_spec, resolve_dataset
+from ..errors import HydraInputError, HydraUnsafeError
+from ..families import get_family
+from ..masks import HeadMasks
+from ..outputs import check_output
+from .config import COMMAND, FinetuneConfig
+
+logger = logging.getLogger(__package__)  # "hydra_hf.finetune", as log lines named it before the split
+
+
+# -------------------------------------------------------------------------------- architectures
+@dataclass(frozen=True)
+class _ArchSupport:
+    """What fine-tuning needs per base architecture."""
+
+    name: str
+    modality: str  # "text" (tokenizer, text column) or "image" (image processor, image column)
+    frozen_prefixes: tuple[str, ...]  # parameter names of the shared embeddings in the Hydra model
+    unfuse: Callable[[dict[str, torch.Tensor], Any], list[dict[str, torch.Tensor]]]
+    stock_model: Callable[[dict[str, Any], Any], nn.Module]  # (config dict, Hydra config) -> stock task model
+    classifier_keys: tuple[str, ...]  # stock tensor names whose presence means a trained classifier
+
+
+def _arch_support(arch: str) -> _ArchSupport:
+    """What fine-tuning needs, from the family registry (hydra_hf.families)."""
+    family = get_family(arch)
+    if family.task not in ("text-classification", "image-classification"):
+        raise HydraInputError(
+            f"fine-tuning trains text and image classifiers; {family.name} is a {family.task} model (zero-shot "
+            "Hydra members need no training: prune and convert them)"
+        )
+
+    def stock_model(cfg: dict[str, Any], hydra_config: Any) -> nn.Module:
+        num_labels = len(cfg["id2label"]) if cfg.get("id2label") else cfg.get("num_labels")
+        # the member's own architecture: a distilled DeiT's members keep both heads (WithTeacher)
+        options = {"distilled": True} if getattr(hydra_config, "distilled", False) else {}
+        return family.stock_model(cfg, num_labels, **options)
+
+    return _ArchSupport(
+        name=family.name,
+        modality=family.modality,
+        frozen_prefixes=tuple(family.frozen_prefixes),
+        unfuse=family.unfuse,
+        stock_model=stock_model,
+        classifier_keys=tuple(family.classifier_keys),
+    )
+
+
+# ------------------------------------------------------------------------------------- the run
+@dataclass
+class FinetuneRun:
+    """Everything a fine-tuning run checked and loaded once, before any training."""
+
+    model_dir: Path
+    masks: HeadMasks
+    base_config: dict[str, Any]
+    arch: _ArchSupport
+    processor: Any  # the tokenizer (text) or image processor (image)
+    train: Any  # datasets.Dataset with text, label
+    eval: Any | None
+    num_labels: int
+    id2label: dict[int, str] | None
+    base_has_classifier: bool
+    work_dir: Path
+    output_dir: Path
+    config: FinetuneConfig
+    overwrite: bool
+    inputs: list[Path]  # what the run reads (model folder, masks file, data files): never written or deleted
+
+
+def prepare_run(
+    model_dir: str | os.PathLike,
+    masks: HeadMasks | str | os.PathLike,
+    train_data: Any,
+    eval_data: Any | None,
+    output_dir: str | os.PathLike,
+    config: FinetuneConfig,
+    work_dir: str | os.PathLike | None,
+    overwrite: bool,
+    id2label: dict[int, str] | None,
+) -> FinetuneRun:
+    """Check every input (fail before any work, nothing written) and load data and preprocessor."""
+    model_dir = Path(model_dir)
+    inputs = [model_dir] if isinstance(masks, HeadMasks) else [model_dir, Path(masks)]
+    for data in (train_data, eval_data):  # data files and folders (not embedded data set names)
+        if isinstance(data, (str, os.PathLike)) and os.path.exists(path := parse_spec(str(data))[0]):
+            inputs.append(Path(path))
+    output_dir = Path(output_dir)
+    work_dir = Path(work_dir) if work_dir is not None else output_dir.with_name(output_dir.name + ".work")
+    real_out, real_work = output_dir.resolve(), work_dir.resolve()
+    if real_work == real_out or real_out in real_work.parents or real_work in real_out.parents:
+        raise HydraInputError(
+            f"work folder {str(work_dir)!r} must not be the output folder {str(output_dir)!r}, lie inside it or "
+            "contain it; choose another --work-dir"
+        )
+    for item in inputs:  # prepare_owned_folder checks this too; here it fails before any loading, naming --work-dir
+        real = item.resolve()
+        if real == real_work or real_work in real.parents:
+            raise HydraUnsafeError(
+                f"work folder {str(work_dir)!r} is or contains the input {str(item)!r}; choose a --work-dir outside "
+                "the model folder, the masks file and the data"
+            )
+    check_output(output_dir, command=COMMAND, overwrite=overwrite, inputs=inputs)
+    base_config = read_config(model_dir)
+    arch = _arch_support(detect_arch(model_dir))
+    masks = masks if isinstance(masks, HeadMasks) else HeadMasks.load(masks)
+    sizes = AutoConfig.for_model(**base_config)  # a data-only config object: its attribute_map knows every
+    masks.check_compatible(  # family's names for the sizes (DistilBERT's n_layers / n_heads)
+        sizes.num_hidden_layers, sizes.num_attention_heads, model=f"the model {str(model_dir)!r}"
+    )
+    weights = weight_names(model_dir)  # the family names its heads (RoBERTa's classifier.out_proj, DeiT's cls_classifier)
+    has_classifier = any(key in weights for key in arch.classifier_keys)
+    what, loader = ("tokenizer", AutoTokenizer) if arch.modality == "text" else ("image processor", AutoImageProcessor)
+    try:
+        processor = loader.from_pretrained(str(model_dir))
+    except Exception as exc:  # no preprocessor files: say which folder
+        raise ValueError(f"could not load a {what} from {str(model_dir)!r} ({exc}); save one with the model") from None
+
+    num_labels = None
+    if has_classifier:
+        saved = base_config.get("id2label") or {}
+        num_labels = len(saved) if saved else int(base_config.get("num_labels", 2))
+        if config.num_labels is not None and config.num_labels != num_labels:
+            raise ValueError(
+                f"num_labels={config.num_labels} but the classifier of {str(model_dir)!r} has {num_labels} classes; "
+                "drop num_labels or start from a bare encoder"
+            )
+        id2label = None  # the checkpoint's own labels are kept
+    elif id2label:
+        num_labels = len(id2label)
+    else:
+        num_labels = config.num_labels
+    train = _load_data(train_data, config, num_labels, config.max_train_samples, "training", arch.modality)
+    names = getattr(train.features["label"], "names", None)  # an image folder's class names
+    if id2label is None and not has_classifier and names:
+        id2label = dict(enumerate(names))
+        num_labels = num_labels or len(names)
+    if num_labels is None:
+        num_labels = max(2, int(max(train["label"])) + 1)
+        logger.info("bare encoder: %d classes, from the training labels", num_labels)
+    if id2label is None and not has_classifier and isinstance(train_data, str) and train_data.startswith("rotten_tomatoes"):
+        id2label = dict(ROTTEN_TOMATOES_LABELS) if num_labels == len(ROTTEN_TOMATOES_LABELS) else None
+    evaluation = None
+    if eval_data is not None:
+        evaluation = _load_data(eval_data, config, num_labels, config.max_eval_samples, "evaluation", arch.modality)
+    if len(train) < config.batch_size:
+        raise ValueError(
+            f"the training data has {len(train)} examples, fewer than batch_size={config.batch_size}; "
+            "use more data or a smaller batch"
+        )
+    return FinetuneRun(
+        model_dir=model_dir, masks=masks, base_config=base_config, arch=arch, processor=processor, train=train,
+        eval=evaluation, num_labels=num_labels, id2label=id2label, base_has_classifier=has_classifier,
+        work_dir=work_dir, output_dir=output_dir, config=config, overwrite=overwrite, inputs=inputs,
+    )  # fmt: skip
+
+
+def _load_data(
+    data: Any, config: FinetuneConfig, num_labels: int | None, max_samples: int | None, what: str, modality: str
+):
+    """A dataset spec (string) or a ``datasets.Dataset`` -> a dataset with ``text`` (or ``image``)
+    and ``label``."""
+    column, standard = (config.text_column, "text") if modality == "text" else (config.image_column, "image")
+    if isinstance(data, (str, os.PathLike)):
+        return resolve_dataset(
+            str(data), text_column=config.text_column, label_column=config.label_column, num_labels=num_labels,
+            image_column=config.image_column if modality == "image" else None, require_labels=True,
+            max_samples=max_samples,
+        )  # fmt: skip
+    if not isinstance(data, datasets.Dataset):
+        raise TypeError(f"{what} data must be a dataset spec (str) or a datasets.Dataset, got {type(data).__name__}")
+    for name in (column, config.label_column):
+        if name not in data.column_names:
+            raise ValueError(
+                f"the {what} data has no column {name!r}; its columns are {data.column_names} "
+                f"(choose them with {modality}_column / label_column)"
+            )
+    data = data.select_columns([column, config.label_column])
+    renames = {c: s for c, s in ((column, standard), (config.label_column, "label")) if c != s}
+    if renames:
+        data = data.rename_columns(renames)
+    data = check_labels(data, num_labels=num_labels, source=f"the {what} data")
+    return data.select(range(min(max_samples, len(data)))) if max_samples else data
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 matrices natively (AVX512-BF16 or AMX; Linux ``/proc/cpuinfo``),
+    where ``mixed_precision="bf16"`` trains faster than fp32; False where it cannot tell."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
+
+
+def make_accelerator(config: FinetuneConfig) -> tuple[Accelerator, FinetuneConfig]:
+    """The Accelerator of a run (mixed precision from ``config``, ``batch_size`` as the global batch
+    split over the processes) and ``config``; a batch the processes cannot split is an error."""
+    if not isinstance(config, FinetuneConfig):
+        raise TypeError(f"config must be a FinetuneConfig, got {type(config).__name__}")
+
+    mixed = config.mixed_precision
+    if mixed == "auto":
+        if os.environ.get("ACCELERATE_MIXED_PRECISION"):
+            mixed = None  # `accelerate launch --mixed_precision` / `accelerate config` decide
+        elif torch.cuda.is_available():
+            mixed = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        else:
+            mixed = "no"
+    world_env = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_env == 1 and mixed is not None:
+        # one process that fine-tunes twice with different precisions (a notebook, the demo after a
+        # test): accelerate keeps the first run's precision in a process-wide state and refuses a
+        # change; nothing else of that state outlives a run here, so start it afresh
+        if AcceleratorState._shared_state and AcceleratorState().mixed_precision != mixed:
+            AcceleratorState._reset_state()
+    # `accelerate launch --multi_gpu` on a machine without GPUs: data parallel over CPU processes (gloo)
+    no_gpu = not torch.cuda.is_available() and not (hasattr(torch, "xpu") and torch.xpu.is_available())
+    accelerator = Accelerator(
+        cpu=no_gpu and world_env > 1,
+        mixed_precision=mixed,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        # batch_size is the global batch: each process gets batch_size / num_processes rows of every
+        # batch, so N processes take the same steps as one
+        dataloader_config=DataLoaderConfiguration(split_batches=True, even_batches=True),
+        step_scheduler_with_optimizer=True,
+    )
+    world = accelerator.num_processes
+    if world != world_env:
+        raise ValueError(
+            f"launched as {world_env} processes but Accelerate set up {world} ({accelerator.distributed_type}); "
+            "check the `accelerate launch` options (e.g. --multi_gpu) for this machine"
+        )
+    if config.batch_size % world:
+        raise ValueError(
+            f"batch_size={config.batch_size} is the global batch and must be a multiple of the {world} processes; "
+            f"use e.g. {world * max(1, config.batch_size // world)}"
+        )
+    return accelerator, config
