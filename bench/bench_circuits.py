@@ -32,7 +32,7 @@ from transformers import AutoTokenizer, BertForSequenceClassification
 from transformers.utils import logging as hf_logging
 
 from hydra_hf.data import load_embedded, make_text_loader
-from hydra_hf.pruning.adapters import get_adapter
+from hydra_hf.families import get_adapter
 from hydra_hf.pruning.budget import Budget
 from hydra_hf.pruning.circuits import GatedEvaluator, circuit_prune, make_evaluator
 

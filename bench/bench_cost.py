@@ -81,7 +81,7 @@ def build(geometry: str, layers: int | None, members: int = 3, keep: int = 6) ->
     if geometry == "minilm":
         from transformers import BertForSequenceClassification
 
-        from hydra_hf.convert import convert_checkpoint
+        from hydra_hf.assemble import convert_checkpoint
         from hydra_hf.masks import HeadMasks
 
         folder = minilm_dir()

@@ -35,7 +35,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import count_parameters, interleaved_medians, random_kept_heads, table  # noqa: E402
 
-from hydra_hf.onnx.export import OnnxGraph, dynamic_shapes, export_module, quantize_int8  # noqa: E402
+from hydra_hf.onnx.export import OnnxGraph, dynamic_shapes, export_module  # noqa: E402
+from hydra_hf.onnx.graph import quantize_int8  # noqa: E402
 from hydra_hf.onnx.int8 import INT8_RECIPES  # noqa: E402
 
 logger = logging.getLogger("bench_onnx")

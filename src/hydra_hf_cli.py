@@ -4,9 +4,11 @@ milliseconds; every other call runs :func:`hydra_hf.cli.main`.
 This module sits outside the ``hydra_hf`` package on purpose: importing anything under ``hydra_hf``
 runs ``hydra_hf/__init__.py``, which registers the Hydra classes with transformers' Auto classes and
 so imports transformers and torch (about 6 s on a 2-core machine). The top-level help and the version
-need neither. ``hydra_hf.cli.build_parser`` builds its top level with :func:`top_parser`, and
-``tests/test_cli_help.py`` checks that the help printed here equals the full parser's, so
-:data:`COMMANDS` cannot drift from the commands' own ``help=``.
+need neither. This module keeps a copy of the top level that :mod:`hydra_hf.cli` builds (its
+description, flags and the one line of each command), and ``tests/test_cli_help.py`` checks that the
+help printed here equals the full parser's, so :data:`COMMANDS` cannot drift from the commands' own
+``help=``. Only this module imports the other (:func:`main` hands every command to
+:func:`hydra_hf.cli.main`, imported there: it costs torch).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def version() -> str:
     try:
         return metadata.version("hydra-hf")
     except metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        from hydra_hf import __version__
+        from hydra_hf.version import __version__  # imports the package (torch): a source tree only
 
         return __version__
 
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.parse_args(args)  # prints the help or the version and exits 0
         parser.print_help()  # no command at all: as hydra_hf.cli.main, the help and exit status 2
         return 2
-    from hydra_hf.cli import main as run_command
+    from hydra_hf.cli import main as run_command  # imports torch: only for a command
 
     return run_command(args)
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import CLIPConfig, CLIPModel
 
-from hydra_hf.convert import convert_checkpoint, unfuse_clip
+from hydra_hf.assemble import convert_checkpoint
+from hydra_hf.convert import unfuse_clip
 from hydra_hf.masks import HeadMasks, load_masks
 
 ATOL = 1e-5

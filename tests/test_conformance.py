@@ -29,7 +29,7 @@ from torch import nn
 from transformers import AutoConfig, PreTrainedConfig
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from hydra_hf.convert import convert_checkpoint
+from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.masks import HeadMasks
 
 ATOL = 1e-5

@@ -35,7 +35,7 @@ def _numbers(row: dict, prefix: str = "") -> dict[str, float]:
 def test_two_processes_write_the_one_process_report(tmp_path):
     from transformers import BertForSequenceClassification
 
-    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.assemble import convert_checkpoint
 
     torch.manual_seed(0)
     BertForSequenceClassification(tiny_bert_config()).save_pretrained(tmp_path / "base")
@@ -50,7 +50,7 @@ def test_two_processes_write_the_one_process_report(tmp_path):
     pd.DataFrame({"text": [t[::-1] for t in texts[:11]]}).to_csv(tmp_path / "ood.csv", index=False)
     # an ONNX Runtime int8 export of the same model as one more row (needs the onnx extra)
     pytest.importorskip("onnxruntime")
-    from hydra_hf.onnx import export_onnx
+    from hydra_hf.onnx.export import export_onnx
 
     export_onnx(tmp_path / "hydra", tmp_path / "onnx", quantize="int8", calibration_data=str(tmp_path / "val.csv"))
     args = ["evaluate", "--model", str(tmp_path / "hydra"), "--baseline", f"Single={tmp_path / 'base'}",

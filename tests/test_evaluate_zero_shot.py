@@ -17,7 +17,7 @@ from hydra_hf import evaluation as ev
 from hydra_hf import metrics
 from hydra_hf.cli import main
 from hydra_hf.cli.evaluate import TEMPLATE_SET_NAMES
-from hydra_hf.convert import convert_checkpoint
+from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.families import get_family
 from hydra_hf.masks import HeadMasks
 from hydra_hf.zero_shot import TEMPLATE_SETS, read_templates

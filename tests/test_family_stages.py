@@ -17,7 +17,7 @@ KEPT = [[[0, 1], []], [[1, 2, 3], [0]]]  # unequal widths, a member keeping 0 he
 
 
 def _hydra_folder(spec, root):
-    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.assemble import convert_checkpoint
 
     base = root / f"{spec.name}-base"
     if not base.exists():

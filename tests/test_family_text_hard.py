@@ -17,7 +17,7 @@ from transformers import (
     ModernBertForSequenceClassification,
 )
 
-from hydra_hf.convert.api import base_config_dict
+from hydra_hf.convert.build import base_config_dict
 from hydra_hf.convert.hf_deberta_v2 import deberta_v2_member_from_state_dict, fuse_deberta_v2, unfuse_deberta_v2
 from hydra_hf.convert.hf_modernbert import fuse_modernbert, modernbert_member_from_state_dict, unfuse_modernbert
 from hydra_hf.modeling.configuration_hydra_deberta_v2 import HydraEnsembleDebertaV2Config
@@ -327,7 +327,7 @@ def test_readers_check_key_counts_and_shapes(family, overrides, change, message)
 def test_other_task_heads_are_refused(family, overrides, arch, tmp_path):
     """A token-classification / QA checkpoint is never converted into a sequence classifier: one line
     naming its architecture."""
-    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.assemble import convert_checkpoint
     from hydra_hf.masks import HeadMasks
 
     import json
@@ -382,7 +382,7 @@ def test_registry_detects_and_gates_equal_zeroed_reference(stock_dirs, case):
     """The registry finds the family from the folder; its pruning adapter's gates (W_O column blocks
     scaled by 0/1) give exactly the zeroed-W_O reference."""
     from hydra_hf.families import detect_family
-    from hydra_hf.pruning.adapters import get_adapter
+    from hydra_hf.families import get_adapter
     from hydra_hf.pruning.gates import HeadGates
 
     family, overrides = CASES[case]
@@ -413,7 +413,7 @@ def test_prune_convert_remote_code_and_pipeline(stock_dirs, csv_files, tmp_path)
     from transformers import AutoTokenizer
 
     from hydra_hf.cli import main
-    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.assemble import convert_checkpoint
     from hydra_hf.masks import HeadMasks
 
     id_csv, ood_csv = csv_files
@@ -471,7 +471,7 @@ def test_pretrained_masked_lm_checkpoints_convert(tmp_path):
     prediction head is reused, as transformers does), the classifier is new."""
     from transformers import DebertaV2ForMaskedLM, ModernBertForMaskedLM
 
-    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.assemble import convert_checkpoint
     from hydra_hf.masks import HeadMasks
 
     batch = _batch()

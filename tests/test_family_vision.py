@@ -31,7 +31,7 @@ from transformers import (
     SiglipModel,
 )
 
-from hydra_hf.convert import convert_checkpoint
+from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.families import get_family
 from hydra_hf.masks import HeadMasks
 from hydra_hf.pruning.gates import zero_head_columns_

@@ -181,7 +181,7 @@ def test_bf16_then_fp32_in_one_process(setup, tmp_path):
 
 def test_average_mlp_fusion_is_members_with_averaged_mlp(setup, tmp_path):
     """average MLP: the fused member m is fine-tuned member m with the members' mean MLP."""
-    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.assemble import convert_checkpoint
     from hydra_hf.finetune import finetune_members
 
     out = finetune_members(setup["model"], setup["masks"], setup["train"], None, tmp_path / "out", _config(num_epochs=1))
@@ -299,7 +299,7 @@ def test_fused_training_is_members_in_lockstep(setup, tmp_path):
         out = finetune_members(setup["model_nodrop"], one, setup["train"], None, tmp_path / f"alone{m}",
                                _config(learning_rate=0.1, **common))  # fmt: skip
         alone.append(tmp_path / f"alone{m}.work" / "member_0" / "model")
-    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.assemble import convert_checkpoint
 
     reference = convert_checkpoint(masks, members=alone, mlp_fusion="per_member").state_dict()
     base = load_file(setup["model_nodrop"] / "model.safetensors")

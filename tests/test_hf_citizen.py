@@ -33,7 +33,7 @@ from transformers import (
 )
 
 import hydra_hf  # noqa: F401  (registration: the hydra_hf-imported side of every test)
-from hydra_hf.export import SHIPPED, save_hydra_model
+from hydra_hf.saving import SHIPPED, save_hydra_model
 from hydra_hf.modeling.configuration_hydra import (
     HydraEnsembleCLIPConfig,
     HydraEnsembleConfig,

@@ -32,7 +32,7 @@ def world(tmp_path_factory) -> Path:
     """A folder holding a tiny BERT checkpoint, a masks file, data files and one converted Hydra model."""
     from transformers import BertForSequenceClassification
 
-    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.assemble import convert_checkpoint
 
     root = tmp_path_factory.mktemp("hostile")
     torch.manual_seed(0)

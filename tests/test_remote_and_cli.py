@@ -11,8 +11,8 @@ from conftest import REPO, minilm_dir, run_fresh_python, write_masks, zero_remov
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertForSequenceClassification, BertModel
 
 from hydra_hf.cli import main as cli_main
-from hydra_hf.convert import convert_checkpoint
-from hydra_hf.export import SHIPPED
+from hydra_hf.assemble import convert_checkpoint
+from hydra_hf.saving import SHIPPED
 from hydra_hf.masks import HeadMasks
 
 KEPT = [[[0, 1], [2, 3], [1]], [[1, 2, 3], [0], []], [[0], [0, 1, 2, 3], [0, 2]]]
@@ -221,7 +221,7 @@ def test_members_with_different_embeddings_need_an_explicit_policy(tiny_bert_dir
 
 
 def test_failure_while_writing_leaves_no_output(tiny_bert_dir, tmp_path, monkeypatch):
-    import hydra_hf.export as export
+    import hydra_hf.saving as export
 
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")

@@ -268,7 +268,7 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     from conftest import tiny_bert_config, write_tiny_tokenizer
     from hydra_hf import data as data_mod
     from hydra_hf import metrics
-    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.assemble import convert_checkpoint
     from hydra_hf.evaluation import ModelPredictor, make_loader, predict
     from hydra_hf.masks import HeadMasks
     from test_recipes import _reviews

@@ -13,7 +13,7 @@ from test_clip_fused import OPEN_CLIP_CFG, TEXT_KEPT, VISION_KEPT, save_open_cli
 from test_vit_fused import UNEQUAL, hf_vit_dir, save_timm, tiny_timm_vit  # noqa: F401  (hf_vit_dir: fixture)
 
 from hydra_hf.cli import main as cli_main
-from hydra_hf.convert import convert_checkpoint, detect_arch
+from hydra_hf.assemble import convert_checkpoint, detect_arch
 from hydra_hf.masks import HeadMasks
 
 LABELS = ["a cat", "a dog", "a diagram"]

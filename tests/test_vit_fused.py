@@ -10,7 +10,8 @@ import torch
 from conftest import write_masks
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
-from hydra_hf.convert import convert_checkpoint, unfuse_vit
+from hydra_hf.assemble import convert_checkpoint
+from hydra_hf.convert import unfuse_vit
 from hydra_hf.masks import HeadMasks
 
 ATOL = 1e-5

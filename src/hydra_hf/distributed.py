@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from accelerate import PartialState
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,6 @@ def process_info() -> ProcessInfo:
     """This process's place among the launched ones (initialises the process group when launched)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return ProcessInfo()
-    from accelerate import PartialState
 
     # `accelerate launch --multi_gpu` on a machine without GPUs: CPU processes over gloo
     no_gpu = not torch.cuda.is_available() and not (hasattr(torch, "xpu") and torch.xpu.is_available())
@@ -84,7 +85,6 @@ def gather_rows(tensor: torch.Tensor | None) -> torch.Tensor | None:
     info = process_info()
     if not info.distributed:
         return tensor
-    import torch.distributed as dist
 
     parts: list[Any] = [None] * info.num_processes
     dist.all_gather_object(parts, None if tensor is None else tensor.cpu())
@@ -94,6 +94,4 @@ def gather_rows(tensor: torch.Tensor | None) -> torch.Tensor | None:
 
 def barrier() -> None:
     if process_info().distributed:
-        import torch.distributed as dist
-
         dist.barrier()

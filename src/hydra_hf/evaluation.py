@@ -41,8 +41,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
+from transformers import (
+    AutoConfig,
+    AutoImageProcessor,
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+)
 
-from . import distributed, metrics
+from . import distributed, metrics, plots
+from .convert.io import check_remote_code, checkpoint_dir, from_pretrained
+from .data import make_image_loader, make_text_loader
+from .families import families, family_of_config
+from .onnx.runtime import OnnxHydraModel, is_onnx_export, load_preprocessor
+from .report import write_report
 
 logger = logging.getLogger(__name__)
 
@@ -349,8 +362,6 @@ class ZeroShotPredictor(Predictor):
         return next(self.model.parameters()).device
 
     def _tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        from transformers import PreTrainedTokenizerBase
-
         if isinstance(self.tokenizer, PreTrainedTokenizerBase):
             enc = self.tokenizer(texts, padding=True, return_tensors="pt")
         else:  # open_clip tokenizers and plain callables: texts -> (N, T) ids (or a dict of tensors)
@@ -672,9 +683,6 @@ def write_evaluation_report(
     ``comparisons`` (``{"Hydra − Single": compare_predictions(...)}``) adds the paired bootstrap
     intervals of the differences, shown as a table with a verdict per metric.
     """
-    from . import plots
-    from .report import write_report
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     reliability = plots.reliability_diagram(
@@ -714,8 +722,6 @@ def write_evaluation_report(
 # ------------------------------------------------------------------------------ loading models
 def _modality(config: Any) -> str:
     """``"image"`` or ``"text"``: a Hydra config's family says; a stock config's model_type finds its family."""
-    from .families import families, family_of_config
-
     if getattr(config, "base_model_type", None):
         modality = family_of_config(config).modality
     else:
@@ -738,14 +744,8 @@ def load_classifier(path: str | os.PathLike, *, trust_remote_code: bool = False)
 
     Returns ``(model, preprocessor, modality)`` with modality ``"text"`` or ``"image"``.
     """
-    import hydra_hf  # noqa: F401  (registers the Hydra classes with the Auto classes)
-    from .onnx.runtime import is_onnx_export
-
     if is_onnx_export(path):
         return _load_onnx_classifier(path)
-    from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageClassification, AutoModelForSequenceClassification, AutoTokenizer
-
-    from .convert.io import check_remote_code, checkpoint_dir, from_pretrained
 
     folder = checkpoint_dir(path, what="model")
     check_remote_code(folder, trust_remote_code)
@@ -760,8 +760,6 @@ def load_classifier(path: str | os.PathLike, *, trust_remote_code: bool = False)
 
 
 def _load_onnx_classifier(path: str | os.PathLike) -> tuple[nn.Module, Any, str]:
-    from .onnx.runtime import OnnxHydraModel, load_preprocessor
-
     model = OnnxHydraModel.from_pretrained(path)
     modality = _modality(model.config)
     preprocessor = load_preprocessor(model.file.parent, modality)
@@ -805,8 +803,6 @@ def make_loader(dataset, preprocessor: Any, modality: str, batch_size: int = 32,
     With ``shard`` and several launched processes (``accelerate launch``), the loader covers this
     process's contiguous shard only, and :func:`predict` gathers the shards' predictions in order.
     """
-    from .data import make_image_loader, make_text_loader
-
     sharded = shard and distributed.process_info().distributed
     part = distributed.batch_shard(len(dataset), batch_size, distributed.ProcessInfo())  # one process: all batches
     if sharded:
@@ -840,8 +836,6 @@ def _member_probs(model: nn.Module, data: Any, tokenizer: Any | None, batch_size
         return data.double()
     if isinstance(data, (list, tuple)) and data and all(isinstance(x, str) for x in data):
         if tokenizer is None:
-            from transformers import AutoTokenizer
-
             source = getattr(model, "name_or_path", None)
             if not source:
                 raise ValueError("texts need a tokenizer: pass tokenizer=AutoTokenizer.from_pretrained(folder)")

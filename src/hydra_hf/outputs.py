@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import HydraInputError, HydraOutputError, HydraUnsafeError
+from .version import __version__
 
 try:
     import fcntl
@@ -207,8 +208,6 @@ def read_marker(folder: str | os.PathLike) -> dict | None:
 
 def write_marker(folder: str | os.PathLike, command: str, **extra) -> None:
     """Mark ``folder`` as the output of ``hydra-hf COMMAND`` (what ``--overwrite`` may later replace)."""
-    from . import __version__
-
     data = {"command": command, "hydra_hf": __version__,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), **extra}
     (Path(folder) / MARKER).write_text(json.dumps(data, indent=2) + "\n")

@@ -43,13 +43,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
+from scipy.stats import spearmanr
 
 from . import metrics
+from .baselines import all_heads_masks
+from .assemble import convert_checkpoint
+from .data import make_text_loader, resolve_dataset
 from .errors import HydraInputError
-from .outputs import remove_dead_process_folders, write_text_atomic
+from .evaluation import ModelPredictor, make_loader, predict
+from .finetune import finetune_members, text_recipe
+from .masks import HeadMasks
+from .outputs import prepare_owned_folder, remove_dead_process_folders, write_text_atomic
+from .plots import transfer_gains
+from .pruning import build_members, load_pruning_target
 from .pruning.budget import Budget
+from .pruning.circuits import make_evaluator
 from .pruning.diversity import parse_methods, uses_ood
+from .pruning.layout import HeadLayout
+from .recipes import packaged_minilm
 
 logger = logging.getLogger(__name__)
 
@@ -208,8 +221,6 @@ def _names_test_split(spec: str) -> bool:
 
 
 def _finetune_config(s: TextStudy, steps: int, learning_rate: float, seed: int):
-    from .finetune import text_recipe
-
     return text_recipe(
         learning_rate=learning_rate, max_steps=steps, num_epochs=1, max_length=s.max_length, batch_size=s.batch_size,
         eval_batch_size=128, max_train_samples=s.max_train_samples, max_eval_samples=s.finetune_eval, seed=seed,
@@ -218,16 +229,11 @@ def _finetune_config(s: TextStudy, steps: int, learning_rate: float, seed: int):
 
 
 def _base_dir(s: TextStudy) -> Path:
-    from .recipes import packaged_minilm
-
     return Path(s.base_model) if s.base_model else packaged_minilm()
 
 
 def train_single(s: TextStudy, seed: int, out: Path) -> Path:
     """The Single model of ``seed`` (all heads, the recipe's fine-tuning); returns its checkpoint."""
-    from .baselines import all_heads_masks
-    from .finetune import finetune_members
-
     ckpt = out / "work" / "member_0" / "model"
     if ckpt.exists():
         return ckpt
@@ -243,9 +249,6 @@ class _Data:
     """The study's data sets, read once: the selection pools and the scoring loaders."""
 
     def __init__(self, s: TextStudy, tokenizer: Any) -> None:
-        from .data import resolve_dataset
-        from .evaluation import make_loader
-
         self.s, self.tokenizer = s, tokenizer
         self._heldout = None  # the held-out training rows, read on first use (heldout_pool)
         id_all = resolve_dataset(s.id_validation, require_labels=True, num_labels=len(s.labels))
@@ -263,8 +266,6 @@ class _Data:
 
     def heldout_pool(self):
         """Labelled ID rows no model of the study trains on: ``heldout_data`` from ``max_train_samples`` on."""
-        from .data import resolve_dataset
-
         if self._heldout is None:
             s = self.s
             if s.max_train_samples is None:
@@ -286,7 +287,6 @@ class _Data:
             return id_data, None
         if not pooled:
             return id_data, self.ood_pool[kind].select(range(min(samples, len(self.ood_pool[kind]))))
-        import datasets
 
         others = [k for k in self.ood_pool if k != kind]
         share = -(-samples // len(others))  # ceil
@@ -302,8 +302,6 @@ def study_data(s: TextStudy, tokenizer: Any) -> _Data:
 def model_numbers(predictor: Any, data: _Data) -> dict[str, Any]:
     """ID numbers (accuracy, ECE, NLL, mean MI and disagreement) and, per OOD kind, the AUROC of every
     OOD score and the mean MI / disagreement, on the scoring sets."""
-    from .evaluation import predict
-
     ident = predict(predictor, data.loaders["id"], desc="score: id")
     rep = metrics.calibration_report(ident.probs, ident.labels, ident.member_probs)
     out: dict[str, Any] = {k: rep.get(k) for k in ("accuracy", "ece", "nll", "mutual_information", "disagreement")}
@@ -325,8 +323,6 @@ def model_numbers(predictor: Any, data: _Data) -> dict[str, Any]:
 
 def _build_masks(c: Candidate, target: Any, data: _Data, fold: str, seed: int):
     """The candidate's members for ``fold`` (:func:`hydra_hf.pruning.build_members`, as ``hydra-hf prune``)."""
-    from .pruning import build_members
-
     id_data, ood_data = data.selection(fold if c.uses_ood else None, c.samples, heldout=c.selection == "heldout",
                                        pooled=c.pooled)
     fraction = c.data_fraction if c.data_fraction is not None else data.s.prune_data_fraction
@@ -341,11 +337,6 @@ def _build_masks(c: Candidate, target: Any, data: _Data, fold: str, seed: int):
 def run_cell(s: TextStudy, c: Candidate, fold: str, seed: int, single_dir: Path, out: Path, work: Path, data: _Data,
              target: Any) -> dict[str, Any]:
     """Select, fine-tune, fuse and score one candidate on one fold; returns the cell's numbers per fusion."""
-    from .convert import convert_checkpoint
-    from .evaluation import ModelPredictor
-    from .finetune import finetune_members
-    from .masks import HeadMasks
-
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     masks_file = out / "masks" / f"seed{seed}" / f"{c.selection_key(fold)}.json"
@@ -420,10 +411,6 @@ def run_study(
         if again:
             run_study(s, output_dir, candidates=again, seeds=seeds[1:], singles=singles, shard=shard)
         return collect(output_dir, s, candidates)
-    from .errors import HydraInputError
-    from .evaluation import ModelPredictor
-    from .outputs import prepare_owned_folder
-    from .pruning import load_pruning_target
 
     if len(s.ood_validation) < 2:
         raise HydraInputError(f"ood_validation has {len(s.ood_validation)} kind(s); leave-one-kind-out needs at least 2")
@@ -486,8 +473,6 @@ def _check_settings(out: Path, s: TextStudy, candidates: Sequence[Candidate]) ->
     """Refuse to add cells to a study folder whose cells were run with other settings (other data, model
     or training), or under a candidate's name with other choices: their numbers would be mixed in one
     table. The decision settings may change."""
-    from .errors import HydraInputError
-
     defaults = {f.name: f.default for f in dataclasses.fields(Candidate)}
     for c in candidates:
         now = json.loads(json.dumps(dataclasses.asdict(c)))
@@ -699,8 +684,6 @@ def plot_decision(summary: Mapping[str, Any], s: TextStudy, path: str | os.PathL
                   best_per_candidate: bool = False) -> str:
     """``summary``'s rows (or one per candidate, as :func:`render_decision_table`) as bars of their
     transfer gain (:func:`hydra_hf.plots.transfer_gains`)."""
-    from .plots import transfer_gains
-
     rows = [{**r, "label": f"{r['candidate']} | {r['fusion']} | {r['score']}",
              "eligible": _meets_constraints(r, s)}
             for r in (_best_rows(summary, s) if best_per_candidate else summary["rows"])]
@@ -753,10 +736,6 @@ def first_step_scores(target: Any, id_data: Any, ood_data: Any, max_length: int 
     """Every head's score ``S`` at the circuit search's first step (the Single model with that one head
     ablated), for CircOOD (``"ood"``) and CircAvg (``"avg"``), computed by the search's own evaluator.
     Shape ``(heads,)``, in the order of the layout's ``(layer, head)`` cells."""
-    from .data import make_text_loader
-    from .pruning.circuits import make_evaluator
-    from .pruning.layout import HeadLayout
-
     gates = HeadLayout.of(target.adapter, None).ones()
     candidates = [(int(r), int(h)) for r, h in torch.nonzero(gates > 0).tolist()]
     id_b = list(make_text_loader(id_data, target.tokenizer, 64, max_length))
@@ -770,8 +749,6 @@ def first_step_scores(target: Any, id_data: Any, ood_data: Any, max_length: int 
 
 def compare_selections(a: torch.Tensor, b: torch.Tensor, top: int) -> dict[str, float]:
     """Agreement of two selection sets' head scores (see :func:`selection_noise`)."""
-    from scipy.stats import spearmanr
-
     ta, tb = set(torch.argsort(-a, stable=True)[:top].tolist()), set(torch.argsort(-b, stable=True)[:top].tolist())
     return {"spearman": float(spearmanr(a.numpy(), b.numpy()).statistic),
             "top_jaccard": len(ta & tb) / len(ta | tb),

@@ -21,6 +21,7 @@ import torch
 from open_clip import zero_shot_metadata
 from PIL import Image
 from torch import nn
+from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
 from .convert.io import check_remote_code, from_pretrained, read_config
 from .data import image_folder_classes, parse_spec
@@ -28,7 +29,7 @@ from .errors import HydraInputError
 from .evaluation import ZeroShotPredictor, zero_shot_prompts
 from .families import Family, detect_family, family_of_config
 from .onnx.runtime import is_onnx_export
-from .pruning.loading import DEFAULT_PROMPT_TEMPLATE, read_class_names
+from .pruning.loading import DEFAULT_PROMPT_TEMPLATE, load_open_clip_folder, read_class_names
 from .pruning.members import zero_shot_labels
 
 logger = logging.getLogger(__name__)
@@ -180,16 +181,11 @@ def load_zero_shot_model(path: str | os.PathLike, *, trust_remote_code: bool = F
     Raises:
         ValueError: ``path`` is not a zero-shot model folder, or lacks its tokenizer / image processor.
     """
-    from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
-
     family = zero_shot_family(path)
     if family is None:
         raise ValueError(f"{str(path)!r} is not a CLIP, SigLIP or open_clip model folder")
     folder = Path(path)
     if family.name == "open_clip":
-        # the recipes package (a heavy import) holds the open_clip folder loader; only open_clip folders need it
-        from .recipes.zero_shot import load_open_clip_folder
-
         model, preprocess, tokenizer = load_open_clip_folder(folder)
         return ZeroShotModel(model, family.name, tokenizer, None, preprocess)
     check_remote_code(folder, trust_remote_code)

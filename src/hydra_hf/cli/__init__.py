@@ -21,11 +21,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import hydra_hf_cli
+from ..errors import HydraError, one_line
+from ..version import __version__
 
-# Sub-command modules, in the order `hydra-hf --help` lists them (hydra_hf_cli, the console script, prints
-# the top-level help and the version without importing hydra_hf; this parser's top level is its).
-COMMANDS = tuple(hydra_hf_cli.COMMANDS)
+PROG = "hydra-hf"
+DESCRIPTION = (
+    "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, evaluate, aggregate, export, push."
+)
+# Sub-command modules, in the order `hydra-hf --help` lists them. The console script (hydra_hf_cli, outside
+# the package so that `--help` and `--version` need no torch) prints a copy of this top level;
+# tests/test_cli_help.py checks that the two helps are equal.
+COMMANDS = ("prune", "convert", "finetune", "evaluate", "aggregate", "export", "push")
 
 # One worked example per command, shown at the end of `hydra-hf COMMAND --help`.
 EXAMPLES = {
@@ -53,8 +59,6 @@ then: hydra-hf evaluate --model hydra-rt-onnx --baseline "ONNX fp32=hydra-rt-onn
 }
 
 
-from ..errors import HydraError, one_line
-
 # kept for callers of the earlier name
 HydraUserError = HydraError
 
@@ -79,8 +83,17 @@ def _message(exc: BaseException) -> str:
     return one_line(exc)
 
 
+def top_parser() -> argparse.ArgumentParser:
+    """The top level of ``hydra-hf``: description, ``-v``, ``--version`` (no sub-commands yet)."""
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks of errors")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the hydra-hf version and exit")
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = hydra_hf_cli.top_parser()
+    parser = top_parser()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         try:

@@ -8,6 +8,10 @@ import json
 import logging
 from pathlib import Path
 
+from ..errors import HydraInputError
+from ..outputs import check_output, read_json, write_output_folder
+from ..report import aggregate_seed_reports, check_seed_report, summarize_seed_comparisons, write_report
+
 logger = logging.getLogger(__name__)
 
 
@@ -27,10 +31,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _read(spec: str) -> dict:
-    from ..errors import HydraInputError
-    from ..outputs import read_json
-    from ..report import check_seed_report
-
     path = Path(spec)
     file = path / "report.json" if path.is_dir() else path
     if file.is_symlink() or not (file.exists() or path.is_dir()):
@@ -40,10 +40,6 @@ def _read(spec: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import HydraInputError
-    from ..outputs import check_output, write_output_folder
-    from ..report import aggregate_seed_reports, summarize_seed_comparisons, write_report
-
     if len(args.reports) < 2:
         raise HydraInputError(f"aggregate needs the reports of at least 2 seeds, got {len(args.reports)}")
     check_output(args.output, command="aggregate", overwrite=args.overwrite, inputs=args.reports)

@@ -7,6 +7,10 @@ import argparse
 import json
 import logging
 
+from ..assemble import convert_checkpoint
+from ..families import family_names
+from ..masks import load_masks
+
 logger = logging.getLogger(__name__)
 
 
@@ -26,7 +30,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="average the members' MLPs (paper, default) or keep one MLP per member (exact, larger)")
     p.add_argument("--shared-weights", choices=["error", "average", "first"], default="error",
                    help="when members' shared parts (embeddings) differ: fail (default), average them, or take the first")
-    from ..families import family_names
 
     p.add_argument("--arch", default=None, metavar="FAMILY",
                    help="force the base architecture family instead of detecting it: one of "
@@ -42,9 +45,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..convert import convert_checkpoint
-    from ..masks import load_masks
-
     masks = load_masks(args.masks)  # one tower, or named towers (CLIP) in a masks file with "towers"
     logger.info("masks: %s", masks.summary())
     if masks.num_members == 1:

@@ -14,9 +14,22 @@ import logging
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from .. import distributed, evaluation as ev
+from ..data import parse_spec, resolve_dataset
 from ..metrics import OOD_SCORES
+from ..outputs import check_output, write_output_folder
+from ..report import render_markdown_table
+from ..zero_shot import (
+    check_same_images,
+    load_zero_shot_model,
+    read_templates,
+    zero_shot_class_names,
+    zero_shot_data,
+    zero_shot_family,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +149,6 @@ def _check_models(args: argparse.Namespace) -> tuple[dict[str, str], list[tuple[
 
 def _check_zero_shot_options(args: argparse.Namespace, models: dict[str, str], family: str | None) -> None:
     """Zero-shot options only with a zero-shot --model, classifier options only with a classifier."""
-    from ..zero_shot import zero_shot_family
-
     if family is None:
         if args.class_names or args.templates:
             raise ValueError(f"--class-names / --templates apply to zero-shot CLIP / SigLIP models; --model {args.model!r} "
@@ -164,9 +175,6 @@ def _check_zero_shot_options(args: argparse.Namespace, models: dict[str, str], f
 
 def _classifier_setup(args: argparse.Namespace, models: dict[str, str]) -> _Setup:
     """Predictors and loaders of classifier folders (text or image), each with its own head."""
-    from .. import evaluation as ev
-    from ..data import parse_spec, resolve_dataset
-
     loaded = {name: ev.load_classifier(path, trust_remote_code=args.trust_remote_code) for name, path in models.items()}
     modalities = {m for _, _, m in loaded.values()}
     if len(modalities) != 1:
@@ -206,10 +214,6 @@ def _classifier_setup(args: argparse.Namespace, models: dict[str, str]) -> _Setu
 def _zero_shot_setup(args: argparse.Namespace, models: dict[str, str], family: str) -> _Setup:
     """Predictors and loaders of zero-shot models: every model classifies the same classes with the same
     prompt templates, on the images --model's image processor makes."""
-    from .. import evaluation as ev
-    from ..data import parse_spec, resolve_dataset
-    from ..zero_shot import check_same_images, load_zero_shot_model, read_templates, zero_shot_class_names, zero_shot_data
-
     what = f"a zero-shot {family} model"
     names = zero_shot_class_names(args.class_names, args.id_data, model=f"a {family} model")
     templates = read_templates(args.templates)
@@ -251,13 +255,6 @@ def _zero_shot_setup(args: argparse.Namespace, models: dict[str, str], family: s
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from .. import distributed
-    from .. import evaluation as ev
-    from ..outputs import check_output, write_output_folder
-    from ..zero_shot import zero_shot_family
-
     info = distributed.process_info()
     models, pairs = _check_models(args)
     found = zero_shot_family(args.model)  # None: a classifier (or an ONNX export of one)
@@ -291,7 +288,6 @@ def run(args: argparse.Namespace) -> int:
         write_output_folder(args.report, lambda tmp: ev.write_evaluation_report(result, tmp, settings=settings,
                                                                          comparisons=comparisons, notes=setup.notes),
                             command="evaluate", overwrite=args.overwrite, inputs=list(models.values()))
-        from ..report import render_markdown_table
 
         print(render_markdown_table(result.rows))
         logger.info("report: %s", Path(args.report) / "report.md")

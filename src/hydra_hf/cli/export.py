@@ -8,6 +8,12 @@ import argparse
 import json
 import logging
 
+from ..errors import HydraInputError
+from ..onnx import require_onnx
+from ..onnx.export import export_onnx
+from ..onnx.int8 import DEFAULT_RECIPE, INT8_RECIPES
+from ..onnx.runtime import read_export_metadata
+
 logger = logging.getLogger(__name__)
 
 FORMATS = ("onnx",)
@@ -32,7 +38,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quantize", default=None, metavar="int8",
                    help="also write an int8 graph (ONNX Runtime dynamic quantisation of MatMul / Gemm weights), the "
                    "folder's default graph, and quantization_report.json / .md; needs --calibration-data")
-    from ..onnx.int8 import DEFAULT_RECIPE, INT8_RECIPES
 
     p.add_argument("--int8-recipe", default=None, choices=sorted(INT8_RECIPES), metavar="RECIPE",
                    help=f"int8: how the graph is quantised (default {DEFAULT_RECIPE}); "
@@ -63,15 +68,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import HydraInputError
-
     if args.format.lower() not in FORMATS:
         raise HydraInputError(f"--format {args.format!r} is not supported; use one of {list(FORMATS)}")
     if args.quantize is not None and args.quantize.lower() != "int8":
         raise HydraInputError(f"--quantize {args.quantize!r} is unknown; use int8")
     if (args.quantize_all or args.int8_recipe) and args.quantize is None:
         raise HydraInputError("--quantize-all / --int8-recipe change the int8 graph; pass --quantize int8 too")
-    from ..onnx import export_onnx, require_onnx
 
     require_onnx("onnx", "onnxruntime", "onnxscript")  # before any work: a missing package is one line
     options = {"text_column": args.text_column, "label_column": args.label_column, "image_column": args.image_column,
@@ -80,7 +82,6 @@ def run(args: argparse.Namespace) -> int:
                       calibration_data=args.calibration_data, ood_data=args.ood_data, overwrite=args.overwrite,
                       data_options=options, **({"templates": args.class_template} if args.class_template else {}),
                       keep_mlp_output_fp32=False if args.quantize_all else None, int8_recipe=args.int8_recipe)
-    from ..onnx.runtime import read_export_metadata
 
     metadata = read_export_metadata(out)
     print(json.dumps({"output": str(out), "files": sorted(metadata["files"]), "default_file": metadata["default_file"],

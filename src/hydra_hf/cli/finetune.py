@@ -14,6 +14,21 @@ import dataclasses
 import json
 import logging
 
+from accelerate import PartialState
+
+from ..finetune import (
+    MIXED_PRECISION,
+    MLP_FUSIONS,
+    OPTIMIZERS,
+    SCHEDULERS,
+    FinetuneConfig,
+    default_recipe,
+    finetune_fused,
+    finetune_members,
+    image_recipe,
+    text_recipe,
+)
+
 logger = logging.getLogger(__name__)
 
 
@@ -27,14 +42,6 @@ def _optional(kind: type):
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per ``FinetuneConfig`` field; unset flags stay absent from the namespace."""
-    from ..finetune import (
-        MIXED_PRECISION,
-        MLP_FUSIONS,
-        OPTIMIZERS,
-        SCHEDULERS,
-        FinetuneConfig,
-    )
-
     choices = {"optimizer": OPTIMIZERS, "scheduler": SCHEDULERS, "mixed_precision": MIXED_PRECISION, "mlp_fusion": MLP_FUSIONS}
     group = parser.add_argument_group("training settings (override --recipe and --config)")
     for f in dataclasses.fields(FinetuneConfig):
@@ -97,8 +104,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def config_from_args(args: argparse.Namespace):
     """The ``FinetuneConfig`` of the parsed arguments: recipe, then --config file, then flags."""
-    from ..finetune import FinetuneConfig, default_recipe, image_recipe, text_recipe
-
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(FinetuneConfig) if hasattr(args, f.name)}
     if args.config:
         if args.recipe:
@@ -110,8 +115,6 @@ def config_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..finetune import finetune_fused, finetune_members
-
     if not getattr(args, "verbose", False):
         logging.getLogger("accelerate").setLevel(logging.WARNING)  # a line per checkpoint file is too chatty
     config = config_from_args(args)
@@ -132,7 +135,6 @@ def run(args: argparse.Namespace) -> int:
         out = finetune_fused(**common)
     else:
         out = finetune_members(**common, members=args.members)
-    from accelerate import PartialState
 
     if PartialState().is_main_process:
         print(json.dumps({"output": str(out) if out is not None else None, "mode": "fused" if args.fused else "members"}))

@@ -32,20 +32,29 @@ prompts).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ..pruning.members import PruningTarget
+from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
+
+from ..convert.io import from_pretrained
+from ..errors import HydraUnsafeError
+from ..families import detect_family, get_adapter
+from ..masks import load_masks
+from ..outputs import check_output_file
+from ..pruning.budget import Budget
+from ..pruning.diversity import PRUNING_METHODS, parse_methods, uses_ood
+from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, load_open_clip, load_timm_vit, read_class_names
+from ..pruning.members import PruningTarget, build_members, load_pruning_target
+from ..zero_shot import zero_shot_class_names
 
 logger = logging.getLogger(__name__)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from ..pruning.diversity import PRUNING_METHODS
-
     p = subparsers.add_parser(
         "prune",
         help="choose the heads every member keeps (Taylor / circuits / random) and write masks.json",
@@ -111,8 +120,6 @@ TOWERS = ("vision", "text", "joint")
 
 def _check_source(args: argparse.Namespace) -> None:
     """Cheap argument checks, before anything is loaded."""
-    from ..pruning.loading import class_prompts, read_class_names
-
     if args.checkpoint and not (args.open_clip or args.timm):
         raise ValueError("--checkpoint gives the weights of --open-clip / --timm models; a --model folder holds its own")
     if (args.open_clip or args.timm) and not args.checkpoint:
@@ -129,10 +136,6 @@ def _check_source(args: argparse.Namespace) -> None:
 
 
 def _hf_config(path: str, trust_remote_code: bool = False) -> Any:
-    from transformers import AutoConfig
-
-    from ..convert.io import from_pretrained
-
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"--model {path!r} is not a Hugging Face checkpoint folder (no config.json there)")
@@ -140,9 +143,6 @@ def _hf_config(path: str, trust_remote_code: bool = False) -> Any:
 
 
 def _clip_text_inputs(adapter_kind: str, tokenize: Callable[[list[str]], Any], args: argparse.Namespace) -> tuple[Any, list[str]]:
-    from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts
-    from ..zero_shot import zero_shot_class_names
-
     # --class-names, else the sub-folders of an image folder given as --id-data
     names = zero_shot_class_names(args.class_names, args.id_data, model=f"a CLIP model ({adapter_kind})")
     if not args.class_names:
@@ -152,33 +152,22 @@ def _clip_text_inputs(adapter_kind: str, tokenize: Callable[[list[str]], Any], a
 
 
 def _load_target(args: argparse.Namespace) -> PruningTarget:
-    from ..convert.io import from_pretrained
-    from ..pruning.adapters import get_adapter
-    from ..pruning.members import PruningTarget, load_pruning_target
-
     if args.prompt_template and args.timm:
         raise ValueError("--prompt-template applies to CLIP models (zero-shot); a timm classifier has its own head")
     if args.open_clip:
-        from ..pruning.loading import load_open_clip
-
         model, preprocess, tokenize = load_open_clip(args.open_clip, args.checkpoint)
         tokens, names = _clip_text_inputs("open_clip", tokenize, args)
         adapter = get_adapter(model, class_text_inputs=tokens)  # tokens: (C, T)
         return PruningTarget(adapter, preprocess, None, len(names), {n: i for i, n in enumerate(names)}, True)
     if args.timm:
-        from ..pruning.loading import load_timm_vit
-
         model, transform, label_names = load_timm_vit(args.timm, args.checkpoint)
         label2id = {str(n): i for i, n in enumerate(label_names)} if label_names else None
         return PruningTarget(get_adapter(model), transform, None, model.num_classes, label2id, False)
-    from ..families import detect_family
 
     config = _hf_config(args.model, args.trust_remote_code)
     folder = Path(args.model)
     family = detect_family(folder)  # refuses unknown layouts and task heads the family does not build
     if family.task == "zero-shot-image-classification":
-        from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
-
         if args.num_labels is not None:
             raise ValueError("--num-labels does not apply to a CLIP model; its classes are --class-names")
         model = from_pretrained(AutoModel, folder).eval()  # CLIPModel, SiglipModel, ...
@@ -200,12 +189,6 @@ def _load_target(args: argparse.Namespace) -> PruningTarget:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..masks import load_masks
-    from ..outputs import check_output_file
-    from ..pruning.budget import Budget
-    from ..pruning.diversity import parse_methods, uses_ood
-    from ..pruning.members import build_members
-
     # --- cheap checks first: fail before loading anything heavy
     if uses_ood(args.method) and not args.ood_data:
         raise ValueError(f"--method {args.method} needs OOD validation data; give --ood-data (e.g. guardian_headlines:ood_validation)")
@@ -264,8 +247,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _is_masks_file(path: Path) -> bool:
     """Whether ``path`` holds a masks file (what ``--overwrite`` may replace)."""
-    import json
-
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -275,8 +256,6 @@ def _is_masks_file(path: Path) -> bool:
 
 def _check_not_an_input(output: Path, args: argparse.Namespace) -> None:
     """The masks file may not replace (or be) one of the files this command reads."""
-    from ..errors import HydraUnsafeError
-
     real = output.resolve()
     for name in ("model", "checkpoint", "include_masks", "class_names", "id_data", "ood_data"):
         value = getattr(args, name, None)

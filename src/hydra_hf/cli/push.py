@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..hub import push
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -51,8 +53,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..hub import push
-
     result = push(
         args.model_dir,
         args.repo_id,

@@ -1,10 +1,12 @@
 """Converters: checkpoints of stock models -> Hydra Ensemble state dicts and models.
 
-Pure state-dict functions live in the per-source readers (``hf_bert``) and ``fuse``; ``api``
-reads files, validates and builds models.
+Pure state-dict functions live in the per-source readers (``hf_bert``) and ``fuse``; ``build`` holds the
+build helpers every family uses (read and check folders, labels, load the fused tensors). Nothing here
+knows the family registry: :func:`hydra_hf.assemble.convert_checkpoint` (the stage that detects the
+family and saves the folder) sits above it.
 """
 
-from .api import SUPPORTED_ARCHS, convert_checkpoint, detect_arch
+from .build import base_config_dict, check_same_architecture, full_config, label_arguments, load_fused
 from .fuse import fuse_layer, head_rows, shared_tensor, unfuse_layer
 from .hf_bert import bert_member_from_state_dict, fuse_bert, unfuse_bert
 from .hf_clip import CLIPMember, clip_member_from_state_dict, fuse_clip, unfuse_clip
@@ -14,7 +16,6 @@ from .open_clip import clip_tokenizer_from_open_clip, open_clip_member_from_stat
 from .timm_vit import timm_vit_member_from_state_dict
 
 __all__ = [
-    "SUPPORTED_ARCHS",
     "CLIPMember",
     "ViTMember",
     "bert_member_from_state_dict",
@@ -27,8 +28,11 @@ __all__ = [
     "unfuse_clip",
     "unfuse_vit",
     "vit_member_from_state_dict",
-    "convert_checkpoint",
-    "detect_arch",
+    "base_config_dict",
+    "check_same_architecture",
+    "full_config",
+    "label_arguments",
+    "load_fused",
     "fuse_bert",
     "fuse_layer",
     "head_rows",

@@ -1,7 +1,9 @@
-"""Building a fused model from checkpoint folders, for the families read through a ``members.Layout``
-(DeiT, BEiT, DINOv2, SigLIP): read and check the configs and weights, fuse, build the Hydra model and
-load every tensor it has (checked: none missing but the newly initialised classifiers, none left over,
-shapes named on mismatch).
+"""The build helpers every family uses: read and check the configs and weights of checkpoint folders,
+work out the labels, build the Hydra model and load every tensor it has (checked: none missing but the
+newly initialised classifiers, none left over, shapes named on mismatch).
+
+One public set, below the family registry: the per-source readers (``hf_bert.build_bert``,
+``hf_deit.build_deit``...) and the family modules build with these; nothing here knows a family.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PretrainedConfig, PreTrainedModel
+from transformers import PreTrainedModel, PretrainedConfig
 
 from ..masks import HeadMasks
 from .io import read_config, read_state_dict
@@ -25,6 +27,29 @@ NOT_ARCHITECTURE = {
     "architectures", "id2label", "label2id", "_name_or_path", "transformers_version", "torch_dtype", "dtype",
     "problem_type", "auto_map", "num_labels", "finetuning_task", "gradient_checkpointing", "use_cache",
 }  # fmt: skip
+# config keys that must agree between the member checkpoints of a text encoder
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
+def base_config_dict(config: dict[str, Any]) -> dict[str, Any]:
+    """The architecture part of a base ``config.json`` (labels and bookkeeping dropped)."""
+    return {k: v for k, v in config.items() if k not in NOT_ARCHITECTURE}
+
+
+def full_config(cls: type[PretrainedConfig], raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` (a config.json) with the defaults of its transformers config class filled in, labels and
+    bookkeeping dropped (nested tower configs kept whole; :func:`architecture_config` cleans them too)."""
+    return base_config_dict(cls.from_dict(base_config_dict(raw)).to_dict())
+
+
+def check_same_architecture(folders: list[Path], configs: list[dict[str, Any]], keys: tuple[str, ...] | None = None) -> None:
+    """``ValueError`` naming the folder and the differing values unless every member's config agrees with
+    the first one's on ``keys`` (default: every key)."""
+    for f, c in zip(folders[1:], configs[1:]):
+        names = keys or sorted(set(configs[0]) | set(c))
+        diff = {k: (configs[0].get(k), c.get(k)) for k in names if configs[0].get(k) != c.get(k)}
+        if diff:
+            raise ValueError(f"member {str(f)!r} does not have the first member's architecture: {diff}")
 
 
 def architecture_config(cls: type[PretrainedConfig], raw: dict[str, Any]) -> dict[str, Any]:
@@ -58,16 +83,22 @@ def read_members(
 
 def label_arguments(
     state: dict[str, torch.Tensor], head_key: str, raw: dict[str, Any], num_labels: int | None,
-    id2label: dict[int, str] | None,
+    id2label: dict[int, str] | None, *, names: Any = None,
 ) -> dict[str, Any]:
     """Label arguments of the Hydra config: the checkpoint's classifier (``state[head_key]`` is
-    ``(M, C, in)``) and label names when it has them, else ``id2label`` / ``num_labels`` (default 2)."""
+    ``(M, C, in)``) and label names when it has them, else ``id2label`` / ``num_labels`` (default 2).
+
+    ``names``: the checkpoint's label names, a dict or a list (default ``raw["id2label"]``); they are kept
+    when there is one per class. ``raw["problem_type"]`` goes with a trained classifier.
+    """
     if head_key in state:
         n = state[head_key].shape[1]
-        names = raw.get("id2label")
+        names = raw.get("id2label") if names is None else names
         out: dict[str, Any] = {"num_labels": n}
         if isinstance(names, dict) and len(names) == n:
             out = {"id2label": {int(k): v for k, v in names.items()}}
+        elif isinstance(names, (list, tuple)) and len(names) == n:
+            out = {"id2label": dict(enumerate(names))}
         if raw.get("problem_type"):
             out["problem_type"] = raw["problem_type"]
         return out

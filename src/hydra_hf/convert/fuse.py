@@ -24,6 +24,11 @@ CANONICAL_LAYER_KEYS = (
 SHARED_POLICIES = ("error", "average", "first")
 
 
+def describe_keys(keys: list[str]) -> str:
+    """The first four of ``keys`` and how many more (tensor names in an error message)."""
+    return ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+
+
 def head_rows(heads: list[int], head_dim: int) -> torch.Tensor:
     """Row indices of ``heads`` in a ``(H*dk, d)`` projection: head h owns rows ``[h*dk, (h+1)*dk)``."""
     if not heads:

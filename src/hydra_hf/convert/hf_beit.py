@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import BeitConfig
 
+from ..modeling.configuration_hydra import HydraEnsembleBeitConfig
+from ..modeling.modeling_hydra_beit import HydraEnsembleBeitForImageClassification
 from .build import label_arguments, load_fused, read_members, single_tower_masks
 from .hf_vit import FILE_LAYER_MAP
 from .members import Layout, Member, Tower, fuse_members, read_member, unfuse_members
@@ -92,11 +95,6 @@ def build_beit(
 ) -> Any:
     """BEiT checkpoint folders (one base, or one per member) + masks -> ``HydraEnsembleBeitForImageClassification``
     (a bare ``BeitModel`` gets new per-member classifiers, seeded by ``seed``)."""
-    from transformers import BeitConfig
-
-    from ..modeling.configuration_hydra import HydraEnsembleBeitConfig
-    from ..modeling.modeling_hydra_beit import HydraEnsembleBeitForImageClassification
-
     masks = single_tower_masks(masks, "BEiT", towers)
     raws, loaded = read_members(folders, BeitConfig, beit_member_from_state_dict, lambda c: {k: c.get(k) for k in SHAPE_KEYS})
     base = loaded[0].config

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..masks import HeadMasks
+from ..modeling.configuration_hydra import HydraEnsembleConfig
+from ..modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification
+from .build import SHAPE_KEYS, base_config_dict, check_same_architecture, label_arguments, load_fused
 from .fuse import fuse_layer, shared_tensor, unfuse_member_layers
-from .io import strip_prefix
+from .io import read_config, read_state_dict, strip_prefix
 
 _LAYER_MAP = {
     "q": "attention.self.query",
@@ -146,3 +151,35 @@ def unfuse_bert(state: dict[str, torch.Tensor], hydra_config) -> list[dict[str, 
             sd["classifier.bias"] = state["classifier.bias"][m].clone()
         members.append(sd)
     return members
+
+
+def build_bert(
+    folders: list[Path], masks: HeadMasks, *, mlp_fusion: str = "average", shared: str = "error",
+    num_labels: int | None = None, id2label: dict[int, str] | None = None, seed: int = 0,
+) -> HydraEnsembleForSequenceClassification:
+    """BERT checkpoint folders (one base, or one per member) + masks -> ``HydraEnsembleForSequenceClassification``.
+
+    A bare encoder gets new per-member poolers and classifiers (``num_labels`` / ``id2label``, seeded by
+    ``seed``), with a warning naming them.
+    """
+    configs = [read_config(f) for f in folders]
+    check_same_architecture(folders, configs, SHAPE_KEYS)
+    base_cfg = configs[0]
+    masks.check_compatible(base_cfg["num_hidden_layers"], base_cfg["num_attention_heads"], model=repr(str(folders[0])))
+    loaded = [bert_member_from_state_dict(read_state_dict(f), cfg, source=repr(str(f))) for f, cfg in zip(folders, configs)]
+    member_weights = loaded * masks.num_members if len(loaded) == 1 else loaded
+    state = fuse_bert(member_weights, masks.kept_heads, mlp_fusion, shared)
+    labels = label_arguments(state, "classifier.weight", base_cfg, num_labels, id2label)
+    config = HydraEnsembleConfig(
+        base_model_type="bert",
+        base_config=base_config_dict(base_cfg),
+        kept_heads=masks.kept_heads,
+        mlp_fusion=mlp_fusion,
+        member_metadata=masks.member_metadata,
+        **labels,
+    )
+    torch.manual_seed(seed)  # the per-member classifiers of a bare encoder are initialised from this seed
+    model = HydraEnsembleForSequenceClassification(config)
+    state = {k if k.startswith("classifier.") else f"hydra.{k}": v for k, v in state.items()}
+    allowed = {"classifier.weight", "classifier.bias", "hydra.pooler.weight", "hydra.pooler.bias"}
+    return load_fused(model, state, allowed, folders[0], seed)

@@ -8,13 +8,21 @@ open_clip reader (``open_clip.py``) produces the same ``CLIPMember``, so one fus
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import CLIPConfig
 
-from .fuse import fuse_layer, shared_tensor, unfuse_member_layers
-from .hf_vit import _describe, check_layer_shapes
+from ..masks import HeadMasks
+from ..modeling.configuration_hydra import HydraEnsembleCLIPConfig
+from ..modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
+from .build import check_same_architecture, full_config, load_fused
+from .fuse import describe_keys, fuse_layer, shared_tensor, unfuse_member_layers
+from .hf_vit import check_layer_shapes
+from .io import read_config, read_state_dict
 
 TOWERS = ("vision", "text")
 TOWER_PREFIX = {"vision": "vision_model", "text": "text_model"}
@@ -98,13 +106,13 @@ def clip_member_from_state_dict(state: dict[str, torch.Tensor], config: dict[str
         if not any(k.startswith("vision_model.") for k in state):
             raise ValueError(
                 f"{source} is not an HF CLIPModel checkpoint (no 'vision_model.*' tensors; found e.g. "
-                f"{_describe(sorted(state))}); pass a CLIPModel folder, or --arch open-clip for open_clip"
+                f"{describe_keys(sorted(state))}); pass a CLIPModel folder, or --arch open-clip for open_clip"
             )
-        raise ValueError(f"{source} is not a complete CLIPModel checkpoint: missing {_describe(missing)}")
+        raise ValueError(f"{source} is not a complete CLIPModel checkpoint: missing {describe_keys(missing)}")
     unknown = sorted(k for k in state if k not in used and k not in _IGNORED)
     if unknown:
         raise ValueError(
-            f"{source} has tensors a stock CLIPModel does not: {_describe(unknown)} (more layers than its config, "
+            f"{source} has tensors a stock CLIPModel does not: {describe_keys(unknown)} (more layers than its config, "
             "or another architecture); pass a CLIPModel checkpoint"
         )
     for tower in TOWERS:
@@ -158,3 +166,33 @@ def unfuse_clip(state: dict[str, torch.Tensor], hydra_config) -> list[dict[str, 
                         sd[f"{TOWER_PREFIX[tower]}.encoder.layers.{i}.{long}.{p}"] = canon[f"{short}.{p}"]
         members.append(sd)
     return members
+
+
+def clip_model(
+    folders: list[Path], loaded: list[CLIPMember], base_cfg: dict[str, Any], masks: HeadMasks, *, mlp_fusion: str,
+    shared: str,
+) -> HydraEnsembleCLIPModel:
+    """Canonical CLIP members (HF or open_clip) + masks -> ``HydraEnsembleCLIPModel``, loaded and checked
+    (a tower the masks do not list keeps all heads)."""
+    shapes = {t: tower_shape(base_cfg, t) for t in TOWERS}
+    kept = masks.kept_heads_by_tower(shapes, model=repr(str(folders[0])))
+    member_weights = loaded * masks.num_members if len(loaded) == 1 else loaded
+    state = fuse_clip(member_weights, kept, mlp_fusion, shared)
+    config = HydraEnsembleCLIPConfig(
+        base_config=base_cfg, vision_kept_heads=kept["vision"], text_kept_heads=kept["text"], mlp_fusion=mlp_fusion,
+        member_metadata=masks.member_metadata,
+    )
+    return load_fused(HydraEnsembleCLIPModel(config), state, set(), folders[0], 0)
+
+
+def build_clip(
+    folders: list[Path], masks: HeadMasks, *, mlp_fusion: str = "average", shared: str = "error",
+    towers: Sequence[str] | None = None,
+) -> HydraEnsembleCLIPModel:
+    """HF CLIP checkpoint folders (one base, or one per member) + masks -> ``HydraEnsembleCLIPModel``;
+    ``towers``: the towers to prune (each must be in the masks file)."""
+    masks.check_towers(TOWERS, towers, model="a CLIP checkpoint")
+    configs = [full_config(CLIPConfig, read_config(f)) for f in folders]
+    check_same_architecture(folders, [{t: tower_shape(c, t) for t in TOWERS} for c in configs])
+    loaded = [clip_member_from_state_dict(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, configs)]
+    return clip_model(folders, loaded, configs[0], masks, mlp_fusion=mlp_fusion, shared=shared)

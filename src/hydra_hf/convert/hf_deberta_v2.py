@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import DebertaV2Config
 
+from ..modeling.modeling_hydra_deberta_v2 import relative_span
 from .fuse import fuse_layer, head_rows, shared_tensor, unfuse_member_layers
 
 _LAYER_MAP = {
@@ -61,8 +63,6 @@ class _Layout:
 
 def layout_of(config: dict[str, Any]) -> _Layout:
     """The optional parts of a DeBERTa-v2 model with this ``config.json`` (transformers' defaults filled in)."""
-    from transformers import DebertaV2Config
-
     c = DebertaV2Config.from_dict(config)
     relative = bool(getattr(c, "relative_attention", False))
     types = list(c.pos_att_type or []) if relative else []
@@ -165,10 +165,6 @@ def deberta_v2_member_from_state_dict(
                     f"expected ({H * dk}, {d}) from hidden_size and num_attention_heads"
                 )
     if lay.relative:
-        from transformers import DebertaV2Config
-
-        from ..modeling.modeling_hydra_deberta_v2 import relative_span
-
         rows = 2 * relative_span(DebertaV2Config.from_dict(config))
         if tuple(relative["rel_embeddings.weight"].shape) != (rows, d):
             raise ValueError(

@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import DeiTConfig
 
+from ..modeling.configuration_hydra import HydraEnsembleDeiTConfig
+from ..modeling.modeling_hydra_deit import HydraEnsembleDeiTForImageClassification
 from .build import label_arguments, load_fused, read_members, single_tower_masks
 from .hf_vit import FILE_LAYER_MAP
 from .members import Layout, Member, Tower, fuse_members, read_member, unfuse_members
@@ -90,11 +93,6 @@ def build_deit(
     A distilled base (``DeiTForImageClassificationWithTeacher``) keeps both heads per member; a bare
     ``DeiTModel`` gets new per-member classifiers (``num_labels`` / ``id2label``, seeded by ``seed``).
     """
-    from transformers import DeiTConfig
-
-    from ..modeling.configuration_hydra import HydraEnsembleDeiTConfig
-    from ..modeling.modeling_hydra_deit import HydraEnsembleDeiTForImageClassification
-
     masks = single_tower_masks(masks, "DeiT", towers)
     raws, loaded = read_members(folders, DeiTConfig, deit_member_from_state_dict, lambda c: {k: c.get(k) for k in SHAPE_KEYS})
     base = loaded[0].config

@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import Dinov2Config, Dinov2WithRegistersConfig
 
+from ..modeling.configuration_hydra import HydraEnsembleDinov2Config
+from ..modeling.modeling_hydra_dinov2 import HydraEnsembleDinov2ForImageClassification
 from .build import label_arguments, load_fused, read_members, single_tower_masks
 from .io import read_config
 from .members import Layout, Member, Tower, fuse_members, read_member, unfuse_members
@@ -82,11 +85,6 @@ def build_dinov2(
 ) -> Any:
     """DINOv2 (or DINOv2-with-registers) checkpoint folders + masks ->
     ``HydraEnsembleDinov2ForImageClassification`` (a bare encoder gets new per-member classifiers)."""
-    from transformers import Dinov2Config, Dinov2WithRegistersConfig
-
-    from ..modeling.configuration_hydra import HydraEnsembleDinov2Config
-    from ..modeling.modeling_hydra_dinov2 import HydraEnsembleDinov2ForImageClassification
-
     masks = single_tower_masks(masks, "DINOv2", towers)
     model_type = read_config(folders[0]).get("model_type", "dinov2")
     config_cls = Dinov2WithRegistersConfig if model_type == "dinov2_with_registers" else Dinov2Config

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import ModernBertConfig
 
 from .fuse import fuse_layer, shared_tensor, unfuse_member_layers
 
@@ -43,8 +44,6 @@ class _Biases:
 
 
 def _biases(config: dict[str, Any]) -> _Biases:
-    from transformers import ModernBertConfig
-
     c = ModernBertConfig.from_dict(config)
     return _Biases(bool(c.attention_bias), bool(c.mlp_bias), bool(c.norm_bias), bool(c.classifier_bias))
 

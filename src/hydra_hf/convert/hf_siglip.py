@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import SiglipConfig
 
+from ..modeling.configuration_hydra import HydraEnsembleSiglipConfig
+from ..modeling.modeling_hydra_siglip import HydraEnsembleSiglipModel
 from .build import load_fused, read_members
 from .members import Layout, Member, Tower, fuse_members, read_member, unfuse_members
 
@@ -99,11 +102,6 @@ def build_siglip(
     ``towers``: the towers to prune (each must be in the masks file); default: those the masks file lists;
     a tower it does not list keeps every head. ``num_labels``/``id2label``/``seed`` are not used (zero-shot).
     """
-    from transformers import SiglipConfig
-
-    from ..modeling.configuration_hydra import HydraEnsembleSiglipConfig
-    from ..modeling.modeling_hydra_siglip import HydraEnsembleSiglipModel
-
     masks.check_towers(tuple(TOWER_PREFIXES), towers, model="a SigLIP checkpoint")
     shape = lambda c: {t: (c[f"{t}_config"]["num_hidden_layers"], c[f"{t}_config"]["num_attention_heads"]) for t in TOWER_PREFIXES}  # noqa: E731
     _, loaded = read_members(folders, SiglipConfig, siglip_member_from_state_dict, shape)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .fuse import fuse_layer, shared_tensor, unfuse_member_layers
+from .fuse import describe_keys, fuse_layer, shared_tensor, unfuse_member_layers
 from .hf_vit import check_layer_shapes
 
 LAYER_PREFIX = "hydra.layers."  # fused layer i lives under f"{LAYER_PREFIX}{i}." in the task model
@@ -63,10 +63,6 @@ class TextMember:
     heads: dict[str, dict[str, torch.Tensor]]  # group -> fused name -> this member's tensor (groups present)
 
 
-def _describe(keys: list[str]) -> str:
-    return ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
-
-
 def with_prefix(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
     """A bare encoder's state dict (no ``prefix`` on any key) in task-model names; others unchanged."""
     if any(k.startswith(prefix) for k in state):
@@ -111,20 +107,20 @@ def read_text_member(
                     layer[f"{short}.{p}"] = tensor
         layers.append(layer)
     if missing:
-        raise ValueError(f"{source} is not a complete {layout.family} checkpoint: missing {_describe(missing)}")
+        raise ValueError(f"{source} is not a complete {layout.family} checkpoint: missing {describe_keys(missing)}")
     heads: dict[str, dict[str, torch.Tensor]] = {}
     for group, names in layout.heads.items():
         found = {fused: state[name] for fused, name in names.items() if name in state}
         used.update(name for name in names.values() if name in state)
         if found and len(found) != len(names):
             absent = [name for name in names.values() if name not in state]
-            raise ValueError(f"{source} has part of a {group}: missing {_describe(absent)}; pass a complete checkpoint")
+            raise ValueError(f"{source} has part of a {group}: missing {describe_keys(absent)}; pass a complete checkpoint")
         if found:
             heads[group] = found
     unknown = sorted(k for k in state if k not in used and not k.startswith(layout.ignored))
     if unknown:
         raise ValueError(
-            f"{source} has tensors the {layout.family} layout does not know: {_describe(unknown)} (more layers than "
+            f"{source} has tensors the {layout.family} layout does not know: {describe_keys(unknown)} (more layers than "
             f"num_hidden_layers={L}, or another architecture); pass a stock {layout.family} checkpoint"
         )
     check_layer_shapes(layers, d, config.get("intermediate_size"), source)

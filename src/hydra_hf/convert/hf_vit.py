@@ -10,12 +10,18 @@ here, so a live ``model.state_dict()`` works too. The timm reader (``timm_vit.py
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import ViTConfig
 
-from .fuse import fuse_layer, shared_tensor, unfuse_member_layers
-from .io import strip_prefix
+from ..masks import HeadMasks
+from ..modeling.configuration_hydra import HydraEnsembleViTConfig
+from ..modeling.modeling_hydra_vit import HydraEnsembleForImageClassification
+from .build import check_same_architecture, full_config, label_arguments, load_fused
+from .fuse import describe_keys, fuse_layer, shared_tensor, unfuse_member_layers
+from .io import read_config, read_state_dict, strip_prefix
 
 # canonical name -> module path inside layer i, in the saved-file layout and in transformers 5's modules
 FILE_LAYER_MAP = {
@@ -59,10 +65,6 @@ class ViTMember:
     classifier: dict[str, torch.Tensor] | None  # {"weight", "bias"} or None (a bare ViTModel)
 
 
-def _describe(keys: list[str]) -> str:
-    return ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
-
-
 def check_layer_shapes(layers: list[dict[str, torch.Tensor]], d: int, inner: int | None, source: str) -> None:
     """``ValueError`` unless the canonical layers have the shapes ``hidden_size=d`` implies."""
     expected = {"q.weight": (d, d), "k.weight": (d, d), "v.weight": (d, d), "o.weight": (d, d), "norm1.weight": (d,),
@@ -95,7 +97,7 @@ def vit_member_from_state_dict(state: dict[str, torch.Tensor], config: dict[str,
         prefix, layer_map = LAYOUTS["module"]
     else:
         raise ValueError(
-            f"{source} is not an HF ViT checkpoint: no 'vit.encoder.layer.*' tensors (found e.g. {_describe(sorted(state))}); "
+            f"{source} is not an HF ViT checkpoint: no 'vit.encoder.layer.*' tensors (found e.g. {describe_keys(sorted(state))}); "
             "pass a ViTForImageClassification/ViTModel folder, or --arch timm-vit for a timm checkpoint"
         )
     used: set[str] = set()
@@ -123,11 +125,11 @@ def vit_member_from_state_dict(state: dict[str, torch.Tensor], config: dict[str,
         layers.append(layer)
     final_norm = {"weight": take("layernorm.weight"), "bias": take("layernorm.bias")}
     if missing:
-        raise ValueError(f"{source} is not a complete ViT checkpoint: missing {_describe(missing)}")
+        raise ValueError(f"{source} is not a complete ViT checkpoint: missing {describe_keys(missing)}")
     unknown = sorted(k for k in body if k not in used and k not in IGNORED_KEYS)
     if unknown:
         raise ValueError(
-            f"{source} has tensors this ViT layout does not know: {_describe(unknown)} (more layers than "
+            f"{source} has tensors this ViT layout does not know: {describe_keys(unknown)} (more layers than "
             f"num_hidden_layers={L}, or a different architecture); pass a stock ViT checkpoint"
         )
     check_layer_shapes(layers, d, config.get("intermediate_size"), source)
@@ -196,3 +198,41 @@ def unfuse_vit(state: dict[str, torch.Tensor], hydra_config, names: str = "check
             sd["classifier.bias"] = state["classifier.bias"][m].clone()
         members.append(sd)
     return members
+
+
+# config keys that must agree between the member checkpoints of a ViT
+VIT_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size", "patch_size")
+
+
+def vit_classifier(
+    folders: list[Path], loaded: list[ViTMember], base_cfg: dict[str, Any], raw: dict[str, Any], masks: HeadMasks, *,
+    mlp_fusion: str, shared: str, num_labels: int | None, id2label: dict[int, str] | None, seed: int,
+    names: Any = None,
+) -> HydraEnsembleForImageClassification:
+    """Canonical ViT members (HF or timm) + masks -> ``HydraEnsembleForImageClassification``, loaded and
+    checked; ``raw`` / ``names``: where the labels come from (:func:`~.build.label_arguments`)."""
+    masks.check_compatible(base_cfg["num_hidden_layers"], base_cfg["num_attention_heads"], model=repr(str(folders[0])))
+    member_weights = loaded * masks.num_members if len(loaded) == 1 else loaded
+    state = fuse_vit(member_weights, masks.kept_heads, mlp_fusion, shared)
+    labels = label_arguments(state, "classifier.weight", raw, num_labels, id2label, names=names)
+    config = HydraEnsembleViTConfig(
+        base_config=base_cfg, kept_heads=masks.kept_heads, mlp_fusion=mlp_fusion,
+        member_metadata=masks.member_metadata, **labels,
+    )
+    torch.manual_seed(seed)  # the per-member classifiers of a bare encoder are initialised from this seed
+    model = HydraEnsembleForImageClassification(config)
+    state = {k if k.startswith("classifier.") else f"hydra.{k}": v for k, v in state.items()}
+    return load_fused(model, state, {"classifier.weight", "classifier.bias"}, folders[0], seed)
+
+
+def build_vit(
+    folders: list[Path], masks: HeadMasks, *, mlp_fusion: str = "average", shared: str = "error",
+    num_labels: int | None = None, id2label: dict[int, str] | None = None, seed: int = 0,
+) -> HydraEnsembleForImageClassification:
+    """HF ViT checkpoint folders (one base, or one per member) + masks -> ``HydraEnsembleForImageClassification``."""
+    raw = [read_config(f) for f in folders]
+    configs = [full_config(ViTConfig, c) for c in raw]
+    check_same_architecture(folders, configs, VIT_SHAPE_KEYS)
+    loaded = [vit_member_from_state_dict(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, configs)]
+    return vit_classifier(folders, loaded, configs[0], raw[0], masks, mlp_fusion=mlp_fusion, shared=shared,
+                          num_labels=num_labels, id2label=id2label, seed=seed)  # fmt: skip

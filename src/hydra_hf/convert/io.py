@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import pickle
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from ..errors import HydraInputError, HydraUnsafeError
@@ -42,8 +43,6 @@ def read_config(path: str | Path) -> dict[str, Any]:
 def weight_names(folder: str | Path) -> set[str]:
     """Tensor names of a checkpoint folder, without loading the tensors when it is safetensors
     (one file or shards); other weights are read with :func:`read_state_dict`."""
-    from safetensors import safe_open
-
     folder = checkpoint_dir(folder)
     if (folder / "model.safetensors").is_file():
         files = [resolve_inside(folder, "model.safetensors", what="weights file")]
@@ -206,8 +205,6 @@ def from_pretrained(loader: Any, folder: str | Path, *, trust_remote_code: bool 
     """``loader.from_pretrained(folder)`` for a user-given folder: its code runs only with
     ``trust_remote_code`` (else one line ending with ``remedy``), and unreadable weights are one
     :class:`HydraInputError` line."""
-    import pickle
-
     check_remote_code(folder, trust_remote_code, remedy=remedy)
     try:
         loaded = loader.from_pretrained(str(folder), trust_remote_code=trust_remote_code, **kwargs)

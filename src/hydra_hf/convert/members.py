@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .fuse import fuse_layer, shared_tensor, unfuse_layer
+from .fuse import describe_keys, fuse_layer, shared_tensor, unfuse_layer
 
 CANONICAL_BASE = ("q", "k", "v", "o", "norm1", "norm2", "fc1", "fc2")
 
@@ -80,10 +80,6 @@ class Member:
     towers: dict[str, list[dict[str, torch.Tensor]]] = field(default_factory=dict)
 
 
-def _describe(keys: list[str]) -> str:
-    return ", ".join(keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
-
-
 def read_member(state: dict[str, torch.Tensor], layout: Layout, config: dict[str, Any], source: str = "checkpoint") -> Member:
     """Map a stock checkpoint's state dict (saved-file names) to canonical form.
 
@@ -111,14 +107,14 @@ def read_member(state: dict[str, torch.Tensor], layout: Layout, config: dict[str
         ]
     if missing:
         raise ValueError(
-            f"{source} is not a complete {layout.family} checkpoint: missing {_describe(missing)}; pass a stock "
+            f"{source} is not a complete {layout.family} checkpoint: missing {describe_keys(missing)}; pass a stock "
             f"{layout.family} checkpoint saved with save_pretrained"
         )
     ignored = [re.compile(p) for p in layout.ignored]
     unknown = sorted(k for k in state if k not in used and not any(p.search(k) for p in ignored))
     if unknown:
         raise ValueError(
-            f"{source} has tensors this {layout.family} layout does not know: {_describe(unknown)} (more layers "
+            f"{source} has tensors this {layout.family} layout does not know: {describe_keys(unknown)} (more layers "
             "than its config, another task head, or another architecture); pass a stock checkpoint of a supported task"
         )
     for tower in layout.towers:

@@ -22,14 +22,23 @@ are refused with a ``ValueError`` naming them.
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import CLIPConfig, CLIPImageProcessor, CLIPProcessor, CLIPTokenizer
+from transformers.image_utils import PILImageResampling
 
-from .hf_clip import MEMBER_KEYS, SHARED_KEYS, CLIPMember
-from .hf_vit import _describe, check_layer_shapes
+from ..masks import HeadMasks
+from ..modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
+from .build import base_config_dict, check_same_architecture
+from .fuse import describe_keys
+from .hf_clip import MEMBER_KEYS, SHARED_KEYS, TOWERS, CLIPMember, clip_model, tower_shape
+from .hf_vit import check_layer_shapes
 from .io import checkpoint_dir, read_state_dict
 
 logger = logging.getLogger(__name__)
@@ -63,8 +72,6 @@ def is_open_clip_folder(folder: str | Path) -> bool:
 
 def read_open_clip_folder(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The state dict and ``open_clip_config.json`` of an open_clip checkpoint folder."""
-    import json
-
     folder = checkpoint_dir(folder)
     config_file = folder / CONFIG_NAME
     if not config_file.is_file():
@@ -110,7 +117,7 @@ def open_clip_clip_config(state: dict[str, torch.Tensor], model_cfg: dict[str, A
         if key not in state:
             raise ValueError(
                 f"{source} is not an open_clip CLIP checkpoint with ViT towers: missing {key!r} "
-                f"(found e.g. {_describe(sorted(state))})"
+                f"(found e.g. {describe_keys(sorted(state))})"
             )
     act = "quick_gelu" if model_cfg.get("quick_gelu") else "gelu"
     conv = state["visual.conv1.weight"]  # (d, C, p, p)
@@ -168,7 +175,6 @@ def open_clip_clip_config(state: dict[str, torch.Tensor], model_cfg: dict[str, A
         "bos_token_id": vocab - 2,
         "pad_token_id": int(tcfg.get("pad_id", 0)),
     }
-    from transformers import CLIPConfig
 
     config = CLIPConfig(
         text_config=text_config, vision_config=vision_config, projection_dim=state["visual.proj"].shape[1],
@@ -247,11 +253,11 @@ def open_clip_member_from_state_dict(
             layers.append(layer)
         towers[tower] = layers
     if missing:
-        raise ValueError(f"{source} is not a complete open_clip CLIP checkpoint: missing {_describe(missing)}")
+        raise ValueError(f"{source} is not a complete open_clip CLIP checkpoint: missing {describe_keys(missing)}")
     unknown = sorted(k for k in state if k not in used)
     if unknown:
         raise ValueError(
-            f"{source}: unknown open_clip layout: tensors {_describe(unknown)} are not part of a stock CLIP "
+            f"{source}: unknown open_clip layout: tensors {describe_keys(unknown)} are not part of a stock CLIP "
             "(layer scale, attentional pooler, logit_bias, a custom tower, ...); these variants are not supported"
         )
     for tower in ("vision", "text"):
@@ -264,14 +270,11 @@ def clip_tokenizer_from_open_clip(context_length: int = 77):
     """An HF ``CLIPTokenizer`` built offline from the BPE vocabulary that open_clip ships
     (``bpe_simple_vocab_16e6.txt.gz``): the same 49,408 tokens and merges as open_clip's
     ``SimpleTokenizer``. ``None`` (with a warning) when open_clip is not installed."""
-    import gzip
-
     try:
         from open_clip.tokenizer import bytes_to_unicode, default_bpe
     except ImportError:
         logger.warning("open_clip is not installed: no tokenizer is written (pip install open_clip_torch)")
         return None
-    from transformers import CLIPTokenizer
 
     lines = gzip.open(default_bpe()).read().decode("utf-8").split("\n")
     merges = [tuple(line.split()) for line in lines[1 : 49152 - 256 - 2 + 1]]  # as open_clip's SimpleTokenizer
@@ -285,9 +288,6 @@ def open_clip_processor(config: dict[str, Any], open_clip_config: dict[str, Any]
     """A ``CLIPProcessor`` (image processor + tokenizer) matching open_clip's preprocessing, or just the
     ``CLIPImageProcessor`` when no tokenizer can be built (a vocabulary other than open_clip's default
     BPE, or open_clip not installed)."""
-    from transformers import CLIPImageProcessor, CLIPProcessor
-    from transformers.image_utils import PILImageResampling
-
     pre = open_clip_config.get("preprocess_cfg") or {}
     size = config["vision_config"]["image_size"]
     resample = {"bilinear": PILImageResampling.BILINEAR, "bicubic": PILImageResampling.BICUBIC,
@@ -309,3 +309,19 @@ def open_clip_processor(config: dict[str, Any], open_clip_config: dict[str, Any]
     if tokenizer is None:
         return image_processor
     return CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer)
+
+
+def build_open_clip(
+    folders: list[Path], masks: HeadMasks, *, mlp_fusion: str = "average", shared: str = "error",
+    towers: Sequence[str] | None = None,
+) -> tuple[HydraEnsembleCLIPModel, Callable[[Path], None]]:
+    """open_clip folders (one base, or one per member) + masks -> ``HydraEnsembleCLIPModel`` and a writer
+    of the matching ``CLIPProcessor`` into an output folder; ``towers`` as in :func:`.hf_clip.build_clip`."""
+    masks.check_towers(TOWERS, towers, model="a CLIP checkpoint")
+    read = [read_open_clip_folder(f) for f in folders]
+    loaded = [open_clip_member_from_state_dict(s, c["model_cfg"], source=repr(str(f))) for f, (s, c) in zip(folders, read)]
+    check_same_architecture(folders, [{t: tower_shape(m.config, t) for t in TOWERS} for m in loaded])
+    base_cfg = base_config_dict(loaded[0].config)
+    processor = open_clip_processor(base_cfg, read[0][1])
+    model = clip_model(folders, loaded, base_cfg, masks, mlp_fusion=mlp_fusion, shared=shared)
+    return model, lambda folder: processor.save_pretrained(str(folder))

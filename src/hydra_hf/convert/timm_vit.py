@@ -21,11 +21,20 @@ with a ``ValueError`` naming the tensors or options: the fused ViT model does no
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import ViTConfig, ViTImageProcessor
+from transformers.image_utils import PILImageResampling
 
-from .hf_vit import ViTMember, _describe, check_layer_shapes
+from ..masks import HeadMasks
+from ..modeling.modeling_hydra_vit import HydraEnsembleForImageClassification
+from .build import check_same_architecture, full_config
+from .fuse import describe_keys
+from .hf_vit import ViTMember, check_layer_shapes, vit_classifier
+from .io import read_config, read_state_dict
 
 # timm's ViT sizes by name, for checkpoints whose config.json has no model_args (timm's defaults)
 _HEADS_BY_SIZE = {"tiny": 3, "small": 6, "medium": 8, "base": 12, "large": 16, "huge": 16, "giant": 16, "gigantic": 16}
@@ -86,7 +95,7 @@ def timm_vit_config(state: dict[str, torch.Tensor], timm_config: dict[str, Any],
         if key not in state:
             raise ValueError(
                 f"{source} is not a timm VisionTransformer checkpoint with a class token: missing {key!r} "
-                f"(found e.g. {_describe(sorted(state))})"
+                f"(found e.g. {describe_keys(sorted(state))})"
             )
     d = state["cls_token"].shape[-1]
     proj = state["patch_embed.proj.weight"]  # (d, C, p, p)
@@ -167,7 +176,7 @@ def timm_vit_member_from_state_dict(
                     missing.append(key)
         layers.append(layer)
     if missing:
-        raise ValueError(f"{source} is not a complete timm ViT checkpoint: missing {_describe(missing)}")
+        raise ValueError(f"{source} is not a complete timm ViT checkpoint: missing {describe_keys(missing)}")
     classifier = None
     if "head.weight" in state:
         classifier = {"weight": state["head.weight"], "bias": state.get("head.bias")}
@@ -177,7 +186,7 @@ def timm_vit_member_from_state_dict(
     unknown = sorted(k for k in state if k not in used)
     if unknown:
         raise ValueError(
-            f"{source}: unknown timm ViT layout: tensors {_describe(unknown)} are not part of a stock pre-LN ViT "
+            f"{source}: unknown timm ViT layout: tensors {describe_keys(unknown)} are not part of a stock pre-LN ViT "
             "(layer scale, QK-norm, fc_norm, register tokens, ...); these variants are not supported"
         )
     check_layer_shapes(layers, d, config["intermediate_size"], source)
@@ -195,9 +204,6 @@ def timm_image_processor(timm_config: dict[str, Any], vit_config: dict[str, Any]
     """An HF ``ViTImageProcessor`` with timm's ``pretrained_cfg`` preprocessing (size, mean, std,
     interpolation). timm's ``crop_pct`` center crop has no ViTImageProcessor equivalent: images are
     resized straight to the input size."""
-    from transformers import ViTImageProcessor
-    from transformers.image_utils import PILImageResampling
-
     cfg = timm_config.get("pretrained_cfg") or {}
     size = vit_config["image_size"]
     resample = {"bilinear": PILImageResampling.BILINEAR, "bicubic": PILImageResampling.BICUBIC,
@@ -209,3 +215,20 @@ def timm_image_processor(timm_config: dict[str, Any], vit_config: dict[str, Any]
         image_mean=list(cfg.get("mean", (0.5, 0.5, 0.5))),
         image_std=list(cfg.get("std", (0.5, 0.5, 0.5))),
     )
+
+
+def build_timm_vit(
+    folders: list[Path], masks: HeadMasks, *, mlp_fusion: str = "average", shared: str = "error",
+    num_labels: int | None = None, id2label: dict[int, str] | None = None, seed: int = 0,
+) -> tuple[HydraEnsembleForImageClassification, Callable[[Path], None]]:
+    """timm ViT folders (one base, or one per member) + masks -> ``HydraEnsembleForImageClassification``
+    and a writer of the matching ``ViTImageProcessor`` (timm's preprocessing) into an output folder."""
+    raw = [read_config(f) for f in folders]
+    loaded = [timm_vit_member_from_state_dict(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, raw)]
+    check_same_architecture(folders, [m.config for m in loaded])
+    base_cfg = full_config(ViTConfig, loaded[0].config)
+    names = raw[0].get("label_names") or (raw[0].get("pretrained_cfg") or {}).get("label_names")
+    processor = timm_image_processor(raw[0], base_cfg)
+    model = vit_classifier(folders, loaded, base_cfg, {}, masks, mlp_fusion=mlp_fusion, shared=shared,
+                           num_labels=num_labels, id2label=id2label, seed=seed, names=names)  # fmt: skip
+    return model, lambda folder: processor.save_pretrained(str(folder))

@@ -1,10 +1,16 @@
 """The family registry: one module per base architecture, looked up by name or detected from a folder.
 
-``get_family("roberta")``, ``detect_family(folder)``, ``families()``; see :mod:`.base` for the
-:class:`Family` interface and how to add one. Importing this package registers the built-in families
-(it imports no model code: each family imports what it needs on first use).
+``get_family("roberta")``, ``detect_family(folder)``, ``family_of_model(model)``, ``families()``; see
+:mod:`.base` for the :class:`Family` interface and how to add one. Importing this package registers the
+built-in families. The registry sits above the build helpers (:mod:`hydra_hf.convert`) and the head
+adapters (:mod:`.adapters`), which know no family, and below the stages that look families up
+(:mod:`hydra_hf.assemble`, :mod:`hydra_hf.saving`, pruning, hub, onnx).
 """
 
+from . import bert, vit, timm_vit, clip, open_clip  # noqa: E402,F401  isort: skip
+from . import roberta, electra, distilbert, albert  # noqa: E402,F401  isort: skip
+from . import deberta_v2, modernbert  # noqa: E402,F401  isort: skip
+from . import deit, beit, dinov2, siglip  # noqa: E402,F401  isort: skip
 from .base import (
     TASKS,
     Built,
@@ -14,15 +20,12 @@ from .base import (
     families,
     family_names,
     family_of_config,
+    family_of_model,
+    get_adapter,
     get_family,
     register_family,
 )
-
 # Built-in families, in detection order (the first whose detect() accepts a folder wins).
-from . import bert, vit, timm_vit, clip, open_clip  # noqa: E402,F401  isort: skip
-from . import roberta, electra, distilbert, albert  # noqa: E402,F401  isort: skip
-from . import deberta_v2, modernbert  # noqa: E402,F401  isort: skip
-from . import deit, beit, dinov2, siglip  # noqa: E402,F401  isort: skip
 
 __all__ = [
     "TASKS",
@@ -33,6 +36,8 @@ __all__ = [
     "families",
     "family_names",
     "family_of_config",
+    "family_of_model",
+    "get_adapter",
     "get_family",
     "register_family",
 ]

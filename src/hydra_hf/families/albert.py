@@ -11,14 +11,15 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import torch
+
+from ..convert.hf_text import TextLayout, unfuse_text
 from ..errors import HydraInputError
+from .adapters import layer_list_adapter
 from .base import register_family
 from .text import HFTextFamily
-
-if TYPE_CHECKING:
-    from ..convert.hf_text import TextLayout
 
 _EMBEDDINGS = ("word_embeddings.weight", "position_embeddings.weight", "token_type_embeddings.weight",
                "LayerNorm.weight", "LayerNorm.bias")  # fmt: skip
@@ -31,9 +32,7 @@ def layer_group(i: int, config: Mapping[str, Any]) -> int:
 
 @functools.cache
 def layout() -> TextLayout:
-    """The checkpoint layout (built on first use: the converters are imported lazily)."""
-    from ..convert.hf_text import TextLayout
-
+    """The checkpoint layout (built once, on first use)."""
     return TextLayout(
         family="ALBERT",
         prefix="albert.",
@@ -68,8 +67,6 @@ def untie_albert_(model: Any) -> Any:
     config = body.config
     L, G = config.num_hidden_layers, config.num_hidden_groups
     if G != L:
-        import torch
-
         groups = body.encoder.albert_layer_groups
         body.encoder.albert_layer_groups = torch.nn.ModuleList(
             copy.deepcopy(groups[layer_group(i, {"num_hidden_layers": L, "num_hidden_groups": G})]) for i in range(L)
@@ -105,14 +102,10 @@ class AlbertFamily(HFTextFamily):
 
     def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
         """Per member: an untied ALBERT state dict (one layer group per layer; see :meth:`stock_model`)."""
-        from ..convert.hf_text import unfuse_text
-
         return unfuse_text(state, hydra_config, layout(), member_config=untied_config(hydra_config.base_config))
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         """Unties ``model`` in place first (:func:`untie_albert_`): members prune every layer separately."""
-        from ..pruning.adapters import layer_list_adapter
-
         untie_albert_(model)
         body = getattr(model, "albert", model)
         attention = [group.albert_layers[0].attention for group in body.encoder.albert_layer_groups]

@@ -24,17 +24,16 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
 
 from ..errors import HydraInputError
+from ..masks import HeadMasks
 from ..outputs import read_model_config
-
-if TYPE_CHECKING:  # imported lazily at run time: the registry is imported by light modules
-    from torch import nn
-    from transformers import PreTrainedModel
-
-    from ..masks import HeadMasks
-    from ..pruning.adapters import ModelAdapter
+from .adapters import ModelAdapter, bert_like_adapter, find_bert_like_layers
 
 # pipeline task -> (Auto class of the task model, model-card kind in hub.KINDS)
 TASKS: dict[str, tuple[str, str]] = {
@@ -160,7 +159,7 @@ class Family(ABC):
         towers: Sequence[str] | None,
     ) -> Built:
         """Read the checkpoints in ``folders`` (one shared base, or one per member), fuse them with
-        ``masks`` and build the Hydra model (see :func:`hydra_hf.convert.convert_checkpoint`)."""
+        ``masks`` and build the Hydra model (see :func:`hydra_hf.assemble.convert_checkpoint`)."""
 
     @abstractmethod
     def read_member(self, state: dict[str, Any], config: dict[str, Any], source: str = "checkpoint") -> Any:
@@ -272,6 +271,41 @@ def family_of_config(config: Any) -> Family:
     if not base:
         raise HydraInputError("this config has no base_model_type; it is not a Hydra Ensemble config")
     return get_family(base)
+
+
+def family_of_model(model: nn.Module) -> Family | None:
+    """The registered family that owns a live stock model (:meth:`Family.owns_model`), or None."""
+    for family in families():
+        if family.owns_model(model):
+            return family
+    return None
+
+
+def get_adapter(model: nn.Module, *, class_text_inputs: Mapping[str, torch.Tensor] | torch.Tensor | None = None) -> ModelAdapter:
+    """Build the :class:`ModelAdapter` of a supported model: the registered family that owns it
+    (:meth:`hydra_hf.families.Family.owns_model`) builds it.
+
+    Args:
+        model: a supported model (see the module docstring).
+        class_text_inputs: CLIP models only: the tokenized class prompts (HF: a dict with
+            ``input_ids``/``attention_mask`` of shape ``(C, T)``; open_clip: token ids ``(C, T)``),
+            needed for zero-shot logits. Gates work without them.
+
+    Raises:
+        TypeError: the architecture is not supported.
+    """
+    family = family_of_model(model)
+    if family is not None:
+        return family.adapter(model, class_text_inputs=class_text_inputs)
+    model_type = getattr(getattr(model, "config", None), "model_type", "")
+    if isinstance(model, PreTrainedModel) and find_bert_like_layers(model) is not None:
+        # an unregistered model with BERT's encoder layout: its heads live where BERT's do
+        return bert_like_adapter(model, "hf_bert")
+    what = f" (model_type {model_type!r})" if model_type else ""
+    raise TypeError(
+        f"hydra_hf pruning does not support {type(model).__name__}{what}; supported families: {family_names()} "
+        "(transformers models of these families, timm VisionTransformer, open_clip CLIP)"
+    )
 
 
 def _read_json(file: Path) -> dict[str, Any] | None:

@@ -10,6 +10,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from transformers import BeitConfig, BeitForImageClassification
+
+from ..convert.hf_beit import beit_member_from_state_dict, build_beit, unfuse_beit
+from ..convert.members import to_module_names
+from .adapters import layer_list_adapter
 from .base import Built, Family, register_family
 
 
@@ -32,37 +37,26 @@ class BeitFamily(Family):
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        from ..convert.hf_beit import build_beit
-
         model = build_beit(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels,
                            id2label=id2label, seed=seed, towers=towers)  # fmt: skip
         return Built(model, folders[0])
 
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        from ..convert.hf_beit import beit_member_from_state_dict
-
         return beit_member_from_state_dict(state, config, source=source)
 
     def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
-        from ..convert.hf_beit import unfuse_beit
-        from ..convert.members import to_module_names
-
         return to_module_names(self.stock_model(hydra_config.base_config, hydra_config.num_labels), unfuse_beit(state, hydra_config))
 
     def owns_model(self, model: Any) -> bool:
         return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
-        from ..pruning.adapters import layer_list_adapter
-
         base = getattr(model, "beit", model)
         return layer_list_adapter(model, "hf_beit", [layer.attention for layer in base.layers],
                                   ("q_proj", "k_proj", "v_proj", "o_proj"), model.config.num_attention_heads,
                                   ("pixel_values",), "vision")  # fmt: skip
 
     def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
-        from transformers import BeitConfig, BeitForImageClassification
-
         extra = {"num_labels": num_labels} if num_labels is not None else {}
         return BeitForImageClassification(BeitConfig.from_dict({**base_config, **extra}))
 

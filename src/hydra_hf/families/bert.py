@@ -10,6 +10,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from transformers import BertConfig, BertForSequenceClassification
+
+from ..convert.hf_bert import bert_member_from_state_dict, build_bert, unfuse_bert
+from .adapters import bert_like_adapter
 from .base import Built, Family, register_family
 
 
@@ -32,31 +36,23 @@ class BertFamily(Family):
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        from ..convert.api import _build_bert
-
-        return Built(_build_bert(folders, masks, mlp_fusion, shared, num_labels, id2label, seed), folders[0])
+        model = build_bert(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels, id2label=id2label,
+                           seed=seed)  # fmt: skip
+        return Built(model, folders[0])
 
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        from ..convert.hf_bert import bert_member_from_state_dict
-
         return bert_member_from_state_dict(state, config, source=source)
 
     def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
-        from ..convert.hf_bert import unfuse_bert
-
         return unfuse_bert(state, hydra_config)
 
     def owns_model(self, model: Any) -> bool:
         return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
-        from ..pruning.adapters import bert_like_adapter
-
         return bert_like_adapter(model, "hf_bert")
 
     def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
-        from transformers import BertConfig, BertForSequenceClassification
-
         extra = {"num_labels": num_labels} if num_labels is not None else {}
         return BertForSequenceClassification(BertConfig.from_dict({**base_config, **extra}))
 

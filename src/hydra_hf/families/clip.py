@@ -10,6 +10,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from transformers import CLIPConfig, CLIPModel
+
+from ..convert.hf_clip import build_clip, clip_member_from_state_dict, unfuse_clip
+from .adapters import hf_clip_adapter
 from .base import Built, Family, register_family
 
 
@@ -35,32 +39,21 @@ class CLIPFamily(Family):
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        from ..convert.api import _build_clip
-
-        model, extra = _build_clip("clip", folders, masks, mlp_fusion, shared, towers)
-        return Built(model, folders[0], extra)
+        return Built(build_clip(folders, masks, mlp_fusion=mlp_fusion, shared=shared, towers=towers), folders[0])
 
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        from ..convert.hf_clip import clip_member_from_state_dict
-
         return clip_member_from_state_dict(state, config, source=source)
 
     def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
-        from ..convert.hf_clip import unfuse_clip
-
         return unfuse_clip(state, hydra_config)
 
     def owns_model(self, model: Any) -> bool:
         return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
-        from ..pruning.adapters import _hf_clip_adapter
-
-        return _hf_clip_adapter(model, class_text_inputs)
+        return hf_clip_adapter(model, class_text_inputs)
 
     def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
-        from transformers import CLIPConfig, CLIPModel
-
         return CLIPModel(CLIPConfig.from_dict(dict(base_config)))
 
 

@@ -15,10 +15,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .base import Built, Family
+import torch
+import transformers
 
-# config keys that must agree between member checkpoints
-SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+from ..convert.build import SHAPE_KEYS, check_same_architecture, full_config, label_arguments, load_fused
+from ..convert.io import read_config, read_state_dict
+from .base import Built, Family
 
 
 class CustomTextFamily(Family):
@@ -67,12 +69,7 @@ class CustomTextFamily(Family):
 
     def full_config(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         """The architecture part of a ``config.json`` with its transformers defaults filled in."""
-        import transformers
-
-        from ..convert.api import base_config_dict
-
-        cls = getattr(transformers, self.hf_config_class)
-        return base_config_dict(cls.from_dict(base_config_dict(dict(raw))).to_dict())
+        return full_config(getattr(transformers, self.hf_config_class), dict(raw))
 
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
         return self._reader(0)(state, config, source=source)
@@ -86,38 +83,29 @@ class CustomTextFamily(Family):
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        import torch
-
-        from ..convert.api import _check_same_architecture, _load_checked, _vit_labels
-        from ..convert.io import read_config, read_state_dict
         masks.check_towers(self.towers, towers, model=f"a {self.name} checkpoint")
         raw = [read_config(f) for f in folders]
         configs = [self.full_config(c) for c in raw]
-        _check_same_architecture(folders, configs, SHAPE_KEYS)
+        check_same_architecture(folders, configs, SHAPE_KEYS)
         base = configs[0]
         masks.check_compatible(base["num_hidden_layers"], base["num_attention_heads"], model=repr(str(folders[0])))
         loaded = [self.read_member(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, raw)]
         members = loaded * masks.num_members if len(loaded) == 1 else loaded
         state = self.fuse(members, masks.kept_heads, mlp_fusion, shared)
-        labels = _vit_labels(state, raw[0].get("id2label"), num_labels, id2label)
-        if raw[0].get("problem_type") and "classifier.weight" in state:
-            labels["problem_type"] = raw[0]["problem_type"]
+        labels = label_arguments(state, "classifier.weight", raw[0], num_labels, id2label)
         config = self.config_class()(
             base_config=base, kept_heads=masks.kept_heads, mlp_fusion=mlp_fusion,
             member_metadata=masks.member_metadata, **labels,
         )
         torch.manual_seed(seed)  # the per-member heads of a bare encoder are initialised from this seed
         model = self.model_class()(config)
-        _load_checked(model, state, set(self.head_keys), folders[0], seed)
-        return Built(model.eval(), folders[0])
+        return Built(load_fused(model, state, set(self.head_keys), folders[0], seed), folders[0])
 
     # -------------------------------------------------------------------------------- pruning
     def owns_model(self, model: Any) -> bool:
         return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
 
     def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
-        import transformers
-
         extra = {"num_labels": num_labels} if num_labels is not None else {}
         config = getattr(transformers, self.hf_config_class).from_dict({**base_config, **extra})
         return getattr(transformers, self.hf_task_class)(config)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .adapters import AttentionLayer, ModelAdapter
 from .base import register_family
 from .custom_text import CustomTextFamily, classifier_logits
 
@@ -39,8 +40,6 @@ class DebertaV2Family(CustomTextFamily):
         """Heads of ``encoder.layer[i].attention``: ``self.{query,key,value}_proj`` rows and
         ``output.dense`` columns (the position projections follow the same heads but are not gated:
         a gated-off head's output is zero whatever its scores)."""
-        from ..pruning.adapters import AttentionLayer, ModelAdapter
-
         encoder = getattr(model, "deberta", model).encoder
         layers = []
         for layer in encoder.layer:

@@ -10,6 +10,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from transformers import DeiTConfig, DeiTForImageClassification, DeiTForImageClassificationWithTeacher
+
+from ..convert.hf_deit import build_deit, deit_member_from_state_dict, unfuse_deit
+from ..convert.members import to_module_names
+from .adapters import layer_list_adapter
 from .base import Built, Family, register_family
 
 
@@ -33,21 +38,14 @@ class DeiTFamily(Family):
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        from ..convert.hf_deit import build_deit
-
         model = build_deit(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels,
                            id2label=id2label, seed=seed, towers=towers)  # fmt: skip
         return Built(model, folders[0])
 
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        from ..convert.hf_deit import deit_member_from_state_dict
-
         return deit_member_from_state_dict(state, config, source=source)
 
     def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
-        from ..convert.hf_deit import unfuse_deit
-        from ..convert.members import to_module_names
-
         stock = self.stock_model(hydra_config.base_config, hydra_config.num_labels, distilled=hydra_config.distilled)
         return to_module_names(stock, unfuse_deit(state, hydra_config))
 
@@ -55,8 +53,6 @@ class DeiTFamily(Family):
         return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
-        from ..pruning.adapters import layer_list_adapter
-
         base = getattr(model, "deit", model)
         return layer_list_adapter(model, "hf_deit", [layer.attention for layer in base.layers],
                                   ("q_proj", "k_proj", "v_proj", "o_proj"), model.config.num_attention_heads,
@@ -64,8 +60,6 @@ class DeiTFamily(Family):
 
     def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None, distilled: bool = False) -> Any:
         """``DeiTForImageClassification``, or ``DeiTForImageClassificationWithTeacher`` when ``distilled``."""
-        from transformers import DeiTConfig, DeiTForImageClassification, DeiTForImageClassificationWithTeacher
-
         extra = {"num_labels": num_labels} if num_labels is not None else {}
         cls = DeiTForImageClassificationWithTeacher if distilled else DeiTForImageClassification
         return cls(DeiTConfig.from_dict({**base_config, **extra}))

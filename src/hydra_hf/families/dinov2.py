@@ -10,6 +10,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from transformers import (
+    Dinov2Config,
+    Dinov2ForImageClassification,
+    Dinov2WithRegistersConfig,
+    Dinov2WithRegistersForImageClassification,
+)
+
+from ..convert.hf_dinov2 import build_dinov2, dinov2_member_from_state_dict, unfuse_dinov2
+from ..convert.members import to_module_names
+from .adapters import layer_list_adapter
 from .base import Built, Family, register_family
 
 PREFIXES = {"dinov2": "Dinov2", "dinov2_with_registers": "Dinov2WithRegisters"}
@@ -39,21 +49,14 @@ class Dinov2Family(Family):
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        from ..convert.hf_dinov2 import build_dinov2
-
         model = build_dinov2(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels,
                              id2label=id2label, seed=seed, towers=towers)  # fmt: skip
         return Built(model, folders[0])
 
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        from ..convert.hf_dinov2 import dinov2_member_from_state_dict
-
         return dinov2_member_from_state_dict(state, config, source=source)
 
     def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
-        from ..convert.hf_dinov2 import unfuse_dinov2
-        from ..convert.members import to_module_names
-
         base = {**hydra_config.base_config, "model_type": hydra_config.base_model_type}
         return to_module_names(self.stock_model(base, hydra_config.num_labels), unfuse_dinov2(state, hydra_config))
 
@@ -61,8 +64,6 @@ class Dinov2Family(Family):
         return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
-        from ..pruning.adapters import layer_list_adapter
-
         base = getattr(model, model.base_model_prefix, model)  # dinov2 / dinov2_with_registers, or the bare model
         return layer_list_adapter(model, "hf_dinov2", [layer.attention for layer in base.encoder.layer],
                                   ("q_proj", "k_proj", "v_proj", "o_proj"), model.config.num_attention_heads,
@@ -70,13 +71,6 @@ class Dinov2Family(Family):
 
     def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
         """``Dinov2ForImageClassification`` (or the registers variant, by ``base_config["model_type"]``)."""
-        from transformers import (
-            Dinov2Config,
-            Dinov2ForImageClassification,
-            Dinov2WithRegistersConfig,
-            Dinov2WithRegistersForImageClassification,
-        )
-
         extra = {"num_labels": num_labels} if num_labels is not None else {}
         if base_config.get("model_type") == "dinov2_with_registers":
             return Dinov2WithRegistersForImageClassification(Dinov2WithRegistersConfig.from_dict({**base_config, **extra}))

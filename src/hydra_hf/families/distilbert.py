@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ..convert.hf_text import TextLayout
+from .adapters import layer_list_adapter
 from .base import register_family
 from .text import HFTextFamily
-
-if TYPE_CHECKING:
-    from ..convert.hf_text import TextLayout
 
 _EMBEDDINGS = ("word_embeddings.weight", "position_embeddings.weight", "LayerNorm.weight", "LayerNorm.bias")
 
 @functools.cache
 def layout() -> TextLayout:
-    """The checkpoint layout (built on first use: the converters are imported lazily)."""
-    from ..convert.hf_text import TextLayout
-
+    """The checkpoint layout (built once, on first use)."""
     return TextLayout(
         family="DistilBERT",
         prefix="distilbert.",
@@ -67,8 +64,6 @@ class DistilBertFamily(HFTextFamily):
         return config
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
-        from ..pruning.adapters import layer_list_adapter
-
         body = getattr(model, "distilbert", model)
         attention = [layer.attention for layer in body.transformer.layer]
         names = ("q_lin", "k_lin", "v_lin", "out_lin")

@@ -6,13 +6,10 @@ GELU -> ``classifier.out_proj``. Shipped model: ``modeling_hydra_electra.py``.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
 
+from ..convert.hf_text import TextLayout, bert_layer_map
 from .base import register_family
 from .text import HFTextFamily
-
-if TYPE_CHECKING:
-    from ..convert.hf_text import TextLayout
 
 _EMBEDDINGS = ("word_embeddings.weight", "position_embeddings.weight", "token_type_embeddings.weight",
                "LayerNorm.weight", "LayerNorm.bias")  # fmt: skip
@@ -21,9 +18,7 @@ _HEAD = ("dense.weight", "dense.bias", "out_proj.weight", "out_proj.bias")
 
 @functools.cache
 def layout() -> TextLayout:
-    """The checkpoint layout (built on first use: the converters are imported lazily)."""
-    from ..convert.hf_text import TextLayout, bert_layer_map
-
+    """The checkpoint layout (built once, on first use)."""
     return TextLayout(
         family="ELECTRA",
         prefix="electra.",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .adapters import AttentionLayer, ModelAdapter
 from .base import register_family
 from .custom_text import CustomTextFamily, classifier_logits
 
@@ -40,8 +41,6 @@ class ModernBertFamily(CustomTextFamily):
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         """Heads of ``layers[i].attn``: the Q, K and V row blocks of the fused ``Wqkv (3*H*dk, d)`` and
         the column blocks of ``Wo`` (no bias)."""
-        from ..pruning.adapters import AttentionLayer, ModelAdapter
-
         encoder = getattr(model, "model", model)
         H = model.config.num_attention_heads
         layers = []

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..convert.open_clip import build_open_clip, is_open_clip_folder, open_clip_member_from_state_dict
+from .adapters import open_clip_adapter
 from .base import Built, register_family
 from .clip import CLIPFamily
 
@@ -22,21 +24,15 @@ class OpenCLIPFamily(CLIPFamily):
     hf_class_prefix = None
 
     def detect(self, folder: Path, config: Mapping[str, Any] | None) -> bool:
-        from ..convert.open_clip import is_open_clip_folder
-
         return config is None and is_open_clip_folder(folder)
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        from ..convert.api import _build_clip
-
-        model, extra = _build_clip("open-clip", folders, masks, mlp_fusion, shared, towers)
+        model, extra = build_open_clip(folders, masks, mlp_fusion=mlp_fusion, shared=shared, towers=towers)
         return Built(model, None, extra)
 
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
         """``config``: the ``model_cfg`` of ``open_clip_config.json``."""
-        from ..convert.open_clip import open_clip_member_from_state_dict
-
         return open_clip_member_from_state_dict(state, config, source=source)
 
     def owns_model(self, model: Any) -> bool:
@@ -47,9 +43,7 @@ class OpenCLIPFamily(CLIPFamily):
         return isinstance(model, (open_clip.CLIP, open_clip.CustomTextCLIP))
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
-        from ..pruning.adapters import _open_clip_adapter
-
-        return _open_clip_adapter(model, class_text_inputs)
+        return open_clip_adapter(model, class_text_inputs)
 
 
 OPEN_CLIP = register_family(OpenCLIPFamily())

@@ -14,6 +14,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from transformers import SiglipConfig, SiglipModel
+
+from ..convert.hf_siglip import build_siglip, siglip_member_from_state_dict, unfuse_siglip
+from ..convert.members import to_module_names
+from .adapters import hf_clip_adapter
 from .base import Built, Family, register_family
 
 
@@ -40,34 +45,23 @@ class SiglipFamily(Family):
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        from ..convert.hf_siglip import build_siglip
-
         return Built(build_siglip(folders, masks, mlp_fusion=mlp_fusion, shared=shared, towers=towers), folders[0])
 
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        from ..convert.hf_siglip import siglip_member_from_state_dict
-
         return siglip_member_from_state_dict(state, config, source=source)
 
     def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
-        from ..convert.hf_siglip import unfuse_siglip
-        from ..convert.members import to_module_names
-
         return to_module_names(self.stock_model(hydra_config.base_config), unfuse_siglip(state, hydra_config))
 
     def owns_model(self, model: Any) -> bool:
         return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
-        from ..pruning.adapters import _hf_clip_adapter
-
-        adapter = _hf_clip_adapter(model, class_text_inputs)  # the same layout; logits_per_image are SigLIP's
+        adapter = hf_clip_adapter(model, class_text_inputs)  # the same layout; logits_per_image are SigLIP's
         adapter.kind = "hf_siglip"
         return adapter
 
     def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
-        from transformers import SiglipConfig, SiglipModel
-
         return SiglipModel(SiglipConfig.from_dict(dict(base_config)))
 
 

@@ -14,11 +14,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..errors import HydraInputError
-from .base import Built, Family
+import torch
+import transformers
 
-# config keys that must agree between member checkpoints
-SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+from ..convert.build import SHAPE_KEYS, check_same_architecture, full_config, label_arguments, load_fused
+from ..convert.hf_text import fuse_text, read_text_member, unfuse_text
+from ..convert.io import read_config, read_state_dict
+from ..errors import HydraInputError
+from .adapters import bert_like_adapter
+from .base import Built, Family
 
 
 class HFTextFamily(Family):
@@ -54,12 +58,7 @@ class HFTextFamily(Family):
     def full_config(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         """The architecture part of a ``config.json`` with the defaults of its transformers config
         class filled in (labels and bookkeeping dropped)."""
-        import transformers
-
-        from ..convert.api import base_config_dict
-
-        cls = getattr(transformers, self.hf_config_class)
-        return base_config_dict(cls.from_dict(base_config_dict(dict(raw))).to_dict())
+        return full_config(getattr(transformers, self.hf_config_class), dict(raw))
 
     def check_config(self, config: Mapping[str, Any], source: str) -> None:
         """Refuse a configuration variant the fused model does not implement (default: none)."""
@@ -73,39 +72,25 @@ class HFTextFamily(Family):
             )
 
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        from ..convert.hf_text import read_text_member
-
         return read_text_member(state, config, self.layout(), source=source)
 
     def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
-        from ..convert.hf_text import unfuse_text
-
         return unfuse_text(state, hydra_config, self.layout())
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        import torch
-
-        from ..convert.api import _check_same_architecture, _load_checked, _vit_labels
-        from ..convert.hf_text import fuse_text
-        from ..convert.io import read_config, read_state_dict
-
         raw = [read_config(f) for f in folders]
         configs = [self.full_config(c) for c in raw]
         for f, c in zip(folders, configs):
             self.check_config(c, repr(str(f)))
-        _check_same_architecture(folders, configs, SHAPE_KEYS)
+        check_same_architecture(folders, configs, SHAPE_KEYS)
         base = configs[0]
         masks.check_compatible(base["num_hidden_layers"], base["num_attention_heads"], model=repr(str(folders[0])))
         loaded = [self.read_member(read_state_dict(f), c, repr(str(f))) for f, c in zip(folders, configs)]
         state = fuse_text(loaded * masks.num_members if len(loaded) == 1 else loaded, masks.kept_heads, mlp_fusion, shared)
         layout = self.layout()
         # the labels: the checkpoints' classifier (with its label names) or the caller's
-        names = raw[0].get("id2label")
-        probe = {"classifier.weight": state[layout.num_labels_key]} if layout.num_labels_key in state else {}
-        labels = _vit_labels(probe, names, num_labels, id2label)
-        if probe and raw[0].get("problem_type"):
-            labels["problem_type"] = raw[0]["problem_type"]
+        labels = label_arguments(state, layout.num_labels_key, raw[0], num_labels, id2label)
         config = self.config_class()(
             base_model_type=raw[0].get("model_type", self.base_model_type), base_config=base,
             kept_heads=masks.kept_heads, mlp_fusion=mlp_fusion, member_metadata=masks.member_metadata, **labels,
@@ -113,21 +98,16 @@ class HFTextFamily(Family):
         torch.manual_seed(seed)  # the per-member heads of a bare encoder are initialised from this seed
         model = self.model_class()(config)
         absent = {fused for names_ in layout.heads.values() for fused in names_ if fused not in state}
-        _load_checked(model, state, absent, folders[0], seed)
-        return Built(model.eval(), folders[0])
+        return Built(load_fused(model, state, absent, folders[0], seed), folders[0])
 
     # ------------------------------------------------------------------------- pruning, stock
     def owns_model(self, model: Any) -> bool:
         return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
-        from ..pruning.adapters import bert_like_adapter
-
         return bert_like_adapter(model, f"hf_{self.name}", self.input_keys)
 
     def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
-        import transformers
-
         extra = {"num_labels": num_labels} if num_labels is not None else {}
         config = getattr(transformers, self.hf_config_class).from_dict({**base_config, **extra})
         return getattr(transformers, self.hf_task_class)(config)

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..convert.timm_vit import build_timm_vit, is_timm_vit_config, timm_vit_member_from_state_dict
+from .adapters import timm_vit_adapter
 from .base import Built, register_family
 from .vit import ViTFamily
 
@@ -23,20 +25,15 @@ class TimmViTFamily(ViTFamily):
     classifier_keys = ("head.weight",)
 
     def detect(self, folder: Path, config: Mapping[str, Any] | None) -> bool:
-        from ..convert.timm_vit import is_timm_vit_config
-
         return config is not None and is_timm_vit_config(dict(config))
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        from ..convert.api import _build_vit
-
-        model, extra = _build_vit("timm-vit", folders, masks, mlp_fusion, shared, num_labels, id2label, seed)
+        model, extra = build_timm_vit(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels,
+                                      id2label=id2label, seed=seed)  # fmt: skip
         return Built(model, None, extra)
 
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        from ..convert.timm_vit import timm_vit_member_from_state_dict
-
         return timm_vit_member_from_state_dict(state, config, source=source)
 
     def owns_model(self, model: Any) -> bool:
@@ -47,8 +44,6 @@ class TimmViTFamily(ViTFamily):
         return isinstance(model, VisionTransformer)
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
-        from ..pruning.adapters import timm_vit_adapter
-
         return timm_vit_adapter(model)
 
 

@@ -10,6 +10,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from transformers import ViTConfig, ViTForImageClassification
+
+from ..convert.hf_vit import build_vit, unfuse_vit, vit_member_from_state_dict
+from .adapters import hf_vit_adapter
 from .base import Built, Family, register_family
 
 
@@ -33,32 +37,23 @@ class ViTFamily(Family):
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        from ..convert.api import _build_vit
-
-        model, extra = _build_vit("vit", folders, masks, mlp_fusion, shared, num_labels, id2label, seed)
-        return Built(model, folders[0], extra)
+        model = build_vit(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels, id2label=id2label,
+                          seed=seed)  # fmt: skip
+        return Built(model, folders[0])
 
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        from ..convert.hf_vit import vit_member_from_state_dict
-
         return vit_member_from_state_dict(state, config, source=source)
 
     def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
-        from ..convert.hf_vit import unfuse_vit
-
         return unfuse_vit(state, hydra_config, names="module")
 
     def owns_model(self, model: Any) -> bool:
         return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
-        from ..pruning.adapters import hf_vit_adapter
-
         return hf_vit_adapter(model)
 
     def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
-        from transformers import ViTConfig, ViTForImageClassification
-
         extra = {"num_labels": num_labels} if num_labels is not None else {}
         return ViTForImageClassification(ViTConfig.from_dict({**base_config, **extra}))
 

@@ -20,8 +20,7 @@ message (:class:`HubError` for push failures, ``HydraUnsafeError`` for unsafe in
 
 from __future__ import annotations
 
-from typing import Any
-
+from ..evaluation import fit_uncertainty_threshold
 from .audit import check_shipped_code
 from .card import (
     KINDS,
@@ -34,9 +33,9 @@ from .card import (
     model_kind,
     select_model_row,
 )
-from .common import HubError, folder_digest
+from .common import HubError, folder_digest, read_config
 from .publish import PushResult, hydra_push_to_hub, install_push_to_hub, push, push_model
-from .staging import StagedRepository, read_config, stage_repository
+from .staging import StagedRepository, stage_repository
 from .validate import fresh_check, validate_staged
 
 __all__ = [
@@ -65,11 +64,3 @@ __all__ = [
     "validate_staged",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    # moved to hydra_hf.evaluation (next to the other predictors); imported on first use
-    if name == "fit_uncertainty_threshold":
-        from ..evaluation import fit_uncertainty_threshold
-
-        return fit_uncertainty_threshold
-    raise AttributeError(f"module 'hydra_hf.hub' has no attribute {name!r}")

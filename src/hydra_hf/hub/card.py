@@ -17,11 +17,13 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, constants
+from huggingface_hub.utils import validate_repo_id
 
-from ..export import custom_pipelines_for
+from ..modeling.configuration_hydra import custom_pipelines_for
 from ..outputs import resolve_inside
-from .common import HubError
+from ..report import mean_std_rows, render_comparisons, render_markdown_table
+from .common import HubError, read_config, towers
 
 logger = logging.getLogger(__name__)
 
@@ -232,24 +234,6 @@ def eval_results_from_report(report: Mapping[str, Any] | None, task_type: str) -
 
 
 # ------------------------------------------------------------------------------------- the card
-def towers(config: Mapping[str, Any]) -> dict[str, tuple[list[list[list[int]]], int]]:
-    """``{tower: (kept_heads, heads per layer)}``: ``""`` for one-tower models (BERT, ViT), else
-    ``"vision"`` / ``"text"`` (CLIP: ``<tower>_kept_heads`` with ``base_config["<tower>_config"]``)."""
-    base = config.get("base_config") or {}
-    found = {}
-    if config.get("kept_heads"):
-        found[""] = (config["kept_heads"], base.get("num_attention_heads"))
-    for tower in ("vision", "text"):
-        if config.get(f"{tower}_kept_heads"):
-            found[tower] = (config[f"{tower}_kept_heads"], (base.get(f"{tower}_config") or {}).get("num_attention_heads"))
-    out = {}
-    for tower, (kept, num_heads) in found.items():
-        if not num_heads:  # not recorded: the largest kept index + 1
-            num_heads = 1 + max((h for member in kept for layer in member for h in layer), default=0)
-        out[tower] = (kept, int(num_heads))
-    return out
-
-
 def _heads_table(kept_heads: list[list[list[int]]], num_heads: int) -> str:
     """Markdown: one row per member, the number of heads kept in every layer and in total."""
     num_layers = len(kept_heads[0])
@@ -283,8 +267,6 @@ def _members_table(metadata: list[Mapping[str, Any]]) -> str | None:
 
 def _is_repo_id(name: str | None) -> bool:
     """A Hub repository id (``org/name`` or a legacy ``name``) that is not a local path."""
-    from huggingface_hub.utils import validate_repo_id
-
     if not name or os.path.isabs(name) or name.startswith((".", "~")) or os.path.exists(name):
         return False
     try:
@@ -319,8 +301,6 @@ def _card_license(path: Path) -> str | None:
 
 def _hub_license(repo_id: str) -> str | None:
     """The license on the Hub card of ``repo_id`` (one request, 10 s timeout; None offline or on error)."""
-    from huggingface_hub import HfApi, constants
-
     if constants.is_offline_mode():
         return None
     try:
@@ -402,8 +382,6 @@ def build_model_card(
             repository (set by :func:`hydra_hf.hub.staging.stage_repository`).
         tags: extra Hub tags.
     """
-    from .staging import read_config
-
     folder = Path(model_dir)
     config = read_config(folder)
     kind = model_kind(config)
@@ -437,8 +415,6 @@ def build_model_card(
     dataset = dataset_info(report_data or None)
     table, comparisons, seeds = None, None, None
     if report_data.get("rows"):
-        from ..report import mean_std_rows, render_comparisons, render_markdown_table
-
         try:
             if isinstance(report_data.get("rows_std"), list) and isinstance(report_data.get("seeds"), int):
                 # a seed aggregate (report.aggregate_seed_reports): mean ± std cells

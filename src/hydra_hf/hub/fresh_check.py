@@ -27,6 +27,10 @@ This file imports only the standard library, torch, transformers and safetensors
 
 import sys
 
+from PIL import Image
+from safetensors.torch import load_file
+from transformers import AutoModel, AutoTokenizer
+
 if __name__ == "__main__":  # run as the check (importing this module changes nothing)
     sys.modules["hydra_hf"] = None  # a Hub user who never installed hydra_hf
 
@@ -91,7 +95,6 @@ def check_load(folder: str) -> dict:
         elif tasks[0] == "hydra-image-classification":
             result = pipe(torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8))
         elif importlib.util.find_spec("PIL") is not None:  # the zero-shot pipeline opens images with PIL
-            from PIL import Image
 
             result = pipe(Image.new("RGB", (32, 32)), candidate_labels=["a", "b"])
         if result is not None:
@@ -112,8 +115,6 @@ def text_probs(folder: str, inputs: dict) -> list:
 
 def zero_shot_member_probs(folder: str, inputs: dict, tensors: dict) -> list:
     """The members' zero-shot probabilities ``(B, M, C)`` with the folder's tokenizer, CLIP's prompt ensemble."""
-    from transformers import AutoModel, AutoTokenizer
-
     model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     names, templates = inputs["class_names"], inputs["templates"]
@@ -142,8 +143,6 @@ def main(argv: list) -> int:
             inputs = json.load(handle)
         tensor_file = os.path.join(os.path.dirname(args.inputs), "inputs.safetensors")
         if os.path.isfile(tensor_file):
-            from safetensors.torch import load_file
-
             tensors = load_file(tensor_file)
     if args.task == "load":
         result = check_load(args.folder)

@@ -14,8 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import HfApi, constants, errors, get_token
+from huggingface_hub.utils import validate_repo_id
+
 from ..errors import HydraError, one_line
 from ..outputs import is_owned, remove_owned, write_output_folder
+from ..saving import save_hydra_model
 from .common import HubError, visible_files
 from .staging import StagedRepository, check_staging_place, stage_into
 from .validate import validate_staged
@@ -44,8 +48,6 @@ _HTTP_MODULES = ("httpx", "httpcore", "requests", "urllib3")
 
 def _hub_error(exc: BaseException, repo_id: str, revision: str | None) -> HubError:
     """A one-line message (what failed, and what to do) for an upload error."""
-    from huggingface_hub import errors
-
     if isinstance(exc, errors.OfflineModeIsEnabled):
         return HubError("cannot upload: HF_HUB_OFFLINE is set; unset it (or use --dry-run) to push")
     if isinstance(exc, errors.RevisionNotFoundError):
@@ -64,8 +66,6 @@ def _hub_error(exc: BaseException, repo_id: str, revision: str | None) -> HubErr
 
 
 def _check_repo_id(repo_id: str) -> None:
-    from huggingface_hub.utils import validate_repo_id
-
     try:
         validate_repo_id(repo_id)
     except Exception as exc:
@@ -161,8 +161,6 @@ def push(
 
 def _upload(folder: Path, repo_id: str, *, private: bool, revision: str | None, create_pr: bool,
             commit_message: str, commit_description: str | None, token: str | None, endpoint: str | None) -> Any:
-    from huggingface_hub import HfApi, constants, get_token
-
     if constants.is_offline_mode():
         raise HubError("cannot upload: HF_HUB_OFFLINE is set; unset it (or use --dry-run) to push")
     if token is None and get_token() is None:
@@ -191,13 +189,11 @@ def push_model(
 ) -> PushResult:
     """Push an in-memory Hydra model: the same repository content as ``hydra-hf push`` on a folder.
 
-    Saves ``model`` with :func:`hydra_hf.export.save_hydra_model` (config with ``auto_map`` and
+    Saves ``model`` with :func:`hydra_hf.saving.save_hydra_model` (config with ``auto_map`` and
     ``custom_pipelines``, safetensors, shipped code, the tokenizer/processor of
     ``preprocessor_from`` -- by default the folder the model was loaded from, when it is one) into a
     temporary folder, then calls :func:`push` with ``kwargs``.
     """
-    from ..export import save_hydra_model
-
     if preprocessor_from is None:
         source = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", None)
         if source and Path(source).is_dir():

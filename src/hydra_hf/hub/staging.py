@@ -33,12 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
+
 from ..errors import HydraTypeError, HydraUnsafeError, one_line
-from ..export import MODELING_DIR, PIPELINE_FILE, custom_pipelines_for
-from ..onnx.runtime import EXPORT_METADATA
+from ..modeling.configuration_hydra import custom_pipelines_for
 from ..outputs import regular_files, resolve_inside, write_output_folder
+from ..plots import heads_heatmap
+from ..saving import MODELING_DIR, PIPELINE_FILE
 from .audit import check_shipped_code, sibling_imports
-from .card import build_model_card, load_report, model_kind, towers
+from .card import build_model_card, load_report, model_kind
 from .common import (
     PICKLE_SUFFIXES,
     PREPROCESSOR_CONFIGS,
@@ -46,6 +49,8 @@ from .common import (
     WEIGHT_INDEX,
     HubError,
     is_hidden,
+    read_config,
+    towers,
     visible_files,
 )
 
@@ -53,56 +58,6 @@ logger = logging.getLogger(__name__)
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-_CONFIG_KEYS_NOT_FOR_THE_CLASS = ("auto_map", "custom_pipelines", "architectures", "transformers_version")
-
-
-# --------------------------------------------------------------------------------------- config
-def _hydra_config_classes() -> dict[str, type]:
-    """model_type -> config class of every family in the registry."""
-    from ..families import families
-
-    return {family.config_class().model_type: family.config_class() for family in families()}
-
-
-def read_config(folder: str | os.PathLike) -> dict[str, Any]:
-    """``config.json`` of a Hydra folder, checked by its Hydra config class; one-line errors."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"model folder {str(folder)!r} does not exist; pass a folder written by hydra-hf convert")
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{str(folder)!r} has no config.json; pass a folder written by hydra-hf convert")
-    if (folder / EXPORT_METADATA).exists():
-        raise HubError(f"{str(folder)!r} is an ONNX export ({EXPORT_METADATA}): push publishes the PyTorch Hydra folder "
-                       "with its remote code; push the folder you exported from (hydra-hf export's input)")
-    file = resolve_inside(folder, "config.json", what="config.json")
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HubError(f"{file} is not valid JSON ({one_line(exc)})") from exc
-    if not isinstance(config, dict):
-        raise HubError(f"{file} holds a {type(config).__name__}, expected a Hydra Ensemble config (a JSON object)")
-    cls = _hydra_config_classes().get(config.get("model_type")) if isinstance(config.get("model_type"), str) else None
-    if cls is None:
-        raise HubError(
-            f"{file} is not a Hydra Ensemble config (model_type={config.get('model_type')!r}); "
-            "convert the checkpoint first with hydra-hf convert"
-        )
-    try:  # the config class validates kept heads, members, base config and fusion
-        cls(**{k: v for k, v in config.items() if k not in _CONFIG_KEYS_NOT_FOR_THE_CLASS})
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as exc:
-        raise HubError(f"{file} is not a valid {cls.__name__}: {one_line(exc)}") from exc
-    if not towers(config):
-        raise HubError(f"{file} records no kept heads; write the folder with hydra-hf convert")
-    auto_map = config.get("auto_map")
-    if not auto_map:
-        raise HubError(f"{file} has no auto_map, so trust_remote_code cannot find the model; re-save it with hydra-hf convert")
-    if not isinstance(auto_map, dict) or not all(isinstance(v, str) for v in auto_map.values()):
-        raise HydraTypeError(f"{file}: auto_map must map auto classes to 'module.Class' strings, got {auto_map!r}")
-    pipelines = config.get("custom_pipelines")
-    if pipelines is not None and (not isinstance(pipelines, dict)
-                                  or not all(isinstance(p, dict) and isinstance(p.get("impl"), str) for p in pipelines.values())):
-        raise HydraTypeError(f"{file}: custom_pipelines must map task names to {{'impl': 'module.Class', ...}}, got {pipelines!r}")
-    return config
 
 
 def _module_of(reference: str, where: str) -> str:
@@ -137,8 +92,6 @@ def shipped_modules(config: Mapping[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------------- file checks
 def check_safetensors(path: Path, name: str) -> None:
     """Raise :class:`HubError` unless ``path`` is a complete safetensors file (header and data)."""
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as handle:
             list(handle.keys())
@@ -300,8 +253,6 @@ def stage_into(
 
     heads_images = {}
     try:
-        from ..plots import heads_heatmap
-
         for tower, (kept, num_heads) in towers(config).items():
             name = f"heads_{tower}.png" if tower else "heads.png"
             title = f"Attention heads kept by each member{f' ({tower} tower)' if tower else ''}"

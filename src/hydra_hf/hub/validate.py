@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from safetensors.torch import save_file
+
 from ..outputs import regular_files
 from .audit import check_shipped_code
 from .card import check_card
@@ -108,8 +110,6 @@ def fresh_check(
             (root / "inputs").mkdir()
             (root / "inputs" / "inputs.json").write_text(json.dumps(dict(inputs or {})), encoding="utf-8")
             if tensors:
-                from safetensors.torch import save_file
-
                 save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(root / "inputs" / "inputs.safetensors"))
             args += ["--inputs", str(root / "inputs" / "inputs.json")]
         try:

@@ -12,24 +12,35 @@ padded) are compared with PyTorch's before the folder is written.
 
 from __future__ import annotations
 
-import contextlib
-import io
+import importlib.metadata as md
+import inspect
 import json
 import logging
 import math
 import os
 import shutil
-import warnings
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.export import Dim
 
+from .. import evaluation as ev
+from ..convert.io import checkpoint_dir, from_pretrained, read_config
+from ..data import parse_spec, resolve_dataset
 from ..errors import HydraInputError
+from ..evaluation import zero_shot_prompts
+from ..saving import copy_preprocessor
+from ..families import family_of_config
 from ..hub.audit import PACKAGED_CODE_DIR, packaged_code, sibling_imports
-from .runtime import EXPORT_FORMAT, EXPORT_METADATA, INSTALL_HINT, OnnxHydraModel, require_onnx
+from ..outputs import check_output, write_output_folder
+from ..version import __version__
+from .graph import quiet_exporter
+from .int8 import calibration_feeds, resolve_recipe
+from .quantize import OnnxZeroShotPredictor, quantization_report, report_markdown, write_quantization_report
+from .runtime import EXPORT_FORMAT, EXPORT_METADATA, INSTALL_HINT, OnnxHydraModel, load_preprocessor, require_onnx
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +89,6 @@ def output_keys_for(task: str) -> tuple[str, str]:
 def graph_inputs(model: nn.Module, modality: str, tokenizer: Any | None) -> list[str]:
     """The graph's inputs: ``pixel_values`` for images; for text ``input_ids``, ``attention_mask`` and
     ``token_type_ids`` when both the model and its tokenizer use them."""
-    import inspect
-
     names = []
     if modality in ("text", "image-text"):
         names += ["input_ids", "attention_mask"]
@@ -127,8 +136,6 @@ def example_inputs(config: Any, names: Sequence[str], batch: int, seq: int, imag
 def dynamic_shapes(names: Sequence[str], modality: str) -> dict[str, dict[int, Any]]:
     """Named dynamic axes: ``batch`` and ``sequence`` (text), ``batch`` (images), and for two towers
     ``texts`` / ``sequence`` / ``images``."""
-    from torch.export import Dim
-
     batch, seq = Dim("batch"), Dim("sequence")
     texts = Dim("texts") if modality == "image-text" else batch
     images = Dim("images") if modality == "image-text" else batch
@@ -136,24 +143,6 @@ def dynamic_shapes(names: Sequence[str], modality: str) -> dict[str, dict[int, A
     for name in names:
         shapes[name] = {0: images} if name == "pixel_values" else {0: texts, 1: seq}
     return shapes
-
-
-@contextlib.contextmanager
-def _quiet_exporter():
-    """The dynamo exporter prints its progress and warns about every traced transformers helper; its
-    optimiser (onnx_ir) and ONNX Runtime's quantiser (the root logger) log every node at INFO."""
-    root = logging.getLogger()
-    noisy = [logging.getLogger(name) for name in ("onnx_ir", "onnxscript", "torch.onnx")]
-    levels = [root.level] + [lg.level for lg in noisy]
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-        warnings.simplefilter("ignore")
-        for lg in [root, *noisy]:
-            lg.setLevel(logging.ERROR)
-        try:
-            yield
-        finally:
-            for lg, level in zip([root, *noisy], levels):
-                lg.setLevel(level)
 
 
 def export_module(
@@ -171,7 +160,7 @@ def export_module(
     """
     require_onnx("onnx", "onnxscript")
     path = Path(path)
-    with _quiet_exporter(), torch.no_grad():
+    with quiet_exporter(), torch.no_grad():
         program = torch.onnx.export(
             graph.eval(), (), str(path), kwargs=dict(example), dynamo=True, dynamic_shapes=dict(shapes),
             input_names=list(example), output_names=list(output_names), opset_version=int(opset),
@@ -180,70 +169,6 @@ def export_module(
     if program is None or not path.is_file():
         raise RuntimeError(f"torch.onnx.export wrote no graph to {str(path)!r}")
     return path
-
-
-# Kept in fp32 by default: the MLP output projections, found in the graph as the products whose input
-# is an activation's output (GELU, its erf / tanh forms, SiLU, QuickGELU, ReLU). That input has a few
-# values far larger than the rest, and dynamic quantisation gives each batch one uint8 range per
-# tensor, too coarse for the many small ones: on the demo model (MiniLM, 3 members), quantising them
-# changed 5.5 % of the validation labels and the Guardian OOD AUROC by -0.020; keeping them in fp32,
-# 1.3 % and -0.004 (docs/deploy.md).
-ACTIVATION_OPS = {"Gelu", "FastGelu", "BiasGelu", "QuickGelu", "Erf", "Tanh", "Sigmoid", "Relu"}
-_ELEMENTWISE = {"Mul", "Add", "Div", "Reshape", "Cast", "Transpose", "Identity", "Squeeze", "Unsqueeze", "Flatten"}
-
-
-def activation_fed_products(graph: Any, depth: int = 6) -> list[str]:
-    """Names of the MatMul / Gemm nodes of ``graph`` whose first input is an activation's output:
-    walking back from it through element-wise and shape operators (at most ``depth`` nodes) reaches an
-    activation before any other product, softmax or normalisation."""
-    producer = {out: node for node in graph.node for out in node.output}
-    found = []
-    for node in graph.node:
-        if node.op_type not in ("MatMul", "Gemm"):
-            continue
-        frontier, seen = [node.input[0]], set()
-        for _ in range(depth):
-            parents = [producer[name] for name in frontier if name in producer and name not in seen]
-            seen.update(frontier)
-            if any(parent.op_type in ACTIVATION_OPS for parent in parents):
-                found.append(node.name)
-                break
-            frontier = [i for parent in parents if parent.op_type in _ELEMENTWISE for i in parent.input]
-            if not frontier:
-                break
-    return found
-
-
-def quantize_int8(source: str | os.PathLike, target: str | os.PathLike, keep_mlp_output_fp32: bool = True) -> dict[str, Any]:
-    """ONNX Runtime dynamic quantisation: int8 (QInt8) weights on every MatMul / Gemm with a constant
-    weight, except (by default) the MLP output projections (:func:`activation_fed_products`);
-    activations are quantised per batch at run time. Returns counts of the operators and the names of
-    the products kept in fp32.
-    """
-    (onnx,) = require_onnx("onnx")
-    require_onnx("onnxruntime")
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    kept = activation_fed_products(onnx.load(str(source), load_external_data=False).graph) if keep_mlp_output_fp32 else []
-    # the quantiser first rewrites a Gemm as "<name>_MatMul" + Add: exclude both names
-    exclude = kept + [f"{name}_MatMul" for name in kept]
-    with _quiet_exporter():
-        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"],
-                         nodes_to_exclude=exclude)
-    graph = onnx.load(str(target), load_external_data=False).graph
-    ops = [node.op_type for node in graph.node]
-    counts: dict[str, Any] = {
-        "MatMulInteger": ops.count("MatMulInteger"), "DynamicQuantizeLinear": ops.count("DynamicQuantizeLinear"),
-        "MatMul (float, left)": ops.count("MatMul"), "Gemm (float, left)": ops.count("Gemm"),
-        "kept_fp32": sorted(kept),
-    }
-    if counts["MatMulInteger"] == 0:
-        raise RuntimeError(f"dynamic quantisation of {str(source)!r} quantised no MatMul: the weights are not constants")
-    names = {node.name for node in graph.node if node.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")}
-    leaked = [k for k in kept if any(n.startswith(k + "_") or n.startswith(k + "_MatMul_") for n in names)]
-    if leaked:
-        raise RuntimeError(f"products meant to stay fp32 were quantised: {leaked[:3]}; please report this")
-    return counts
 
 
 def count_weights(path: str | os.PathLike) -> int:
@@ -266,9 +191,6 @@ def load_hydra_folder(path: str | os.PathLike) -> tuple[nn.Module, Any, dict[str
     Raises:
         HydraInputError: the folder is missing, has no config, or is not a Hydra Ensemble.
     """
-    from ..convert.io import checkpoint_dir, from_pretrained, read_config
-    from ..families import family_of_config
-
     folder = checkpoint_dir(path, what="Hydra model")
     config = read_config(folder)
     model_type = str(config.get("model_type", ""))
@@ -285,8 +207,6 @@ def load_hydra_folder(path: str | os.PathLike) -> tuple[nn.Module, Any, dict[str
 
 
 def _preprocessor(folder: Path, modality: str) -> Any | None:
-    from .runtime import load_preprocessor
-
     try:
         return load_preprocessor(folder, modality)
     except (OSError, ValueError) as exc:
@@ -362,7 +282,7 @@ def export_onnx(
             ``"smoothquant"``: constants folded, fc2's activation outliers migrated into its weights with
             alpha calibrated on ``calibration_data``, per-channel int8 weights on every product).
         keep_mlp_output_fp32: the older switch: True is the recipe ``"keep-fc2"`` (the MLP output
-            projections kept fp32, see :func:`activation_fed_products`), False ``"all"``.
+            projections kept fp32, see :func:`~.graph.activation_fed_products`), False ``"all"``.
         templates: two-tower models (CLIP, SigLIP, open_clip): the prompt templates of the report's
             zero-shot classifier, each with one ``{}`` for a class name of ``calibration_data`` (an
             image folder with one sub-folder per class, or a label column of class names).
@@ -371,16 +291,11 @@ def export_onnx(
         HydraInputError: not a Hydra folder, onnx packages missing, a bad option or data set.
         HydraOutputError: ``output_dir`` exists (without ``overwrite``) or is not ours to replace.
     """
-    from .. import __version__
-    from ..export import copy_preprocessor
-    from ..outputs import check_output, write_output_folder
-
     require_onnx("onnx", "onnxruntime", "onnxscript")
     if isinstance(opset, bool) or not isinstance(opset, int) or opset < DEFAULT_OPSET:
         raise HydraInputError(f"opset {opset!r} is not supported; the dynamo exporter needs opset >= {DEFAULT_OPSET}")
     if quantize is not None and quantize not in QUANTIZATIONS:
         raise HydraInputError(f"--quantize {quantize!r} is unknown; use one of {list(QUANTIZATIONS)}")
-    from .int8 import calibration_feeds, resolve_recipe
 
     recipe = resolve_recipe(int8_recipe, keep_mlp_output_fp32)
     ood_data = list(ood_data)
@@ -420,7 +335,6 @@ def export_onnx(
                              "size_mb": round((tmp / FP32_FILE).stat().st_size / 2**20, 3)}}
         if quantize == "int8":
             # calibration: the first examples of the labelled ID data (two towers: with the class prompts)
-            from ..evaluation import zero_shot_prompts
 
             prompts = None if class_names is None else dict(preprocessor.tokenizer(
                 zero_shot_prompts(class_names, templates), padding=True, return_tensors="np"))
@@ -468,8 +382,6 @@ def export_onnx(
         }
         report = None
         if quantize == "int8":
-            from .quantize import quantization_report, write_quantization_report
-
             int8 = OnnxHydraModel.from_pretrained(tmp, file_name=INT8_FILE)
             metadata["verification"]["max_abs_diff_int8"] = max(
                 compare_with_eager(model, int8, x, output_keys) for x in (example, other))
@@ -477,8 +389,6 @@ def export_onnx(
                         **(data_options or {})}
             predictor = None
             if family.modality == "image-text":
-                from .quantize import OnnxZeroShotPredictor
-
                 settings.update(class_names=class_names, templates=templates)
 
                 def predictor(graph):
@@ -500,9 +410,6 @@ def export_onnx(
 
 
 def _report_loaders(model, preprocessor, modality, calibration_data, ood_data, options):
-    from .. import evaluation as ev
-    from ..data import parse_spec, resolve_dataset
-
     if preprocessor is None:
         raise HydraInputError("the Hydra folder has no tokenizer / image processor, which the quantisation report needs")
     zero_shot = modality == "image-text"  # images classified against class prompts
@@ -572,8 +479,6 @@ def _describe(inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
 
 
 def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-
     out = {"torch": torch.__version__}
     for name in ("onnx", "onnxruntime", "onnxscript", "transformers"):
         try:
@@ -627,7 +532,5 @@ def export_card(metadata: dict[str, Any], report: dict[str, Any] | None) -> str:
         f"`hydra-hf evaluate --model THIS_FOLDER ...` evaluates it like a PyTorch folder ({INSTALL_HINT}).",
     ]
     if report is not None:
-        from .quantize import report_markdown
-
         lines += ["", report_markdown(report)]
     return "\n".join(lines) + "\n"

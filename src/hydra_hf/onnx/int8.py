@@ -30,6 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import HydraInputError
+from .graph import activation_fed_products, quantize_int8, quiet_exporter
+
 logger = logging.getLogger(__name__)
 
 ALPHAS = (0.5, 0.65, 0.8)  # SmoothQuant migration strengths smoothquant_int8 tries (the paper: 0.5 - 0.85)
@@ -175,10 +178,8 @@ def quantize_dynamic_per_channel(source: str | os.PathLike, target: str | os.Pat
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from .export import _quiet_exporter
-
     excluded = batched_weight_products(onnx.load(str(source), load_external_data=False).graph)
-    with _quiet_exporter():
+    with quiet_exporter():
         quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"],
                          per_channel=True, nodes_to_exclude=excluded + [f"{n}_MatMul" for n in excluded])
     ops = [node.op_type for node in onnx.load(str(target), load_external_data=False).graph.node]
@@ -199,8 +200,6 @@ def smoothquant_int8(source: str | os.PathLike, target: str | os.PathLike,
         calibration: batches of graph inputs (numpy), labelled in-distribution data only.
     """
     import onnx
-
-    from .export import activation_fed_products  # export.py imports this module: no top-level import
 
     if not calibration:
         raise ValueError("the smoothquant int8 recipe needs calibration batches (in-distribution data); got none")
@@ -260,10 +259,8 @@ register_recipe(Int8Recipe(
     activations="uint8, one range per tensor per batch at run time; fc2's input divided per channel by the SmoothQuant scales",
 ))
 def _per_tensor(keep_mlp_output_fp32: bool) -> Callable[..., dict[str, Any]]:
-    """The earlier recipes: :func:`hydra_hf.onnx.export.quantize_int8` (no folding, per-tensor weights)."""
+    """The earlier recipes: :func:`hydra_hf.onnx.graph.quantize_int8` (no folding, per-tensor weights)."""
     def run(source: str | os.PathLike, target: str | os.PathLike, calibration: Any = None) -> dict[str, Any]:
-        from .export import quantize_int8  # export.py imports this module: no top-level import
-
         return {**quantize_int8(source, target, keep_mlp_output_fp32), "recipe": "keep-fc2" if keep_mlp_output_fp32 else "all"}
     return run
 
@@ -288,8 +285,6 @@ def resolve_recipe(name: str | None = None, keep_mlp_output_fp32: bool | None = 
     Raises:
         HydraInputError: an unknown name, or a name and the flag that contradict each other.
     """
-    from ..errors import HydraInputError
-
     legacy = None if keep_mlp_output_fp32 is None else ("keep-fc2" if keep_mlp_output_fp32 else "all")
     if name is not None and legacy is not None and name != legacy:
         raise HydraInputError(f"--int8-recipe {name!r} and --quantize-all ask for different int8 graphs; pass only one")

@@ -11,8 +11,9 @@ from typing import Any
 
 import torch
 
+from .. import evaluation as ev, metrics
 from ..errors import HydraInputError
-from ..evaluation import Predictor
+from ..evaluation import Predictor, zero_shot_prompts
 from .runtime import OnnxHydraModel
 
 REPORT_JSON = "quantization_report.json"
@@ -22,8 +23,6 @@ OOD_SCORES = ("msp", "mutual_information")
 
 
 def _numbers(predictions: Any, ood: Mapping[str, Any]) -> dict[str, Any]:
-    from .. import metrics
-
     row: dict[str, Any] = {k: v for k, v in metrics.calibration_report(
         predictions.probs, predictions.labels, predictions.member_probs).items() if k in (*ID_METRICS, "mutual_information")}
     row["ood_auroc"] = {
@@ -48,8 +47,6 @@ class OnnxZeroShotPredictor(Predictor):
     """
 
     def __init__(self, model: OnnxHydraModel, class_names: Sequence[str], templates: Sequence[str], tokenizer: Any) -> None:
-        from ..evaluation import zero_shot_prompts
-
         super().__init__()
         if not class_names:
             raise HydraInputError("zero-shot classification needs class names (the labelled data's classes)")
@@ -82,8 +79,6 @@ def quantization_report(
         predictor: wraps a graph into a predictor (default :class:`hydra_hf.evaluation.ModelPredictor`;
             two-tower graphs: an :class:`OnnxZeroShotPredictor`).
     """
-    from .. import evaluation as ev
-
     id_loader, ood_loaders = loaders
     make_predictor = predictor or ev.ModelPredictor
     preds: dict[str, tuple[Any, dict[str, Any]]] = {}

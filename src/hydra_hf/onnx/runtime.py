@@ -22,9 +22,15 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 from transformers.utils import ModelOutput
 
+from ..convert.io import from_pretrained
 from ..errors import HydraInputError
+from ..families import family_of_config
+from ..modeling import pipeline_hydra
+from ..modeling.configuration_hydra import HYDRA_PIPELINES
+from ..outputs import read_json, resolve_inside
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +63,6 @@ def require_onnx(*modules: str) -> list[Any]:
 
 def read_export_metadata(folder: str | os.PathLike) -> dict[str, Any] | None:
     """``hydra_onnx.json`` of an ONNX export folder (None when ``folder`` is not one)."""
-    from ..outputs import read_json
-
     file = Path(folder) / EXPORT_METADATA
     if file.is_symlink() or not file.exists():
         return None
@@ -88,8 +92,6 @@ def resolve_onnx_file(path: str | os.PathLike, file_name: str | None = None) -> 
     Without ``file_name`` a folder gives its default graph (``hydra_onnx.json``'s ``default_file``: the
     int8 graph of a quantised export, else ``model.onnx``).
     """
-    from ..outputs import resolve_inside
-
     path = Path(path)
     if path.suffix == ".onnx" and not path.is_dir():
         if file_name is not None:
@@ -271,8 +273,6 @@ class OnnxHydraModel(nn.Module):
 
 def load_export_config(folder: str | os.PathLike) -> Any:
     """The Hydra config of an export folder, read as data with hydra_hf's own config class."""
-    from ..families import family_of_config
-
     file = Path(folder) / "config.json"
     try:
         data = json.loads(file.read_text())
@@ -284,10 +284,6 @@ def load_export_config(folder: str | os.PathLike) -> Any:
 
 def load_preprocessor(folder: str | os.PathLike, modality: str) -> Any:
     """The tokenizer (text), image processor (image) or processor (image-text) saved in the folder."""
-    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
-
-    from ..convert.io import from_pretrained
-
     loader = {"text": AutoTokenizer, "image": AutoImageProcessor}.get(modality, AutoProcessor)
     return from_pretrained(loader, Path(folder))
 
@@ -298,10 +294,6 @@ def pipeline(path: str | os.PathLike, *, file_name: str | None = None, **kwargs:
 
     ``kwargs`` go to the pipeline (``batch_size``, ``uncertainty_threshold``, ``top_k``, ...).
     """
-    from ..families import family_of_config
-    from ..modeling import pipeline_hydra
-    from ..modeling.configuration_hydra import HYDRA_PIPELINES
-
     model = OnnxHydraModel.from_pretrained(path, file_name=file_name)
     family = family_of_config(model.config)
     if not family.uncertainty_pipelines:

@@ -12,7 +12,8 @@
 - :mod:`.loading` — open_clip / timm models from local weights, zero-shot class prompts (the CLI's loaders).
 """
 
-from .adapters import AttentionLayer, ModelAdapter, get_adapter
+from ..families import get_adapter
+from ..families.adapters import AttentionLayer, ModelAdapter
 from .budget import Budget
 from .cached_bert import CachedBertEvaluator
 from .circuits import (

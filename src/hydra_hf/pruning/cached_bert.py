@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BertForSequenceClassification
 
-from .adapters import ModelAdapter
+from ..families.adapters import ModelAdapter
 from .scoring import Batch, batch_labels, circuit_score
 
 

@@ -56,10 +56,12 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
+from sklearn.metrics import roc_auc_score
 from torch import nn
 from tqdm.auto import tqdm
 
-from .adapters import ModelAdapter, get_adapter
+from ..families import get_adapter
+from ..families.adapters import ModelAdapter
 from .budget import Budget
 from .cached_bert import PRECISIONS, CachedBertEvaluator, supports_cached_bert
 from .gates import HeadGates
@@ -460,7 +462,6 @@ def reference_circuit_ranking(
     Ties: the lowest ``(layer, head)`` wins (first maximum in row-major order).
     """
     # Lazy: scikit-learn adds 0.43 s to `import hydra_hf.pruning` (measured) and only this test reference uses it.
-    from sklearn.metrics import roc_auc_score
 
     adapter = get_adapter(model)
     L, H = adapter.shape(None)

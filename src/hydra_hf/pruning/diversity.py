@@ -31,12 +31,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import datasets
 import torch
 
-import datasets
-
+from ..families.adapters import ModelAdapter
 from ..masks import HeadMasks
-from .adapters import ModelAdapter
 from .budget import Budget
 from .circuits import as_metadata, circuit_prune, circuit_prune_criteria
 from .layout import HeadLayout

@@ -26,7 +26,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from .adapters import ModelAdapter, get_adapter
+from ..families import get_adapter
+from ..families.adapters import ModelAdapter
 
 
 class _ColumnBlockGate(nn.Module):
@@ -51,7 +52,7 @@ class HeadGates:
     """Per-head gates on every attention layer of a stock model (all towers).
 
     Args:
-        model: a model :func:`~hydra_hf.pruning.adapters.get_adapter` supports (or pass ``adapter``).
+        model: a model :func:`~hydra_hf.families.get_adapter` supports (or pass ``adapter``).
         adapter: a prebuilt adapter of ``model``.
         requires_grad: make the gates leaf tensors with ``requires_grad=True`` so that
             ``loss.backward()`` fills ``gates.grad`` with ``dL/dgate`` (Michel et al., 2019).

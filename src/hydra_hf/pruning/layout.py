@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .adapters import ModelAdapter
+from ..families.adapters import ModelAdapter
 from .budget import Budget
 
 JOINT = "joint"

@@ -28,7 +28,7 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from ..convert.io import read_state_dict
-from ..convert.open_clip import WEIGHT_NAMES
+from ..convert.open_clip import CONFIG_NAME, WEIGHT_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -233,3 +233,14 @@ def load_timm_vit(name: str, checkpoint: str | os.PathLike) -> tuple[nn.Module, 
     # the model's own image size (model_args may override the architecture's default, e.g. img_size=384)
     data_config["input_size"] = (3, *model.patch_embed.img_size)
     return model, timm.data.create_transform(**data_config), label_names
+
+
+def load_open_clip_folder(folder: str | os.PathLike, device: str | torch.device = "cpu"):
+    """``(model, preprocess, tokenizer)`` of an open_clip checkpoint folder (eval mode)."""
+    folder = Path(folder)
+    if not (folder / CONFIG_NAME).is_file():
+        raise ValueError(f"{str(folder)!r} is not an open_clip checkpoint folder (no {CONFIG_NAME}); "
+                         "write one with hydra_hf.recipes.save_open_clip_folder")
+    model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder.resolve()}", device=device)
+    tokenizer = open_clip.get_tokenizer(f"local-dir:{folder.resolve()}")
+    return model.eval(), preprocess, tokenizer

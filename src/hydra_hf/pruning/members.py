@@ -30,9 +30,9 @@ from transformers import (
 from ..convert.io import from_pretrained, read_config, weight_names
 from ..data import make_image_loader, make_text_loader, resolve_dataset
 from ..errors import HydraInputError
-from ..families import detect_family
+from ..families import detect_family, get_adapter
+from ..families.adapters import ModelAdapter
 from ..masks import HeadMasks
-from .adapters import ModelAdapter, get_adapter
 from .budget import Budget
 from .diversity import parse_methods, prune_members
 from .layout import HeadLayout

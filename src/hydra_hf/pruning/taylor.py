@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .adapters import ModelAdapter
+from ..families.adapters import ModelAdapter
 from .budget import Budget
 from .gates import HeadGates
 from .layout import HeadLayout

@@ -25,8 +25,13 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .. import evaluation as ev
+from ..data import resolve_dataset
+from ..finetune import image_recipe
+from ..masks import HeadMasks
+from ..pruning import build_members
 from ..pruning.budget import Budget
 from .runner import (
     EvaluationData,
@@ -40,9 +45,6 @@ from .runner import (
     single_model_dir,
     single_model_stage,
 )
-
-if TYPE_CHECKING:
-    from ..masks import HeadMasks
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +102,6 @@ class ImagePipeline:
 
 
 def _finetune_config(p: ImagePipeline, steps: int | None, learning_rate: float):
-    from ..finetune import image_recipe
-
     return image_recipe(
         learning_rate=learning_rate, max_steps=steps, num_epochs=p.num_epochs, batch_size=p.batch_size,
         eval_batch_size=p.eval_batch_size, max_train_samples=p.max_train_samples,
@@ -111,16 +111,12 @@ def _finetune_config(p: ImagePipeline, steps: int | None, learning_rate: float):
 
 
 def _load_images(spec: str, labelled: bool, limit: int | None):
-    from ..data import resolve_dataset
-
     return resolve_dataset(spec, text_column=None, image_column="image", label_column="label" if labelled else None,
                            require_labels=labelled, max_samples=limit)
 
 
 def build_image_members(p: ImagePipeline, model_dir: Path) -> HeadMasks:
     """Stage 2: M members by ``p.method`` on the fine-tuned single model, ID validation data only."""
-    from ..pruning import build_members
-
     return build_members(
         model_dir, method=p.method, budget=p.budget(), id_data=p.validation_data,
         max_samples=p.prune_samples, image_column="image", members=p.members, seed=p.seed,
@@ -132,8 +128,6 @@ def build_image_members(p: ImagePipeline, model_dir: Path) -> HeadMasks:
 def evaluate_image_pipeline(p: ImagePipeline, single_dir: Path, hydra_dir: Path, member_dir: Path, report_dir: Path,
                             settings: dict[str, Any]) -> dict[str, Any]:
     """Stage 4: Hydra vs the paper's baselines on the ID test split and every OOD test set."""
-    from .. import evaluation as ev
-
     single, processor, _ = ev.load_classifier(single_dir)
     hydra, _, _ = ev.load_classifier(hydra_dir)
     pruned, _, _ = ev.load_classifier(member_dir)

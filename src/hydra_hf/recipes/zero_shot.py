@@ -35,19 +35,26 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from safetensors.torch import save_file
 
+from .. import evaluation as ev, metrics
+from ..assemble import convert_checkpoint
+from ..convert.open_clip import CONFIG_NAME as OPEN_CLIP_CONFIG
+from ..data import make_image_loader, resolve_dataset
+from ..evaluation import zero_shot_prompts
+from ..hub import fresh_check
+from ..masks import HeadMasks
+from ..modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
+from ..pruning import PruningTarget, build_members, get_adapter
 from ..pruning.budget import Budget
+from ..pruning.loading import load_open_clip_folder
 from .runner import PipelineResult, Stage, StageRunner, hub_stage, members_stage
-
-if TYPE_CHECKING:
-    from ..masks import HeadMasks
 
 logger = logging.getLogger(__name__)
 
-OPEN_CLIP_CONFIG = "open_clip_config.json"
 OPEN_CLIP_WEIGHTS = "open_clip_model.safetensors"
 TOWER_CHOICES = ("joint", "vision", "text")
 
@@ -90,8 +97,6 @@ class ZeroShotPipeline:
     hub_base_model: str | None = None
 
     def __post_init__(self) -> None:
-        from ..evaluation import zero_shot_prompts
-
         self.class_names = tuple(self.class_names)
         self.templates = tuple(self.templates)
         zero_shot_prompts(self.class_names, self.templates + ((self.prune_template,) if self.prune_template else ()))
@@ -126,7 +131,6 @@ def save_open_clip_folder(model: torch.nn.Module, model_cfg: dict[str, Any], fol
     """
     import open_clip
     from open_clip.transformer import QuickGELU
-    from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -139,19 +143,6 @@ def save_open_clip_folder(model: torch.nn.Module, model_cfg: dict[str, Any], fol
     return folder
 
 
-def load_open_clip_folder(folder: str | os.PathLike, device: str | torch.device = "cpu"):
-    """``(model, preprocess, tokenizer)`` of an open_clip checkpoint folder (eval mode)."""
-    import open_clip
-
-    folder = Path(folder)
-    if not (folder / OPEN_CLIP_CONFIG).is_file():
-        raise ValueError(f"{str(folder)!r} is not an open_clip checkpoint folder (no {OPEN_CLIP_CONFIG}); "
-                         "write one with hydra_hf.recipes.save_open_clip_folder")
-    model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{folder.resolve()}", device=device)
-    tokenizer = open_clip.get_tokenizer(f"local-dir:{folder.resolve()}")
-    return model.eval(), preprocess, tokenizer
-
-
 # ------------------------------------------------------------------------------------------ data
 def _seeded_subset(dataset, n: int | None, seed: int):
     """``n`` examples drawn at random (seeded), in their original order; all when ``n`` is None."""
@@ -162,8 +153,6 @@ def _seeded_subset(dataset, n: int | None, seed: int):
 
 
 def _load(p: ZeroShotPipeline, spec: str, labelled: bool):
-    from ..data import resolve_dataset
-
     ds = resolve_dataset(spec, text_column=None, image_column=p.image_column,
                          label_column=p.label_column if labelled else None, require_labels=labelled,
                          num_labels=len(p.class_names) if labelled else None)  # fmt: skip
@@ -194,17 +183,12 @@ def _device(p: ZeroShotPipeline) -> str:
 
 
 def _loader(dataset, preprocess, batch_size: int):
-    from ..data import make_image_loader
-
     return make_image_loader(dataset, preprocess, batch_size=batch_size)
 
 
 # ---------------------------------------------------------------------------------------- stages
 def evaluate_single_validation(p: ZeroShotPipeline, validation, out_file: Path) -> dict[str, Any]:
     """Stage 1: the Single zero-shot model on the ID validation split, and its fitted temperature."""
-    from .. import evaluation as ev
-    from .. import metrics
-
     model, preprocess, tokenizer = load_open_clip_folder(p.base_model, _device(p))
     preds = ev.predict(ev.ZeroShotPredictor(model, p.class_names, p.templates, tokenizer=tokenizer),
                        _loader(validation, preprocess, p.eval_batch_size), desc="Single: validation")
@@ -218,8 +202,6 @@ def evaluate_single_validation(p: ZeroShotPipeline, validation, out_file: Path) 
 
 def build_zero_shot_members(p: ZeroShotPipeline, validation) -> HeadMasks:
     """Stage 2: M members on the ID validation split (masks with named towers: the pruned ones)."""
-    from ..pruning import PruningTarget, build_members, get_adapter
-
     device = _device(p)
     model, preprocess, tokenizer = load_open_clip_folder(p.base_model, device)
     template = p.prune_template or p.templates[0]
@@ -248,9 +230,6 @@ def evaluate_zero_shot(p: ZeroShotPipeline, hydra_dir: Path, member_dir: Path, v
                        single_summary: dict[str, Any], report_dir: Path, settings: dict[str, Any]) -> dict[str, Any]:
     """Stage 4: Hydra against Single, both with and without temperature scaling, and the single pruned
     member, on the ID test split and every OOD set."""
-    from .. import evaluation as ev
-    from ..modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
-
     device = _device(p)
     single, preprocess, tokenizer = load_open_clip_folder(p.base_model, device)
     hydra = HydraEnsembleCLIPModel.from_pretrained(str(hydra_dir)).to(device).eval()
@@ -295,8 +274,6 @@ def check_zero_shot_hub_folder(hub_dir: Path, predictor, pixel_values: torch.Ten
     """Load the staged folder in a fresh process where hydra_hf cannot be imported, compute the
     members' zero-shot probabilities there (the folder's tokenizer, the predictor's prompts, the same
     images) and compare them with ``predictor`` (a ZeroShotPredictor of the in-process Hydra model)."""
-    from ..hub import fresh_check
-
     if not any((hub_dir / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
         raise RuntimeError(f"{hub_dir} has no tokenizer: zero-shot prompts cannot be tokenized by a Hub user")
     with torch.inference_mode():
@@ -320,10 +297,6 @@ def run_zero_shot_pipeline(p: ZeroShotPipeline, output_dir: str | os.PathLike, *
     ``PipelineResult.hub_check`` holds ``validate_staged``'s summary under ``"validate"`` and the
     fresh-process prediction comparison under ``"predictions"``.
     """
-    from .. import evaluation as ev
-    from ..convert import convert_checkpoint
-    from ..modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
-
     runner = StageRunner(output_dir, resume=resume)  # first: refuses a folder it did not create
     out = runner.output_dir
     validation, test = load_splits(p)

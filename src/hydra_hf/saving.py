@@ -8,13 +8,14 @@ into place at the end, so a failure never leaves a half-written output folder.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from transformers import PreTrainedModel
+from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, PreTrainedModel
 
 from .families import families, family_of_config, get_family
 from .modeling.configuration_hydra import HYDRA_PIPELINES, PIPELINE_MODULE
@@ -71,8 +72,6 @@ def copy_preprocessor(source: str | os.PathLike, folder: Path) -> list[str]:
 
     Returns what was copied; logs a warning (and copies nothing) when ``source`` has none.
     """
-    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
-
     copied = []
     for kind, loader in (("processor", AutoProcessor), ("tokenizer", AutoTokenizer), ("image processor", AutoImageProcessor)):
         try:
@@ -95,8 +94,6 @@ def copy_preprocessor(source: str | os.PathLike, folder: Path) -> list[str]:
 def _drop_loading_flags(folder: Path) -> None:
     """transformers saves how the source was loaded (``local_files_only``, ``is_local``) into the
     preprocessor configs; on the Hub those flags would stop users from downloading anything."""
-    import json
-
     for name in ("tokenizer_config.json", "preprocessor_config.json", "processor_config.json"):
         file = folder / name
         if file.is_file():

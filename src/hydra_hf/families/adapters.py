@@ -6,16 +6,16 @@ Pruning (gates, Taylor scores, circuit search) only needs, for every attention l
   head ``h``) — gates scale those column blocks;
 - the rows of ``W_q``, ``W_k``, ``W_v`` that belong to each head — Taylor scores read them;
 
-and a way to compute class logits from a batch. :func:`get_adapter` asks the family registry
-(:mod:`hydra_hf.families`) which family owns a model; the family builds its :class:`ModelAdapter`
-from the helpers here:
+and a way to compute class logits from a batch. :func:`hydra_hf.families.get_adapter` asks the family
+registry (:func:`~hydra_hf.families.base.family_of_model`) which family owns a model; the family builds
+its :class:`ModelAdapter` from the helpers here:
 
 - :func:`bert_like_adapter`: transformers encoders with BERT's layout
   ``encoder.layer[i].attention.{self.query,key,value; output.dense}`` (BERT, RoBERTa, ELECTRA, ...);
 - :func:`hf_vit_adapter`: transformers ViT (``layers[i].attention.{q,k,v,o}_proj``);
-- ``_hf_clip_adapter``: transformers CLIP (towers ``"vision"`` and ``"text"``);
+- :func:`hf_clip_adapter`: transformers CLIP (towers ``"vision"`` and ``"text"``);
 - :func:`timm_vit_adapter`: timm ``VisionTransformer`` (``blocks[i].attn.{qkv, proj}``);
-- ``_open_clip_adapter``: open_clip ``CLIP`` (towers ``"vision"`` and ``"text"``,
+- :func:`open_clip_adapter`: open_clip ``CLIP`` (towers ``"vision"`` and ``"text"``,
   ``nn.MultiheadAttention`` with ``in_proj_weight`` and ``out_proj``);
 - :func:`layer_list_adapter`: any layout, from one ``(attention module -> names)`` description.
 
@@ -32,9 +32,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 
-from ..families import families, family_names
 
 
 @dataclass
@@ -152,34 +150,7 @@ def _hf_classifier_logits(model: nn.Module, inputs: Mapping[str, torch.Tensor]) 
     return model(**inputs).logits
 
 
-def get_adapter(model: nn.Module, *, class_text_inputs: Mapping[str, torch.Tensor] | torch.Tensor | None = None) -> ModelAdapter:
-    """Build the :class:`ModelAdapter` of a supported model: the registered family that owns it
-    (:meth:`hydra_hf.families.Family.owns_model`) builds it.
-
-    Args:
-        model: a supported model (see the module docstring).
-        class_text_inputs: CLIP models only: the tokenized class prompts (HF: a dict with
-            ``input_ids``/``attention_mask`` of shape ``(C, T)``; open_clip: token ids ``(C, T)``),
-            needed for zero-shot logits. Gates work without them.
-
-    Raises:
-        TypeError: the architecture is not supported.
-    """
-    for family in families():
-        if family.owns_model(model):
-            return family.adapter(model, class_text_inputs=class_text_inputs)
-    model_type = getattr(getattr(model, "config", None), "model_type", "")
-    if isinstance(model, PreTrainedModel) and _find_bert_like_layers(model) is not None:
-        # an unregistered model with BERT's encoder layout: its heads live where BERT's do
-        return bert_like_adapter(model, "hf_bert")
-    what = f" (model_type {model_type!r})" if model_type else ""
-    raise TypeError(
-        f"hydra_hf pruning does not support {type(model).__name__}{what}; supported families: {family_names()} "
-        "(transformers models of these families, timm VisionTransformer, open_clip CLIP)"
-    )
-
-
-def _find_bert_like_layers(model: nn.Module) -> Any:
+def find_bert_like_layers(model: nn.Module) -> Any:
     """``encoder.layer`` of a BERT-like model (``attention.self.query`` / ``attention.output.dense``), or None."""
     base = getattr(model, model.base_model_prefix, model) if hasattr(model, "base_model_prefix") else model
     encoder = getattr(base, "encoder", None)
@@ -194,7 +165,7 @@ def bert_like_adapter(
     model: nn.Module, kind: str, input_keys: tuple[str, ...] = ("input_ids", "attention_mask", "token_type_ids")
 ) -> ModelAdapter:
     """A transformers text classifier with BERT's encoder layout (BERT, RoBERTa, ELECTRA, ...)."""
-    layers = _find_bert_like_layers(model)
+    layers = find_bert_like_layers(model)
     if layers is None:
         raise TypeError(f"cannot find the BERT-like encoder layers of {type(model).__name__}")
     return ModelAdapter(kind, model, {"text": _bert_layers(layers)}, _hf_classifier_logits, input_keys)
@@ -243,7 +214,9 @@ def layer_list_adapter(
     return ModelAdapter(kind, model, {tower: layers}, _hf_classifier_logits, input_keys)
 
 
-def _hf_clip_adapter(model: nn.Module, class_text_inputs: Any) -> ModelAdapter:
+def hf_clip_adapter(model: nn.Module, class_text_inputs: Any) -> ModelAdapter:
+    """The adapter of a transformers CLIP-like model (``vision_model`` / ``text_model`` towers, ``self_attn``
+    with ``q/k/v/out_proj``); zero-shot logits against ``class_text_inputs``."""
     vis, txt = model.vision_model, model.text_model
     towers = {
         "vision": _qkv_proj_layers([l.self_attn for l in vis.encoder.layers], "out_proj", model.config.vision_config.num_attention_heads),
@@ -261,7 +234,9 @@ def _hf_clip_adapter(model: nn.Module, class_text_inputs: Any) -> ModelAdapter:
     return ModelAdapter("hf_clip", model, towers, logits_fn, ("pixel_values",))
 
 
-def _open_clip_adapter(model: nn.Module, class_text_inputs: Any) -> ModelAdapter:
+def open_clip_adapter(model: nn.Module, class_text_inputs: Any) -> ModelAdapter:
+    """The adapter of an open_clip ``CLIP`` (``nn.MultiheadAttention`` towers); zero-shot logits against
+    the token ids ``class_text_inputs``."""
     towers: dict[str, list[AttentionLayer]] = {}
     visual_tf = getattr(model.visual, "transformer", None)
     if visual_tf is not None and isinstance(visual_tf.resblocks[0].attn, nn.MultiheadAttention):
