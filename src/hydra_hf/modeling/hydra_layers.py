@@ -996,14 +996,16 @@ class HydraPostLNTextModel(HydraTextPreTrainedModel):
         )
 
 
-class HydraPostLNTextForSequenceClassification(HydraTextPreTrainedModel):
-    """M pruned classifiers of a post-LN text family in one model. ``logits`` = log of the mean of the
-    members' softmaxes (see ``ensemble_outputs``).
+class HydraTextForSequenceClassification(HydraPreTrainedModel):
+    """M pruned text classifiers in one model. ``logits`` = log of the mean of the members' softmaxes (see
+    ``ensemble_outputs``). A family's classifier subclasses its own pre-trained class and this one.
 
-    ``encoder_class`` is the family's encoder. The head, by ``head_activation``: None (BERT, ALBERT):
-    dropout and a per-member ``classifier`` on the pooled output; ``"tanh"`` / ``"gelu"`` / ``"relu"``:
-    a per-member ``HydraClassificationHead`` on the first token (``head_dropout_first``: dropout before
-    its ``dense`` too). ``classifier_dropout`` reads the head's dropout from the base config.
+    ``encoder_class`` is the family's encoder; ``add_head`` registers every member's head and
+    ``member_logits`` computes ``(B, M, C)`` from the encoder's output. The default head, by
+    ``head_activation``: None (BERT, ALBERT): dropout and a per-member ``classifier`` on the pooled output;
+    ``"tanh"`` / ``"gelu"`` / ``"relu"``: a per-member ``HydraClassificationHead`` on the first token
+    (``head_dropout_first``: dropout before its ``dense`` too). ``classifier_dropout`` reads the head's
+    dropout from the base config.
     """
 
     encoder_class: type
@@ -1015,6 +1017,10 @@ class HydraPostLNTextForSequenceClassification(HydraTextPreTrainedModel):
         base = self.base_config(config)
         self.num_labels = config.num_labels
         self.hydra = self.encoder_class(config)
+        self.add_head(config, base)
+        self.post_init()
+
+    def add_head(self, config, base) -> None:
         M, d, C = config.num_members, base.hidden_size, config.num_labels
         if self.head_activation is None:
             self.dropout = nn.Dropout(self.classifier_dropout(base))
@@ -1023,11 +1029,18 @@ class HydraPostLNTextForSequenceClassification(HydraTextPreTrainedModel):
             self.classifier = HydraClassificationHead(
                 M, d, C, self.head_activation, self.classifier_dropout(base), dropout_first=self.head_dropout_first
             )
-        self.post_init()
 
     @staticmethod
     def classifier_dropout(base) -> float:
         return base.classifier_dropout if base.classifier_dropout is not None else base.hidden_dropout_prob
+
+    def member_logits(self, outputs: HydraModelOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """The members' logits ``(B, M, C)`` from the encoder's output (``attention_mask``: the ``(B, T)`` input)."""
+        if self.head_activation is None:
+            pooled = outputs.pooler_output.transpose(0, 1)  # (M, B, d)
+            return self.classifier(self.dropout(pooled)).transpose(0, 1)  # (B, M, C)
+        first = outputs.last_hidden_state[:, :, 0].transpose(0, 1)  # (M, B, d): every member's first token
+        return self.classifier(first).transpose(0, 1)  # (B, M, C)
 
     def forward(
         self,
@@ -1048,12 +1061,7 @@ class HydraPostLNTextForSequenceClassification(HydraTextPreTrainedModel):
             position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, return_dict=True,
         )
-        if self.head_activation is None:
-            pooled = outputs.pooler_output.transpose(0, 1)  # (M, B, d)
-            member_logits = self.classifier(self.dropout(pooled)).transpose(0, 1)  # (B, M, C)
-        else:
-            first = outputs.last_hidden_state[:, :, 0].transpose(0, 1)  # (M, B, d): every member's first token
-            member_logits = self.classifier(first).transpose(0, 1)  # (B, M, C)
+        member_logits = self.member_logits(outputs, attention_mask)  # (B, M, C)
         return classifier_output(member_logits, labels, self.config, outputs, return_dict)
 
     def forward_without_token_types(
@@ -1069,7 +1077,7 @@ class HydraPostLNTextForSequenceClassification(HydraTextPreTrainedModel):
         **kwargs,
     ) -> HydraClassifierOutput | tuple:
         """``forward`` for a base without token types (see ``HydraPostLNTextModel.forward_without_token_types``)."""
-        return HydraPostLNTextForSequenceClassification.forward(
+        return HydraTextForSequenceClassification.forward(
             self, input_ids, attention_mask, None, position_ids, inputs_embeds, labels, output_attentions,
             output_hidden_states, return_dict,
         )
@@ -1207,3 +1215,204 @@ class HydraVisionForImageClassification(HydraVisionPreTrainedModel):
             output_hidden_states=output_hidden_states, return_dict=True,
         )
         return classifier_output(self.member_logits(outputs), labels, self.config, outputs, return_dict)
+
+
+# ------------------------------------------------------------------ two-tower skeletons (CLIP, SigLIP)
+@dataclass
+class HydraTwoTowerOutput(ModelOutput):
+    """Output of a fused two-tower model (CLIP, SigLIP); the family's subclass says how its logits are made.
+
+    Args:
+        loss: mean over members of each member's contrastive loss, with ``return_loss=True``.
+        logits_per_image: ``(B, N)`` the ensemble's logits of every (image, text) pair.
+        logits_per_text: ``(N, B)`` the same, per text.
+        member_logits_per_image: ``(B, M, N)`` every member's logits.
+        member_logits_per_text: ``(N, M, B)`` the same, per text.
+        text_embeds: ``(N, M, P)`` L2-normalised text embeddings of every member.
+        image_embeds: ``(B, M, P)`` L2-normalised image embeddings of every member.
+        text_model_output, vision_model_output: the towers' ``HydraModelOutput``.
+    """
+
+    loss: torch.Tensor | None = None
+    logits_per_image: torch.Tensor | None = None
+    logits_per_text: torch.Tensor | None = None
+    member_logits_per_image: torch.Tensor | None = None
+    member_logits_per_text: torch.Tensor | None = None
+    text_embeds: torch.Tensor | None = None
+    image_embeds: torch.Tensor | None = None
+    text_model_output: HydraModelOutput | None = None
+    vision_model_output: HydraModelOutput | None = None
+
+    def to_tuple(self) -> tuple:
+        return tuple(
+            self[k] if k not in ("text_model_output", "vision_model_output") else getattr(self, k).to_tuple()
+            for k in self.keys()
+        )
+
+
+def tower_layers(config, tower: str, base, is_causal: bool = False) -> nn.ModuleList:
+    """The fused pre-LN layers of one tower, ``config.kept_heads_of(tower)`` (no dropout on the branches, as
+    in CLIP and SigLIP; ``is_causal``: CLIP's text tower)."""
+    kept = config.kept_heads_of(tower)
+    return nn.ModuleList(
+        HydraPreLNLayer(
+            config,
+            layer_spec(
+                kept, i, hidden_size=base.hidden_size, num_heads=base.num_attention_heads,
+                intermediate_size=base.intermediate_size, hidden_act=base.hidden_act,
+                layer_norm_eps=base.layer_norm_eps, attention_dropout=base.attention_dropout, hidden_dropout=0.0,
+                mlp_fusion=config.mlp_fusion,
+            ),
+            is_causal=is_causal,
+        )
+        for i in range(base.num_hidden_layers)
+    )
+
+
+class HydraTower(nn.Module):
+    """One tower of a two-tower model for M members: shared ``embeddings``, fused ``layers``; the family's
+    subclass registers them (and its norms and heads) and defines ``pool``."""
+
+    def pool(self, hidden: torch.Tensor, input_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``hidden (M, B, T, d)`` after the layers -> the returned hidden states ``(M, B, T, d)`` and the
+        pooled output ``(M, B, P)``."""
+        raise NotImplementedError
+
+    def run(
+        self, embeddings: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool, output_hidden_states: bool,
+        input_ids: torch.Tensor | None = None,
+    ) -> HydraModelOutput:
+        """The layers on the shared ``embeddings (B, T, d)``, then the family's pooling."""
+        hidden, all_hidden, all_attentions = run_layers(
+            self.layers, embeddings, self.config.num_members, mask, output_hidden_states, output_attentions
+        )  # (M, B, T, d)
+        hidden, pooled = self.pool(hidden, input_ids)
+        return HydraModelOutput(
+            last_hidden_state=hidden.transpose(0, 1), pooler_output=pooled.transpose(0, 1),
+            hidden_states=all_hidden, attentions=all_attentions,
+        )
+
+
+class HydraVisionTower(HydraTower):
+    """The vision tower: checks ``pixel_values``, embeds them (``embed``), runs the layers and pools."""
+
+    def embed(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool) -> torch.Tensor:
+        return self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)  # (B, T, d)
+
+    def forward(
+        self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False, output_attentions: bool = False,
+        output_hidden_states: bool = False,
+    ) -> HydraModelOutput:
+        emb = self.embeddings
+        size = (emb.image_size, emb.image_size)
+        check_pixel_values(pixel_values, emb.patch_embedding.in_channels, size, bool(interpolate_pos_encoding))
+        hidden = self.embed(pixel_values, bool(interpolate_pos_encoding))  # (B, T, d)
+        return self.run(hidden, None, output_attentions, output_hidden_states)
+
+
+class HydraTextTower(HydraTower):
+    """The text tower: embeds ``input_ids (N, T)``, masks (``text_mask``), runs the layers and pools."""
+
+    def text_mask(self, attention_mask: torch.Tensor | None, hidden: torch.Tensor) -> torch.Tensor | None:
+        """The additive attention mask for ``hidden (N, T, d)`` from the ``(N, T)`` padding mask, or None."""
+        return padding_mask_to_additive(attention_mask, hidden.dtype, hidden.shape[1])  # (N, 1, 1, T) or None
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None, output_attentions: bool = False, output_hidden_states: bool = False,
+    ) -> HydraModelOutput:
+        if input_ids is None:
+            raise ValueError("input_ids is required: the texts tokenized with the model's tokenizer")
+        input_ids = input_ids.view(-1, input_ids.shape[-1])  # (N, T)
+        hidden = self.embeddings(input_ids=input_ids, position_ids=position_ids)  # (N, T, d)
+        return self.run(hidden, self.text_mask(attention_mask, hidden), output_attentions, output_hidden_states, input_ids)
+
+
+class HydraTwoTowerModel(HydraPreTrainedModel):
+    """M pruned two-tower models in one (``vision_model``, ``text_model``: ``HydraTower``s). Member m scores
+    image b against text n with its own towers; the family says how (``member_logits``), how the members'
+    scores are combined (``ensemble_logits``), its loss (``member_loss``), its output class
+    (``output_class``) and whether the pooled outputs are projected (``image_embeds`` / ``text_embeds``).
+    """
+
+    input_modalities = ("image", "text")
+    output_class: type = HydraTwoTowerOutput
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.text_model.embeddings.token_embedding
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.text_model.embeddings.token_embedding = value
+
+    def image_embeds(self, pooled: torch.Tensor) -> torch.Tensor:
+        """The vision tower's ``pooler_output (B, M, d)`` -> every member's image embeddings ``(B, M, P)``."""
+        return pooled
+
+    def text_embeds(self, pooled: torch.Tensor) -> torch.Tensor:
+        """The text tower's ``pooler_output (N, M, d)`` -> every member's text embeddings ``(N, M, P)``."""
+        return pooled
+
+    def member_logits(self, image_embeds: torch.Tensor, text_embeds: torch.Tensor) -> torch.Tensor:
+        """Normalised ``image_embeds (B, M, P)``, ``text_embeds (N, M, P)`` -> ``(B, M, N)``."""
+        raise NotImplementedError
+
+    def ensemble_logits(
+        self, member_logits_per_image: torch.Tensor, member_logits_per_text: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(B, M, N)``, ``(N, M, B)`` -> ``logits_per_image (B, N)``, ``logits_per_text (N, B)``."""
+        raise NotImplementedError
+
+    def member_loss(self, member_logits_per_image: torch.Tensor, member_logits_per_text: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def get_text_features(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None, **kwargs,
+    ) -> torch.Tensor:
+        """Every member's text embeddings ``(N, M, P)`` (not normalised)."""
+        return self.text_embeds(self.text_model(input_ids, attention_mask, position_ids).pooler_output)
+
+    def get_image_features(
+        self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False, **kwargs
+    ) -> torch.Tensor:
+        """Every member's image embeddings ``(B, M, P)`` (not normalised)."""
+        return self.image_embeds(self.vision_model(pixel_values, interpolate_pos_encoding).pooler_output)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        pixel_values: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        return_loss: bool | None = None,
+        interpolate_pos_encoding: bool = False,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> HydraTwoTowerOutput | tuple:
+        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
+            self.config, output_attentions, output_hidden_states, return_dict
+        )
+        vision = self.vision_model(pixel_values, interpolate_pos_encoding, output_attentions, output_hidden_states)
+        text = self.text_model(input_ids, attention_mask, position_ids, output_attentions, output_hidden_states)
+        image_embeds = self.image_embeds(vision.pooler_output)  # (B, M, P)
+        text_embeds = self.text_embeds(text.pooler_output)  # (N, M, P)
+        image_embeds = image_embeds / image_embeds.norm(p=2, dim=-1, keepdim=True)
+        text_embeds = text_embeds / text_embeds.norm(p=2, dim=-1, keepdim=True)
+        member_logits_per_image = self.member_logits(image_embeds, text_embeds)  # (B, M, N)
+        member_logits_per_text = member_logits_per_image.permute(2, 1, 0)  # (N, M, B)
+        logits_per_image, logits_per_text = self.ensemble_logits(member_logits_per_image, member_logits_per_text)
+        loss = self.member_loss(member_logits_per_image, member_logits_per_text) if return_loss else None
+        out = self.output_class(
+            loss=loss,
+            logits_per_image=logits_per_image,
+            logits_per_text=logits_per_text,
+            member_logits_per_image=member_logits_per_image,
+            member_logits_per_text=member_logits_per_text,
+            text_embeds=text_embeds,
+            image_embeds=image_embeds,
+            text_model_output=text,
+            vision_model_output=vision,
+        )
+        return out if return_dict else out.to_tuple()

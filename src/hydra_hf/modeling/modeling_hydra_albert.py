@@ -18,7 +18,7 @@ from transformers import AlbertConfig
 from transformers.models.albert.modeling_albert import AlbertEmbeddings
 
 from .configuration_hydra import HydraEnsembleAlbertConfig
-from .hydra_layers import HydraPostLNTextForSequenceClassification, HydraPostLNTextModel, HydraTextPreTrainedModel
+from .hydra_layers import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
 
 
 class HydraEnsembleAlbertPreTrainedModel(HydraTextPreTrainedModel):
@@ -43,7 +43,7 @@ class HydraEnsembleAlbertModel(HydraEnsembleAlbertPreTrainedModel, HydraPostLNTe
 
 
 class HydraEnsembleAlbertForSequenceClassification(
-    HydraEnsembleAlbertPreTrainedModel, HydraPostLNTextForSequenceClassification
+    HydraEnsembleAlbertPreTrainedModel, HydraTextForSequenceClassification
 ):
     """M pruned ALBERT classifiers in one model: every member's pooler -> dropout -> classifier.
 

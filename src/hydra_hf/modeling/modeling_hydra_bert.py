@@ -14,7 +14,7 @@ from transformers import BertConfig
 from transformers.models.bert.modeling_bert import BertEmbeddings
 
 from .configuration_hydra import HydraEnsembleConfig
-from .hydra_layers import HydraPostLNTextForSequenceClassification, HydraPostLNTextModel, HydraTextPreTrainedModel
+from .hydra_layers import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
 
 
 
@@ -33,7 +33,7 @@ class HydraEnsembleModel(HydraEnsemblePreTrainedModel, HydraPostLNTextModel):
     has_pooler = True
 
 
-class HydraEnsembleForSequenceClassification(HydraEnsemblePreTrainedModel, HydraPostLNTextForSequenceClassification):
+class HydraEnsembleForSequenceClassification(HydraEnsemblePreTrainedModel, HydraTextForSequenceClassification):
     """M pruned BERT classifiers in one model: every member's pooler -> dropout -> classifier.
 
     ``AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True)`` and

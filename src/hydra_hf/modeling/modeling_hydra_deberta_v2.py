@@ -37,7 +37,6 @@ from transformers.models.deberta_v2.modeling_deberta_v2 import DebertaV2Embeddin
 
 from .configuration_hydra_deberta_v2 import HydraEnsembleDebertaV2Config
 from .hydra_layers import (
-    HydraClassifierOutput,
     HydraLayerNorm,
     HydraLayerSpec,
     HydraMemberLinear,
@@ -45,17 +44,14 @@ from .hydra_layers import (
     HydraModelOutput,
     HydraPreTrainedModel,
     HydraSelfAttention,
+    HydraTextForSequenceClassification,
     LayerOutputs,
     base_layer_specs,
-    classifier_output,
     eager_attention_forward,
+    encoder_output,
     init_hydra_weights,
+    resolve_output_flags,
 )
-
-
-def deberta_v2_base_config(config: HydraEnsembleDebertaV2Config) -> DebertaV2Config:
-    """The base DeBERTa-v2 configuration stored in ``config.base_config``."""
-    return DebertaV2Config.from_dict(config.base_config)
 
 
 def relative_span(base: DebertaV2Config) -> int:
@@ -298,6 +294,7 @@ class HydraDebertaV2Layer(GradientCheckpointingLayer):
 
 class HydraEnsembleDebertaV2PreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleDebertaV2Config
+    base_config_class = DebertaV2Config
     main_input_name = "input_ids"
     _no_split_modules = ["HydraDebertaV2Layer"]
 
@@ -329,7 +326,7 @@ class HydraEnsembleDebertaV2Model(HydraEnsembleDebertaV2PreTrainedModel):
 
     def __init__(self, config: HydraEnsembleDebertaV2Config) -> None:
         super().__init__(config)
-        base = deberta_v2_base_config(config)
+        base = self.base_config(config)
         self.deberta_config = base
         self.embeddings = DebertaV2Embeddings(base)
         self.relative_attention = bool(getattr(base, "relative_attention", False))
@@ -365,9 +362,9 @@ class HydraEnsembleDebertaV2Model(HydraEnsembleDebertaV2PreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> HydraModelOutput | tuple:
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        return_dict = self.config.return_dict if return_dict is None else return_dict
+        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
+            self.config, output_attentions, output_hidden_states, return_dict
+        )
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1]
@@ -402,14 +399,13 @@ class HydraEnsembleDebertaV2Model(HydraEnsembleDebertaV2PreTrainedModel):
             if i == 0 and self.conv is not None:
                 hidden = self.conv(embeddings, hidden, attention_mask)
             outs.add(hidden, weights)
-        hidden, all_hidden, all_attentions = outs.streams(), outs.hidden_states, outs.attentions
-        last = hidden.transpose(0, 1)  # (B, M, T, d)
-        if not return_dict:
-            return tuple(v for v in (last, all_hidden, all_attentions) if v is not None)
-        return HydraModelOutput(last_hidden_state=last, hidden_states=all_hidden, attentions=all_attentions)
+        last = outs.streams().transpose(0, 1)  # (B, M, T, d)
+        return encoder_output(last, None, outs.hidden_states, outs.attentions, return_dict)
 
 
-class HydraEnsembleDebertaV2ForSequenceClassification(HydraEnsembleDebertaV2PreTrainedModel):
+class HydraEnsembleDebertaV2ForSequenceClassification(
+    HydraEnsembleDebertaV2PreTrainedModel, HydraTextForSequenceClassification
+):
     """M pruned DeBERTa-v2/v3 classifiers in one model. ``logits`` = log of the mean of the members' softmaxes.
 
     Member m: ``classifier_m(dropout(act(pooler_m(dropout(h_m[:, 0])))))``, DeBERTa's ``ContextPooler``
@@ -417,18 +413,15 @@ class HydraEnsembleDebertaV2ForSequenceClassification(HydraEnsembleDebertaV2PreT
     ``pipeline("text-classification", model=folder, trust_remote_code=True)`` use this class.
     """
 
-    def __init__(self, config: HydraEnsembleDebertaV2Config) -> None:
-        super().__init__(config)
-        base = deberta_v2_base_config(config)
-        self.num_labels = config.num_labels
-        self.hydra = HydraEnsembleDebertaV2Model(config)
+    encoder_class = HydraEnsembleDebertaV2Model
+
+    def add_head(self, config: HydraEnsembleDebertaV2Config, base: DebertaV2Config) -> None:
         self.pooler = HydraMemberLinear(config.num_members, base.hidden_size, base.hidden_size)
         self.pooler_dropout = nn.Dropout(base.pooler_dropout)
         self.pooler_act = ACT2FN[base.pooler_hidden_act]
         dropout = getattr(base, "cls_dropout", None)
         self.dropout = nn.Dropout(base.hidden_dropout_prob if dropout is None else dropout)
         self.classifier = HydraMemberLinear(config.num_members, base.hidden_size, config.num_labels)
-        self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.hydra.get_input_embeddings()
@@ -436,31 +429,7 @@ class HydraEnsembleDebertaV2ForSequenceClassification(HydraEnsembleDebertaV2PreT
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.hydra.set_input_embeddings(value)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> HydraClassifierOutput | tuple:
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.hydra(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            token_type_ids=token_type_ids,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
+    def member_logits(self, outputs: HydraModelOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
         context = outputs.last_hidden_state[:, :, 0].transpose(0, 1)  # (M, B, d): every member's first token
         pooled = self.pooler_act(self.pooler(self.pooler_dropout(context)))  # (M, B, d)
-        member_logits = self.classifier(self.dropout(pooled)).transpose(0, 1)  # (B, M, C)
-        return classifier_output(member_logits, labels, self.config, outputs, return_dict)
+        return self.classifier(self.dropout(pooled)).transpose(0, 1)  # (B, M, C)

@@ -16,7 +16,7 @@ from transformers.models.distilbert.modeling_distilbert import Embeddings as Dis
 
 from .configuration_hydra import HydraEnsembleDistilBertConfig
 from .hydra_layers import (
-    HydraLayerSpec, HydraPostLNTextForSequenceClassification, HydraPostLNTextModel, HydraTextPreTrainedModel, layer_spec,
+    HydraLayerSpec, HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel, layer_spec,
 )
 
 DISTILBERT_LAYER_NORM_EPS = 1e-12  # its LayerNorms' epsilon whatever its config says (transformers' TransformerBlock)
@@ -46,14 +46,14 @@ class HydraEnsembleDistilBertModel(HydraEnsembleDistilBertPreTrainedModel, Hydra
 
 
 class HydraEnsembleDistilBertForSequenceClassification(
-    HydraEnsembleDistilBertPreTrainedModel, HydraPostLNTextForSequenceClassification
+    HydraEnsembleDistilBertPreTrainedModel, HydraTextForSequenceClassification
 ):
     """M pruned DistilBERT classifiers: every member's pre_classifier (``classifier.dense``) -> ReLU ->
     dropout -> classifier (``classifier.out_proj``)."""
 
     encoder_class = HydraEnsembleDistilBertModel
     head_activation, head_dropout_first = "relu", False
-    forward = HydraPostLNTextForSequenceClassification.forward_without_token_types
+    forward = HydraTextForSequenceClassification.forward_without_token_types
 
     @staticmethod
     def classifier_dropout(base: DistilBertConfig) -> float:

@@ -18,7 +18,7 @@ from transformers import ElectraConfig
 from transformers.models.electra.modeling_electra import ElectraEmbeddings
 
 from .configuration_hydra import HydraEnsembleElectraConfig
-from .hydra_layers import HydraPostLNTextForSequenceClassification, HydraPostLNTextModel, HydraTextPreTrainedModel
+from .hydra_layers import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
 
 
 class HydraEnsembleElectraPreTrainedModel(HydraTextPreTrainedModel):
@@ -44,7 +44,7 @@ class HydraEnsembleElectraModel(HydraEnsembleElectraPreTrainedModel, HydraPostLN
 
 
 class HydraEnsembleElectraForSequenceClassification(
-    HydraEnsembleElectraPreTrainedModel, HydraPostLNTextForSequenceClassification
+    HydraEnsembleElectraPreTrainedModel, HydraTextForSequenceClassification
 ):
     """M pruned ELECTRA classifiers in one model (every member's head: dense -> GELU -> out_proj).
 

@@ -37,28 +37,24 @@ from transformers.models.modernbert.modeling_modernbert import ModernBertEmbeddi
 
 from .configuration_hydra_modernbert import HydraEnsembleModernBertConfig
 from .hydra_layers import (
-    HydraClassifierOutput,
     HydraLayerNorm,
     HydraLayerSpec,
     HydraMemberLinear,
     HydraModelOutput,
     HydraPreTrainedModel,
     HydraSelfAttention,
+    HydraTextForSequenceClassification,
     LayerOutputs,
-    classifier_output,
     eager_attention_forward,
+    encoder_output,
     grouped_linear,
     init_hydra_weights,
     layer_spec,
     padding_mask_to_additive,
+    resolve_output_flags,
 )
 
 FULL, SLIDING = "full_attention", "sliding_attention"
-
-
-def modernbert_base_config(config: HydraEnsembleModernBertConfig) -> ModernBertConfig:
-    """The base ModernBERT configuration stored in ``config.base_config``."""
-    return ModernBertConfig.from_dict(config.base_config)
 
 
 def _zero_bias(module: nn.Module, name: str) -> None:
@@ -246,6 +242,7 @@ class HydraModernBertHead(nn.Module):
 
 class HydraEnsembleModernBertPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleModernBertConfig
+    base_config_class = ModernBertConfig
     main_input_name = "input_ids"
     _no_split_modules = ["HydraModernBertLayer"]
 
@@ -280,7 +277,7 @@ class HydraEnsembleModernBertModel(HydraEnsembleModernBertPreTrainedModel):
 
     def __init__(self, config: HydraEnsembleModernBertConfig) -> None:
         super().__init__(config)
-        base = modernbert_base_config(config)
+        base = self.base_config(config)
         self.sliding_window = base.local_attention // 2  # a token sees the tokens within this distance
         self.embeddings = ModernBertEmbeddings(base)
         self.layers = nn.ModuleList(
@@ -322,9 +319,9 @@ class HydraEnsembleModernBertModel(HydraEnsembleModernBertPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> HydraModelOutput | tuple:
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        return_dict = self.config.return_dict if return_dict is None else return_dict
+        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
+            self.config, output_attentions, output_hidden_states, return_dict
+        )
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         embeddings = self.embeddings(input_ids=input_ids, inputs_embeds=inputs_embeds)  # (B, T, d), shared
@@ -339,14 +336,13 @@ class HydraEnsembleModernBertModel(HydraEnsembleModernBertPreTrainedModel):
         for layer in self.layers:
             cos, sin = rotary[layer.attention_type]  # (B or 1, T, dk) each
             outs.add(*layer(outs.input, masks[layer.attention_type], cos, sin))  # (M, B, T, d)
-        hidden, all_hidden, all_attentions = outs.streams(), outs.hidden_states, outs.attentions
-        last = self.final_norm(hidden).transpose(0, 1)  # (B, M, T, d)
-        if not return_dict:
-            return tuple(v for v in (last, all_hidden, all_attentions) if v is not None)
-        return HydraModelOutput(last_hidden_state=last, hidden_states=all_hidden, attentions=all_attentions)
+        last = self.final_norm(outs.streams()).transpose(0, 1)  # (B, M, T, d)
+        return encoder_output(last, None, outs.hidden_states, outs.attentions, return_dict)
 
 
-class HydraEnsembleModernBertForSequenceClassification(HydraEnsembleModernBertPreTrainedModel):
+class HydraEnsembleModernBertForSequenceClassification(
+    HydraEnsembleModernBertPreTrainedModel, HydraTextForSequenceClassification
+):
     """M pruned ModernBERT classifiers in one model. ``logits`` = log of the mean of the members' softmaxes.
 
     Member m: ``classifier_m(drop(head_m(pool(h_m))))`` with ``pool`` the CLS token or the mean over the
@@ -354,16 +350,14 @@ class HydraEnsembleModernBertForSequenceClassification(HydraEnsembleModernBertPr
     ``pipeline("text-classification", model=folder, trust_remote_code=True)`` use this class.
     """
 
-    def __init__(self, config: HydraEnsembleModernBertConfig) -> None:
-        super().__init__(config)
-        base = modernbert_base_config(config)
-        self.num_labels = config.num_labels
+    encoder_class = HydraEnsembleModernBertModel
+    forward = HydraTextForSequenceClassification.forward_without_token_types  # ModernBERT has no token types
+
+    def add_head(self, config: HydraEnsembleModernBertConfig, base: ModernBertConfig) -> None:
         self.pooling = base.classifier_pooling
-        self.hydra = HydraEnsembleModernBertModel(config)
         self.head = HydraModernBertHead(config.num_members, base)
         self.drop = nn.Dropout(base.classifier_dropout)
         self.classifier = HydraMemberLinear(config.num_members, base.hidden_size, config.num_labels)
-        self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.hydra.get_input_embeddings()
@@ -371,36 +365,13 @@ class HydraEnsembleModernBertForSequenceClassification(HydraEnsembleModernBertPr
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.hydra.set_input_embeddings(value)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        labels: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> HydraClassifierOutput | tuple:
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        outputs = self.hydra(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            inputs_embeds=inputs_embeds,
-            output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )
+    def member_logits(self, outputs: HydraModelOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
         hidden = outputs.last_hidden_state.transpose(0, 1)  # (M, B, T, d)
         if self.pooling == "cls":
             pooled = hidden[:, :, 0]  # (M, B, d)
+        elif attention_mask is None:  # mean over the tokens
+            pooled = hidden.mean(dim=2)
         else:  # mean over the real tokens
-            if attention_mask is None:
-                pooled = hidden.mean(dim=2)
-            else:
-                keep = attention_mask.to(hidden.dtype)[None, :, :, None]  # (1, B, T, 1)
-                pooled = (hidden * keep).sum(dim=2) / keep.sum(dim=2)  # (M, B, d)
-        member_logits = self.classifier(self.drop(self.head(pooled))).transpose(0, 1)  # (B, M, C)
-        return classifier_output(member_logits, labels, self.config, outputs, return_dict)
+            keep = attention_mask.to(hidden.dtype)[None, :, :, None]  # (1, B, T, 1)
+            pooled = (hidden * keep).sum(dim=2) / keep.sum(dim=2)  # (M, B, d)
+        return self.classifier(self.drop(self.head(pooled))).transpose(0, 1)  # (B, M, C)

@@ -16,7 +16,7 @@ from transformers import RobertaConfig
 from transformers.models.roberta.modeling_roberta import RobertaEmbeddings
 
 from .configuration_hydra import HydraEnsembleRobertaConfig
-from .hydra_layers import HydraPostLNTextForSequenceClassification, HydraPostLNTextModel, HydraTextPreTrainedModel
+from .hydra_layers import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
 
 
 
@@ -35,7 +35,7 @@ class HydraEnsembleRobertaModel(HydraEnsembleRobertaPreTrainedModel, HydraPostLN
 
 
 class HydraEnsembleRobertaForSequenceClassification(
-    HydraEnsembleRobertaPreTrainedModel, HydraPostLNTextForSequenceClassification
+    HydraEnsembleRobertaPreTrainedModel, HydraTextForSequenceClassification
 ):
     """M pruned RoBERTa classifiers in one model (every member's head: dense -> tanh -> out_proj).
 

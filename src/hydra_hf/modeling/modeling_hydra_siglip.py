@@ -36,7 +36,6 @@ from torch import nn
 from transformers import SiglipConfig, SiglipTextConfig, SiglipVisionConfig
 from transformers import initialization as init
 from transformers.models.siglip.modeling_siglip import SiglipTextEmbeddings, SiglipVisionEmbeddings
-from transformers.utils import ModelOutput
 
 from .configuration_hydra import HydraEnsembleSiglipConfig
 from .hydra_layers import (
@@ -44,19 +43,18 @@ from .hydra_layers import (
     HydraLayerSpec,
     HydraMemberLinear,
     HydraMLP,
-    HydraModelOutput,
-    HydraPreLNLayer,
     HydraPreTrainedModel,
-    check_pixel_values,
+    HydraTextTower,
+    HydraTwoTowerModel,
+    HydraTwoTowerOutput,
+    HydraVisionTower,
     init_hydra_weights,
-    layer_spec,
-    padding_mask_to_additive,
-    run_layers,
+    tower_layers,
 )
 
 
 @dataclass
-class HydraSiglipOutput(ModelOutput):
+class HydraSiglipOutput(HydraTwoTowerOutput):
     """
     Args:
         loss: mean over members of each member's SigLIP (sigmoid) loss, with ``return_loss=True``.
@@ -69,27 +67,6 @@ class HydraSiglipOutput(ModelOutput):
         text_model_output, vision_model_output: the towers' ``HydraModelOutput``.
     """
 
-    loss: torch.Tensor | None = None
-    logits_per_image: torch.Tensor | None = None
-    logits_per_text: torch.Tensor | None = None
-    member_logits_per_image: torch.Tensor | None = None
-    member_logits_per_text: torch.Tensor | None = None
-    text_embeds: torch.Tensor | None = None
-    image_embeds: torch.Tensor | None = None
-    text_model_output: HydraModelOutput | None = None
-    vision_model_output: HydraModelOutput | None = None
-
-    def to_tuple(self) -> tuple:
-        return tuple(
-            self[k] if k not in ("text_model_output", "vision_model_output") else getattr(self, k).to_tuple()
-            for k in self.keys()
-        )
-
-
-def siglip_base_config(config: HydraEnsembleSiglipConfig) -> SiglipConfig:
-    """The base SigLIP configuration stored in ``config.base_config``."""
-    return SiglipConfig.from_dict(config.base_config)
-
 
 def ensemble_sigmoid_logits(member_logits: torch.Tensor, dim: int = 1) -> torch.Tensor:
     """``logit(mean_m sigmoid(z))`` over the member axis ``dim``, without clamping.
@@ -101,22 +78,6 @@ def ensemble_sigmoid_logits(member_logits: torch.Tensor, dim: int = 1) -> torch.
     z = member_logits.float()
     out = torch.logsumexp(F.logsigmoid(z), dim=dim) - torch.logsumexp(F.logsigmoid(-z), dim=dim)
     return out.to(member_logits.dtype)
-
-
-def _tower_layers(config: HydraEnsembleSiglipConfig, tower: str, base: SiglipVisionConfig | SiglipTextConfig) -> nn.ModuleList:
-    kept = config.kept_heads_of(tower)
-    return nn.ModuleList(
-        HydraPreLNLayer(
-            config,
-            layer_spec(
-                kept, i, hidden_size=base.hidden_size, num_heads=base.num_attention_heads,
-                intermediate_size=base.intermediate_size, hidden_act=base.hidden_act,
-                layer_norm_eps=base.layer_norm_eps, attention_dropout=base.attention_dropout, hidden_dropout=0.0,
-                mlp_fusion=config.mlp_fusion,
-            ),
-        )
-        for i in range(base.num_hidden_layers)
-    )
 
 
 class HydraSiglipAttentionPoolingHead(nn.Module):
@@ -163,7 +124,7 @@ class HydraSiglipAttentionPoolingHead(nn.Module):
         return pooled + self.mlp(self.layernorm(pooled))
 
 
-class HydraSiglipVisionTower(nn.Module):
+class HydraSiglipVisionTower(HydraVisionTower):
     """SigLIP's vision transformer for M members: shared embeddings, fused layers, per-member
     ``post_layernorm`` and attention-pooling head."""
 
@@ -171,65 +132,36 @@ class HydraSiglipVisionTower(nn.Module):
         super().__init__()
         self.config = config
         self.embeddings = SiglipVisionEmbeddings(base)
-        self.layers = _tower_layers(config, "vision", base)
+        self.layers = tower_layers(config, "vision", base)
         self.post_layernorm = HydraLayerNorm(config.num_members, base.hidden_size, base.layer_norm_eps)
         self.head = HydraSiglipAttentionPoolingHead(config, base)
 
-    def forward(
-        self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False, output_attentions: bool = False,
-        output_hidden_states: bool = False,
-    ) -> HydraModelOutput:
-        emb = self.embeddings
-        size = (emb.image_size, emb.image_size)
-        check_pixel_values(pixel_values, emb.patch_embedding.in_channels, size, bool(interpolate_pos_encoding))
-        hidden = emb(pixel_values, interpolate_pos_encoding=bool(interpolate_pos_encoding))  # (B, T, d)
-        hidden, all_hidden, all_attentions = run_layers(
-            self.layers, hidden, self.config.num_members, None, output_hidden_states, output_attentions
-        )  # (M, B, T, d)
+    def pool(self, hidden: torch.Tensor, input_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.post_layernorm(hidden)
-        pooled = self.head(hidden)  # (M, B, d)
-        return HydraModelOutput(
-            last_hidden_state=hidden.transpose(0, 1), pooler_output=pooled.transpose(0, 1),
-            hidden_states=all_hidden, attentions=all_attentions,
-        )
+        return hidden, self.head(hidden)  # (M, B, d)
 
 
-class HydraSiglipTextTower(nn.Module):
-    """SigLIP's text transformer for M members: shared embeddings, fused bidirectional layers, per-member
-    ``final_layer_norm``, the last token pooled through every member's ``head``."""
+class HydraSiglipTextTower(HydraTextTower):
+    """SigLIP's text transformer for M members: shared embeddings, fused bidirectional layers (padding mask
+    only), per-member ``final_layer_norm``, the last token pooled through every member's ``head``."""
 
     def __init__(self, config: HydraEnsembleSiglipConfig, base: SiglipTextConfig) -> None:
         super().__init__()
         self.config = config
         self.embeddings = SiglipTextEmbeddings(base)
-        self.layers = _tower_layers(config, "text", base)
+        self.layers = tower_layers(config, "text", base)
         self.final_layer_norm = HydraLayerNorm(config.num_members, base.hidden_size, base.layer_norm_eps)
         self.head = HydraMemberLinear(config.num_members, base.hidden_size, base.projection_size)
 
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None, output_attentions: bool = False, output_hidden_states: bool = False,
-    ) -> HydraModelOutput:
-        if input_ids is None:
-            raise ValueError("input_ids is required: the texts tokenized with the model's tokenizer")
-        input_ids = input_ids.view(-1, input_ids.shape[-1])  # (N, T)
-        hidden = self.embeddings(input_ids=input_ids, position_ids=position_ids)  # (N, T, d)
-        mask = padding_mask_to_additive(attention_mask, hidden.dtype, hidden.shape[1])  # (N, 1, 1, T) or None
-        hidden, all_hidden, all_attentions = run_layers(
-            self.layers, hidden, self.config.num_members, mask, output_hidden_states, output_attentions
-        )
+    def pool(self, hidden: torch.Tensor, input_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = self.final_layer_norm(hidden)  # (M, N, T, d)
-        pooled = self.head(hidden[:, :, -1])  # (M, N, P): the last token, as transformers' SigLIP
-        return HydraModelOutput(
-            last_hidden_state=hidden.transpose(0, 1), pooler_output=pooled.transpose(0, 1),
-            hidden_states=all_hidden, attentions=all_attentions,
-        )
+        return hidden, self.head(hidden[:, :, -1])  # (M, N, P): the last token, as transformers' SigLIP
 
 
 class HydraEnsembleSiglipPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleSiglipConfig
+    base_config_class = SiglipConfig
     base_model_prefix = "hydra_siglip"
-    input_modalities = ("image", "text")
     _no_split_modules = ["SiglipTextEmbeddings", "SiglipVisionEmbeddings", "HydraPreLNLayer", "HydraSiglipAttentionPoolingHead"]
 
     @torch.no_grad()
@@ -256,17 +188,20 @@ class HydraEnsembleSiglipPreTrainedModel(HydraPreTrainedModel):
             init.zeros_(module.logit_bias)
 
 
-class HydraEnsembleSiglipModel(HydraEnsembleSiglipPreTrainedModel):
+class HydraEnsembleSiglipModel(HydraEnsembleSiglipPreTrainedModel, HydraTwoTowerModel):
     """M pruned SigLIP models in one: ``logits_per_image`` = logit of the members' mean sigmoid probability.
 
     ``AutoModel`` / ``AutoModelForZeroShotImageClassification.from_pretrained(folder, trust_remote_code=True)``
     and ``pipeline("zero-shot-image-classification", model=folder, trust_remote_code=True)`` use this class;
     the pipeline's scores are the mean of the members' sigmoid probabilities (see the module docstring).
+    Its image and text embeddings are the towers' pooled outputs (the pooling head's, the text ``head``'s).
     """
+
+    output_class = HydraSiglipOutput
 
     def __init__(self, config: HydraEnsembleSiglipConfig) -> None:
         super().__init__(config)
-        base = siglip_base_config(config)
+        base = self.base_config(config)
         M = config.num_members
         self.vision_model = HydraSiglipVisionTower(config, base.vision_config)
         self.text_model = HydraSiglipTextTower(config, base.text_config)
@@ -274,64 +209,18 @@ class HydraEnsembleSiglipModel(HydraEnsembleSiglipPreTrainedModel):
         self.logit_bias = nn.Parameter(torch.zeros(M, 1))
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Module:
-        return self.text_model.embeddings.token_embedding
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.text_model.embeddings.token_embedding = value
-
-    def get_text_features(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None, **kwargs,
-    ) -> torch.Tensor:
-        """Every member's text embeddings ``(N, M, P)`` (its ``head`` output, not normalised)."""
-        return self.text_model(input_ids, attention_mask, position_ids).pooler_output
-
-    def get_image_features(
-        self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False, **kwargs
-    ) -> torch.Tensor:
-        """Every member's image embeddings ``(B, M, d)`` (its pooling head's output, not normalised)."""
-        return self.vision_model(pixel_values, interpolate_pos_encoding).pooler_output
-
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        pixel_values: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        return_loss: bool | None = None,
-        interpolate_pos_encoding: bool = False,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> HydraSiglipOutput | tuple:
-        output_attentions = self.config.output_attentions if output_attentions is None else output_attentions
-        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
-        return_dict = self.config.return_dict if return_dict is None else return_dict
-        vision = self.vision_model(pixel_values, interpolate_pos_encoding, output_attentions, output_hidden_states)
-        text = self.text_model(input_ids, attention_mask, position_ids, output_attentions, output_hidden_states)
-        image_embeds = vision.pooler_output  # (B, M, P)
-        text_embeds = text.pooler_output  # (N, M, P)
-        image_embeds = image_embeds / image_embeds.norm(p=2, dim=-1, keepdim=True)
-        text_embeds = text_embeds / text_embeds.norm(p=2, dim=-1, keepdim=True)
+    def member_logits(self, image_embeds: torch.Tensor, text_embeds: torch.Tensor) -> torch.Tensor:
         cosine = torch.einsum("bmp,nmp->bmn", image_embeds, text_embeds)  # (B, M, N)
-        member_logits_per_image = cosine * self.logit_scale.exp() + self.logit_bias  # (B, M, N); (M, 1) broadcasts
-        member_logits_per_text = member_logits_per_image.permute(2, 1, 0)  # (N, M, B)
+        return cosine * self.logit_scale.exp() + self.logit_bias  # (B, M, N); (M, 1) broadcasts
+
+    def ensemble_logits(
+        self, member_logits_per_image: torch.Tensor, member_logits_per_text: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         logits_per_image = ensemble_sigmoid_logits(member_logits_per_image)  # (B, N)
-        loss = siglip_member_loss(member_logits_per_text) if return_loss else None
-        out = HydraSiglipOutput(
-            loss=loss,
-            logits_per_image=logits_per_image,
-            logits_per_text=logits_per_image.t(),
-            member_logits_per_image=member_logits_per_image,
-            member_logits_per_text=member_logits_per_text,
-            text_embeds=text_embeds,
-            image_embeds=image_embeds,
-            text_model_output=text,
-            vision_model_output=vision,
-        )
-        return out if return_dict else out.to_tuple()
+        return logits_per_image, logits_per_image.t()
+
+    def member_loss(self, member_logits_per_image: torch.Tensor, member_logits_per_text: torch.Tensor) -> torch.Tensor:
+        return siglip_member_loss(member_logits_per_text)
 
 
 def siglip_member_loss(member_logits_per_text: torch.Tensor) -> torch.Tensor:
