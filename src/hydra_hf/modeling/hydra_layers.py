@@ -1,6 +1,11 @@
 # Shipped with every Hydra Ensemble model folder (remote code): imports only the standard library,
 # torch, transformers and sibling files.
-"""Fused building blocks of a Hydra Ensemble, shared by every architecture.
+"""Fused building blocks of a Hydra Ensemble, shared by every architecture, and the model skeletons.
+
+The first part holds the fused layers (attention, LayerNorms, MLPs, member-wise linear maps, the
+post-LN and pre-LN layers) and the ensemble's outputs. The second part holds the encoder, classifier
+and tower *skeletons* that the family modeling files subclass: a family file declares only what is its
+own (its embeddings, head, dropout flags and class names), as class attributes and small hooks.
 
 Notation: M members, B batch, T tokens, d hidden size, H heads of the base, dk = d // H head size,
 k_m heads kept by member m in this layer, K = sum_m k_m.
@@ -309,11 +314,28 @@ class HydraSelfAttention(nn.Module):
             if self.config._attn_implementation == "eager":  # weights over the layer's K = 0 heads
                 return out, hidden.new_zeros(B, 0, T, T)
             return out, None
-        M = self.num_members
         folded = self.folds_members()
         query, key, value = self._project_qkv(hidden, folded)  # each (M*B, k, T, dk) or (B, K, T, dk)
         if folded:
             attention_mask = self.fold_mask(attention_mask, B)
+        context, weights = self.attend(
+            query, key, value, attention_mask, B, folded, is_causal=self.is_causal and attention_mask is None,
+            output_attentions=output_attentions,
+        )  # context (M*B, T, k, dk) or (B, T, K, dk)
+        return self._project_out(context, B, folded), weights
+
+    def attend(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+        batch: int, folded: bool, is_causal: bool = False, **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The attention call of ``config._attn_implementation`` (eager: ``eager_attention_forward``) over
+        the projected ``query``, ``key``, ``value`` (each ``(M*B, k, T, dk)`` when ``folded``, else
+        ``(B, K, T, dk)``) and the additive ``attention_mask`` in the same layout (or None); ``kwargs`` go to
+        the attention function (``output_attentions``).
+
+        Returns the context ``(M*B, T, k, dk)`` or ``(B, T, K, dk)`` and the weights ``(B, K, T, T)`` over all
+        kept heads in member order (None where the implementation returns none).
+        """
         attention_interface: Callable = eager_attention_forward
         if self.config._attn_implementation != "eager":
             attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -327,13 +349,14 @@ class HydraSelfAttention(nn.Module):
             attention_mask,
             dropout=self.dropout if self.training else 0.0,
             scaling=self.scaling,
-            is_causal=self.is_causal and attention_mask is None,
-            output_attentions=output_attentions,
-        )  # context (M*B, T, k, dk) or (B, T, K, dk)
+            is_causal=is_causal,
+            **kwargs,
+        )
         if weights is not None and folded:  # another implementation's weights: report (B, K, T, T) (a copy)
+            M, T = self.num_members, query.shape[-2]
             k = self.total_heads // M
-            weights = weights.view(M, B, k, T, T).transpose(0, 1).reshape(B, self.total_heads, T, T)
-        return self._project_out(context, B, folded), weights
+            weights = weights.view(M, batch, k, T, T).transpose(0, 1).reshape(batch, self.total_heads, T, T)
+        return context, weights
 
 
 class HydraLayerNorm(nn.Module):
@@ -854,7 +877,9 @@ def classifier_output(
 # ==================================================================================================
 # Model skeletons: the encoder and classifier classes a family's modeling file subclasses. The family
 # declares what is its own as class attributes and small hooks (base config class, embeddings, head,
-# dropout flags); the skeletons hold the layer loop, the outputs and the ensemble.
+# dropout flags); the skeletons hold the signatures, the layer loop, the outputs and the ensemble. A
+# family class lists its own pre-trained class first, then the skeleton:
+#     class HydraEnsembleRobertaModel(HydraEnsembleRobertaPreTrainedModel, HydraPostLNTextModel): ...
 # ==================================================================================================
 def resolve_output_flags(
     config, output_attentions: bool | None, output_hidden_states: bool | None, return_dict: bool | None
@@ -877,10 +902,11 @@ def encoder_output(
     return HydraModelOutput(last_hidden_state=last, pooler_output=pooled, hidden_states=all_hidden, attentions=all_attentions)
 
 
+# ------------------------------------------------------------------ text skeletons
 class HydraTextPreTrainedModel(HydraPreTrainedModel):
-    """The base of a post-LN text family's classes. The family's own subclass sets ``config_class``,
-    ``base_config_class`` (e.g. ``BertConfig``) and ``embeddings_class`` (e.g. ``BertEmbeddings``), and
-    overrides :meth:`layer_specs` / :meth:`embed` where its base differs from BERT."""
+    """The base of a post-LN text family's classes (BERT, RoBERTa, ELECTRA, DistilBERT, ALBERT). The
+    family's own subclass sets ``config_class``, ``base_config_class`` (e.g. ``BertConfig``) and
+    ``embeddings_class`` (e.g. ``BertEmbeddings``, whose buffers it initialises)."""
 
     main_input_name = "input_ids"
     _no_split_modules = ["HydraPostLNLayer"]
@@ -899,7 +925,69 @@ class HydraTextPreTrainedModel(HydraPreTrainedModel):
             super()._init_weights(module)
 
 
-class HydraPostLNTextModel(HydraTextPreTrainedModel):
+class HydraTextEncoder(HydraPreTrainedModel):
+    """The public side of every fused text encoder: ``forward``'s signature, the output flags, the input
+    check and the output (``HydraModelOutput`` or a tuple). The family computes in ``encode``; a base
+    without token types sets ``forward = HydraTextEncoder.forward_without_token_types``.
+    """
+
+    def encode(
+        self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, token_type_ids: torch.Tensor | None,
+        position_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, output_attentions: bool,
+        output_hidden_states: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None, tuple | None]:
+        """``last_hidden_state (B, M, T, d)``, ``pooler_output (B, M, d)`` or None, the hidden states and the
+        attention weights per layer (None unless asked for)."""
+        raise NotImplementedError
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embeddings.word_embeddings = value
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> HydraModelOutput | tuple:
+        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
+            self.config, output_attentions, output_hidden_states, return_dict
+        )
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        outputs = self.encode(
+            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
+        )
+        return encoder_output(*outputs, return_dict)
+
+    def forward_without_token_types(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> HydraModelOutput | tuple:
+        """``forward`` for a base without token types (DistilBERT, ModernBERT), so that its signature names
+        only the inputs the model reads (ONNX export reads it)."""
+        return HydraTextEncoder.forward(
+            self, input_ids, attention_mask, None, position_ids, inputs_embeds, output_attentions,
+            output_hidden_states, return_dict,
+        )
+
+
+class HydraPostLNTextModel(HydraTextPreTrainedModel, HydraTextEncoder):
     """The fused post-LN text encoder: shared embeddings, M residual streams through ``HydraPostLNLayer``s,
     and (``has_pooler``: BERT, ALBERT) per-member tanh poolers on the first token.
 
@@ -946,54 +1034,17 @@ class HydraPostLNTextModel(HydraTextPreTrainedModel):
             input_ids=input_ids, token_type_ids=token_type_ids, position_ids=position_ids, inputs_embeds=inputs_embeds
         )
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embeddings.word_embeddings
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.embeddings.word_embeddings = value
-
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> HydraModelOutput | tuple:
-        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
-            self.config, output_attentions, output_hidden_states, return_dict
-        )
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+    def encode(
+        self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
+        output_hidden_states,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None, tuple | None]:
         embeddings = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, d), shared by all members
         mask = padding_mask_to_additive(attention_mask, embeddings.dtype, embeddings.shape[1])  # (B, 1, 1, T) or None
         hidden, all_hidden, all_attentions = run_layers(
             self.layers, embeddings, self.config.num_members, mask, output_hidden_states, output_attentions
         )  # (M, B, T, d)
         pooled = torch.tanh(self.pooler(hidden[:, :, 0])).transpose(0, 1) if self.pooler is not None else None  # (B, M, d)
-        return encoder_output(hidden.transpose(0, 1), pooled, all_hidden, all_attentions, return_dict)
-
-    def forward_without_token_types(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> HydraModelOutput | tuple:
-        """``forward`` for a base without token types (DistilBERT: ``forward = forward_without_token_types``),
-        so that its signature names only the inputs the model reads (ONNX export reads it)."""
-        return HydraPostLNTextModel.forward(
-            self, input_ids, attention_mask, None, position_ids, inputs_embeds, output_attentions,
-            output_hidden_states, return_dict,
-        )
+        return hidden.transpose(0, 1), pooled, all_hidden, all_attentions
 
 
 class HydraTextForSequenceClassification(HydraPreTrainedModel):
@@ -1033,6 +1084,12 @@ class HydraTextForSequenceClassification(HydraPreTrainedModel):
     @staticmethod
     def classifier_dropout(base) -> float:
         return base.classifier_dropout if base.classifier_dropout is not None else base.hidden_dropout_prob
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.hydra.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.hydra.set_input_embeddings(value)
 
     def member_logits(self, outputs: HydraModelOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """The members' logits ``(B, M, C)`` from the encoder's output (``attention_mask``: the ``(B, T)`` input)."""
@@ -1076,13 +1133,14 @@ class HydraTextForSequenceClassification(HydraPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> HydraClassifierOutput | tuple:
-        """``forward`` for a base without token types (see ``HydraPostLNTextModel.forward_without_token_types``)."""
+        """``forward`` for a base without token types (see ``HydraTextEncoder.forward_without_token_types``)."""
         return HydraTextForSequenceClassification.forward(
             self, input_ids, attention_mask, None, position_ids, inputs_embeds, labels, output_attentions,
             output_hidden_states, return_dict,
         )
 
 
+# ------------------------------------------------------------------ image skeletons
 class HydraVisionPreTrainedModel(HydraPreTrainedModel):
     """The base of a pre-LN image family's classes (ViT, DeiT, BEiT, DINOv2). The family's own subclass
     sets ``config_class``, ``base_config_class``, ``embeddings_class`` (one class or a tuple), the
@@ -1115,41 +1173,23 @@ class HydraVisionPreTrainedModel(HydraPreTrainedModel):
             super()._init_weights(module)
 
 
-class HydraPreLNVisionModel(HydraVisionPreTrainedModel):
-    """The fused pre-LN image encoder: shared embeddings, M residual streams through the family's layers
-    (``build_layers``; default ``HydraPreLNLayer``), per-member final LayerNorms (``layernorm``).
-
-    Family hooks: ``build_embeddings``, ``build_layers``, ``embed`` (the embeddings call), ``pool`` (the
-    ``pooler_output`` from the normalised tokens; None by default) and ``any_image_size`` (accept every
-    image size, interpolating the position embeddings, as transformers' DINOv2 and BEiT do).
-    """
+class HydraVisionEncoder(HydraVisionPreTrainedModel):
+    """The public side of every fused image encoder: ``forward``'s signature, the output flags, the check of
+    ``pixel_values`` (any size with ``interpolate_pos_encoding``, or always with ``any_image_size``: BEiT,
+    DINOv2, as in transformers) and the output. The family computes in ``encode``."""
 
     any_image_size = False
 
-    def __init__(self, config) -> None:
-        super().__init__(config)
-        base = self.base_config(config)
-        self.embeddings = self.build_embeddings(base)
-        self.layers = nn.ModuleList(self.build_layers(config, base))
-        self.layernorm = HydraLayerNorm(config.num_members, base.hidden_size, base.layer_norm_eps)
-        self.post_init()
-
-    def build_embeddings(self, base) -> nn.Module:
-        return self.embeddings_class(base)
+    def encode(
+        self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool, output_attentions: bool,
+        output_hidden_states: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None, tuple | None]:
+        """``last_hidden_state (B, M, T, d)``, ``pooler_output (B, M, d)`` or None, the hidden states and the
+        attention weights per layer (None unless asked for)."""
+        raise NotImplementedError
 
     def get_input_embeddings(self) -> nn.Module:
         return self.embeddings.patch_embeddings
-
-    def build_layers(self, config, base) -> list[nn.Module]:
-        return [HydraPreLNLayer(config, spec) for spec in base_layer_specs(config, base)]
-
-    def embed(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool) -> torch.Tensor:
-        """``(B, C, H, W)`` -> the shared input of the first layer ``(B, T, d)``."""
-        return self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
-
-    def pool(self, last: torch.Tensor) -> torch.Tensor | None:
-        """``last (B, M, T, d)`` -> ``pooler_output (B, M, d)``, or None."""
-        return None
 
     def forward(
         self,
@@ -1166,12 +1206,49 @@ class HydraPreLNVisionModel(HydraVisionPreTrainedModel):
         interpolate = bool(interpolate_pos_encoding)
         patch = self.embeddings.patch_embeddings
         check_pixel_values(pixel_values, patch.num_channels, patch.image_size, interpolate or self.any_image_size)
-        embeddings = self.embed(pixel_values.to(patch.projection.weight.dtype), interpolate)  # (B, T, d)
+        pixel_values = pixel_values.to(patch.projection.weight.dtype)
+        return encoder_output(*self.encode(pixel_values, interpolate, output_attentions, output_hidden_states), return_dict)
+
+
+class HydraPreLNVisionModel(HydraVisionEncoder):
+    """The fused pre-LN image encoder: shared embeddings, M residual streams through the family's layers
+    (``build_layers``; default ``HydraPreLNLayer``), per-member final LayerNorms (``layernorm``).
+
+    Family hooks: ``build_embeddings``, ``build_layers``, ``embed`` (the embeddings call) and ``pool`` (the
+    ``pooler_output`` from the normalised tokens; None by default).
+    """
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        base = self.base_config(config)
+        self.embeddings = self.build_embeddings(base)
+        self.layers = nn.ModuleList(self.build_layers(config, base))
+        self.layernorm = HydraLayerNorm(config.num_members, base.hidden_size, base.layer_norm_eps)
+        self.post_init()
+
+    def build_embeddings(self, base) -> nn.Module:
+        return self.embeddings_class(base)
+
+    def build_layers(self, config, base) -> list[nn.Module]:
+        return [HydraPreLNLayer(config, spec) for spec in base_layer_specs(config, base)]
+
+    def embed(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool) -> torch.Tensor:
+        """``(B, C, H, W)`` -> the shared input of the first layer ``(B, T, d)``."""
+        return self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
+
+    def pool(self, last: torch.Tensor) -> torch.Tensor | None:
+        """``last (B, M, T, d)`` -> ``pooler_output (B, M, d)``, or None."""
+        return None
+
+    def encode(
+        self, pixel_values, interpolate_pos_encoding, output_attentions, output_hidden_states
+    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None, tuple | None]:
+        embeddings = self.embed(pixel_values, interpolate_pos_encoding)  # (B, T, d)
         hidden, all_hidden, all_attentions = run_layers(
             self.layers, embeddings, self.config.num_members, None, output_hidden_states, output_attentions
         )  # (M, B, T, d)
         last = self.layernorm(hidden).transpose(0, 1)  # (B, M, T, d)
-        return encoder_output(last, self.pool(last), all_hidden, all_attentions, return_dict)
+        return last, self.pool(last), all_hidden, all_attentions
 
 
 class HydraVisionForImageClassification(HydraVisionPreTrainedModel):

@@ -34,13 +34,11 @@ from .hydra_layers import (
     HydraLayerScalePreLNLayer,
     HydraLayerSpec,
     HydraModelOutput,
+    HydraVisionEncoder,
     HydraVisionForImageClassification,
     HydraVisionPreTrainedModel,
     LayerOutputs,
     base_layer_specs,
-    check_pixel_values,
-    encoder_output,
-    resolve_output_flags,
 )
 
 
@@ -143,12 +141,15 @@ class HydraEnsembleBeitPreTrainedModel(HydraVisionPreTrainedModel):
         return True
 
 
-class HydraEnsembleBeitModel(HydraEnsembleBeitPreTrainedModel):
+class HydraEnsembleBeitModel(HydraEnsembleBeitPreTrainedModel, HydraVisionEncoder):
     """The fused BEiT encoder: shared embeddings, M residual streams, per-member pooling.
 
     Returns ``last_hidden_state (B, M, T, d)`` (after the final LayerNorm; without it under mean pooling,
-    as in transformers' BEiT) and ``pooler_output (B, M, d)``.
+    as in transformers' BEiT) and ``pooler_output (B, M, d)``. Like transformers' BEiT, it takes any image
+    size (the bias tables are resized to the patch grid).
     """
+
+    any_image_size = True
 
     def __init__(self, config: HydraEnsembleBeitConfig) -> None:
         super().__init__(config)
@@ -169,32 +170,16 @@ class HydraEnsembleBeitModel(HydraEnsembleBeitPreTrainedModel):
         self.pooler_layernorm = HydraLayerNorm(M, d, base.layer_norm_eps) if self.use_mean_pooling else None
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Module:
-        return self.embeddings.patch_embeddings
-
-    def forward(
-        self,
-        pixel_values: torch.Tensor | None = None,
-        interpolate_pos_encoding: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> HydraModelOutput | tuple:
-        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
-            self.config, output_attentions, output_hidden_states, return_dict
-        )
-        patch = self.embeddings.patch_embeddings
-        # like transformers' BEiT, any image size works (the bias tables are resized to the patch grid)
-        check_pixel_values(pixel_values, patch.num_channels, patch.image_size, True)
-        pixel_values = pixel_values.to(patch.projection.weight.dtype)
+    def encode(
+        self, pixel_values, interpolate_pos_encoding, output_attentions, output_hidden_states
+    ) -> tuple[torch.Tensor, torch.Tensor, tuple | None, tuple | None]:
         embeddings = self.embeddings(pixel_values)  # (B, T, d)
         T = embeddings.shape[1]
         window = (pixel_values.shape[2] // self.patch_size, pixel_values.shape[3] // self.patch_size)
-        interpolate = bool(interpolate_pos_encoding)
         outs = LayerOutputs(embeddings, self.config.num_members, output_hidden_states, output_attentions)
         for layer in self.layers:
-            bias = layer.head_bias(self.shared_relative_position_bias_table, self.base_window, window, interpolate, T)
+            table = self.shared_relative_position_bias_table
+            bias = layer.head_bias(table, self.base_window, window, interpolate_pos_encoding, T)
             outs.add(*layer(outs.input, bias))  # (M, B, T, d); bias (1, K, T, T) per kept head
         hidden = outs.streams()
         if self.use_mean_pooling:
@@ -202,7 +187,7 @@ class HydraEnsembleBeitModel(HydraEnsembleBeitPreTrainedModel):
         else:
             hidden = self.layernorm(hidden)
             pooled = hidden[:, :, 0]  # (M, B, d): [CLS]
-        return encoder_output(hidden.transpose(0, 1), pooled.transpose(0, 1), outs.hidden_states, outs.attentions, return_dict)
+        return hidden.transpose(0, 1), pooled.transpose(0, 1), outs.hidden_states, outs.attentions
 
 
 class HydraEnsembleBeitForImageClassification(HydraEnsembleBeitPreTrainedModel, HydraVisionForImageClassification):

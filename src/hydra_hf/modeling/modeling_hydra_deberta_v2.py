@@ -23,8 +23,6 @@ heads {a, b} keeps exactly their rows of every projection, and a removed head co
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,7 +30,6 @@ from transformers import DebertaV2Config
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.deberta_v2.modeling_deberta_v2 import DebertaV2Embeddings, make_log_bucket_position
 
 from .configuration_hydra_deberta_v2 import HydraEnsembleDebertaV2Config
@@ -44,13 +41,11 @@ from .hydra_layers import (
     HydraModelOutput,
     HydraPreTrainedModel,
     HydraSelfAttention,
+    HydraTextEncoder,
     HydraTextForSequenceClassification,
     LayerOutputs,
     base_layer_specs,
-    eager_attention_forward,
-    encoder_output,
     init_hydra_weights,
-    resolve_output_flags,
 )
 
 
@@ -217,24 +212,7 @@ class HydraDisentangledSelfAttention(HydraSelfAttention):
             if bias is None:
                 bias = torch.zeros(attention_mask.shape, dtype=query.dtype, device=query.device)
             bias = bias.masked_fill(~attention_mask, torch.finfo(query.dtype).min)
-        attention_interface: Callable = eager_attention_forward
-        if self.config._attn_implementation != "eager":
-            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-                self.config._attn_implementation, eager_attention_forward
-            )
-        context, weights = attention_interface(
-            self,
-            query,
-            key,
-            value,
-            bias,
-            dropout=self.dropout if self.training else 0.0,
-            scaling=self.scaling,
-            is_causal=False,
-        )  # context (M*B, T, k, dk) or (B, T, K, dk)
-        if weights is not None and folded:  # another implementation's weights: report (B, K, T, T) (a copy)
-            k = self.total_heads // M
-            weights = weights.view(M, B, k, T, T).transpose(0, 1).reshape(B, self.total_heads, T, T)
+        context, weights = self.attend(query, key, value, bias, B, folded)  # context (M*B, T, k, dk) or (B, T, K, dk)
         return self._project_out(context, B, folded), weights
 
 
@@ -317,7 +295,7 @@ class HydraEnsembleDebertaV2PreTrainedModel(HydraPreTrainedModel):
             super()._init_weights(module)
 
 
-class HydraEnsembleDebertaV2Model(HydraEnsembleDebertaV2PreTrainedModel):
+class HydraEnsembleDebertaV2Model(HydraEnsembleDebertaV2PreTrainedModel, HydraTextEncoder):
     """The fused encoder: shared DeBERTa embeddings and relative-position table (per-member LayerNorm of the
     table), M residual streams.
 
@@ -344,29 +322,10 @@ class HydraEnsembleDebertaV2Model(HydraEnsembleDebertaV2PreTrainedModel):
         self.conv = HydraDebertaV2Conv(config.num_members, base) if getattr(base, "conv_kernel_size", 0) > 0 else None
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embeddings.word_embeddings
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.embeddings.word_embeddings = value
-
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        token_type_ids: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> HydraModelOutput | tuple:
-        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
-            self.config, output_attentions, output_hidden_states, return_dict
-        )
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+    def encode(
+        self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
+        output_hidden_states,
+    ) -> tuple[torch.Tensor, None, tuple | None, tuple | None]:
         shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1]
         if attention_mask is not None and tuple(attention_mask.shape) != tuple(shape):
             raise ValueError(
@@ -399,8 +358,7 @@ class HydraEnsembleDebertaV2Model(HydraEnsembleDebertaV2PreTrainedModel):
             if i == 0 and self.conv is not None:
                 hidden = self.conv(embeddings, hidden, attention_mask)
             outs.add(hidden, weights)
-        last = outs.streams().transpose(0, 1)  # (B, M, T, d)
-        return encoder_output(last, None, outs.hidden_states, outs.attentions, return_dict)
+        return outs.streams().transpose(0, 1), None, outs.hidden_states, outs.attentions  # (B, M, T, d), no pooler
 
 
 class HydraEnsembleDebertaV2ForSequenceClassification(
@@ -422,12 +380,6 @@ class HydraEnsembleDebertaV2ForSequenceClassification(
         dropout = getattr(base, "cls_dropout", None)
         self.dropout = nn.Dropout(base.hidden_dropout_prob if dropout is None else dropout)
         self.classifier = HydraMemberLinear(config.num_members, base.hidden_size, config.num_labels)
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.hydra.get_input_embeddings()
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.hydra.set_input_embeddings(value)
 
     def member_logits(self, outputs: HydraModelOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
         context = outputs.last_hidden_state[:, :, 0].transpose(0, 1)  # (M, B, d): every member's first token

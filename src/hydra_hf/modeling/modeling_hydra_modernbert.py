@@ -22,8 +22,6 @@ flash-attention path unpads the batch, the same numbers).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,7 +30,6 @@ from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.modernbert.modeling_modernbert import ModernBertEmbeddings, ModernBertRotaryEmbedding
 
 from .configuration_hydra_modernbert import HydraEnsembleModernBertConfig
@@ -43,15 +40,13 @@ from .hydra_layers import (
     HydraModelOutput,
     HydraPreTrainedModel,
     HydraSelfAttention,
+    HydraTextEncoder,
     HydraTextForSequenceClassification,
     LayerOutputs,
-    eager_attention_forward,
-    encoder_output,
     grouped_linear,
     init_hydra_weights,
     layer_spec,
     padding_mask_to_additive,
-    resolve_output_flags,
 )
 
 FULL, SLIDING = "full_attention", "sliding_attention"
@@ -131,24 +126,7 @@ class HydraRotarySelfAttention(HydraSelfAttention):
                 attention_mask = attention_mask.repeat(M, 1, 1, 1)  # (M*B, 1, ., T)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
         query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
-        attention_interface: Callable = eager_attention_forward
-        if self.config._attn_implementation != "eager":
-            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-                self.config._attn_implementation, eager_attention_forward
-            )
-        context, weights = attention_interface(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.dropout if self.training else 0.0,
-            scaling=self.scaling,
-            is_causal=False,
-        )  # context (M*B, T, k, dk) or (B, T, K, dk)
-        if weights is not None and folded:  # another implementation's weights: report (B, K, T, T) (a copy)
-            k = self.total_heads // M
-            weights = weights.view(M, B, k, T, T).transpose(0, 1).reshape(B, self.total_heads, T, T)
+        context, weights = self.attend(query, key, value, attention_mask, B, folded)  # (M*B, T, k, dk) or (B, T, K, dk)
         return self.out_drop(self._project_out(context, B, folded)), weights
 
 
@@ -269,11 +247,13 @@ class HydraEnsembleModernBertPreTrainedModel(HydraPreTrainedModel):
             super()._init_weights(module)
 
 
-class HydraEnsembleModernBertModel(HydraEnsembleModernBertPreTrainedModel):
+class HydraEnsembleModernBertModel(HydraEnsembleModernBertPreTrainedModel, HydraTextEncoder):
     """The fused encoder: shared ModernBERT embeddings, M residual streams, per-member final LayerNorms.
 
     ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` returns this class.
     """
+
+    forward = HydraTextEncoder.forward_without_token_types  # ModernBERT has no token types
 
     def __init__(self, config: HydraEnsembleModernBertConfig) -> None:
         super().__init__(config)
@@ -308,22 +288,10 @@ class HydraEnsembleModernBertModel(HydraEnsembleModernBertPreTrainedModel):
         sliding = band.expand(B, 1, T, T) if full is None else torch.minimum(band, full)  # (B, 1, T, T): both allow
         return {FULL: full, SLIDING: sliding}
 
-    def forward(
-        self,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.Tensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> HydraModelOutput | tuple:
-        output_attentions, output_hidden_states, return_dict = resolve_output_flags(
-            self.config, output_attentions, output_hidden_states, return_dict
-        )
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+    def encode(
+        self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
+        output_hidden_states,
+    ) -> tuple[torch.Tensor, None, tuple | None, tuple | None]:
         embeddings = self.embeddings(input_ids=input_ids, inputs_embeds=inputs_embeds)  # (B, T, d), shared
         T = embeddings.shape[1]
         M = self.config.num_members
@@ -337,7 +305,7 @@ class HydraEnsembleModernBertModel(HydraEnsembleModernBertPreTrainedModel):
             cos, sin = rotary[layer.attention_type]  # (B or 1, T, dk) each
             outs.add(*layer(outs.input, masks[layer.attention_type], cos, sin))  # (M, B, T, d)
         last = self.final_norm(outs.streams()).transpose(0, 1)  # (B, M, T, d)
-        return encoder_output(last, None, outs.hidden_states, outs.attentions, return_dict)
+        return last, None, outs.hidden_states, outs.attentions  # no pooler
 
 
 class HydraEnsembleModernBertForSequenceClassification(
@@ -358,12 +326,6 @@ class HydraEnsembleModernBertForSequenceClassification(
         self.head = HydraModernBertHead(config.num_members, base)
         self.drop = nn.Dropout(base.classifier_dropout)
         self.classifier = HydraMemberLinear(config.num_members, base.hidden_size, config.num_labels)
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.hydra.get_input_embeddings()
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.hydra.set_input_embeddings(value)
 
     def member_logits(self, outputs: HydraModelOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
         hidden = outputs.last_hidden_state.transpose(0, 1)  # (M, B, T, d)
