@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, BertForSequenceClassification
 from hydra_hf import metrics
 from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.saving import save_hydra_model
-from hydra_hf.hub import fit_uncertainty_threshold
+from hydra_hf.evaluation import fit_uncertainty_threshold
 from hydra_hf.masks import HeadMasks
 from hydra_hf.modeling.pipeline_hydra import (
     HydraTextClassificationPipeline,

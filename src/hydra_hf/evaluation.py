@@ -349,7 +349,7 @@ class ZeroShotPredictor(Predictor):
                     "a transformers CLIP model needs its tokenizer: ZeroShotPredictor(model, names, templates, "
                     "tokenizer=AutoTokenizer.from_pretrained(folder))"
                 )
-            import open_clip
+            import open_clip  # heavy: imported only for open_clip models
 
             tokenizer = functools.partial(open_clip.tokenize, context_length=model.context_length)
         if text_batch_size < 1:

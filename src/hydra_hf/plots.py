@@ -31,8 +31,8 @@ ArrayLike = torch.Tensor | np.ndarray
 
 def _new_figure(width: float, height: float) -> Any:
     """A figure bound to the Agg canvas (no pyplot, no global backend switch)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # heavy: imported only to draw a figure
+    from matplotlib.figure import Figure  # heavy: imported only to draw a figure
 
     fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)

@@ -271,7 +271,7 @@ def clip_tokenizer_from_open_clip(context_length: int = 77):
     (``bpe_simple_vocab_16e6.txt.gz``): the same 49,408 tokens and merges as open_clip's
     ``SimpleTokenizer``. ``None`` (with a warning) when open_clip is not installed."""
     try:
-        from open_clip.tokenizer import bytes_to_unicode, default_bpe
+        from open_clip.tokenizer import bytes_to_unicode, default_bpe  # heavy: imported only for open_clip models
     except ImportError:
         logger.warning("open_clip is not installed: no tokenizer is written (pip install open_clip_torch)")
         return None

@@ -64,7 +64,7 @@ def timm_num_heads(timm_config: dict[str, Any], source: str = "checkpoint") -> i
         return int(args["num_heads"])
     arch = timm_config.get("architecture", "")
     try:
-        import timm
+        import timm  # heavy: imported only for timm models
 
         with torch.device("meta"):
             model = timm.create_model(arch, pretrained=False)

@@ -69,7 +69,8 @@ class Built:
 
 class Family(ABC):
     """Everything about one base architecture. Subclasses set the class attributes and implement
-    :meth:`build`, :meth:`read_member`, :meth:`owns_model`, :meth:`adapter` and :meth:`stock_model`.
+    :meth:`build`, :meth:`read_member`, :meth:`adapter` and :meth:`stock_model` (and :meth:`owns_model` for a
+    model that is not a transformers one).
 
     Attributes:
         name: the registry name (lowercase, underscores).
@@ -205,9 +206,10 @@ class Family(ABC):
         return getattr(module, self.model_class_names[auto_class or self.task_auto_class])
 
     # ------------------------------------------------------------------------------- pruning
-    @abstractmethod
     def owns_model(self, model: nn.Module) -> bool:
-        """Whether a live stock model (transformers / timm / open_clip) is of this family."""
+        """Whether a live stock model (transformers / timm / open_clip) is of this family. Default: a
+        transformers model whose ``config.model_type`` is one of :attr:`model_types`."""
+        return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
 
     @abstractmethod
     def adapter(self, model: nn.Module, *, class_text_inputs: Any = None) -> ModelAdapter:

@@ -47,9 +47,6 @@ class BeitFamily(Family):
     def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
         return to_module_names(self.stock_model(hydra_config.base_config, hydra_config.num_labels), unfuse_beit(state, hydra_config))
 
-    def owns_model(self, model: Any) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
-
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         base = getattr(model, "beit", model)
         return layer_list_adapter(model, "hf_beit", [layer.attention for layer in base.layers],

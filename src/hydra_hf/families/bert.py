@@ -46,9 +46,6 @@ class BertFamily(Family):
     def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
         return unfuse_bert(state, hydra_config)
 
-    def owns_model(self, model: Any) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
-
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         return bert_like_adapter(model, "hf_bert")
 

@@ -28,8 +28,8 @@ class CustomTextFamily(Family):
 
     Attributes (besides :class:`Family`'s):
         config_file: the shipped file of its Hydra config class (next to ``modeling_file``).
-        reader_module: ``hydra_hf.convert.<reader_module>`` holds ``read``, ``fuse`` and ``unfuse``.
-        reader_names: the names of those three functions in it.
+        reader: its reader's three pure functions (``convert/hf_<family>.py``): checkpoint state dict ->
+            member, members -> fused state dict, fused -> stock state dicts.
         hf_config_class, hf_task_class: its transformers config and sequence-classifier class names.
         head_keys: fused tensor names of the per-member classification head (newly initialised, seeded,
             when the checkpoint is a bare or pre-trained encoder).
@@ -40,8 +40,7 @@ class CustomTextFamily(Family):
     task = "text-classification"
     towers = ("text",)
     config_file: ClassVar[str]
-    reader_module: ClassVar[str]
-    reader_names: ClassVar[tuple[str, str, str]]
+    reader: ClassVar[tuple[Callable, Callable, Callable]]
     hf_config_class: ClassVar[str]
     hf_task_class: ClassVar[str]
     head_keys: ClassVar[tuple[str, ...]] = ("classifier.weight", "classifier.bias")
@@ -63,23 +62,19 @@ class CustomTextFamily(Family):
         return getattr(module, self.config_class_name)
 
     # ----------------------------------------------------------------------------- converting
-    def _reader(self, which: int) -> Callable:
-        module = importlib.import_module(f"hydra_hf.convert.{self.reader_module}")
-        return getattr(module, self.reader_names[which])
-
     def full_config(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         """The architecture part of a ``config.json`` with its transformers defaults filled in."""
         return full_config(getattr(transformers, self.hf_config_class), dict(raw))
 
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        return self._reader(0)(state, config, source=source)
+        return self.reader[0](state, config, source=source)
 
     def fuse(self, members: list[Any], kept_heads: list[list[list[int]]], mlp_fusion: str, shared: str) -> dict:
         """Fused state dict of the task model (full parameter names) from canonical members."""
-        return self._reader(1)(members, kept_heads, mlp_fusion, shared)
+        return self.reader[1](members, kept_heads, mlp_fusion, shared)
 
     def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
-        return self._reader(2)(state, hydra_config)
+        return self.reader[2](state, hydra_config)
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
@@ -102,9 +97,6 @@ class CustomTextFamily(Family):
         return Built(load_fused(model, state, set(self.head_keys), folders[0], seed), folders[0])
 
     # -------------------------------------------------------------------------------- pruning
-    def owns_model(self, model: Any) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
-
     def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
         extra = {"num_labels": num_labels} if num_labels is not None else {}
         config = getattr(transformers, self.hf_config_class).from_dict({**base_config, **extra})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..convert.hf_deberta_v2 import deberta_v2_member_from_state_dict, fuse_deberta_v2, unfuse_deberta_v2
 from .adapters import AttentionLayer, ModelAdapter
 from .base import register_family
 from .custom_text import CustomTextFamily, classifier_logits
@@ -28,8 +29,7 @@ class DebertaV2Family(CustomTextFamily):
         "AutoModel": "HydraEnsembleDebertaV2Model",
         "AutoModelForSequenceClassification": "HydraEnsembleDebertaV2ForSequenceClassification",
     }
-    reader_module = "hf_deberta_v2"
-    reader_names = ("deberta_v2_member_from_state_dict", "fuse_deberta_v2", "unfuse_deberta_v2")
+    reader = (deberta_v2_member_from_state_dict, fuse_deberta_v2, unfuse_deberta_v2)
     hf_config_class = "DebertaV2Config"
     hf_task_class = "DebertaV2ForSequenceClassification"
     head_keys = ("pooler.weight", "pooler.bias", "classifier.weight", "classifier.bias")

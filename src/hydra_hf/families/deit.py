@@ -49,9 +49,6 @@ class DeiTFamily(Family):
         stock = self.stock_model(hydra_config.base_config, hydra_config.num_labels, distilled=hydra_config.distilled)
         return to_module_names(stock, unfuse_deit(state, hydra_config))
 
-    def owns_model(self, model: Any) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
-
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         base = getattr(model, "deit", model)
         return layer_list_adapter(model, "hf_deit", [layer.attention for layer in base.layers],

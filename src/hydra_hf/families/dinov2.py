@@ -60,9 +60,6 @@ class Dinov2Family(Family):
         base = {**hydra_config.base_config, "model_type": hydra_config.base_model_type}
         return to_module_names(self.stock_model(base, hydra_config.num_labels), unfuse_dinov2(state, hydra_config))
 
-    def owns_model(self, model: Any) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
-
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         base = getattr(model, model.base_model_prefix, model)  # dinov2 / dinov2_with_registers, or the bare model
         return layer_list_adapter(model, "hf_dinov2", [layer.attention for layer in base.encoder.layer],

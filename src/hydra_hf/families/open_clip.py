@@ -38,7 +38,7 @@ class OpenCLIPFamily(CLIPFamily):
     def owns_model(self, model: Any) -> bool:
         if not type(model).__module__.startswith("open_clip"):
             return False
-        import open_clip
+        import open_clip  # heavy: imported only for open_clip models
 
         return isinstance(model, (open_clip.CLIP, open_clip.CustomTextCLIP))
 

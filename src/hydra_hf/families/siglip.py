@@ -53,9 +53,6 @@ class SiglipFamily(Family):
     def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
         return to_module_names(self.stock_model(hydra_config.base_config), unfuse_siglip(state, hydra_config))
 
-    def owns_model(self, model: Any) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
-
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         adapter = hf_clip_adapter(model, class_text_inputs)  # the same layout; logits_per_image are SigLIP's
         adapter.kind = "hf_siglip"

@@ -101,9 +101,6 @@ class HFTextFamily(Family):
         return Built(load_fused(model, state, absent, folders[0], seed), folders[0])
 
     # ------------------------------------------------------------------------- pruning, stock
-    def owns_model(self, model: Any) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
-
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         return bert_like_adapter(model, f"hf_{self.name}", self.input_keys)
 

@@ -39,7 +39,7 @@ class TimmViTFamily(ViTFamily):
     def owns_model(self, model: Any) -> bool:
         if not type(model).__module__.startswith("timm."):
             return False
-        from timm.models.vision_transformer import VisionTransformer
+        from timm.models.vision_transformer import VisionTransformer  # heavy: imported only for timm models
 
         return isinstance(model, VisionTransformer)
 

@@ -47,9 +47,6 @@ class ViTFamily(Family):
     def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
         return unfuse_vit(state, hydra_config, names="module")
 
-    def owns_model(self, model: Any) -> bool:
-        return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
-
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         return hf_vit_adapter(model)
 

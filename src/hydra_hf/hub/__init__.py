@@ -15,12 +15,12 @@ fresh-process check), :mod:`.publish` (push, ``model.push_to_hub``). The model f
 report are only read. User errors are :class:`~hydra_hf.errors.HydraError` s with a one-line
 message (:class:`HubError` for push failures, ``HydraUnsafeError`` for unsafe input).
 
-:func:`fit_uncertainty_threshold` lives in :mod:`hydra_hf.evaluation`; it is re-exported here.
+:func:`~hydra_hf.evaluation.fit_uncertainty_threshold` lives in :mod:`hydra_hf.evaluation` (the hub does
+not import the evaluation code).
 """
 
 from __future__ import annotations
 
-from ..evaluation import fit_uncertainty_threshold
 from .audit import check_shipped_code
 from .card import (
     KINDS,
@@ -49,7 +49,6 @@ __all__ = [
     "check_shipped_code",
     "dataset_info",
     "eval_results_from_report",
-    "fit_uncertainty_threshold",
     "folder_digest",
     "fresh_check",
     "hydra_push_to_hub",

@@ -74,7 +74,7 @@ def quantize_int8(source: str | os.PathLike, target: str | os.PathLike, keep_mlp
     """
     (onnx,) = require_onnx("onnx")
     require_onnx("onnxruntime")
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # the onnx extra: pip install hydra-hf[onnx]
 
     kept = activation_fed_products(onnx.load(str(source), load_external_data=False).graph) if keep_mlp_output_fp32 else []
     # the quantiser first rewrites a Gemm as "<name>_MatMul" + Add: exclude both names

@@ -43,7 +43,7 @@ def fold_constants(source: str | os.PathLike, target: str | os.PathLike) -> dict
     """ONNX Runtime's basic (semantics-preserving, standard-operator) optimisation of ``source`` written
     to ``target``: constant folding turns the per-member slices of the stacked projection weights into
     constants. Returns how many MatMul / Gemm products have a constant weight before and after."""
-    import onnx
+    import onnx  # the onnx extra: pip install hydra-hf[onnx]
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -65,7 +65,7 @@ def _constant_products(graph: Any) -> tuple[int, int]:
 def _weight(graph: Any, node: Any) -> tuple[Any, np.ndarray, int] | None:
     """``(initializer, array, input axis)`` of a product's constant weight (None when it is computed):
     the axis of the weight that meets the activation's channels (0 for MatMul, 1 for Gemm transB=1)."""
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # the onnx extra: pip install hydra-hf[onnx]
 
     inits = {i.name: i for i in graph.initializer}
     if node.input[1] not in inits:
@@ -83,7 +83,7 @@ def activation_amax(model_path: str | os.PathLike, tensors: Sequence[str],
 
     Shape: each result is ``(channels,)``.
     """
-    import onnx
+    import onnx  # the onnx extra: pip install hydra-hf[onnx]
     import onnxruntime as ort
 
     model = onnx.load(str(model_path))
@@ -109,8 +109,8 @@ def smooth_products(source: str | os.PathLike, target: str | os.PathLike, produc
     ``s_j = amax(X_j)^alpha / amax(W_j)^(1-alpha)``; ``amax`` maps each product's input tensor name to
     ``amax(X_j)`` (:func:`activation_amax`). Writes ``target``; returns how many products were smoothed.
     The graph computes the same function (up to float rounding)."""
-    import onnx
-    from onnx import numpy_helper
+    import onnx  # the onnx extra: pip install hydra-hf[onnx]
+    from onnx import numpy_helper  # the onnx extra: pip install hydra-hf[onnx]
 
     model = onnx.load(str(source))
     graph = model.graph
@@ -145,7 +145,7 @@ def batched_weight_products(graph: Any) -> list[str]:
     """MatMul / Gemm nodes whose weight is not one constant matrix (a computed tensor, or a stacked
     ``(M, in, out)`` weight such as the members' poolers and classifiers): ONNX Runtime's per-channel
     int8 product takes one scale per column of a 2-D weight only."""
-    from onnx import numpy_helper
+    from onnx import numpy_helper  # the onnx extra: pip install hydra-hf[onnx]
 
     inits = {i.name: i for i in graph.initializer}
     out = []
@@ -175,8 +175,8 @@ def quantize_dynamic_per_channel(source: str | os.PathLike, target: str | os.Pat
     """ONNX Runtime dynamic quantisation of every product with a constant 2-D weight: int8 weights with
     one symmetric scale per output channel, uint8 activations with one range per batch at run time.
     Products with a batched ``(M, in, out)`` weight (the members' poolers and classifiers) stay fp32."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
+    import onnx  # the onnx extra: pip install hydra-hf[onnx]
+    from onnxruntime.quantization import QuantType, quantize_dynamic  # the onnx extra: pip install hydra-hf[onnx]
 
     excluded = batched_weight_products(onnx.load(str(source), load_external_data=False).graph)
     with quiet_exporter():
@@ -199,7 +199,7 @@ def smoothquant_int8(source: str | os.PathLike, target: str | os.PathLike,
     Args:
         calibration: batches of graph inputs (numpy), labelled in-distribution data only.
     """
-    import onnx
+    import onnx  # the onnx extra: pip install hydra-hf[onnx]
 
     if not calibration:
         raise ValueError("the smoothquant int8 recipe needs calibration batches (in-distribution data); got none")

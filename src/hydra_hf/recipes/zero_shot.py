@@ -129,8 +129,8 @@ def save_open_clip_folder(model: torch.nn.Module, model_cfg: dict[str, Any], fol
     with QuickGELU (e.g. ``pretrained="openai"``) is recorded with ``quick_gelu: true`` so that the
     folder rebuilds the same computation.
     """
-    import open_clip
-    from open_clip.transformer import QuickGELU
+    import open_clip  # heavy: imported only for open_clip models
+    from open_clip.transformer import QuickGELU  # heavy: imported only for open_clip models
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
