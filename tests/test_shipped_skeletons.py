@@ -30,7 +30,7 @@ from test_vit_fused import UNEQUAL as VIT_UNEQUAL
 from test_vit_fused import save_timm, tiny_timm_vit
 from transformers import CLIPModel
 
-from hydra_hf.convert import convert_checkpoint
+from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.families import families, get_family
 from hydra_hf.masks import HeadMasks
 
