@@ -82,7 +82,8 @@ def unfuse_beit(state: dict[str, torch.Tensor], hydra_config) -> list[dict[str, 
     return unfuse_members(state, layout, {"hydra.layers": hydra_config.kept_heads}, hydra_config.num_members)
 
 
-SHAPE_KEYS = (
+# config keys that must agree between member checkpoints: the ViT ones and BEiT's options
+BEIT_SHAPE_KEYS = (
     "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size", "patch_size",
     "use_relative_position_bias", "use_shared_relative_position_bias", "use_mean_pooling", "layer_scale_init_value",
     "use_absolute_position_embeddings",
@@ -96,7 +97,7 @@ def build_beit(
     """BEiT checkpoint folders (one base, or one per member) + masks -> ``HydraEnsembleBeitForImageClassification``
     (a bare ``BeitModel`` gets new per-member classifiers, seeded by ``seed``)."""
     masks = single_tower_masks(masks, "BEiT", towers)
-    raws, loaded = read_members(folders, BeitConfig, beit_member_from_state_dict, lambda c: {k: c.get(k) for k in SHAPE_KEYS})
+    raws, loaded = read_members(folders, BeitConfig, beit_member_from_state_dict, lambda c: {k: c.get(k) for k in BEIT_SHAPE_KEYS})
     base = loaded[0].config
     masks.check_compatible(base["num_hidden_layers"], base["num_attention_heads"], model=repr(str(folders[0])))
     state = fuse_beit(loaded * masks.num_members if len(loaded) == 1 else loaded, masks.kept_heads, mlp_fusion, shared)

@@ -17,7 +17,7 @@ from transformers import DeiTConfig
 from ..modeling.configuration_hydra import HydraEnsembleDeiTConfig
 from ..modeling.modeling_hydra_deit import HydraEnsembleDeiTForImageClassification
 from .build import label_arguments, load_fused, read_members, single_tower_masks
-from .hf_vit import FILE_LAYER_MAP
+from .hf_vit import FILE_LAYER_MAP, VIT_SHAPE_KEYS
 from .members import Layout, Member, Tower, fuse_members, read_member, unfuse_members
 
 HEADS = {"plain": ("classifier",), "distilled": ("cls_classifier", "distillation_classifier"), "none": ()}
@@ -81,9 +81,6 @@ def unfuse_deit(state: dict[str, torch.Tensor], hydra_config) -> list[dict[str, 
     return unfuse_members(state, layout, {"hydra.layers": hydra_config.kept_heads}, hydra_config.num_members)
 
 
-SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size", "patch_size")
-
-
 def build_deit(
     folders: list[Path], masks: Any, *, mlp_fusion: str = "average", shared: str = "error", num_labels: int | None = None,
     id2label: dict[int, str] | None = None, seed: int = 0, towers: Sequence[str] | None = None,
@@ -94,7 +91,7 @@ def build_deit(
     ``DeiTModel`` gets new per-member classifiers (``num_labels`` / ``id2label``, seeded by ``seed``).
     """
     masks = single_tower_masks(masks, "DeiT", towers)
-    raws, loaded = read_members(folders, DeiTConfig, deit_member_from_state_dict, lambda c: {k: c.get(k) for k in SHAPE_KEYS})
+    raws, loaded = read_members(folders, DeiTConfig, deit_member_from_state_dict, lambda c: {k: c.get(k) for k in VIT_SHAPE_KEYS})
     base = loaded[0].config
     masks.check_compatible(base["num_hidden_layers"], base["num_attention_heads"], model=repr(str(folders[0])))
     state = fuse_deit(loaded * masks.num_members if len(loaded) == 1 else loaded, masks.kept_heads, mlp_fusion, shared)

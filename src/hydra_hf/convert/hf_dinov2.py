@@ -75,8 +75,9 @@ def unfuse_dinov2(state: dict[str, torch.Tensor], hydra_config) -> list[dict[str
     return unfuse_members(state, layout, {"hydra.layers": hydra_config.kept_heads}, hydra_config.num_members)
 
 
-SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "mlp_ratio", "image_size", "patch_size",
-              "use_swiglu_ffn", "num_register_tokens")
+# config keys that must agree between member checkpoints
+DINOV2_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "mlp_ratio", "image_size", "patch_size",
+                     "use_swiglu_ffn", "num_register_tokens")
 
 
 def build_dinov2(
@@ -88,7 +89,7 @@ def build_dinov2(
     masks = single_tower_masks(masks, "DINOv2", towers)
     model_type = read_config(folders[0]).get("model_type", "dinov2")
     config_cls = Dinov2WithRegistersConfig if model_type == "dinov2_with_registers" else Dinov2Config
-    shape = lambda c: {k: c.get(k) for k in ("model_type", *SHAPE_KEYS)}  # noqa: E731
+    shape = lambda c: {k: c.get(k) for k in ("model_type", *DINOV2_SHAPE_KEYS)}  # noqa: E731
     raws, loaded = read_members(folders, config_cls, dinov2_member_from_state_dict, shape)
     base = loaded[0].config
     masks.check_compatible(base["num_hidden_layers"], base["num_attention_heads"], model=repr(str(folders[0])))
