@@ -12,8 +12,8 @@ import transformers
 from transformers import AutoConfig
 from transformers.pipelines import PIPELINE_REGISTRY
 
+from . import families
 from .assemble import convert_checkpoint
-from .families import families
 from .hub.publish import install_push_to_hub
 from .masks import HeadMasks, load_masks
 from .modeling import pipeline_hydra
@@ -57,7 +57,7 @@ def _register_families() -> None:
     the class into `config.auto_map`. `install_push_to_hub` is the one place push_to_hub is overridden:
     `model.push_to_hub(...)` on hydra_hf's own classes uploads the same repository as `hydra-hf push`
     (card, shipped code, validation); see docs/hub.md."""
-    for family in families():
+    for family in families.families():
         config_class = family.config_class()
         if config_class.hydra_auto_map.get("AutoConfig", "").rsplit(".", 1)[-1] != config_class.__name__:
             config_class.hydra_auto_map = dict(family.auto_map)  # a config built in this process names its code
