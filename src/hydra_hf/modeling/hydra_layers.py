@@ -1163,12 +1163,13 @@ class HydraVisionPreTrainedModel(HydraPreTrainedModel):
         if init_hydra_weights(module, std) or self.init_own_weights(module):
             return
         if isinstance(module, self.embeddings_class):
+            tokens = dict(module.named_parameters(recurse=False))  # a token the base does not use is absent
             for name in self.trunc_normal_tokens:
-                if getattr(module, name, None) is not None:  # BEiT: no absolute position embeddings
-                    init.trunc_normal_(getattr(module, name), mean=0.0, std=std)
+                if name in tokens:
+                    init.trunc_normal_(tokens[name], mean=0.0, std=std)
             for name in self.zero_tokens:
-                if getattr(module, name, None) is not None:
-                    init.zeros_(getattr(module, name))
+                if name in tokens:
+                    init.zeros_(tokens[name])
         elif isinstance(module, (nn.Linear, nn.Conv2d, nn.LayerNorm)):
             super()._init_weights(module)
 
