@@ -1,16 +1,17 @@
-"""The shipped skeletons (``hydra_layers.py``): every registered family's folder loads as remote code.
+"""The shipped skeletons (``hydra_skeletons.py``): every registered family's folder loads as remote code.
 
 The family modeling files declare only what is their own and subclass the encoder / classifier / tower
-skeletons in ``hydra_layers.py``, which every folder ships. For EVERY registered family (the test fails
-when a new family has no tiny checkpoint here), a folder written by this tree is loaded with
-``trust_remote_code=True`` in a fresh process where hydra_hf cannot be imported: the class comes from the
-folder's own files, its outputs equal the local model's (fp32, atol 1e-5), and re-saving the remote model
-writes exactly the family's shipped files (the skeletons come along as sibling imports).
+skeletons in ``hydra_skeletons.py`` (built from the layers in ``hydra_layers.py``), which every folder
+ships. For EVERY registered family (the test fails when a new family has no tiny checkpoint here), a
+folder written by this tree is loaded with ``trust_remote_code=True`` in a fresh process where hydra_hf
+cannot be imported: the class comes from the folder's own files, its outputs equal the local model's
+(fp32, atol 1e-5), and re-saving the remote model writes exactly the family's shipped files (the layers
+and skeletons come along as sibling imports).
 
 Folders written before the skeletons existed (their weights and config are byte-identical to today's,
 so such a folder is today's folder with the shipped ``.py`` files of the commit before the change, read
-from git) load with this tree's classes and, as remote code, with their own files, and give the same
-numbers. That check is skipped where the git history is not available.
+from git, and without the files shipped only since) load with this tree's classes and, as remote code,
+with their own files, and give the same numbers. That check is skipped where the git history is not available.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ H = 4
 UNEQUAL = [[[0, 1], [2, 3]], [[1, 2, 3], []], [[0], [0, 1, 2, 3]]]
 # the last commit whose modeling files had no shared skeletons (a folder written then ships these files)
 BEFORE_SKELETONS = "e7b2abf"
+# shipped files added since that commit: a folder written then does not have them
+SHIPPED_SINCE = {"hydra_skeletons.py"}
 OUTPUT_KEYS = ("member_logits", "logits", "member_logits_per_image", "logits_per_image", "logits_per_text")
 
 
@@ -175,8 +178,8 @@ def test_every_family_loads_as_remote_code_without_hydra_hf(written, tmp_path):
     for name, (folder, _, _) in written.items():
         family = get_family(name)
         assert sorted(p.name for p in folder.glob("*.py")) == sorted(family.shipped_files), name
-        shipped = REPO / "src" / "hydra_hf" / "modeling" / "hydra_layers.py"
-        assert (folder / "hydra_layers.py").read_text() == shipped.read_text()  # the skeletons travel along
+        for shared in ("hydra_layers.py", "hydra_skeletons.py"):  # the layers and skeletons travel along
+            assert (folder / shared).read_text() == (REPO / "src" / "hydra_hf" / "modeling" / shared).read_text()
         inputs = str(folder.parent / f"inputs-{name}.pt")
         cases[name] = (str(folder), family.task_auto_class, inputs, str(tmp_path / f"resaved-{name}"))
     result = _load_remotely(cases, tmp_path)
@@ -208,7 +211,10 @@ def test_folders_written_before_the_skeletons_load_and_agree(written, tmp_path):
         old = tmp_path / f"old-{name}"
         shutil.copytree(folder, old)
         for file in family.shipped_files:
-            (old / file).write_text(_git_show(f"src/hydra_hf/modeling/{file}"))
+            if file in SHIPPED_SINCE:
+                (old / file).unlink()
+            else:
+                (old / file).write_text(_git_show(f"src/hydra_hf/modeling/{file}"))
         old_sources[name] = (old / family.modeling_file).read_text()
         assert "hydra_layers import" in old_sources[name]
         local = family.model_class().from_pretrained(old).eval()  # this tree's classes, the old folder

@@ -7,7 +7,7 @@ projection feed M residual streams through post-LN layers. ALBERT shares one lay
 its layers (``num_hidden_groups`` groups); here every layer is its own fused layer holding a copy of
 its group's weights, so that every member prunes every layer separately. As in ALBERT, no dropout is
 applied to the MLP output. Every member has its own pooler (tanh) and classifier; the prediction is
-the mean of the members' softmaxes. The skeletons are in ``hydra_layers.py``.
+the mean of the members' softmaxes. The skeletons are in ``hydra_skeletons.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from transformers import AlbertConfig
 from transformers.models.albert.modeling_albert import AlbertEmbeddings
 
 from .configuration_hydra import HydraEnsembleAlbertConfig
-from .hydra_layers import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
+from .hydra_skeletons import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
 
 
 class HydraEnsembleAlbertPreTrainedModel(HydraTextPreTrainedModel):

@@ -34,12 +34,10 @@ from .hydra_layers import (
     HydraLayerScalePreLNLayer,
     HydraLayerSpec,
     HydraModelOutput,
-    HydraVisionEncoder,
-    HydraVisionForImageClassification,
-    HydraVisionPreTrainedModel,
     LayerOutputs,
     base_layer_specs,
 )
+from .hydra_skeletons import HydraVisionEncoder, HydraVisionForImageClassification, HydraVisionPreTrainedModel
 
 
 def window_of(base: BeitConfig) -> tuple[int, int]:

@@ -5,7 +5,7 @@
 Shared embeddings feed M residual streams. Every layer is BERT's post-LN layer with fused
 self-attention over all members' kept heads, per-member LayerNorms, and an MLP averaged across
 members (or kept per member). Every member has its own pooler and classifier; the prediction is the
-mean of the members' softmaxes. The encoder and classifier skeletons are in ``hydra_layers.py``.
+mean of the members' softmaxes. The encoder and classifier skeletons are in ``hydra_skeletons.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from transformers import BertConfig
 from transformers.models.bert.modeling_bert import BertEmbeddings
 
 from .configuration_hydra import HydraEnsembleConfig
-from .hydra_layers import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
+from .hydra_skeletons import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
 
 
 

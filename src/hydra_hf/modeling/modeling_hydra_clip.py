@@ -30,15 +30,11 @@ from .hydra_layers import (
     HydraLayerNorm,
     HydraMemberLinear,
     HydraPreTrainedModel,
-    HydraTextTower,
-    HydraTwoTowerModel,
-    HydraTwoTowerOutput,
-    HydraVisionTower,
     ensemble_log_probs,
     init_hydra_weights,
     may_mask,
-    tower_layers,
 )
+from .hydra_skeletons import HydraTextTower, HydraTwoTowerModel, HydraTwoTowerOutput, HydraVisionTower, tower_layers
 
 
 @dataclass

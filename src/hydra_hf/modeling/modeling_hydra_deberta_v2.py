@@ -41,12 +41,11 @@ from .hydra_layers import (
     HydraModelOutput,
     HydraPreTrainedModel,
     HydraSelfAttention,
-    HydraTextEncoder,
-    HydraTextForSequenceClassification,
     LayerOutputs,
     base_layer_specs,
     init_hydra_weights,
 )
+from .hydra_skeletons import HydraTextEncoder, HydraTextForSequenceClassification
 
 
 def relative_span(base: DebertaV2Config) -> int:

@@ -22,13 +22,8 @@ from transformers import DeiTConfig
 from transformers.models.deit.modeling_deit import DeiTEmbeddings
 
 from .configuration_hydra import HydraEnsembleDeiTConfig
-from .hydra_layers import (
-    HydraMemberLinear,
-    HydraModelOutput,
-    HydraPreLNVisionModel,
-    HydraVisionForImageClassification,
-    HydraVisionPreTrainedModel,
-)
+from .hydra_layers import HydraMemberLinear, HydraModelOutput
+from .hydra_skeletons import HydraPreLNVisionModel, HydraVisionForImageClassification, HydraVisionPreTrainedModel
 
 
 class HydraEnsembleDeiTPreTrainedModel(HydraVisionPreTrainedModel):

@@ -30,12 +30,10 @@ from .hydra_layers import (
     HydraMemberLinear,
     HydraMLP,
     HydraModelOutput,
-    HydraPreLNVisionModel,
-    HydraVisionForImageClassification,
-    HydraVisionPreTrainedModel,
     grouped_linear,
     layer_spec,
 )
+from .hydra_skeletons import HydraPreLNVisionModel, HydraVisionForImageClassification, HydraVisionPreTrainedModel
 
 
 def swiglu_hidden_features(base: Dinov2Config) -> int:

@@ -6,7 +6,7 @@ Shared DistilBERT embeddings (word + position, no token types) feed M residual s
 post-LN layers (no dropout on the attention output, as in DistilBERT) with fused self-attention,
 per-member LayerNorms and an MLP averaged across members (or kept per member). Every member has its
 own ``pre_classifier`` -> ReLU -> ``classifier`` head on its first token; the prediction is the mean
-of the members' softmaxes. The encoder and classifier skeletons are in ``hydra_layers.py``.
+of the members' softmaxes. The encoder and classifier skeletons are in ``hydra_skeletons.py``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,8 @@ from transformers import DistilBertConfig
 from transformers.models.distilbert.modeling_distilbert import Embeddings as DistilBertEmbeddings
 
 from .configuration_hydra import HydraEnsembleDistilBertConfig
-from .hydra_layers import (
-    HydraLayerSpec, HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel, layer_spec,
-)
+from .hydra_layers import HydraLayerSpec, layer_spec
+from .hydra_skeletons import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
 
 DISTILBERT_LAYER_NORM_EPS = 1e-12  # its LayerNorms' epsilon whatever its config says (transformers' TransformerBlock)
 

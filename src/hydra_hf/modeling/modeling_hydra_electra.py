@@ -7,7 +7,7 @@ Shared ELECTRA embeddings (of width ``embedding_size``, projected to ``hidden_si
 self-attention, per-member LayerNorms and an MLP averaged across members (or kept per member). Every
 member has its own classification head (``dense`` -> GELU -> ``out_proj`` on its first token, as
 ``ElectraClassificationHead``); the prediction is the mean of the members' softmaxes. The skeletons
-are in ``hydra_layers.py``.
+are in ``hydra_skeletons.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from transformers import ElectraConfig
 from transformers.models.electra.modeling_electra import ElectraEmbeddings
 
 from .configuration_hydra import HydraEnsembleElectraConfig
-from .hydra_layers import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
+from .hydra_skeletons import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
 
 
 class HydraEnsembleElectraPreTrainedModel(HydraTextPreTrainedModel):

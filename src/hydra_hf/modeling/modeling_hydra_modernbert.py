@@ -40,14 +40,13 @@ from .hydra_layers import (
     HydraModelOutput,
     HydraPreTrainedModel,
     HydraSelfAttention,
-    HydraTextEncoder,
-    HydraTextForSequenceClassification,
     LayerOutputs,
     grouped_linear,
     init_hydra_weights,
     layer_spec,
     padding_mask_to_additive,
 )
+from .hydra_skeletons import HydraTextEncoder, HydraTextForSequenceClassification
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 

@@ -7,7 +7,7 @@ Shared RoBERTa embeddings (position ids count from ``pad_token_id + 1`` and skip
 residual streams through post-LN layers with fused self-attention, per-member LayerNorms and an MLP
 averaged across members (or kept per member). Every member has its own classification head
 (``dense`` -> tanh -> ``out_proj`` on its first token, as ``RobertaClassificationHead``); the
-prediction is the mean of the members' softmaxes. The skeletons are in ``hydra_layers.py``.
+prediction is the mean of the members' softmaxes. The skeletons are in ``hydra_skeletons.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from transformers import RobertaConfig
 from transformers.models.roberta.modeling_roberta import RobertaEmbeddings
 
 from .configuration_hydra import HydraEnsembleRobertaConfig
-from .hydra_layers import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
+from .hydra_skeletons import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
 
 
 

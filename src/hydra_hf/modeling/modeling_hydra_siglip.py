@@ -44,13 +44,9 @@ from .hydra_layers import (
     HydraMemberLinear,
     HydraMLP,
     HydraPreTrainedModel,
-    HydraTextTower,
-    HydraTwoTowerModel,
-    HydraTwoTowerOutput,
-    HydraVisionTower,
     init_hydra_weights,
-    tower_layers,
 )
+from .hydra_skeletons import HydraTextTower, HydraTwoTowerModel, HydraTwoTowerOutput, HydraVisionTower, tower_layers
 
 
 @dataclass

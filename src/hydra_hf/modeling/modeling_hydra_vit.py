@@ -7,8 +7,9 @@ per-member LayerNorms before the fused self-attention (all members' kept heads i
 and before the MLP (averaged across members, or kept per member). Every member has its own final
 LayerNorm and classifier on its CLS token; the prediction is the mean of the members' softmaxes.
 
-The pre-LN layer (``HydraPreLNLayer``), the encoder and classifier skeletons and the weight
-initialisation are in ``hydra_layers.py``, shared with the other pre-LN image families (DeiT, BEiT, DINOv2).
+The pre-LN layer (``HydraPreLNLayer``) is in ``hydra_layers.py``; the encoder and classifier skeletons and
+the weight initialisation are in ``hydra_skeletons.py``, shared with the other pre-LN image families (DeiT, BEiT,
+DINOv2).
 
 Input images: ``pixel_values (B, C, H, W)`` must have the base's channel count and, unless
 ``interpolate_pos_encoding=True`` (bicubic interpolation of the position embeddings, as in
@@ -22,7 +23,7 @@ from transformers import ViTConfig
 from transformers.models.vit.modeling_vit import ViTEmbeddings
 
 from .configuration_hydra import HydraEnsembleViTConfig
-from .hydra_layers import HydraPreLNVisionModel, HydraVisionForImageClassification, HydraVisionPreTrainedModel
+from .hydra_skeletons import HydraPreLNVisionModel, HydraVisionForImageClassification, HydraVisionPreTrainedModel
 
 
 class HydraEnsembleViTPreTrainedModel(HydraVisionPreTrainedModel):
