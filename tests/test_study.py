@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -288,7 +289,10 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
         read.append(str(spec))
         return real(spec, *a, **k)
 
-    monkeypatch.setattr(data_mod, "resolve_dataset", spy)
+    # every module that reads data imports resolve_dataset at its top: spy on each binding of it
+    for module in [m for name, m in list(sys.modules.items()) if name == "hydra_hf" or name.startswith("hydra_hf.")]:
+        if getattr(module, "resolve_dataset", None) is real:
+            monkeypatch.setattr(module, "resolve_dataset", spy)
     s = st.TextStudy(base_model=str(single), train_data=str(tmp_path / "train.csv"),
                      id_validation=str(tmp_path / "validation.csv"),
                      ood_validation={"a": str(tmp_path / "ood_a.csv"), "b": str(tmp_path / "ood_b.csv")},
