@@ -20,7 +20,9 @@ on small data -- and answers it with the same numbers:
   (embeddings frozen, shared), fused (``average`` MLP; ``per_member``: the exact variant).
   ``--hydra taylor``: Taylor members (temperature 1, held-out validation images only);
   ``--hydra circ``: the paper's Hydra (Circ), member m by CircAcc / CircOOD / CircAvg (appendix
-  B.2.3) on the validation images and the pooled selection images of the other OOD kinds.
+  B.2.3) on the validation images and the pooled selection images of the other OOD kinds
+  (``--circ-ood-per-kind`` of each, 100 by default; ``--circ-heads-per-step``, 2 by default, to fit
+  12 searches into an hour of these 2 cores: the paper removes one head at a time).
   ``--hydra continued``: the control for the members' extra training: the Single itself, all heads,
   trained again exactly as a member is (same epochs, learning rate, offset seed, frozen embeddings).
 - Paired bootstrap intervals (1,000 resamples of the scored ID and OOD images, per seed) of Hydra's
@@ -173,11 +175,14 @@ def train_single(out: Path, data: Path, seed: int, epochs: int) -> Path:
     return ckpt
 
 
-def _ood_pool(data: Path, leave_out: str) -> datasets.Dataset:
-    return datasets.concatenate_datasets([_load(data, f"ood_{k.replace(' ', '_')}_select") for k in KINDS if k != leave_out])
+def _ood_pool(data: Path, leave_out: str, per_kind: int | None = None) -> datasets.Dataset:
+    """The pooled OOD selection images of every kind but ``leave_out`` (the first ``per_kind`` of each)."""
+    pools = [_load(data, f"ood_{k.replace(' ', '_')}_select") for k in KINDS if k != leave_out]
+    return datasets.concatenate_datasets([p.select(range(min(len(p), per_kind or len(p)))) for p in pools])
 
 
-def train_hydra(out: Path, data: Path, single: Path, seed: int, recipe: str, fold: str, keep: int, epochs: int):
+def train_hydra(out: Path, data: Path, single: Path, seed: int, recipe: str, fold: str, keep: int, epochs: int,
+                ood_per_kind: int | None = None, heads_per_step: int = 1):
     """The fused Hydra models ({fusion: model}) of one seed, recipe and fold (``any``: no OOD data)."""
     spec = HYDRA_RECIPES[recipe]
     work = out / f"hydra_{recipe}_seed{seed}_{fold.replace(' ', '_')}"
@@ -193,8 +198,9 @@ def train_hydra(out: Path, data: Path, single: Path, seed: int, recipe: str, fol
     else:
         masks = build_members(single, method=spec["method"], budget=Budget(heads_per_layer=keep),
                               id_data=_load(data, "id_validation"),
-                              ood_data=_ood_pool(data, fold) if spec["uses_ood"] else None,
+                              ood_data=_ood_pool(data, fold, ood_per_kind) if spec["uses_ood"] else None,
                               members=3, seed=seed, image_column="image", batch_size=128, temperature=1.0,
+                              heads_per_step=heads_per_step if spec["uses_ood"] else 1,
                               data_fraction=1.0 if spec["uses_ood"] else 0.8)
         work.mkdir(parents=True, exist_ok=True)
         masks.save(masks_file)
@@ -256,6 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", type=int, default=4, help="heads kept per layer by every member (of 8)")
     parser.add_argument("--epochs", type=int, default=30, help="Single training epochs (from scratch)")
     parser.add_argument("--member-epochs", type=int, default=10, help="member fine-tuning epochs")
+    parser.add_argument("--circ-ood-per-kind", type=int, default=100,
+                        help="selection images per other OOD kind in a circuit fold's pooled OOD set (of 300)")
+    parser.add_argument("--circ-seeds", type=int, nargs="*", default=None,
+                        help="seeds the circuit recipe runs on (default: every seed; its 4 folds per seed are the "
+                             "costly part, so screen it on one seed first, as the study does)")
+    parser.add_argument("--circ-heads-per-step", type=int, default=2,
+                        help="heads a circuit search removes per step (1: the paper's one at a time)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -283,10 +296,12 @@ def main(argv: list[str] | None = None) -> int:
         folds = list(KINDS) if HYDRA_RECIPES[recipe]["uses_ood"] else ["any"]
         for fusion in ("average", "per_member"):
             numbers[f"hydra_{recipe}_{fusion}"] = {}
-        for seed in args.seeds:
+        recipe_seeds = args.seeds if recipe != "circ" or args.circ_seeds is None else args.circ_seeds
+        for seed in recipe_seeds:
             per_fold: dict[str, dict[str, Predictions]] = {}
             for fold in folds:
-                fused, jaccard = train_hydra(out, data, singles[seed], seed, recipe, fold, args.keep, args.member_epochs)
+                fused, jaccard = train_hydra(out, data, singles[seed], seed, recipe, fold, args.keep, args.member_epochs,
+                                             args.circ_ood_per_kind, args.circ_heads_per_step)
                 extra.setdefault(f"jaccard_{recipe}", {})[f"{seed}/{fold}"] = jaccard
                 for fusion, model in fused.items():
                     cache = out / "logits" / f"hydra_{recipe}_{fusion}_seed{seed}_{fold.replace(' ', '_')}.pt"
@@ -305,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             table_in = {**numbers, "hydra": numbers[f"hydra_{recipe}_{fusion}"]}
             title = f"Hydra ({recipe}, keep {args.keep}/8 per layer, {fusion} MLP)"
             report.append(render_ceiling(ceiling_table(table_in), title=title))
-            report.append(_interval_table(preds, recipe, fusion, args.seeds))
+            report.append(_interval_table(preds, recipe, fusion, [s for s in args.seeds if (recipe, fusion, s) in preds["hydra"]]))
     extra_md = "\n".join(f"- {k}: " + ", ".join(f"{kk}: {v}" for kk, v in d.items()) for k, d in extra.items())
     text = "\n".join(report) + ("\n## Member diversity (pairwise Jaccard of kept heads)\n\n" + extra_md + "\n" if extra else "")
     (out / "ceiling.md").write_text(text)

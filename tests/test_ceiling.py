@@ -37,6 +37,14 @@ def test_ceiling_table_by_hand():
     text = ceiling.render_ceiling(table)
     assert "| Deep Ensemble | msp | 1 | 0.6600 | 0.7400 | 0.8300 | 0.0400 |" in text
     assert "| Deep Ensemble | msp | +4.0 / +3.0 | +3.0 / +0.5 | +3.5 / +1.8 |" in text
+    # a Hydra recipe screened on one seed only: its rows average the seeds it ran on, against the mean Single
+    hydra = _numbers(0.81, 0.03, {k: {"msp": v, "entropy": v, "energy": v, "mutual_information": v}
+                                  for k, v in {"a": 0.70, "b": 0.70}.items()}, mi=0.05)
+    table = ceiling.ceiling_table({"kinds": ["a", "b"], "seeds": [0, 1], "single": {"0": s0, "1": s1},
+                                   "deep_ensemble": de, "hydra": {"1": hydra}})
+    h = {r["score"]: r for r in table["rows"] if r["model"] == "Hydra"}["msp"]
+    assert h["seeds"] == 1 and h["auroc_std"]["a"] == 0
+    assert h["gain_msp"]["a"] == pytest.approx(0.70 - 0.62) and h["gain_msp"]["b"] == pytest.approx(0.70 - 0.71)
 
 
 def test_ceiling_end_to_end_tiny(tmp_path):

@@ -114,7 +114,7 @@ def ceiling_table(numbers: Mapping[str, Any]) -> dict[str, Any]:
         rows.append({"model": "Single", "score": score, "seeds": len(singles), **per_seed_row(singles, score)})
     groups = [("Deep Ensemble", [numbers["deep_ensemble"]])]
     if numbers.get("hydra"):
-        groups.append(("Hydra", [numbers["hydra"][s] for s in seeds]))
+        groups.append(("Hydra", [numbers["hydra"][s] for s in seeds if s in numbers["hydra"]]))  # the seeds it ran on
     for model, members in groups:
         for score in OOD_SCORES:
             if score not in members[0]["ood"][kinds[0]]:
