@@ -197,6 +197,34 @@ def test_export_logs_name_the_output_not_its_temporary_folder(exported, tmp_path
     assert f"wrote {out}" in caplog.text and ".tmp-" not in caplog.text, caplog.text
 
 # ------------------------------------------------------------------------------ int8
+def test_two_tower_int8_export_uses_the_smoothquant_recipe_and_reports_zero_shot(exported, tmp_path):
+    """Issue 26 item 2: a CLIP Hydra's int8 graph (both towers) is built by the default recipe, stays
+    close to fp32, and its report scores zero-shot classes named by the calibration folder."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for cls in ("cat", "dog"):
+        (tmp_path / "id" / cls).mkdir(parents=True)
+        for i in range(12):
+            Image.fromarray((rng.random((32, 32, 3)) * 255).astype("uint8")).save(tmp_path / "id" / cls / f"{i}.png")
+    (tmp_path / "ood" / "x").mkdir(parents=True)
+    for i in range(10):
+        Image.fromarray((rng.random((32, 32, 3)) * 90).astype("uint8")).save(tmp_path / "ood" / "x" / f"{i}.png")
+    out = tmp_path / "onnx-clip-int8"
+    export_onnx(exported["root"] / "hydra-clip", out, quantize="int8", calibration_data=str(tmp_path / "id"),
+                ood_data=[f"dark={tmp_path / 'ood'}"], data_options={"image_column": "image"})
+    report = json.loads((out / "quantization_report.json").read_text())
+    assert report["settings"]["int8_recipe"] == "smoothquant" and report["settings"]["class_names"] == ["cat", "dog"]
+    assert report["num_examples"] == {"calibration": 24, "dark": 10}
+    assert report["label_agreement"] >= 0.9 and 0 < report["max_abs_member_logit_change"] < 0.5
+    int8, fp32 = OnnxHydraModel.from_pretrained(out), OnnxHydraModel.from_pretrained(out, file_name="model.onnx")
+    assert int8.precision == "int8" and fp32.precision == "fp32"
+    inputs = _inputs("clip", batch=2, seq=7, images=3, seed=5)
+    a, b = int8(**inputs), fp32(**inputs)
+    assert a.logits_per_image.shape == b.logits_per_image.shape
+    assert 0 < (a.logits_per_image - b.logits_per_image).abs().max() < 0.5
+
+
 def test_int8_graph_is_close_but_not_equal_and_its_report_has_the_metrics(exported):
     folder = exported["bert"]
     int8 = OnnxHydraModel.from_pretrained(folder)  # the default graph of a quantised export
