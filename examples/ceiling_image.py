@@ -52,6 +52,7 @@ from hydra_hf.baselines import all_heads_masks
 from hydra_hf.ceiling import ceiling_table, render_ceiling
 from hydra_hf.evaluation import EnsemblePredictor, ModelPredictor, Predictions, make_loader, predict
 from hydra_hf.finetune import FinetuneConfig, finetune_members
+from hydra_hf.masks import HeadMasks
 from hydra_hf.pruning import build_members
 from hydra_hf.pruning.budget import Budget
 
@@ -188,8 +189,6 @@ def train_hydra(out: Path, data: Path, single: Path, seed: int, recipe: str, fol
     work = out / f"hydra_{recipe}_seed{seed}_{fold.replace(' ', '_')}"
     masks_file = work / "masks.json"
     if masks_file.is_file():
-        from hydra_hf.masks import HeadMasks
-
         masks = HeadMasks.load(masks_file)
     elif spec["method"] is None:
         masks = all_heads_masks(single, members=1)
@@ -271,7 +270,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="heads a circuit search removes per step (1: the paper's one at a time)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     out = Path(args.output).resolve()
     data = out / "data"
     build_testbed(data)
@@ -324,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     extra_md = "\n".join(f"- {k}: " + ", ".join(f"{kk}: {v}" for kk, v in d.items()) for k, d in extra.items())
     text = "\n".join(report) + ("\n## Member diversity (pairwise Jaccard of kept heads)\n\n" + extra_md + "\n" if extra else "")
     (out / "ceiling.md").write_text(text)
-    (out / "ceiling.json").write_text(json.dumps({k: v for k, v in numbers.items()}, indent=1, default=str))
+    (out / "ceiling.json").write_text(json.dumps(numbers, indent=1, default=str))
     logger.info("wrote %s\n%s", out / "ceiling.md", text)
     return 0
 
