@@ -44,7 +44,9 @@ __all__ = [
     "brier_score",
     "nll",
     "calibration_bins",
+    "confidence_bins",
     "ece",
+    "ece_from_confidence",
     "adaptive_ece",
     "ood_auroc",
     "fpr_at_95_tpr",
@@ -314,7 +316,34 @@ def calibration_bins(
     p = _probs(probs).to("cpu", torch.float64)
     y = _labels(labels, p.shape[0], p.shape[1]).cpu()
     conf, pred = p.max(dim=1)  # (N,), (N,)
-    correct = (pred == y).to(torch.float64)  # (N,)
+    return confidence_bins(conf, pred == y, n_bins, strategy)
+
+
+def confidence_bins(
+    confidence: ArrayLike,
+    correct: ArrayLike,
+    n_bins: int = 15,
+    strategy: Literal["uniform", "quantile"] = "uniform",
+) -> dict[str, torch.Tensor]:
+    """:func:`calibration_bins` from each sample's top-label confidence and correctness.
+
+    For predictions whose probability vectors are too large to hold for a whole data set (a language
+    model's next-token distributions over a vocabulary of 32k-150k tokens): keep ``max_c p_c`` and
+    ``argmax_c p_c == label`` per sample and bin those. Same bins, same output as
+    :func:`calibration_bins` (which calls it).
+
+    Shape:
+        confidence: (N,) floats in [0, 1]; correct: (N,) bool (or 0/1).
+    """
+    _check_n_bins(n_bins)
+    conf = _scores(confidence, "confidence")
+    lo, hi = float(conf.min()), float(conf.max())
+    if lo < -PROB_ATOL or hi > 1 + PROB_ATOL:
+        raise ValueError(f"confidence must be probabilities in [0, 1], got values in [{lo:.4g}, {hi:.4g}]; pass max softmax probabilities")
+    ok = _as_tensor(correct, "correct")
+    if ok.shape != conf.shape:
+        raise ValueError(f"correct has shape {tuple(ok.shape)} but confidence has shape {tuple(conf.shape)}; pass one flag per sample")
+    correct = ok.to("cpu", torch.float64)  # (N,)
     n = conf.shape[0]
     if strategy == "uniform":
         edges = torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64)  # (n_bins + 1,)
@@ -363,6 +392,18 @@ def ece(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
         probs: (N, C); labels: (N,).
     """
     return _ece_from_bins(calibration_bins(probs, labels, n_bins, "uniform"))
+
+
+def ece_from_confidence(confidence: ArrayLike, correct: ArrayLike, n_bins: int = 15) -> float:
+    """:func:`ece` from each sample's top-label confidence and correctness (:func:`confidence_bins`).
+
+    Equals ``ece(probs, labels, n_bins)`` for ``confidence = probs.max(1)`` and
+    ``correct = probs.argmax(1) == labels``.
+
+    Shape:
+        confidence: (N,); correct: (N,) bool.
+    """
+    return _ece_from_bins(confidence_bins(confidence, correct, n_bins, "uniform"))
 
 
 def adaptive_ece(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
