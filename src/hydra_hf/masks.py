@@ -511,3 +511,27 @@ def _read_masks_json(path: Path) -> Any:
     file of at most 8 MB, no deeper than 64 levels); every problem is one line naming the path."""
     return read_json(path, what="masks file", fix="fix it, or write a new one with `hydra-hf prune`",
                      max_bytes=MAX_FILE_BYTES)
+
+
+def kept_kv_heads(kept_query_heads: Sequence[int], num_heads: int, num_key_value_heads: int) -> list[int]:
+    """The key/value heads a member keeps under grouped-query attention.
+
+    Masks name *query* heads. Query head ``h`` reads key/value head ``h // (num_heads / num_key_value_heads)``
+    (transformers' ``repeat_kv``); a key/value head stays while any of its query heads is kept, and goes
+    when all of them are removed. With ``num_key_value_heads == num_heads`` this is ``sorted(kept_query_heads)``.
+
+    Example: ``kept_kv_heads([0, 5], 8, 2) == [0, 1]``; ``kept_kv_heads([0, 1], 8, 2) == [0]``.
+
+    Raises:
+        HydraInputError: ``num_heads`` not a positive multiple of ``num_key_value_heads``, or a query
+            head outside ``[0, num_heads)``.
+    """
+    if num_key_value_heads < 1 or num_heads < 1 or num_heads % num_key_value_heads:
+        raise HydraInputError(
+            f"num_heads {num_heads} must be a positive multiple of num_key_value_heads {num_key_value_heads}"
+        )
+    group = num_heads // num_key_value_heads
+    bad = [h for h in kept_query_heads if not 0 <= int(h) < num_heads]
+    if bad:
+        raise HydraInputError(f"query heads {bad} are outside [0, {num_heads}); a layer has {num_heads} query heads")
+    return sorted({int(h) // group for h in kept_query_heads})

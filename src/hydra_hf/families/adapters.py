@@ -17,7 +17,24 @@ its :class:`ModelAdapter` from the helpers here:
 - :func:`timm_vit_adapter`: timm ``VisionTransformer`` (``blocks[i].attn.{qkv, proj}``);
 - :func:`open_clip_adapter`: open_clip ``CLIP`` (towers ``"vision"`` and ``"text"``,
   ``nn.MultiheadAttention`` with ``in_proj_weight`` and ``out_proj``);
-- :func:`layer_list_adapter`: any layout, from one ``(attention module -> names)`` description.
+- :func:`layer_list_adapter`: any layout, from one ``(attention module -> names)`` description;
+- :func:`llama_like_adapter`: transformers decoders with Llama's layout
+  ``layers[i].self_attn.{q,k,v,o}_proj`` (Llama, Mistral, Qwen2, Qwen3; grouped-query attention);
+- :func:`gpt2_adapter`: transformers GPT-2 (``h[i].attn.{c_attn, c_proj}``, ``Conv1D`` weights stored
+  ``(in, out)``: ``AttentionLayer.transposed``);
+- :func:`decoder_adapter`: either of the two, by the model's layout.
+
+Decoders (``task``): a sequence classifier (``...ForSequenceClassification``) gives class logits
+``(B, C)`` like every encoder; a causal LM (a model with an ``lm_head``) gets ``task="causal_lm"`` and
+the logits of :func:`next_token_logits`: next-token prediction seen as classification over the
+vocabulary, one row per *valid* position (:func:`next_token_mask`), so that Taylor scores and circuit
+accuracy are next-token loss and accuracy (:mod:`hydra_hf.pruning.lm` builds the matching batches).
+
+Grouped-query attention (``num_key_value_heads < num_attention_heads``): the heads the pruning code
+sees are the *query* heads (the input blocks of ``o_proj``); query head ``h`` reads key/value head
+``h // (H / H_kv)``. Taylor's weight criterion gives query head ``h`` the mean importance of its own
+Q rows and of the K and V rows of its key/value group (so the query heads of one group share the K/V
+part of their score): removing every query head of a group removes the group's K/V rows too.
 
 Single-tower models have one tower, named ``"text"`` (BERT) or ``"vision"`` (ViT, timm).
 CLIP logits are zero-shot logits: scaled cosine similarity of each image with the class prompts
@@ -43,14 +60,28 @@ class AttentionLayer:
         out_proj: the output projection; its input features are ``num_heads`` blocks of ``head_dim``.
         qkv: ``[(weight, row_offset)]`` for Q, K and V: head ``h``'s rows of that projection are
             ``weight[row_offset + h*head_dim : row_offset + (h+1)*head_dim]``.
-        num_heads: heads in the layer (``H``).
+        num_heads: heads in the layer (``H``; the query heads under grouped-query attention).
         head_dim: features per head (``dk``).
+        num_key_value_heads: heads of the K and V projections (``qkv[1:]``) under grouped-query
+            attention (``H_kv``, dividing ``H``; query head ``h`` reads K/V head ``h // (H / H_kv)``);
+            ``None``: ``H`` (plain multi-head attention).
+        transposed: the weights (``out_proj.weight`` and the ``qkv`` weights) are stored ``(in, out)``
+            (transformers ``Conv1D``, GPT-2), not ``(out, in)`` like ``nn.Linear``: a head's "rows" of
+            Q/K/V are then *columns* of the weight and its input block of ``W_O`` is a block of *rows*.
     """
 
-    out_proj: nn.Linear
+    out_proj: nn.Module
     qkv: list[tuple[nn.Parameter, int]]
     num_heads: int
     head_dim: int
+    num_key_value_heads: int | None = None
+    transposed: bool = False
+
+    def proj_heads(self, index: int) -> int:
+        """Heads of ``qkv[index]``: ``H`` for Q (index 0), ``H_kv`` for K and V."""
+        if index == 0 or self.num_key_value_heads is None:
+            return self.num_heads
+        return self.num_key_value_heads
 
 
 @dataclass
@@ -58,11 +89,16 @@ class ModelAdapter:
     """What pruning needs to know about one architecture.
 
     Attributes:
-        kind: ``"hf_bert"``, ``"hf_vit"``, ``"hf_clip"``, ``"timm_vit"`` or ``"open_clip"``.
+        kind: ``"hf_bert"``, ``"hf_vit"``, ``"hf_clip"``, ``"timm_vit"``, ``"open_clip"``,
+            ``"hf_llama"`` (Llama-like decoders), ``"hf_gpt2"``, ...
         model: the wrapped model.
         towers: tower name -> its attention layers, in depth order.
-        logits_fn: ``(model, batch) -> logits (B, C)``.
+        logits_fn: ``(model, batch) -> logits (B, C)``; for ``task="causal_lm"``, ``(N_valid, V)``
+            (:func:`next_token_logits`).
         input_keys: batch keys the model reads (``labels`` is never passed to the model).
+        task: ``"classification"`` (one row of logits per example) or ``"causal_lm"`` (one row per
+            valid next-token position; circuit search then scores with
+            :class:`hydra_hf.pruning.lm.LMGatedEvaluator`).
     """
 
     kind: str
@@ -70,6 +106,7 @@ class ModelAdapter:
     towers: dict[str, list[AttentionLayer]]
     logits_fn: Callable[[nn.Module, Mapping[str, torch.Tensor]], torch.Tensor]
     input_keys: tuple[str, ...] = field(default_factory=tuple)
+    task: str = "classification"
 
     @property
     def tower_names(self) -> list[str]:
@@ -92,7 +129,8 @@ class ModelAdapter:
         return tower
 
     def logits(self, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """Class logits ``(B, C)`` of a batch (moved to the model's device)."""
+        """Class logits ``(B, C)`` of a batch (moved to the model's device); ``(N_valid, V)`` next-token
+        logits for ``task="causal_lm"``."""
         device = next(self.model.parameters()).device
         inputs = {k: v.to(device) for k, v in batch.items() if k in self.input_keys}
         return self.logits_fn(self.model, inputs)
@@ -262,3 +300,171 @@ def open_clip_adapter(model: nn.Module, class_text_inputs: Any) -> ModelAdapter:
         return m.logit_scale.exp() * image @ text.T  # (B, C)
 
     return ModelAdapter("open_clip", model, towers, logits_fn, ("pixel_values",))
+
+
+# ------------------------------------------------------------------------------------- decoders
+TASKS = ("classification", "causal_lm")
+
+
+def next_token_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Which positions ``t`` of each row predict a real next token: tokens ``t`` and ``t+1`` both real.
+
+    Shape:
+        attention_mask: ``(B, T)`` 0/1; returns ``(B, T-1)`` bool. The valid positions, read in
+        row-major order (``logits[:, :-1][mask]``), are the rows of :func:`next_token_logits` and
+        the targets ``input_ids[:, 1:][mask]``.
+    """
+    real = attention_mask.bool()
+    return real[:, :-1] & real[:, 1:]
+
+
+def next_token_logits(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    """A causal LM's logits at its valid next-token positions, flattened row-major. ``(N_valid, V)``.
+
+    Row ``i`` is ``model(**inputs).logits[b, t]`` for the ``i``-th ``(b, t)`` of
+    :func:`next_token_mask` (no attention mask: every position but the last is valid).
+    """
+    logits = model(**inputs).logits  # (B, T, V)
+    mask = inputs.get("attention_mask")
+    if mask is None:
+        return logits[:, :-1].reshape(-1, logits.shape[-1])
+    return logits[:, :-1][next_token_mask(mask.to(logits.device))]  # (N_valid, V)
+
+
+def _headless_logits(model: nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    raise TypeError(
+        f"{type(model).__name__} has no head to give logits (a bare base model); gates work on it, but Taylor "
+        "scores and circuit search need a ...ForCausalLM or ...ForSequenceClassification model"
+    )
+
+
+def _decoder_task(model: nn.Module, headless: bool, task: str | None) -> tuple[str, Callable[..., torch.Tensor]]:
+    """The task of a decoder (``None``: a causal LM if it has an ``lm_head``) and its logits function
+    (``headless``: a bare base model, whose logits function explains that it has none)."""
+    if task is None:
+        task = "causal_lm" if hasattr(model, "lm_head") else "classification"
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose one of {list(TASKS)}")
+    if task == "causal_lm":
+        return task, next_token_logits
+    return task, (_headless_logits if headless else _hf_classifier_logits)
+
+
+def find_llama_like_layers(model: nn.Module) -> Any:
+    """``layers`` of a Llama-like decoder (``layers[i].self_attn.{q,k,v,o}_proj``), or None."""
+    prefix = getattr(model, "base_model_prefix", "model")
+    for base in (model, getattr(model, prefix, None)):
+        layers = getattr(base, "layers", None) if base is not None else None
+        if layers is not None and len(layers) and hasattr(getattr(layers[0], "self_attn", None), "o_proj"):
+            return layers
+    return None
+
+
+def llama_like_adapter(
+    model: nn.Module,
+    kind: str = "hf_llama",
+    *,
+    task: str | None = None,
+    input_keys: tuple[str, ...] = ("input_ids", "attention_mask"),
+) -> ModelAdapter:
+    """A transformers decoder with Llama's layout: ``LlamaForCausalLM`` / ``...ForSequenceClassification`` /
+    ``LlamaModel`` and the same classes of Mistral, Qwen2, Qwen3 (``<base>.layers[i].self_attn``).
+
+    ``head_dim`` is ``config.head_dim`` when set (Qwen3 may have ``H * head_dim != hidden_size``),
+    else ``hidden_size // num_attention_heads``; grouped-query attention is read from
+    ``config.num_key_value_heads``. The gates act on the query heads (``o_proj`` input columns).
+
+    Args:
+        task: ``"causal_lm"`` (logits :func:`next_token_logits`), ``"classification"`` (class logits
+            ``(B, C)``), or ``None``: ``"causal_lm"`` when the model has an ``lm_head``.
+    """
+    layers = find_llama_like_layers(model)
+    if layers is None:
+        raise TypeError(f"cannot find the Llama-like decoder layers (layers[i].self_attn.o_proj) of {type(model).__name__}")
+    cfg = model.config
+    H = cfg.num_attention_heads
+    H_kv = getattr(cfg, "num_key_value_heads", None) or H
+    dk = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+    if H % H_kv:
+        raise ValueError(f"num_attention_heads {H} is not a multiple of num_key_value_heads {H_kv}")
+    out = []
+    for layer in layers:
+        att = layer.self_attn
+        if att.o_proj.in_features != H * dk or att.k_proj.out_features != H_kv * dk:
+            raise ValueError(
+                f"{type(model).__name__}: o_proj has {att.o_proj.in_features} input features and k_proj "
+                f"{att.k_proj.out_features} outputs; expected {H}x{dk} and {H_kv}x{dk} (heads x head_dim)"
+            )
+        out.append(
+            AttentionLayer(
+                out_proj=att.o_proj,
+                qkv=[(att.q_proj.weight, 0), (att.k_proj.weight, 0), (att.v_proj.weight, 0)],
+                num_heads=H,
+                head_dim=dk,
+                num_key_value_heads=H_kv if H_kv != H else None,
+            )
+        )
+    task, logits_fn = _decoder_task(model, hasattr(model, "layers"), task)
+    return ModelAdapter(kind, model, {"text": out}, logits_fn, input_keys, task)
+
+
+def find_gpt2_layers(model: nn.Module) -> Any:
+    """``h`` of a GPT-2 model (``h[i].attn.{c_attn, c_proj}``), or None."""
+    for base in (model, getattr(model, "transformer", None)):
+        blocks = getattr(base, "h", None) if base is not None else None
+        if blocks is not None and len(blocks) and hasattr(getattr(blocks[0], "attn", None), "c_proj"):
+            return blocks
+    return None
+
+
+def gpt2_adapter(
+    model: nn.Module,
+    kind: str = "hf_gpt2",
+    *,
+    task: str | None = None,
+    input_keys: tuple[str, ...] = ("input_ids", "attention_mask"),
+) -> ModelAdapter:
+    """transformers GPT-2 (``GPT2LMHeadModel`` / ``GPT2ForSequenceClassification`` / ``GPT2Model``).
+
+    ``attn.c_attn`` (fused Q, K, V) and ``attn.c_proj`` are ``Conv1D``: weights ``(in, out)``, so the
+    layers are ``transposed`` (head ``h``'s Q rows are columns ``h*dk:(h+1)*dk`` of ``c_attn.weight``,
+    K and V follow at offsets ``d`` and ``2d``; its ``W_O`` block is rows ``h*dk:(h+1)*dk`` of
+    ``c_proj.weight``). ``task``: as :func:`llama_like_adapter`.
+    """
+    blocks = find_gpt2_layers(model)
+    if blocks is None:
+        raise TypeError(f"cannot find the GPT-2 blocks (h[i].attn.c_proj) of {type(model).__name__}")
+    if getattr(blocks[0].attn, "is_cross_attention", False):
+        raise TypeError("GPT-2 cross-attention blocks are not supported")
+    H = model.config.n_head
+    out = []
+    for block in blocks:
+        att = block.attn
+        d = att.c_proj.weight.shape[0]  # Conv1D weight (in, out): in = H * dk
+        out.append(
+            AttentionLayer(
+                out_proj=att.c_proj,
+                qkv=[(att.c_attn.weight, 0), (att.c_attn.weight, d), (att.c_attn.weight, 2 * d)],
+                num_heads=H,
+                head_dim=d // H,
+                transposed=True,
+            )
+        )
+    task, logits_fn = _decoder_task(model, hasattr(model, "h"), task)
+    return ModelAdapter(kind, model, {"text": out}, logits_fn, input_keys, task)
+
+
+def decoder_adapter(model: nn.Module, *, task: str | None = None) -> ModelAdapter:
+    """:func:`llama_like_adapter` or :func:`gpt2_adapter`, whichever layout ``model`` has.
+
+    Raises:
+        TypeError: neither layout.
+    """
+    if find_llama_like_layers(model) is not None:
+        return llama_like_adapter(model, task=task)
+    if find_gpt2_layers(model) is not None:
+        return gpt2_adapter(model, task=task)
+    raise TypeError(
+        f"{type(model).__name__} has neither Llama's decoder layout (layers[i].self_attn.o_proj) nor GPT-2's "
+        "(h[i].attn.c_proj)"
+    )

@@ -7,6 +7,7 @@
 - :mod:`.scoring` — the circuit score ``S`` (accuracy / MSP AUROC) and the batch type both evaluators read;
 - :mod:`.circuits` — Strategy 2, greedy circuit search (CircAcc / CircOOD / CircAvg);
 - :mod:`.cached_bert` — the cached, batched circuit evaluator for BERT classifiers;
+- :mod:`.lm` — decoders (causal LMs) on next-token prediction: batches, adapter, sequence-level evaluator;
 - :mod:`.diversity` — M members from seeds, criteria and user masks;
 - :mod:`.members` — :func:`build_members`: data specs -> masks (``hydra-hf prune`` and every recipe);
 - :mod:`.loading` — open_clip / timm models from local weights, zero-shot class prompts (the CLI's loaders).
@@ -38,6 +39,7 @@ from .diversity import (
 )
 from .gates import HeadGates, zero_head_columns_
 from .layout import JOINT, HeadLayout
+from .lm import LMGatedEvaluator, causal_lm_adapter, lm_batches, lm_batches_from_ids
 from .members import PruningTarget, build_members, load_pruning_target
 from .scoring import auroc, batch_labels, circuit_score
 from .taylor import PruneResult, normalize_layer_scores, select_top, taylor_prune, taylor_scores
@@ -57,16 +59,20 @@ __all__ = [
     "HeadGates",
     "HeadLayout",
     "JOINT",
+    "LMGatedEvaluator",
     "ModelAdapter",
     "PruneResult",
     "PruningTarget",
     "auroc",
     "batch_labels",
     "build_members",
+    "causal_lm_adapter",
     "circuit_prune",
     "circuit_prune_criteria",
     "circuit_score",
     "get_adapter",
+    "lm_batches",
+    "lm_batches_from_ids",
     "load_pruning_target",
     "make_evaluator",
     "normalize_layer_scores",

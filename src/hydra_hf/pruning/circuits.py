@@ -66,6 +66,7 @@ from .budget import Budget
 from .cached_bert import PRECISIONS, CachedBertEvaluator, supports_cached_bert
 from .gates import HeadGates
 from .layout import HeadLayout
+from .lm import LMGatedEvaluator
 from .scoring import SCORES, Batch, auroc, batch_labels, circuit_score
 from .taylor import PruneResult
 
@@ -181,12 +182,19 @@ def make_evaluator(
 ) -> Evaluator:
     """The fastest evaluator available for the model (``fast=False``: always the plain one).
 
+    A causal LM (``adapter.task == "causal_lm"``) always gets :class:`~hydra_hf.pruning.lm.LMGatedEvaluator`
+    (next-token accuracy, sequence-level MSP AUROC).
+
     ``precision`` (cached evaluator only): ``"fp32"`` (every candidate in float32, the default),
     ``"screened"`` (bf16 screening, float32 decisions) or ``"bf16"`` (approximate); see
     :class:`~hydra_hf.pruning.cached_bert.CachedBertEvaluator`.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown circuit precision {precision!r}; choose one of {list(PRECISIONS)}")
+    if adapter.task == "causal_lm":
+        if precision != "fp32":
+            logger.warning("precision=%r needs the cached BERT evaluator; scoring the causal LM in float32", precision)
+        return LMGatedEvaluator(adapter, id_batches, ood_batches, tower=tower)
     if fast and adapter.kind == "hf_bert" and supports_cached_bert(adapter.model):
         return CachedBertEvaluator(adapter, id_batches, ood_batches, precision=precision)
     if precision != "fp32":
@@ -303,7 +311,8 @@ def circuit_prune(
     """Greedy circuit search (Algorithm 1) for one member.
 
     Args:
-        adapter: the model's adapter (a classifier: logits ``(B, C)``).
+        adapter: the model's adapter (a classifier: logits ``(B, C)``; or a causal LM,
+            ``task="causal_lm"``: scored by :class:`~hydra_hf.pruning.lm.LMGatedEvaluator`).
         id_batches: labelled ID validation batches.
         ood_batches: OOD validation batches (needed for ``score`` ``"ood"`` / ``"avg"``).
         budget: ``Budget(remove=N)`` removes ``N`` heads anywhere; ``Budget(heads_per_layer=K)``

@@ -7,7 +7,9 @@ implemented: a ``torch.nn.utils.parametrize`` parametrization on every output-pr
 Unlike a module hook it also acts where the weight is read directly (``nn.MultiheadAttention`` in
 open_clip passes ``out_proj.weight`` to ``F.multi_head_attention_forward``). A gate of 0 removes the
 head exactly (the projection bias is kept, as in the fused Hydra model); all heads of a layer may be
-switched off.
+switched off. For weights stored ``(in, out)`` (transformers ``Conv1D``, GPT-2; ``AttentionLayer.transposed``)
+the head blocks of ``W_O``'s input are *rows* of the stored weight, and those are scaled. Under
+grouped-query attention the gates act on the query heads.
 
 Example::
 
@@ -34,17 +36,21 @@ class _ColumnBlockGate(nn.Module):
     """Parametrization ``W -> W * repeat_interleave(gates[layer], head_dim)`` (scales W_O's head blocks).
 
     The gate tensor is shared with :class:`HeadGates` (held as a plain attribute, not a buffer, so
-    that writing into ``HeadGates.gates`` changes every layer at once).
+    that writing into ``HeadGates.gates`` changes every layer at once). ``transposed``: the weight is
+    stored ``(H*dk, d_out)`` (``Conv1D``) and its rows are scaled instead of its columns.
     """
 
-    def __init__(self, gates: torch.Tensor, layer: int, head_dim: int) -> None:
+    def __init__(self, gates: torch.Tensor, layer: int, head_dim: int, transposed: bool = False) -> None:
         super().__init__()
         self.gates = gates  # (L, H), shared
         self.layer = layer
         self.head_dim = head_dim
+        self.transposed = transposed
 
-    def forward(self, weight: torch.Tensor) -> torch.Tensor:  # weight: (d_out, H*dk)
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:  # weight: (d_out, H*dk), or (H*dk, d_out) transposed
         col_scale = self.gates[self.layer].to(weight.dtype).repeat_interleave(self.head_dim)  # (H*dk,)
+        if self.transposed:
+            return weight * col_scale.unsqueeze(1)
         return weight * col_scale
 
 
@@ -85,7 +91,7 @@ class HeadGates:
             for index, layer in enumerate(layers):
                 self._param_order.append(list(layer.out_proj._parameters))
                 parametrize.register_parametrization(
-                    layer.out_proj, "weight", _ColumnBlockGate(gates, index, layer.head_dim), unsafe=True
+                    layer.out_proj, "weight", _ColumnBlockGate(gates, index, layer.head_dim, layer.transposed), unsafe=True
                 )
                 self._modules.append(layer.out_proj)
         self._active = True
@@ -167,5 +173,9 @@ def zero_head_columns_(model: nn.Module, gates: torch.Tensor | Mapping[str, torc
             for index, layer in enumerate(adapter.towers[tower]):
                 for h in range(layer.num_heads):
                     if float(g[index, h]) == 0.0:
-                        layer.out_proj.weight[:, h * layer.head_dim : (h + 1) * layer.head_dim] = 0.0
+                        block = slice(h * layer.head_dim, (h + 1) * layer.head_dim)
+                        if layer.transposed:  # (H*dk, d_out): the head's input block is rows
+                            layer.out_proj.weight[block] = 0.0
+                        else:
+                            layer.out_proj.weight[:, block] = 0.0
     return model

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..families.adapters import ModelAdapter
+from ..families.adapters import AttentionLayer, ModelAdapter
 from .budget import Budget
 from .gates import HeadGates
 from .layout import HeadLayout
@@ -65,10 +65,30 @@ class PruneResult:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def _head_rows_importance(weight: torch.Tensor, grad: torch.Tensor, offset: int, num_heads: int, head_dim: int) -> torch.Tensor:
-    """Mean of ``|W ⊙ G|`` over each head's rows. Shape: ``(H,)``."""
+def _head_rows_importance(
+    weight: torch.Tensor, grad: torch.Tensor, offset: int, num_heads: int, head_dim: int, transposed: bool = False
+) -> torch.Tensor:
+    """Mean of ``|W ⊙ G|`` over each head's rows (``transposed``: its columns, ``Conv1D`` weights). Shape: ``(H,)``."""
+    if transposed:
+        weight, grad = weight.T, grad.T
     block = (weight[offset : offset + num_heads * head_dim] * grad[offset : offset + num_heads * head_dim]).abs()
     return block.reshape(num_heads, -1).mean(dim=1)  # (H,)
+
+
+def _layer_weight_importance(layer: AttentionLayer) -> torch.Tensor:
+    """``|W ⊙ dL/dW|`` importance of each (query) head of one layer: the mean over Q, K and V of the mean
+    over the head's rows. Under grouped-query attention a query head takes the K and V rows of its
+    key/value group (K/V head ``h // (H / H_kv)``). Shape: ``(H,)``."""
+    H = layer.num_heads
+    per_proj = []
+    for index, (w, off) in enumerate(layer.qkv):
+        if w.grad is None:
+            per_proj.append(torch.zeros(H, device=w.device))
+            continue
+        heads = layer.proj_heads(index)
+        imp = _head_rows_importance(w, w.grad, off, heads, layer.head_dim, layer.transposed)  # (heads,)
+        per_proj.append(imp.repeat_interleave(H // heads))  # (H,)
+    return torch.stack(per_proj).mean(dim=0)
 
 
 def taylor_scores(
@@ -89,7 +109,8 @@ def taylor_scores(
         batches: the calibration batches (iterated once).
         gates: ``(L, H)`` current 0/1 gates of ``tower`` (``None``: all heads on); with
             ``tower="joint"``, ``{tower: (L_t, H_t)}``.
-        criterion: ``"weight"`` (``|W ⊙ dL/dW|`` on Q/K/V rows) or ``"gate"`` (``|dL/dgate|``).
+        criterion: ``"weight"`` (``|W ⊙ dL/dW|`` on Q/K/V rows; under grouped-query attention a query
+            head's K/V rows are those of its key/value group) or ``"gate"`` (``|dL/dgate|``).
         tower: a tower name (``None``: the only one) or ``"joint"`` (every tower, one backward pass
             per batch).
 
@@ -149,14 +170,7 @@ def _tower_scores(
                             scores[t] += hg.tower_gates[t].grad.detach().abs().cpu()
                             continue
                         for index, layer in enumerate(adapter.towers[t]):
-                            H = layer.num_heads
-                            per_proj = [
-                                _head_rows_importance(w, w.grad, off, H, layer.head_dim)
-                                if w.grad is not None
-                                else torch.zeros(H, device=w.device)
-                                for w, off in layer.qkv
-                            ]
-                            scores[t][index] += torch.stack(per_proj).mean(dim=0).cpu()
+                            scores[t][index] += _layer_weight_importance(layer).cpu()
                 n_batches += 1
     finally:
         for p, r in zip(params, requires):
