@@ -10,6 +10,7 @@ adapters (:mod:`.adapters`), which know no family, and below the stages that loo
 from . import bert, vit, timm_vit, clip, open_clip  # noqa: E402,F401  isort: skip
 from . import roberta, electra, distilbert, albert  # noqa: E402,F401  isort: skip
 from . import deberta_v2, modernbert  # noqa: E402,F401  isort: skip
+from . import llama  # noqa: E402,F401  isort: skip
 from . import deit, beit, dinov2, siglip  # noqa: E402,F401  isort: skip
 from .base import (
     TASKS,

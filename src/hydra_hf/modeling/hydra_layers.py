@@ -426,6 +426,56 @@ class HydraMLP(nn.Module):
         return out.view(hidden.shape)
 
 
+class HydraGatedMLP(nn.Module):
+    """A gated MLP: ``fc2(drop(act(x A^T) * (x B^T)))`` where ``fc1_weight (2I, d)`` stacks ``[A; B]`` and
+    ``fc2_weight (d, I)`` is the down projection: ModernBERT's GLU (``[W_in; W_gate]``, the rows of ``Wi``;
+    ``Wo``), Llama's SwiGLU (``[gate_proj; up_proj]``; ``down_proj``).
+
+    ``mlp_fusion="average"``: one MLP shared by all members, its weights the members' average;
+    ``"per_member"``: the same names with a leading M axis, batched products over M. Biases only when the
+    base has ``mlp_bias=True``.
+    """
+
+    # Rows per pass, as HydraMLP: the (rows, 2I) intermediate stays in the CPU cache.
+    chunk_rows = 1024
+
+    def __init__(self, spec: HydraLayerSpec, bias: bool, dropout: float) -> None:
+        super().__init__()
+        self.per_member = spec.mlp_fusion == "per_member"
+        d, inner = spec.hidden_size, spec.intermediate_size
+        lead = (spec.num_members,) if self.per_member else ()
+        self.fc1_weight = nn.Parameter(torch.empty(*lead, 2 * inner, d))
+        self.fc2_weight = nn.Parameter(torch.empty(*lead, d, inner))
+        self.fc1_bias = nn.Parameter(torch.empty(*lead, 2 * inner)) if bias else None
+        self.fc2_bias = nn.Parameter(torch.empty(*lead, d)) if bias else None
+        self.act = ACT2FN[spec.hidden_act]
+        self.drop = nn.Dropout(dropout)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if not self.per_member:
+            return F.linear(x, weight, bias)  # (N, out)
+        if bias is None:
+            return torch.bmm(x, weight.transpose(1, 2))  # (M, N, out)
+        return grouped_linear(x, weight.transpose(1, 2), bias)
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """Shared MLP on ``(N, d)`` rows, or per-member MLP on ``(M, N, d)``."""
+        inp, gate = self._linear(x, self.fc1_weight, self.fc1_bias).chunk(2, dim=-1)  # (..., I) each
+        return self._linear(self.drop(self.act(inp) * gate), self.fc2_weight, self.fc2_bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(M, B, T, d)`` -> ``(M, B, T, d)``."""
+        M, d = hidden.shape[0], hidden.shape[-1]
+        x = hidden.reshape(M, -1, d) if self.per_member else hidden.reshape(-1, d)  # (M, BT, d) or (M*BT, d)
+        rows = x.shape[-2]
+        if rows <= self.chunk_rows:
+            return self._mlp(x).view(hidden.shape)
+        out = torch.empty_like(x)
+        for start in range(0, rows, self.chunk_rows):
+            out[..., start : start + self.chunk_rows, :] = self._mlp(x[..., start : start + self.chunk_rows, :])
+        return out.view(hidden.shape)
+
+
 class HydraMemberLinear(nn.Module):
     """M independent linear maps applied member-wise: ``weight (M, out, in)``, ``bias (M, out)``.
 

@@ -1,0 +1,658 @@
+# Shipped with every Hydra Ensemble model folder built on a Llama-style decoder (remote code): imports only
+# the standard library, torch, transformers and sibling files.
+"""Hydra Ensemble of a Llama-style decoder (Llama, Mistral, Qwen2, Qwen3): M head-pruned members run as
+one model in one forward pass, with one key/value cache for all of them.
+
+Shared token embeddings feed M residual streams. Every layer is the base's pre-norm decoder layer,
+``h = h + Attn(RMSNorm1_m(h)); h = h + SwiGLU(RMSNorm2_m(h))``, with causal self-attention over all members'
+kept query heads at once: member m projects its own stream with the Q rows of its kept query heads and the
+K / V rows of the key/value heads they read (grouped-query attention: a key/value head stays while any of
+its query heads is kept), rotary position embeddings (and Qwen3's per-head RMSNorm of queries and keys)
+are applied per head, the cache stores every member's kept key/value heads side by side (one cache layer
+per layer, ``(B, KV_l, S, dk)`` with ``KV_l`` the key/value heads all members keep in layer l), each query
+head attends over its own key/value head, and member m's output projection uses the W_O columns of its kept
+heads. The MLP is averaged across members or kept per member; every member has its own RMSNorms, final
+norm and head (classifier ``score``; the language-model head is shared or per member, ``lm_head_fusion``).
+
+Outputs: a causal LM returns ``member_logits (B, M, T, V)`` and ``logits (B, T, V)`` = log of the mean of
+the members' softmaxes, so ``generate()`` (greedy, sampling, beam search) decodes from the ensemble's
+predictive distribution; :meth:`HydraEnsembleLlamaForCausalLM.generate_with_uncertainty` adds, for every
+generated token, the predictive entropy, the mutual information (the members' disagreement) and each
+member's top token. A sequence classifier pools every member's last non-padding token, as transformers does.
+
+The reference is transformers' model of the base with member m's removed query heads' W_O column blocks
+set to zero (``tests/test_decoder_fused.py``), with and without the cache, on left-padded batches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaConfig, LlamaRotaryEmbedding, apply_rotary_pos_emb
+from transformers.utils import ModelOutput
+
+from .configuration_hydra_llama import HydraEnsembleLlamaConfig, kept_kv_heads
+from .hydra_layers import (
+    HydraClassifierOutput,
+    HydraGatedMLP,
+    HydraMemberLinear,
+    HydraPreTrainedModel,
+    LayerOutputs,
+    ensemble_outputs,
+    eager_attention_forward,
+    init_hydra_weights,
+    layer_spec,
+)
+
+BASE_CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+
+@dataclass
+class HydraDecoderOutput(ModelOutput):
+    """Output of the fused decoder.
+
+    Args:
+        last_hidden_state: ``(B, M, T, d)`` every member's final hidden states (after its final RMSNorm).
+        cache: the key/value cache (every member's kept key/value heads), with ``use_cache``.
+        hidden_states, attentions: as in ``HydraModelOutput`` (attentions ``(B, K_l, T, S)`` over the K_l kept
+            query heads of layer l in member order, with eager attention).
+    """
+
+    last_hidden_state: torch.Tensor | None = None
+    cache: Cache | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class HydraCausalLMOutput(ModelOutput):
+    """Output of the fused causal LM.
+
+    Args:
+        loss: mean over members of each member's next-token cross-entropy, when ``labels`` are given.
+        logits: ``(B, T, V)`` log of the mean of the members' next-token softmaxes.
+        member_logits: ``(B, M, T, V)`` every member's own logits.
+        cache, hidden_states, attentions: as in ``HydraDecoderOutput``.
+    """
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    member_logits: torch.Tensor | None = None
+    cache: Cache | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class HydraGenerateOutput(ModelOutput):
+    """What :meth:`HydraEnsembleLlamaForCausalLM.generate_with_uncertainty` returns.
+
+    Args:
+        sequences: ``(B, P + N)`` the prompts and the N generated tokens (as ``generate()`` returns them).
+        token_entropy: ``(B, N)`` predictive entropy (nats) of the ensemble's distribution each generated
+            token was drawn from.
+        token_mutual_information: ``(B, N)`` mutual information between the prediction and the member
+            (predictive entropy minus the members' mean entropy): the members' disagreement.
+        token_probability: ``(B, N)`` the ensemble's probability of the generated token.
+        member_top_tokens: ``(B, N, M)`` every member's most likely token at that step.
+        generated_mask: ``(B, N)`` 1 for generated tokens, 0 after the end of a sequence (padding).
+        sequence_entropy, sequence_mutual_information: ``(B,)`` the means over each sequence's generated tokens.
+    """
+
+    sequences: torch.Tensor | None = None
+    token_entropy: torch.Tensor | None = None
+    token_mutual_information: torch.Tensor | None = None
+    token_probability: torch.Tensor | None = None
+    member_top_tokens: torch.Tensor | None = None
+    generated_mask: torch.Tensor | None = None
+    sequence_entropy: torch.Tensor | None = None
+    sequence_mutual_information: torch.Tensor | None = None
+
+
+def token_uncertainty(member_logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-position uncertainty of an ensemble from ``member_logits (..., M, V)``: ``entropy`` and
+    ``mutual_information`` ``(...)`` (nats), the ensemble ``log_probs (..., V)`` and ``member_top (..., M)``."""
+    log_p = F.log_softmax(member_logits.float(), dim=-1)  # (..., M, V)
+    mean_log = torch.logsumexp(log_p, dim=-2) - math.log(member_logits.shape[-2])  # (..., V)
+    entropy = -(mean_log.exp() * mean_log).sum(-1)
+    member_entropy = -(log_p.exp() * log_p).sum(-1).mean(-1)
+    return {
+        "entropy": entropy,
+        "mutual_information": (entropy - member_entropy).clamp_min(0.0),
+        "log_probs": mean_log,
+        "member_top": member_logits.argmax(-1),
+    }
+
+
+class HydraRMSNorm(nn.Module):
+    """One RMSNorm per member: ``weight (M, d)``; input ``(M, ..., d)`` or ``(..., d)`` shared by all members
+    (the output gains the M axis). As transformers' ``LlamaRMSNorm``: normalised in float32, scaled after
+    casting back."""
+
+    def __init__(self, num_members: int, hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(num_members, hidden_size))
+
+    def forward(self, x: torch.Tensor, shared: bool = False) -> torch.Tensor:
+        dtype, d = x.dtype, x.shape[-1]
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        extra = x.dim() - (0 if shared else 1) - 1
+        return self.weight.view((self.weight.shape[0],) + (1,) * extra + (d,)) * h.to(dtype)
+
+
+def rms_normalize(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Qwen3's per-head RMSNorm of ``x (B, heads, T, dk)`` with one weight row per head, ``weight (heads, dk)``."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight[None, :, None, :] * h.to(dtype)
+
+
+class HydraDecoderAttention(nn.Module):
+    """Causal self-attention of M pruned members with grouped-query attention and a shared cache.
+
+    Parameters (member-major: member m's rows follow member m-1's):
+        q_weight ``(K*dk, d)``: the Q rows of every member's kept query heads; k_weight, v_weight
+        ``(KV*dk, d)``: the K / V rows of every member's kept key/value heads; o_weight ``(K*dk, d)``: member
+        blocks of ``W_O[:, kept columns].T``; q_bias / k_bias / v_bias (the base's ``attention_bias``, or
+        Qwen2's Q/K/V biases), o_bias ``(M, d)`` (the base's ``attention_bias``); q_norm / k_norm ``(M, dk)``
+        (Qwen3). ``kv_index`` (K entries) says which of the layer's KV key/value heads each kept query head reads.
+    """
+
+    def __init__(self, config, base, layer_idx: int) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.is_causal = True
+        self.num_key_value_groups = 1  # the key/value heads are gathered per query head below
+        H, Hkv = base.num_attention_heads, base.num_key_value_heads
+        dk = getattr(base, "head_dim", None) or base.hidden_size // H
+        d = base.hidden_size
+        self.head_dim, self.scaling = dk, dk**-0.5
+        self.dropout = base.attention_dropout
+        self.kept = tuple(tuple(member[layer_idx]) for member in config.kept_heads)
+        self.kept_kv = tuple(tuple(member[layer_idx]) for member in kept_kv_heads(config.kept_heads, H, Hkv))
+        self.num_members = M = len(self.kept)
+        self.widths = [len(k) for k in self.kept]
+        self.kv_widths = [len(k) for k in self.kept_kv]
+        self.offsets = [sum(self.widths[:m]) for m in range(M)]
+        self.kv_offsets = [sum(self.kv_widths[:m]) for m in range(M)]
+        K, KV = sum(self.widths), sum(self.kv_widths)
+        group = H // Hkv
+        # plain lists, not buffers: from_pretrained builds modules on the meta device and would leave
+        # non-persistent buffers unset; index tensors are made on the inputs' device in forward
+        self.kv_index = [self.kv_offsets[m] + self.kept_kv[m].index(h // group) for m in range(M) for h in self.kept[m]]
+        self.head_member = [m for m in range(M) for _ in self.kept[m]]
+        self.kv_member = [m for m in range(M) for _ in self.kept_kv[m]]
+        qkv_bias = bool(getattr(base, "attention_bias", False)) or base.model_type == "qwen2"
+        o_bias = bool(getattr(base, "attention_bias", False))
+        self.q_weight = nn.Parameter(torch.empty(K * dk, d))
+        self.k_weight = nn.Parameter(torch.empty(KV * dk, d))
+        self.v_weight = nn.Parameter(torch.empty(KV * dk, d))
+        self.o_weight = nn.Parameter(torch.empty(K * dk, d))
+        self.q_bias = nn.Parameter(torch.empty(K * dk)) if qkv_bias else None
+        self.k_bias = nn.Parameter(torch.empty(KV * dk)) if qkv_bias else None
+        self.v_bias = nn.Parameter(torch.empty(KV * dk)) if qkv_bias else None
+        self.o_bias = nn.Parameter(torch.empty(M, d)) if o_bias else None
+        self.qk_norm = base.model_type == "qwen3"
+        self.norm_eps = base.rms_norm_eps
+        self.q_norm = nn.Parameter(torch.ones(M, dk)) if self.qk_norm else None
+        self.k_norm = nn.Parameter(torch.ones(M, dk)) if self.qk_norm else None
+
+    def _project(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, widths, offsets) -> torch.Tensor:
+        """Member m's rows of ``weight`` applied to its stream ``hidden[m] (B, T, d)`` -> ``(B, sum widths, T, dk)``."""
+        dk = self.head_dim
+        B, T = hidden.shape[1], hidden.shape[2]
+        parts = []
+        for m, (w, o) in enumerate(zip(widths, offsets)):
+            if w == 0:
+                continue
+            rows = slice(o * dk, (o + w) * dk)
+            out = F.linear(hidden[m], weight[rows], None if bias is None else bias[rows])  # (B, T, w*dk)
+            parts.append(out.view(B, T, w, dk).transpose(1, 2))
+        if not parts:
+            return hidden.new_zeros(B, 0, T, dk)
+        return torch.cat(parts, dim=1)
+
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+        cache: Cache | None = None, output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """
+        Args:
+            hidden: ``(M, B, T, d)`` the members' normalised streams.
+            attention_mask: the causal mask transformers builds for the base (additive float ``(B, 1, T, S)``
+                for eager, boolean or None for SDPA).
+            cos, sin: rotary tables ``(B or 1, T, dk)``.
+            cache: the shared key/value cache (this layer's entry holds ``(B, KV, S, dk)``), or None.
+        Returns:
+            the block's output per member ``(M, B, T, d)`` and, with eager attention, the weights
+            ``(B, K, T, S)`` over all kept query heads in member order.
+        """
+        M, B, T, d = hidden.shape
+        query = self._project(hidden, self.q_weight, self.q_bias, self.widths, self.offsets)  # (B, K, T, dk)
+        key = self._project(hidden, self.k_weight, self.k_bias, self.kv_widths, self.kv_offsets)  # (B, KV, T, dk)
+        value = self._project(hidden, self.v_weight, self.v_bias, self.kv_widths, self.kv_offsets)
+        if self.qk_norm:
+            query = rms_normalize(query, self.q_norm[self.index(self.head_member, query)], self.norm_eps)
+            key = rms_normalize(key, self.k_norm[self.index(self.kv_member, key)], self.norm_eps)
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        if cache is not None:  # always, also with no key/value head: the cache counts this layer's tokens
+            key, value = cache.update(key, value, self.layer_idx)  # (B, KV, S, dk)
+        if query.shape[1] == 0:  # every member removed every head of this layer: only the output bias
+            weights = hidden.new_zeros(B, 0, T, key.shape[-2]) if self.config._attn_implementation == "eager" else None
+            return self._out_bias(B, T, d, hidden), weights
+        kv_index = self.index(self.kv_index, key)
+        key, value = key.index_select(1, kv_index), value.index_select(1, kv_index)  # (B, K, S, dk)
+        attention_interface: Callable = eager_attention_forward
+        if self.config._attn_implementation != "eager":
+            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        context, weights = attention_interface(
+            self, query, key, value, attention_mask, dropout=self.dropout if self.training else 0.0, scaling=self.scaling,
+        )  # context (B, T, K, dk)
+        outs = []
+        for m in range(M):
+            if self.widths[m] == 0:
+                outs.append(self._out_bias(B, T, d, hidden)[m])
+                continue
+            lo, w, dk = self.offsets[m], self.widths[m], self.head_dim
+            x = context[:, :, lo : lo + w].reshape(B * T, w * dk)
+            rows = self.o_weight[lo * dk : (lo + w) * dk]  # (w*dk, d)
+            out = x @ rows if self.o_bias is None else torch.addmm(self.o_bias[m], x, rows)
+            outs.append(out.view(B, T, d))
+        return torch.stack(outs), weights  # (M, B, T, d)
+
+    @staticmethod
+    def index(values: list[int], like: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=like.device)
+
+    def _out_bias(self, B: int, T: int, d: int, like: torch.Tensor) -> torch.Tensor:
+        if self.o_bias is None:
+            return like.new_zeros(self.num_members, B, T, d)
+        return self.o_bias[:, None, None, :].expand(self.num_members, B, T, d)
+
+
+class HydraDecoderLayer(GradientCheckpointingLayer):
+    """The base's pre-norm decoder layer for M members:
+    ``h = h + Attn(RMSNorm1_m(h)); h = h + MLP(RMSNorm2_m(h))`` (the first layer reads the shared embeddings)."""
+
+    def __init__(self, config, base, layer_idx: int) -> None:
+        super().__init__()
+        M, d = config.num_members, base.hidden_size
+        self.attention_type = layer_types(base)[layer_idx]
+        self.input_layernorm = HydraRMSNorm(M, d, base.rms_norm_eps)
+        self.self_attn = HydraDecoderAttention(config, base, layer_idx)
+        self.post_attention_layernorm = HydraRMSNorm(M, d, base.rms_norm_eps)
+        spec = layer_spec(
+            config.kept_heads, layer_idx, hidden_size=d, num_heads=base.num_attention_heads,
+            intermediate_size=base.intermediate_size, hidden_act=base.hidden_act, layer_norm_eps=base.rms_norm_eps,
+            attention_dropout=base.attention_dropout, hidden_dropout=0.0, mlp_fusion=config.mlp_fusion,
+        )  # fmt: skip
+        self.mlp = HydraGatedMLP(spec, bias=bool(getattr(base, "mlp_bias", False)), dropout=0.0)
+
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+        cache: Cache | None = None, output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``."""
+        normed = self.input_layernorm(hidden, shared=hidden.dim() == 3)  # (M, B, T, d)
+        attn, weights = self.self_attn(normed, attention_mask, cos, sin, cache, output_attentions)
+        hidden = hidden + attn  # broadcasts a shared input over M
+        hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
+        return hidden, weights
+
+
+def layer_types(base) -> list[str]:
+    """Full or sliding-window attention per layer, as the base's own model decides (Qwen2/Qwen3:
+    ``layer_types``; Mistral: a ``sliding_window`` for every layer; Llama: full)."""
+    types = getattr(base, "layer_types", None)
+    if types:
+        return list(types)
+    sliding = base.model_type == "mistral" and getattr(base, "sliding_window", None) is not None
+    return [SLIDING if sliding else FULL] * base.num_hidden_layers
+
+
+class HydraEnsembleLlamaPreTrainedModel(HydraPreTrainedModel):
+    config_class = HydraEnsembleLlamaConfig
+    base_config_class = LlamaConfig  # the base's class is chosen by ``base_model_type`` (``base_config``)
+    main_input_name = "input_ids"
+    _no_split_modules = ["HydraDecoderLayer"]
+    _supports_flash_attn = False
+
+    @classmethod
+    def base_config(cls, config):
+        """The base configuration (``LlamaConfig``, ``MistralConfig``, ``Qwen2Config`` or ``Qwen3Config``)."""
+        return BASE_CONFIGS[config.base_model_type].from_dict(config.base_config)
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.base_config.get("initializer_range", 0.02)
+        if init_hydra_weights(module, std):
+            return
+        if isinstance(module, HydraDecoderAttention):
+            for weight in (module.q_weight, module.k_weight, module.v_weight, module.o_weight):
+                init.normal_(weight, mean=0.0, std=std)
+            for bias in (module.q_bias, module.k_bias, module.v_bias, module.o_bias):
+                if bias is not None:
+                    init.zeros_(bias)
+            for norm in (module.q_norm, module.k_norm):
+                if norm is not None:
+                    init.ones_(norm)
+        elif isinstance(module, HydraRMSNorm):
+            init.ones_(module.weight)
+        elif isinstance(module, HydraGatedMLP):
+            init.normal_(module.fc1_weight, mean=0.0, std=std)
+            init.normal_(module.fc2_weight, mean=0.0, std=std)
+            for bias in (module.fc1_bias, module.fc2_bias):
+                if bias is not None:
+                    init.zeros_(bias)
+        elif isinstance(module, LlamaRotaryEmbedding):  # non-persistent tables, as transformers does
+            rope_init_fn = module.compute_default_rope_parameters
+            if module.rope_type != "default":
+                rope_init_fn = ROPE_INIT_FUNCTIONS[module.rope_type]
+            inv_freq, _ = rope_init_fn(module.config)
+            init.copy_(module.inv_freq, inv_freq)
+            init.copy_(module.original_inv_freq, inv_freq)
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
+            super()._init_weights(module)
+
+
+class HydraEnsembleLlamaModel(HydraEnsembleLlamaPreTrainedModel):
+    """The fused decoder: shared token embeddings, M residual streams, per-member final RMSNorms, one cache.
+
+    ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` returns this class.
+    """
+
+    def __init__(self, config: HydraEnsembleLlamaConfig) -> None:
+        super().__init__(config)
+        base = self.base_config(config)
+        self.embed_tokens = nn.Embedding(base.vocab_size, base.hidden_size, base.pad_token_id)
+        self.layers = nn.ModuleList(HydraDecoderLayer(config, base, i) for i in range(base.num_hidden_layers))
+        self.norm = HydraRMSNorm(config.num_members, base.hidden_size, base.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(config=base)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def mask_config(self):
+        """The base config the causal masks and the cache are built from, with this model's attention
+        implementation (transformers' own mask functions: padding, causality and sliding windows)."""
+        base = self.base_config(self.config)
+        base._attn_implementation = self.config._attn_implementation
+        return base
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> HydraDecoderOutput | tuple:
+        """
+        Args:
+            input_ids: ``(B, T)`` token ids (or ``inputs_embeds (B, T, d)``).
+            attention_mask: ``(B, S)`` 1 for tokens, 0 for padding (left or right), over the cached and new tokens.
+            position_ids: ``(B, T)``; default: the cache's length plus ``0..T-1``, as transformers does.
+            cache: a transformers ``Cache`` (``DynamicCache``) to read and extend (``past_key_values`` is its
+                older name); with ``use_cache`` and no cache, a new one is made for the base's layer types.
+        Returns:
+            ``HydraDecoderOutput``: ``last_hidden_state (B, M, T, d)``, ``cache``, ``hidden_states``,
+            ``attentions``.
+        """
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        use_cache = use_cache if use_cache is not None else getattr(self.config, "use_cache", True)
+        if self.gradient_checkpointing and self.training:
+            use_cache = False  # recomputed layers would write the cache twice
+        cache = cache if cache is not None else past_key_values
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give exactly one of input_ids or inputs_embeds")
+        embeddings = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, d)
+        base = self.mask_config()
+        if use_cache and cache is None:
+            cache = DynamicCache(config=base)
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = (torch.arange(embeddings.shape[1], device=embeddings.device) + past).unsqueeze(0)
+        mask_kwargs = dict(
+            config=base, inputs_embeds=embeddings, attention_mask=attention_mask, cache=cache, position_ids=position_ids
+        )
+        types = {layer.attention_type for layer in self.layers}
+        masks = {}
+        if FULL in types:
+            masks[FULL] = create_causal_mask(**mask_kwargs)
+        if SLIDING in types:
+            masks[SLIDING] = create_sliding_window_causal_mask(**mask_kwargs)
+        cos, sin = self.rotary_emb(embeddings, position_ids=position_ids)  # (B or 1, T, dk) each
+
+        outs = LayerOutputs(embeddings, self.config.num_members, output_hidden_states, output_attentions)
+        for layer in self.layers:
+            outs.add(*layer(outs.input, masks[layer.attention_type], cos, sin, cache if use_cache else None,
+                            output_attentions))  # fmt: skip
+        last = self.norm(outs.streams()).transpose(0, 1)  # (B, M, T, d)
+        out = HydraDecoderOutput(
+            last_hidden_state=last, cache=cache if use_cache else None, hidden_states=outs.hidden_states,
+            attentions=outs.attentions,
+        )  # fmt: skip
+        return out if return_dict else out.to_tuple()
+
+
+def last_token_index(input_ids: torch.Tensor | None, pad_token_id: int | None, batch: int) -> torch.Tensor | int:
+    """Every row's last non-padding token, as transformers' sequence classifiers pool (left or right
+    padding: the rightmost token that is not ``pad_token_id``; -1 without input ids or a pad token)."""
+    if pad_token_id is None:
+        if batch != 1:
+            raise ValueError("Cannot handle batch sizes > 1 if no padding token is defined.")
+        return -1
+    if input_ids is None:
+        return -1
+    non_pad = (input_ids != pad_token_id).to(torch.int32)
+    positions = torch.arange(input_ids.shape[-1], device=input_ids.device, dtype=torch.int32)
+    return (positions * non_pad).argmax(-1)
+
+
+class HydraEnsembleLlamaForSequenceClassification(HydraEnsembleLlamaPreTrainedModel):
+    """M pruned decoder classifiers in one model; every member's ``score_m`` reads its last non-padding token.
+    ``logits`` = log of the mean of the members' softmaxes. ``AutoModelForSequenceClassification`` and
+    ``pipeline("text-classification", model=folder, trust_remote_code=True)`` use this class."""
+
+    def __init__(self, config: HydraEnsembleLlamaConfig) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.hydra = HydraEnsembleLlamaModel(config)
+        self.score = HydraMemberLinear(config.num_members, config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.hydra.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.hydra.embed_tokens = value
+
+    def forward(
+        self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
+        output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs,
+    ) -> HydraClassifierOutput | tuple:
+        """``labels (B,)``: mean over members of each member's loss. Returns ``logits (B, C)``, ``member_logits (B, M, C)``."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.hydra(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
+            use_cache=False, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
+            return_dict=True,
+        )  # fmt: skip
+        hidden = outputs.last_hidden_state  # (B, M, T, d)
+        B = hidden.shape[0]
+        last = last_token_index(input_ids, self.config.pad_token_id, B)
+        pooled = hidden[torch.arange(B, device=hidden.device), :, last]  # (B, M, d)
+        member_logits = self.score(pooled.transpose(0, 1)).transpose(0, 1)  # (B, M, C)
+        logits, loss = ensemble_outputs(member_logits, labels, self.config)
+        out = HydraClassifierOutput(
+            loss=loss, logits=logits, member_logits=member_logits, hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )  # fmt: skip
+        return out if return_dict else out.to_tuple()
+
+
+class HydraEnsembleLlamaForCausalLM(HydraEnsembleLlamaPreTrainedModel, GenerationMixin):
+    """M pruned causal LMs in one model, one cache, one forward pass per step.
+
+    ``logits (B, T, V)`` = log of the mean of the members' next-token softmaxes, so ``generate()`` decodes
+    from the ensemble's predictive distribution; ``member_logits (B, M, T, V)`` are the members' own.
+    ``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` returns this class.
+    """
+
+    def __init__(self, config: HydraEnsembleLlamaConfig) -> None:
+        per_member = config.lm_head_fusion == "per_member"
+        # the input and output embeddings are one tensor when the base ties them and the head is shared
+        self._tied_weights_keys = None if per_member else {"lm_head.weight": "hydra.embed_tokens.weight"}
+        super().__init__(config)
+        self.hydra = HydraEnsembleLlamaModel(config)
+        V, d = config.vocab_size, config.hidden_size
+        if per_member:
+            self.lm_head = HydraMemberLinear(config.num_members, d, V, bias=False)
+        else:
+            self.lm_head = nn.Linear(d, V, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.hydra.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.hydra.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def member_logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(B, M, T, d)`` final hidden states -> ``(B, M, T, V)`` every member's logits."""
+        if isinstance(self.lm_head, HydraMemberLinear):
+            return self.lm_head(hidden.transpose(0, 1)).transpose(0, 1)
+        return self.lm_head(hidden)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> HydraCausalLMOutput | tuple:
+        """
+        Args:
+            labels: ``(B, T)`` the input ids (shifted inside, -100 ignored): the loss is the mean over members
+                of each member's next-token cross-entropy.
+            logits_to_keep: compute logits for the last ``logits_to_keep`` positions only (0: all), as
+                transformers' causal LMs (``generate()`` keeps 1).
+        Returns:
+            ``HydraCausalLMOutput``: ``logits (B, T', V)``, ``member_logits (B, M, T', V)``, ``loss``, ``cache``.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.hydra(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+            inputs_embeds=inputs_embeds, use_cache=use_cache, output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states, return_dict=True, past_key_values=past_key_values,
+        )  # fmt: skip
+        hidden = outputs.last_hidden_state  # (B, M, T, d)
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        member_logits = self.member_logits_of(hidden[:, :, keep])  # (B, M, T', V)
+        log_p = F.log_softmax(member_logits.float(), dim=-1)
+        logits = (torch.logsumexp(log_p, dim=1) - math.log(member_logits.shape[1])).to(member_logits.dtype)
+        loss = None
+        if labels is not None:
+            M, V = member_logits.shape[1], member_logits.shape[-1]
+            shift = member_logits[:, :, :-1].float()  # (B, M, T-1, V)
+            target = labels[:, 1:].to(shift.device)  # (B, T-1)
+            target = target[:, None].expand(-1, M, -1)  # every member predicts the same tokens
+            loss = F.cross_entropy(shift.reshape(-1, V), target.reshape(-1), ignore_index=-100)
+        out = HydraCausalLMOutput(
+            loss=loss, logits=logits, member_logits=member_logits, cache=outputs.cache,
+            hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+        )  # fmt: skip
+        return out if return_dict else out.to_tuple()
+
+    @torch.no_grad()
+    def score_generated(
+        self, sequences: torch.Tensor, prompt_length: int, attention_mask: torch.Tensor | None = None,
+        pad_token_id: int | None = None, eos_token_id: int | list[int] | None = None,
+    ) -> HydraGenerateOutput:
+        """Per-token uncertainty of generated tokens, from one forward pass over ``sequences (B, P + N)``.
+
+        The distribution of generated token t is the one the model decoded it from (the same prefix; with the
+        cache the numbers agree to float rounding), so this works after any decoding mode (greedy, sampling,
+        beam search). ``attention_mask (B, P)`` is the prompts' mask (left padding); tokens after a sequence's
+        end-of-sequence token are masked out (``generated_mask``).
+        """
+        B, total = sequences.shape
+        N = total - prompt_length
+        if attention_mask is None:
+            attention_mask = torch.ones(B, prompt_length, dtype=torch.long, device=sequences.device)
+        generated = sequences[:, prompt_length:]
+        gen_mask = torch.ones_like(generated, dtype=torch.long)
+        eos = eos_token_id if eos_token_id is not None else self.generation_config.eos_token_id
+        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        if eos:
+            is_eos = torch.isin(generated, torch.tensor(eos, device=generated.device))
+            after = (is_eos.cumsum(-1) - is_eos.long()) > 0  # strictly after the first end of sequence
+            gen_mask = gen_mask.masked_fill(after, 0)
+        mask = torch.cat([attention_mask.to(gen_mask.dtype), gen_mask], dim=1)  # (B, P + N)
+        position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as generate() numbers left-padded rows
+        out = self(input_ids=sequences, attention_mask=mask, position_ids=position_ids, use_cache=False,
+                   logits_to_keep=N + 1, return_dict=True)  # fmt: skip
+        member_logits = out.member_logits[:, :, :-1].transpose(1, 2)  # (B, N, M, V): the step that drew token t
+        u = token_uncertainty(member_logits)
+        token_p = u["log_probs"].gather(-1, generated[..., None]).squeeze(-1).exp()  # (B, N)
+        w = gen_mask.float()
+        denom = w.sum(-1).clamp_min(1.0)
+        return HydraGenerateOutput(
+            sequences=sequences, token_entropy=u["entropy"] * w, token_mutual_information=u["mutual_information"] * w,
+            token_probability=token_p * w, member_top_tokens=u["member_top"], generated_mask=gen_mask,
+            sequence_entropy=(u["entropy"] * w).sum(-1) / denom,
+            sequence_mutual_information=(u["mutual_information"] * w).sum(-1) / denom,
+        )  # fmt: skip
+
+    def generate_with_uncertainty(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                                  **generate_kwargs) -> HydraGenerateOutput:
+        """``generate()`` (any decoding mode it supports), then the per-token uncertainty of what it generated
+        (:meth:`score_generated`): entropy, mutual information, the token's probability, every member's top token."""
+        generate_kwargs.pop("return_dict_in_generate", None)
+        sequences = self.generate(input_ids=input_ids, attention_mask=attention_mask, **generate_kwargs)
+        return self.score_generated(sequences, input_ids.shape[1], attention_mask,
+                                    eos_token_id=generate_kwargs.get("eos_token_id"))  # fmt: skip
