@@ -69,7 +69,8 @@ class LlamaFamily(Family):
 
     @property
     def shipped_files(self) -> tuple[str, ...]:
-        return (*super().shipped_files, self.config_file)
+        """The common files but the encoder skeletons (a decoder does not use them), its config and modeling files."""
+        return (*(f for f in super().shipped_files if f != "hydra_skeletons.py"), self.config_file)
 
     @property
     def auto_map(self) -> dict[str, str]:

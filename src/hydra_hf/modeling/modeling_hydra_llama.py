@@ -444,8 +444,10 @@ class HydraEnsembleLlamaModel(HydraEnsembleLlamaPreTrainedModel):
         if position_ids is None:
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = (torch.arange(embeddings.shape[1], device=embeddings.device) + past).unsqueeze(0)
+        # eager attention reads only the mask (it has no is_causal path): never let the mask be skipped
         mask_kwargs = dict(
-            config=base, inputs_embeds=embeddings, attention_mask=attention_mask, cache=cache, position_ids=position_ids
+            config=base, inputs_embeds=embeddings, attention_mask=attention_mask, cache=cache, position_ids=position_ids,
+            allow_is_causal_skip=self.config._attn_implementation != "eager",
         )
         types = {layer.attention_type for layer in self.layers}
         masks = {}
@@ -536,6 +538,11 @@ class HydraEnsembleLlamaForCausalLM(HydraEnsembleLlamaPreTrainedModel, Generatio
         # the input and output embeddings are one tensor when the base ties them and the head is shared
         self._tied_weights_keys = None if per_member else {"lm_head.weight": "hydra.embed_tokens.weight"}
         super().__init__(config)
+        # decoding settings the base's config holds (end-of-sequence, padding and start tokens)
+        base = self.base_config(config)
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if getattr(self.generation_config, name, None) is None and getattr(base, name, None) is not None:
+                setattr(self.generation_config, name, getattr(base, name))
         self.hydra = HydraEnsembleLlamaModel(config)
         V, d = config.vocab_size, config.hidden_size
         if per_member:
