@@ -288,3 +288,39 @@ def test_taylor_pruned_lm_converts_and_loads_as_remote_code(tmp_path):
     assert remote["module"].startswith("transformers_modules")
     assert remote["sequences"] == local.sequences.tolist()
     torch.testing.assert_close(torch.tensor(remote["mi"]), local.token_mutual_information, atol=1e-6, rtol=0)
+
+
+def test_text_generation_pipeline_adds_uncertainty(tmp_path):
+    """``pipeline("hydra-text-generation")`` on a converted folder, here and as remote code in a fresh process:
+    the stock record plus per-token and per-sequence uncertainty equal to ``generate_with_uncertainty``."""
+    from _family_specs import wordpiece
+
+    tokenizer = wordpiece("BertTokenizer")()  # [PAD] = 0, 95 tokens
+    base = stock("qwen3", vocab_size=len(tokenizer))
+    base.generation_config.eos_token_id = None  # generate all the tokens asked for
+    base.save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    convert_checkpoint(HeadMasks(UNEQUAL, num_heads=H), base=tmp_path / "base", output_dir=tmp_path / "hydra")
+    pipe = transformers.pipeline("hydra-text-generation", model=str(tmp_path / "hydra"), trust_remote_code=True)
+    assert type(pipe).__name__ == "HydraTextGenerationPipeline"
+    record = pipe("the movie was good", max_new_tokens=5, do_sample=False)[0]
+    ids = tokenizer("the movie was good", return_tensors="pt")
+    direct = pipe.model.generate_with_uncertainty(ids["input_ids"], ids["attention_mask"], max_new_tokens=5, do_sample=False)
+    assert record["generated_token_ids"] == direct.sequences[0, ids["input_ids"].shape[1]:].tolist()
+    assert record["generated_text"].startswith("the movie was good")
+    for key in ("token_entropy", "token_mutual_information", "token_probability"):
+        torch.testing.assert_close(torch.tensor(record[key]), getattr(direct, key)[0], atol=1e-6, rtol=0)
+    assert record["member_top_tokens"] == direct.member_top_tokens[0].tolist()
+    assert record["sequence_mutual_information"] == pytest.approx(float(direct.sequence_mutual_information[0]), abs=1e-6)
+    code = f"""
+    import json, sys, transformers
+    pipe = transformers.pipeline(model={str(tmp_path / "hydra")!r}, task="hydra-text-generation", trust_remote_code=True)
+    record = pipe("the movie was good", max_new_tokens=5, do_sample=False)[0]
+    assert sys.modules.get("hydra_hf") is None
+    print(json.dumps({{"cls": type(pipe).__name__, "record": record}}))
+    """
+    remote = json.loads(run_fresh_python(code, env={"HF_MODULES_CACHE": str(tmp_path / "modules")}).strip().splitlines()[-1])
+    assert remote["cls"] == "HydraTextGenerationPipeline"
+    assert remote["record"]["generated_token_ids"] == record["generated_token_ids"]
+    torch.testing.assert_close(torch.tensor(remote["record"]["token_mutual_information"]),
+                               torch.tensor(record["token_mutual_information"]), atol=1e-6, rtol=0)  # fmt: skip

@@ -29,6 +29,7 @@ HYDRA_PIPELINES: dict[str, tuple[str, str, str]] = {
     "AutoModelForImageClassification": ("hydra-image-classification", "HydraImageClassificationPipeline", "image"),
     "AutoModelForZeroShotImageClassification": (
         "hydra-zero-shot-image-classification", "HydraZeroShotImageClassificationPipeline", "multimodal"),
+    "AutoModelForCausalLM": ("hydra-text-generation", "HydraTextGenerationPipeline", "text"),
 }
 
 

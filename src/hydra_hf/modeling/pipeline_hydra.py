@@ -30,6 +30,7 @@ import torch
 from transformers import (
     ImageClassificationPipeline,
     TextClassificationPipeline,
+    TextGenerationPipeline,
     ZeroShotImageClassificationPipeline,
 )
 
@@ -261,3 +262,54 @@ class HydraZeroShotImageClassificationPipeline(_HydraUncertaintyMixin, ZeroShotI
         threshold = resolve_threshold(uncertainty_threshold, self.model.config)
         labels = [str(label) for label in model_outputs["candidate_labels"]]
         return format_result(model_outputs["member_logits"][0], labels, threshold, top_k)
+
+
+class HydraTextGenerationPipeline(TextGenerationPipeline):
+    """Text generation from a Hydra causal LM (decoding from the mean of the members' next-token
+    distributions), with the uncertainty of every generated token and of the whole continuation.
+
+    Each result is the stock pipeline's record (``generated_text``) plus ``token_entropy`` (predictive
+    entropy of the distribution each generated token was drawn from, nats), ``token_mutual_information``
+    (the members' disagreement), ``token_probability`` (the ensemble's probability of the token),
+    ``member_top_tokens`` (every member's most likely token id at that step), ``generated_token_ids`` and
+    ``sequence_entropy`` / ``sequence_mutual_information`` (means over the generated tokens; tokens after
+    the end of sequence are left out). Computed by the model's ``score_generated`` (one forward pass over
+    the generated sequences), so every decoding mode (greedy, sampling, beam search) gets them.
+
+    Example::
+
+        pipe = pipeline("hydra-text-generation", model="org/hydra-llama", trust_remote_code=True)
+        pipe("The movie was", max_new_tokens=20)[0]["sequence_mutual_information"]
+    """
+
+    def _forward(self, model_inputs, **generate_kwargs):
+        attention_mask = model_inputs.get("attention_mask")
+        eos = generate_kwargs.get("eos_token_id")
+        out = super()._forward(model_inputs, **generate_kwargs)
+        sequences = out["generated_sequence"]  # (B, n, P + N)
+        input_ids = out["input_ids"]
+        prompt = 0 if input_ids is None else input_ids.shape[1]
+        B, n = sequences.shape[0], sequences.shape[1]
+        flat = sequences.reshape(B * n, -1)
+        mask = None if attention_mask is None else attention_mask.repeat_interleave(n, dim=0)
+        scored = self.model.score_generated(flat, prompt, mask, eos_token_id=eos)
+        out["hydra_uncertainty"] = {
+            k: getattr(scored, k).reshape(B, n, *getattr(scored, k).shape[1:])
+            for k in ("token_entropy", "token_mutual_information", "token_probability", "member_top_tokens",
+                      "generated_mask", "sequence_entropy", "sequence_mutual_information")
+        }  # fmt: skip
+        out["hydra_generated"] = flat[:, prompt:].reshape(B, n, -1)
+        return out
+
+    def postprocess(self, model_outputs, *args, **kwargs):
+        records = super().postprocess(model_outputs, *args, **kwargs)
+        u = {k: v[0] for k, v in model_outputs["hydra_uncertainty"].items()}  # this input's n sequences
+        generated = model_outputs["hydra_generated"][0]
+        for i, record in enumerate(records):
+            keep = u["generated_mask"][i].bool()
+            record["generated_token_ids"] = generated[i][keep].tolist()
+            for key in ("token_entropy", "token_mutual_information", "token_probability", "member_top_tokens"):
+                record[key] = u[key][i][keep].tolist()
+            record["sequence_entropy"] = float(u["sequence_entropy"][i])
+            record["sequence_mutual_information"] = float(u["sequence_mutual_information"][i])
+        return records
