@@ -45,7 +45,7 @@ BEFORE_SKELETONS = "e7b2abf"
 # shipped files added since that commit: a folder written then does not have them
 SHIPPED_SINCE = {"hydra_skeletons.py"}
 # families added since that commit: no folder of theirs was written before it
-FAMILIES_SINCE = {"llama"}
+FAMILIES_SINCE = {"llama", "gpt2"}
 OUTPUT_KEYS = ("member_logits", "logits", "member_logits_per_image", "logits_per_image", "logits_per_text")
 
 
@@ -95,6 +95,14 @@ def _llama(folder: Path) -> tuple[Path, HeadMasks]:
     return folder, HeadMasks(kept_heads=UNEQUAL, num_heads=H)
 
 
+def _gpt2(folder: Path) -> tuple[Path, HeadMasks]:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=99, n_positions=64, pad_token_id=0,
+                                     bos_token_id=1, eos_token_id=2, num_labels=3)  # fmt: skip
+    _perturbed(transformers.GPT2ForSequenceClassification(config)).save_pretrained(folder)
+    return folder, HeadMasks(kept_heads=UNEQUAL, num_heads=H)
+
+
 # family -> writes a tiny stock checkpoint into a folder and returns it with the masks to convert it with
 CHECKPOINTS = {
     **{spec.name: _spec_checkpoint(spec.name) for spec in SPECS},
@@ -103,6 +111,7 @@ CHECKPOINTS = {
     "timm_vit": _timm_vit,
     "siglip": _siglip,
     "llama": _llama,
+    "gpt2": _gpt2,
 }
 
 

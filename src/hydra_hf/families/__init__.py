@@ -11,6 +11,7 @@ from . import bert, vit, timm_vit, clip, open_clip  # noqa: E402,F401  isort: sk
 from . import roberta, electra, distilbert, albert  # noqa: E402,F401  isort: skip
 from . import deberta_v2, modernbert  # noqa: E402,F401  isort: skip
 from . import llama  # noqa: E402,F401  isort: skip
+from . import gpt2  # noqa: E402,F401  isort: skip
 from . import deit, beit, dinov2, siglip  # noqa: E402,F401  isort: skip
 from .base import (
     TASKS,

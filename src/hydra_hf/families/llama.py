@@ -69,8 +69,9 @@ class LlamaFamily(Family):
 
     @property
     def shipped_files(self) -> tuple[str, ...]:
-        """The common files but the encoder skeletons (a decoder does not use them), its config and modeling files."""
-        return (*(f for f in super().shipped_files if f != "hydra_skeletons.py"), self.config_file)
+        """The common files but the encoder skeletons (a decoder does not use them), its config and modeling files
+        and the decoders' shared file (outputs, generation uncertainty)."""
+        return (*(f for f in super().shipped_files if f != "hydra_skeletons.py"), self.config_file, "hydra_decoder.py")
 
     @property
     def auto_map(self) -> dict[str, str]:

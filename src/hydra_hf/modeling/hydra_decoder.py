@@ -1,0 +1,180 @@
+# Shipped with every Hydra Ensemble model folder built on a decoder (remote code): imports only the
+# standard library, torch, transformers and sibling files.
+"""What every fused decoder (Llama-style, GPT-2) shares: its outputs, the ensemble's next-token
+distribution and loss, the last-token pooling of its sequence classifier, and the per-token uncertainty
+of generated text (:class:`HydraGenerationUncertaintyMixin`: ``score_generated`` /
+``generate_with_uncertainty``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers.cache_utils import Cache
+from transformers.utils import ModelOutput
+
+
+@dataclass
+class HydraDecoderOutput(ModelOutput):
+    """Output of the fused decoder.
+
+    Args:
+        last_hidden_state: ``(B, M, T, d)`` every member's final hidden states (after its final norm).
+        cache: the key/value cache (every member's kept key/value heads), with ``use_cache``.
+        hidden_states, attentions: as in ``HydraModelOutput`` (attentions ``(B, K_l, T, S)`` over the K_l kept
+            query heads of layer l in member order, with eager attention).
+    """
+
+    last_hidden_state: torch.Tensor | None = None
+    cache: Cache | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class HydraCausalLMOutput(ModelOutput):
+    """Output of the fused causal LM.
+
+    Args:
+        loss: mean over members of each member's next-token cross-entropy, when ``labels`` are given.
+        logits: ``(B, T, V)`` log of the mean of the members' next-token softmaxes.
+        member_logits: ``(B, M, T, V)`` every member's own logits.
+        cache, hidden_states, attentions: as in ``HydraDecoderOutput``.
+    """
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    member_logits: torch.Tensor | None = None
+    cache: Cache | None = None
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class HydraGenerateOutput(ModelOutput):
+    """What ``generate_with_uncertainty`` (:class:`HydraGenerationUncertaintyMixin`) returns.
+
+    Args:
+        sequences: ``(B, P + N)`` the prompts and the N generated tokens (as ``generate()`` returns them).
+        token_entropy: ``(B, N)`` predictive entropy (nats) of the ensemble's distribution each generated
+            token was drawn from.
+        token_mutual_information: ``(B, N)`` mutual information between the prediction and the member
+            (predictive entropy minus the members' mean entropy): the members' disagreement.
+        token_probability: ``(B, N)`` the ensemble's probability of the generated token.
+        member_top_tokens: ``(B, N, M)`` every member's most likely token at that step.
+        generated_mask: ``(B, N)`` 1 for generated tokens, 0 after the end of a sequence (padding).
+        sequence_entropy, sequence_mutual_information: ``(B,)`` the means over each sequence's generated tokens.
+    """
+
+    sequences: torch.Tensor | None = None
+    token_entropy: torch.Tensor | None = None
+    token_mutual_information: torch.Tensor | None = None
+    token_probability: torch.Tensor | None = None
+    member_top_tokens: torch.Tensor | None = None
+    generated_mask: torch.Tensor | None = None
+    sequence_entropy: torch.Tensor | None = None
+    sequence_mutual_information: torch.Tensor | None = None
+
+
+def token_uncertainty(member_logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-position uncertainty of an ensemble from ``member_logits (..., M, V)``: ``entropy`` and
+    ``mutual_information`` ``(...)`` (nats), the ensemble ``log_probs (..., V)`` and ``member_top (..., M)``."""
+    log_p = F.log_softmax(member_logits.float(), dim=-1)  # (..., M, V)
+    mean_log = torch.logsumexp(log_p, dim=-2) - math.log(member_logits.shape[-2])  # (..., V)
+    entropy = -(mean_log.exp() * mean_log).sum(-1)
+    member_entropy = -(log_p.exp() * log_p).sum(-1).mean(-1)
+    return {
+        "entropy": entropy,
+        "mutual_information": (entropy - member_entropy).clamp_min(0.0),
+        "log_probs": mean_log,
+        "member_top": member_logits.argmax(-1),
+    }
+
+
+def ensemble_lm_outputs(
+    member_logits: torch.Tensor, labels: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The causal LM's ``logits (B, T, V)`` (log of the mean of the members' softmaxes, from
+    ``member_logits (B, M, T, V)``) and, with ``labels (B, T)`` (shifted here, -100 ignored), the mean over
+    members of each member's next-token cross-entropy."""
+    log_p = F.log_softmax(member_logits.float(), dim=-1)
+    logits = (torch.logsumexp(log_p, dim=1) - math.log(member_logits.shape[1])).to(member_logits.dtype)
+    loss = None
+    if labels is not None:
+        M, V = member_logits.shape[1], member_logits.shape[-1]
+        shift = member_logits[:, :, :-1].float()  # (B, M, T-1, V)
+        target = labels[:, 1:].to(shift.device)  # (B, T-1)
+        target = target[:, None].expand(-1, M, -1)  # every member predicts the same tokens
+        loss = F.cross_entropy(shift.reshape(-1, V), target.reshape(-1), ignore_index=-100)
+    return logits, loss
+
+
+def last_token_index(input_ids: torch.Tensor | None, pad_token_id: int | None, batch: int) -> torch.Tensor | int:
+    """Every row's last non-padding token, as transformers' sequence classifiers pool (left or right
+    padding: the rightmost token that is not ``pad_token_id``; -1 without input ids or a pad token)."""
+    if pad_token_id is None:
+        if batch != 1:
+            raise ValueError("Cannot handle batch sizes > 1 if no padding token is defined.")
+        return -1
+    if input_ids is None:
+        return -1
+    non_pad = (input_ids != pad_token_id).to(torch.int32)
+    positions = torch.arange(input_ids.shape[-1], device=input_ids.device, dtype=torch.int32)
+    return (positions * non_pad).argmax(-1)
+
+
+class HydraGenerationUncertaintyMixin:
+    """``score_generated`` and ``generate_with_uncertainty`` for a fused causal LM whose forward takes
+    ``input_ids``, ``attention_mask``, ``position_ids``, ``use_cache``, ``logits_to_keep`` and returns
+    ``member_logits (B, M, T, V)`` (with transformers' ``GenerationMixin`` for ``generate``)."""
+
+    @torch.no_grad()
+    def score_generated(
+        self, sequences: torch.Tensor, prompt_length: int, attention_mask: torch.Tensor | None = None,
+        pad_token_id: int | None = None, eos_token_id: int | list[int] | None = None,
+    ) -> HydraGenerateOutput:
+        """Per-token uncertainty of generated tokens, from one forward pass over ``sequences (B, P + N)``.
+
+        The distribution of generated token t is the one the model decoded it from (the same prefix; with the
+        cache the numbers agree to float rounding), so this works after any decoding mode (greedy, sampling,
+        beam search). ``attention_mask (B, P)`` is the prompts' mask (left padding); tokens after a sequence's
+        end-of-sequence token are masked out (``generated_mask``).
+        """
+        B, total = sequences.shape
+        N = total - prompt_length
+        if attention_mask is None:
+            attention_mask = torch.ones(B, prompt_length, dtype=torch.long, device=sequences.device)
+        generated = sequences[:, prompt_length:]
+        gen_mask = torch.ones_like(generated, dtype=torch.long)
+        eos = eos_token_id if eos_token_id is not None else self.generation_config.eos_token_id
+        eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        if eos:
+            is_eos = torch.isin(generated, torch.tensor(eos, device=generated.device))
+            after = (is_eos.cumsum(-1) - is_eos.long()) > 0  # strictly after the first end of sequence
+            gen_mask = gen_mask.masked_fill(after, 0)
+        mask = torch.cat([attention_mask.to(gen_mask.dtype), gen_mask], dim=1)  # (B, P + N)
+        position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as generate() numbers left-padded rows
+        out = self(input_ids=sequences, attention_mask=mask, position_ids=position_ids, use_cache=False,
+                   logits_to_keep=N + 1, return_dict=True)  # fmt: skip
+        member_logits = out.member_logits[:, :, :-1].transpose(1, 2)  # (B, N, M, V): the step that drew token t
+        u = token_uncertainty(member_logits)
+        token_p = u["log_probs"].gather(-1, generated[..., None]).squeeze(-1).exp()  # (B, N)
+        w = gen_mask.float()
+        denom = w.sum(-1).clamp_min(1.0)
+        return HydraGenerateOutput(
+            sequences=sequences, token_entropy=u["entropy"] * w, token_mutual_information=u["mutual_information"] * w,
+            token_probability=token_p * w, member_top_tokens=u["member_top"], generated_mask=gen_mask,
+            sequence_entropy=(u["entropy"] * w).sum(-1) / denom,
+            sequence_mutual_information=(u["mutual_information"] * w).sum(-1) / denom,
+        )  # fmt: skip
+
+    def generate_with_uncertainty(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                                  **generate_kwargs) -> HydraGenerateOutput:
+        """``generate()`` (any decoding mode it supports), then the per-token uncertainty of what it generated
+        (:meth:`score_generated`): entropy, mutual information, the token's probability, every member's top token."""
+        generate_kwargs.pop("return_dict_in_generate", None)
+        sequences = self.generate(input_ids=input_ids, attention_mask=attention_mask, **generate_kwargs)
+        return self.score_generated(sequences, input_ids.shape[1], attention_mask,
+                                    eos_token_id=generate_kwargs.get("eos_token_id"))  # fmt: skip

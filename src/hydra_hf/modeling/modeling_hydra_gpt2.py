@@ -1,0 +1,410 @@
+# Shipped with every Hydra Ensemble model folder built on GPT-2 (remote code): imports only the standard
+# library, torch, transformers and sibling files.
+"""Hydra Ensemble of GPT-2: M head-pruned members run as one model in one forward pass, with one key/value
+cache for all of them.
+
+Shared token and learned position embeddings (``wte``, ``wpe``) feed M residual streams. Every layer is
+GPT-2's pre-LN block, ``h = h + Attn(LN1_m(h)); h = h + MLP(LN2_m(h))``, with causal self-attention over
+all members' kept heads at once: member m projects its own stream with the Q / K / V columns of its kept
+heads in ``c_attn`` (GPT-2's ``Conv1D`` stores weights ``(in, out)``; here they are stored transposed, as
+``nn.Linear`` does), the cache stores every member's kept heads side by side (one cache layer per layer,
+``(B, K_l, S, dk)``), and member m's output projection uses the ``c_proj`` rows of its kept heads plus its
+own output bias. The MLP (``c_fc``, ``gelu_new``, ``c_proj``) is averaged across members or kept per member;
+every member has its own LayerNorms and final ``ln_f``; the language-model head is shared (tied to
+``wte``, as GPT-2's) or per member (``lm_head_fusion``), a classifier's ``score`` is per member.
+GPT-2's attention scaling options (``scale_attn_weights``, ``scale_attn_by_inverse_layer_idx``,
+``reorder_and_upcast_attn``) are the base's.
+
+Outputs: a causal LM returns ``member_logits (B, M, T, V)`` and ``logits (B, T, V)`` = log of the mean of
+the members' softmaxes, so ``generate()`` decodes from the ensemble's predictive distribution;
+``generate_with_uncertainty`` adds per-token entropy, mutual information and each member's top token
+(``hydra_decoder.py``). A sequence classifier pools every member's last non-padding token, as transformers'
+``GPT2ForSequenceClassification`` does.
+
+The reference is transformers' GPT-2 with member m's removed heads' ``c_proj`` rows set to zero
+(``tests/test_decoder_gpt2.py``), with and without the cache, on left-padded batches.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import GenerationMixin, GPT2Config
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+
+from .configuration_hydra_gpt2 import HydraEnsembleGPT2Config
+from .hydra_decoder import (
+    HydraCausalLMOutput,
+    HydraDecoderOutput,
+    HydraGenerationUncertaintyMixin,
+    ensemble_lm_outputs,
+    last_token_index,
+)
+from .hydra_layers import (
+    HydraClassifierOutput,
+    HydraLayerNorm,
+    HydraMemberLinear,
+    HydraMLP,
+    HydraPreTrainedModel,
+    HydraSelfAttention,
+    LayerOutputs,
+    ensemble_outputs,
+    init_hydra_weights,
+    layer_spec,
+)
+
+
+def upcast_attention_forward(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPT-2's eager attention with ``reorder_and_upcast_attn``: scores and softmax in float32 (the scale
+    folded into the product), the weights cast back to the values' dtype. ``query (B, K, T, dk)``,
+    ``key`` / ``value (B, K, S, dk)`` -> context ``(B, T, K, dk)``, weights ``(B, K, T, S)``."""
+    B, K, T, dk = query.shape
+    S = key.shape[-2]
+    with torch.autocast(query.device.type, enabled=False):
+        scores = torch.baddbmm(
+            torch.empty(B * K, T, S, dtype=torch.float32, device=query.device),
+            query.reshape(-1, T, dk).float(), key.transpose(-1, -2).reshape(-1, dk, S).float(), beta=0, alpha=scaling,
+        ).view(B, K, T, S)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = nn.functional.softmax(scores, dim=-1).type(value.dtype)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+class HydraGPT2Attention(HydraSelfAttention):
+    """GPT-2's causal self-attention of M pruned members with a shared key/value cache.
+
+    The parameters of ``HydraSelfAttention`` (``qkv_weight (3*K*dk, d)``: member m's block is [Q rows of its
+    kept heads; K rows; V rows], the transposed ``c_attn`` columns; ``o_weight (K*dk, d)``: the ``c_proj`` rows
+    of its kept heads; ``qkv_bias``, ``o_bias (M, d)``). The members are never folded into the batch axis: the
+    cache holds ``(B, K, S, dk)``, all kept heads in member order, so that beam search reorders its batch axis.
+    """
+
+    def __init__(self, config, spec, base: GPT2Config, layer_idx: int) -> None:
+        super().__init__(config, spec, is_causal=True)
+        self.layer_idx = layer_idx
+        scaling = self.head_dim**-0.5 if base.scale_attn_weights else 1.0
+        if base.scale_attn_by_inverse_layer_idx:
+            scaling /= float(layer_idx + 1)
+        self.scaling = scaling
+        self.reorder_and_upcast_attn = bool(base.reorder_and_upcast_attn)
+
+    def folds_members(self) -> bool:
+        return False
+
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, cache: Cache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """
+        Args:
+            hidden: ``(M, B, T, d)`` the members' normalised streams.
+            attention_mask: the causal mask transformers builds for GPT-2 (additive float ``(B, 1, T, S)`` for
+                eager, boolean or None for SDPA).
+            cache: the shared key/value cache (this layer's entry holds ``(B, K, S, dk)``), or None.
+        Returns:
+            the block's output per member ``(M, B, T, d)`` and, with eager attention, the weights
+            ``(B, K, T, S)`` over all kept heads in member order.
+        """
+        M, B, T, d = hidden.shape
+        eager = self.config._attn_implementation == "eager"
+        if self.total_heads == 0:  # every member removed every head: only the output bias
+            if cache is not None:  # the cache still counts this layer's tokens
+                empty = hidden.new_zeros(B, 0, T, self.head_dim)
+                key, _ = cache.update(empty, empty, self.layer_idx)
+                S = key.shape[-2]
+            else:
+                S = T
+            out = self.o_bias[:, None, None, :].expand(M, B, T, d)
+            return out, (hidden.new_zeros(B, 0, T, S) if eager else None)
+        query, key, value = self._project_qkv(hidden, folded=False)  # each (B, K, T, dk)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)  # (B, K, S, dk)
+        if eager and self.reorder_and_upcast_attn:
+            context, weights = upcast_attention_forward(
+                self, query, key, value, attention_mask, self.scaling, dropout=self.dropout if self.training else 0.0
+            )
+        else:
+            context, weights = self.attend(
+                query, key, value, attention_mask, B, False, is_causal=self.is_causal and attention_mask is None,
+                output_attentions=output_attentions,
+            )  # context (B, T, K, dk)
+        return self._project_out(context, B, folded=False), weights
+
+
+class HydraGPT2Block(GradientCheckpointingLayer):
+    """GPT-2's pre-LN block for M members: ``h = h + drop(Attn(LN1_m(h))); h = h + drop(MLP(LN2_m(h)))``
+    (the first block reads the shared embeddings)."""
+
+    def __init__(self, config, base: GPT2Config, layer_idx: int) -> None:
+        super().__init__()
+        M, d = config.num_members, base.hidden_size
+        spec = layer_spec(
+            config.kept_heads, layer_idx, hidden_size=d, num_heads=base.num_attention_heads,
+            intermediate_size=base.n_inner if base.n_inner is not None else 4 * d,
+            hidden_act=base.activation_function, layer_norm_eps=base.layer_norm_epsilon,
+            attention_dropout=base.attn_pdrop, hidden_dropout=base.resid_pdrop, mlp_fusion=config.mlp_fusion,
+        )  # fmt: skip
+        self.ln_1 = HydraLayerNorm(M, d, base.layer_norm_epsilon)
+        self.attn = HydraGPT2Attention(config, spec, base, layer_idx)
+        self.ln_2 = HydraLayerNorm(M, d, base.layer_norm_epsilon)
+        self.mlp = HydraMLP(spec)
+        self.dropout = nn.Dropout(base.resid_pdrop)
+
+    def forward(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, cache: Cache | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``."""
+        normed = self.ln_1(hidden, shared=hidden.dim() == 3)  # (M, B, T, d)
+        attn, weights = self.attn(normed, attention_mask, cache, output_attentions)
+        hidden = hidden + self.dropout(attn)  # broadcasts a shared input over M
+        hidden = hidden + self.dropout(self.mlp(self.ln_2(hidden)))
+        return hidden, weights
+
+
+class HydraEnsembleGPT2PreTrainedModel(HydraPreTrainedModel):
+    config_class = HydraEnsembleGPT2Config
+    base_config_class = GPT2Config
+    main_input_name = "input_ids"
+    _no_split_modules = ["HydraGPT2Block"]
+    _supports_flash_attn = False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.base_config.get("initializer_range", 0.02)
+        if init_hydra_weights(module, std):
+            return
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            super()._init_weights(module)
+
+
+class HydraEnsembleGPT2Model(HydraEnsembleGPT2PreTrainedModel):
+    """The fused GPT-2: shared token and position embeddings, M residual streams, per-member final
+    LayerNorms, one cache. ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` returns this class."""
+
+    def __init__(self, config: HydraEnsembleGPT2Config) -> None:
+        super().__init__(config)
+        base = self.base_config(config)
+        d = base.hidden_size
+        self.wte = nn.Embedding(base.vocab_size, d)
+        self.wpe = nn.Embedding(base.max_position_embeddings, d)
+        self.drop = nn.Dropout(base.embd_pdrop)
+        self.h = nn.ModuleList(HydraGPT2Block(config, base, i) for i in range(base.num_hidden_layers))
+        self.ln_f = HydraLayerNorm(config.num_members, d, base.layer_norm_epsilon)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.wte
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.wte = value
+
+    def mask_config(self) -> GPT2Config:
+        """The base config the causal mask and the cache are built from, with this model's attention
+        implementation (transformers' own mask function: padding and causality)."""
+        base = self.base_config(self.config)
+        base._attn_implementation = self.config._attn_implementation
+        return base
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> HydraDecoderOutput | tuple:
+        """
+        Args:
+            input_ids: ``(B, T)`` token ids (or ``inputs_embeds (B, T, d)``).
+            attention_mask: ``(B, S)`` 1 for tokens, 0 for padding (left or right), over the cached and new tokens.
+            position_ids: ``(B, T)``; default: the cache's length plus ``0..T-1``, as transformers does.
+            cache: a transformers ``Cache`` (``DynamicCache``) to read and extend (``past_key_values`` is its
+                older name); with ``use_cache`` and no cache, a new one is made.
+            token_type_ids: ``(B, T)``, embedded with ``wte`` and added, as GPT-2 does.
+        Returns:
+            ``HydraDecoderOutput``: ``last_hidden_state (B, M, T, d)``, ``cache``, ``hidden_states``,
+            ``attentions``.
+        """
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if use_cache is None:  # a converted base_config leaves use_cache out (not an architecture setting)
+            use_cache = getattr(self.config, "use_cache", True)
+        if self.gradient_checkpointing and self.training:
+            use_cache = False  # recomputed layers would write the cache twice
+        cache = cache if cache is not None else past_key_values
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give exactly one of input_ids or inputs_embeds")
+        inputs_embeds = self.wte(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, d)
+        base = self.mask_config()
+        if use_cache and cache is None:
+            cache = DynamicCache(config=base)
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past).unsqueeze(0)
+        embeddings = inputs_embeds + self.wpe(position_ids).to(inputs_embeds.device)
+        if token_type_ids is not None:
+            embeddings = embeddings + self.wte(token_type_ids)
+        embeddings = self.drop(embeddings)
+        # eager attention reads only the mask (it has no is_causal path): never let the mask be skipped
+        mask = create_causal_mask(
+            config=base, inputs_embeds=inputs_embeds, attention_mask=attention_mask, cache=cache,
+            position_ids=position_ids, allow_is_causal_skip=self.config._attn_implementation != "eager",
+        )  # fmt: skip
+
+        outs = LayerOutputs(embeddings, self.config.num_members, output_hidden_states, output_attentions)
+        for block in self.h:
+            outs.add(*block(outs.input, mask, cache if use_cache else None, output_attentions))
+        last = self.ln_f(outs.streams()).transpose(0, 1)  # (B, M, T, d)
+        out = HydraDecoderOutput(
+            last_hidden_state=last, cache=cache if use_cache else None, hidden_states=outs.hidden_states,
+            attentions=outs.attentions,
+        )  # fmt: skip
+        return out if return_dict else out.to_tuple()
+
+
+class HydraEnsembleGPT2ForSequenceClassification(HydraEnsembleGPT2PreTrainedModel):
+    """M pruned GPT-2 classifiers in one model; every member's ``score_m`` (no bias) reads its last
+    non-padding token. ``logits`` = log of the mean of the members' softmaxes.
+    ``AutoModelForSequenceClassification`` and ``pipeline("text-classification", model=folder,
+    trust_remote_code=True)`` use this class."""
+
+    def __init__(self, config: HydraEnsembleGPT2Config) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.hydra = HydraEnsembleGPT2Model(config)
+        self.score = HydraMemberLinear(config.num_members, config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.hydra.wte
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.hydra.wte = value
+
+    def forward(
+        self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, token_type_ids=None,
+        labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs,
+    ) -> HydraClassifierOutput | tuple:
+        """``labels (B,)``: mean over members of each member's loss. Returns ``logits (B, C)``, ``member_logits (B, M, C)``."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.hydra(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
+            token_type_ids=token_type_ids, use_cache=False, output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states, return_dict=True,
+        )  # fmt: skip
+        hidden = outputs.last_hidden_state  # (B, M, T, d)
+        B = hidden.shape[0]
+        last = last_token_index(input_ids, self.config.pad_token_id, B)
+        pooled = hidden[torch.arange(B, device=hidden.device), :, last]  # (B, M, d)
+        member_logits = self.score(pooled.transpose(0, 1)).transpose(0, 1)  # (B, M, C)
+        logits, loss = ensemble_outputs(member_logits, labels, self.config)
+        out = HydraClassifierOutput(
+            loss=loss, logits=logits, member_logits=member_logits, hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )  # fmt: skip
+        return out if return_dict else out.to_tuple()
+
+
+class HydraEnsembleGPT2ForCausalLM(HydraEnsembleGPT2PreTrainedModel, HydraGenerationUncertaintyMixin, GenerationMixin):
+    """M pruned GPT-2 language models in one model, one cache, one forward pass per step.
+
+    ``logits (B, T, V)`` = log of the mean of the members' next-token softmaxes, so ``generate()`` decodes
+    from the ensemble's predictive distribution; ``member_logits (B, M, T, V)`` are the members' own;
+    ``generate_with_uncertainty`` / ``score_generated`` give per-token entropy and mutual information.
+    ``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` returns this class.
+    """
+
+    def __init__(self, config: HydraEnsembleGPT2Config) -> None:
+        per_member = config.lm_head_fusion == "per_member"
+        # the input and output embeddings are one tensor when the base ties them and the head is shared
+        self._tied_weights_keys = None if per_member else {"lm_head.weight": "hydra.wte.weight"}
+        super().__init__(config)
+        # decoding settings the base's config holds (end-of-sequence, padding and start tokens)
+        base = self.base_config(config)
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            if getattr(self.generation_config, name, None) is None and getattr(base, name, None) is not None:
+                setattr(self.generation_config, name, getattr(base, name))
+        self.hydra = HydraEnsembleGPT2Model(config)
+        V, d = config.vocab_size, config.hidden_size
+        if per_member:
+            self.lm_head = HydraMemberLinear(config.num_members, d, V, bias=False)
+        else:
+            self.lm_head = nn.Linear(d, V, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.hydra.wte
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.hydra.wte = value
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def member_logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(B, M, T, d)`` final hidden states -> ``(B, M, T, V)`` every member's logits."""
+        if isinstance(self.lm_head, HydraMemberLinear):
+            return self.lm_head(hidden.transpose(0, 1)).transpose(0, 1)
+        return self.lm_head(hidden)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        past_key_values: Cache | None = None,
+        **kwargs,
+    ) -> HydraCausalLMOutput | tuple:
+        """
+        Args:
+            labels: ``(B, T)`` the input ids (shifted inside, -100 ignored): the loss is the mean over members
+                of each member's next-token cross-entropy.
+            logits_to_keep: compute logits for the last ``logits_to_keep`` positions only (0: all), as
+                transformers' causal LMs (``generate()`` keeps 1).
+        Returns:
+            ``HydraCausalLMOutput``: ``logits (B, T', V)``, ``member_logits (B, M, T', V)``, ``loss``, ``cache``.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.hydra(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+            inputs_embeds=inputs_embeds, token_type_ids=token_type_ids, use_cache=use_cache,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
+            past_key_values=past_key_values,
+        )  # fmt: skip
+        hidden = outputs.last_hidden_state  # (B, M, T, d)
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        member_logits = self.member_logits_of(hidden[:, :, keep])  # (B, M, T', V)
+        logits, loss = ensemble_lm_outputs(member_logits, labels)
+        out = HydraCausalLMOutput(
+            loss=loss, logits=logits, member_logits=member_logits, cache=outputs.cache,
+            hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+        )  # fmt: skip
+        return out if return_dict else out.to_tuple()
