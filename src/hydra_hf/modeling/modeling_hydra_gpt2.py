@@ -340,9 +340,13 @@ class HydraEnsembleGPT2ForCausalLM(HydraEnsembleGPT2PreTrainedModel, HydraGenera
         super().__init__(config)
         # decoding settings the base's config holds (end-of-sequence, padding and start tokens)
         base = self.base_config(config)
-        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-            if getattr(self.generation_config, name, None) is None and getattr(base, name, None) is not None:
-                setattr(self.generation_config, name, getattr(base, name))
+        generation = self.generation_config
+        if generation.bos_token_id is None:
+            generation.bos_token_id = base.bos_token_id
+        if generation.eos_token_id is None:
+            generation.eos_token_id = base.eos_token_id
+        if generation.pad_token_id is None:
+            generation.pad_token_id = base.pad_token_id
         self.hydra = HydraEnsembleGPT2Model(config)
         V, d = config.vocab_size, config.hidden_size
         if per_member:

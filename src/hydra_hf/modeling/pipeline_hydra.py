@@ -293,11 +293,13 @@ class HydraTextGenerationPipeline(TextGenerationPipeline):
         flat = sequences.reshape(B * n, -1)
         mask = None if attention_mask is None else attention_mask.repeat_interleave(n, dim=0)
         scored = self.model.score_generated(flat, prompt, mask, eos_token_id=eos)
-        out["hydra_uncertainty"] = {
-            k: getattr(scored, k).reshape(B, n, *getattr(scored, k).shape[1:])
-            for k in ("token_entropy", "token_mutual_information", "token_probability", "member_top_tokens",
-                      "generated_mask", "sequence_entropy", "sequence_mutual_information")
+        values = {
+            "token_entropy": scored.token_entropy, "token_mutual_information": scored.token_mutual_information,
+            "token_probability": scored.token_probability, "member_top_tokens": scored.member_top_tokens,
+            "generated_mask": scored.generated_mask, "sequence_entropy": scored.sequence_entropy,
+            "sequence_mutual_information": scored.sequence_mutual_information,
         }  # fmt: skip
+        out["hydra_uncertainty"] = {k: v.reshape(B, n, *v.shape[1:]) for k, v in values.items()}
         out["hydra_generated"] = flat[:, prompt:].reshape(B, n, -1)
         return out
 
