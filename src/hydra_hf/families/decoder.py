@@ -1,0 +1,124 @@
+"""What every decoder family shares (Llama-style, GPT-2): :class:`DecoderFamily`.
+
+A decoder checkpoint is a causal LM (``*ForCausalLM``, ``GPT2LMHeadModel``: builds the fused causal LM) or
+a sequence classifier / bare decoder (builds the fused classifier; a bare decoder's per-member ``score``
+heads are new, seeded). The family's reader (``convert/hf_<family>.py``) supplies three pure functions:
+checkpoint -> canonical member (with ``lm_head`` / ``score``), members -> fused state dict, fused -> stock
+state dicts. Folders ship the common files without the encoder skeletons, the family's config and modeling
+files and ``hydra_decoder.py`` (the decoders' outputs and generation uncertainty).
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from ..convert.build import check_same_architecture, label_arguments, load_fused
+from ..convert.io import read_config, read_state_dict
+from ..errors import HydraInputError
+from .base import Built, Family
+
+CAUSAL_LM, SEQUENCE_CLASSIFICATION = "causal_lm", "sequence_classification"
+DECODER_SHARED_FILE = "hydra_decoder.py"
+
+
+def decoder_task(config: Mapping[str, Any], causal_lm_architectures: Sequence[str]) -> str:
+    """``"causal_lm"`` when ``config["architectures"]`` names one of ``causal_lm_architectures``, else
+    ``"sequence_classification"``."""
+    names = config.get("architectures") or []
+    return CAUSAL_LM if any(a in causal_lm_architectures for a in names) else SEQUENCE_CLASSIFICATION
+
+
+class DecoderFamily(Family):
+    """A decoder family. Subclasses set the :class:`Family` attributes, ``config_file``, ``reader``,
+    ``causal_lm_architectures`` and ``shape_keys``, and implement :meth:`full_config`, :meth:`layer_shape`
+    (``(L, H)`` from a full base config), :meth:`adapter` and :meth:`stock_model`."""
+
+    modality = "text"
+    task = "text-classification"
+    towers = ("text",)
+    classifier_keys = ("score.weight",)
+    config_file: ClassVar[str]
+    # (checkpoint state dict -> member, members -> fused state dict, fused -> stock state dicts)
+    reader: ClassVar[tuple[Callable, Callable, Callable]]
+    causal_lm_architectures: ClassVar[tuple[str, ...]]
+    shape_keys: ClassVar[tuple[str, ...]]
+
+    @property
+    def shipped_files(self) -> tuple[str, ...]:
+        """The common files but the encoder skeletons (a decoder does not use them), the family's config and
+        modeling files and the decoders' shared file (outputs, generation uncertainty)."""
+        return (*(f for f in super().shipped_files if f != "hydra_skeletons.py"), self.config_file, DECODER_SHARED_FILE)
+
+    @property
+    def auto_map(self) -> dict[str, str]:
+        out = super().auto_map
+        out["AutoConfig"] = f"{self.config_file.removesuffix('.py')}.{self.config_class_name}"
+        return out
+
+    def config_class(self) -> type:
+        module = importlib.import_module(f"hydra_hf.modeling.{self.config_file.removesuffix('.py')}")
+        return getattr(module, self.config_class_name)
+
+    @abstractmethod
+    def full_config(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """The architecture part of a ``config.json`` with its transformers defaults filled in."""
+
+    @abstractmethod
+    def layer_shape(self, base: Mapping[str, Any]) -> tuple[int, int]:
+        """``(num_layers, num_heads)`` of a full base config."""
+
+    def task_of(self, raw: Mapping[str, Any]) -> str:
+        return decoder_task(raw, self.causal_lm_architectures)
+
+    # ----------------------------------------------------------------------------- converting
+    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
+        return self.reader[0](state, config, source=source)
+
+    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+        task = SEQUENCE_CLASSIFICATION if "score.weight" in state else CAUSAL_LM
+        return self.reader[2](state, hydra_config, task=task)
+
+    def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
+              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
+        masks.check_towers(self.towers, towers, model=f"a {self.name} checkpoint")
+        raw = [read_config(f) for f in folders]
+        configs = [self.full_config(c) for c in raw]
+        check_same_architecture(folders, configs, self.shape_keys)
+        base = configs[0]
+        masks.check_compatible(*self.layer_shape(base), model=repr(str(folders[0])))
+        task = self.task_of(raw[0])
+        if any(self.task_of(c) != task for c in raw[1:]):
+            raise HydraInputError("the member checkpoints mix causal LMs and sequence classifiers; convert one kind")
+        loaded = [self.read_member(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, configs)]
+        members = loaded * masks.num_members if len(loaded) == 1 else loaded
+        if task == CAUSAL_LM and any(m.lm_head is None for m in members):
+            raise HydraInputError(f"{str(folders[0])!r} is a causal LM without an lm_head tensor; save it with its head")
+        heads = [m.lm_head for m in members if m.lm_head is not None]
+        # fine-tuned members whose output embeddings differ keep their own; otherwise one shared head
+        lm_head_fusion = "per_member" if any(not torch.equal(heads[0], h) for h in heads[1:]) else "shared"
+        state = self.reader[1](members, masks.kept_heads, mlp_fusion, shared, task=task, lm_head_fusion=lm_head_fusion)
+        labels = label_arguments(state, "score.weight", raw[0], num_labels, id2label) if task != CAUSAL_LM else {}
+        config = self.config_class()(
+            base_model_type=base["model_type"], base_config=base, kept_heads=masks.kept_heads, mlp_fusion=mlp_fusion,
+            member_metadata=masks.member_metadata, lm_head_fusion=lm_head_fusion, **labels,
+        )  # fmt: skip
+        auto = "AutoModelForCausalLM" if task == CAUSAL_LM else "AutoModelForSequenceClassification"
+        torch.manual_seed(seed)  # a bare decoder's per-member score heads are initialised from this seed
+        model = self.model_class(auto)(config)
+        # a tied base: lm_head.weight is the token embeddings' tensor (the same values are loaded into it twice)
+        return Built(load_fused(model, state, {"score.weight"}, folders[0], seed), folders[0])
+
+    @abstractmethod
+    def stock_class(self, base_config: Mapping[str, Any], num_labels: int | None) -> type:
+        """The transformers class of one member: the classifier with ``num_labels``, else the causal LM."""
+
+    def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
+        config_class = self.stock_class(base_config, num_labels).config_class
+        config = config_class.from_dict({**base_config, **({"num_labels": num_labels} if num_labels else {})})
+        return self.stock_class(base_config, num_labels)(config)
