@@ -8,8 +8,11 @@ Example::
 
 Models:
 
-- ``--model DIR``: a Hugging Face checkpoint folder: a text classifier (BERT-like), a ViT image
-  classifier, or a ``CLIPModel`` (detected from ``config.json``), pruned as a zero-shot classifier;
+- ``--model DIR``: a Hugging Face checkpoint folder: a text classifier (BERT-like, or a decoder
+  ``*ForSequenceClassification``), a ViT image classifier, a ``CLIPModel`` (detected from
+  ``config.json``), pruned as a zero-shot classifier, or a decoder causal LM (``LlamaForCausalLM``,
+  ``MistralForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``GPT2LMHeadModel``), pruned on
+  next-token prediction;
 - ``--open-clip NAME --checkpoint PATH``: an open_clip CLIP model (a model name such as ``ViT-B-32``,
   or a local ``open_clip_config.json`` / a folder holding one) with local weights, zero-shot;
 - ``--timm NAME --checkpoint PATH``: a timm ViT image classifier with local weights (a file, or a
@@ -23,6 +26,14 @@ over both towers at once (``--remove N`` counts the heads of both, ``--heads-per
 to every layer of each); ``--tower vision`` / ``text`` prunes one tower and keeps the other whole.
 CLIP masks are written in the two-tower format that ``hydra-hf convert`` reads; the file is written
 atomically, never half.
+
+Causal LMs read only texts: ``--id-data`` (and ``--ood-data`` for circuit-ood / circuit-avg) are any
+text data (the ``--text-column`` of local files, or an embedded corpus), tokenized with the folder's
+tokenizer and cut to ``--max-length`` tokens; the labels are the next tokens. Taylor scores the mean
+next-token loss; circuit-acc scores next-token accuracy, circuit-ood the AUROC of each sequence's mean
+maximum softmax probability (ID against OOD texts), circuit-avg their mean. ``--label-column`` and
+``--num-labels`` are refused (an error, not ignored: they mean a classifier was intended). The masks
+count query heads; ``hydra-hf convert`` then builds the fused causal LM.
 
 The command is a thin layer over :func:`hydra_hf.pruning.build_members` (data specs -> masks, the
 function every recipe calls) and :mod:`hydra_hf.pruning.loading` (open_clip / timm models and class
@@ -48,7 +59,7 @@ from ..outputs import check_output_file
 from ..pruning.budget import Budget
 from ..pruning.diversity import PRUNING_METHODS, parse_methods, uses_ood
 from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, load_open_clip, load_timm_vit, read_class_names
-from ..pruning.members import PruningTarget, build_members, load_pruning_target
+from ..pruning.members import PruningTarget, build_members, is_causal_lm_folder, load_pruning_target
 from ..zero_shot import zero_shot_class_names
 
 logger = logging.getLogger(__name__)
@@ -79,15 +90,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     budget.add_argument("--heads-per-layer", type=int, help="keep K heads in every layer")
     budget.add_argument("--remove", type=int, help="remove N heads in total (anywhere)")
     p.add_argument("--seed", type=int, default=0, help="seed of member 0; member m uses seed+m")
-    p.add_argument("--id-data", required=True, help="labelled ID data: file, save_to_disk folder or NAME[:SPLIT]")
+    p.add_argument("--id-data", required=True, help="labelled ID data: file, save_to_disk folder or NAME[:SPLIT] "
+                   "(a causal LM: any texts; the labels are the next tokens)")
     p.add_argument("--ood-data", help="OOD data (needed by circuit-ood and circuit-avg)")
     p.add_argument("--text-column", default="text", help="column holding the text of csv/jsonl/parquet data (default: text)")
     p.add_argument("--ood-text-column", help="text column of --ood-data (default: --text-column)")
-    p.add_argument("--label-column", default="label",
-                   help="column holding the integer class (or class name) of --id-data (default: label)")
+    p.add_argument("--label-column", default=None,
+                   help="column holding the integer class (or class name) of --id-data (default: label; not for causal LMs)")
     p.add_argument("--image-column", help="image column (image data); image folders need none")
     p.add_argument("--max-samples", type=int, help="use at most this many ID (and OOD) examples")
-    p.add_argument("--max-length", type=int, default=128, help="max tokens per text (default 128)")
+    p.add_argument("--max-length", type=int, default=128, help="max tokens per text (default 128; a causal LM: per sequence)")
     p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass while scoring (default 32)")
     p.add_argument("--num-labels", type=int, help="classes of a checkpoint without a trained classifier head")
     p.add_argument("--temperature", type=float, help="Taylor sampling temperature (default 1 for several members)")
@@ -127,6 +139,16 @@ def _check_source(args: argparse.Namespace) -> None:
         raise ValueError(f"{flag} needs --checkpoint PATH: the local weights of the model (nothing is downloaded)")
     if args.checkpoint and not Path(args.checkpoint).exists():
         raise FileNotFoundError(f"--checkpoint {args.checkpoint!r} does not exist; give the local weights file or folder")
+    if args.model and is_causal_lm_folder(args.model):
+        if args.label_column is not None:
+            raise ValueError(f"--label-column {args.label_column!r} does not apply to the causal LM {args.model!r}: its labels "
+                             "are the next tokens of the --id-data texts; drop --label-column")
+        if args.num_labels is not None:
+            raise ValueError(f"--num-labels {args.num_labels} does not apply to the causal LM {args.model!r} (pruned on "
+                             "next-token prediction); drop --num-labels")
+        if args.max_length < 2:
+            raise ValueError(f"--max-length {args.max_length}: a causal LM needs at least 2 tokens per sequence (a token "
+                             "and its successor); use e.g. --max-length 128")
     if args.tower is not None and args.tower not in TOWERS:
         raise ValueError(f"unknown --tower {args.tower!r}; choose one of {', '.join(TOWERS)}")
     if args.prompt_template is not None:
@@ -206,8 +228,12 @@ def run(args: argparse.Namespace) -> int:
         "base_model": str(base),
         "id_data": args.id_data,
         "ood_data": args.ood_data,
-        "num_labels": target.num_labels,
     }
+    if target.causal_lm:
+        metadata["task"] = "causal_lm"
+        metadata["max_length"] = args.max_length
+    else:
+        metadata["num_labels"] = target.num_labels
     if args.open_clip or args.timm:
         metadata["architecture"] = {"open_clip": args.open_clip} if args.open_clip else {"timm": args.timm}
     if target.zero_shot:
@@ -225,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
         max_samples=args.max_samples,
         text_column=args.text_column,
         ood_text_column=args.ood_text_column,
-        label_column=args.label_column,
+        label_column=args.label_column or "label",
         image_column=args.image_column,
         batch_size=args.batch_size,
         max_length=args.max_length,

@@ -221,7 +221,9 @@ def prune_members(
     one-tower file shape for a one-tower model, named towers (the pruned ones) for CLIP-like models.
 
     Args:
-        adapter: adapter of the (classification) model to prune.
+        adapter: adapter of the model to prune: a classifier, or a causal LM (``task="causal_lm"``,
+            :func:`~hydra_hf.pruning.lm.causal_lm_adapter`) whose ID data needs no labels (the batches
+            carry the next tokens).
         methods: one method or several (one member per method, cycled); see :data:`METHODS`.
         budget: the pruning budget of every member.
         make_batches: ``(dataset, seed) -> list of batches`` (tokenize / transform; the seed may
@@ -263,10 +265,11 @@ def prune_members(
     needing_ood = [m for m in method_list if PRUNING_METHODS[m].uses_ood]
     if needing_ood and ood_data is None:
         raise ValueError(f"{' and '.join(dict.fromkeys(needing_ood))} need OOD validation data; give --ood-data")
-    if "label" not in id_data.column_names and any(PRUNING_METHODS[m].needs_labels for m in method_list):
+    causal_lm = adapter.task == "causal_lm"  # its labels are the next tokens of the texts
+    if not causal_lm and "label" not in id_data.column_names and any(PRUNING_METHODS[m].needs_labels for m in method_list):
         raise ValueError("the ID data has no labels; Taylor and circuit pruning need labelled ID data (--label-column)")
     if len(id_data) == 0:
-        raise ValueError("the ID data is empty; give at least one labelled example")
+        raise ValueError("the ID data is empty; give at least one " + ("text" if causal_lm else "labelled example"))
     several = members > 1
     temperature = (1.0 if several else 0.0) if temperature is None else float(temperature)
     data_fraction = (0.8 if several else 1.0) if data_fraction is None else float(data_fraction)

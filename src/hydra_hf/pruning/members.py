@@ -5,7 +5,14 @@
 zero-shot model's labels matched to its class names), makes the batches and runs
 :func:`~hydra_hf.pruning.diversity.prune_members`. What differs between models is only how they are
 loaded, which :class:`PruningTarget` records: :func:`load_pruning_target` for a Hugging Face text or
-image classifier folder; the CLI and the zero-shot recipe build theirs for CLIP-like models.
+image classifier folder or a decoder causal LM folder; the CLI and the zero-shot recipe build theirs for
+CLIP-like models.
+
+Causal LMs (``*ForCausalLM``, ``GPT2LMHeadModel``: :func:`is_causal_lm_config`) are pruned on next-token
+prediction (:mod:`hydra_hf.pruning.lm`): the ID data is any text (its labels are the next tokens, a label
+column is not read), batched by :func:`~hydra_hf.pruning.lm.lm_batches` with the folder's tokenizer and
+``max_length``; Taylor scores the mean next-token loss, circuits score next-token accuracy (``acc``), the
+AUROC of the per-sequence mean MSP of ID against OOD texts (``ood``) and their mean (``avg``).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import datasets
 import torch
 from transformers import (
     AutoImageProcessor,
+    AutoModelForCausalLM,
     AutoModelForImageClassification,
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -36,6 +44,7 @@ from ..masks import HeadMasks
 from .budget import Budget
 from .diversity import parse_methods, prune_members
 from .layout import HeadLayout
+from .lm import causal_lm_adapter, lm_batches
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +66,28 @@ class PruningTarget:
     def modality(self) -> str:
         """``"image"`` or ``"text"``: what the model reads."""
         return "image" if self.transform is not None else "text"
+
+    @property
+    def causal_lm(self) -> bool:
+        """Whether the model is a causal LM pruned on next-token prediction (its labels are the next tokens)."""
+        return self.adapter.task == "causal_lm"
+
+
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+
+def is_causal_lm_config(config: Any) -> bool:
+    """Whether a ``config.json`` (a dict or a config object) names a causal LM head (``LlamaForCausalLM``,
+    ``GPT2LMHeadModel``, ``HydraEnsembleLlamaForCausalLM``, ...) in its ``architectures``."""
+    names = config.get("architectures") if isinstance(config, dict) else getattr(config, "architectures", None)
+    return any(str(name).endswith(CAUSAL_LM_SUFFIXES) for name in names or [])
+
+
+def is_causal_lm_folder(folder: str | os.PathLike) -> bool:
+    """Whether the checkpoint folder ``folder`` holds a causal LM (:func:`is_causal_lm_config`); False
+    without a ``config.json``."""
+    path = Path(folder)
+    return (path / "config.json").is_file() and is_causal_lm_config(read_config(path))
 
 
 def label2id_of(config: Any) -> dict[str, int] | None:
@@ -130,6 +161,8 @@ def load_pruning_target(
     if family.task == "zero-shot-image-classification":
         raise ValueError(f"{str(folder)!r} is a zero-shot {family.name} model: give its class prompts "
                          "(hydra-hf prune --class-names)")
+    if is_causal_lm_config(read_config(folder)):
+        return load_causal_lm_target(folder, num_labels=num_labels, trust_remote_code=trust_remote_code)
     new_head = check_classifier_head(folder, family, num_labels)
     kwargs: dict[str, Any] = {"num_labels": num_labels} if num_labels is not None else {}
     kwargs["trust_remote_code"] = trust_remote_code
@@ -142,6 +175,54 @@ def load_pruning_target(
         return PruningTarget(get_adapter(model), transform, None, model.config.num_labels, label2id_of(model.config), False)
     tokenizer = from_pretrained(AutoTokenizer, folder, trust_remote_code=trust_remote_code)
     return PruningTarget(get_adapter(model), None, tokenizer, model.config.num_labels, label2id_of(model.config), False)
+
+
+def load_causal_lm_target(
+    folder: str | os.PathLike, *, num_labels: int | None = None, trust_remote_code: bool = False
+) -> PruningTarget:
+    """A decoder causal LM folder (``*ForCausalLM``, ``GPT2LMHeadModel``) with its tokenizer, in eval
+    mode, pruned on next-token prediction (:func:`~hydra_hf.pruning.lm.causal_lm_adapter`).
+
+    ``num_labels`` must be None: a causal LM's classes are its vocabulary (``PruningTarget.num_labels``
+    is the vocabulary size)."""
+    folder = Path(folder)
+    config = read_config(folder)
+    what = ", ".join(config.get("architectures") or []) or "causal LM"
+    if num_labels is not None:
+        raise HydraInputError(
+            f"--num-labels {num_labels} is for classifiers, but {str(folder)!r} is a causal LM ({what}) pruned on "
+            "next-token prediction; drop --num-labels (or prune a ...ForSequenceClassification checkpoint)"
+        )
+    model = from_pretrained(AutoModelForCausalLM, folder, trust_remote_code=trust_remote_code).eval()
+    try:
+        tokenizer = from_pretrained(AutoTokenizer, folder, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise HydraInputError(
+            f"{str(folder)!r} ({what}) has no tokenizer to turn the ID texts into tokens; save it next to the model "
+            f"(tokenizer.save_pretrained({str(folder)!r})): {str(exc).splitlines()[0] if str(exc) else exc}"
+        ) from None
+    return PruningTarget(causal_lm_adapter(model), None, tokenizer, int(model.config.vocab_size), None, False)
+
+
+def causal_lm_batches(
+    target: PruningTarget, dataset: datasets.Dataset, *, max_length: int, batch_size: int, what: str = "the data"
+) -> list[dict[str, torch.Tensor]]:
+    """Next-token batches (:func:`~hydra_hf.pruning.lm.lm_batches`) of the ``text`` column of ``dataset``,
+    tokenized by the causal LM target's tokenizer; raises one line when no text has 2 tokens."""
+    batches = lm_batches(target.tokenizer, list(dataset["text"]), max_length=max_length, batch_size=batch_size)
+    if not batches:
+        raise HydraInputError(
+            f"{what}: none of its {len(dataset)} texts has 2 or more tokens (a token and its successor); "
+            "give longer texts (or a larger --max-length)"
+        )
+    vocab = target.num_labels  # a causal LM target's vocabulary size
+    top = max(int(b["input_ids"].max()) for b in batches)
+    if top >= vocab:
+        raise HydraInputError(
+            f"{what}: the tokenizer gives token id {top} but the model's vocabulary has {vocab} tokens; save the "
+            "tokenizer the model was trained with next to it (or resize its embeddings)"
+        )
+    return batches
 
 
 def zero_shot_labels(dataset: datasets.Dataset, names: list[str], source: str) -> datasets.Dataset:
@@ -200,13 +281,14 @@ def build_members(
 
     Args:
         target: the loaded model (:class:`PruningTarget`), or a Hugging Face text / image classifier
-            folder (:func:`load_pruning_target`).
+            folder or a decoder causal LM folder (:func:`load_pruning_target`).
         method: one pruning method or several, comma-separated or a list (one member each, cycled).
         budget: every member's budget.
         id_data: labelled ID validation data: a data spec (``NAME[:SPLIT]``, a file or a folder,
             resolved with the column options and ``max_samples``; a zero-shot model's labels are
             matched to its class names) or a dataset already in the standard columns (``text`` or
-            ``image``, integer ``label``), taken as it is.
+            ``image``, integer ``label``), taken as it is. A causal LM reads only the texts (its labels
+            are the next tokens; ``label_column`` is not read).
         ood_data: OOD validation data (``circuit-ood`` / ``circuit-avg``), a spec or a dataset.
         members: members to compute; member ``m`` uses seed ``seed + m``.
         tower: two-tower models: ``"vision"``, ``"text"`` or ``"joint"`` (default: joint).
@@ -232,13 +314,14 @@ def build_members(
     data_kwargs: dict[str, Any] = dict(text_column=None if image_model else text_column, image_column=image_column,
                                        max_samples=max_samples)  # fmt: skip
     id_spec = id_data if isinstance(id_data, str) else None
+    causal_lm = target.causal_lm
     if isinstance(id_data, str):
         id_data = resolve_dataset(
             id_data,
-            label_column=label_column,
-            label2id=target.label2id,
-            num_labels=None if target.zero_shot else target.num_labels,
-            require_labels=any(m != "random" for m in methods),
+            label_column=None if causal_lm else label_column,
+            label2id=None if causal_lm else target.label2id,
+            num_labels=None if target.zero_shot or causal_lm else target.num_labels,
+            require_labels=not causal_lm and any(m != "random" for m in methods),
             **data_kwargs,
         )
     if isinstance(ood_data, str):
@@ -257,6 +340,10 @@ def build_members(
     logger.info("ID data: %d examples%s", len(id_data), f"; OOD data: {len(ood_data)}" if ood_data is not None else "")
 
     def make_batches(dataset: datasets.Dataset, seed: int) -> list[dict[str, torch.Tensor]]:
+        if causal_lm:
+            batches = causal_lm_batches(target, dataset, max_length=max_length, batch_size=batch_size,
+                                        what="the ID / OOD texts (--id-data / --ood-data)")
+            return batches if device is None else [{k: v.to(device) for k, v in b.items()} for b in batches]
         if image_model:
             loader = make_image_loader(dataset, target.transform, batch_size)
         else:
