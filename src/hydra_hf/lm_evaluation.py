@@ -11,6 +11,11 @@ come from :mod:`hydra_hf.lm_metrics` and :mod:`hydra_hf.metrics` (ECE bins, AURO
 Data may be given as texts with a tokenizer (:func:`tokenize_texts`), as token-id sequences
 (:func:`batch_token_ids`; offline tests need no tokenizer), or as ready batches: mappings with
 ``input_ids`` (and ``attention_mask``) or ``(B, T)`` integer tensors.
+
+``hydra-hf evaluate`` on a causal LM folder: :func:`load_causal_lm` (a Hydra or stock folder with its
+tokenizer), :func:`evaluate_causal_lm` per model, :func:`write_causal_lm_report` (``report.json`` and
+``report.md``: one row per model with perplexity, NLL, next-token accuracy, ECE and per OOD set the
+AUROC / FPR95 of one sequence score, and a table of every score's AUROC).
 """
 
 from __future__ import annotations
@@ -18,16 +23,33 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from . import lm_metrics, metrics
+from .convert.io import checkpoint_dir, from_pretrained, read_config
+from .errors import HydraInputError
+from .pruning.members import is_causal_lm_config, is_causal_lm_folder
+from .report import render_markdown_table, write_report
 
-__all__ = ["batch_token_ids", "tokenize_texts", "causal_lm_member_logits", "run_causal_lm", "evaluate_causal_lm"]
+__all__ = [
+    "batch_token_ids",
+    "tokenize_texts",
+    "causal_lm_member_logits",
+    "run_causal_lm",
+    "evaluate_causal_lm",
+    "is_causal_lm_config",
+    "load_causal_lm",
+    "causal_lm_rows",
+    "causal_lm_columns",
+    "write_causal_lm_report",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -281,3 +303,116 @@ def evaluate_causal_lm(
     if not math.isfinite(report["perplexity"]):
         logger.warning("the ID perplexity overflowed (mean NLL %.4g nats)", report["nll"])
     return report
+
+
+# ------------------------------------------------------------------------------- folders and reports
+def load_causal_lm(path: str | os.PathLike, *, trust_remote_code: bool = False) -> tuple[nn.Module, Any]:
+    """A causal LM folder (Hydra, loaded with hydra_hf's registered classes, or stock) and its tokenizer,
+    in eval mode. A folder that ships other code is refused unless ``trust_remote_code``.
+
+    Returns ``(model, tokenizer)``."""
+    folder = checkpoint_dir(path, what="model")
+    if not is_causal_lm_folder(folder):
+        names = read_config(folder).get("architectures") or []
+        raise HydraInputError(f"{str(folder)!r} is not a causal LM (architectures {names}); give a ...ForCausalLM folder "
+                              "(a Hydra one from hydra-hf convert, or a stock one)")
+    model = from_pretrained(AutoModelForCausalLM, folder, trust_remote_code=trust_remote_code).eval()
+    try:
+        tokenizer = from_pretrained(AutoTokenizer, folder, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise HydraInputError(f"{str(folder)!r} has no tokenizer to read the texts with; save it next to the model "
+                              f"(tokenizer.save_pretrained): {str(exc).splitlines()[0] if str(exc) else exc}") from None
+    return model, tokenizer
+
+
+_OOD_KEYS = ("auroc", "fpr95", "aupr_in", "aupr_out")
+
+
+def causal_lm_rows(
+    reports: Mapping[str, Mapping[str, Any]], *, score: str = "msp", params: Mapping[str, int] | None = None
+) -> list[dict[str, Any]]:
+    """One report row per model from :func:`evaluate_causal_lm` reports: ``method``, ``perplexity``,
+    ``nll``, ``accuracy`` (next token), ``ece``, ``msp``, ``mutual_information``, ``members``,
+    ``num_tokens``, per OOD set ``"<set>/perplexity"`` and ``"<set>/auroc"`` ... of the sequence score
+    ``score`` (:data:`hydra_hf.lm_metrics.SEQUENCE_SCORES`; a model without it, e.g. mutual information
+    of one model, leaves the cells empty), and ``params_m`` when ``params`` gives the parameter count."""
+    if score not in lm_metrics.SEQUENCE_SCORES:
+        raise ValueError(f"unknown sequence score {score!r}; choose one of {list(lm_metrics.SEQUENCE_SCORES)}")
+    rows = []
+    for name, report in reports.items():
+        row: dict[str, Any] = {"method": name}
+        for key in ("perplexity", "nll", "accuracy", "ece", "msp", "mutual_information", "num_tokens"):
+            row[key] = report.get(key)
+        row["members"] = report.get("num_members")
+        for ood_name, entry in (report.get("ood") or {}).items():
+            row[f"{ood_name}/perplexity"] = entry.get("perplexity")
+            values = (entry.get("scores") or {}).get(score) or {}
+            for key in _OOD_KEYS:
+                row[f"{ood_name}/{key}"] = values.get(key)
+        if params and name in params:
+            row["params_m"] = params[name] / 1e6
+        rows.append(row)
+    return rows
+
+
+def causal_lm_columns(ood_sets: Sequence[str]) -> list[list[str]]:
+    """The report table's columns (``[key, header, format]``) for :func:`causal_lm_rows`."""
+    columns = [["method", "Method", ""], ["perplexity", "PPL ↓", ".4g"], ["nll", "NLL ↓", ".4f"],
+               ["accuracy", "Acc ↑", ".4f"], ["ece", "ECE ↓", ".4f"], ["mutual_information", "MI", ".4f"]]
+    for name in ood_sets:
+        columns += [[f"{name}/auroc", f"{name} AUROC ↑", ".4f"], [f"{name}/fpr95", f"{name} FPR95 ↓", ".4f"]]
+    columns.append(["params_m", "params (M)", ".3g"])
+    return columns
+
+
+def _scores_table(reports: Mapping[str, Mapping[str, Any]], ood_sets: Sequence[str]) -> str:
+    """Markdown: the AUROC of every sequence score, one row per model and OOD set."""
+    scores = list(lm_metrics.SEQUENCE_SCORES)
+    rows = []
+    for name, report in reports.items():
+        for ood_name in ood_sets:
+            found = ((report.get("ood") or {}).get(ood_name) or {}).get("scores") or {}
+            rows.append({"method": name, "ood": ood_name, **{s: (found.get(s) or {}).get("auroc") for s in scores}})
+    columns = [("method", "Model", ""), ("ood", "OOD set", ""), *((s, f"{s} AUROC ↑", ".4f") for s in scores)]
+    return render_markdown_table(rows, columns)
+
+
+def write_causal_lm_report(
+    reports: Mapping[str, Mapping[str, Any]],
+    out_dir: str | os.PathLike,
+    *,
+    score: str = "msp",
+    settings: Mapping[str, Any] | None = None,
+    params: Mapping[str, int] | None = None,
+    title: str = "Hydra Ensembles causal LM evaluation",
+) -> dict[str, str]:
+    """Write ``report.json`` and ``report.md`` of :func:`evaluate_causal_lm` reports (``{model name:
+    report}``) into ``out_dir``: the table of :func:`causal_lm_rows` (OOD columns of ``score``), the
+    AUROC of every sequence score, and every model's full report under ``"causal_lm"`` in the JSON.
+
+    Returns ``{"json": path, "markdown": path}``."""
+    if not reports:
+        raise ValueError("no model report to write; pass {name: evaluate_causal_lm(...)}")
+    ood_sets = list(dict.fromkeys(o for report in reports.values() for o in (report.get("ood") or {})))
+    clean = {name: {k: v for k, v in report.items() if k != "sequence_scores"} for name, report in reports.items()}
+    notes = ("Causal LM: perplexity = exp(mean next-token NLL, nats) over every valid ID token; Acc is next-token "
+             "accuracy of the members' mean distribution, ECE its per-token calibration (top token, "
+             f"{next(iter(reports.values())).get('n_bins', 15)} equal-width bins); MI is the mean per-token mutual "
+             "information (member disagreement; one model has none). OOD detection is per sequence: a sequence's score "
+             f"is the mean over its tokens (here `{score}`; higher = more in-distribution), ID the positive class. "
+             "Brier and aECE do not apply.")
+    if ood_sets:
+        notes += "\n\nAUROC of every sequence score:\n\n" + _scores_table(reports, ood_sets)
+    report = {
+        "title": title,
+        "task": "causal_lm",
+        "rows": causal_lm_rows(reports, score=score, params=params),
+        "columns": causal_lm_columns(ood_sets),
+        "ood_sets": ood_sets,
+        "ood_score": score,
+        "causal_lm": clean,
+        "notes": notes,
+    }
+    if settings is not None:
+        report["settings"] = dict(settings)
+    return write_report(report, out_dir)

@@ -5,7 +5,16 @@ A classifier folder (text or image) is read with its own head. A CLIP / SigLIP f
 open_clip folders as baselines) classifies zero-shot (:mod:`hydra_hf.zero_shot`): its classes are
 ``--class-names`` or the sub-folders of an image folder given as ``--id-data``, each embedded with the
 ``--templates`` prompt ensemble. Both paths share the baselines' temperature scaling, the comparisons
-and the report."""
+and the report.
+
+A causal LM folder (a Hydra one from ``hydra-hf convert``, or a stock ``*ForCausalLM`` /
+``GPT2LMHeadModel``; baselines causal LMs too) is evaluated with
+:func:`hydra_hf.lm_evaluation.evaluate_causal_lm` on the texts of ``--id-data`` and of every
+``--ood-data`` (no labels: the labels are the next tokens; ``--label-column`` is not read), each cut to
+``--max-length`` tokens: report.json and report.md hold perplexity, NLL, next-token accuracy, ECE,
+mutual information and per OOD set the AUROC / FPR95 of the sequence score ``--score`` (msp, entropy,
+mutual_information or likelihood), with every score's AUROC below. The classifier-only options
+(temperature scaling, MC Dropout, Deep Ensembles, zero-shot prompts, ``--compare``) are refused."""
 
 from __future__ import annotations
 
@@ -18,9 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import distributed, evaluation as ev
+import torch
+
 from ..data import parse_spec, resolve_dataset
+from ..lm_evaluation import evaluate_causal_lm, load_causal_lm, write_causal_lm_report
+from ..lm_metrics import SEQUENCE_SCORES
 from ..metrics import OOD_SCORES
 from ..outputs import check_output, write_output_folder
+from ..pruning.members import is_causal_lm_folder
 from ..report import render_markdown_table
 from ..zero_shot import (
     check_same_images,
@@ -61,7 +75,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ensemble-size", type=int, default=3, help="heads of Deep Ensembles (D) (default 3)")
     p.add_argument("--temperature-scaling", action="store_true",
                    help="add a temperature-scaled copy of every model, fitted on --val-data")
-    p.add_argument("--id-data", required=True, help="labelled in-distribution test data (file, folder or NAME:SPLIT)")
+    p.add_argument("--id-data", required=True, help="labelled in-distribution test data (file, folder or NAME:SPLIT; "
+                   "a causal LM: any texts)")
     p.add_argument("--ood-data", action="append", required=True, metavar="SPEC",
                    help="OOD data (repeatable); NAME=SPEC sets the name shown in the report")
     p.add_argument("--val-data", default=None, help="labelled validation data for temperature scaling")
@@ -78,9 +93,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"zero-shot models: the prompt templates of every class (CLIP's prompt ensemble): "
                    f"{' / '.join(TEMPLATE_SET_NAMES)}, a file with one template per line, or one template with {{}} "
                    "(default: 'a photo of a {}.')")
-    p.add_argument("--score", default="msp", choices=list(OOD_SCORES),
+    p.add_argument("--score", default="msp", choices=[*OOD_SCORES, *(s for s in SEQUENCE_SCORES if s not in OOD_SCORES)],
                    help="OOD score (higher = more in-distribution; the paper uses msp): "
-                   + "; ".join(f"{s.name}: {s.help}" for s in OOD_SCORES.values()))
+                   + "; ".join(f"{s.name}: {s.help}" for s in OOD_SCORES.values())
+                   + "; causal LMs: the mean over a sequence's tokens of msp, entropy or mutual_information, or "
+                   "likelihood (the mean token log-likelihood)")
     p.add_argument("--max-samples", type=int, default=None, help="cap every data set at this many examples")
     p.add_argument("--batch-size", type=int, default=32,
                    help="examples per forward pass; also the batch of the latency column (default 32)")
@@ -254,9 +271,74 @@ def _zero_shot_setup(args: argparse.Namespace, models: dict[str, str], family: s
                   loader(val_data) if val_data is not None else None, settings, notes)
 
 
+def _run_causal_lm(args: argparse.Namespace, models: dict[str, str]) -> int:
+    """A causal LM --model (and causal LM baselines): evaluate_causal_lm on the texts, one report."""
+    info = distributed.process_info()
+    what = f"the causal LM --model {args.model!r}"
+    for flag, given in (("--temperature-scaling", args.temperature_scaling), ("--val-data", args.val_data),
+                        ("--mc-dropout", args.mc_dropout), ("--deep-ensemble", args.deep_ensemble),
+                        ("--train-data", args.train_data), ("--class-names", args.class_names),
+                        ("--templates", args.templates), ("--compare", args.compare),
+                        ("--image-column", args.image_column)):  # fmt: skip
+        if given:
+            raise ValueError(f"{flag} does not apply to {what} (a classifier option); drop {flag}")
+    if args.score not in SEQUENCE_SCORES:
+        raise ValueError(f"--score {args.score!r} is not a sequence score of a causal LM; choose one of "
+                         f"{', '.join(SEQUENCE_SCORES)}")
+    if args.max_length < 2:
+        raise ValueError(f"--max-length {args.max_length}: a causal LM needs at least 2 tokens per sequence; use e.g. 128")
+    for name, path in models.items():
+        if name != args.name and not is_causal_lm_folder(path):
+            raise ValueError(f"--baseline {name}={path} is not a causal LM folder (...ForCausalLM); {what} is compared "
+                             "with causal LMs only")
+    check_output(args.report, command="evaluate", overwrite=args.overwrite, inputs=list(models.values()))
+
+    def texts(flag: str, spec: str) -> list[str]:
+        dataset = resolve_dataset(spec, text_column=args.text_column, label_column=None, max_samples=args.max_samples)
+        if "text" not in dataset.column_names:
+            raise ValueError(f"{flag} {spec!r} has columns {dataset.column_names} and no texts; give text data (--text-column)")
+        return list(dataset["text"])
+
+    # the data is read before the models: a bad data set fails at once
+    id_texts = texts("--id-data", args.id_data)
+    oods = {}
+    for spec in args.ood_data:
+        name, path = _named(spec, parse_spec(spec)[0])
+        if name in oods or name == "id":
+            raise ValueError(f"--ood-data name {name!r} is used twice (or is 'id'); name the sets, e.g. NAME={path}")
+        oods[name] = texts("--ood-data", path)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    reports, params = {}, {}
+    for name, path in models.items():
+        model, tokenizer = load_causal_lm(path, trust_remote_code=args.trust_remote_code)
+        model.to(device)
+        reports[name] = evaluate_causal_lm(model, id_texts, oods, tokenizer=tokenizer, max_length=args.max_length,
+                                           batch_size=args.batch_size, device=device)
+        params[name] = sum(p.numel() for p in model.parameters())
+        del model
+    settings = {"task": "causal_lm", "id_data": args.id_data, "ood_data": list(oods), "score": args.score,
+                "max_length": args.max_length}
+    if info.is_main:
+        write_output_folder(args.report, lambda tmp: write_causal_lm_report(reports, tmp, score=args.score,
+                                                                            settings=settings, params=params),
+                            command="evaluate", overwrite=args.overwrite, inputs=list(models.values()))
+        for name, report in reports.items():
+            print(f"{name}: perplexity {report['perplexity']:.4g}, next-token accuracy {report['accuracy']:.4f}, "
+                  f"ECE {report['ece']:.4f}"
+                  + "".join(f"; {o} AUROC ({args.score}) {e['scores'].get(args.score, {}).get('auroc', float('nan')):.4f}"
+                            for o, e in report["ood"].items()))
+        logger.info("report: %s", Path(args.report) / "report.md")
+    distributed.barrier()
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     info = distributed.process_info()
     models, pairs = _check_models(args)
+    if is_causal_lm_folder(args.model):
+        return _run_causal_lm(args, models)
+    if args.score not in OOD_SCORES:
+        raise ValueError(f"--score {args.score!r} is for causal LMs; a classifier's OOD scores are {', '.join(OOD_SCORES)}")
     found = zero_shot_family(args.model)  # None: a classifier (or an ONNX export of one)
     family = found.name if found is not None else None
     _check_zero_shot_options(args, models, family)
