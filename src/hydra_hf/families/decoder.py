@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from transformers import GenerationConfig
 
 from ..convert.build import check_same_architecture, label_arguments, load_fused
 from ..convert.io import read_config, read_state_dict
@@ -112,7 +113,12 @@ class DecoderFamily(Family):
         torch.manual_seed(seed)  # a bare decoder's per-member score heads are initialised from this seed
         model = self.model_class(auto)(config)
         # a tied base: lm_head.weight is the token embeddings' tensor (the same values are loaded into it twice)
-        return Built(load_fused(model, state, {"score.weight"}, folders[0], seed), folders[0])
+        model = load_fused(model, state, {"score.weight"}, folders[0], seed)
+        if task == CAUSAL_LM and (folders[0] / "generation_config.json").is_file():
+            # the base's decoding settings (its end-of-sequence tokens, e.g. a chat model's list, its sampling
+            # defaults) as transformers reads them with the base; else the tokens of the base's config
+            model.generation_config = GenerationConfig.from_pretrained(folders[0])
+        return Built(model, folders[0])
 
     @abstractmethod
     def stock_class(self, base_config: Mapping[str, Any], num_labels: int | None) -> type:

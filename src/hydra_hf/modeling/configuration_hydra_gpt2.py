@@ -27,6 +27,7 @@ class HydraEnsembleGPT2Config(HydraEnsembleConfig):
         lm_head_fusion (`str`): causal LMs: ``"shared"`` (one output embedding for all members: the base's,
             or the members' average; tied to the input embeddings when the base ties them, as GPT-2 does) or
             ``"per_member"`` (every member keeps its own ``lm_head``).
+        use_cache (`bool`): whether the causal LM returns (and extends) the key/value cache by default.
     """
 
     model_type = "hydra_ensemble_gpt2"
@@ -38,8 +39,12 @@ class HydraEnsembleGPT2Config(HydraEnsembleConfig):
         "AutoModelForCausalLM": "modeling_hydra_gpt2.HydraEnsembleGPT2ForCausalLM",
     }
 
-    def __init__(self, base_model_type: str = "gpt2", lm_head_fusion: str = "shared", **kwargs: Any) -> None:
+    def __init__(
+        self, base_model_type: str = "gpt2", lm_head_fusion: str = "shared", use_cache: bool = True, **kwargs: Any
+    ) -> None:
         self.lm_head_fusion = lm_head_fusion
+        # a config field, as GPT2Config's: from_pretrained(folder, use_cache=False) sets it
+        self.use_cache = use_cache
         super().__init__(base_model_type=base_model_type, **kwargs)
 
     def _shape_value(self, name: str) -> int:

@@ -34,6 +34,7 @@ class HydraEnsembleLlamaConfig(HydraEnsembleConfig):
         lm_head_fusion (`str`): causal LMs: ``"shared"`` (one output embedding for all members: the base's,
             or the members' average; tied to the input embeddings when the base ties them) or
             ``"per_member"`` (every member keeps its own ``lm_head``: fine-tuned members whose heads differ).
+        use_cache (`bool`): whether a causal LM returns (and extends) the key/value cache by default.
     """
 
     model_type = "hydra_ensemble_llama"
@@ -47,9 +48,12 @@ class HydraEnsembleLlamaConfig(HydraEnsembleConfig):
 
     def __init__(
         self, base_model_type: str = "llama", lm_head_fusion: str = "shared",
-        kept_kv_heads: list[list[list[int]]] | None = None, **kwargs: Any,
+        kept_kv_heads: list[list[list[int]]] | None = None, use_cache: bool = True, **kwargs: Any,
     ) -> None:
         self.lm_head_fusion = lm_head_fusion
+        # the decoders' cache switch, as transformers' decoder configs have it: a config field, so that
+        # from_pretrained(folder, use_cache=False) sets it (else transformers hands it to the model's __init__)
+        self.use_cache = use_cache
         self._given_kv_heads = kept_kv_heads  # checked against the query heads, written back derived
         super().__init__(base_model_type=base_model_type, **kwargs)
 

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
+from .hydra_layers import HydraMemberLinear
+
 
 @dataclass
 class HydraDecoderOutput(ModelOutput):
@@ -94,11 +96,16 @@ def token_uncertainty(member_logits: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def ensemble_lm_outputs(
-    member_logits: torch.Tensor, labels: torch.Tensor | None
+    member_logits: torch.Tensor, labels: torch.Tensor | None, num_items_in_batch: torch.Tensor | int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The causal LM's ``logits (B, T, V)`` (log of the mean of the members' softmaxes, from
     ``member_logits (B, M, T, V)``) and, with ``labels (B, T)`` (shifted here, -100 ignored), the mean over
-    members of each member's next-token cross-entropy."""
+    members of each member's next-token cross-entropy.
+
+    ``num_items_in_batch``: the number of target tokens in all the batches of one optimiser step (what
+    transformers' ``Trainer`` passes with gradient accumulation, as to its own causal LMs): the loss is then the
+    summed cross-entropy over members and tokens divided by ``M * num_items_in_batch``, so that the
+    accumulated loss is the mean over every token of the step."""
     log_p = F.log_softmax(member_logits.float(), dim=-1)
     logits = (torch.logsumexp(log_p, dim=1) - math.log(member_logits.shape[1])).to(member_logits.dtype)
     loss = None
@@ -107,7 +114,13 @@ def ensemble_lm_outputs(
         shift = member_logits[:, :, :-1].float()  # (B, M, T-1, V)
         target = labels[:, 1:].to(shift.device)  # (B, T-1)
         target = target[:, None].expand(-1, M, -1)  # every member predicts the same tokens
-        loss = F.cross_entropy(shift.reshape(-1, V), target.reshape(-1), ignore_index=-100)
+        if num_items_in_batch is None:
+            loss = F.cross_entropy(shift.reshape(-1, V), target.reshape(-1), ignore_index=-100)
+        else:
+            total = F.cross_entropy(shift.reshape(-1, V), target.reshape(-1), ignore_index=-100, reduction="sum")
+            if torch.is_tensor(num_items_in_batch):
+                num_items_in_batch = num_items_in_batch.to(total.device)
+            loss = total / (M * num_items_in_batch)
     return logits, loss
 
 
@@ -123,6 +136,34 @@ def last_token_index(input_ids: torch.Tensor | None, pad_token_id: int | None, b
     non_pad = (input_ids != pad_token_id).to(torch.int32)
     positions = torch.arange(input_ids.shape[-1], device=input_ids.device, dtype=torch.int32)
     return (positions * non_pad).argmax(-1)
+
+
+def resized_member_lm_head(
+    old: HydraMemberLinear, new_num_tokens: int | None, mean_resizing: bool, std: float
+) -> HydraMemberLinear:
+    """Per-member LM heads ``weight (M, V, d)`` resized to ``new_num_tokens`` rows per member, as transformers'
+    ``_get_resized_lm_head`` resizes one head: the first ``min(V, new)`` rows copied, added rows set to each
+    member's mean row (``mean_resizing``: new tokens do not move the members' next-token distributions) or
+    drawn from ``N(0, std)``; ``resize_token_embeddings`` calls it through the causal LMs."""
+    if new_num_tokens is None:
+        return old
+    M, V, d = old.weight.shape
+    if new_num_tokens == V:
+        return old
+    new = HydraMemberLinear(M, d, new_num_tokens, bias=old.bias is not None).to(old.weight.device, old.weight.dtype)
+    keep = min(V, new_num_tokens)
+    with torch.no_grad():
+        new.weight[:, :keep] = old.weight[:, :keep]
+        if new_num_tokens > V:
+            if mean_resizing:
+                new.weight[:, V:] = old.weight.float().mean(1, keepdim=True).to(old.weight.dtype)
+            else:
+                new.weight[:, V:].normal_(0.0, std)
+        if old.bias is not None:
+            new.bias[:, :keep] = old.bias[:, :keep]
+            if new_num_tokens > V:
+                new.bias[:, V:] = old.bias.float().mean(1, keepdim=True).to(old.bias.dtype) if mean_resizing else 0.0
+    return new
 
 
 class HydraGenerationUncertaintyMixin:

@@ -41,6 +41,7 @@ from .hydra_decoder import (
     HydraGenerationUncertaintyMixin,
     ensemble_lm_outputs,
     last_token_index,
+    resized_member_lm_head,
 )
 from .hydra_layers import (
     HydraClassifierOutput,
@@ -287,6 +288,10 @@ class HydraEnsembleGPT2ForSequenceClassification(HydraEnsembleGPT2PreTrainedMode
     ``AutoModelForSequenceClassification`` and ``pipeline("text-classification", model=folder,
     trust_remote_code=True)`` use this class."""
 
+    # the loss is a mean per batch, whatever keyword arguments forward takes: transformers' Trainer divides it by
+    # the gradient accumulation steps itself (it assumed the loss summed over num_items_in_batch: steps too large)
+    accepts_loss_kwargs = False
+
     def __init__(self, config: HydraEnsembleGPT2Config) -> None:
         super().__init__(config)
         self.num_labels = config.num_labels
@@ -364,6 +369,16 @@ class HydraEnsembleGPT2ForCausalLM(HydraEnsembleGPT2PreTrainedModel, HydraGenera
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head
 
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        self.lm_head = value
+
+    def _get_resized_lm_head(self, old_lm_head, new_num_tokens=None, transposed=False, mean_resizing=True):
+        """``resize_token_embeddings`` resizes per-member heads too (transformers' resizes one ``nn.Linear``)."""
+        if isinstance(old_lm_head, HydraMemberLinear):
+            std = self.config.base_config.get("initializer_range", 0.02)
+            return resized_member_lm_head(old_lm_head, new_num_tokens, mean_resizing, std)
+        return super()._get_resized_lm_head(old_lm_head, new_num_tokens, transposed, mean_resizing)
+
     def member_logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
         """``(B, M, T, d)`` final hidden states -> ``(B, M, T, V)`` every member's logits."""
         if isinstance(self.lm_head, HydraMemberLinear):
@@ -406,7 +421,7 @@ class HydraEnsembleGPT2ForCausalLM(HydraEnsembleGPT2PreTrainedModel, HydraGenera
         hidden = outputs.last_hidden_state  # (B, M, T, d)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         member_logits = self.member_logits_of(hidden[:, :, keep])  # (B, M, T', V)
-        logits, loss = ensemble_lm_outputs(member_logits, labels)
+        logits, loss = ensemble_lm_outputs(member_logits, labels, kwargs.get("num_items_in_batch"))
         out = HydraCausalLMOutput(
             loss=loss, logits=logits, member_logits=member_logits, cache=outputs.cache,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,

@@ -26,7 +26,6 @@ set to zero (``tests/test_decoder_fused.py``), with and without the cache, on le
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -47,7 +46,9 @@ from .hydra_decoder import (  # noqa: F401  the decoders' shared outputs and unc
     HydraDecoderOutput,
     HydraGenerateOutput,
     HydraGenerationUncertaintyMixin,
+    ensemble_lm_outputs,
     last_token_index,
+    resized_member_lm_head,
     token_uncertainty,
 )
 from .hydra_layers import (
@@ -403,6 +404,10 @@ class HydraEnsembleLlamaForSequenceClassification(HydraEnsembleLlamaPreTrainedMo
     ``logits`` = log of the mean of the members' softmaxes. ``AutoModelForSequenceClassification`` and
     ``pipeline("text-classification", model=folder, trust_remote_code=True)`` use this class."""
 
+    # the loss is a mean per batch, whatever keyword arguments forward takes: transformers' Trainer divides it by
+    # the gradient accumulation steps itself (it assumed the loss summed over num_items_in_batch: steps too large)
+    accepts_loss_kwargs = False
+
     def __init__(self, config: HydraEnsembleLlamaConfig) -> None:
         super().__init__(config)
         self.num_labels = config.num_labels
@@ -479,6 +484,16 @@ class HydraEnsembleLlamaForCausalLM(HydraEnsembleLlamaPreTrainedModel, HydraGene
     def get_output_embeddings(self) -> nn.Module:
         return self.lm_head
 
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        self.lm_head = value
+
+    def _get_resized_lm_head(self, old_lm_head, new_num_tokens=None, transposed=False, mean_resizing=True):
+        """``resize_token_embeddings`` resizes per-member heads too (transformers' resizes one ``nn.Linear``)."""
+        if isinstance(old_lm_head, HydraMemberLinear):
+            std = self.config.base_config.get("initializer_range", 0.02)
+            return resized_member_lm_head(old_lm_head, new_num_tokens, mean_resizing, std)
+        return super()._get_resized_lm_head(old_lm_head, new_num_tokens, transposed, mean_resizing)
+
     def member_logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
         """``(B, M, T, d)`` final hidden states -> ``(B, M, T, V)`` every member's logits."""
         if isinstance(self.lm_head, HydraMemberLinear):
@@ -519,15 +534,7 @@ class HydraEnsembleLlamaForCausalLM(HydraEnsembleLlamaPreTrainedModel, HydraGene
         hidden = outputs.last_hidden_state  # (B, M, T, d)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         member_logits = self.member_logits_of(hidden[:, :, keep])  # (B, M, T', V)
-        log_p = F.log_softmax(member_logits.float(), dim=-1)
-        logits = (torch.logsumexp(log_p, dim=1) - math.log(member_logits.shape[1])).to(member_logits.dtype)
-        loss = None
-        if labels is not None:
-            M, V = member_logits.shape[1], member_logits.shape[-1]
-            shift = member_logits[:, :, :-1].float()  # (B, M, T-1, V)
-            target = labels[:, 1:].to(shift.device)  # (B, T-1)
-            target = target[:, None].expand(-1, M, -1)  # every member predicts the same tokens
-            loss = F.cross_entropy(shift.reshape(-1, V), target.reshape(-1), ignore_index=-100)
+        logits, loss = ensemble_lm_outputs(member_logits, labels, kwargs.get("num_items_in_batch"))
         out = HydraCausalLMOutput(
             loss=loss, logits=logits, member_logits=member_logits, cache=outputs.cache,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,
