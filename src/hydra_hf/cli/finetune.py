@@ -60,7 +60,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="base checkpoint folder: a text or image classifier of a registered family (its trained head is kept) or a bare encoder")
+    p.add_argument("--model", required=True, help="base checkpoint folder: a text or image classifier of a registered family (its trained head is kept), a bare encoder, or a decoder causal LM (Llama-style, GPT-2: trained on the next-token loss of the text)")
     p.add_argument("--masks", required=True, help="masks JSON file for this base model")
     p.add_argument("--train-data", required=True, help="training data: NAME[:SPLIT] (e.g. rotten_tomatoes:train), a csv/jsonl/parquet file or a save_to_disk folder")
     p.add_argument("--eval-data", default=None, help="validation data for early stopping (same forms as --train-data)")

@@ -334,8 +334,13 @@ class Checkpoints:
         if self.accelerator.is_main_process:
             state = self.accelerator.unwrap_model(model).state_dict()
             tmp = self.best_next.with_name(self.best_next.name + ".tmp")
+            tensors, seen = {}, set()
+            for k, v in state.items():  # a tied head (a causal LM's lm_head = its embeddings) is saved as a copy
+                t = v.detach().float().cpu().contiguous()
+                tensors[k] = t.clone() if t.data_ptr() in seen else t
+                seen.add(t.data_ptr())
             save_file(
-                {k: v.detach().float().cpu().contiguous() for k, v in state.items()}, str(tmp),
+                tensors, str(tmp),
                 metadata={"best_epoch": str(best_epoch)},
             )  # fmt: skip
             os.replace(tmp, self.best_next)

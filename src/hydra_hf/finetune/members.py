@@ -20,7 +20,7 @@ from ..assemble import convert_checkpoint
 from ..errors import HydraInputError
 from ..masks import HeadMasks
 from ..outputs import write_output_folder
-from ..saving import copy_preprocessor, save_hydra_model
+from ..saving import save_hydra_model
 from .checkpoint import check_resume_flags, claim_work_dir
 from .config import COMMAND, FinetuneConfig, default_recipe
 from .run import FinetuneRun, make_accelerator, prepare_run
@@ -35,7 +35,10 @@ def _build_hydra(run: FinetuneRun, masks: HeadMasks, mlp_fusion: str, seed: int)
     model = convert_checkpoint(
         masks, base=run.model_dir, mlp_fusion=mlp_fusion, num_labels=run.num_labels, id2label=run.id2label, seed=seed
     )
-    model.config.problem_type = "single_label_classification"
+    if not run.causal_lm:
+        model.config.problem_type = "single_label_classification"
+    if run.pad_token_id is not None:  # a decoder: the classifier pools the last token that is not padding
+        model.config.pad_token_id = run.pad_token_id
     return model
 
 
@@ -43,13 +46,23 @@ def _export_member(run: FinetuneRun, model: nn.Module, state: dict[str, torch.Te
     """Write a trained one-member Hydra model as a stock checkpoint folder (removed heads zeroed)."""
     stock_state = run.arch.unfuse(state, model.config)[0]
     cfg = {k: v for k, v in run.base_config.items() if k not in ("id2label", "label2id", "num_labels", "architectures")}
-    cfg.update(id2label={int(k): v for k, v in model.config.id2label.items()}, problem_type="single_label_classification")
-    stock = run.arch.stock_model(cfg, model.config)
-    stock.load_state_dict(stock_state, strict=True)
+    if run.pad_token_id is not None:
+        cfg["pad_token_id"] = run.pad_token_id  # a decoder's padding token (its tokenizer's pad, else its eos)
+    if run.causal_lm:
+        stock = run.arch.stock_causal_lm(cfg)
+    else:
+        cfg.update(id2label={int(k): v for k, v in model.config.id2label.items()}, problem_type="single_label_classification")
+        stock = run.arch.stock_model(cfg, model.config)
+    stock.load_state_dict(stock_state, strict=not run.causal_lm)
+    if run.causal_lm:  # a tied head is the embeddings' tensor: strict loading would name it missing
+        missing = [k for k in stock.state_dict() if k not in stock_state]
+        tied = stock.get_output_embeddings().weight is stock.get_input_embeddings().weight
+        if missing and not (tied and missing == ["lm_head.weight"]):
+            raise RuntimeError(f"the exported causal LM lacks {missing}")
 
     def write(tmp: Path) -> None:
         stock.save_pretrained(str(tmp), safe_serialization=True)
-        copy_preprocessor(run.model_dir, tmp)
+        run.save_processor(tmp)
         member_masks.save(tmp / "masks.json")
         (tmp / "finetune_member.json").write_text(json.dumps(info, indent=1) + "\n")
 
@@ -58,8 +71,20 @@ def _export_member(run: FinetuneRun, model: nn.Module, state: dict[str, torch.Te
     write_output_folder(folder, write, command=COMMAND, overwrite=True, inputs=run.inputs)
 
 
-def _summary_writer(summary: dict[str, Any]) -> Callable[[Path], None]:
+def _best(run: FinetuneRun, state: dict[str, Any]) -> dict[str, float | None]:
+    """The best validation score of a trained model: a classifier's accuracy, a causal LM's next-token NLL."""
+    best = state["best_metric"]
+    if run.causal_lm:
+        return {"best_eval_nll": None if best is None else -best}
+    return {"best_eval_accuracy": best}
+
+
+def _summary_writer(summary: dict[str, Any], run: FinetuneRun | None = None) -> Callable[[Path], None]:
+    """Writes the summary file (and, with ``run``, the run's preprocessor) into an output folder."""
+
     def write(tmp: Path) -> None:
+        if run is not None:
+            run.save_processor(tmp)
         (tmp / "finetune_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
 
     return write
@@ -147,7 +172,7 @@ def finetune_members(
         if accelerator.is_main_process:
             info = {
                 "member": m, "seed": seed, "epochs": state["epoch"], "steps": state["global_step"],
-                "best_eval_accuracy": state["best_metric"], "best_epoch": state["best_epoch"], "history": state["history"],
+                **_best(run, state), "best_epoch": state["best_epoch"], "history": state["history"],
             }  # fmt: skip
             _export_member(run, model, trainer.final_state_dict(), folder / "model", member_masks, info)
             if not run.config.keep_checkpoints:
@@ -176,7 +201,7 @@ def _fuse_members(run: FinetuneRun) -> None:
     masks = HeadMasks(
         kept_heads=run.masks.kept_heads, num_heads=run.masks.num_heads, metadata=dict(run.masks.metadata),
         member_metadata=[
-            {**meta, "finetune": {k: info[k] for k in ("seed", "epochs", "steps", "best_eval_accuracy", "best_epoch")}}
+            {**meta, "finetune": {k: info[k] for k in ("seed", "epochs", "steps", *_best(run, {"best_metric": None}), "best_epoch")}}
             for meta, info in zip(run.masks.member_metadata, infos)
         ],
     )  # fmt: skip
@@ -232,11 +257,11 @@ def finetune_fused(
         model.load_state_dict(trainer.final_state_dict(), strict=True)
         summary = {
             "mode": "fused", "config": run.config.to_dict(), "epochs": state["epoch"], "steps": state["global_step"],
-            "best_eval_accuracy": state["best_metric"], "best_epoch": state["best_epoch"], "history": state["history"],
+            **_best(run, state), "best_epoch": state["best_epoch"], "history": state["history"],
         }  # fmt: skip
         save_hydra_model(
-            model.eval(), run.output_dir, preprocessor_from=run.model_dir, overwrite=run.overwrite,
-            extra=_summary_writer(summary), command=COMMAND, inputs=[*run.inputs, run.work_dir],
+            model.eval(), run.output_dir, overwrite=run.overwrite, extra=_summary_writer(summary, run),
+            command=COMMAND, inputs=[*run.inputs, run.work_dir],
         )  # fmt: skip
         if not run.config.keep_checkpoints:
             shutil.rmtree(folder / "checkpoint", ignore_errors=True)

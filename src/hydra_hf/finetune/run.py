@@ -4,6 +4,7 @@ preprocessor loaded (:func:`prepare_run` -> :class:`FinetuneRun`), and the Accel
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from ..errors import HydraInputError, HydraUnsafeError
 from ..families import get_family
 from ..masks import HeadMasks
 from ..outputs import check_output
+from ..saving import copy_preprocessor
 from .config import COMMAND, FinetuneConfig
 
 logger = logging.getLogger(__package__)  # "hydra_hf.finetune", as log lines named it before the split
@@ -42,6 +44,8 @@ class _ArchSupport:
     unfuse: Callable[[dict[str, torch.Tensor], Any], list[dict[str, torch.Tensor]]]
     stock_model: Callable[[dict[str, Any], Any], nn.Module]  # (config dict, Hydra config) -> stock task model
     classifier_keys: tuple[str, ...]  # stock tensor names whose presence means a trained classifier
+    decoder: bool = False  # a decoder family (Llama-style, GPT-2): last-token classifier or causal LM
+    stock_causal_lm: Callable[[dict[str, Any]], nn.Module] | None = None  # (config dict) -> a decoder's stock causal LM
 
 
 def _arch_support(arch: str) -> _ArchSupport:
@@ -59,6 +63,7 @@ def _arch_support(arch: str) -> _ArchSupport:
         options = {"distilled": True} if getattr(hydra_config, "distilled", False) else {}
         return family.stock_model(cfg, num_labels, **options)
 
+    decoder = "AutoModelForCausalLM" in family.model_class_names
     return _ArchSupport(
         name=family.name,
         modality=family.modality,
@@ -66,6 +71,34 @@ def _arch_support(arch: str) -> _ArchSupport:
         unfuse=family.unfuse,
         stock_model=stock_model,
         classifier_keys=tuple(family.classifier_keys),
+        decoder=decoder,
+        stock_causal_lm=(lambda cfg: family.stock_model(cfg, None)) if decoder else None,
+    )
+
+
+def _is_causal_lm(arch: _ArchSupport, base_config: dict[str, Any], has_classifier: bool) -> bool:
+    """Whether the base is a decoder's causal LM (``*ForCausalLM``, ``GPT2LMHeadModel``): its members are
+    trained on the next-token loss of the text, without class labels."""
+    names = [str(a) for a in base_config.get("architectures") or []]
+    lm = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in names)  # LlamaForCausalLM, GPT2LMHeadModel
+    return arch.decoder and not has_classifier and lm
+
+
+def _decoder_padding(processor: Any, model_dir: Path) -> tuple[int, str]:
+    """A decoder's tokenizer pads with its pad token, else with its end-of-sequence token (set as the pad
+    token here and saved with every output, as most decoder tokenizers have none). Returns the pad id and
+    a line saying which; the sequence classifiers pool the last token that is not the pad token."""
+    if processor.pad_token_id is not None:
+        return processor.pad_token_id, f"pads with its pad token {processor.pad_token!r} (id {processor.pad_token_id})"
+    if processor.eos_token_id is None:
+        raise HydraInputError(
+            f"the tokenizer of {str(model_dir)!r} has neither a pad nor an end-of-sequence token; set "
+            "tokenizer.pad_token and save it with the model"
+        )
+    processor.pad_token = processor.eos_token
+    return processor.eos_token_id, (
+        f"has no pad token: it pads with its end-of-sequence token {processor.eos_token!r} (id {processor.eos_token_id}), "
+        "saved as the pad token with the outputs"
     )
 
 
@@ -81,7 +114,7 @@ class FinetuneRun:
     processor: Any  # the tokenizer (text) or image processor (image)
     train: Any  # datasets.Dataset with text, label
     eval: Any | None
-    num_labels: int
+    num_labels: int | None  # None: a causal LM
     id2label: dict[int, str] | None
     base_has_classifier: bool
     work_dir: Path
@@ -89,6 +122,24 @@ class FinetuneRun:
     config: FinetuneConfig
     overwrite: bool
     inputs: list[Path]  # what the run reads (model folder, masks file, data files): never written or deleted
+    causal_lm: bool = False  # a decoder's causal LM: next-token loss over the text, no class labels
+    pad_token_id: int | None = None  # a decoder's padding token (its tokenizer's pad, else its eos)
+    pad_token_set: bool = False  # the decoder's tokenizer had no pad token: its eos was set as one
+
+    def save_processor(self, folder: Path) -> None:
+        """Save the run's preprocessor into an output folder: the model folder's, except that a decoder's
+        tokenizer without a pad token saves its end-of-sequence token as one (see :func:`_decoder_padding`)."""
+        copy_preprocessor(self.model_dir, folder)
+        if self.arch.decoder and self.pad_token_set:
+            fresh = AutoTokenizer.from_pretrained(str(self.model_dir))  # as saved: not the state training left
+            fresh.pad_token = fresh.eos_token
+            fresh.save_pretrained(str(folder))
+            file = folder / "tokenizer_config.json"  # as copy_preprocessor: no loading flags on the Hub
+            flags = ("local_files_only", "is_local")
+            data = json.loads(file.read_text()) if file.is_file() else None
+            if isinstance(data, dict) and set(flags) & set(data):
+                kept = {k: v for k, v in data.items() if k not in flags}
+                file.write_text(json.dumps(kept, indent=2, sort_keys=True) + "\n")
 
 
 def prepare_run(
@@ -139,6 +190,26 @@ def prepare_run(
     except Exception as exc:  # no preprocessor files: say which folder
         raise ValueError(f"could not load a {what} from {str(model_dir)!r} ({exc}); save one with the model") from None
 
+    pad_token_id, pad_set = None, False
+    if arch.decoder:
+        pad_set = processor.pad_token_id is None
+        pad_token_id, how = _decoder_padding(processor, model_dir)
+        logger.info("decoder %s: the tokenizer %s; it pads on the %s", model_dir, how, processor.padding_side)
+    if _is_causal_lm(arch, base_config, has_classifier):
+        if config.num_labels is not None or id2label:
+            raise HydraInputError(
+                f"{str(model_dir)!r} is a causal LM: its members train on the next-token loss of the text, without "
+                "classes; drop num_labels / --labels (or start from a sequence classifier)"
+            )
+        train = _load_text(train_data, config, config.max_train_samples, "training")
+        evaluation = _load_text(eval_data, config, config.max_eval_samples, "evaluation") if eval_data is not None else None
+        _check_batch(train, config)
+        return FinetuneRun(
+            model_dir=model_dir, masks=masks, base_config=base_config, arch=arch, processor=processor, train=train,
+            eval=evaluation, num_labels=None, id2label=None, base_has_classifier=False, work_dir=work_dir,
+            output_dir=output_dir, config=config, overwrite=overwrite, inputs=inputs, causal_lm=True,
+            pad_token_id=pad_token_id, pad_token_set=pad_set,
+        )  # fmt: skip
     num_labels = None
     if has_classifier:
         saved = base_config.get("id2label") or {}
@@ -166,16 +237,40 @@ def prepare_run(
     evaluation = None
     if eval_data is not None:
         evaluation = _load_data(eval_data, config, num_labels, config.max_eval_samples, "evaluation", arch.modality)
+    _check_batch(train, config)
+    return FinetuneRun(
+        model_dir=model_dir, masks=masks, base_config=base_config, arch=arch, processor=processor, train=train,
+        eval=evaluation, num_labels=num_labels, id2label=id2label, base_has_classifier=has_classifier,
+        work_dir=work_dir, output_dir=output_dir, config=config, overwrite=overwrite, inputs=inputs,
+        pad_token_id=pad_token_id, pad_token_set=pad_set,
+    )  # fmt: skip
+
+
+def _check_batch(train: Any, config: FinetuneConfig) -> None:
     if len(train) < config.batch_size:
         raise ValueError(
             f"the training data has {len(train)} examples, fewer than batch_size={config.batch_size}; "
             "use more data or a smaller batch"
         )
-    return FinetuneRun(
-        model_dir=model_dir, masks=masks, base_config=base_config, arch=arch, processor=processor, train=train,
-        eval=evaluation, num_labels=num_labels, id2label=id2label, base_has_classifier=has_classifier,
-        work_dir=work_dir, output_dir=output_dir, config=config, overwrite=overwrite, inputs=inputs,
-    )  # fmt: skip
+
+
+def _load_text(data: Any, config: FinetuneConfig, max_samples: int | None, what: str):
+    """A causal LM's data (a spec or a ``datasets.Dataset``) -> a dataset with one ``text`` column (any
+    labels are ignored: the targets are the text's next tokens)."""
+    if isinstance(data, (str, os.PathLike)):
+        data = resolve_dataset(str(data), text_column=config.text_column, label_column=None, max_samples=max_samples)
+        return data.select_columns(["text"])
+    if not isinstance(data, datasets.Dataset):
+        raise TypeError(f"{what} data must be a dataset spec (str) or a datasets.Dataset, got {type(data).__name__}")
+    if config.text_column not in data.column_names:
+        raise ValueError(
+            f"the {what} data has no column {config.text_column!r}; its columns are {data.column_names} "
+            "(choose it with text_column / --text-column)"
+        )
+    data = data.select_columns([config.text_column])
+    if config.text_column != "text":
+        data = data.rename_column(config.text_column, "text")
+    return data.select(range(min(max_samples, len(data)))) if max_samples else data
 
 
 def _load_data(

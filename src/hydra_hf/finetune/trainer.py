@@ -24,6 +24,7 @@ from transformers import get_scheduler
 
 from ..data import make_image_loader, make_text_loader
 from ..modeling.hydra_layers import HydraLayerNorm, HydraSelfAttention
+from ..modeling.modeling_hydra_llama import HydraRMSNorm
 from .checkpoint import Checkpoints
 from .run import FinetuneRun
 
@@ -38,7 +39,7 @@ def _decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
     """Trainable parameters, split into those with weight decay and biases/LayerNorms without."""
     no_decay: set[int] = set()
     for module in model.modules():
-        if isinstance(module, (nn.LayerNorm, HydraLayerNorm)):
+        if isinstance(module, (nn.LayerNorm, HydraLayerNorm, HydraRMSNorm)):
             no_decay.update(id(p) for p in module.parameters(recurse=False))
     decay, plain = [], []
     for name, param in model.named_parameters():
@@ -57,6 +58,44 @@ def member_cross_entropy(member_logits: torch.Tensor, labels: torch.Tensor, labe
     return F.cross_entropy(
         member_logits.float().reshape(B * M, C), labels.repeat_interleave(M), label_smoothing=label_smoothing
     )
+
+
+class _NextTokenCollator:
+    """A causal LM's batch: the tokenized texts (dynamic padding, at most ``max_length`` tokens) and
+    ``labels`` = the input ids with -100 at the padding, which the model shifts into next-token targets
+    (picklable)."""
+
+    def __init__(self, tokenizer: Any, max_length: int) -> None:
+        self.tokenizer = tokenizer
+        limit = getattr(tokenizer, "model_max_length", None)  # never longer than the model can take
+        self.max_length = min(max_length, limit) if isinstance(limit, int) and limit > 0 else max_length
+
+    def __call__(self, rows: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        enc = self.tokenizer(
+            [row["text"] for row in rows], truncation=True, max_length=self.max_length, padding="longest",
+            return_tensors="pt",
+        )  # fmt: skip
+        batch = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+        batch["labels"] = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+        return batch
+
+
+def next_token_sums(member_logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per example: the members' mean next-token NLL summed over the targets, the ensemble's (log of the mean
+    softmax) summed NLL, and the number of targets; ``labels`` -100 are not targets.
+
+    Shape: ``member_logits (B, M, T, V)``, ``labels (B, T)`` -> three ``(B,)``.
+    """
+    logits = member_logits[:, :, :-1].float()  # (B, M, T-1, V)
+    target = labels[:, 1:]  # (B, T-1)
+    valid = target != -100
+    safe = target.masked_fill(~valid, 0)
+    log_p = F.log_softmax(logits, dim=-1)  # (B, M, T-1, V)
+    member_nll = -log_p.gather(-1, safe[:, None, :, None].expand(-1, log_p.shape[1], -1, 1)).squeeze(-1)  # (B, M, T-1)
+    mean_log_p = torch.logsumexp(log_p, dim=1) - math.log(log_p.shape[1])  # (B, T-1, V)
+    ensemble_nll = -mean_log_p.gather(-1, safe[..., None]).squeeze(-1)  # (B, T-1)
+    mask = valid.float()
+    return (member_nll.mean(1) * mask).sum(-1), (ensemble_nll * mask).sum(-1), mask.sum(-1)
 
 
 class _ImageTransform:
@@ -152,6 +191,9 @@ class MemberTrainer:
         if self.run.arch.modality == "image":
             processor = self.run.processor
             return make_image_loader(dataset, _ImageTransform(processor), batch_size=batch_size)
+        if self.run.causal_lm:
+            collate = _NextTokenCollator(self.run.processor, self.config.max_length)
+            return DataLoader(dataset, batch_size=batch_size, collate_fn=collate)
         return make_text_loader(dataset, self.run.processor, batch_size=batch_size, max_length=self.config.max_length)
 
     def _train_loader(self):
@@ -187,9 +229,46 @@ class MemberTrainer:
         return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=self.total_steps)
 
     # ---------------------------------------------------------------------------- evaluation
+    def score(self, metrics: dict[str, Any]) -> float:
+        """The early-stopping score of an evaluation (higher is better): a classifier's ensemble accuracy, a
+        causal LM's negative ensemble next-token NLL."""
+        return -metrics["nll"] if self.run.causal_lm else metrics["accuracy"]
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The training loss of a batch: the mean over members of each member's cross-entropy (a causal LM's:
+        next-token, over the non-padding targets, which the model computes from ``labels``)."""
+        if self.run.causal_lm:
+            with self.accelerator.autocast():
+                return self.model(**batch).loss
+        labels = batch.pop("labels")
+        with self.accelerator.autocast():
+            member_logits = self.model(**batch).member_logits  # (b, M, C)
+        return member_cross_entropy(member_logits, labels, self.config.label_smoothing)
+
+    @torch.no_grad()
+    def evaluate_lm(self, loader) -> dict[str, Any]:
+        """A causal LM: the ensemble's and the members' mean next-token NLL per target token, and the
+        ensemble's perplexity, over the whole evaluation set."""
+        self.model.eval()
+        sums = []
+        for batch in loader:
+            labels = batch.pop("labels")
+            with self.accelerator.autocast():
+                member_logits = self.model(**batch).member_logits  # (b, M, T, V)
+            per_example = torch.stack(next_token_sums(member_logits, labels), dim=-1)  # (b, 3)
+            sums.append(self.accelerator.gather_for_metrics(per_example).cpu())
+        self.model.train()
+        member_nll, nll, tokens = torch.cat(sums).double().sum(0)
+        return {
+            "nll": float(nll / tokens), "member_nll": float(member_nll / tokens),
+            "perplexity": float(torch.exp(nll / tokens)), "tokens": int(tokens), "examples": int(torch.cat(sums).shape[0]),
+        }  # fmt: skip
+
     @torch.no_grad()
     def evaluate(self, loader) -> dict[str, Any]:
         """Ensemble and per-member accuracy and the ensemble NLL over the whole evaluation set."""
+        if self.run.causal_lm:
+            return self.evaluate_lm(loader)
         self.model.eval()
         all_logits, all_labels = [], []
         for batch in loader:
@@ -250,11 +329,8 @@ class MemberTrainer:
                 self.loss_sum = (self.checkpoints.resumed_loss_sum(self.state) if skip else torch.zeros(2)).to(acc.device)
                 hit_max = False
                 for batch in loader:
-                    labels = batch.pop("labels")
                     with acc.accumulate(self.model):
-                        with acc.autocast():
-                            member_logits = self.model(**batch).member_logits  # (b, M, C)
-                        loss = member_cross_entropy(member_logits, labels, c.label_smoothing)
+                        loss = self.loss(batch)
                         acc.backward(loss)
                         if acc.sync_gradients and c.max_grad_norm is not None:
                             acc.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
@@ -293,8 +369,9 @@ class MemberTrainer:
         if eval_loader is not None:
             metrics = self.evaluate(eval_loader)
             record.update({f"eval_{k}": v for k, v in metrics.items()})
-            if s["best_metric"] is None or metrics["accuracy"] > s["best_metric"]:
-                s["best_metric"], s["best_epoch"], s["bad_evaluations"] = metrics["accuracy"], s["epoch"] + 1, 0
+            score = self.score(metrics)
+            if s["best_metric"] is None or score > s["best_metric"]:
+                s["best_metric"], s["best_epoch"], s["bad_evaluations"] = score, s["epoch"] + 1, 0
                 self.checkpoints.save_best(self.model, s["best_epoch"])
             else:
                 s["bad_evaluations"] += 1
@@ -307,6 +384,8 @@ class MemberTrainer:
             line = f"{self.tag} epoch {record['epoch']}/{c.num_epochs} step {record['step']}: train loss {record['train_loss']}"
             if "eval_accuracy" in record:
                 line += f", eval accuracy {record['eval_accuracy']:.4f} (best {s['best_metric']:.4f} at epoch {s['best_epoch']})"
+            elif "eval_nll" in record:
+                line += f", eval next-token NLL {record['eval_nll']:.4f} (best {-s['best_metric']:.4f} at epoch {s['best_epoch']})"
             if stop:
                 line += f"; early stop ({s['bad_evaluations']} evaluations without improvement)"
             logger.info(line)
