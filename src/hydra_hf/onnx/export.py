@@ -107,8 +107,12 @@ def _vision_size(config: Any) -> tuple[int, int]:
     return int(vision.get("num_channels", 3)), int(vision.get("image_size", 224))
 
 
-def example_inputs(config: Any, names: Sequence[str], batch: int, seq: int, images: int, seed: int) -> dict[str, torch.Tensor]:
-    """Random inputs of the graph's names; the text batch has padded rows (the masks mask something).
+def example_inputs(
+    config: Any, names: Sequence[str], batch: int, seq: int, images: int, seed: int, left_padding: bool = False
+) -> dict[str, torch.Tensor]:
+    """Random inputs of the graph's names; the text batch has padded rows (the masks mask something), padded
+    on the right or, with ``left_padding``, on the left (a decoder's batches), with the model's pad token in
+    the padded places when it has one (a decoder classifier pools the last token that is not padding).
 
     Shape:
         input_ids, attention_mask, token_type_ids: ``(batch, seq)``; pixel_values: ``(images, C, H, W)``.
@@ -124,6 +128,11 @@ def example_inputs(config: Any, names: Sequence[str], batch: int, seq: int, imag
         mask[0, max(seq // 2, 1):] = 0  # a padded row
         if batch > 2:
             mask[2, max(seq - 2, 1):] = 0
+        if left_padding:
+            mask = mask.flip(-1)
+        pad = getattr(config, "pad_token_id", None)
+        if isinstance(pad, int) and 0 <= pad < vocab:
+            ids = ids.masked_fill(mask == 0, pad)
         out["input_ids"], out["attention_mask"] = ids, mask
         if "token_type_ids" in names:
             out["token_type_ids"] = torch.zeros_like(ids)
@@ -200,6 +209,12 @@ def load_hydra_folder(path: str | os.PathLike) -> tuple[nn.Module, Any, dict[str
             "export a folder written by `hydra-hf convert` or `hydra-hf finetune`"
         )
     family = family_of_config(config)
+    causal = [str(a) for a in config.get("architectures") or [] if str(a).endswith("ForCausalLM")]
+    if causal:
+        raise HydraInputError(
+            f"{str(folder)!r} is a causal LM ({causal[0]}); ONNX export covers classifiers only (no past key values): "
+            "run it with PyTorch (AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True), its generate())"
+        )
     model = from_pretrained(family.model_class(), folder, remedy=(
         "hydra-hf export never runs a folder's code (it loads Hydra folders with its own classes): remove those "
         "auto_map entries, or export the folder `hydra-hf convert` wrote"))
@@ -324,8 +339,15 @@ def export_onnx(
 
     names = graph_inputs(model, family.modality, getattr(preprocessor, "tokenizer", preprocessor))
     output_keys = output_keys_for(family.task)
+    decoder = "AutoModelForCausalLM" in family.model_class_names  # a last-token sequence classifier
+    if decoder and model.config.pad_token_id is None:
+        raise HydraInputError(
+            f"{str(folder)!r} is a decoder classifier without pad_token_id, so it cannot pool padded batches; set "
+            "pad_token_id in its config.json (e.g. the tokenizer's eos id, as `hydra-hf finetune` does) and export again"
+        )
     example = example_inputs(model.config, names, batch=2, seq=8, images=3, seed=0)
-    other = example_inputs(model.config, names, batch=5, seq=13, images=2, seed=1)
+    # a decoder's batches are often padded on the left: the check covers both sides
+    other = example_inputs(model.config, names, batch=5, seq=13, images=2, seed=1, left_padding=decoder)
 
     def write(tmp: Path) -> None:
         logger.info("exporting %s (%s, %d members) to ONNX opset %d", folder, family.name, model.config.num_members, opset)
