@@ -516,3 +516,18 @@ def test_trainer_gradient_accumulation_equals_one_batch(family, task, store, tmp
         updates[steps] = {n: p.detach() - before[n] for n, p in model.named_parameters()}
     for name, update in updates[1].items():
         torch.testing.assert_close(updates[2][name], update, atol=1e-6, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_one_member_with_every_head_has_the_stock_models_loss(family, tmp_path):
+    """The causal LM's loss (shifted labels, -100 ignored) of one member keeping every head is the stock model's,
+    also divided by the ``num_items_in_batch`` the Trainer passes (a sum over the tokens, then divided)."""
+    stock = stock_model(family, "causal_lm", 0)
+    stock.save_pretrained(tmp_path / "base")
+    model = convert_checkpoint(HeadMasks(kept_heads=LAYOUTS["single"], num_heads=H), base=tmp_path / "base")
+    batch = _inputs()
+    labels = _labels("causal_lm", batch)
+    with torch.no_grad():
+        for extra in ({}, {"num_items_in_batch": torch.tensor(40)}):
+            want = stock(**batch, labels=labels, **extra).loss
+            torch.testing.assert_close(model(**batch, labels=labels, **extra).loss, want, atol=1e-5, rtol=0)
