@@ -55,10 +55,17 @@ KINDS: dict[str, dict[str, str]] = {
         "pipeline_tag": "zero-shot-image-classification",
         "auto_class": "AutoModelForZeroShotImageClassification",
     },
+    # a decoder folder ships both heads (causal LM and sequence classifier): its architectures decide
+    "text-generation": {
+        "template": "hydra_text_generation.md",
+        "pipeline_tag": "text-generation",
+        "auto_class": "AutoModelForCausalLM",
+    },
 }
 
 # report row key -> (model-index metric type, display name)
 _ID_METRICS = {
+    "perplexity": ("perplexity", "Perplexity"),
     "accuracy": ("accuracy", "Accuracy"),
     "brier": ("brier_score", "Brier score"),
     "nll": ("nll", "NLL"),
@@ -80,7 +87,8 @@ _LOCAL_DATA_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet", ".txt", "
 
 # ------------------------------------------------------------------------------------ templates
 def card_template_path(kind: str) -> Path:
-    """The Jinja model-card template for ``kind`` (``"text"``, ``"image"`` or ``"zero-shot"``).
+    """The Jinja model-card template for ``kind`` (``"text"``, ``"image"``, ``"zero-shot"`` or
+    ``"text-generation"``).
 
     Installed wheels carry the templates as ``hydra_hf/model_cards/``; an editable install reads
     them from the repository's ``model_cards/``.
@@ -96,8 +104,16 @@ def card_template_path(kind: str) -> Path:
 
 
 def model_kind(config: Mapping[str, Any]) -> str:
-    """``"text"``, ``"image"`` or ``"zero-shot"``, from the task heads in the config's ``auto_map``."""
+    """``"text"``, ``"image"``, ``"zero-shot"`` or ``"text-generation"``: the task head of the
+    ``auto_map`` entry whose class the config's ``architectures`` names (a decoder folder ships a causal
+    LM and a sequence classifier head; it was built as one), else the first task head in ``auto_map``."""
     auto_map = config.get("auto_map") or {}
+    architectures = config.get("architectures") or []
+    built = str(architectures[0]) if isinstance(architectures, list) and architectures else None
+    for kind, spec in KINDS.items():
+        ref = auto_map.get(spec["auto_class"])
+        if built and isinstance(ref, str) and ref.rpartition(".")[2] == built:
+            return kind
     for kind, spec in KINDS.items():
         if spec["auto_class"] in auto_map:
             return kind
@@ -481,12 +497,21 @@ def build_model_card(
         reliability_image=links.get("reliability"),
         figures=links.get("figures") or {},
         threshold=threshold if isinstance(threshold, Mapping) else None,
-        pipeline_task=next(iter(config.get("custom_pipelines") or custom_pipelines_for(config.get("auto_map", {}))), None),
+        pipeline_task=_pipeline_task(config, kind),
         citation=CITATION,
         paper_url=PAPER_URL,
         paper_title=PAPER_TITLE,
     )
     return ModelCard.from_template(card_data, template_path=str(card_template_path(kind)), **context)
+
+
+def _pipeline_task(config: Mapping[str, Any], kind: str) -> str | None:
+    """The shipped uncertainty pipeline of the folder's own task head (``custom_pipelines``, else what
+    :func:`~hydra_hf.modeling.configuration_hydra.custom_pipelines_for` would add), or None."""
+    pipelines = config.get("custom_pipelines") or custom_pipelines_for(config.get("auto_map", {}))
+    auto_class = KINDS[kind]["auto_class"]
+    own = [task for task, spec in pipelines.items() if isinstance(spec, Mapping) and auto_class in (spec.get("pt") or [])]
+    return own[0] if own else next(iter(pipelines), None)
 
 
 def check_card(path: str | os.PathLike) -> dict[str, Any]:

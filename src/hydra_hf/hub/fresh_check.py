@@ -13,9 +13,11 @@ fails if anything imported it anyway. The last line of stdout is the JSON result
 non-zero exit whose last stderr line says why.
 
 Tasks:
-    load: config and model load with ``trust_remote_code=True``, a forward pass on a dummy input
-        gives finite member logits, and the shipped uncertainty pipeline builds and runs when the
-        folder has the tokenizer / image processor it needs. Prints a summary.
+    load: config and model load with ``trust_remote_code=True`` (the auto class whose class the
+        config's ``architectures`` names: a causal LM folder loads with ``AutoModelForCausalLM``), a
+        forward pass on a dummy input gives finite member logits, and the shipped uncertainty pipeline
+        of that auto class builds and runs when the folder has the tokenizer / image processor it needs
+        (a causal LM: ``hydra-text-generation`` generates 3 tokens with their uncertainty). Prints a summary.
     text-probs: ``{"texts": [...]}`` through ``pipeline("text-classification", top_k=None)``;
         prints one ``{label: probability}`` per text.
     zero-shot-member-probs: ``{"class_names": [...], "templates": [...]}`` and the tensor
@@ -52,7 +54,10 @@ def check_load(folder: str) -> dict:
     """Load config, model and the shipped pipeline; run them on dummy inputs."""
     config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
     auto_map = config.auto_map
-    auto_name = next(name for name in AUTO_ORDER if name in auto_map)
+    architectures = list(getattr(config, "architectures", None) or [])
+    named = {name for name, ref in auto_map.items() if architectures and str(ref).rpartition(".")[2] == architectures[0]}
+    auto_name = next((name for name in ("AutoModelForCausalLM", *AUTO_ORDER) if name in named),
+                     next(name for name in AUTO_ORDER if name in auto_map))
     model = getattr(transformers, auto_name).from_pretrained(folder, trust_remote_code=True).eval()
     base = dict(config.base_config)
     text_cfg = base.get("text_config") or base
@@ -72,12 +77,18 @@ def check_load(folder: str) -> dict:
     if members is None:
         raise SystemExit("the model returned no member logits")
     if members.shape[0] != 2 or members.shape[1] != config.num_members:
-        raise SystemExit(f"member logits have shape {tuple(members.shape)}, expected (2, {config.num_members}, C)")
+        raise SystemExit(f"member logits have shape {tuple(members.shape)}, expected (2, {config.num_members}, ...)")
     if not torch.isfinite(members).all():
         raise SystemExit("non-finite member logits")
     summary = {"auto_class": auto_name, "module": type(model).__module__, "member_logits": list(members.shape),
                "pipeline": None}
-    tasks = list(getattr(config, "custom_pipelines", None) or {})
+    pipelines = getattr(config, "custom_pipelines", None) or {}
+    tasks = list(pipelines)
+    # a folder shipping several task heads (a decoder: classification and generation) checks the pipeline of the
+    # head it was built as
+    own = [task for task, spec in pipelines.items() if auto_name in (spec.get("pt") or [])]
+    if len(tasks) > 1 and len(own) == 1:
+        tasks = own
 
     def has(*names):
         return any(os.path.isfile(os.path.join(folder, n)) for n in names)
@@ -85,12 +96,20 @@ def check_load(folder: str) -> dict:
     text_ok = has("tokenizer_config.json", "tokenizer.json")
     image_ok = has("preprocessor_config.json", "processor_config.json")
     needed = {"hydra-text-classification": text_ok, "hydra-image-classification": image_ok,
-              "hydra-zero-shot-image-classification": text_ok and image_ok}
+              "hydra-zero-shot-image-classification": text_ok and image_ok, "hydra-text-generation": text_ok}
     if len(tasks) == 1 and needed.get(tasks[0], False):
-        pipe = pipeline(model=folder, trust_remote_code=True)
+        pipe = pipeline(tasks[0], model=folder, trust_remote_code=True)
         summary["pipeline"] = type(pipe).__name__
         result = None
-        if tasks[0] == "hydra-text-classification":
+        if tasks[0] == "hydra-text-generation":
+            record = pipe("hello world", max_new_tokens=3, do_sample=False)[0]
+            for key in ("token_entropy", "token_mutual_information", "sequence_mutual_information", "member_top_tokens"):
+                if key not in record:
+                    raise SystemExit(f"the generation pipeline's result has no {key}: {sorted(record)}")
+            if any(len(top) != config.num_members for top in record["member_top_tokens"]):
+                raise SystemExit(f"the generation pipeline's result has not {config.num_members} member tokens per step")
+            summary["pipeline_result"] = {k: record[k] for k in ("generated_text", "sequence_mutual_information")}
+        elif tasks[0] == "hydra-text-classification":
             result = pipe("hello world")
         elif tasks[0] == "hydra-image-classification":
             result = pipe(torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8))
