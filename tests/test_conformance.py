@@ -442,3 +442,35 @@ def test_two_tower_checkpointing_gradients_and_config(name):
     assert config.base_config["text_config"]["vocab_size"] == 99 and config.get_text_config() is config
     key = "projection_dim" if name == "clip" else "initializer_factor"
     assert getattr(config, key) == config.base_config[key]
+
+
+@pytest.mark.parametrize("name", ["bert", "vit", "modernbert"])
+def test_trainer_gradient_accumulation_equals_one_batch(name, store, tmp_path):
+    """One optimiser step over 6 rows as one batch, or as 2 accumulated batches of 3: the same update. (The
+    Trainer passes ``num_items_in_batch`` to a forward that takes ``**kwargs`` and then stops dividing the loss by
+    the accumulation steps; the Hydra classes' losses are means, so they say ``accepts_loss_kwargs = False``.
+    Before, every accumulated update was ``steps`` times too large.) One family per skeleton: post-LN text,
+    pre-LN vision, a text family with its own layers."""
+    from transformers import Trainer, TrainingArguments
+
+    spec = next(s for s in SPECS if s.name == name)
+    _, folder = store(spec, "unequal")
+    batch = _inputs(spec, store(spec, "unequal")[0], batch=6, seq=9)
+    labels = torch.tensor([0, 1, 2, 0, 1, 2])
+    rows = [{**{k: v[i] for k, v in batch.items()}, "labels": labels[i]} for i in range(6)]
+    updates = {}
+    for size, steps in ((6, 1), (3, 2)):
+        no_dropout = {"modernbert": {"embedding_dropout": 0.0, "attention_dropout": 0.0, "mlp_dropout": 0.0}}.get(
+            name, {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+        )
+        model = type(store(spec, "unequal")[0]).from_pretrained(folder, **no_dropout)
+        args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=size,
+                                 gradient_accumulation_steps=steps, report_to=[], use_cpu=True, save_strategy="no",
+                                 logging_strategy="no", disable_tqdm=True, optim="sgd", learning_rate=0.1,
+                                 max_grad_norm=0.0)  # fmt: skip
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        Trainer(model=model, args=args, train_dataset=rows).train()
+        updates[steps] = {n: p.detach() - before[n] for n, p in model.named_parameters()}
+    assert any(u.abs().max() > 0 for u in updates[1].values())
+    for name_, update in updates[1].items():
+        torch.testing.assert_close(updates[2][name_], update, atol=1e-6, rtol=1e-4, msg=name_)

@@ -780,6 +780,10 @@ class HydraPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _supports_attention_backend = False
+    # the losses are means over the batch: transformers' Trainer must divide them by the gradient accumulation
+    # steps itself (a forward that takes **kwargs is otherwise taken to sum its loss over the
+    # ``num_items_in_batch`` it is passed, and every accumulated update would be ``steps`` times too large)
+    accepts_loss_kwargs = False
 
     base_config_class: type  # the base's transformers config class (``BertConfig``), set by the family
 
