@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
+from torch import nn
+
 from .hydra_layers import HydraMemberLinear
 
 
@@ -219,3 +221,111 @@ class HydraGenerationUncertaintyMixin:
         sequences = self.generate(input_ids=input_ids, attention_mask=attention_mask, **generate_kwargs)
         return self.score_generated(sequences, input_ids.shape[1], attention_mask,
                                     eos_token_id=generate_kwargs.get("eos_token_id"))  # fmt: skip
+
+
+class HydraCausalLMMixin(HydraGenerationUncertaintyMixin):
+    """What every fused causal LM shares, put before the family's pre-trained class:
+    ``class HydraEnsembleXForCausalLM(HydraCausalLMMixin, HydraEnsembleXPreTrainedModel, GenerationMixin)`` with
+    ``decoder_class`` (the family's fused decoder, held as ``self.hydra``) and ``embeddings_name`` (its token
+    embeddings' attribute, ``"embed_tokens"`` / ``"wte"``).
+
+    The language-model head is one ``nn.Linear`` shared by all members (tied to the token embeddings when the
+    base ties them) or, with ``lm_head_fusion="per_member"``, a ``HydraMemberLinear`` (every member's own);
+    ``resize_token_embeddings`` resizes either. ``generate()`` decodes from ``logits`` = log of the members'
+    mean softmax; the uncertainty of what it generated comes from ``HydraGenerationUncertaintyMixin``.
+    """
+
+    decoder_class: type
+    embeddings_name: str
+
+    def __init__(self, config) -> None:
+        per_member = config.lm_head_fusion == "per_member"
+        # the input and output embeddings are one tensor when the base ties them and the head is shared
+        self._tied_weights_keys = None if per_member else {"lm_head.weight": f"hydra.{self.embeddings_name}.weight"}
+        super().__init__(config)
+        # decoding settings the base's config holds (end-of-sequence, padding and start tokens)
+        base = self.base_config(config)
+        generation = self.generation_config
+        if generation.bos_token_id is None:
+            generation.bos_token_id = base.bos_token_id
+        if generation.eos_token_id is None:
+            generation.eos_token_id = base.eos_token_id
+        if generation.pad_token_id is None:
+            generation.pad_token_id = base.pad_token_id
+        self.hydra = self.decoder_class(config)
+        V, d = config.vocab_size, config.hidden_size
+        if per_member:
+            self.lm_head = HydraMemberLinear(config.num_members, d, V, bias=False)
+        else:
+            self.lm_head = nn.Linear(d, V, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.hydra.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.hydra.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Module) -> None:
+        self.lm_head = value
+
+    def _get_resized_lm_head(self, old_lm_head, new_num_tokens=None, transposed=False, mean_resizing=True):
+        """``resize_token_embeddings`` resizes per-member heads too (transformers' resizes one ``nn.Linear``)."""
+        if isinstance(old_lm_head, HydraMemberLinear):
+            std = self.config.base_config.get("initializer_range", 0.02)
+            return resized_member_lm_head(old_lm_head, new_num_tokens, mean_resizing, std)
+        return super()._get_resized_lm_head(old_lm_head, new_num_tokens, transposed, mean_resizing)
+
+    def member_logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(B, M, T, d)`` final hidden states -> ``(B, M, T, V)`` every member's logits."""
+        if isinstance(self.lm_head, HydraMemberLinear):
+            return self.lm_head(hidden.transpose(0, 1)).transpose(0, 1)
+        return self.lm_head(hidden)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        past_key_values: Cache | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> HydraCausalLMOutput | tuple:
+        """
+        Args:
+            labels: ``(B, T)`` the input ids (shifted inside, -100 ignored): the loss is the mean over members of
+                each member's next-token cross-entropy (with transformers' Trainer and gradient accumulation:
+                the sum over members and tokens divided by ``M * num_items_in_batch``, as its causal LMs do).
+            logits_to_keep: compute logits for the last ``logits_to_keep`` positions only (0: all), as
+                transformers' causal LMs (``generate()`` keeps 1).
+            token_type_ids: GPT-2's token types (embedded like tokens); other decoders have none.
+        Returns:
+            ``HydraCausalLMOutput``: ``logits (B, T', V)``, ``member_logits (B, M, T', V)``, ``loss``, ``cache``.
+        """
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        outputs = self.hydra(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+            inputs_embeds=inputs_embeds, use_cache=use_cache, output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states, return_dict=True, past_key_values=past_key_values, **extra,
+        )  # fmt: skip
+        hidden = outputs.last_hidden_state  # (B, M, T, d)
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        member_logits = self.member_logits_of(hidden[:, :, keep])  # (B, M, T', V)
+        logits, loss = ensemble_lm_outputs(member_logits, labels, kwargs.get("num_items_in_batch"))
+        out = HydraCausalLMOutput(
+            loss=loss, logits=logits, member_logits=member_logits, cache=outputs.cache,
+            hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+        )  # fmt: skip
+        return out if return_dict else out.to_tuple()

@@ -35,14 +35,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .configuration_hydra_gpt2 import HydraEnsembleGPT2Config
-from .hydra_decoder import (
-    HydraCausalLMOutput,
-    HydraDecoderOutput,
-    HydraGenerationUncertaintyMixin,
-    ensemble_lm_outputs,
-    last_token_index,
-    resized_member_lm_head,
-)
+from .hydra_decoder import HydraCausalLMMixin, HydraDecoderOutput, last_token_index
 from .hydra_layers import (
     HydraClassifierOutput,
     HydraLayerNorm,
@@ -329,7 +322,7 @@ class HydraEnsembleGPT2ForSequenceClassification(HydraEnsembleGPT2PreTrainedMode
         return out if return_dict else out.to_tuple()
 
 
-class HydraEnsembleGPT2ForCausalLM(HydraEnsembleGPT2PreTrainedModel, HydraGenerationUncertaintyMixin, GenerationMixin):
+class HydraEnsembleGPT2ForCausalLM(HydraCausalLMMixin, HydraEnsembleGPT2PreTrainedModel, GenerationMixin):
     """M pruned GPT-2 language models in one model, one cache, one forward pass per step.
 
     ``logits (B, T, V)`` = log of the mean of the members' next-token softmaxes, so ``generate()`` decodes
@@ -338,92 +331,10 @@ class HydraEnsembleGPT2ForCausalLM(HydraEnsembleGPT2PreTrainedModel, HydraGenera
     ``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` returns this class.
     """
 
-    def __init__(self, config: HydraEnsembleGPT2Config) -> None:
-        per_member = config.lm_head_fusion == "per_member"
-        # the input and output embeddings are one tensor when the base ties them and the head is shared
-        self._tied_weights_keys = None if per_member else {"lm_head.weight": "hydra.wte.weight"}
-        super().__init__(config)
-        # decoding settings the base's config holds (end-of-sequence, padding and start tokens)
-        base = self.base_config(config)
-        generation = self.generation_config
-        if generation.bos_token_id is None:
-            generation.bos_token_id = base.bos_token_id
-        if generation.eos_token_id is None:
-            generation.eos_token_id = base.eos_token_id
-        if generation.pad_token_id is None:
-            generation.pad_token_id = base.pad_token_id
-        self.hydra = HydraEnsembleGPT2Model(config)
-        V, d = config.vocab_size, config.hidden_size
-        if per_member:
-            self.lm_head = HydraMemberLinear(config.num_members, d, V, bias=False)
-        else:
-            self.lm_head = nn.Linear(d, V, bias=False)
-        self.post_init()
+    decoder_class = HydraEnsembleGPT2Model
+    embeddings_name = "wte"
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.hydra.wte
+    # the losses are means (over tokens or, with the Trainer's num_items_in_batch, normalised by it): see
+    # HydraCausalLMMixin.forward
+    accepts_loss_kwargs = True
 
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.hydra.wte = value
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.lm_head
-
-    def set_output_embeddings(self, value: nn.Module) -> None:
-        self.lm_head = value
-
-    def _get_resized_lm_head(self, old_lm_head, new_num_tokens=None, transposed=False, mean_resizing=True):
-        """``resize_token_embeddings`` resizes per-member heads too (transformers' resizes one ``nn.Linear``)."""
-        if isinstance(old_lm_head, HydraMemberLinear):
-            std = self.config.base_config.get("initializer_range", 0.02)
-            return resized_member_lm_head(old_lm_head, new_num_tokens, mean_resizing, std)
-        return super()._get_resized_lm_head(old_lm_head, new_num_tokens, transposed, mean_resizing)
-
-    def member_logits_of(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``(B, M, T, d)`` final hidden states -> ``(B, M, T, V)`` every member's logits."""
-        if isinstance(self.lm_head, HydraMemberLinear):
-            return self.lm_head(hidden.transpose(0, 1)).transpose(0, 1)
-        return self.lm_head(hidden)
-
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        past_key_values: Cache | None = None,
-        **kwargs,
-    ) -> HydraCausalLMOutput | tuple:
-        """
-        Args:
-            labels: ``(B, T)`` the input ids (shifted inside, -100 ignored): the loss is the mean over members
-                of each member's next-token cross-entropy.
-            logits_to_keep: compute logits for the last ``logits_to_keep`` positions only (0: all), as
-                transformers' causal LMs (``generate()`` keeps 1).
-        Returns:
-            ``HydraCausalLMOutput``: ``logits (B, T', V)``, ``member_logits (B, M, T', V)``, ``loss``, ``cache``.
-        """
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.hydra(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-            inputs_embeds=inputs_embeds, token_type_ids=token_type_ids, use_cache=use_cache,
-            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
-            past_key_values=past_key_values,
-        )  # fmt: skip
-        hidden = outputs.last_hidden_state  # (B, M, T, d)
-        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        member_logits = self.member_logits_of(hidden[:, :, keep])  # (B, M, T', V)
-        logits, loss = ensemble_lm_outputs(member_logits, labels, kwargs.get("num_items_in_batch"))
-        out = HydraCausalLMOutput(
-            loss=loss, logits=logits, member_logits=member_logits, cache=outputs.cache,
-            hidden_states=outputs.hidden_states, attentions=outputs.attentions,
-        )  # fmt: skip
-        return out if return_dict else out.to_tuple()
