@@ -212,3 +212,34 @@ def test_decoder_classifier_prune_convert_evaluate(files, tmp_path, capsys):
         predicted = model(**enc).logits.argmax(-1)
     assert row["accuracy"] == pytest.approx(float((predicted == torch.tensor(labels)).float().mean()))
     assert Path(tmp_path / "report" / "report.md").is_file()
+
+
+def test_gpt2_causal_lm_prune_and_evaluate_a_stock_model(files, tmp_path, capsys):
+    """GPT-2 (Conv1D weights): circuit-acc through the CLI == circuit_prune(score='acc') on the next-token batches;
+    a stock causal LM as --model evaluates as one member, its numbers those of evaluate_causal_lm."""
+    root, texts, _, ood_texts = files
+    tokenizer = transformers.AutoTokenizer.from_pretrained(root / "lm")
+    torch.manual_seed(2)
+    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=len(tokenizer.get_vocab()) + 2,
+                                     n_positions=64, pad_token_id=0, initializer_range=0.2)  # fmt: skip
+    transformers.GPT2LMHeadModel(config).eval().save_pretrained(tmp_path / "gpt2")
+    tokenizer.save_pretrained(tmp_path / "gpt2")
+    _run(["prune", "--model", tmp_path / "gpt2", "--method", "circuit-acc", "--members", 1, "--heads-per-layer", 3,
+          "--id-data", root / "id.jsonl", "--max-length", MAX_LENGTH, "--batch-size", BATCH, "--no-progress",
+          "--output", tmp_path / "masks.json"], capsys)  # fmt: skip
+    target = load_pruning_target(tmp_path / "gpt2")
+    direct = circuit_prune(target.adapter, lm_batches(target.tokenizer, texts, max_length=MAX_LENGTH, batch_size=BATCH),
+                           None, Budget(heads_per_layer=3), score="acc", progress=False)  # fmt: skip
+    assert _kept(load_masks(tmp_path / "masks.json"))[0] == _kept_from_gates(direct.gates)
+
+    _run(["evaluate", "--model", tmp_path / "gpt2", "--name", "GPT-2", "--id-data", root / "id.jsonl", "--ood-data",
+          root / "ood.jsonl", "--score", "likelihood", "--max-length", MAX_LENGTH, "--report", tmp_path / "report"],
+         capsys)  # fmt: skip
+    (row,) = json.loads((tmp_path / "report" / "report.json").read_text())["rows"]
+    model, tok = load_causal_lm(tmp_path / "gpt2")
+    name = str(root / "ood.jsonl")  # an unnamed --ood-data is named by its spec, as for classifiers
+    expected = evaluate_causal_lm(model, texts, {name: ood_texts}, tokenizer=tok, max_length=MAX_LENGTH,
+                                  batch_size=32, progress=False)  # fmt: skip
+    assert (row["method"], row["members"]) == ("GPT-2", 1)
+    assert row["perplexity"] == pytest.approx(expected["perplexity"], rel=1e-9)
+    assert row[f"{name}/auroc"] == pytest.approx(expected["ood"][name]["scores"]["likelihood"]["auroc"])
