@@ -80,6 +80,21 @@ class _NextTokenCollator:
         return batch
 
 
+def member_next_token_nll(member_logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The members' mean next-token NLL summed over the batch's targets, and the number of targets
+    (``labels`` -100 are not targets); their ratio is the Hydra causal LM's own ``loss``.
+
+    Shape: ``member_logits (B, M, T, V)``, ``labels (B, T)`` -> two scalars.
+    """
+    M, V = member_logits.shape[1], member_logits.shape[-1]
+    target = labels[:, 1:]  # (B, T-1)
+    nll = F.cross_entropy(
+        member_logits[:, :, :-1].float().reshape(-1, V), target[:, None].expand(-1, M, -1).reshape(-1),
+        ignore_index=-100, reduction="sum",
+    )  # fmt: skip
+    return nll / M, (target != -100).sum()
+
+
 def next_token_sums(member_logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per example: the members' mean next-token NLL summed over the targets, the ensemble's (log of the mean
     softmax) summed NLL, and the number of targets; ``labels`` -100 are not targets.
@@ -238,8 +253,16 @@ class MemberTrainer:
         """The training loss of a batch: the mean over members of each member's cross-entropy (a causal LM's:
         next-token, over the non-padding targets, which the model computes from ``labels``)."""
         if self.run.causal_lm:
+            labels = batch.pop("labels")
             with self.accelerator.autocast():
-                return self.model(**batch).loss
+                member_logits = self.model(**batch).member_logits  # (b, M, T, V)
+            nll_sum, tokens = member_next_token_nll(member_logits, labels)
+            # the mean over the global batch's target tokens: each process's sum over the tokens of all
+            # processes (times the processes, as DDP averages the gradients), so N processes take the
+            # steps of one even when their halves hold different numbers of tokens
+            world = self.accelerator.num_processes
+            total = self.accelerator.gather(tokens.reshape(1)).sum() if world > 1 else tokens
+            return nll_sum * world / total.clamp(min=1)
         labels = batch.pop("labels")
         with self.accelerator.autocast():
             member_logits = self.model(**batch).member_logits  # (b, M, C)
