@@ -99,8 +99,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    + "; causal LMs: the mean over a sequence's tokens of msp, entropy or mutual_information, or "
                    "likelihood (the mean token log-likelihood)")
     p.add_argument("--max-samples", type=int, default=None, help="cap every data set at this many examples")
-    p.add_argument("--batch-size", type=int, default=32,
-                   help="examples per forward pass; also the batch of the latency column (default 32)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="examples per forward pass; also the batch of the latency column (default 32; causal LMs 8: "
+                   "their logits are B x M x T x V)")
     p.add_argument("--max-length", type=int, default=128, help="text: truncate inputs to this many tokens (default 128)")
     p.add_argument("--compare", action="append", default=[], metavar="A=B",
                    help="paired bootstrap interval of A minus B for accuracy, NLL, ECE, Brier and every OOD AUROC / "
@@ -335,7 +336,10 @@ def _run_causal_lm(args: argparse.Namespace, models: dict[str, str]) -> int:
 def run(args: argparse.Namespace) -> int:
     info = distributed.process_info()
     models, pairs = _check_models(args)
-    if is_causal_lm_folder(args.model):
+    causal_lm = is_causal_lm_folder(args.model)
+    if args.batch_size is None:
+        args.batch_size = 8 if causal_lm else 32
+    if causal_lm:
         return _run_causal_lm(args, models)
     if args.score not in OOD_SCORES:
         raise ValueError(f"--score {args.score!r} is for causal LMs; a classifier's OOD scores are {', '.join(OOD_SCORES)}")

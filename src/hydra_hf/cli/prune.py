@@ -100,7 +100,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--image-column", help="image column (image data); image folders need none")
     p.add_argument("--max-samples", type=int, help="use at most this many ID (and OOD) examples")
     p.add_argument("--max-length", type=int, default=128, help="max tokens per text (default 128; a causal LM: per sequence)")
-    p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass while scoring (default 32)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="examples per forward pass while scoring (default 32; causal LMs 8: their logits are B x T x V)")
     p.add_argument("--num-labels", type=int, help="classes of a checkpoint without a trained classifier head")
     p.add_argument("--temperature", type=float, help="Taylor sampling temperature (default 1 for several members)")
     p.add_argument("--data-fraction", type=float, help="fraction of the data per member (default 0.8 for several)")
@@ -219,6 +220,8 @@ def run(args: argparse.Namespace) -> int:
     _check_not_an_input(output, args)
     if args.members < 0:
         raise ValueError(f"--members must be >= 0, got {args.members}")
+    if args.batch_size is not None and args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     _check_source(args)
     include = load_masks(args.include_masks) if args.include_masks else None
 
@@ -253,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
         ood_text_column=args.ood_text_column,
         label_column=args.label_column or "label",
         image_column=args.image_column,
-        batch_size=args.batch_size,
+        batch_size=args.batch_size or (8 if target.causal_lm else 32),
         max_length=args.max_length,
         temperature=args.temperature,
         data_fraction=args.data_fraction,
