@@ -50,7 +50,7 @@ def test_decoder_classifier_exports_and_equals_pytorch(family, tmp_path):
     assert meta["family"] == family and meta["num_members"] == 2 and meta["num_labels"] == 3
     assert meta["inputs"]["input_ids"]["shape"] == ["batch", "sequence"] and "token_type_ids" not in meta["inputs"]
     assert meta["verification"]["max_abs_diff_fp32"] <= 1e-4
-    assert meta["verification"]["inputs"][1]["padded_rows"] == 2
+    assert meta["verification"]["inputs"][1]["padded_rows"] == 2 and meta["verification"]["inputs"][1]["padding_side"] == "left"
     if int8:
         assert meta["default_file"] == "model_int8.onnx"
         assert meta["files"]["model_int8.onnx"]["quantized_operators"]["MatMulInteger"] > 0

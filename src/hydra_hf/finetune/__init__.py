@@ -15,6 +15,11 @@ Two ways to train, over the same training loop (:class:`MemberTrainer`):
   trainable weight, so this is M members trained in lock-step on the same batches in one pass (see
   ``docs/finetune.md`` for where it differs from separate training).
 
+Decoders (families ``llama`` and ``gpt2``): a sequence classifier trains as above (the tokenizer pads with
+its pad token, else with its end-of-sequence token, which is then saved as the pad token with every output);
+a causal LM trains on the next-token loss of the text (``labels`` = input ids, -100 at padding; no classes),
+is evaluated by its next-token NLL and exported as stock ``*ForCausalLM`` members (docs/finetune.md).
+
 Distributed data parallel (``accelerate launch --multi_gpu --num_processes N``; on CPU N gloo ranks):
 ``batch_size`` is the *global* batch; Accelerate splits every batch across the processes
 (``split_batches=True``), the per-epoch order is a seeded permutation that does not depend on the

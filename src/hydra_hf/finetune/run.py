@@ -53,7 +53,7 @@ def _arch_support(arch: str) -> _ArchSupport:
     family = get_family(arch)
     if family.task not in ("text-classification", "image-classification"):
         raise HydraInputError(
-            f"fine-tuning trains text and image classifiers; {family.name} is a {family.task} model (zero-shot "
+            f"fine-tuning trains text and image classifiers and decoder LMs; {family.name} is a {family.task} model (zero-shot "
             "Hydra members need no training: prune and convert them)"
         )
 

@@ -496,7 +496,10 @@ def _outputs_doc(keys: Sequence[str], modality: str, softmax: bool = True) -> di
 def _describe(inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
     out = {k: list(v.shape) for k, v in inputs.items()}
     if "attention_mask" in inputs:
-        out["padded_rows"] = int((inputs["attention_mask"] == 0).any(dim=1).sum())
+        mask = inputs["attention_mask"]
+        out["padded_rows"] = int((mask == 0).any(dim=1).sum())
+        if out["padded_rows"]:
+            out["padding_side"] = "left" if bool((mask[:, 0] == 0).any()) else "right"
     return out
 
 
