@@ -31,6 +31,7 @@ bench: setup
 	$(PY) bench/bench_vit.py
 	$(PY) bench/bench_families.py --family roberta
 	$(PY) bench/bench_families.py --family deit
+	$(PY) bench/bench_decoder.py
 	$(PY) bench/bench_circuits.py
 	$(PY) bench/bench_onnx.py
 
