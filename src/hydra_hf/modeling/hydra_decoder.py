@@ -12,12 +12,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
 
-from torch import nn
-
-from .hydra_layers import HydraMemberLinear
+from .hydra_layers import HydraMemberLinear, rows_linear
 
 
 @dataclass
@@ -283,7 +282,7 @@ class HydraCausalLMMixin(HydraGenerationUncertaintyMixin):
         """``(B, M, T, d)`` final hidden states -> ``(B, M, T, V)`` every member's logits."""
         if isinstance(self.lm_head, HydraMemberLinear):
             return self.lm_head(hidden.transpose(0, 1)).transpose(0, 1)
-        return self.lm_head(hidden)
+        return rows_linear(hidden, self.lm_head.weight, self.lm_head.bias)  # one product for all members
 
     def forward(
         self,
