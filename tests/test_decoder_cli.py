@@ -70,8 +70,9 @@ def _error(args, capsys) -> str:
     code = cli_main([str(a) for a in args])
     err = capsys.readouterr().err.strip()
     assert code == 2, err
-    assert len(err.splitlines()) == 1, err
-    return err
+    lines = [line for line in err.splitlines() if "it/s]" not in line and "examples/s]" not in line]  # progress bars
+    assert len(lines) == 1 and lines[0].startswith("hydra-hf "), err
+    return lines[0]
 
 
 def _kept(masks) -> list:
@@ -139,6 +140,18 @@ def test_prune_causal_lm_misuse_is_one_line(files, tmp_path, capsys):
     ood = [*base[:4], "circuit-ood", *base[5:]]
     assert "--ood-data" in _error(ood, capsys)
     assert not (tmp_path / "m.json").exists()
+
+    # a tokenizer of another model (ids past the embeddings): one line from prune and from evaluate
+    (tmp_path / "other").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / "other" / name).write_bytes((root / "lm" / name).read_bytes())
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, **{w: 200 + i for i, w in enumerate(WORDS)}}
+    transformers.BertTokenizer(vocab=vocab).save_pretrained(tmp_path / "other")
+    other = ["--model", tmp_path / "other", *base[3:]]
+    assert "the tokenizer gives token id" in _error(["prune", *other], capsys)
+    assert "has token ids up to 218 but the model has 76 token embeddings" in _error(
+        ["evaluate", "--model", tmp_path / "other", "--id-data", root / "id.jsonl", "--ood-data", root / "ood.jsonl",
+         "--report", tmp_path / "r"], capsys)
 
 
 # --------------------------------------------------------------------------------------------- evaluate

@@ -46,6 +46,7 @@ __all__ = [
     "evaluate_causal_lm",
     "is_causal_lm_config",
     "load_causal_lm",
+    "check_tokenizer_fits",
     "causal_lm_rows",
     "causal_lm_columns",
     "write_causal_lm_report",
@@ -322,7 +323,20 @@ def load_causal_lm(path: str | os.PathLike, *, trust_remote_code: bool = False) 
     except (OSError, ValueError) as exc:
         raise HydraInputError(f"{str(folder)!r} has no tokenizer to read the texts with; save it next to the model "
                               f"(tokenizer.save_pretrained): {str(exc).splitlines()[0] if str(exc) else exc}") from None
+    check_tokenizer_fits(tokenizer, model, folder)
     return model, tokenizer
+
+
+def check_tokenizer_fits(tokenizer: Any, model: nn.Module, folder: str | os.PathLike) -> None:
+    """Refuse a tokenizer whose token ids reach past the model's token embeddings (a tokenizer of another
+    model: its ids would index out of the embedding table)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    top = max(vocab.values(), default=-1)
+    if isinstance(rows, int) and top >= rows:
+        raise HydraInputError(f"the tokenizer in {str(os.fspath(folder))!r} has token ids up to {top} but the model has "
+                              f"{rows} token embeddings; save the tokenizer the model was trained with next to it")
 
 
 _OOD_KEYS = ("auroc", "fpr95", "aupr_in", "aupr_out")
