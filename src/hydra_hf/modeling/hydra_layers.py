@@ -108,7 +108,8 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     The CPU GEMM takes one matrix-vector pass per row below 4 rows, so 3 rows cost 3 times one row while 4
     rows cost about 2 (measured, 2 threads: a ``(r, 512) x (512, 32000)`` product 6.4 / 13.6 / 21.2 / 12.0 ms
     for r = 1 / 2 / 3 / 4). A fused decoder's decoding step with M = 3 members at batch 1 sends exactly 3 rows
-    through the shared MLP and language-model head (``bench/bench_decoder.py``). Same values for the real rows.
+    through the shared MLP and language-model head (``bench/bench_decoder.py``). The real rows' values are
+    unchanged up to float rounding (the GEMM sums in another order: relative differences ~2e-7).
     """
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     if 2 <= rows <= 3 and x.device.type == "cpu" and not torch.is_grad_enabled() and not is_tracing(x):
