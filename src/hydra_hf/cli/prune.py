@@ -207,7 +207,7 @@ def _load_target(args: argparse.Namespace) -> PruningTarget:
         transform = lambda image: image_processor(image, return_tensors="pt")["pixel_values"][0]  # noqa: E731
         return PruningTarget(adapter, transform, None, len(names), {n: i for i, n in enumerate(names)}, True)
     if args.class_names or args.prompt_template:
-        raise ValueError(f"--class-names / --prompt-template apply to CLIP models; {args.model!r} is a {config.model_type} classifier")
+        raise ValueError(f"--class-names / --prompt-template apply to CLIP models; {args.model!r} is a {config.model_type} model, not a CLIP one")
     return load_pruning_target(folder, num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
 
 

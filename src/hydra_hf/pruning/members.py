@@ -184,7 +184,7 @@ def load_causal_lm_target(
     mode, pruned on next-token prediction (:func:`~hydra_hf.pruning.lm.causal_lm_adapter`).
 
     ``num_labels`` must be None: a causal LM's classes are its vocabulary (``PruningTarget.num_labels``
-    is the vocabulary size)."""
+    is the number of its token embeddings)."""
     folder = Path(folder)
     config = read_config(folder)
     what = ", ".join(config.get("architectures") or []) or "causal LM"
@@ -201,7 +201,8 @@ def load_causal_lm_target(
             f"{str(folder)!r} ({what}) has no tokenizer to turn the ID texts into tokens; save it next to the model "
             f"(tokenizer.save_pretrained({str(folder)!r})): {str(exc).splitlines()[0] if str(exc) else exc}"
         ) from None
-    return PruningTarget(causal_lm_adapter(model), None, tokenizer, int(model.config.vocab_size), None, False)
+    vocab = int(model.get_input_embeddings().num_embeddings)  # the token ids the model can read
+    return PruningTarget(causal_lm_adapter(model), None, tokenizer, vocab, None, False)
 
 
 def causal_lm_batches(
