@@ -217,12 +217,12 @@ def test_unsupported_task_heads_are_refused(spec, stock_dirs, tmp_path, capsys):
 def test_unknown_model_type_and_wrong_arch_are_refused(stock_dirs, tmp_path, capsys):
     folder = tmp_path / "gpt"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}))
+    (folder / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}))
     masks = tmp_path / "m.json"
     HeadMasks(kept_heads=ALL, num_heads=H).save(masks)
     assert cli_main(["convert", "--base", str(folder), "--masks", str(masks), "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "model_type='gpt2'" in err
+    assert len(err.splitlines()) == 1 and "model_type='t5'" in err
     assert all(name in err for name in ("bert", "roberta", "xlm_roberta", "electra", "distilbert", "albert", "open_clip"))
     # prune refuses a task head it would otherwise re-initialise, before reading any data
     head = tmp_path / "token-classifier"

@@ -175,9 +175,9 @@ def test_cli_convert_bad_inputs(tiny_bert_dir, tmp_path, capsys):
     assert "does not exist" in err
     vit_dir = tmp_path / "vit"
     vit_dir.mkdir()
-    (vit_dir / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+    (vit_dir / "config.json").write_text(json.dumps({"model_type": "t5"}))
     err = _cli_error(["convert", "--base", str(vit_dir), "--masks", str(good), "--output", str(out)], capsys)
-    assert "model_type='gpt2'" in err
+    assert "model_type='t5'" in err
     other = write_masks(tmp_path / "other.json", [[[0]] * 6], 12)
     err = _cli_error(["convert", "--base", str(tiny_bert_dir), "--masks", str(other), "--output", str(out)], capsys)
     assert "6 layers x 12 heads" in err and "3 layers x 4 heads" in err
