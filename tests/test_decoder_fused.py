@@ -340,3 +340,37 @@ def test_small_products_are_padded_to_four_rows_with_the_same_values():
     x = torch.randn(3, 16, requires_grad=True)  # training: plain F.linear (gradients flow as usual)
     rows_linear(x, w, b).sum().backward()
     torch.testing.assert_close(x.grad, w.sum(0).expand(3, 16))
+
+
+def test_masks_record_and_check_the_key_value_heads(tmp_path):
+    """Grouped-query attention in the masks format: pruning a GQA decoder writes ``num_key_value_heads`` and
+    every member's ``kept_kv_heads``; a file whose ``kept_kv_heads`` break a group's rule, or whose
+    ``num_key_value_heads`` is not the model's, is refused with one line (at load, and at convert)."""
+    from hydra_hf.errors import HydraInputError
+    from hydra_hf.pruning.diversity import grouped_query_heads
+
+    base = stock("llama")
+    assert grouped_query_heads(causal_lm_adapter(base)) == HKV
+    masks = HeadMasks(UNEQUAL, num_heads=H).with_key_value_heads(HKV)
+    data = masks.to_dict()
+    assert data["num_key_value_heads"] == 2
+    assert [m["kept_kv_heads"] for m in data["members"]] == [[[0, 1], [0, 1]], [[0], []], [[0, 1], [0, 1]]]
+    path = tmp_path / "m.json"
+    masks.save(path)
+    assert HeadMasks.load(path) == masks
+    # the fused model's cache layout is the one the file records
+    base.save_pretrained(tmp_path / "base")
+    model = convert_checkpoint(path, base=tmp_path / "base")
+    assert model.config.kept_kv_heads == [m["kept_kv_heads"] for m in data["members"]]
+    bad = json.loads(path.read_text())
+    bad["members"][1]["kept_kv_heads"] = [[1], []]  # query head 1 reads key/value head 0
+    with pytest.raises(HydraInputError, match=r"members\[1\]\.kept_kv_heads\[0\]=\[1\] but its query heads \[1\] read key/value heads \[0\]"):
+        HeadMasks.from_dict(bad)
+    other = json.loads(path.read_text())
+    other["num_key_value_heads"] = 4
+    for member in other["members"]:
+        member["kept_kv_heads"] = [list(layer) for layer in member["kept_heads"]]
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    with pytest.raises(HydraInputError, match=r"^the masks record num_key_value_heads=4 but .* has 2 key/value heads"):
+        convert_checkpoint(tmp_path / "other.json", base=tmp_path / "base")
+    assert "\n" not in str(pytest.raises(HydraInputError, HeadMasks.from_dict, bad).value)

@@ -66,6 +66,9 @@ ANY_TOWER = "*"  # the key of the unnamed tower of a one-tower masks file: the m
 validate_kept_heads = check_kept_heads
 
 _RESERVED = frozenset({"format", "version", "num_layers", "num_heads", "towers", "members"})
+# grouped-query attention (decoders): the model's key/value heads per layer, and each member's kept ones
+KV_HEADS_KEY = "num_key_value_heads"
+MEMBER_KV_KEY = "kept_kv_heads"
 
 
 def _count(value: Any, key: str, source: str) -> int:
@@ -392,12 +395,15 @@ class HeadMasks:
         num_heads = _count(data["num_heads"], "num_heads", source)
         validate_kept_heads(kept, num_layers, num_heads, where=f"{source}: members[*].kept_heads")
         meta = {k: v for k, v in data.items() if k not in {"format", "version", "num_layers", "num_heads", "members"}}
-        return cls(
+        masks = cls(
             kept_heads=kept,
             num_heads=num_heads,
             member_metadata=[{k: v for k, v in m.items() if k != "kept_heads"} for m in members],
             metadata=meta,
         )
+        if KV_HEADS_KEY in meta or any(MEMBER_KV_KEY in m for m in members):
+            masks.check_key_value_heads(meta.get(KV_HEADS_KEY), source=source)
+        return masks
 
     @classmethod
     def _from_towers_dict(cls, data: dict[str, Any], source: str) -> HeadMasks:
@@ -453,6 +459,57 @@ class HeadMasks:
         text = json.dumps(self.to_dict(), indent=2, default=_json_default)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_output_file(path, text + "\n")
+
+    # ------------------------------------------------------- grouped-query attention (decoders)
+    def with_key_value_heads(self, num_key_value_heads: int) -> HeadMasks:
+        """A copy that records grouped-query attention for a one-tower decoder: ``"num_key_value_heads"`` at
+        the top of the file and every member's ``"kept_kv_heads"`` (per layer, the key/value heads its kept
+        query heads read: a key/value head stays while any of its query heads is kept). Readers may use them
+        to size caches; the query heads in ``kept_heads`` stay the mask."""
+        kept = self.kept_heads
+        meta = [
+            {**m, MEMBER_KV_KEY: [kept_kv_heads(layer, self.num_heads, num_key_value_heads) for layer in member]}
+            for m, member in zip(self.member_metadata, kept)
+        ]
+        return HeadMasks(kept, self.num_heads, meta, {**self.metadata, KV_HEADS_KEY: num_key_value_heads})
+
+    def check_key_value_heads(self, num_key_value_heads: int | None, *, source: str = "masks", model: str | None = None) -> None:
+        """Raise ``HydraInputError`` (one line) unless the grouped-query fields of the masks are consistent:
+        the file's ``"num_key_value_heads"`` equals ``num_key_value_heads`` (the model's, when ``model`` names
+        it), and every member's ``"kept_kv_heads"``, where given, lists exactly the key/value heads its kept
+        query heads read."""
+        recorded = self.metadata.get(KV_HEADS_KEY)
+        if model is not None and recorded is not None and recorded != num_key_value_heads:
+            raise HydraInputError(
+                f"the masks record num_key_value_heads={recorded!r} but {model} has {num_key_value_heads} key/value "
+                "heads; use masks made for this model (hydra-hf prune --model ...)"
+            )
+        kv = recorded if num_key_value_heads is None else num_key_value_heads
+        if any(MEMBER_KV_KEY in m for m in self.member_metadata) and kv is None:
+            raise HydraInputError(
+                f"{source}: members list 'kept_kv_heads' but the file has no 'num_key_value_heads'; add it or drop "
+                "kept_kv_heads (it is derived from the query heads)"
+            )
+        if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1 or self.num_heads % kv:
+            raise HydraInputError(
+                f"{source}: num_key_value_heads={kv!r} must be a positive divisor of num_heads={self.num_heads}"
+            )
+        for m, (meta, member) in enumerate(zip(self.member_metadata, self.kept_heads)):
+            given = meta.get(MEMBER_KV_KEY)
+            if given is None:
+                continue
+            if not isinstance(given, list) or len(given) != len(member):
+                raise HydraInputError(
+                    f"{source}: members[{m}].kept_kv_heads must list {len(member)} layers of key/value heads"
+                )
+            for layer, (heads, query) in enumerate(zip(given, member)):
+                want = kept_kv_heads(query, self.num_heads, kv)
+                if not isinstance(heads, list) or sorted(heads) != want:
+                    raise HydraInputError(
+                        f"{source}: members[{m}].kept_kv_heads[{layer}]={heads!r} but its query heads {query} read "
+                        f"key/value heads {want}: a key/value head stays exactly while one of its query heads is "
+                        "kept; drop kept_kv_heads (it is derived) or fix kept_heads"
+                    )
 
     def check_compatible(
         self, num_layers: int | Mapping[str, tuple[int, int]], num_heads: int | None = None, *, model: str = "the model"

@@ -74,6 +74,10 @@ class DecoderFamily(Family):
     def layer_shape(self, base: Mapping[str, Any]) -> tuple[int, int]:
         """``(num_layers, num_heads)`` of a full base config."""
 
+    def key_value_heads(self, base: Mapping[str, Any]) -> int:
+        """Key/value heads per layer of a full base config (grouped-query attention; default: one per query head)."""
+        return self.layer_shape(base)[1]
+
     def task_of(self, raw: Mapping[str, Any]) -> str:
         return decoder_task(raw, self.causal_lm_architectures)
 
@@ -93,6 +97,7 @@ class DecoderFamily(Family):
         check_same_architecture(folders, configs, self.shape_keys)
         base = configs[0]
         masks.check_compatible(*self.layer_shape(base), model=repr(str(folders[0])))
+        masks.check_key_value_heads(self.key_value_heads(base), source="the masks", model=repr(str(folders[0])))
         task = self.task_of(raw[0])
         if any(self.task_of(c) != task for c in raw[1:]):
             raise HydraInputError("the member checkpoints mix causal LMs and sequence classifiers; convert one kind")

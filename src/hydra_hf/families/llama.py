@@ -62,6 +62,9 @@ class LlamaFamily(DecoderFamily):
     def layer_shape(self, base: Mapping[str, Any]) -> tuple[int, int]:
         return base["num_hidden_layers"], base["num_attention_heads"]
 
+    def key_value_heads(self, base: Mapping[str, Any]) -> int:
+        return base.get("num_key_value_heads") or base["num_attention_heads"]
+
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         """Query heads of ``layers[i].self_attn`` (``o_proj`` column blocks; Q rows and the K/V rows of their
         key/value group for Taylor); a causal LM's logits are next-token logits at every valid position."""

@@ -196,6 +196,16 @@ METHODS = tuple(PRUNING_METHODS)
 """The registered method names (the keys of :data:`PRUNING_METHODS`)."""
 
 
+def grouped_query_heads(adapter: ModelAdapter) -> int | None:
+    """The key/value heads per layer of a one-tower model with grouped-query attention (fewer key/value
+    heads than query heads), else None."""
+    if len(adapter.towers) != 1:
+        return None
+    layer = next(iter(adapter.towers.values()))[0]
+    kv = layer.num_key_value_heads
+    return kv if kv is not None and kv != layer.num_heads else None
+
+
 def prune_members(
     adapter: ModelAdapter,
     *,
@@ -315,6 +325,9 @@ def prune_members(
         "tower": tower,
         "pairwise_jaccard": [[round(v, 4) for v in row] for row in masks.jaccard().tolist()],
     }
+    grouped = grouped_query_heads(adapter)
+    if grouped is not None and not masks.named:  # a decoder with grouped-query attention: say which KV heads stay
+        masks = masks.with_key_value_heads(grouped)
     logger.info("%s", masks.summary())
     return masks
 
