@@ -67,6 +67,9 @@ HYDRA_RECIPES = {
     "circ": dict(method=["circuit-acc", "circuit-ood", "circuit-avg"], uses_ood=True),
     # the control for Hydra's extra training: the Single, all heads, trained as long again as a member
     "continued": dict(method=None, uses_ood=False),
+    # members that end further apart: Taylor members trained at 4x the members' learning rate (2e-3, twice the
+    # Single's peak) for twice as long (docs/study.md: "what this suggests trying next")
+    "taylor_far": dict(method="taylor", uses_ood=False, member_lr=2e-3, member_epoch_factor=2),
 }
 MEMBER_SEED_OFFSET = 100
 
@@ -205,8 +208,9 @@ def train_hydra(out: Path, data: Path, single: Path, seed: int, recipe: str, fol
         masks.save(masks_file)
     folders = [work / "members" / f"member_{m}" / "model" for m in range(masks.num_members)]
     if not all(f.exists() for f in folders):
-        finetune_members(single, masks, _load(data, "id_train"), _load(data, "id_validation"), work / "fused",
-                         _config(seed + MEMBER_SEED_OFFSET, epochs=epochs, lr=5e-4, freeze=True),
+        config = _config(seed + MEMBER_SEED_OFFSET, epochs=epochs * spec.get("member_epoch_factor", 1),
+                         lr=spec.get("member_lr", 5e-4), freeze=True)
+        finetune_members(single, masks, _load(data, "id_train"), _load(data, "id_validation"), work / "fused", config,
                          work_dir=work / "members", overwrite=True, fuse=False)
     jaccard = masks.metadata.get("pairwise_jaccard")
     return {f: convert_checkpoint(masks, members=folders, mlp_fusion=f).eval() for f in ("average", "per_member")}, jaccard
