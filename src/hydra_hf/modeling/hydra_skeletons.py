@@ -159,14 +159,9 @@ class HydraTextEncoder(HydraPreTrainedModel):
     without token types sets ``forward = HydraTextEncoder.forward_without_token_types``.
     """
 
-    def encode(
-        self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, token_type_ids: torch.Tensor | None,
-        position_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, output_attentions: bool,
-        output_hidden_states: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None, tuple | None]:
-        """``last_hidden_state (B, M, T, d)``, ``pooler_output (B, M, d)`` or None, the hidden states and the
-        attention weights per layer (None unless asked for)."""
-        raise NotImplementedError
+    # The family's class defines ``encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
+    # output_attentions, output_hidden_states)`` -> ``last_hidden_state (B, M, T, d)``, ``pooler_output (B, M, d)``
+    # or None, the hidden states and the attention weights per layer (None unless asked for).
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embeddings.word_embeddings
@@ -409,13 +404,9 @@ class HydraVisionEncoder(HydraVisionPreTrainedModel):
 
     any_image_size = False
 
-    def encode(
-        self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool, output_attentions: bool,
-        output_hidden_states: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None, tuple | None]:
-        """``last_hidden_state (B, M, T, d)``, ``pooler_output (B, M, d)`` or None, the hidden states and the
-        attention weights per layer (None unless asked for)."""
-        raise NotImplementedError
+    # The family's class defines ``encode(pixel_values, interpolate_pos_encoding, output_attentions,
+    # output_hidden_states)`` -> ``last_hidden_state (B, M, T, d)``, ``pooler_output (B, M, d)`` or None, the
+    # hidden states and the attention weights per layer (None unless asked for).
 
     def get_input_embeddings(self) -> nn.Module:
         return self.embeddings.patch_embeddings
@@ -579,10 +570,8 @@ class HydraTower(nn.Module):
     """One tower of a two-tower model for M members: shared ``embeddings``, fused ``layers``; the family's
     subclass registers them (and its norms and heads) and defines ``pool``."""
 
-    def pool(self, hidden: torch.Tensor, input_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``hidden (M, B, T, d)`` after the layers -> the returned hidden states ``(M, B, T, d)`` and the
-        pooled output ``(M, B, P)``."""
-        raise NotImplementedError
+    # The family's tower defines ``pool(hidden, input_ids)``: ``hidden (M, B, T, d)`` after the layers -> the
+    # returned hidden states ``(M, B, T, d)`` and the pooled output ``(M, B, P)``.
 
     def run(
         self, embeddings: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool, output_hidden_states: bool,
@@ -658,18 +647,12 @@ class HydraTwoTowerModel(HydraPreTrainedModel):
         """The text tower's ``pooler_output (N, M, d)`` -> every member's text embeddings ``(N, M, P)``."""
         return pooled
 
-    def member_logits(self, image_embeds: torch.Tensor, text_embeds: torch.Tensor) -> torch.Tensor:
-        """Normalised ``image_embeds (B, M, P)``, ``text_embeds (N, M, P)`` -> ``(B, M, N)``."""
-        raise NotImplementedError
-
-    def ensemble_logits(
-        self, member_logits_per_image: torch.Tensor, member_logits_per_text: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(B, M, N)``, ``(N, M, B)`` -> ``logits_per_image (B, N)``, ``logits_per_text (N, B)``."""
-        raise NotImplementedError
-
-    def member_loss(self, member_logits_per_image: torch.Tensor, member_logits_per_text: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+    # The family's model defines ``member_logits(image_embeds, text_embeds)``: normalised ``(B, M, P)``,
+    # ``(N, M, P)`` -> ``(B, M, N)`` (CLIP: scaled cosine; SigLIP: plus its bias), and
+    # ``ensemble_logits(member_logits_per_image, member_logits_per_text)``: ``(B, M, N)``, ``(N, M, B)`` ->
+    # ``logits_per_image (B, N)``, ``logits_per_text (N, B)`` (softmax or sigmoid ensemble), and
+    # ``member_loss(member_logits_per_image, member_logits_per_text)``: the mean of the members' contrastive
+    # (CLIP) or sigmoid (SigLIP) losses.
 
     def get_text_features(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
