@@ -221,14 +221,32 @@ def run_geometry(geometry: str, args, device: str, dtype: torch.dtype) -> tuple[
         models[name] = models[name].to(device, dtype)
     sync = (lambda: torch.cuda.synchronize()) if device.startswith("cuda") else (lambda: None)
     rows, lines = [], []
+    if args.compile:  # torch.compile both models (no hooked breakdown: hooks would break the compiled graphs)
+        eager = models
+        models = {name: torch.compile(m, mode=args.compile, dynamic=False) for name, m in eager.items()}
     for batch in args.batch_sizes:
         inputs = make_inputs(modality, batch, args.seq_len, device, dtype)
         fns = {name: (lambda m=m: (m(**inputs).logits, sync())) for name, m in models.items()}
         total = interleaved_medians(fns, rounds=args.rounds, repeats=args.repeats, warmup=args.warmup)
-        parts = breakdown(models, inputs, args.rounds * args.repeats, sync)
+        tag = f", torch.compile mode {args.compile}" if args.compile else ", unhooked"
         ratio = total["hydra"] / total["single"]
         lines.append(f"{geometry} batch {batch} ({device}, {str(dtype).removeprefix('torch.')}): Hydra / Single = "
-                     f"{ratio:.2f} ({total['hydra']:.1f} / {total['single']:.1f} ms, unhooked)")
+                     f"{ratio:.2f} ({total['hydra']:.1f} / {total['single']:.1f} ms{tag})")
+        if args.compile:
+            with torch.no_grad():
+                diff = max((models[n](**inputs).logits.float() - eager[n](**inputs).logits.float()).abs().max().item()
+                           for n in models)
+            from torch._dynamo.utils import counters
+
+            breaks = sum(counters["graph_break"].values())
+            lines.append(f"{geometry} batch {batch}: max |compiled - eager| logits = {diff:.2e}; graph breaks so far: "
+                         f"{breaks} {dict(counters['graph_break']) if breaks else ''}")
+            for name, label in (("single", "Single"), ("hydra", f"Hydra ({members})")):
+                rows.append({"geometry": geometry, "batch": batch, "model": label, "component": "total",
+                             "ms": total[name], "% of model": 100.0, "GMACs": float("nan"),
+                             "x Single per member": total[name] / members / total["single"] if name == "hydra" else 1.0})
+            continue
+        parts = breakdown(models, inputs, args.rounds * args.repeats, sync)
         if device.startswith("cuda") and dtype == torch.bfloat16 and batch == 4 and geometry in ("bert", "vit"):
             verdict = "met" if ratio <= BF16_TARGET else "MISSED"
             lines.append(f"{geometry}: bf16 batch-4 Hydra / Single = {ratio:.2f} (target <= {BF16_TARGET}: {verdict})")
@@ -260,6 +278,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--compile", default=None, choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+                        help="time both models under torch.compile with this mode (totals only, no breakdown)")
     parser.add_argument("--quick", action="store_true", help="smoke test: bert and vit with 2 layers, T = 16, one round")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
     args = parser.parse_args()
