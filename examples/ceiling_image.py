@@ -23,6 +23,9 @@ on small data -- and answers it with the same numbers:
   B.2.3) on the validation images and the pooled selection images of the other OOD kinds
   (``--circ-ood-per-kind`` of each, 100 by default; ``--circ-heads-per-step``, 2 by default, to fit
   12 searches into an hour of these 2 cores: the paper removes one head at a time).
+  ``--hydra taylor_far``: the same Taylor masks, members trained at 4x the learning rate for twice as long;
+  ``--hydra taylor_sp``: the same Taylor masks, each member shrunk and perturbed halfway towards its own
+  fresh random initialisation before fine-tuning (``member_perturb=0.5``; an extension, not the paper's);
   ``--hydra continued``: the control for the members' extra training: the Single itself, all heads,
   trained again exactly as a member is (same epochs, learning rate, offset seed, frozen embeddings).
 - Paired bootstrap intervals (1,000 resamples of the scored ID and OOD images, per seed) of Hydra's
@@ -70,6 +73,9 @@ HYDRA_RECIPES = {
     # members that end further apart: Taylor members trained at 4x the members' learning rate (2e-3, twice the
     # Single's peak) for twice as long (docs/study.md: "what this suggests trying next")
     "taylor_far": dict(method="taylor", uses_ood=False, member_lr=2e-3, member_epoch_factor=2),
+    # members that *start* apart: the same Taylor masks, each member shrunk and perturbed towards its own fresh
+    # random initialisation before fine-tuning (FinetuneConfig.member_perturb; Ash & Adams 2020, not the paper)
+    "taylor_sp": dict(method="taylor", uses_ood=False, member_perturb=0.5),
 }
 MEMBER_SEED_OFFSET = 100
 
@@ -161,10 +167,11 @@ def base_model(folder: Path, seed: int) -> Path:
     return folder
 
 
-def _config(seed: int, *, epochs: int, lr: float, freeze: bool) -> FinetuneConfig:
+def _config(seed: int, *, epochs: int, lr: float, freeze: bool, perturb: float = 0.0) -> FinetuneConfig:
     return FinetuneConfig(optimizer="adamw", learning_rate=lr, weight_decay=0.05, scheduler="cosine", warmup_ratio=0.1,
                           num_epochs=epochs, batch_size=64, eval_batch_size=128, early_stopping_patience=None,
-                          freeze_embeddings=freeze, image_column="image", seed=seed, log_every_steps=10)
+                          freeze_embeddings=freeze, image_column="image", seed=seed, log_every_steps=10,
+                          member_perturb=perturb)
 
 
 def train_single(out: Path, data: Path, seed: int, epochs: int) -> Path:
@@ -209,7 +216,7 @@ def train_hydra(out: Path, data: Path, single: Path, seed: int, recipe: str, fol
     folders = [work / "members" / f"member_{m}" / "model" for m in range(masks.num_members)]
     if not all(f.exists() for f in folders):
         config = _config(seed + MEMBER_SEED_OFFSET, epochs=epochs * spec.get("member_epoch_factor", 1),
-                         lr=spec.get("member_lr", 5e-4), freeze=True)
+                         lr=spec.get("member_lr", 5e-4), freeze=True, perturb=spec.get("member_perturb", 0.0))
         finetune_members(single, masks, _load(data, "id_train"), _load(data, "id_validation"), work / "fused", config,
                          work_dir=work / "members", overwrite=True, fuse=False)
     jaccard = masks.metadata.get("pairwise_jaccard")

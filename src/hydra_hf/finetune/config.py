@@ -55,6 +55,12 @@ class FinetuneConfig:
     max_length: int = field(default=128, metadata={"help": "maximum tokens per text"})
     freeze_embeddings: bool = field(default=True, metadata={"help": "freeze the embeddings, so that the members share them"})
     mlp_fusion: str = field(default="average", metadata={"help": f"MLP of the fused model, one of {list(MLP_FUSIONS)}"})
+    member_perturb: float = field(
+        default=0.0,
+        metadata={"help": "shrink and perturb each member before training (Ash & Adams 2020; not in the paper): every "
+                          "weight outside the shared embeddings becomes (1 - a) * weight + a * a fresh random "
+                          "initialisation drawn with the member's seed; 0: the paper's recipe, 1: from scratch"},
+    )  # fmt: skip
     num_labels: int | None = field(default=None, metadata={"help": "classes of a bare encoder (none: from the data)"})
     text_column: str = field(default="text", metadata={"help": "text column of the data (text models)"})
     image_column: str = field(default="image", metadata={"help": "image column of the data (image models)"})
@@ -106,6 +112,9 @@ class FinetuneConfig:
         number("early_stopping_patience", minimum=1, integer=True, optional=True)
         number("num_labels", minimum=2, integer=True, optional=True)
         number("seed", minimum=0, integer=True)
+        number("member_perturb", minimum=0)
+        if self.member_perturb > 1:
+            raise ValueError(f"member_perturb={self.member_perturb!r} must be <= 1 (1: members start from a random init)")
 
     # ------------------------------------------------------------------------------------ files
     def to_dict(self) -> dict[str, Any]:

@@ -42,6 +42,27 @@ def _build_hydra(run: FinetuneRun, masks: HeadMasks, mlp_fusion: str, seed: int)
     return model
 
 
+PERTURB_SEED_OFFSET = 7919  # the fresh initialisation's seed: member seed + this (not the training stream's)
+
+
+def shrink_and_perturb_(model: nn.Module, amount: float, seed: int, frozen_prefixes: tuple[str, ...]) -> nn.Module:
+    """Shrink and perturb (Ash & Adams 2020) in place: every parameter whose name does not start with one of
+    ``frozen_prefixes`` (the members' shared embeddings) becomes ``(1 - amount) * p + amount * p0``, ``p0``
+    the same model class's random initialisation drawn with ``seed + PERTURB_SEED_OFFSET`` (LayerNorm
+    weights initialise to 1 and biases to 0, so those shrink towards them). Members perturbed with different
+    seeds start apart, as the members of a Deep Ensemble do; the global RNG is left as it was."""
+    if not amount:
+        return model
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + PERTURB_SEED_OFFSET)
+        fresh = type(model)(model.config).state_dict()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if not name.startswith(frozen_prefixes) and param.numel():
+                param.mul_(1 - amount).add_(fresh[name].to(param), alpha=amount)
+    return model
+
+
 def _export_member(run: FinetuneRun, model: nn.Module, state: dict[str, torch.Tensor], folder: Path, member_masks: HeadMasks, info: dict) -> None:
     """Write a trained one-member Hydra model as a stock checkpoint folder (removed heads zeroed)."""
     stock_state = run.arch.unfuse(state, model.config)[0]
@@ -166,6 +187,7 @@ def finetune_members(
             member_metadata=[dict(run.masks.member_metadata[m])], metadata=dict(run.masks.metadata),
         )  # fmt: skip
         model = _build_hydra(run, member_masks, "average", seed)  # one member: a structurally pruned model
+        shrink_and_perturb_(model, run.config.member_perturb, seed, run.arch.frozen_prefixes)
         set_seed(seed)
         trainer = MemberTrainer(accelerator, run, model, folder, seed, tag=f"member {m}")
         state = trainer.train(resume, step_callback, resume_partial)
@@ -248,6 +270,7 @@ def finetune_fused(
         run = prepare_run(model_dir, masks, train_data, eval_data, output_dir, config, work_dir, overwrite, id2label)
     claim_work_dir(accelerator, run, ["fused"], resume=resume, shared=False)
     model = _build_hydra(run, run.masks, run.config.mlp_fusion, run.config.seed)
+    shrink_and_perturb_(model, run.config.member_perturb, run.config.seed, run.arch.frozen_prefixes)
     set_seed(run.config.seed)
     folder = run.work_dir / "fused"
     trainer = MemberTrainer(accelerator, run, model, folder, run.config.seed, tag="fused")
