@@ -24,7 +24,7 @@ study: setup
 	$(PY) examples/study_text.py --output outputs/study --seeds $(STUDY_SEEDS) --screen
 
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/bench_bert.py

@@ -31,7 +31,7 @@ import transformers
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from _family_specs import SPECS  # noqa: E402
+from _family_specs import SPECS, perturbed  # noqa: E402
 
 from hydra_hf.assemble import convert_checkpoint  # noqa: E402
 from hydra_hf.masks import HeadMasks  # noqa: E402
@@ -54,16 +54,6 @@ def _inputs(spec, model, batch: int = 3, seq: int = 9) -> dict[str, torch.Tensor
     return {"input_ids": ids * mask + pad * (1 - mask), "attention_mask": mask, "labels": torch.tensor([0, 1, 2])}
 
 
-def _perturbed(model, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    out = copy.deepcopy(model)
-    with torch.no_grad():
-        for name, p in out.named_parameters():
-            if "embed" not in name:
-                p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return out
-
-
 def _to(batch: dict, device: str) -> dict:
     return {k: v.to(device) for k, v in batch.items()}
 
@@ -80,7 +70,7 @@ def check_encoder(spec, tmp: Path) -> dict:
     base = spec.stock()
     folders = []
     for i, seed in enumerate((1, 2, 3)):
-        _perturbed(base, seed).save_pretrained(tmp / f"{spec.name}{i}")
+        perturbed(base, seed).save_pretrained(tmp / f"{spec.name}{i}")
         folders.append(tmp / f"{spec.name}{i}")
     cpu = convert_checkpoint(HeadMasks(kept_heads=UNEQUAL, num_heads=H), members=folders, mlp_fusion="per_member")
     batch = _inputs(spec, base)

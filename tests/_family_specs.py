@@ -5,6 +5,7 @@ Adding a family to the shared equivalence suite is adding its line to ``SPECS``.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,17 @@ DEBERTA_V3 = dict(relative_attention=True, position_buckets=8, norm_rel_ebd="lay
 # ModernBERT: layer 1 attends within a 4-token window (+-2 tokens); [PAD] = 0 as the WordPiece vocabulary
 MODERNBERT = dict(local_attention=4, global_attn_every_n_layers=2, pad_token_id=0, bos_token_id=2, eos_token_id=3,
                   cls_token_id=2, sep_token_id=3)  # fmt: skip
+
+
+def perturbed(model: torch.nn.Module, seed: int, scale: float = 0.05) -> torch.nn.Module:
+    """A copy of ``model`` 'fine-tuned' differently: every weight but the shared embeddings perturbed."""
+    g = torch.Generator().manual_seed(seed)
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in out.named_parameters():
+            if "embed" not in name:
+                p.add_(scale * torch.randn(p.shape, generator=g))
+    return out
 
 
 # ---------------------------------------------------------------------------------------- specs

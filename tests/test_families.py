@@ -19,7 +19,7 @@ import json
 
 import pytest
 import torch
-from _family_specs import SPECS, TEXT_SPECS, FamilySpec
+from _family_specs import SPECS, TEXT_SPECS, FamilySpec, perturbed
 from conftest import REPO, run_fresh_python
 
 from hydra_hf.cli import main as cli_main
@@ -47,17 +47,6 @@ def _inputs(spec: FamilySpec, model: torch.nn.Module, batch: int = 3, seq: int =
         mask[i, seq - 3 * i :] = 0
     pad = model.config.pad_token_id or 0
     return {"input_ids": input_ids * mask + pad * (1 - mask), "attention_mask": mask}
-
-
-def _perturbed(spec: FamilySpec, model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """A member 'fine-tuned' differently: every weight but the shared embeddings perturbed."""
-    g = torch.Generator().manual_seed(seed)
-    out = copy.deepcopy(model)
-    with torch.no_grad():
-        for name, p in out.named_parameters():
-            if "embed" not in name:
-                p.add_(0.05 * torch.randn(p.shape, generator=g))
-    return out
 
 
 def _reference(spec: FamilySpec, model: torch.nn.Module, kept: list[list[int]]) -> torch.nn.Module:
@@ -114,7 +103,7 @@ def test_unequal_heads_equal_the_zeroed_references(spec, tmp_path):
     """Three members, each its own checkpoint (per-member MLPs), keeping 2/4, 3/0 and 1/4 heads;
     eager and sdpa attention."""
     base = spec.stock()
-    members = [_perturbed(spec, base, seed) for seed in (1, 2, 3)]
+    members = [perturbed(base, seed) for seed in (1, 2, 3)]
     folders = []
     for i, member in enumerate(members):
         member.save_pretrained(tmp_path / f"m{i}")
