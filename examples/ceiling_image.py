@@ -26,6 +26,9 @@ on small data -- and answers it with the same numbers:
   ``--hydra taylor_far``: the same Taylor masks, members trained at 4x the learning rate for twice as long;
   ``--hydra taylor_sp``: the same Taylor masks, each member shrunk and perturbed halfway towards its own
   fresh random initialisation before fine-tuning (``member_perturb=0.5``; an extension, not the paper's);
+  ``--hydra scratch``: the ablation that bounds the fused format: the same masks, members trained from a fresh
+  random initialisation on the Single's frozen embeddings, as long as the Single (not Hydra: nothing is pruned
+  from a trained model);
   ``--hydra continued``: the control for the members' extra training: the Single itself, all heads,
   trained again exactly as a member is (same epochs, learning rate, offset seed, frozen embeddings).
 - Paired bootstrap intervals (1,000 resamples of the scored ID and OOD images, per seed) of Hydra's
@@ -76,6 +79,9 @@ HYDRA_RECIPES = {
     # members that *start* apart: the same Taylor masks, each member shrunk and perturbed towards its own fresh
     # random initialisation before fine-tuning (FinetuneConfig.member_perturb; Ash & Adams 2020, not the paper)
     "taylor_sp": dict(method="taylor", uses_ood=False, member_perturb=0.5),
+    # the ablation that bounds what the fused format can hold: the same masks, members trained from a fresh random
+    # init (member_perturb=1) on the Single's frozen embeddings, as long and fast as the Single (30 epochs, 1e-3)
+    "scratch": dict(method="taylor", uses_ood=False, member_perturb=1.0, member_lr=1e-3, member_epoch_factor=3),
 }
 MEMBER_SEED_OFFSET = 100
 
