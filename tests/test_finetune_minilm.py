@@ -1,13 +1,15 @@
-"""Real run: fine-tune 3 pruned members of the packaged all-MiniLM-L6-v2 (6 layers x 12 heads, each
+"""Real run: fine-tune 2 pruned members of the packaged all-MiniLM-L6-v2 (6 layers x 12 heads, each
 member keeping 6 heads per layer) on the embedded Rotten Tomatoes reviews, fuse them, and check every
 member on the held-out test split.
 
-A short schedule so that it fits CI on 2 CPU cores: 150 optimizer steps of 32 reviews per member
-(about half an epoch), max length 48 (95 % of the reviews fit). The learning rate is 2e-4, not the
+A short schedule so that it fits CI on 2 CPU cores: 100 optimizer steps of 32 reviews per member
+(about a third of an epoch), max length 48 (95 % of the reviews fit). It was 3 members x 150 steps
+(members 79.7 / 78.9 / 78.1 %, ensemble 80.3 %; 660 s of one core, the suite's long pole); 2 members and
+100 steps test the same path at 0.44x the cost. The learning rate is 2e-4, not the
 paper's 1e-5: the paper's rate is meant for up to 7 epochs of a full BERT with its own classifier,
-while here a newly initialised classifier (and pooler use) on a small encoder must be learnt in half
-an epoch; at 1e-5 the members stay near the majority-class rate (57 %) after 150 steps. Measured:
-members 79.7 / 78.9 / 78.1 %, ensemble 80.3 % on the 1,276 test reviews.
+while here a newly initialised classifier (and pooler use) on a small encoder must be learnt in a
+third of an epoch; at 1e-5 the members stay near the majority-class rate (57 %) after 150 steps. Measured:
+members 78.5 / 77.8 %, ensemble 79.2 % on the 1,276 test reviews (308 s of one core).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 import torch
 from conftest import minilm_dir
 
-STEPS, BATCH, MAX_LENGTH, LR = 150, 32, 48, 2e-4
+STEPS, BATCH, MAX_LENGTH, LR = 100, 32, 48, 2e-4
 
 
 def _half_head_masks(num_members: int, num_layers: int, num_heads: int, seed: int = 0) -> list:
@@ -51,7 +53,7 @@ def test_minilm_members_beat_75_percent_on_rotten_tomatoes(tmp_path):
 
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
-    masks = HeadMasks(kept_heads=_half_head_masks(3, 6, 12), num_heads=12)
+    masks = HeadMasks(kept_heads=_half_head_masks(2, 6, 12), num_heads=12)
     config = text_recipe(
         learning_rate=LR, batch_size=BATCH, max_length=MAX_LENGTH, num_epochs=1, max_steps=STEPS,
         mlp_fusion="per_member", log_every_steps=20,
