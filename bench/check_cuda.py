@@ -31,7 +31,7 @@ import transformers
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
-from _family_specs import SPECS, perturbed  # noqa: E402
+from _family_specs import SPECS, inputs, perturbed  # noqa: E402
 
 from hydra_hf.assemble import convert_checkpoint  # noqa: E402
 from hydra_hf.masks import HeadMasks  # noqa: E402
@@ -40,18 +40,6 @@ logger = logging.getLogger("check_cuda")
 H = 4
 DEVICE = "cuda"
 UNEQUAL = [[[0, 1], [2, 3]], [[1, 2, 3], []], [[0], [0, 1, 2, 3]]]  # member 1 keeps no head in layer 1
-
-
-def _inputs(spec, model, batch: int = 3, seq: int = 9) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(7)
-    if not spec.text:
-        return {"pixel_values": torch.randn(batch, 3, 16, 16, generator=g), "labels": torch.tensor([0, 1, 2])}
-    ids = torch.randint(5, 60, (batch, seq), generator=g)
-    mask = torch.ones(batch, seq, dtype=torch.long)
-    for i in range(1, batch):
-        mask[i, seq - 3 * i :] = 0
-    pad = model.config.pad_token_id or 0
-    return {"input_ids": ids * mask + pad * (1 - mask), "attention_mask": mask, "labels": torch.tensor([0, 1, 2])}
 
 
 def _to(batch: dict, device: str) -> dict:
@@ -73,7 +61,7 @@ def check_encoder(spec, tmp: Path) -> dict:
         perturbed(base, seed).save_pretrained(tmp / f"{spec.name}{i}")
         folders.append(tmp / f"{spec.name}{i}")
     cpu = convert_checkpoint(HeadMasks(kept_heads=UNEQUAL, num_heads=H), members=folders, mlp_fusion="per_member")
-    batch = _inputs(spec, base)
+    batch = {**inputs(spec, base), "labels": torch.tensor([0, 1, 2])}
     row: dict = {"family": spec.name}
     for attn in ("sdpa", "eager"):
         cpu.set_attn_implementation(attn)

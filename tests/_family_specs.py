@@ -58,17 +58,6 @@ MODERNBERT = dict(local_attention=4, global_attn_every_n_layers=2, pad_token_id=
                   cls_token_id=2, sep_token_id=3)  # fmt: skip
 
 
-def perturbed(model: torch.nn.Module, seed: int, scale: float = 0.05) -> torch.nn.Module:
-    """A copy of ``model`` 'fine-tuned' differently: every weight but the shared embeddings perturbed."""
-    g = torch.Generator().manual_seed(seed)
-    out = copy.deepcopy(model)
-    with torch.no_grad():
-        for name, p in out.named_parameters():
-            if "embed" not in name:
-                p.add_(scale * torch.randn(p.shape, generator=g))
-    return out
-
-
 # ---------------------------------------------------------------------------------------- specs
 @dataclass(frozen=True)
 class FamilySpec:
@@ -127,3 +116,28 @@ SPECS = [
     FamilySpec("dinov2", "Dinov2", None, "Model", "Backbone"),
 ]
 TEXT_SPECS = [s for s in SPECS if s.text]
+
+
+# --------------------------------------------------------------------------------------- helpers
+def inputs(spec: FamilySpec, model: torch.nn.Module, batch: int = 3, seq: int = 9) -> dict[str, torch.Tensor]:
+    """A padded batch (rows of different lengths) for a text model, or images for a vision model."""
+    g = torch.Generator().manual_seed(7)
+    if not spec.text:
+        return {"pixel_values": torch.randn(batch, 3, 16, 16, generator=g)}
+    input_ids = torch.randint(5, 60, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    for i in range(1, batch):
+        mask[i, seq - 3 * i :] = 0
+    pad = model.config.pad_token_id or 0
+    return {"input_ids": input_ids * mask + pad * (1 - mask), "attention_mask": mask}
+
+
+def perturbed(model: torch.nn.Module, seed: int, scale: float = 0.05) -> torch.nn.Module:
+    """A copy of ``model`` 'fine-tuned' differently: every weight but the shared embeddings perturbed."""
+    g = torch.Generator().manual_seed(seed)
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in out.named_parameters():
+            if "embed" not in name:
+                p.add_(scale * torch.randn(p.shape, generator=g))
+    return out

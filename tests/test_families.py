@@ -19,7 +19,7 @@ import json
 
 import pytest
 import torch
-from _family_specs import SPECS, TEXT_SPECS, FamilySpec, perturbed
+from _family_specs import SPECS, TEXT_SPECS, FamilySpec, inputs, perturbed
 from conftest import REPO, run_fresh_python
 
 from hydra_hf.cli import main as cli_main
@@ -34,19 +34,6 @@ ALL = [[[0, 1, 2, 3]] * 2] * 2
 UNEQUAL = [[[0, 1], [2, 3]], [[1, 2, 3], []], [[0], [0, 1, 2, 3]]]  # member 1 keeps no head in layer 1
 SENTENCES = ["the movie was very good", "a boring plot and awful actor", "i was not fun"]
 ids = [s.name for s in SPECS]
-
-
-def _inputs(spec: FamilySpec, model: torch.nn.Module, batch: int = 3, seq: int = 9) -> dict[str, torch.Tensor]:
-    """A padded batch (rows of different lengths) for a text model, or images for a vision model."""
-    g = torch.Generator().manual_seed(7)
-    if not spec.text:
-        return {"pixel_values": torch.randn(batch, 3, 16, 16, generator=g)}
-    input_ids = torch.randint(5, 60, (batch, seq), generator=g)
-    mask = torch.ones(batch, seq, dtype=torch.long)
-    for i in range(1, batch):
-        mask[i, seq - 3 * i :] = 0
-    pad = model.config.pad_token_id or 0
-    return {"input_ids": input_ids * mask + pad * (1 - mask), "attention_mask": mask}
 
 
 def _reference(spec: FamilySpec, model: torch.nn.Module, kept: list[list[int]]) -> torch.nn.Module:
@@ -86,7 +73,7 @@ def test_all_heads_equal_the_stock_model(spec, stock_dirs):
     stock = spec.stock()
     model = convert_checkpoint(HeadMasks(kept_heads=ALL, num_heads=H), base=stock_dirs[spec.name])
     assert get_family(spec.name) is detect_family(stock_dirs[spec.name])
-    batch = _inputs(spec, stock)
+    batch = inputs(spec, stock)
     for attn in ("sdpa", "eager"):
         model.set_attn_implementation(attn)
         stock.set_attn_implementation(attn)
@@ -109,7 +96,7 @@ def test_unequal_heads_equal_the_zeroed_references(spec, tmp_path):
         member.save_pretrained(tmp_path / f"m{i}")
         folders.append(tmp_path / f"m{i}")
     model = convert_checkpoint(HeadMasks(kept_heads=UNEQUAL, num_heads=H), members=folders, mlp_fusion="per_member")
-    batch = _inputs(spec, base)
+    batch = inputs(spec, base)
     refs = [_reference(spec, member, UNEQUAL[m]) for m, member in enumerate(members)]
     for attn in ("sdpa", "eager"):
         model.set_attn_implementation(attn)
@@ -134,7 +121,7 @@ def test_gradients_equal_the_references(spec, stock_dirs):
     embedding's is the sum of the references' (each scaled by 1/M)."""
     stock = spec.stock()
     model = convert_checkpoint(HeadMasks(kept_heads=UNEQUAL, num_heads=H), base=stock_dirs[spec.name], mlp_fusion="per_member")
-    batch, labels = _inputs(spec, stock), torch.tensor([0, 2, 1])
+    batch, labels = inputs(spec, stock), torch.tensor([0, 2, 1])
     model(**batch, labels=labels).loss.backward()
     dk, M = 8, len(UNEQUAL)
     embedding_grad = torch.zeros_like(_embedding_weight(stock))
@@ -157,7 +144,7 @@ def test_gradients_equal_the_references(spec, stock_dirs):
 def test_unfuse_gives_stock_members(spec, stock_dirs):
     family = get_family(spec.name)
     model = convert_checkpoint(HeadMasks(kept_heads=UNEQUAL, num_heads=H), base=stock_dirs[spec.name])
-    batch = _inputs(spec, spec.stock())
+    batch = inputs(spec, spec.stock())
     with torch.no_grad():
         fused = model(**batch).member_logits  # (B, M, C)
     for m, state in enumerate(family.unfuse(model.state_dict(), model.config)):
@@ -176,7 +163,7 @@ def test_other_heads_convert_as_bare_encoders(spec, tmp_path):
     model = convert_checkpoint(HeadMasks(kept_heads=ALL, num_heads=H), base=tmp_path / "bare", num_labels=2)
     assert model.config.num_labels == 2
     body = getattr(stock, stock.base_model_prefix, stock)
-    batch = _inputs(spec, stock)
+    batch = inputs(spec, stock)
     with torch.no_grad():
         expected = body(**batch).last_hidden_state  # (B, T, d)
         got = model.hydra(**batch).last_hidden_state  # (B, M, T, d)

@@ -26,22 +26,32 @@ from hydra_hf.finetune.members import PERTURB_SEED_OFFSET, shrink_and_perturb_  
 from hydra_hf.masks import HeadMasks  # noqa: E402
 
 KEPT = [[[0, 2], [1, 2, 3]]]  # one member, 2 layers of 4 heads
+# every family fine-tuning supports: the encoder suite's and the decoders (classifier and causal LM)
+DECODERS = [("llama", "ForSequenceClassification"), ("llama", "ForCausalLM"), ("gpt2", "ForSequenceClassification"),
+            ("gpt2", "LMHeadModel")]  # fmt: skip
+CASES = [(s.name, None) for s in SPECS] + DECODERS
 
 
 @pytest.fixture(scope="module")
 def members(tmp_path_factory):
+    from _tiny_decoders import save_gpt2, save_llama
+
     root = tmp_path_factory.mktemp("perturb")
     out = {}
     for spec in SPECS:
         spec.stock().save_pretrained(root / spec.name)
-        out[spec.name] = convert_checkpoint(HeadMasks(kept_heads=KEPT, num_heads=4), base=root / spec.name)
+        out[(spec.name, None)] = convert_checkpoint(HeadMasks(kept_heads=KEPT, num_heads=4), base=root / spec.name)
+    for family, head in DECODERS:
+        folder = root / f"{family}-{head}"
+        (save_llama if family == "llama" else save_gpt2)(folder, head=head)
+        out[(family, head)] = convert_checkpoint(HeadMasks(kept_heads=KEPT, num_heads=4), base=folder)
     return out
 
 
-@pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
-def test_shrink_and_perturb_mixes_in_the_members_own_fresh_init(spec, members):
-    model = members[spec.name]
-    prefixes = tuple(get_family(spec.name).frozen_prefixes)
+@pytest.mark.parametrize("case", CASES, ids=[f"{f}-{h}" if h else f for f, h in CASES])
+def test_shrink_and_perturb_mixes_in_the_members_own_fresh_init(case, members):
+    model = members[case]
+    prefixes = tuple(get_family(case[0]).frozen_prefixes)
     before = copy.deepcopy(model.state_dict())
     assert shrink_and_perturb_(copy.deepcopy(model), 0.0, 5, prefixes).state_dict().keys() == before.keys()
     for name, value in shrink_and_perturb_(copy.deepcopy(model), 0.0, 5, prefixes).state_dict().items():
