@@ -119,16 +119,18 @@ TEXT_SPECS = [s for s in SPECS if s.text]
 
 
 # --------------------------------------------------------------------------------------- helpers
-def inputs(spec: FamilySpec, model: torch.nn.Module, batch: int = 3, seq: int = 9) -> dict[str, torch.Tensor]:
-    """A padded batch (rows of different lengths) for a text model, or images for a vision model."""
-    g = torch.Generator().manual_seed(7)
+def inputs(spec: FamilySpec, model: torch.nn.Module, batch: int = 3, seq: int = 9, seed: int = 7) -> dict[str, torch.Tensor]:
+    """A padded batch (rows of different lengths, padded with the model's pad token: a Hydra model's is its
+    base's, RoBERTa's is 1) for a text model, or images for a vision model."""
+    g = torch.Generator().manual_seed(seed)
     if not spec.text:
         return {"pixel_values": torch.randn(batch, 3, 16, 16, generator=g)}
     input_ids = torch.randint(5, 60, (batch, seq), generator=g)
     mask = torch.ones(batch, seq, dtype=torch.long)
     for i in range(1, batch):
         mask[i, seq - 3 * i :] = 0
-    pad = model.config.pad_token_id or 0
+    base = getattr(model.config, "base_config", None)
+    pad = (base.get("pad_token_id") if isinstance(base, dict) else model.config.pad_token_id) or 0
     return {"input_ids": input_ids * mask + pad * (1 - mask), "attention_mask": mask}
 
 

@@ -24,7 +24,7 @@ import warnings
 
 import pytest
 import torch
-from _family_specs import SPECS, FamilySpec
+from _family_specs import SPECS, FamilySpec, inputs
 from torch import nn
 from transformers import AutoConfig, PreTrainedConfig
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -85,19 +85,6 @@ def _perturb(model: nn.Module) -> None:
 
 def _model(store, spec: FamilySpec, layout: str) -> nn.Module:
     return copy.deepcopy(store(spec, layout)[0]).eval()
-
-
-def _inputs(spec: FamilySpec, model: nn.Module, batch: int = 3, seq: int = 9, seed: int = 7) -> dict[str, torch.Tensor]:
-    """A padded batch (rows of different lengths, padded with the base's pad token) or images."""
-    g = torch.Generator().manual_seed(seed)
-    if not spec.text:
-        return {"pixel_values": torch.randn(batch, 3, 16, 16, generator=g)}
-    ids = torch.randint(5, 60, (batch, seq), generator=g)
-    mask = torch.ones(batch, seq, dtype=torch.long)
-    for i in range(1, batch):
-        mask[i, seq - 3 * i :] = 0
-    pad = model.config.base_config.get("pad_token_id") or 0  # the base's pad token (RoBERTa's is 1)
-    return {"input_ids": ids * mask + pad * (1 - mask), "attention_mask": mask}
 
 
 def _dropout_key(spec: FamilySpec) -> str:
@@ -179,7 +166,7 @@ def test_config_given_the_bases_labels_equals_its_saved_copy(spec, store, tmp_pa
 def test_save_load_round_trip_is_exact(spec, layout, store):
     model, folder = store(spec, layout)
     loaded = type(model).from_pretrained(folder).eval()
-    batch = _inputs(spec, model)
+    batch = inputs(spec, model)
     with torch.no_grad():
         torch.testing.assert_close(loaded(**batch).member_logits, model(**batch).member_logits, atol=0, rtol=0)
     assert loaded.config.to_diff_dict() == model.config.to_diff_dict()
@@ -197,7 +184,7 @@ def test_resize_token_embeddings_then_save_and_load(spec, layout, store, tmp_pat
     assert "vocab_size" not in saved and saved["base_config"]["vocab_size"] == 107
     loaded = type(model).from_pretrained(tmp_path).eval()
     assert loaded.get_input_embeddings().weight.shape[0] == 107
-    batch = _inputs(spec, model)
+    batch = inputs(spec, model)
     batch["input_ids"][0, 1] = 105  # a new token
     with torch.no_grad():
         torch.testing.assert_close(loaded(**batch).member_logits, model(**batch).member_logits, atol=0, rtol=0)
@@ -234,14 +221,14 @@ def test_init_on_meta_device_then_initialise(spec, layout, store):
     for name, buffer in meta.named_buffers():
         torch.testing.assert_close(buffer, reference[name], atol=0, rtol=0, msg=name)
     with torch.no_grad():
-        assert torch.isfinite(meta.eval()(**_inputs(spec, model)).logits).all()
+        assert torch.isfinite(meta.eval()(**inputs(spec, model)).logits).all()
 
 
 # ---------------------------------------------------------------------------------- forward checks
 @pytest.mark.parametrize("spec, layout", CASES)
 def test_eager_and_sdpa_agree(spec, layout, store):
     model = _model(store, spec, layout)
-    batch = _inputs(spec, model)
+    batch = inputs(spec, model)
     out = {}
     for attn in ("sdpa", "eager"):
         model.set_attn_implementation(attn)
@@ -256,7 +243,7 @@ def test_eager_and_sdpa_agree(spec, layout, store):
 def test_padding_and_batching_do_not_change_a_row(spec, layout, store):
     """Row i of a padded batch == row i alone without its padding (text), == row i alone (images)."""
     model, _ = store(spec, layout)
-    batch = _inputs(spec, model)
+    batch = inputs(spec, model)
     with torch.no_grad():
         together = model(**batch).member_logits  # (B, M, C)
         for i in range(together.shape[0]):
@@ -274,7 +261,7 @@ def test_padding_and_batching_do_not_change_a_row(spec, layout, store):
 def test_return_dict_false_gives_the_outputs_as_a_tuple(spec, layout, store):
     model = _model(store, spec, layout)
     model.set_attn_implementation("eager")
-    batch = _inputs(spec, model)
+    batch = inputs(spec, model)
     labels = torch.tensor([0, 2, 1])
     kwargs = dict(labels=labels, output_hidden_states=True, output_attentions=True)
     with torch.no_grad():
@@ -305,7 +292,7 @@ def test_gradients_reach_the_returned_hidden_states_and_attentions(spec, layout,
     every attention map."""
     model = _model(store, spec, layout)
     model.set_attn_implementation("eager")
-    out = model(**_inputs(spec, model), output_hidden_states=True, output_attentions=True)
+    out = model(**inputs(spec, model), output_hidden_states=True, output_attentions=True)
     tensors = [*out.hidden_states, *out.attentions]
     for t in tensors:
         t.retain_grad()
@@ -345,7 +332,7 @@ def test_gradient_checkpointing_recomputes_every_layer(spec, layout, store):
         for layer in layers:
             layer.attention.register_forward_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
         torch.manual_seed(3)
-        model(**_inputs(spec, model), labels=torch.tensor([0, 2, 1])).loss.backward()
+        model(**inputs(spec, model), labels=torch.tensor([0, 2, 1])).loss.backward()
         calls[checkpointing] = counter[0]
         grads[checkpointing] = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     L = spec.stock_config().num_hidden_layers
@@ -361,7 +348,7 @@ def test_torch_export_equals_eager(spec, store):
     """``torch.export`` of the ``unequal`` layout (every code path; 0.3-0.8 s a family, so not repeated for
     the other layouts): the program's outputs equal the model's."""
     model, _ = store(spec, "unequal")
-    batch = _inputs(spec, model)
+    batch = inputs(spec, model)
     program = torch.export.export(model, (), kwargs=batch)
     with torch.no_grad():
         expected = model(**batch)
@@ -378,7 +365,7 @@ def test_loads_in_bfloat16_on_a_device_map(spec, layout, store):
         loaded = type(model).from_pretrained(folder, dtype=torch.bfloat16, device_map="cpu").eval()
     assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
     assert loaded.config.base_config == model.config.base_config
-    batch = _inputs(spec, model)
+    batch = inputs(spec, model)
     with torch.no_grad():
         out = loaded(**batch)
         expected = model(**batch)
@@ -455,7 +442,7 @@ def test_trainer_gradient_accumulation_equals_one_batch(name, store, tmp_path):
 
     spec = next(s for s in SPECS if s.name == name)
     _, folder = store(spec, "unequal")
-    batch = _inputs(spec, store(spec, "unequal")[0], batch=6, seq=9)
+    batch = inputs(spec, store(spec, "unequal")[0], batch=6, seq=9)
     labels = torch.tensor([0, 1, 2, 0, 1, 2])
     rows = [{**{k: v[i] for k, v in batch.items()}, "labels": labels[i]} for i in range(6)]
     updates = {}
