@@ -19,6 +19,7 @@ from pathlib import Path
 from transformers import PreTrainedModel
 
 from .convert.io import checkpoint_dir, read_config
+from .convert.slim import neurons_by_field, slim_model
 from .errors import HydraInputError
 from .families import Family, detect_family, family_names, get_family
 from .masks import HeadMasks, load_masks
@@ -136,6 +137,8 @@ def convert_checkpoint(
         towers=towers,
     )
     model = built.model
+    if masks.slim:  # members that keep subsets of the MLP neurons too: slice the fused whole MLPs
+        model = slim_model(model, neurons_by_field(masks))
     # what the card names as the base model: the checkpoint's own record of where it came from
     recorded = _recorded_source(folders[0])
     if recorded:

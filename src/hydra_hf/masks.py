@@ -32,7 +32,19 @@ Several towers (named; a tower the file leaves out is not pruned: its members ke
       ...optional top-level metadata...
     }
 
-A member may keep any number of heads in a layer, 0 included. :meth:`HeadMasks.load` reads both
+A member may keep any number of heads in a layer, 0 included.
+
+**Slim members** (an extension beyond the paper; ``"version": 2``): a member may also keep a subset of each
+layer's MLP intermediate neurons, ``"kept_neurons"`` beside its ``"kept_heads"`` (one sorted list per layer,
+0 neurons allowed; a member without the key keeps every neuron), and the file records the MLP's width,
+``"intermediate_size"`` (top level, or in each pruned tower's entry of ``"towers"``)::
+
+    {"format": "hydra-head-masks", "version": 2, "num_layers": L, "num_heads": H, "intermediate_size": I,
+     "members": [{"kept_heads": [[0, 3], ...], "kept_neurons": [[5, 17, ...], ...]}, ...]}
+
+A version-1 reader refuses such a file (its version), so that no reader silently fuses whole MLPs; this
+reader refuses ``kept_neurons`` in a version-1 file. Files without slim members are written as version 1,
+byte for byte as before. :meth:`HeadMasks.load` reads both
 shapes (``load_masks`` is the same), :meth:`HeadMasks.save` writes the shape it was read from (or
 built as), byte for byte as before; every error names the bad value and how to fix it. Code that
 fuses or prunes a model asks the masks for the model's towers (:meth:`HeadMasks.check_towers`,
@@ -51,11 +63,15 @@ from typing import Any
 import torch
 
 from .errors import HydraInputError, HydraTypeError
-from .modeling.configuration_hydra import check_kept_heads
+from .modeling.configuration_hydra import check_kept_heads, check_kept_neurons
 from .outputs import read_json, write_output_file
 
 FORMAT_NAME = "hydra-head-masks"
 FORMAT_VERSION = 1
+SLIM_FORMAT_VERSION = 2  # a file whose members keep subsets of the MLP neurons ("kept_neurons")
+READ_VERSIONS = (FORMAT_VERSION, SLIM_FORMAT_VERSION)
+NEURONS_KEY = "kept_neurons"
+INNER_KEY = "intermediate_size"
 # bounds checked before any work: an ensemble has a handful of members, and its masks file a few kB
 MAX_MEMBERS = 256
 MAX_FILE_BYTES = 8 * 2**20
@@ -65,7 +81,8 @@ ANY_TOWER = "*"  # the key of the unnamed tower of a one-tower masks file: the m
 # One validator for the masks file and the shipped config (the config cannot import hydra_hf).
 validate_kept_heads = check_kept_heads
 
-_RESERVED = frozenset({"format", "version", "num_layers", "num_heads", "towers", "members"})
+_RESERVED = frozenset({"format", "version", "num_layers", "num_heads", "towers", "members", INNER_KEY})
+_MEMBER_RESERVED = frozenset({"kept_heads", NEURONS_KEY})
 # grouped-query attention (decoders): the model's key/value heads per layer, and each member's kept ones
 KV_HEADS_KEY = "num_key_value_heads"
 MEMBER_KV_KEY = "kept_kv_heads"
@@ -79,6 +96,35 @@ def _count(value: Any, key: str, source: str) -> int:
     if value < 1:
         raise ValueError(f"{source}: {key!r} must be at least 1, got {value}")
     return value
+
+
+def _checked_neurons(
+    kept_neurons: Any, intermediate_size: Any, num_members: int, num_layers: int, where: str = "kept_neurons"
+) -> list[list[list[int]] | None]:
+    """One tower's ``kept_neurons[m]`` (``[l]`` lists, or None: member m keeps every neuron) as fresh lists,
+    validated against the MLP width ``intermediate_size``."""
+    if isinstance(intermediate_size, bool) or not isinstance(intermediate_size, int) or intermediate_size < 1:
+        raise HydraInputError(
+            f"{where}: the masks need the MLP width {INNER_KEY!r} (a positive integer) beside kept_neurons, got "
+            f"{intermediate_size!r}"
+        )
+    if not isinstance(kept_neurons, (list, tuple)) or len(kept_neurons) != num_members:
+        raise HydraInputError(f"{where}: give one entry per member ({num_members}), or None for a member keeping every neuron")
+    out: list[list[list[int]] | None] = []
+    for m, member in enumerate(kept_neurons):
+        if member is None:
+            out.append(None)
+            continue
+        check_kept_neurons([member], 1, num_layers, where=f"{where}[{m}]")
+        for layer, neurons in enumerate(member):
+            if neurons and neurons[-1] >= intermediate_size:
+                bad = [n for n in neurons if n >= intermediate_size][:5]
+                raise HydraInputError(
+                    f"{where}[{m}][{layer}] has neuron indices {bad} outside [0, {intermediate_size}); the MLP has "
+                    f"{intermediate_size} intermediate neurons"
+                )
+        out.append([list(n) for n in member])
+    return out
 
 
 def _checked_tower(kept_heads: Any, num_heads: Any) -> list[list[list[int]]]:
@@ -119,14 +165,23 @@ class HeadMasks:
         metadata: dict[str, Any] | None = None,
         *,
         towers: Mapping[str, HeadMasks] | None = None,
+        kept_neurons: list[list[list[int]] | None] | None = None,
+        intermediate_size: int | None = None,
     ) -> None:
+        self._neurons: dict[str, list[list[list[int]] | None]] = {}  # slim towers only
+        self._inner: dict[str, int] = {}
         if towers is None:
             if kept_heads is None or num_heads is None:
                 raise ValueError("give kept_heads and num_heads (one tower), or towers={name: HeadMasks} (several)")
             self._kept = {ANY_TOWER: _checked_tower(kept_heads, num_heads)}
             self._heads = {ANY_TOWER: num_heads}
+            if kept_neurons is not None and any(n is not None for n in kept_neurons):
+                self._neurons[ANY_TOWER] = _checked_neurons(
+                    kept_neurons, intermediate_size, len(self._kept[ANY_TOWER]), len(self._kept[ANY_TOWER][0])
+                )
+                self._inner[ANY_TOWER] = intermediate_size
         else:
-            if kept_heads is not None or num_heads is not None:
+            if kept_heads is not None or num_heads is not None or kept_neurons is not None:
                 raise ValueError("give either kept_heads and num_heads (one tower) or towers=..., not both")
             if not isinstance(towers, Mapping) or not towers:
                 raise ValueError(f"towers must name at least one tower of {list(TOWER_NAMES)}, got {towers!r}")
@@ -135,6 +190,9 @@ class HeadMasks:
                 raise ValueError(f"unknown tower {unknown[0]!r} in the masks; towers are named {list(TOWER_NAMES)}")
             self._kept = {t: _checked_tower(m.kept_heads, m.num_heads) for t, m in towers.items()}
             self._heads = {t: m.num_heads for t, m in towers.items()}
+            for t, m in towers.items():
+                if m.slim:
+                    self._neurons[t], self._inner[t] = m._neurons[ANY_TOWER], m._inner[ANY_TOWER]
             counts = {t: len(k) for t, k in self._kept.items()}
             if len(set(counts.values())) != 1:
                 raise ValueError(f"the towers have different numbers of members {counts}; give every member both towers")
@@ -175,8 +233,17 @@ class HeadMasks:
 
     @property
     def towers(self) -> dict[str, HeadMasks]:
-        """Tower name -> that tower's masks (one tower each, unnamed, no metadata)."""
-        return {t: HeadMasks(kept_heads=k, num_heads=self._heads[t]) for t, k in self._kept.items()}
+        """Tower name -> that tower's masks (one tower each, unnamed, no metadata; slim neurons kept)."""
+        return {t: self._one_tower(t, range(self.num_members)) for t in self._kept}
+
+    def _one_tower(self, tower: str, members: Sequence[int]) -> HeadMasks:
+        """``tower``'s masks for ``members``, unnamed, no metadata."""
+        neurons = self._neurons.get(tower)
+        return HeadMasks(
+            kept_heads=[self._kept[tower][m] for m in members], num_heads=self._heads[tower],
+            kept_neurons=None if neurons is None else [neurons[m] for m in members],
+            intermediate_size=self._inner.get(tower),
+        )
 
     def tower(self, name: str) -> HeadMasks:
         """The masks of one tower; ``ValueError`` naming the tower when the masks have none for it.
@@ -293,11 +360,47 @@ class HeadMasks:
     def select_members(self, members: Sequence[int]) -> HeadMasks:
         """The masks of ``members`` alone, in that order, same towers and file shape (e.g. ``[m]``:
         the single pruned model of member ``m``)."""
-        meta = [self.member_metadata[m] for m in members]
-        towers = {t: HeadMasks(kept_heads=[k[m] for m in members], num_heads=self._heads[t]) for t, k in self._kept.items()}
+        meta = [dict(self.member_metadata[m]) for m in members]
+        towers = {t: self._one_tower(t, members) for t in self._kept}
         if not self.named:
-            return HeadMasks(towers[ANY_TOWER].kept_heads, self._heads[ANY_TOWER], meta, dict(self.metadata))
+            one = towers[ANY_TOWER]
+            return HeadMasks(
+                one.kept_heads, self._heads[ANY_TOWER], meta, dict(self.metadata),
+                kept_neurons=one._neurons.get(ANY_TOWER), intermediate_size=one._inner.get(ANY_TOWER),
+            )
         return HeadMasks(towers=towers, member_metadata=meta, metadata=dict(self.metadata))
+
+    # ------------------------------------------------------------ slim members
+    @property
+    def slim(self) -> bool:
+        """Whether some member keeps a subset of the MLP neurons (in some tower): a version-2 file."""
+        return bool(self._neurons)
+
+    def intermediate_size(self, tower: str | None = None) -> int | None:
+        """The MLP width the slim masks of ``tower`` were made for (None: that tower keeps whole MLPs)."""
+        return self._inner.get(self._tower_key(tower))
+
+    def kept_neurons(self, tower: str | None = None) -> list[list[list[int]]] | None:
+        """``out[m][l]`` = sorted MLP neurons member m keeps in layer l of ``tower`` (a member the file gives no
+        ``kept_neurons`` keeps every neuron: ``range(I)``), or None when no member of the tower is slim."""
+        key = self._tower_key(tower)
+        neurons = self._neurons.get(key)
+        if neurons is None:
+            return None
+        everything = list(range(self._inner[key]))
+        layers = len(self._kept[key][0])
+        return [[list(everything) for _ in range(layers)] if n is None else [list(x) for x in n] for n in neurons]
+
+    def _tower_key(self, tower: str | None) -> str:
+        if not self.named:
+            return ANY_TOWER
+        return self._only() if tower is None else tower
+
+    def num_kept_neurons(self, member: int) -> int | None:
+        """Total MLP neurons member ``member`` keeps over all layers of the slim towers (None: not slim)."""
+        if not self.slim:
+            return None
+        return sum(len(n) for t in self._neurons for n in self.kept_neurons(t)[member])
 
     # -------------------------------------------------------------- diversity
     def jaccard(self) -> torch.Tensor:
@@ -333,6 +436,13 @@ class HeadMasks:
         for m in range(one.num_members):
             per_layer = ",".join(str(len(h)) for h in one.kept_heads[m])
             lines.append(f"  member {m}: keeps {one.num_kept(m)}/{total} heads (per layer: {per_layer})")
+            if one.slim:
+                neurons = one.kept_neurons()[m]
+                per_layer = ",".join(str(len(n)) for n in neurons)
+                lines.append(
+                    f"            and {sum(len(n) for n in neurons)}/{one.num_layers * one.intermediate_size()} MLP "
+                    f"neurons (per layer: {per_layer})"
+                )
         jac = one.jaccard()
         pairs = [f"{i}-{j}: {jac[i, j]:.2f}" for i, j in itertools.combinations(range(one.num_members), 2)]
         if pairs:
@@ -342,8 +452,8 @@ class HeadMasks:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, HeadMasks):
             return NotImplemented
-        return (self._kept, self._heads, self.member_metadata, self.metadata) == (
-            other._kept, other._heads, other.member_metadata, other.metadata
+        return (self._kept, self._heads, self._neurons, self._inner, self.member_metadata, self.metadata) == (
+            other._kept, other._heads, other._neurons, other._inner, other.member_metadata, other.metadata
         )
 
     def __repr__(self) -> str:
@@ -356,16 +466,31 @@ class HeadMasks:
         clash = _RESERVED & set(self.metadata)
         if clash:
             raise ValueError(f"metadata keys {sorted(clash)} are reserved by the masks format; rename them")
-        if any("kept_heads" in meta for meta in self.member_metadata):
-            raise ValueError("member metadata may not contain 'kept_heads'; it is the mask itself")
+        for meta in self.member_metadata:
+            clash = _MEMBER_RESERVED & set(meta)
+            if clash:
+                raise ValueError(f"member metadata may not contain {sorted(clash)}; they are the mask itself")
         if not self.named:
             shape: dict[str, Any] = {"num_layers": self.num_layers, "num_heads": self.num_heads}
+            if self.slim:
+                shape[INNER_KEY] = self._inner[ANY_TOWER]
             kept: list[Any] = self._kept[ANY_TOWER]
+            neurons: list[Any] = self._neurons.get(ANY_TOWER, [None] * self.num_members)
         else:
-            shape = {"towers": {t: {"num_layers": len(k[0]), "num_heads": self._heads[t]} for t, k in self._kept.items()}}
+            shape = {"towers": {
+                t: {"num_layers": len(k[0]), "num_heads": self._heads[t], **({INNER_KEY: self._inner[t]} if t in self._inner else {})}
+                for t, k in self._kept.items()
+            }}  # fmt: skip
             kept = [{t: k[m] for t, k in self._kept.items()} for m in range(self.num_members)]
-        members = [{"kept_heads": heads, **meta} for heads, meta in zip(kept, self.member_metadata)]
-        return {"format": FORMAT_NAME, "version": FORMAT_VERSION, **shape, "members": members, **self.metadata}
+            neurons = [
+                {t: n[m] for t, n in self._neurons.items() if n[m] is not None} or None for m in range(self.num_members)
+            ]
+        members = [
+            {"kept_heads": heads, **({NEURONS_KEY: n} if n is not None else {}), **meta}
+            for heads, n, meta in zip(kept, neurons, self.member_metadata)
+        ]
+        version = SLIM_FORMAT_VERSION if self.slim else FORMAT_VERSION
+        return {"format": FORMAT_NAME, "version": version, **shape, "members": members, **self.metadata}
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "masks") -> HeadMasks:
@@ -374,9 +499,20 @@ class HeadMasks:
             raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
         if data.get("format") != FORMAT_NAME:
             raise ValueError(f"{source}: 'format' is {data.get('format')!r}; a masks file has \"format\": \"{FORMAT_NAME}\"")
-        if data.get("version") != FORMAT_VERSION:
+        version = data.get("version")
+        if isinstance(version, bool) or version not in READ_VERSIONS:
             raise ValueError(
-                f"{source}: 'version' is {data.get('version')!r}; this hydra_hf reads version {FORMAT_VERSION}"
+                f"{source}: 'version' is {version!r}; this hydra_hf reads versions {list(READ_VERSIONS)} "
+                "(2: members that keep MLP neurons too)"
+            )
+        members = data.get("members")
+        if version == FORMAT_VERSION and isinstance(members, list) and any(
+            isinstance(m, dict) and NEURONS_KEY in m for m in members
+        ):
+            raise HydraInputError(
+                f"{source}: members list {NEURONS_KEY!r} (slim members) but the file is version 1, which a reader "
+                f"fuses with whole MLPs; write \"version\": {SLIM_FORMAT_VERSION} with {INNER_KEY!r} (hydra-hf prune "
+                "--mlp-keep writes it)"
             )
         if "towers" in data:
             return cls._from_towers_dict(data, source)
@@ -394,12 +530,21 @@ class HeadMasks:
         num_layers = _count(data["num_layers"], "num_layers", source)
         num_heads = _count(data["num_heads"], "num_heads", source)
         validate_kept_heads(kept, num_layers, num_heads, where=f"{source}: members[*].kept_heads")
-        meta = {k: v for k, v in data.items() if k not in {"format", "version", "num_layers", "num_heads", "members"}}
+        neurons, inner = None, None
+        if any(NEURONS_KEY in m for m in members):
+            inner = _count(data.get(INNER_KEY), INNER_KEY, source)
+            neurons = _checked_neurons(
+                [m.get(NEURONS_KEY) for m in members], inner, len(members), num_layers,
+                where=f"{source}: members[*].{NEURONS_KEY}",
+            )
+        meta = {k: v for k, v in data.items() if k not in _RESERVED}
         masks = cls(
             kept_heads=kept,
             num_heads=num_heads,
-            member_metadata=[{k: v for k, v in m.items() if k != "kept_heads"} for m in members],
+            member_metadata=[{k: v for k, v in m.items() if k not in _MEMBER_RESERVED} for m in members],
             metadata=meta,
+            kept_neurons=neurons,
+            intermediate_size=inner,
         )
         if KV_HEADS_KEY in meta or any(MEMBER_KV_KEY in m for m in members):
             masks.check_key_value_heads(meta.get(KV_HEADS_KEY), source=source)
@@ -439,11 +584,29 @@ class HeadMasks:
                     raise ValueError(f"{source}: members[{i}].kept_heads misses the {name!r} tower; give its layer lists")
                 kept.append(heads[name])
             validate_kept_heads(kept, shape["num_layers"], shape["num_heads"], where=f"{source}: members[*].kept_heads[{name!r}]")
-            per_tower[name] = cls(kept_heads=kept, num_heads=shape["num_heads"])
+            neurons, inner = None, None
+            given = [m.get(NEURONS_KEY) for m in members]
+            for i, n in enumerate(given):
+                if n is not None and not isinstance(n, dict):
+                    raise HydraInputError(
+                        f"{source}: members[{i}].{NEURONS_KEY} must map towers to their layer lists, got {type(n).__name__}"
+                    )
+                extra = [t for t in (n or {}) if t not in towers]
+                if extra:
+                    raise HydraInputError(
+                        f"{source}: members[{i}].{NEURONS_KEY} names tower {extra[0]!r} that 'towers' does not list"
+                    )
+            if any(n is not None and name in n for n in given):
+                inner = _count(towers[name].get(INNER_KEY), f"towers[{name!r}].{INNER_KEY}", source)
+                neurons = _checked_neurons(
+                    [None if n is None else n.get(name) for n in given], inner, len(members), shape["num_layers"],
+                    where=f"{source}: members[*].{NEURONS_KEY}[{name!r}]",
+                )
+            per_tower[name] = cls(kept_heads=kept, num_heads=shape["num_heads"], kept_neurons=neurons, intermediate_size=inner)
         meta = {k: v for k, v in data.items() if k not in {"format", "version", "towers", "members"}}
         return cls(
             towers=per_tower,
-            member_metadata=[{k: v for k, v in m.items() if k != "kept_heads"} for m in members],
+            member_metadata=[{k: v for k, v in m.items() if k not in _MEMBER_RESERVED} for m in members],
             metadata=meta,
         )
 
@@ -471,7 +634,10 @@ class HeadMasks:
             {**m, MEMBER_KV_KEY: [kept_kv_heads(layer, self.num_heads, num_key_value_heads) for layer in member]}
             for m, member in zip(self.member_metadata, kept)
         ]
-        return HeadMasks(kept, self.num_heads, meta, {**self.metadata, KV_HEADS_KEY: num_key_value_heads})
+        return HeadMasks(
+            kept, self.num_heads, meta, {**self.metadata, KV_HEADS_KEY: num_key_value_heads},
+            kept_neurons=self._neurons.get(ANY_TOWER), intermediate_size=self._inner.get(ANY_TOWER),
+        )
 
     def check_key_value_heads(self, num_key_value_heads: int | None, *, source: str = "masks", model: str | None = None) -> None:
         """Raise ``HydraInputError`` (one line) unless the grouped-query fields of the masks are consistent:

@@ -77,6 +77,8 @@ def untie_albert_(model: Any) -> Any:
 
 class AlbertFamily(HFTextFamily):
     name = "albert"
+    # after untie_albert_ (the adapter unties first): one layer group per layer
+    mlp_down_proj = {"text": r"albert_layer_groups\.(\d+)\.albert_layers\.0\.ffn_output"}
     model_types = ("albert",)
     hf_class_prefix = "Albert"
     hf_config_class = "AlbertConfig"
@@ -100,7 +102,7 @@ class AlbertFamily(HFTextFamily):
                 "one layer per group (inner_group_num=1, as in every released ALBERT)"
             )
 
-    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+    def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         """Per member: an untied ALBERT state dict (one layer group per layer; see :meth:`stock_model`)."""
         return unfuse_text(state, hydra_config, layout(), member_config=untied_config(hydra_config.base_config))
 

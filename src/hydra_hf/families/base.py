@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from ..convert.slim import unslim
 from ..errors import HydraInputError
 from ..masks import HeadMasks
 from ..outputs import read_model_config
@@ -88,6 +90,9 @@ class Family(ABC):
         model_class_names: Auto class -> model class name in ``modeling_file`` (``AutoModel`` and the
             task's Auto class).
         towers: the pruning towers of a stock model (``("text",)``, ``("vision",)``, or both).
+        mlp_down_proj: tower -> a regular expression matching (``re.search``, at the end of the name) the
+            module names of a stock model's MLP down projections, its group 1 the layer index: the layer whose
+            input features are the MLP's intermediate neurons (slim members prune them; Taylor scores gate them).
         frozen_prefixes: fused parameter names that members share and fine-tuning keeps frozen.
         classifier_keys: stock tensor names whose presence means the checkpoint has a trained classifier.
         prompt_tokenizer_kwargs: zero-shot families: tokenizer arguments for the class prompts.
@@ -107,6 +112,7 @@ class Family(ABC):
     modeling_file: ClassVar[str]
     model_class_names: ClassVar[dict[str, str]]
     towers: ClassVar[tuple[str, ...]]
+    mlp_down_proj: ClassVar[dict[str, str]] = {}
     frozen_prefixes: ClassVar[tuple[str, ...]] = ("hydra.embeddings.",)
     classifier_keys: ClassVar[tuple[str, ...]] = ("classifier.weight",)
     # zero-shot families: how the class prompts are tokenized (as transformers' zero-shot pipeline does)
@@ -169,7 +175,15 @@ class Family(ABC):
 
     def unfuse(self, state: dict[str, Any], hydra_config: Any) -> list[dict[str, Any]]:
         """One stock state dict per member from a fused state dict (removed heads zeroed); loading
-        member m's into :meth:`stock_model` reproduces the fused model's ``member_logits[:, m]``."""
+        member m's into :meth:`stock_model` reproduces the fused model's ``member_logits[:, m]``. The family's
+        own :meth:`unfuse_whole_mlps` does the work; slim members are first widened to whole per-member MLPs
+        whose removed neurons are zero."""
+        if getattr(hydra_config, "slim", False):
+            state, hydra_config = unslim(state, hydra_config, self.model_class("AutoModel"))
+        return self.unfuse_whole_mlps(state, hydra_config)
+
+    def unfuse_whole_mlps(self, state: dict[str, Any], hydra_config: Any) -> list[dict[str, Any]]:
+        """:meth:`unfuse` of a fused state dict whose members keep whole MLPs (the family's converter inverse)."""
         raise HydraInputError(f"family {self.name!r} cannot split a fused model back into stock members")
 
     # ----------------------------------------------------------------------- shipped code, Auto
@@ -210,6 +224,27 @@ class Family(ABC):
         """Whether a live stock model (transformers / timm / open_clip) is of this family. Default: a
         transformers model whose ``config.model_type`` is one of :attr:`model_types`."""
         return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
+
+    def mlp_layers(self, model: nn.Module) -> dict[str, list[nn.Module]]:
+        """``{tower: [down projection of layer 0, 1, ...]}`` of a stock model (see :attr:`mlp_down_proj`): the
+        modules whose input features are each layer's MLP neurons (an ``nn.Linear``'s input columns; a
+        transformers ``Conv1D``'s input rows)."""
+        if not self.mlp_down_proj:
+            raise HydraInputError(f"family {self.name!r} does not say where its MLPs are; it cannot prune MLP neurons")
+        out = {}
+        for tower, pattern in self.mlp_down_proj.items():
+            found = {}
+            for name, module in model.named_modules():
+                match = re.search(f"(?:{pattern})$", name)
+                if match:
+                    found[int(match.group(1))] = module
+            if not found or sorted(found) != list(range(len(found))):
+                raise HydraInputError(
+                    f"found MLP layers {sorted(found)} of the {tower} tower in this {type(model).__name__}; "
+                    f"expected layers 0..L-1 (family {self.name!r})"
+                )
+            out[tower] = [found[i] for i in range(len(found))]
+        return out
 
     @abstractmethod
     def adapter(self, model: nn.Module, *, class_text_inputs: Any = None) -> ModelAdapter:

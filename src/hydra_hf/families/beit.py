@@ -33,6 +33,7 @@ class BeitFamily(Family):
         "AutoModelForImageClassification": "HydraEnsembleBeitForImageClassification",
     }
     towers = ("vision",)
+    mlp_down_proj = {"vision": r"layers\.(\d+)\.mlp\.fc2"}
     frozen_prefixes = ("hydra.embeddings.",)  # patch projection, [CLS] token, absolute positions if any
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
@@ -44,7 +45,7 @@ class BeitFamily(Family):
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
         return beit_member_from_state_dict(state, config, source=source)
 
-    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+    def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         return to_module_names(self.stock_model(hydra_config.base_config, hydra_config.num_labels), unfuse_beit(state, hydra_config))
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:

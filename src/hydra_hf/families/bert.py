@@ -31,6 +31,7 @@ class BertFamily(Family):
         "AutoModelForSequenceClassification": "HydraEnsembleForSequenceClassification",
     }
     towers = ("text",)
+    mlp_down_proj = {"text": r"encoder\.layer\.(\d+)\.output\.dense"}
     # word, position and token-type embeddings + their LayerNorm
     frozen_prefixes = ("hydra.embeddings.",)
 
@@ -43,7 +44,7 @@ class BertFamily(Family):
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
         return bert_member_from_state_dict(state, config, source=source)
 
-    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+    def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         return unfuse_bert(state, hydra_config)
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:

@@ -33,6 +33,7 @@ class CLIPFamily(Family):
         "AutoModelForZeroShotImageClassification": "HydraEnsembleCLIPModel",
     }
     towers = ("vision", "text")
+    mlp_down_proj = {"vision": r"vision_model\.encoder\.layers\.(\d+)\.mlp\.fc2", "text": r"text_model\.encoder\.layers\.(\d+)\.mlp\.fc2"}  # fmt: skip
     # convert.hf_clip.SHARED_KEYS: both towers' embeddings, the vision pre-LayerNorm, the logit scale
     frozen_prefixes = ("vision_model.embeddings.", "vision_model.pre_layrnorm.", "text_model.embeddings.", "logit_scale")
     classifier_keys = ()
@@ -44,7 +45,7 @@ class CLIPFamily(Family):
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
         return clip_member_from_state_dict(state, config, source=source)
 
-    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+    def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         return unfuse_clip(state, hydra_config)
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:

@@ -39,6 +39,7 @@ class CustomTextFamily(Family):
     modality = "text"
     task = "text-classification"
     towers = ("text",)
+    mlp_down_proj = {"text": r"encoder\.layer\.(\d+)\.output\.dense"}
     config_file: ClassVar[str]
     reader: ClassVar[tuple[Callable, Callable, Callable]]
     hf_config_class: ClassVar[str]
@@ -73,7 +74,7 @@ class CustomTextFamily(Family):
         """Fused state dict of the task model (full parameter names) from canonical members."""
         return self.reader[1](members, kept_heads, mlp_fusion, shared)
 
-    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+    def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         return self.reader[2](state, hydra_config)
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,

@@ -43,6 +43,7 @@ class DecoderFamily(Family):
     modality = "text"
     task = "text-classification"
     towers = ("text",)
+    mlp_down_proj = {"text": r"layers\.(\d+)\.mlp\.down_proj"}
     classifier_keys = ("score.weight",)
     config_file: ClassVar[str]
     # (checkpoint state dict -> member, members -> fused state dict, fused -> stock state dicts)
@@ -85,7 +86,7 @@ class DecoderFamily(Family):
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
         return self.reader[0](state, config, source=source)
 
-    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+    def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         task = SEQUENCE_CLASSIFICATION if "score.weight" in state else CAUSAL_LM
         return self.reader[2](state, hydra_config, task=task)
 

@@ -33,6 +33,7 @@ class DeiTFamily(Family):
         "AutoModelForImageClassification": "HydraEnsembleDeiTForImageClassification",
     }
     towers = ("vision",)
+    mlp_down_proj = {"vision": r"layers\.(\d+)\.mlp\.fc2"}
     frozen_prefixes = ("hydra.embeddings.",)  # patch projection, [CLS] and distillation tokens, positions
     classifier_keys = ("classifier.weight", "cls_classifier.weight")
 
@@ -45,7 +46,7 @@ class DeiTFamily(Family):
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
         return deit_member_from_state_dict(state, config, source=source)
 
-    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+    def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         stock = self.stock_model(hydra_config.base_config, hydra_config.num_labels, distilled=hydra_config.distilled)
         return to_module_names(stock, unfuse_deit(state, hydra_config))
 

@@ -41,6 +41,7 @@ class Dinov2Family(Family):
         "AutoModelForImageClassification": "HydraEnsembleDinov2ForImageClassification",
     }
     towers = ("vision",)
+    mlp_down_proj = {"vision": r"encoder\.layer\.(\d+)\.mlp\.(?:fc2|weights_out)"}
     frozen_prefixes = ("hydra.embeddings.",)  # patch projection, [CLS], mask and register tokens, positions
 
     @property
@@ -56,7 +57,7 @@ class Dinov2Family(Family):
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
         return dinov2_member_from_state_dict(state, config, source=source)
 
-    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+    def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         base = {**hydra_config.base_config, "model_type": hydra_config.base_model_type}
         return to_module_names(self.stock_model(base, hydra_config.num_labels), unfuse_dinov2(state, hydra_config))
 

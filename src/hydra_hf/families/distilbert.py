@@ -40,6 +40,7 @@ def layout() -> TextLayout:
 
 class DistilBertFamily(HFTextFamily):
     name = "distilbert"
+    mlp_down_proj = {"text": r"transformer\.layer\.(\d+)\.ffn\.lin2"}
     model_types = ("distilbert",)
     hf_class_prefix = "DistilBert"
     hf_config_class = "DistilBertConfig"

@@ -27,6 +27,7 @@ from .decoder import DecoderFamily
 
 class GPT2Family(DecoderFamily):
     name = "gpt2"
+    mlp_down_proj = {"text": r"h\.(\d+)\.mlp\.c_proj"}  # Conv1D: the neurons are its input rows
     model_types = ("gpt2",)
     base_model_type = "gpt2"
     config_class_name = "HydraEnsembleGPT2Config"

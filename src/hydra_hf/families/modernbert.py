@@ -18,6 +18,7 @@ from .custom_text import CustomTextFamily, classifier_logits
 
 class ModernBertFamily(CustomTextFamily):
     name = "modernbert"
+    mlp_down_proj = {"text": r"layers\.(\d+)\.mlp\.Wo"}
     model_types = ("modernbert",)
     hf_class_prefix = "ModernBert"
     base_model_type = "modernbert"

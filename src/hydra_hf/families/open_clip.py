@@ -19,6 +19,7 @@ from .clip import CLIPFamily
 
 class OpenCLIPFamily(CLIPFamily):
     name = "open_clip"
+    mlp_down_proj = {"vision": r"visual\.transformer\.resblocks\.(\d+)\.mlp\.c_proj", "text": r"^transformer\.resblocks\.(\d+)\.mlp\.c_proj"}  # fmt: skip
     aliases = ("openclip",)
     model_types = ()
     hf_class_prefix = None

@@ -37,6 +37,7 @@ class SiglipFamily(Family):
         "AutoModelForZeroShotImageClassification": "HydraEnsembleSiglipModel",
     }
     towers = ("vision", "text")
+    mlp_down_proj = {"vision": r"vision_model\.encoder\.layers\.(\d+)\.mlp\.fc2", "text": r"text_model\.encoder\.layers\.(\d+)\.mlp\.fc2"}  # fmt: skip
     frozen_prefixes = ("vision_model.embeddings.", "text_model.embeddings.")  # convert.hf_siglip.SHARED_KEYS
     classifier_keys = ()
     # SigLIP was trained on prompts padded to 64 tokens (its last token is pooled): as transformers' pipeline
@@ -50,7 +51,7 @@ class SiglipFamily(Family):
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
         return siglip_member_from_state_dict(state, config, source=source)
 
-    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+    def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         return to_module_names(self.stock_model(hydra_config.base_config), unfuse_siglip(state, hydra_config))
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:

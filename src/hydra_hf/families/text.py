@@ -37,6 +37,7 @@ class HFTextFamily(Family):
     modality = "text"
     task = "text-classification"
     towers = ("text",)
+    mlp_down_proj = {"text": r"encoder\.layer\.(\d+)\.output\.dense"}
     hf_config_class: ClassVar[str]
     hf_task_class: ClassVar[str]
     input_keys: ClassVar[tuple[str, ...]] = ("input_ids", "attention_mask", "token_type_ids")
@@ -74,7 +75,7 @@ class HFTextFamily(Family):
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
         return read_text_member(state, config, self.layout(), source=source)
 
-    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+    def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         return unfuse_text(state, hydra_config, self.layout())
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,

@@ -19,6 +19,7 @@ from .vit import ViTFamily
 
 class TimmViTFamily(ViTFamily):
     name = "timm_vit"
+    mlp_down_proj = {"vision": r"blocks\.(\d+)\.mlp\.fc2"}
     aliases = ("timm",)
     model_types = ()
     hf_class_prefix = None  # timm configs name an `architecture`, not transformers classes

@@ -32,6 +32,7 @@ class ViTFamily(Family):
         "AutoModelForImageClassification": "HydraEnsembleForImageClassification",
     }
     towers = ("vision",)
+    mlp_down_proj = {"vision": r"layers\.(\d+)\.mlp\.fc2"}
     # patch projection, CLS token, position embeddings
     frozen_prefixes = ("hydra.embeddings.",)
 
@@ -44,7 +45,7 @@ class ViTFamily(Family):
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
         return vit_member_from_state_dict(state, config, source=source)
 
-    def unfuse(self, state: dict, hydra_config: Any) -> list[dict]:
+    def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         return unfuse_vit(state, hydra_config, names="module")
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:

@@ -49,6 +49,7 @@ def custom_pipelines_for(auto_map: dict[str, str]) -> dict[str, dict[str, Any]]:
 _CONFIG_OWN_NAMES = frozenset(PretrainedConfig().to_dict()) | {
     "base_model_type", "base_config", "num_members", "kept_heads", "vision_kept_heads", "text_kept_heads",
     "mlp_fusion", "member_metadata", "distilled", "auto_map", "custom_pipelines", "lm_head_fusion", "kept_kv_heads",
+    "kept_neurons", "vision_kept_neurons", "text_kept_neurons",
 }  # fmt: skip
 
 
@@ -95,6 +96,39 @@ def check_kept_heads(kept_heads: Any, num_layers: int, num_heads: int, where: st
                 raise ValueError(f"{where}[{m}][{layer}] must be sorted, got {list(heads)}; use {sorted(heads)}")
 
 
+def neurons_field(heads_field: str) -> str:
+    """The slim-member field beside a kept-heads field: ``kept_heads`` -> ``kept_neurons``,
+    ``vision_kept_heads`` -> ``vision_kept_neurons``."""
+    return heads_field.replace("kept_heads", "kept_neurons")
+
+
+def check_kept_neurons(kept_neurons: Any, num_members: int, num_layers: int, where: str = "kept_neurons") -> None:
+    """Raise ``ValueError`` unless ``kept_neurons[m][l]`` is a sorted list of unique non-negative neuron indices
+    for each of the ``num_members`` members and ``num_layers`` layers (may be empty: the member's MLP then adds
+    only its output bias). The upper bound, the MLP's width, is checked by the layer that builds the MLP."""
+    if not isinstance(kept_neurons, (list, tuple)) or len(kept_neurons) != num_members:
+        got = len(kept_neurons) if isinstance(kept_neurons, (list, tuple)) else type(kept_neurons).__name__
+        raise ValueError(f"{where} must list one entry per member ({num_members}), got {got}; give every member its neurons")
+    for m, member in enumerate(kept_neurons):
+        if not isinstance(member, (list, tuple)) or len(member) != num_layers:
+            got = len(member) if isinstance(member, (list, tuple)) else type(member).__name__
+            raise ValueError(
+                f"{where}[{m}] must hold one list of neurons per layer ({num_layers} layers), got {got}; "
+                "give every member exactly one list per layer of the base model"
+            )
+        for layer, neurons in enumerate(member):
+            if not isinstance(neurons, (list, tuple)) or any(
+                isinstance(n, bool) or not isinstance(n, int) for n in neurons
+            ):
+                raise ValueError(f"{where}[{m}][{layer}] must be a list of integer neuron indices, got {neurons!r}")
+            bad = [n for n in neurons if n < 0]
+            if bad:
+                raise ValueError(f"{where}[{m}][{layer}] has negative neuron indices {bad[:5]}; indices start at 0")
+            if any(b <= a for a, b in zip(neurons, neurons[1:])):
+                fix = "list each kept neuron once" if len(set(neurons)) != len(neurons) else "sort them"
+                raise ValueError(f"{where}[{m}][{layer}] must be sorted and unique (increasing indices); {fix}")
+
+
 class HydraEnsembleConfig(PretrainedConfig):
     r"""Configuration of a Hydra Ensemble built on a BERT-family encoder.
 
@@ -110,6 +144,11 @@ class HydraEnsembleConfig(PretrainedConfig):
             the members' average, shared by all members) or ``"per_member"`` (every member keeps its own
             MLP: the exact, larger variant).
         member_metadata (`list[dict]`, *optional*): how each member was built (method, seed, ...).
+        kept_neurons (`list[list[list[int]]]`, *optional*): slim members (an extension beyond the paper):
+            ``kept_neurons[m][l]`` = sorted indices of the MLP intermediate neurons member ``m`` keeps in layer
+            ``l`` (may be empty). Each member then runs its own MLP over its kept neurons only (with
+            ``mlp_fusion="average"``: its slice of the averaged MLP). Empty (the default): every member keeps
+            the whole MLP, as in the paper.
 
     Labels (``id2label``, ``label2id``, ``num_labels``, ``problem_type``) are the usual
     ``PretrainedConfig`` arguments. The configuration validates itself when it is built: every error
@@ -149,9 +188,11 @@ class HydraEnsembleConfig(PretrainedConfig):
         kept_heads: list[list[list[int]]] | None = None,
         mlp_fusion: str = "average",
         member_metadata: list[dict[str, Any]] | None = None,
+        kept_neurons: list[list[list[int]]] | None = None,
         **kwargs: Any,
     ) -> None:
         self.base_model_type = base_model_type
+        self.kept_neurons = [[list(n) for n in member] for member in (kept_neurons or [])]
         self.base_config = without_base_labels(dict(base_config or {}))
         self.kept_heads = [[list(h) for h in member] for member in (kept_heads or [])]
         self.num_members = len(self.kept_heads) if num_members is None else num_members
@@ -215,8 +256,12 @@ class HydraEnsembleConfig(PretrainedConfig):
 
     def to_dict(self) -> dict[str, Any]:
         """The config as saved: a base setting set on this config is written into ``base_config`` (one
-        place for it, where the model reads it), not at the top level."""
+        place for it, where the model reads it), not at the top level. Members that keep whole MLPs write
+        no ``kept_neurons`` (the file is the one written before slim members existed)."""
         out = super().to_dict()
+        for name in ("kept_neurons", "vision_kept_neurons", "text_kept_neurons"):
+            if name in out and not out[name]:
+                del out[name]
         base = out.get("base_config")
         if isinstance(base, dict):
             for name in [key for key in out if self.is_base_setting(key, base)]:
@@ -263,6 +308,9 @@ class HydraEnsembleConfig(PretrainedConfig):
                     f"give one {field} entry per member (or leave num_members out)"
                 )
             check_kept_heads(kept, num_layers, num_heads, where=field)
+            neurons = getattr(self, neurons_field(field), None)
+            if neurons:
+                check_kept_neurons(neurons, self.num_members, num_layers, where=neurons_field(field))
         if self.member_metadata and len(self.member_metadata) != self.num_members:
             raise ValueError(
                 f"member_metadata has {len(self.member_metadata)} entries for {self.num_members} members; "
@@ -285,6 +333,16 @@ class HydraEnsembleConfig(PretrainedConfig):
     def heads_per_layer(self) -> list[list[int]]:
         """``out[m][l]`` = number of heads member ``m`` keeps in layer ``l``."""
         return [[len(h) for h in member] for member in self.kept_heads]
+
+    def kept_neurons_of(self, tower: str | None = None) -> list[list[list[int]]]:
+        """``out[m][l]`` = MLP neurons member m keeps in layer l (empty list: every member keeps whole MLPs).
+        One-tower configs ignore ``tower``."""
+        return self.kept_neurons
+
+    @property
+    def slim(self) -> bool:
+        """Whether the members keep subsets of the MLP neurons (in any tower)."""
+        return any(getattr(self, neurons_field(field), None) for field in self._pruned_towers())
 
 
 class HydraEnsembleViTConfig(HydraEnsembleConfig):
@@ -321,6 +379,8 @@ class HydraEnsembleCLIPConfig(HydraEnsembleConfig):
         vision_kept_heads (`list[list[list[int]]]`, *optional*): ``vision_kept_heads[m][l]`` = sorted
             heads member m keeps in layer l of the vision tower.
         text_kept_heads (`list[list[list[int]]]`, *optional*): the same for the text tower.
+        vision_kept_neurons, text_kept_neurons (`list[list[list[int]]]`, *optional*): slim members' MLP neurons
+            per tower (see ``HydraEnsembleConfig.kept_neurons``); empty: that tower's members keep whole MLPs.
         num_members (`int`, *optional*): M; read from the kept-heads lists when left out.
 
     A tower given no kept heads is not pruned: every member keeps all its heads (its weights are still
@@ -348,7 +408,10 @@ class HydraEnsembleCLIPConfig(HydraEnsembleConfig):
         text_kept_heads: list[list[list[int]]] | None = None,
         **kwargs: Any,
     ) -> None:
-        kwargs.pop("kept_heads", None)  # single-tower field of the parent: heads are per tower here
+        kwargs.pop("kept_heads", None)  # single-tower fields of the parent: heads and neurons are per tower here
+        kwargs.pop("kept_neurons", None)
+        self.vision_kept_neurons = [[list(n) for n in m] for m in (kwargs.pop("vision_kept_neurons", None) or [])]
+        self.text_kept_neurons = [[list(n) for n in m] for m in (kwargs.pop("text_kept_neurons", None) or [])]
         self.vision_kept_heads = [[list(h) for h in member] for member in (vision_kept_heads or [])]
         self.text_kept_heads = [[list(h) for h in member] for member in (text_kept_heads or [])]
         if num_members is None:
@@ -408,9 +471,16 @@ class HydraEnsembleCLIPConfig(HydraEnsembleConfig):
         """``out[m][l]`` = number of heads member ``m`` keeps in layer ``l`` of ``tower``."""
         return [[len(h) for h in member] for member in self.kept_heads_of(tower)]
 
+    def kept_neurons_of(self, tower: str | None = None) -> list[list[list[int]]]:
+        """``out[m][l]`` = MLP neurons member m keeps in layer l of ``tower`` (empty: whole MLPs)."""
+        if tower not in CLIP_TOWERS:
+            raise ValueError(f"unknown tower {tower!r}; a CLIP Hydra Ensemble has towers {list(CLIP_TOWERS)}")
+        return getattr(self, f"{tower}_kept_neurons")
+
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
-        out.pop("kept_heads", None)  # the parent's single-tower field, always empty here
+        out.pop("kept_heads", None)  # the parent's single-tower fields, always empty here
+        out.pop("kept_neurons", None)
         return out
 
 

@@ -124,6 +124,8 @@ class HydraLayerSpec:
     """Everything one fused transformer layer needs: the base layer's sizes and the members' heads.
 
     ``kept_heads[m]`` = sorted head indices member m keeps in this layer (may be empty).
+    ``kept_neurons[m]`` = sorted MLP intermediate neurons member m keeps in this layer (slim members: may be
+    empty), or None for every member keeping the whole MLP (the paper's members).
     """
 
     hidden_size: int
@@ -135,6 +137,7 @@ class HydraLayerSpec:
     attention_dropout: float
     hidden_dropout: float
     mlp_fusion: str
+    kept_neurons: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def num_members(self) -> int:
@@ -396,17 +399,133 @@ class HydraLayerNorm(nn.Module):
         return torch.addcmul(self.bias.view(shape), x, self.weight.view(shape))  # bias + x * weight, one pass
 
 
-class HydraMLP(nn.Module):
+def check_layer_neurons(kept_neurons: tuple[tuple[int, ...], ...], num_members: int, intermediate_size: int) -> None:
+    """Raise ``ValueError`` unless ``kept_neurons`` has one entry per member, each a sorted list of unique neuron
+    indices in ``[0, intermediate_size)`` (the range a layer's MLP knows; the config checks the rest)."""
+    if len(kept_neurons) != num_members:
+        raise ValueError(f"kept_neurons lists {len(kept_neurons)} members for a layer of {num_members}; give one per member")
+    for m, neurons in enumerate(kept_neurons):
+        bad = [n for n in neurons if not 0 <= n < intermediate_size]
+        if bad:
+            raise ValueError(
+                f"kept_neurons[{m}] has neuron indices {bad[:5]} outside [0, {intermediate_size}); this layer's MLP has "
+                f"{intermediate_size} intermediate neurons: use masks made for this model"
+            )
+
+
+class HydraMLPBase(nn.Module):
+    """What the fused MLPs share: the row chunking of ``forward`` and the *slim* layout.
+
+    Full members (``spec.kept_neurons`` None): ``mlp_fusion="average"`` keeps one MLP for all members (no
+    leading M axis), ``"per_member"`` one per member (a leading M axis); the subclass defines the parameters.
+
+    Slim members (``spec.kept_neurons`` given: member m keeps ``k_m`` of the ``I`` intermediate neurons, 0
+    allowed): member m's MLP is its own (with ``"average"``: its slice of the members' averaged MLP) over its
+    kept neurons only, so multiply-adds and parameters follow ``K = k_1 + ... + k_M``. Packing, member-major
+    as in ``HydraSelfAttention`` (``o_m = k_1 + ... + k_{m-1}``; ``g = 2`` for a gated MLP, else 1):
+        fc1_weight ``(g*K, d)``: member m owns rows ``[g*o_m, g*(o_m + k_m))`` (gated: its ``k_m`` first-half
+            rows, then its ``k_m`` second-half rows), fc1_bias ``(g*K,)``;
+        fc2_weight ``(d, K)``: member m owns columns ``[o_m, o_m + k_m)``; fc2_bias ``(M, d)``.
+    A member with no neuron adds only its output bias. Equal widths run as batched products over M; otherwise
+    one product per member (never padded).
+    Every subclass defines ``_mlp``, the full members' computation: shared MLP on ``(N, d)`` rows, or
+    per-member MLP on ``(M, N, d)``.
+    """
+
+    # Rows per pass: beyond about this many rows the (rows, I) intermediate no longer stays in the CPU
+    # cache between the two products and the activation (measured: -10 % time at 3072 rows).
+    chunk_rows = 1024
+    gated: bool = False  # fc1 computes [a; b] and the MLP is fc2(act(a) * b)
+
+    def _init_slim(self, spec: HydraLayerSpec, intermediate_size: int, bias: bool) -> None:
+        """The slim parameters (see the class docstring) of ``spec.kept_neurons``."""
+        M, d = spec.num_members, spec.hidden_size
+        check_layer_neurons(spec.kept_neurons, M, intermediate_size)
+        self.slim = True
+        self.per_member = True
+        self.kept_neurons = tuple(tuple(n) for n in spec.kept_neurons)
+        self.intermediate_size = intermediate_size
+        self.neuron_widths = tuple(len(n) for n in spec.kept_neurons)
+        self.neuron_offsets = tuple(sum(self.neuron_widths[:m]) for m in range(M))
+        K, g = sum(self.neuron_widths), 2 if self.gated else 1
+        self.fc1_weight = nn.Parameter(torch.empty(g * K, d))
+        self.fc1_bias = nn.Parameter(torch.empty(g * K)) if bias else None
+        self.fc2_weight = nn.Parameter(torch.empty(d, K))
+        self.fc2_bias = nn.Parameter(torch.empty(M, d)) if bias else None
+
+    def _activate(self, x: torch.Tensor) -> torch.Tensor:
+        """The intermediate activation: ``act(x)``, or ``act(a) * b`` with ``[a, b] = x`` for a gated MLP."""
+        if not self.gated:
+            return self.act(x)
+        a, b = x.chunk(2, dim=-1)
+        return self.act(a) * b
+
+    def _slim_mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """Every member's MLP over its kept neurons: ``(M, N, d)`` -> ``(M, N, d)``."""
+        M, N, d = x.shape
+        widths, g = self.neuron_widths, 2 if self.gated else 1
+        if widths[0] > 0 and len(set(widths)) == 1:  # equal widths: batched products over M
+            k = widths[0]
+            w1 = self.fc1_weight.view(M, g * k, d).transpose(1, 2)  # (M, d, g*k), a view
+            b1 = None if self.fc1_bias is None else self.fc1_bias.view(M, g * k)
+            h = self._drop(self._activate(_grouped(x, w1, b1)))  # (M, N, k)
+            w2 = self.fc2_weight.view(d, M, k).permute(1, 2, 0)  # (M, k, d), a view
+            return _grouped(h, w2, self.fc2_bias)  # (M, N, d)
+        outs = []
+        for m in range(M):
+            lo, k = self.neuron_offsets[m], widths[m]
+            bias = None if self.fc2_bias is None else self.fc2_bias[m]
+            if k == 0:  # no neuron left: the MLP adds only its output bias
+                outs.append(x.new_zeros(N, d) if bias is None else bias.expand(N, d))
+                continue
+            b1 = None if self.fc1_bias is None else self.fc1_bias[g * lo : g * (lo + k)]
+            h = self._drop(self._activate(F.linear(x[m], self.fc1_weight[g * lo : g * (lo + k)], b1)))  # (N, k)
+            outs.append(F.linear(h, self.fc2_weight[:, lo : lo + k], bias))  # (N, d)
+        return torch.stack(outs)  # (M, N, d)
+
+    def _drop(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``(M, B, T, d)`` -> ``(M, B, T, d)``. The averaged MLP sees all members' tokens in one
+        product (its weights are read once for all members)."""
+        M, d = hidden.shape[0], hidden.shape[-1]
+        x = hidden.reshape(M, -1, d) if self.per_member else hidden.reshape(-1, d)  # (M, BT, d) or (M*BT, d)
+        rows = x.shape[-2]
+        mlp = self._slim_mlp if self.slim else self._mlp
+        # one pass under torch.compile / torch.export: the row count depends on the (dynamic) batch and
+        # sequence sizes, and a branch on it would pin them (a guard) in the compiled graph
+        if is_tracing(hidden) or rows <= self.chunk_rows:
+            return mlp(x).view(hidden.shape)
+        out = torch.empty_like(x)
+        for start in range(0, rows, self.chunk_rows):
+            out[..., start : start + self.chunk_rows, :] = mlp(x[..., start : start + self.chunk_rows, :])
+        return out.view(hidden.shape)
+
+
+def _grouped(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``grouped_linear`` that also takes no bias: ``(M, N, in) x (M, in, out) [+ (M, out)]`` -> ``(M, N, out)``."""
+    if bias is None:
+        return torch.bmm(x, weight_t)
+    return grouped_linear(x, weight_t, bias)
+
+
+class HydraMLP(HydraMLPBase):
     """The feed-forward block: ``fc2(act(fc1(x)))``.
 
     ``mlp_fusion="average"``: one MLP shared by all members, its weights the members' average
     (``fc1_weight (I, d)``, ``fc1_bias (I,)``, ``fc2_weight (d, I)``, ``fc2_bias (d,)``).
     ``mlp_fusion="per_member"``: one MLP per member, the same names with a leading M axis, computed as
-    batched products over M.
+    batched products over M. Slim members (``spec.kept_neurons``): see ``HydraMLPBase``.
     """
 
     def __init__(self, spec: HydraLayerSpec) -> None:
         super().__init__()
+        self.act = ACT2FN[spec.hidden_act]
+        self.slim = False
+        if spec.kept_neurons is not None:
+            self._init_slim(spec, spec.intermediate_size, bias=True)
+            return
         self.per_member = spec.mlp_fusion == "per_member"
         d, inner = spec.hidden_size, spec.intermediate_size
         lead = (spec.num_members,) if self.per_member else ()
@@ -414,11 +533,6 @@ class HydraMLP(nn.Module):
         self.fc1_bias = nn.Parameter(torch.empty(*lead, inner))
         self.fc2_weight = nn.Parameter(torch.empty(*lead, d, inner))
         self.fc2_bias = nn.Parameter(torch.empty(*lead, d))
-        self.act = ACT2FN[spec.hidden_act]
-
-    # Rows per pass: beyond about this many rows the (rows, I) intermediate no longer stays in the CPU
-    # cache between the two products and the activation (measured: -10 % time at 3072 rows).
-    chunk_rows = 1024
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         """Shared MLP on ``(N, d)`` rows, or per-member MLP on ``(M, N, d)``."""
@@ -427,37 +541,28 @@ class HydraMLP(nn.Module):
         x = self.act(grouped_linear(x, self.fc1_weight.transpose(1, 2), self.fc1_bias))  # (M, N, I)
         return grouped_linear(x, self.fc2_weight.transpose(1, 2), self.fc2_bias)  # (M, N, d)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``(M, B, T, d)`` -> ``(M, B, T, d)``. The averaged MLP sees all members' tokens in one
-        product (its weights are read once for all members)."""
-        M, d = hidden.shape[0], hidden.shape[-1]
-        x = hidden.reshape(M, -1, d) if self.per_member else hidden.reshape(-1, d)  # (M, BT, d) or (M*BT, d)
-        rows = x.shape[-2]
-        # one pass under torch.compile / torch.export: the row count depends on the (dynamic) batch and
-        # sequence sizes, and a branch on it would pin them (a guard) in the compiled graph
-        if is_tracing(hidden) or rows <= self.chunk_rows:
-            return self._mlp(x).view(hidden.shape)
-        out = torch.empty_like(x)
-        for start in range(0, rows, self.chunk_rows):
-            out[..., start : start + self.chunk_rows, :] = self._mlp(x[..., start : start + self.chunk_rows, :])
-        return out.view(hidden.shape)
 
-
-class HydraGatedMLP(nn.Module):
+class HydraGatedMLP(HydraMLPBase):
     """A gated MLP: ``fc2(drop(act(x A^T) * (x B^T)))`` where ``fc1_weight (2I, d)`` stacks ``[A; B]`` and
     ``fc2_weight (d, I)`` is the down projection: ModernBERT's GLU (``[W_in; W_gate]``, the rows of ``Wi``;
     ``Wo``), Llama's SwiGLU (``[gate_proj; up_proj]``; ``down_proj``).
 
     ``mlp_fusion="average"``: one MLP shared by all members, its weights the members' average;
     ``"per_member"``: the same names with a leading M axis, batched products over M. Biases only when the
-    base has ``mlp_bias=True``.
+    base has ``mlp_bias=True``. Slim members (``spec.kept_neurons``, indices of the ``I`` neurons): see
+    ``HydraMLPBase``.
     """
 
-    # Rows per pass, as HydraMLP: the (rows, 2I) intermediate stays in the CPU cache.
-    chunk_rows = 1024
+    gated = True
 
     def __init__(self, spec: HydraLayerSpec, bias: bool, dropout: float) -> None:
         super().__init__()
+        self.act = ACT2FN[spec.hidden_act]
+        self.drop = nn.Dropout(dropout)
+        self.slim = False
+        if spec.kept_neurons is not None:
+            self._init_slim(spec, spec.intermediate_size, bias=bias)
+            return
         self.per_member = spec.mlp_fusion == "per_member"
         d, inner = spec.hidden_size, spec.intermediate_size
         lead = (spec.num_members,) if self.per_member else ()
@@ -465,32 +570,19 @@ class HydraGatedMLP(nn.Module):
         self.fc2_weight = nn.Parameter(torch.empty(*lead, d, inner))
         self.fc1_bias = nn.Parameter(torch.empty(*lead, 2 * inner)) if bias else None
         self.fc2_bias = nn.Parameter(torch.empty(*lead, d)) if bias else None
-        self.act = ACT2FN[spec.hidden_act]
-        self.drop = nn.Dropout(dropout)
+
+    def _drop(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(x)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if not self.per_member:
             return rows_linear(x, weight, bias)  # (N, out)
-        if bias is None:
-            return torch.bmm(x, weight.transpose(1, 2))  # (M, N, out)
-        return grouped_linear(x, weight.transpose(1, 2), bias)
+        return _grouped(x, weight.transpose(1, 2), bias)  # (M, N, out)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         """Shared MLP on ``(N, d)`` rows, or per-member MLP on ``(M, N, d)``."""
-        inp, gate = self._linear(x, self.fc1_weight, self.fc1_bias).chunk(2, dim=-1)  # (..., I) each
-        return self._linear(self.drop(self.act(inp) * gate), self.fc2_weight, self.fc2_bias)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``(M, B, T, d)`` -> ``(M, B, T, d)``."""
-        M, d = hidden.shape[0], hidden.shape[-1]
-        x = hidden.reshape(M, -1, d) if self.per_member else hidden.reshape(-1, d)  # (M, BT, d) or (M*BT, d)
-        rows = x.shape[-2]
-        if rows <= self.chunk_rows:
-            return self._mlp(x).view(hidden.shape)
-        out = torch.empty_like(x)
-        for start in range(0, rows, self.chunk_rows):
-            out[..., start : start + self.chunk_rows, :] = self._mlp(x[..., start : start + self.chunk_rows, :])
-        return out.view(hidden.shape)
+        h = self._linear(x, self.fc1_weight, self.fc1_bias)  # (..., 2I)
+        return self._linear(self.drop(self._activate(h)), self.fc2_weight, self.fc2_bias)
 
 
 class HydraMemberLinear(nn.Module):
@@ -518,9 +610,12 @@ class HydraMemberLinear(nn.Module):
 def layer_spec(
     kept_heads: list[list[list[int]]], layer_idx: int, *, hidden_size: int, num_heads: int, intermediate_size: int,
     hidden_act: str, layer_norm_eps: float, attention_dropout: float, hidden_dropout: float, mlp_fusion: str,
+    kept_neurons: list[list[list[int]]] | None = None,
 ) -> HydraLayerSpec:
-    """The spec of fused layer ``layer_idx`` from the members' ``kept_heads[m][l]`` and the base's sizes."""
+    """The spec of fused layer ``layer_idx`` from the members' ``kept_heads[m][l]``, their
+    ``kept_neurons[m][l]`` (slim members; None or empty: every member keeps the whole MLP) and the base's sizes."""
     return HydraLayerSpec(
+        kept_neurons=tuple(tuple(member[layer_idx]) for member in kept_neurons) if kept_neurons else None,
         hidden_size=hidden_size,
         num_heads=num_heads,
         kept_heads=tuple(tuple(member[layer_idx]) for member in kept_heads),
@@ -543,7 +638,7 @@ def base_layer_specs(config, base) -> list[HydraLayerSpec]:
             config.kept_heads, i, hidden_size=base.hidden_size, num_heads=base.num_attention_heads,
             intermediate_size=base.intermediate_size, hidden_act=base.hidden_act, layer_norm_eps=base.layer_norm_eps,
             attention_dropout=base.attention_probs_dropout_prob, hidden_dropout=base.hidden_dropout_prob,
-            mlp_fusion=config.mlp_fusion,
+            mlp_fusion=config.mlp_fusion, kept_neurons=config.kept_neurons,
         )
         for i in range(base.num_hidden_layers)
     ]
@@ -769,11 +864,12 @@ def init_hydra_weights(module: nn.Module, std: float) -> bool:
         init.normal_(module.o_weight, mean=0.0, std=std)
         init.zeros_(module.qkv_bias)
         init.zeros_(module.o_bias)
-    elif isinstance(module, HydraMLP):
+    elif isinstance(module, HydraMLPBase):
         init.normal_(module.fc1_weight, mean=0.0, std=std)
         init.normal_(module.fc2_weight, mean=0.0, std=std)
-        init.zeros_(module.fc1_bias)
-        init.zeros_(module.fc2_bias)
+        for bias in (module.fc1_bias, module.fc2_bias):
+            if bias is not None:
+                init.zeros_(bias)
     elif isinstance(module, HydraLayerNorm):
         init.ones_(module.weight)
         init.zeros_(module.bias)

@@ -558,7 +558,7 @@ def tower_layers(config, tower: str, base, is_causal: bool = False) -> nn.Module
                 kept, i, hidden_size=base.hidden_size, num_heads=base.num_attention_heads,
                 intermediate_size=base.intermediate_size, hidden_act=base.hidden_act,
                 layer_norm_eps=base.layer_norm_eps, attention_dropout=base.attention_dropout, hidden_dropout=0.0,
-                mlp_fusion=config.mlp_fusion,
+                mlp_fusion=config.mlp_fusion, kept_neurons=config.kept_neurons_of(tower),
             ),
             is_causal=is_causal,
         )

@@ -43,20 +43,28 @@ def swiglu_hidden_features(base: Dinov2Config) -> int:
 
 class HydraSwiGLUMLP(HydraMLP):
     """DINOv2's SwiGLU MLP, ``fc2(silu(gate) * up)`` with ``[gate; up] = fc1(x)``, averaged across members or
-    per member like ``HydraMLP``: ``fc1_weight ([M,] 2I, d)``, ``fc2_weight ([M,] d, I)``."""
+    per member like ``HydraMLP``: ``fc1_weight ([M,] 2I, d)``, ``fc2_weight ([M,] d, I)``; slim members keep
+    neurons of the ``I = hidden_features`` (the gated layout of ``HydraMLPBase``)."""
+
+    gated = True
 
     def __init__(self, spec: HydraLayerSpec, hidden_features: int) -> None:
+        if spec.kept_neurons is not None:
+            nn.Module.__init__(self)
+            self.act = nn.SiLU()
+            self._init_slim(spec, hidden_features, bias=True)
+            return
         super().__init__(dataclasses.replace(spec, intermediate_size=2 * hidden_features))
+        self.act = nn.SiLU()
         lead = (spec.num_members,) if self.per_member else ()
         self.fc2_weight = nn.Parameter(torch.empty(*lead, spec.hidden_size, hidden_features))
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         """Shared MLP on ``(N, d)`` rows, or per-member MLP on ``(M, N, d)``."""
         if not self.per_member:
-            gate, up = F.linear(x, self.fc1_weight, self.fc1_bias).chunk(2, dim=-1)  # (N, I) each
-            return F.linear(F.silu(gate) * up, self.fc2_weight, self.fc2_bias)
-        gate, up = grouped_linear(x, self.fc1_weight.transpose(1, 2), self.fc1_bias).chunk(2, dim=-1)  # (M, N, I)
-        return grouped_linear(F.silu(gate) * up, self.fc2_weight.transpose(1, 2), self.fc2_bias)  # (M, N, d)
+            return F.linear(self._activate(F.linear(x, self.fc1_weight, self.fc1_bias)), self.fc2_weight, self.fc2_bias)
+        h = self._activate(grouped_linear(x, self.fc1_weight.transpose(1, 2), self.fc1_bias))  # (M, N, I)
+        return grouped_linear(h, self.fc2_weight.transpose(1, 2), self.fc2_bias)  # (M, N, d)
 
 
 class HydraEnsembleDinov2PreTrainedModel(HydraVisionPreTrainedModel):
@@ -98,7 +106,7 @@ class HydraEnsembleDinov2Model(HydraEnsembleDinov2PreTrainedModel, HydraPreLNVis
                 config.kept_heads, i, hidden_size=base.hidden_size, num_heads=base.num_attention_heads,
                 intermediate_size=int(base.hidden_size * base.mlp_ratio), hidden_act=base.hidden_act,
                 layer_norm_eps=base.layer_norm_eps, attention_dropout=base.attention_probs_dropout_prob,
-                hidden_dropout=0.0, mlp_fusion=config.mlp_fusion,
+                hidden_dropout=0.0, mlp_fusion=config.mlp_fusion, kept_neurons=config.kept_neurons,
             )  # DINOv2's layers have no dropout on their branches
             mlp = HydraSwiGLUMLP(spec, swiglu_hidden_features(base)) if base.use_swiglu_ffn else None
             layers.append(HydraLayerScalePreLNLayer(config, spec, layer_scale=True, drop_path=base.drop_path_rate, mlp=mlp))

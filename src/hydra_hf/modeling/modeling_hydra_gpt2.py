@@ -144,6 +144,7 @@ class HydraGPT2Block(GradientCheckpointingLayer):
             intermediate_size=base.n_inner if base.n_inner is not None else 4 * d,
             hidden_act=base.activation_function, layer_norm_eps=base.layer_norm_epsilon,
             attention_dropout=base.attn_pdrop, hidden_dropout=base.resid_pdrop, mlp_fusion=config.mlp_fusion,
+            kept_neurons=config.kept_neurons,
         )  # fmt: skip
         self.ln_1 = HydraLayerNorm(M, d, base.layer_norm_epsilon)
         self.attn = HydraGPT2Attention(config, spec, base, layer_idx)

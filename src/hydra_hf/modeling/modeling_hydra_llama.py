@@ -230,6 +230,7 @@ class HydraDecoderLayer(GradientCheckpointingLayer):
             config.kept_heads, layer_idx, hidden_size=d, num_heads=base.num_attention_heads,
             intermediate_size=base.intermediate_size, hidden_act=base.hidden_act, layer_norm_eps=base.rms_norm_eps,
             attention_dropout=base.attention_dropout, hidden_dropout=0.0, mlp_fusion=config.mlp_fusion,
+            kept_neurons=config.kept_neurons,
         )  # fmt: skip
         self.mlp = HydraGatedMLP(spec, bias=bool(getattr(base, "mlp_bias", False)), dropout=0.0)
 

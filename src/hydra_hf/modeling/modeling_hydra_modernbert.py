@@ -71,6 +71,7 @@ def modernbert_layer_spec(
         config.kept_heads, layer_idx, hidden_size=base.hidden_size, num_heads=base.num_attention_heads,
         intermediate_size=base.intermediate_size, hidden_act=base.hidden_activation, layer_norm_eps=base.norm_eps,
         attention_dropout=base.attention_dropout, hidden_dropout=base.mlp_dropout, mlp_fusion=config.mlp_fusion,
+        kept_neurons=config.kept_neurons,
     )
 
 
