@@ -12,6 +12,7 @@ the shared suite (``_family_specs.SPECS``):
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -20,8 +21,10 @@ from _family_specs import SPECS, FamilySpec, inputs, perturbed
 from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.families import get_family
 from hydra_hf.masks import HeadMasks
-from hydra_hf.pruning.gates import zero_head_columns_
-from hydra_hf.pruning.neurons import mlp_shapes, zero_removed_neurons_
+from hydra_hf.pruning.gates import HeadGates, zero_head_columns_
+from hydra_hf.pruning.neurons import (
+    mlp_shapes, neuron_gates, select_neurons, taylor_neuron_scores, zero_removed_neurons_,
+)
 
 ATOL = 1e-5
 H = 4
@@ -128,3 +131,136 @@ def test_slim_members_of_the_averaged_mlp_and_unfuse(spec, tmp_path):
         missing, unexpected = stock.load_state_dict(state, strict=False)
         assert not unexpected and all("position_ids" in k or "pooler" in k for k in missing), (missing, unexpected)
         torch.testing.assert_close(_logits(stock, batch), got[:, m], atol=ATOL, rtol=0)
+
+
+# ------------------------------------------------------------------------------ choosing the neurons
+def test_select_neurons_top_scores_and_spread():
+    scores = torch.tensor([[0.1, 0.9, 0.5, 0.7, 0.2, 0.3]])  # (L=1, I=6)
+    assert select_neurons(scores, 2) == [[1, 3]]
+    taken = torch.tensor([[0.0, 1.0, 0.0, 1.0, 0.0, 0.0]])  # an earlier member kept 1 and 3
+    assert select_neurons(scores, 2, taken) == [[2, 5]]  # the best of the neurons nobody kept
+    assert select_neurons(scores, 5, taken) == [[0, 1, 2, 4, 5]]  # then the best of the taken ones
+
+
+def test_neuron_taylor_scores_are_the_gates_gradients(tiny_bert_dir):
+    """|dL/dgate| of the neuron gates == central finite differences of the loss in each gate."""
+    from transformers import BertForSequenceClassification
+
+    model = BertForSequenceClassification.from_pretrained(tiny_bert_dir).eval()
+    family = get_family("bert")
+    g = torch.Generator().manual_seed(0)
+    batch = {"input_ids": torch.randint(5, 60, (4, 7), generator=g), "attention_mask": torch.ones(4, 7, dtype=torch.long),
+             "labels": torch.tensor([0, 1, 2, 0])}  # fmt: skip
+    adapter = family.adapter(model)
+    heads = {"text": torch.tensor([[1.0, 0, 1, 1], [0, 1, 1, 1], [1, 1, 0, 1]])}  # member heads off
+    scores = taylor_neuron_scores(adapter, family, [batch], head_gates=heads)["text"]  # (L, I)
+    assert scores.shape == (3, 64) and (scores > 0).all()
+
+    def loss(layer: int, neuron: int, value: float) -> float:
+        gates = {"text": torch.ones(3, 64, dtype=torch.float64)}
+        gates["text"][layer, neuron] = value
+        with HeadGates(model, adapter=adapter) as hg, neuron_gates(model, family, gates), torch.no_grad():
+            hg.set(heads)
+            model.double()
+            out = torch.nn.functional.cross_entropy(model(**{k: v for k, v in batch.items() if k != "labels"}).logits, batch["labels"])
+            model.float()
+        return float(out)
+
+    eps = 1e-4
+    for layer, neuron in [(0, 3), (1, 40), (2, 63)]:
+        numeric = abs(loss(layer, neuron, 1 + eps) - loss(layer, neuron, 1 - eps)) / (2 * eps)
+        assert scores[layer, neuron].item() == pytest.approx(numeric, rel=1e-3, abs=1e-7)
+
+
+def test_prune_mlp_keep_end_to_end(tiny_bert_dir, tmp_path):
+    """`hydra-hf prune --mlp-keep 0.34 --mlp-spread`: a version-2 masks file; every member keeps 22 of 64 neurons
+    per layer, members differ and together cover the MLP; the fused model equals its zeroed references."""
+    import pandas as pd
+    from transformers import BertForSequenceClassification
+
+    from hydra_hf.cli import main
+
+    words = "the a movie film good bad great awful plot actor fun boring".split()
+    g = torch.Generator().manual_seed(0)
+    texts = [" ".join(words[int(i)] for i in torch.randint(0, len(words), (6,), generator=g)) for _ in range(24)]
+    pd.DataFrame({"text": texts, "label": [k % 3 for k in range(24)]}).to_csv(tmp_path / "id.csv", index=False)
+    out = tmp_path / "masks.json"
+    args = ["prune", "--model", str(tiny_bert_dir), "--id-data", str(tmp_path / "id.csv"), "--output", str(out),
+            "--no-progress", "--batch-size", "8", "--method", "taylor", "--members", "3", "--heads-per-layer", "2"]  # fmt: skip
+    assert main([*args, "--mlp-keep", "0.34", "--mlp-spread"]) == 0
+    raw = json.loads(out.read_text())
+    assert raw["version"] == 2 and raw["intermediate_size"] == 64 and raw["mlp_keep"] == 0.34
+    masks = HeadMasks.load(out)
+    neurons = masks.kept_neurons()
+    assert all(len(n) == 22 for member in neurons for n in member)
+    assert neurons[0] != neurons[1] != neurons[2]
+    for layer in range(3):
+        assert set().union(*(set(neurons[m][layer]) for m in range(3))) == set(range(64))  # spread: all covered
+    model = convert_checkpoint(out, base=tiny_bert_dir)
+    stock = BertForSequenceClassification.from_pretrained(tiny_bert_dir).eval()
+    batch = {"input_ids": torch.randint(5, 60, (3, 7), generator=g), "attention_mask": torch.ones(3, 7, dtype=torch.long)}
+    with torch.no_grad():
+        got = model(**batch).member_logits
+    for m in range(3):
+        ref = copy.deepcopy(stock)
+        zero_head_columns_(ref, masks.gates(m))
+        zero_removed_neurons_(ref, get_family("bert"), {"text": neurons[m]})
+        torch.testing.assert_close(got[:, m], _logits(ref, batch), atol=ATOL, rtol=0)
+    # without --mlp-spread, a bad fraction, and --mlp-spread alone: one line each
+    assert main([*args, "--mlp-keep", "0.5", "--overwrite"]) == 0
+    assert all(len(n) == 32 for member in HeadMasks.load(out).kept_neurons() for n in member)
+    for bad in (["--mlp-keep", "0"], ["--mlp-keep", "1.5"], ["--mlp-keep", "nan"], ["--mlp-spread"]):
+        assert main([*args, *bad, "--overwrite"]) == 2
+
+
+# ------------------------------------------------------------------------------------ masks format
+def _slim_file(**changes) -> dict:
+    data = {"format": "hydra-head-masks", "version": 2, "num_layers": 2, "num_heads": 4, "intermediate_size": 8,
+            "members": [{"kept_heads": [[0], [1, 2]], "kept_neurons": [[0, 5], []]}, {"kept_heads": [[3], []]}]}  # fmt: skip
+    data.update(changes)
+    return data
+
+
+def test_masks_file_version_2_round_trip(tmp_path):
+    masks = HeadMasks.from_dict(_slim_file())
+    assert masks.slim and masks.intermediate_size() == 8
+    assert masks.kept_neurons() == [[[0, 5], []], [list(range(8)), list(range(8))]]  # absent = every neuron
+    masks.save(tmp_path / "m.json")
+    assert json.loads((tmp_path / "m.json").read_text()) == _slim_file()
+    assert HeadMasks.load(tmp_path / "m.json") == masks
+    one = masks.select_members([0])
+    assert one.slim and one.kept_neurons() == [[[0, 5], []]]
+    plain = HeadMasks(kept_heads=[[[0], [1]]], num_heads=4)
+    assert plain.to_dict()["version"] == 1 and not plain.slim  # whole MLPs: the version-1 file, as before
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"version": 1}, "version 1"),
+        ({"intermediate_size": None}, "intermediate_size"),
+        ({"intermediate_size": 4}, "outside [0, 4)"),
+        ({"members": [{"kept_heads": [[0], [1]], "kept_neurons": [[5, 0], []]}]}, "sorted"),
+        ({"members": [{"kept_heads": [[0], [1]], "kept_neurons": [[1, 1], []]}]}, "once"),
+        ({"members": [{"kept_heads": [[0], [1]], "kept_neurons": [[1]]}]}, "one list of neurons per layer"),
+        ({"members": [{"kept_heads": [[0], [1]], "kept_neurons": [[-1], []]}]}, "negative"),
+        ({"members": [{"kept_heads": [[0], [1]], "kept_neurons": [["1"], []]}]}, "integer neuron indices"),
+        ({"version": 3}, "reads versions"),
+    ],
+)
+def test_bad_slim_masks_are_one_line(changes, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace(")", r"\)")) as info:
+        HeadMasks.from_dict(_slim_file(**changes))
+    assert "\n" not in str(info.value)
+
+
+def test_two_tower_masks_with_neurons_round_trip():
+    data = {
+        "format": "hydra-head-masks", "version": 2,
+        "towers": {"vision": {"num_layers": 1, "num_heads": 2, "intermediate_size": 4}, "text": {"num_layers": 1, "num_heads": 2}},
+        "members": [{"kept_heads": {"vision": [[0]], "text": [[1]]}, "kept_neurons": {"vision": [[1, 3]]}},
+                    {"kept_heads": {"vision": [[1]], "text": [[0, 1]]}}],
+    }  # fmt: skip
+    masks = HeadMasks.from_dict(data)
+    assert masks.kept_neurons("vision") == [[[1, 3]], [[0, 1, 2, 3]]] and masks.kept_neurons("text") is None
+    assert masks.to_dict() == data

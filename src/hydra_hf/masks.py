@@ -98,6 +98,16 @@ def _count(value: Any, key: str, source: str) -> int:
     return value
 
 
+def _inner_size(holder: Mapping[str, Any], key: str, source: str) -> int:
+    """The MLP width a slim masks file records (one line naming the fix when it records none)."""
+    if holder.get(INNER_KEY) is None:
+        raise HydraInputError(
+            f"{source}: members list {NEURONS_KEY!r} but the file gives no {key!r} (the MLP's number of neurons); "
+            "add it (hydra-hf prune --mlp-keep writes it)"
+        )
+    return _count(holder[INNER_KEY], key, source)
+
+
 def _checked_neurons(
     kept_neurons: Any, intermediate_size: Any, num_members: int, num_layers: int, where: str = "kept_neurons"
 ) -> list[list[list[int]] | None]:
@@ -532,7 +542,7 @@ class HeadMasks:
         validate_kept_heads(kept, num_layers, num_heads, where=f"{source}: members[*].kept_heads")
         neurons, inner = None, None
         if any(NEURONS_KEY in m for m in members):
-            inner = _count(data.get(INNER_KEY), INNER_KEY, source)
+            inner = _inner_size(data, INNER_KEY, source)
             neurons = _checked_neurons(
                 [m.get(NEURONS_KEY) for m in members], inner, len(members), num_layers,
                 where=f"{source}: members[*].{NEURONS_KEY}",
@@ -597,7 +607,7 @@ class HeadMasks:
                         f"{source}: members[{i}].{NEURONS_KEY} names tower {extra[0]!r} that 'towers' does not list"
                     )
             if any(n is not None and name in n for n in given):
-                inner = _count(towers[name].get(INNER_KEY), f"towers[{name!r}].{INNER_KEY}", source)
+                inner = _inner_size(towers[name], f"towers[{name!r}].{INNER_KEY}", source)
                 neurons = _checked_neurons(
                     [None if n is None else n.get(name) for n in given], inner, len(members), shape["num_layers"],
                     where=f"{source}: members[*].{NEURONS_KEY}[{name!r}]",

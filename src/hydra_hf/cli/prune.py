@@ -60,6 +60,7 @@ from ..pruning.budget import Budget
 from ..pruning.diversity import PRUNING_METHODS, parse_methods, uses_ood
 from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, load_open_clip, load_timm_vit, read_class_names
 from ..pruning.members import PruningTarget, build_members, is_causal_lm_folder, load_pruning_target
+from ..pruning.neurons import check_mlp_keep
 from ..zero_shot import zero_shot_class_names
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--data-fraction", type=float, help="fraction of the data per member (default 0.8 for several)")
     p.add_argument("--heads-per-step", type=int, default=1, help="circuit heads removed per step (1 = exact greedy)")
     p.add_argument("--taylor-rounds", type=int, default=1, help="recompute rounds of the global Taylor ranking")
+    p.add_argument("--mlp-keep", type=float, metavar="F",
+                   help="slim members (an extension): every member also keeps this fraction of each layer's MLP "
+                        "neurons, by Taylor importance on its own data (e.g. 0.33: 3 members at about one model's "
+                        "compute); default: whole MLPs, as in the paper")
+    p.add_argument("--mlp-spread", action="store_true",
+                   help="with --mlp-keep: members prefer the neurons earlier members left (they cover the MLP)")
     p.add_argument("--include-masks", help="masks file whose members are added to the output unchanged (two-tower for --tower joint)")
     p.add_argument("--no-fast", action="store_true", help="circuits: re-run the full model per candidate")
     p.add_argument(
@@ -222,6 +229,10 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--members must be >= 0, got {args.members}")
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.mlp_keep is not None:
+        check_mlp_keep(args.mlp_keep)
+    elif args.mlp_spread:
+        raise ValueError("--mlp-spread spreads slim members over the MLP; give --mlp-keep F too")
     _check_source(args)
     include = load_masks(args.include_masks) if args.include_masks else None
 
@@ -267,6 +278,8 @@ def run(args: argparse.Namespace) -> int:
         precision=args.circuit_precision,
         progress=not args.no_progress,
         metadata=metadata,
+        mlp_keep=args.mlp_keep,
+        mlp_spread=args.mlp_spread,
     )
     masks.save(output)
     print(masks.summary())

@@ -182,10 +182,7 @@ def finetune_members(
                 logger.info("member %d: already fine-tuned in %s", m, folder / "model")
             continue
         seed = run.config.seed + m
-        member_masks = HeadMasks(
-            kept_heads=[run.masks.kept_heads[m]], num_heads=run.masks.num_heads,
-            member_metadata=[dict(run.masks.member_metadata[m])], metadata=dict(run.masks.metadata),
-        )  # fmt: skip
+        member_masks = run.masks.select_members([m])  # its heads (and, slim members, its MLP neurons)
         model = _build_hydra(run, member_masks, "average", seed)  # one member: a structurally pruned model
         shrink_and_perturb_(model, run.config.member_perturb, seed, run.arch.frozen_prefixes)
         set_seed(seed)
@@ -220,13 +217,11 @@ def _fuse_members(run: FinetuneRun) -> None:
     """Main process: fuse the fine-tuned members' stock folders into the Hydra Ensemble output folder."""
     folders = [run.work_dir / f"member_{m}" / "model" for m in range(run.masks.num_members)]
     infos = [json.loads((f / "finetune_member.json").read_text()) for f in folders]
-    masks = HeadMasks(
-        kept_heads=run.masks.kept_heads, num_heads=run.masks.num_heads, metadata=dict(run.masks.metadata),
-        member_metadata=[
-            {**meta, "finetune": {k: info[k] for k in ("seed", "epochs", "steps", *_best(run, {"best_metric": None}), "best_epoch")}}
-            for meta, info in zip(run.masks.member_metadata, infos)
-        ],
-    )  # fmt: skip
+    masks = run.masks.select_members(range(run.masks.num_members))  # a copy, slim neurons included
+    masks.member_metadata = [
+        {**meta, "finetune": {k: info[k] for k in ("seed", "epochs", "steps", *_best(run, {"best_metric": None}), "best_epoch")}}
+        for meta, info in zip(run.masks.member_metadata, infos)
+    ]
     shared = "error" if run.config.freeze_embeddings else "average"
     if shared == "average":
         logger.warning("embeddings were fine-tuned per member: the fused model averages them (freeze_embeddings avoids this)")

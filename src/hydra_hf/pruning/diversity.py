@@ -39,6 +39,7 @@ from ..masks import HeadMasks
 from .budget import Budget
 from .circuits import as_metadata, circuit_prune, circuit_prune_criteria
 from .layout import HeadLayout
+from .neurons import check_mlp_keep, choose_neurons
 from .taylor import PruneResult, taylor_prune
 
 logger = logging.getLogger(__name__)
@@ -226,6 +227,8 @@ def prune_members(
     precision: str = "fp32",
     progress: bool = True,
     metadata: dict[str, Any] | None = None,
+    mlp_keep: float | None = None,
+    mlp_spread: bool = False,
 ) -> HeadMasks:
     """Compute ``members`` pruning masks and return them as :class:`~hydra_hf.masks.HeadMasks`: the
     one-tower file shape for a one-tower model, named towers (the pruned ones) for CLIP-like models.
@@ -256,6 +259,10 @@ def prune_members(
         precision: circuits on BERT: the cached evaluator's arithmetic (``"fp32"``,
             ``"screened"``, ``"bf16"``; see :func:`~hydra_hf.pruning.circuits.make_evaluator`).
         metadata: extra top-level metadata (e.g. the base model path).
+        mlp_keep: slim members (an extension beyond the paper): the fraction of each layer's MLP neurons every
+            member keeps, chosen by Taylor importance inside the member (its heads removed) on the member's own
+            data sample (:func:`~hydra_hf.pruning.neurons.choose_neurons`); None or 1: whole MLPs (the paper).
+        mlp_spread: slim members prefer the neurons earlier members left, so that they cover the MLP.
 
     Returns:
         The masks; ``member_metadata[m]`` holds ``method``, ``seed``, ``scores``, ``ranking``, ...;
@@ -325,6 +332,12 @@ def prune_members(
         "tower": tower,
         "pairwise_jaccard": [[round(v, 4) for v in row] for row in masks.jaccard().tolist()],
     }
+    if mlp_keep is not None and check_mlp_keep(mlp_keep) < 1:  # slim members: MLP neurons too (an extension)
+        masks = choose_neurons(
+            adapter, masks,
+            lambda m: make_batches(_subset(id_data, data_fraction, seed + m), seed + m),
+            mlp_keep=mlp_keep, spread=mlp_spread, progress=progress,
+        )  # fmt: skip
     grouped = grouped_query_heads(adapter)
     if grouped is not None and not masks.named:  # a decoder with grouped-query attention: say which KV heads stay
         masks = masks.with_key_value_heads(grouped)

@@ -44,6 +44,7 @@ from ..masks import HeadMasks
 from .budget import Budget
 from .diversity import parse_methods, prune_members
 from .layout import HeadLayout
+from .neurons import check_mlp_keep
 from .lm import causal_lm_adapter, lm_batches
 
 logger = logging.getLogger(__name__)
@@ -277,6 +278,8 @@ def build_members(
     precision: str = "fp32",
     progress: bool = True,
     metadata: dict[str, Any] | None = None,
+    mlp_keep: float | None = None,
+    mlp_spread: bool = False,
 ) -> HeadMasks:
     """Choose the heads of ``members`` Hydra members of a model from its ID (and OOD) data.
 
@@ -299,12 +302,15 @@ def build_members(
         batch_size / max_length: examples per forward pass while scoring; tokens per text.
         device: where the batches go (None: where the data loader makes them, the CPU).
         temperature, data_fraction, heads_per_step, taylor_rounds, include, fast, precision,
-        progress, metadata: passed to :func:`~hydra_hf.pruning.diversity.prune_members`.
+        progress, metadata, mlp_keep, mlp_spread: passed to :func:`~hydra_hf.pruning.diversity.prune_members`
+            (``mlp_keep``: slim members keep that fraction of every layer's MLP neurons too).
 
     Returns:
         The masks (not saved: the caller writes them).
     """
     methods = parse_methods(method)
+    if mlp_keep is not None:
+        check_mlp_keep(mlp_keep)  # before the model loads
     if not isinstance(target, PruningTarget):
         target = load_pruning_target(target)
     adapter = target.adapter
@@ -372,4 +378,6 @@ def build_members(
         precision=precision,
         progress=progress,
         metadata=metadata,
+        mlp_keep=mlp_keep,
+        mlp_spread=mlp_spread,
     )

@@ -8,14 +8,22 @@ member is compared with. Taylor importance gates the same features (:func:`neuro
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from tqdm.auto import tqdm
 from transformers.pytorch_utils import Conv1D
 
-from ..families import Family
+from ..errors import HydraInputError
+from ..families import Family, family_of_model
+from ..families.adapters import ModelAdapter
+from ..masks import HeadMasks
+from .gates import HeadGates
 
 
 def num_neurons(down_proj: nn.Module) -> int:
@@ -72,3 +80,131 @@ def neuron_gates(model: nn.Module, family: Family, gates: Mapping[str, torch.Ten
     finally:
         for handle in hooks:
             handle.remove()
+
+
+def taylor_neuron_scores(
+    adapter: ModelAdapter,
+    family: Family,
+    batches: Iterable[Mapping[str, torch.Tensor]],
+    *,
+    head_gates: Mapping[str, torch.Tensor] | None = None,
+    progress: bool = False,
+    desc: str = "neuron scores",
+) -> dict[str, torch.Tensor]:
+    """Taylor importance of every MLP neuron, ``{tower: (L, I)}``: ``|dL/dgate|`` of a gate on each neuron
+    (the down projection's input), averaged over ``batches`` (labelled, as for the heads' scores), with the
+    heads of ``head_gates`` (``{tower: (L, H)}`` 0/1) switched off, so that a member's neurons are scored inside
+    that member."""
+    model = adapter.model
+    was_training = model.training
+    model.eval()  # dropout off: the scores describe the deterministic model
+    params = list(model.parameters())
+    requires = [p.requires_grad for p in params]
+    for p in params:
+        p.requires_grad_(False)
+    device = params[0].device
+    shapes = mlp_shapes(model, family)
+    gates = {t: torch.ones(L, I, device=device, requires_grad=True) for t, (L, I) in shapes.items()}
+    scores = {t: torch.zeros(L, I) for t, (L, I) in shapes.items()}
+    n_batches = 0
+    try:
+        with HeadGates(model, adapter=adapter) as hg, neuron_gates(model, family, gates):
+            if head_gates is not None:
+                hg.set({t: g for t, g in head_gates.items() if t in hg.tower_gates})
+            for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
+                if "labels" not in batch:
+                    raise ValueError("neuron Taylor scores need labelled calibration data (a 'labels' key in every batch)")
+                for g in gates.values():
+                    g.grad = None
+                logits = adapter.logits(batch)
+                F.cross_entropy(logits, batch["labels"].to(logits.device)).backward()
+                with torch.no_grad():
+                    for t, g in gates.items():
+                        scores[t] += g.grad.detach().abs().cpu()
+                n_batches += 1
+    finally:
+        for p, r in zip(params, requires):
+            p.requires_grad_(r)
+            p.grad = None
+        model.train(was_training)
+    if n_batches == 0:
+        raise ValueError("the calibration data is empty; give at least one labelled batch")
+    return {t: s / n_batches for t, s in scores.items()}
+
+
+def check_mlp_keep(mlp_keep: Any) -> float:
+    """``mlp_keep`` as a float in ``(0, 1]``, else one line naming the value and the fix."""
+    if isinstance(mlp_keep, bool) or not isinstance(mlp_keep, (int, float)) or not math.isfinite(mlp_keep) or not 0 < mlp_keep <= 1:
+        raise HydraInputError(
+            f"--mlp-keep {mlp_keep!r} must be a fraction in (0, 1]: the share of each layer's MLP neurons a member "
+            "keeps (e.g. 0.33 for 3 members that split the MLP)"
+        )
+    return float(mlp_keep)
+
+
+def select_neurons(scores: torch.Tensor, keep: int, taken: torch.Tensor | None = None) -> list[list[int]]:
+    """Per layer, the ``keep`` highest-scoring neurons of ``scores (L, I)``, sorted; with ``taken (L, I)`` (how
+    many earlier members kept each neuron) the least-taken first, the score breaking ties among equally taken
+    neurons (members spread over the MLP: each neuron is kept by about ``M * keep / I`` members)."""
+    out = []
+    for layer, row in enumerate(scores):
+        order = torch.argsort(row, descending=True, stable=True)
+        if taken is not None:
+            order = order[torch.argsort(taken[layer][order], stable=True)]  # least taken first, by score within
+        out.append(sorted(order[:keep].tolist()))
+    return out
+
+
+def choose_neurons(
+    adapter: ModelAdapter,
+    masks: HeadMasks,
+    member_batches: Callable[[int], Iterable[Mapping[str, torch.Tensor]]],
+    *,
+    mlp_keep: float,
+    spread: bool = False,
+    progress: bool = False,
+) -> HeadMasks:
+    """The slim members of ``masks``: member m keeps, in every layer of every pruned tower, the
+    ``round(mlp_keep * I)`` MLP neurons of highest Taylor importance inside member m (its removed heads off),
+    scored on ``member_batches(m)`` (the member's own data sample and seed, as its heads were). ``spread``: each
+    member prefers the neurons earlier members left (:func:`select_neurons`). Returns a version-2 masks copy."""
+    mlp_keep = check_mlp_keep(mlp_keep)
+    model = adapter.model
+    family = family_of_model(model)
+    if family is None:
+        raise HydraInputError(f"slim members need a registered family; {type(model).__name__} is none")
+    shapes = mlp_shapes(model, family)
+    towers = masks.tower_names if masks.named else [adapter.resolve_tower(None)]
+    missing = [t for t in towers if t not in shapes]
+    if missing:
+        raise HydraInputError(f"the model has no MLP layers in tower(s) {missing}; slim members cannot be built")
+    keep = {t: max(1, round(mlp_keep * shapes[t][1])) for t in towers}
+    taken = {t: torch.zeros(*shapes[t]) for t in towers}
+    kept: dict[str, list[list[list[int]]]] = {t: [] for t in towers}
+    for m in range(masks.num_members):
+        head_gates = {t: masks.tower(t).gates(m) for t in towers}
+        scores = taylor_neuron_scores(
+            adapter, family, member_batches(m), head_gates=head_gates, progress=progress,
+            desc=f"member {m + 1}: neuron scores",
+        )
+        for t in towers:
+            chosen = select_neurons(scores[t], keep[t], taken[t] if spread else None)
+            kept[t].append(chosen)
+            for layer, neurons in enumerate(chosen):
+                taken[t][layer, neurons] += 1
+    metadata = {**masks.metadata, "mlp_keep": mlp_keep, "mlp_spread": spread}
+    if not masks.named:
+        (t,) = towers
+        out = HeadMasks(
+            masks.kept_heads, masks.num_heads, [dict(x) for x in masks.member_metadata], metadata,
+            kept_neurons=kept[t], intermediate_size=shapes[t][1],
+        )
+        return out
+    per_tower = {
+        name: HeadMasks(
+            kept_heads=one.kept_heads, num_heads=one.num_heads,
+            kept_neurons=kept.get(name), intermediate_size=shapes[name][1] if name in kept else None,
+        )
+        for name, one in masks.towers.items()
+    }
+    return HeadMasks(towers=per_tower, member_metadata=[dict(x) for x in masks.member_metadata], metadata=metadata)
