@@ -303,3 +303,50 @@ def test_unknown_open_clip_layouts_are_refused(tmp_path):
     folder = save_open_clip(tiny_open_clip(), tmp_path / "oc2", cfg)
     with pytest.raises(ValueError, match="no_causal_mask"):
         convert_checkpoint(two_tower_masks(), base=folder)
+
+
+# ------------------------------------------------------------------------------------ slim members
+VISION_NEURONS = [[list(range(0, 64, 2)), [], list(range(10))], [list(range(1, 64, 3)), list(range(64)), [63]],
+                  [[5], list(range(32, 64)), list(range(0, 64, 4))]]  # fmt: skip
+TEXT_NEURONS = [[list(range(20)), [0, 63]], [[], list(range(1, 64, 2))], [list(range(40, 64)), list(range(64))]]
+
+
+def slim_two_tower_masks(text: bool = True) -> HeadMasks:
+    towers = {"vision": HeadMasks(kept_heads=VISION_KEPT, num_heads=H, kept_neurons=VISION_NEURONS, intermediate_size=64)}
+    towers["text"] = (HeadMasks(kept_heads=TEXT_KEPT, num_heads=H, kept_neurons=TEXT_NEURONS, intermediate_size=64)
+                      if text else HeadMasks(kept_heads=TEXT_KEPT, num_heads=H))  # fmt: skip
+    return HeadMasks(towers=towers)
+
+
+@pytest.mark.parametrize("text_slim", [True, False], ids=["both-towers", "vision-only"])
+@pytest.mark.parametrize("source", ["hf_clip", "open_clip"])
+def test_slim_two_tower_members_match_their_references(hf_clip_dir, open_clip_dir, source, text_slim, tmp_path):
+    """Slim members in each tower (unequal widths, a 0-neuron layer) == the stock model with each member's
+    removed heads and removed MLP neurons zeroed, tower by tower; the masks file round-trips through convert."""
+    from hydra_hf.families import get_family
+    from hydra_hf.pruning.neurons import zero_removed_neurons_
+
+    masks = slim_two_tower_masks(text_slim)
+    masks.save(tmp_path / "masks.json")
+    folder = hf_clip_dir if source == "hf_clip" else open_clip_dir
+    model = convert_checkpoint(tmp_path / "masks.json", base=folder)
+    assert model.config.vision_kept_neurons == VISION_NEURONS
+    assert model.config.text_kept_neurons == (TEXT_NEURONS if text_slim else [])
+    family = get_family("clip" if source == "hf_clip" else source)
+    ids, mask = text_batch()
+    x = pixels(2)
+    if source == "open_clip":
+        ids[ids == EOS] = 0
+        ids[torch.arange(3), torch.tensor([4, 2, 9])] = EOS
+    refs = []
+    with torch.no_grad():
+        for m, (v, t) in enumerate(zip(VISION_KEPT, TEXT_KEPT)):
+            if source == "hf_clip":
+                ref = zero_removed_clip(CLIPModel.from_pretrained(folder).eval(), v, t)
+            else:
+                ref = zero_removed_open_clip(tiny_open_clip(), v, t)
+            kept = {"vision": VISION_NEURONS[m], **({"text": TEXT_NEURONS[m]} if text_slim else {})}
+            zero_removed_neurons_(ref, family, kept)
+            refs.append(ref(input_ids=ids, pixel_values=x).logits_per_image if source == "hf_clip"
+                        else ref.get_logits(x, ids)[0])  # fmt: skip
+        _check_zero_shot(model(input_ids=ids, pixel_values=x), torch.stack(refs, dim=1))

@@ -3,7 +3,9 @@ this project and run for EVERY registered family (``_family_specs.SPECS``) in th
 
 - ``unequal``: 3 members keeping 2/4, 3/0 and 1/4 heads (member 1 keeps no head in layer 1), per-member MLPs;
 - ``uniform``: 2 members keeping 2 heads in every layer (the members are folded into the batch axis);
-- ``single``: 1 member keeping every head.
+- ``single``: 1 member keeping every head;
+- ``slim``: the ``unequal`` heads, and members that keep unequal subsets of every layer's MLP neurons too (one
+  keeps none in layer 0), slices of the averaged MLP.
 
 Checks (numbers, fp32, atol 1e-5): the config reads and writes the base model's settings through
 (attribute access, ``get_text_config()``, ``from_pretrained(**overrides)``), save/load round trips
@@ -30,7 +32,9 @@ from transformers import AutoConfig, PreTrainedConfig
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from hydra_hf.assemble import convert_checkpoint
+from hydra_hf.families import get_family
 from hydra_hf.masks import HeadMasks
+from hydra_hf.pruning.neurons import mlp_shapes
 
 ATOL = 1e-5
 H = 4
@@ -38,6 +42,7 @@ LAYOUTS = {
     "unequal": [[[0, 1], [2, 3]], [[1, 2, 3], []], [[0], [0, 1, 2, 3]]],
     "uniform": [[[0, 1], [1, 2]], [[2, 3], [0, 3]]],
     "single": [[[0, 1, 2, 3], [0, 1, 2, 3]]],
+    "slim": [[[0, 1], [2, 3]], [[1, 2, 3], []], [[0], [0, 1, 2, 3]]],
 }
 CASES = [pytest.param(spec, layout, id=f"{spec.name}-{layout}") for spec in SPECS for layout in LAYOUTS]
 TEXT_CASES = [c for c in CASES if c.values[0].text]
@@ -63,9 +68,13 @@ def store(tmp_path_factory):
         if (spec.name, layout) not in built:
             torch.manual_seed(0)
             fusion = "per_member" if layout == "unequal" else "average"
-            model = convert_checkpoint(
-                HeadMasks(kept_heads=LAYOUTS[layout], num_heads=H), base=stock_dirs[spec.name], mlp_fusion=fusion
-            ).eval()
+            masks = HeadMasks(kept_heads=LAYOUTS[layout], num_heads=H)
+            if layout == "slim":
+                inner = _mlp_width(spec)
+                neurons = [[list(range(0, inner, 2)), list(range(inner // 3))], [list(range(1, inner, 3)), []],
+                           [[], [0, inner - 1]]]  # fmt: skip
+                masks = HeadMasks(kept_heads=LAYOUTS[layout], num_heads=H, kept_neurons=neurons, intermediate_size=inner)
+            model = convert_checkpoint(masks, base=stock_dirs[spec.name], mlp_fusion=fusion).eval()
             _perturb(model)
             folder = root / f"hydra-{spec.name}-{layout}"
             model.save_pretrained(folder)
@@ -73,6 +82,15 @@ def store(tmp_path_factory):
         return built[spec.name, layout]
 
     return get
+
+
+def _mlp_width(spec: FamilySpec) -> int:
+    """The MLP width of the family's tiny stock model (DINOv2's SwiGLU MLP is narrower than intermediate_size)."""
+    family = get_family(spec.name)
+    stock = spec.stock()
+    if spec.name == "albert":
+        family.adapter(stock)  # unties the shared layer
+    return mlp_shapes(stock, family)[family.towers[0]][1]
 
 
 def _perturb(model: nn.Module) -> None:
@@ -343,11 +361,12 @@ def test_gradient_checkpointing_recomputes_every_layer(spec, layout, store):
 
 
 # ------------------------------------------------------------------------------ export and dtypes
-@pytest.mark.parametrize("spec", SPECS, ids=[s.name for s in SPECS])
-def test_torch_export_equals_eager(spec, store):
-    """``torch.export`` of the ``unequal`` layout (every code path; 0.3-0.8 s a family, so not repeated for
-    the other layouts): the program's outputs equal the model's."""
-    model, _ = store(spec, "unequal")
+@pytest.mark.parametrize("spec, layout", [c for c in CASES if c.values[1] in ("unequal", "slim")])
+def test_torch_export_equals_eager(spec, layout, store):
+    """``torch.export`` of the ``unequal`` and ``slim`` layouts (every code path: unequal widths, a 0-head and a
+    0-neuron member layer; 0.3-0.8 s a family, so not repeated for the other layouts): the program's outputs
+    equal the model's."""
+    model, _ = store(spec, layout)
     batch = inputs(spec, model)
     program = torch.export.export(model, (), kwargs=batch)
     with torch.no_grad():

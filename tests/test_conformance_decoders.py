@@ -36,7 +36,9 @@ from transformers import AutoConfig
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from hydra_hf.assemble import convert_checkpoint
+from hydra_hf.families import get_family
 from hydra_hf.masks import HeadMasks
+from hydra_hf.pruning.neurons import mlp_shapes
 from hydra_hf.modeling.hydra_layers import HydraMemberLinear
 
 ATOL = 1e-5
@@ -45,6 +47,7 @@ LAYOUTS = {
     "unequal": [[[0, 1], [2, 3]], [[1, 2, 3], []], [[0], [0, 1, 2, 3]]],
     "uniform": [[[0, 1], [1, 2]], [[2, 3], [0, 3]]],
     "single": [[[0, 1, 2, 3], [0, 1, 2, 3]]],
+    "slim": [[[0, 1], [2, 3]], [[1, 2, 3], []], [[0], [0, 1, 2, 3]]],  # + unequal MLP neurons, a 0-neuron layer
 }
 LLAMA_SIZES = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=48,
                    max_position_embeddings=64, initializer_range=0.2, attention_dropout=0.1, pad_token_id=PAD,
@@ -110,8 +113,14 @@ def store(tmp_path_factory):
         key = (family, task, layout)
         if key not in built:
             masks = HeadMasks(kept_heads=LAYOUTS[layout], num_heads=H)
+            if layout == "slim":
+                stock = stock_model(family, task, 0)
+                inner = mlp_shapes(stock, get_family(family))["text"][1]
+                neurons = [[list(range(0, inner, 2)), list(range(inner // 3))], [list(range(1, inner, 3)), []],
+                           [[], [0, inner - 1]]]  # fmt: skip
+                masks = HeadMasks(kept_heads=LAYOUTS[layout], num_heads=H, kept_neurons=neurons, intermediate_size=inner)
             torch.manual_seed(0)
-            if layout == "unequal":
+            if layout in ("unequal", "slim"):
                 folders = [stock_folder(family, task, seed) for seed in range(len(LAYOUTS[layout]))]
                 model = convert_checkpoint(masks, members=folders, mlp_fusion="per_member", shared="first")
             else:
@@ -173,7 +182,7 @@ def test_config_reads_the_base_settings_through(family, task, layout, store):
     with pytest.raises(AttributeError, match="no_such_setting"):
         config.no_such_setting  # noqa: B018
     assert config.num_members == len(LAYOUTS[layout]) and config.return_dict is True
-    want = "per_member" if task == "causal_lm" and layout == "unequal" else "shared"
+    want = "per_member" if task == "causal_lm" and layout in ("unequal", "slim") else "shared"
     assert config.lm_head_fusion == want
 
 
@@ -213,7 +222,7 @@ def test_save_load_round_trip_is_exact(family, task, layout, store):
         tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
         assert tied == (loaded.get_output_embeddings().weight is loaded.get_input_embeddings().weight)
         # a shared head is tied exactly when the base ties its embeddings (Llama here and GPT-2)
-        assert tied == (layout != "unequal" and family in ("llama", "gpt2"))
+        assert tied == (layout not in ("unequal", "slim") and family in ("llama", "gpt2"))
 
 
 @pytest.mark.parametrize("family, task, layout", CASES)

@@ -123,6 +123,7 @@ def _rows(preds) -> list[dict]:  # noqa: ANN001
             "method": "Hydra (M=4)",
             **M.calibration_report(probs, labels),
             "svhn": M.ood_report(s_id, s_ood),
+            "compute_x": 2.5,
             "latency_ms": 3.14159,
             "params_m": 86.57,
         },
@@ -135,9 +136,10 @@ def test_markdown_table_layout(preds) -> None:  # noqa: ANN001
     lines = table.splitlines()
     assert lines[0] == (
         "| Method | Acc ↑ | Brier ↓ | NLL ↓ | ECE ↓ | aECE ↓ | svhn AUROC ↑ | svhn FPR95 ↓ | svhn AUPR-In ↑ "
-        "| svhn AUPR-Out ↑ | latency (ms) | params (M) |"
+        "| svhn AUPR-Out ↑ | compute (x Single) | latency (ms) | params (M) |"
     )
-    assert lines[1] == "|:---|" + "---:|" * 11
+    assert lines[1] == "|:---|" + "---:|" * 12
+    assert "| 2.50 | 3.14 |" in lines[2]
     assert len(lines) == 4
     first = lines[2].split(" | ")
     assert first[0] == "| Hydra (M=4)" and first[-2] == "3.14" and first[-1] == "86.6 |"

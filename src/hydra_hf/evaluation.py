@@ -52,6 +52,7 @@ from transformers import (
 
 from . import distributed, metrics, plots
 from .convert.io import check_remote_code, checkpoint_dir, from_pretrained
+from .cost import relative_cost
 from .data import make_image_loader, make_text_loader
 from .families import families, family_of_config
 from .onnx.runtime import OnnxHydraModel, is_onnx_export, load_preprocessor
@@ -81,6 +82,18 @@ class Predictor(nn.Module, metaclass=abc.ABCMeta):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def compute_ratio(self) -> float | None:
+        """Multiply-adds of one prediction relative to the Single's (:mod:`hydra_hf.cost`), None if unknown."""
+        return None
+
+
+def model_compute_ratio(model: nn.Module) -> float:
+    """A model's multiply-adds relative to its Single: 1 for a stock model, from the masks for a Hydra."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "num_members") or not hasattr(config, "_pruned_towers"):
+        return 1.0
+    return relative_cost(config)["macs_ratio"]
 
 
 # (model, inputs) -> member logits, while :func:`reuse_forwards` is active; None otherwise
@@ -136,6 +149,9 @@ class ModelPredictor(Predictor):
             store[key] = (self.model, logits.detach())  # the model is held, so its id stays unique
         return logits
 
+    def compute_ratio(self) -> float | None:
+        return model_compute_ratio(self.model)
+
     def num_parameters(self) -> int:
         count = super().num_parameters()
         if count == 0 and callable(getattr(self.model, "num_parameters", None)):
@@ -168,6 +184,9 @@ class MCDropoutPredictor(Predictor):
     def begin_pass(self, first_batch: int, total_batches: int) -> None:
         self._calls = self._next_pass + first_batch
         self._next_pass += total_batches
+
+    def compute_ratio(self) -> float | None:
+        return self.samples * model_compute_ratio(self.model)
 
     def member_logits(self, batch):
         for m in self._dropouts:
@@ -256,6 +275,10 @@ class EnsemblePredictor(Predictor):
     def num_parameters(self) -> int:
         return sum(member.num_parameters() for member in self.members)
 
+    def compute_ratio(self) -> float | None:
+        ratios = [member.compute_ratio() for member in self.members]
+        return None if any(r is None for r in ratios) else float(sum(ratios))
+
 
 class TemperatureScaledPredictor(Predictor):
     """Member logits divided by a fitted temperature (ensembles: the same T for every member)."""
@@ -272,6 +295,9 @@ class TemperatureScaledPredictor(Predictor):
 
     def member_logits(self, batch):
         return self.base.member_logits(batch) / self.temperature
+
+    def compute_ratio(self) -> float | None:
+        return self.base.compute_ratio()
 
 
 def zero_shot_prompts(class_names: Sequence[str], templates: Sequence[str]) -> list[str]:
@@ -610,6 +636,9 @@ def _evaluate_row(name: str, predictor: Predictor, id_loader: Iterable, ood_load
         row[ood_name] = metrics.ood_report(id_scores, ood.ood_scores(row_score))
     row["ood_score"] = row_score
     row["params_m"] = predictor.num_parameters() / 1e6
+    compute = predictor.compute_ratio()
+    if compute is not None:
+        row["compute_x"] = compute  # multiply-adds per token relative to the Single (hydra_hf.cost)
     row["members"] = int(preds.member_logits.shape[1])
     id_preds[name] = preds
     return row

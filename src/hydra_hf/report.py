@@ -60,6 +60,7 @@ OOD_COLUMNS: tuple[tuple[str, str, str], ...] = (
 )
 """Per OOD set ``s``: columns ``"s/auroc"`` … with headers ``"s AUROC ↑"`` …"""
 TAIL_COLUMNS: tuple[Column, ...] = (
+    ("compute_x", "compute (x Single)", ".2f"),  # multiply-adds per token, from the masks (hydra_hf.cost)
     ("latency_ms", "latency (ms)", ".2f"),
     ("params_m", "params (M)", ".3g"),  # 3 significant digits: a tiny model is not 0.0
 )

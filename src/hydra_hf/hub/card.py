@@ -20,6 +20,8 @@ from typing import Any
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, constants
 from huggingface_hub.utils import validate_repo_id
 
+from ..cost import DEFAULT_TOKENS, relative_cost
+from ..families import family_of_config
 from ..modeling.configuration_hydra import custom_pipelines_for
 from ..outputs import resolve_inside
 from ..report import mean_std_rows, render_comparisons, render_markdown_table
@@ -281,6 +283,40 @@ def _members_table(metadata: list[Mapping[str, Any]]) -> str | None:
     return "\n".join(lines)
 
 
+def _slim_neurons(config: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per slim tower: the MLP neurons each member keeps (the card's table rows); empty for whole MLPs."""
+    out = []
+    for field in ("kept_neurons", "vision_kept_neurons", "text_kept_neurons"):
+        neurons = config.get(field)
+        if not neurons:
+            continue
+        kept = [sum(len(n) for n in member) for member in neurons]
+        widths = {n[-1] + 1 for member in neurons for n in member if n}  # a lower bound when no member keeps the last
+        inner = _intermediate_size(config, field) or (max(widths) if widths else 0)
+        out.append(dict(name=field.removesuffix("kept_neurons").rstrip("_"), per_member=kept,
+                        num_layers=len(neurons[0]), intermediate_size=inner, total=len(neurons[0]) * inner))
+    return out
+
+
+def _intermediate_size(config: Mapping[str, Any], field: str) -> int | None:
+    base = config.get("base_config") or {}
+    tower = field.removesuffix("kept_neurons").rstrip("_")
+    sub = base.get(f"{tower}_config", {}) if tower else base
+    value = sub.get("intermediate_size") or sub.get("n_inner") or sub.get("hidden_dim")
+    return int(value) if isinstance(value, int) else None
+
+
+def _compute(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The multiply-adds and parameters relative to the base model (:func:`hydra_hf.cost.relative_cost`), or
+    None when the config cannot be rebuilt here (the card then leaves the row out)."""
+    try:
+        config_obj = family_of_config(config).config_class().from_dict(dict(config))
+        return {**relative_cost(config_obj), "tokens": DEFAULT_TOKENS}
+    except Exception as exc:  # noqa: BLE001 - a card is still written without the compute row
+        logger.warning("the card shows no compute row: %s", exc)
+        return None
+
+
 def _is_repo_id(name: str | None) -> bool:
     """A Hub repository id (``org/name`` or a legacy ``name``) that is not a local path."""
     if not name or os.path.isabs(name) or name.startswith((".", "~")) or os.path.exists(name):
@@ -483,6 +519,8 @@ def build_model_card(
         num_members=len(tower_info[0]["heads_per_member"]),
         towers=tower_info,
         mlp_fusion=config.get("mlp_fusion", "average"),
+        slim_neurons=_slim_neurons(config),
+        compute=_compute(config),
         members_table=_members_table(config.get("member_metadata") or []),
         training=training,
         labels=labels,

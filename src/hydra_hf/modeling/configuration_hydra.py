@@ -308,7 +308,7 @@ class HydraEnsembleConfig(PretrainedConfig):
                     f"give one {field} entry per member (or leave num_members out)"
                 )
             check_kept_heads(kept, num_layers, num_heads, where=field)
-            neurons = getattr(self, neurons_field(field), None)
+            neurons = self._neurons_of_towers().get(field)
             if neurons:
                 check_kept_neurons(neurons, self.num_members, num_layers, where=neurons_field(field))
         if self.member_metadata and len(self.member_metadata) != self.num_members:
@@ -339,10 +339,14 @@ class HydraEnsembleConfig(PretrainedConfig):
         One-tower configs ignore ``tower``."""
         return self.kept_neurons
 
+    def _neurons_of_towers(self) -> dict[str, list[list[list[int]]]]:
+        """``{kept-heads field: its kept_neurons}`` (a hook: two-tower subclasses return one entry per tower)."""
+        return {"kept_heads": self.kept_neurons}
+
     @property
     def slim(self) -> bool:
         """Whether the members keep subsets of the MLP neurons (in any tower)."""
-        return any(getattr(self, neurons_field(field), None) for field in self._pruned_towers())
+        return any(bool(neurons) for neurons in self._neurons_of_towers().values())
 
 
 class HydraEnsembleViTConfig(HydraEnsembleConfig):
@@ -475,7 +479,10 @@ class HydraEnsembleCLIPConfig(HydraEnsembleConfig):
         """``out[m][l]`` = MLP neurons member m keeps in layer l of ``tower`` (empty: whole MLPs)."""
         if tower not in CLIP_TOWERS:
             raise ValueError(f"unknown tower {tower!r}; a CLIP Hydra Ensemble has towers {list(CLIP_TOWERS)}")
-        return getattr(self, f"{tower}_kept_neurons")
+        return self.vision_kept_neurons if tower == "vision" else self.text_kept_neurons
+
+    def _neurons_of_towers(self) -> dict[str, list[list[list[int]]]]:
+        return {"vision_kept_heads": self.vision_kept_neurons, "text_kept_heads": self.text_kept_neurons}
 
     def to_dict(self) -> dict[str, Any]:
         out = super().to_dict()
