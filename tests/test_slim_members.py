@@ -264,3 +264,104 @@ def test_two_tower_masks_with_neurons_round_trip():
     masks = HeadMasks.from_dict(data)
     assert masks.kept_neurons("vision") == [[[1, 3]], [[0, 1, 2, 3]]] and masks.kept_neurons("text") is None
     assert masks.to_dict() == data
+
+
+# ------------------------------------------------------------------------------------------ decoders
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_slim_decoder_members_equal_their_references_and_generate(family, tmp_path):
+    """Causal LMs (Llama with grouped-query attention and a gated MLP, GPT-2's Conv1D MLP): every slim member's
+    next-token logits == the stock model with its removed heads and neurons zeroed; greedy generation with the
+    cache == without it."""
+    import transformers
+
+    torch.manual_seed(0)
+    if family == "llama":
+        config = transformers.LlamaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                          num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
+                                          pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+        stock = transformers.LlamaForCausalLM(config).eval()
+    else:
+        config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=99, n_positions=64,
+                                         pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+        stock = transformers.GPT2LMHeadModel(config).eval()
+    stock.save_pretrained(tmp_path / "stock")
+    fam = get_family(family)
+    inner = mlp_shapes(stock, fam)["text"][1]
+    neurons = slim_neurons(inner)
+    masks = HeadMasks(kept_heads=UNEQUAL, num_heads=H, kept_neurons=neurons, intermediate_size=inner)
+    model = convert_checkpoint(masks, base=tmp_path / "stock").eval()
+    ids = torch.randint(3, 99, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = model(input_ids=ids).member_logits  # (B, M, T, V)
+        for m in range(3):
+            ref = copy.deepcopy(stock)
+            gates = torch.zeros(2, H)
+            for layer, kept in enumerate(UNEQUAL[m]):
+                gates[layer, kept] = 1.0
+            zero_head_columns_(ref, gates, adapter=fam.adapter(ref))
+            zero_removed_neurons_(ref, fam, {"text": neurons[m]})
+            torch.testing.assert_close(got[:, m], ref(input_ids=ids).logits, atol=ATOL, rtol=0)
+        cached = model.generate(ids, max_new_tokens=5, do_sample=False, use_cache=True, pad_token_id=0)
+        uncached = model.generate(ids, max_new_tokens=5, do_sample=False, use_cache=False, pad_token_id=0)
+    assert torch.equal(cached, uncached)
+
+
+# ------------------------------------------------------------------------ a slim folder's every path
+def test_slim_folder_remote_code_resave_pipeline_onnx_int8_and_push(tiny_bert_dir, tmp_path):
+    """A slim BERT folder: loads as remote code in a fresh process without hydra_hf (same member logits), is
+    re-saved there and loads again; its pipeline answers; ONNX fp32 == PyTorch, int8 close; push --dry-run's
+    fresh-process check passes; the card states the compute."""
+    import pandas as pd
+    from transformers import AutoTokenizer
+
+    from conftest import run_fresh_python
+    from hydra_hf.cli import main
+    from hydra_hf.onnx import OnnxHydraModel
+    from hydra_hf.onnx.export import export_onnx
+
+    neurons = split_neurons(64, layers=3)
+    masks = HeadMasks(kept_heads=[[[0, 1], [2], [1, 2, 3]], [[2, 3], [0, 1], []], [[0], [3], [0]]], num_heads=H,
+                      kept_neurons=neurons, intermediate_size=64)  # fmt: skip
+    folder = tmp_path / "slim"
+    model = convert_checkpoint(masks, base=tiny_bert_dir, output_dir=folder)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["kept_neurons"] == neurons
+    tok = AutoTokenizer.from_pretrained(folder)
+    batch = tok(["the movie was good", "a bad plot"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = model(**batch).member_logits
+    out = run_fresh_python(f"""
+        import json, torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+        folder = {str(folder)!r}
+        tok = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+        model = AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True).eval()
+        batch = tok(["the movie was good", "a bad plot"], padding=True, return_tensors="pt")
+        with torch.no_grad():
+            first = model(**batch).member_logits
+        model.save_pretrained({str(tmp_path / "resaved")!r})
+        tok.save_pretrained({str(tmp_path / "resaved")!r})
+        again = AutoModelForSequenceClassification.from_pretrained({str(tmp_path / "resaved")!r}, trust_remote_code=True).eval()
+        with torch.no_grad():
+            second = again(**batch).member_logits
+        pipe = pipeline(model={str(tmp_path / "resaved")!r}, trust_remote_code=True)
+        print("RESULT " + json.dumps({{"first": first.tolist(), "second": second.tolist(), "pipe": pipe("the movie was good")}}))
+    """)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert lines, out[-2000:]
+    result = json.loads(lines[0][len("RESULT "):])
+    torch.testing.assert_close(torch.tensor(result["first"]), expected, atol=ATOL, rtol=0)
+    torch.testing.assert_close(torch.tensor(result["second"]), expected, atol=ATOL, rtol=0)
+    assert result["pipe"]
+
+    texts = ["the movie was very good", "a boring plot", "i was not fun", "great actor"] * 6
+    pd.DataFrame({"text": texts, "label": [i % 3 for i in range(24)]}).to_csv(tmp_path / "id.csv", index=False)
+    export_onnx(folder, tmp_path / "onnx", quantize="int8", calibration_data=str(tmp_path / "id.csv"))
+    fp32 = OnnxHydraModel.from_pretrained(tmp_path / "onnx" / "model.onnx")
+    int8 = OnnxHydraModel.from_pretrained(tmp_path / "onnx")
+    torch.testing.assert_close(fp32(**batch).member_logits, expected, atol=1e-4, rtol=0)
+    assert float((int8(**batch).member_logits - expected).abs().max()) < 0.3
+
+    assert main(["push", str(folder), "--repo-id", "org/slim", "--dry-run", "--staging", str(tmp_path / "staged")]) == 0
+    card = (tmp_path / "staged" / "README.md").read_text()
+    assert "MLP neurons kept" in card and "x the base model's multiply-adds" in card
