@@ -1,0 +1,84 @@
+"""Result tables in README.md and docs/*.md are rendered from results files (tools/render_docs.py).
+
+- every `<!-- results: FILE view=VIEW -->` region of the repository equals what its file renders to
+  (`make docs-check`), so a number typed into a table, or a results file changed without `make docs`,
+  fails here;
+- the check sees an edited cell, a missing file, an unknown view and an unmatched marker, and
+  rendering repairs an edited region, leaving the text around it as it was.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+spec = importlib.util.spec_from_file_location("render_docs", REPO / "tools" / "render_docs.py")
+render_docs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(render_docs)
+
+
+def _row(method: str, acc: float, score: str, latency: float, params: float) -> dict:
+    ood = {name: {"auroc": 0.6 + i / 100 + acc / 1000, "fpr95": 0.9} for i, name in enumerate(("guardian", "debates"))}
+    return {"method": method, "accuracy": acc, "nll": 0.41912, "ece": 0.03291, "brier": 0.3, **ood, "ood_score": score,
+            "latency_ms": latency, "params_m": params, "members": 3}  # fmt: skip
+
+
+RESULTS = {"command": "python examples/demo.py", "threads": {"torch_threads": 2},
+           "report": {"rows": [_row("Hydra (taylor, M=3)", 0.80251, "msp", 1139.4, 24.84),
+                               _row("Single", 0.80643, "energy", 423.6, 22.71)]}}  # fmt: skip
+TABLE = """\
+| Method | Acc ↑ | NLL ↓ | ECE ↓ | guardian AUROC ↑ | debates AUROC ↑ | OOD score | latency (ms) | params (M) |
+|:---|---:|---:|---:|---:|---:|---:|---:|---:|
+| Hydra (taylor, M=3) | 0.8025 | 0.4191 | 0.0329 | 0.6008 | 0.6108 | msp | 1139 | 24.8 |
+| Single | 0.8064 | 0.4191 | 0.0329 | 0.6008 | 0.6108 | energy | 424 | 22.7 |
+"""
+OPEN, CLOSE = "<!-- results: docs/results/run.json view=methods -->\n", "<!-- /results -->"
+
+
+def _tree(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "run.json").write_text(json.dumps(RESULTS))
+    (tmp_path / "README.md").write_text(f"# Title\n\nBefore.\n\n{OPEN}{body}{CLOSE}\n\nAfter: 0.1234.\n")
+    return tmp_path / "README.md"
+
+
+def test_every_rendered_region_matches_its_results_file():
+    paths = render_docs.documents()
+    assert REPO / "README.md" in paths
+    assert any(render_docs.REGION.search(p.read_text(encoding="utf-8")) for p in paths)  # the check checks something
+    assert render_docs.stale_regions(paths) == []
+
+
+def test_methods_view_renders_the_readme_layout(tmp_path):
+    readme = _tree(tmp_path, TABLE)
+    assert render_docs.render_region("docs/results/run.json", "methods", tmp_path) == TABLE
+    assert render_docs.stale_regions([readme], tmp_path) == []
+
+
+def test_an_edited_cell_fails_the_check_and_rendering_repairs_it(tmp_path):
+    readme = _tree(tmp_path, TABLE.replace("0.8064", "0.8065"))
+    problems = render_docs.stale_regions([readme], tmp_path)
+    assert len(problems) == 1 and "differs from its results file" in problems[0] and "README.md" in problems[0]
+    fixed = render_docs.render_document(readme.read_text(), tmp_path)
+    assert fixed == f"# Title\n\nBefore.\n\n{OPEN}{TABLE}{CLOSE}\n\nAfter: 0.1234.\n"  # text around it kept
+    readme.write_text(fixed)
+    assert render_docs.stale_regions([readme], tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda t, root: (root / "docs" / "results" / "run.json").unlink(), "run.json is missing"),
+        (lambda t, root: t.write_text(t.read_text().replace("view=methods", "view=nope")), "unknown view 'nope'"),
+        (lambda t, root: t.write_text(t.read_text().replace(CLOSE, "")), "unmatched or malformed"),
+    ],
+)
+def test_the_check_names_a_broken_region(tmp_path, damage, message):
+    readme = _tree(tmp_path, TABLE)
+    damage(readme, tmp_path)
+    problems = render_docs.stale_regions([readme], tmp_path)
+    assert problems and message in problems[0] and all("\n" not in p for p in problems)
