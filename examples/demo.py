@@ -32,7 +32,7 @@ from hydra_hf.cli import run_script
 from hydra_hf.finetune import cpu_has_native_bf16
 from hydra_hf.outputs import write_text_atomic
 from hydra_hf.recipes import TextPipeline, run_text_pipeline
-from hydra_hf.reproducibility import DEFAULT_THREADS, describe_threads, pin_threads
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 
 def main() -> None:
@@ -45,8 +45,7 @@ def main() -> None:
     parser.add_argument("--mixed-precision", choices=["auto", "no", "bf16"], default=None,
                         help="training precision (default: bf16 on a CPU with native bf16 products, e.g. "
                              "AVX512-BF16 / AMX, where it trains 1.6x faster; else auto: bf16 on a GPU, fp32 on a CPU)")
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS,
-                        help=f"torch threads, pinned whatever the environment says (default {DEFAULT_THREADS})")
+    add_threads_argument(parser)
     parser.add_argument("--results", default=None,
                         help="also write the results file the README's table is rendered from (make demo: "
                              "docs/results/demo.json; then `make docs`)")

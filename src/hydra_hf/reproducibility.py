@@ -15,6 +15,7 @@ starts) and bf16 training, which a script turns on only where the CPU multiplies
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import random
@@ -23,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["DEFAULT_THREADS", "THREAD_ENV_VARS", "pin_threads", "seed_worker", "describe_threads"]
+__all__ = ["DEFAULT_THREADS", "THREAD_ENV_VARS", "add_threads_argument", "describe_threads", "pin_threads", "seed_worker"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,13 @@ def describe_threads(settings: dict[str, Any]) -> str:
     return (f"threads pinned: torch {settings['torch_threads']}, interop {settings['interop_threads']}, "
             f"OMP/MKL {env['OMP_NUM_THREADS']}/{env['MKL_NUM_THREADS']}, tokenizers parallelism "
             f"{env['TOKENIZERS_PARALLELISM']}, deterministic algorithms {'on' if settings['deterministic'] else 'off'}")  # fmt: skip
+
+
+def add_threads_argument(parser: argparse.ArgumentParser, default: int = DEFAULT_THREADS) -> None:
+    """``--threads N``: the fixed torch thread count a script pins (:func:`pin_threads`)."""
+    parser.add_argument("--threads", type=int, default=default,
+                        help=f"torch threads, pinned whatever the environment or the machine says (default {default}): "
+                             "float reductions depend on the count")  # fmt: skip
 
 
 def seed_worker(worker_id: int) -> None:
