@@ -27,14 +27,32 @@ def _row(method: str, acc: float, score: str, latency: float, params: float) -> 
             "latency_ms": latency, "params_m": params, "members": 3}  # fmt: skip
 
 
+def _interval(difference: float, low: float, high: float, verdict: str) -> dict:
+    return {"difference": difference, "ci_low": low, "ci_high": high, "level": 0.95, "n_boot": 1000, "verdict": verdict}
+
+
+COMPARISON = {"accuracy": _interval(-0.00392, -0.01961, 0.01021, "tie"), "nll": _interval(-0.0015, -0.0144, 0.0109, "tie"),
+              "ece": _interval(0.01161, -0.0079, 0.027, "tie"), "brier": _interval(0.0, -0.1, 0.1, "tie"),
+              "debates.auroc": _interval(-0.0262, -0.0415, -0.011, "worse"),
+              "guardian.auroc": _interval(0.05151, 0.0326, 0.0722, "better")}  # fmt: skip
 RESULTS = {"command": "python examples/demo.py", "threads": {"torch_threads": 2},
            "report": {"rows": [_row("Hydra (taylor, M=3)", 0.80251, "msp", 1139.4, 24.84),
-                               _row("Single", 0.80643, "energy", 423.6, 22.71)]}}  # fmt: skip
+                               _row("Single", 0.80643, "energy", 423.6, 22.71)],
+                      "comparisons": {"Hydra (taylor, M=3) − Single": COMPARISON}}}  # fmt: skip
 TABLE = """\
 | Method | Acc ↑ | NLL ↓ | ECE ↓ | guardian AUROC ↑ | debates AUROC ↑ | OOD score | latency (ms) | params (M) |
 |:---|---:|---:|---:|---:|---:|---:|---:|---:|
 | Hydra (taylor, M=3) | 0.8025 | 0.4191 | 0.0329 | 0.6008 | 0.6108 | msp | 1139 | 24.8 |
 | Single | 0.8064 | 0.4191 | 0.0329 | 0.6008 | 0.6108 | energy | 424 | 22.7 |
+"""
+VERSUS = """\
+| Hydra − Single | difference | interval | verdict |
+|---|---:|:---:|---|
+| accuracy | −0.0039 | [−0.0196, +0.0102] | tie |
+| ECE | +0.0116 | [−0.0079, +0.0270] | tie |
+| NLL | −0.0015 | [−0.0144, +0.0109] | tie |
+| guardian AUROC | +0.0515 | [+0.0326, +0.0722] | **better** |
+| debates AUROC | −0.0262 | [−0.0415, −0.0110] | **worse** |
 """
 OPEN, CLOSE = "<!-- results: docs/results/run.json view=methods -->\n", "<!-- /results -->"
 
@@ -56,6 +74,7 @@ def test_every_rendered_region_matches_its_results_file():
 def test_methods_view_renders_the_readme_layout(tmp_path):
     readme = _tree(tmp_path, TABLE)
     assert render_docs.render_region("docs/results/run.json", "methods", tmp_path) == TABLE
+    assert render_docs.render_region("docs/results/run.json", "hydra-vs-single", tmp_path) == VERSUS
     assert render_docs.stale_regions([readme], tmp_path) == []
 
 

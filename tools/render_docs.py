@@ -52,8 +52,30 @@ def _methods_table(results: Mapping[str, Any]) -> str:
     return render_markdown_table(rows, columns)
 
 
+def _signed(value: float) -> str:
+    return format(value, "+.4f").replace("-", "−")  # a typographic minus, as the text around the tables
+
+
+def _versus_single_table(results: Mapping[str, Any]) -> str:
+    """The paired bootstrap of the first row (Hydra) minus Single: difference, interval, verdict per metric."""
+    report = results["report"]
+    rows = report["rows"]
+    name = f"{rows[0]['method']} − Single"
+    comparison = report["comparisons"][name]
+    ood_sets = [key for key, value in rows[0].items() if isinstance(value, Mapping) and "auroc" in value]
+    metrics = [("accuracy", "accuracy"), ("ece", "ECE"), ("nll", "NLL")]
+    metrics += [(f"{ood}.auroc", f"{ood} AUROC") for ood in ood_sets]
+    lines = [f"| {name.split(' (')[0]} − Single | difference | interval | verdict |", "|---|---:|:---:|---|"]
+    for key, label in metrics:
+        c = comparison[key]
+        verdict = c["verdict"] if c["verdict"] == "tie" else f"**{c['verdict']}**"
+        lines.append(f"| {label} | {_signed(c['difference'])} | [{_signed(c['ci_low'])}, {_signed(c['ci_high'])}] | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
 VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "methods": _methods_table,
+    "hydra-vs-single": _versus_single_table,
 }
 """view name -> markdown of a results file (ending with a newline)."""
 
