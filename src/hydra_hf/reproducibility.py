@@ -80,6 +80,9 @@ def pin_threads(num_threads: int = DEFAULT_THREADS, *, interop_threads: int = 1,
                            "first thing in main()); inter-op threads run whole ops side by side and do not "
                            "change their numbers", torch.get_num_interop_threads(), interop_threads)
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    # deterministic mode would also fill every new tensor (torch.empty) with NaN to expose reads of
+    # uninitialised memory: a debugging aid that costs a write per allocation and changes no correct result
+    torch.utils.deterministic.fill_uninitialized_memory = False
     torch.backends.cudnn.deterministic = deterministic
     torch.backends.cudnn.benchmark = False
     settings = {
