@@ -88,6 +88,20 @@ def test_an_edited_cell_fails_the_check_and_rendering_repairs_it(tmp_path):
     assert render_docs.stale_regions([readme], tmp_path) == []
 
 
+def test_common_tests_view_marks_expected_and_unexpected_failures():
+    results = {"command": "python tools/transformers_common_tests.py", "transformers": "5.24.0",
+               "layouts": {"unequal": {"passed": 103, "failed": 1, "skipped": 60},
+                           "uniform": {"passed": 102, "failed": 2, "skipped": 60},
+                           "single": {"passed": 104, "failed": 0, "skipped": 60}},
+               "failures": [{"layout": "unequal", "test": "test_attention_outputs", "expected": True},
+                            {"layout": "uniform", "test": "test_a", "expected": True},
+                            {"layout": "uniform", "test": "test_b", "expected": False}]}  # fmt: skip
+    assert render_docs.VIEWS["transformers-common-tests"](results).splitlines()[2:] == [
+        "| layout | passed | failed | skipped |", "|---|---|---|---|", "| unequal | 103 | 1 (expected) | 60 |",
+        "| uniform | 102 | 2 (1 unexpected) | 60 |", "| single | 104 | 0 | 60 |",
+    ]
+
+
 @pytest.mark.parametrize(
     "damage, message",
     [

@@ -73,9 +73,24 @@ def _versus_single_table(results: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _common_tests_table(results: Mapping[str, Any]) -> str:
+    """tools/transformers_common_tests.py: passed / failed / skipped per layout, expected failures marked."""
+    lines = [f"Last run (transformers {results['transformers']}, CPU; `{results['command']}`):", "",
+             "| layout | passed | failed | skipped |", "|---|---|---|---|"]
+    for layout, counts in results["layouts"].items():
+        failures = [f for f in results["failures"] if f["layout"] == layout]
+        failed = str(counts["failed"])
+        if failures:
+            unexpected = sum(not f["expected"] for f in failures)
+            failed += f" ({unexpected} unexpected)" if unexpected else " (expected)"
+        lines.append(f"| {layout} | {counts['passed']} | {failed} | {counts['skipped']} |")
+    return "\n".join(lines) + "\n"
+
+
 VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "methods": _methods_table,
     "hydra-vs-single": _versus_single_table,
+    "transformers-common-tests": _common_tests_table,
 }
 """view name -> markdown of a results file (ending with a newline)."""
 
