@@ -65,8 +65,9 @@ def main() -> None:
     print(f"fresh-process check: {result.hub_check['texts']} texts, max |p - p_fresh| = "
           f"{result.hub_check['max_abs_prob_diff']:.1e}, labels {result.hub_check['labels']}")
     if args.results:
-        results = {"command": shlex.join(["python", "examples/demo.py", *sys.argv[1:]]), "threads": threads, "mixed_precision": precision,
-                   "torch": torch.__version__, "timings_s": result.timings_s, "report": result.report}
+        results = {"command": shlex.join(["python", "examples/demo.py", *sys.argv[1:]]), "threads": threads,
+                   "mixed_precision": precision, "torch": torch.__version__, "timings_s": result.timings_s,
+                   "report": result.report}
         Path(args.results).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.results, json.dumps(results, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
         print(f"results file:      {args.results}  (make docs renders the README's table from it)")
