@@ -49,8 +49,9 @@ def pin_threads(num_threads: int = DEFAULT_THREADS, *, interop_threads: int = 1,
 
     Sets torch's intra-op threads to ``num_threads`` and its inter-op threads to ``interop_threads``
     (torch allows the latter once per process, before any inter-op work: a later call logs a warning
-    and the count in use is what it returns), exports the same counts to child processes (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``
-    and the other BLAS variables), turns the Rust tokenizers' parallelism off, and with
+    and the count in use is what it returns), exports the same counts to child processes
+    (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` and the other BLAS variables), turns the Rust tokenizers'
+    parallelism off, and with
     ``deterministic`` asks torch for deterministic algorithms where it has them
     (``torch.use_deterministic_algorithms(True, warn_only=True)``; cuDNN deterministic, no benchmark
     autotuning, and the cuBLAS workspace setting deterministic GPU matmuls need).
@@ -80,11 +81,12 @@ def pin_threads(num_threads: int = DEFAULT_THREADS, *, interop_threads: int = 1,
                            "first thing in main()); inter-op threads run whole ops side by side and do not "
                            "change their numbers", torch.get_num_interop_threads(), interop_threads)
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
-    # deterministic mode would also fill every new tensor (torch.empty) with NaN to expose reads of
-    # uninitialised memory: a debugging aid that costs a write per allocation and changes no correct result
-    torch.utils.deterministic.fill_uninitialized_memory = False
-    torch.backends.cudnn.deterministic = deterministic
-    torch.backends.cudnn.benchmark = False
+    if deterministic:
+        # deterministic mode would also fill every new tensor (torch.empty) with NaN to expose reads of
+        # uninitialised memory: a debugging aid that costs a write per allocation and changes no correct result
+        torch.utils.deterministic.fill_uninitialized_memory = False
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False  # autotuning picks kernels by timing, i.e. by chance
     settings = {
         "torch_threads": torch.get_num_threads(),
         "interop_threads": torch.get_num_interop_threads(),
