@@ -108,6 +108,7 @@ def test_common_tests_view_marks_expected_and_unexpected_failures():
         (lambda t, root: (root / "docs" / "results" / "run.json").unlink(), "run.json is missing"),
         (lambda t, root: t.write_text(t.read_text().replace("view=methods", "view=nope")), "unknown view 'nope'"),
         (lambda t, root: t.write_text(t.read_text().replace(CLOSE, "")), "unmatched or malformed"),
+        (lambda t, root: (root / "docs" / "results" / "run.json").write_text('{"rows": []}'), "does not hold what view"),
     ],
 )
 def test_the_check_names_a_broken_region(tmp_path, damage, message):

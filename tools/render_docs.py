@@ -103,7 +103,11 @@ def render_region(file: str, view: str, root: Path = REPO) -> str:
     if not path.is_file():
         raise FileNotFoundError(f"{file} is missing: run the command named beside its table (it writes the file), "
                                 "then `make docs`")
-    return VIEWS[view](json.loads(path.read_text(encoding="utf-8")))
+    try:
+        return VIEWS[view](json.loads(path.read_text(encoding="utf-8")))
+    except (KeyError, TypeError, json.JSONDecodeError) as error:  # a file of another kind, or edited by hand
+        raise ValueError(f"{file} does not hold what view {view} reads ({type(error).__name__}: {error}); "
+                         "write it again with the command named beside its table") from None
 
 
 def render_document(text: str, root: Path = REPO) -> str:
@@ -130,7 +134,7 @@ def stale_regions(paths: Iterable[Path], root: Path = REPO) -> list[str]:
             name = f"{path.relative_to(root)} [{match['file']} view={match['view']}]"
             try:
                 expected = render_region(match["file"], match["view"], root)
-            except (OSError, ValueError, KeyError) as error:
+            except (OSError, ValueError) as error:
                 problems.append(f"{name}: {error}")
                 continue
             if match["body"] != expected:
@@ -159,5 +163,5 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except (OSError, ValueError, KeyError) as error:
+    except (OSError, ValueError) as error:
         sys.exit(f"render_docs: {error}")
