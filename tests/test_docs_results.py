@@ -14,7 +14,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import REPO
+
+from hydra_hf import evaluation as ev
 
 spec = importlib.util.spec_from_file_location("render_docs", REPO / "tools" / "render_docs.py")
 render_docs = importlib.util.module_from_spec(spec)
@@ -86,6 +89,41 @@ def test_an_edited_cell_fails_the_check_and_rendering_repairs_it(tmp_path):
     assert fixed == f"# Title\n\nBefore.\n\n{OPEN}{TABLE}{CLOSE}\n\nAfter: 0.1234.\n"  # text around it kept
     readme.write_text(fixed)
     assert render_docs.stale_regions([readme], tmp_path) == []
+
+
+class _Fixed(ev.Predictor):
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.logits = logits  # (N, M, C)
+
+    def member_logits(self, batch):
+        return self.logits[batch["index"]]
+
+
+def test_the_views_read_the_report_the_evaluation_writes(tmp_path):
+    """The demo's results file holds the evaluation's report.json as it is: render it with both views."""
+    g = torch.Generator().manual_seed(0)
+    hydra, single = torch.randn(60, 3, 2, generator=g) * 2, torch.randn(60, 1, 2, generator=g) * 2
+    id_batches = [{"index": torch.arange(0, 20), "labels": torch.randint(0, 2, (20,), generator=g)}]
+    oods = {"zeta": [{"index": torch.arange(20, 40)}], "alpha": [{"index": torch.arange(40, 60)}]}  # not sorted
+    predictors = {"Hydra (taylor, M=3)": _Fixed(hydra), "Single": _Fixed(single)}
+    result = ev.evaluate_predictors(predictors, id_batches, oods, latency_batch={"index": torch.arange(0, 20)})
+    comparisons = {"Hydra (taylor, M=3) − Single": ev.compare_predictions(result, "Hydra (taylor, M=3)", "Single", n_boot=50)}
+    ev.write_evaluation_report(result, tmp_path, comparisons=comparisons)
+    results = {"report": json.loads((tmp_path / "report.json").read_text())}
+
+    lines = render_docs.VIEWS["methods"](results).splitlines()
+    assert lines[0].split(" | ")[4:6] == ["zeta AUROC ↑", "alpha AUROC ↑"]  # the order the OOD sets were scored in
+    rows = {r["method"]: r for r in result.rows}
+    cells = lines[2].strip("| ").split(" | ")
+    assert cells[:2] == ["Hydra (taylor, M=3)", f"{rows['Hydra (taylor, M=3)']['accuracy']:.4f}"]
+    assert cells[4] == f"{rows['Hydra (taylor, M=3)']['zeta']['auroc']:.4f}" and cells[6] == "msp"
+    assert "–" not in lines[2] + lines[3]  # every column found in the rows
+
+    versus = render_docs.VIEWS["hydra-vs-single"](results).splitlines()
+    assert [line.split(" | ")[0] for line in versus[2:]] == ["| accuracy", "| ECE", "| NLL", "| zeta AUROC", "| alpha AUROC"]
+    accuracy = comparisons["Hydra (taylor, M=3) − Single"]["accuracy"]["difference"]
+    assert versus[2].split(" | ")[1] == f"{accuracy:+.4f}".replace("-", "−")
 
 
 def test_common_tests_view_marks_expected_and_unexpected_failures():
