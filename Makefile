@@ -9,13 +9,22 @@ export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 # in collection order (tests/conftest.py starts the minutes-long training test first)
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo test bench study clean
+.PHONY: setup demo docs docs-check test bench study clean
 
 setup:
 	@./tools/bootstrap.sh
 
+# writes docs/results/demo.json, the file the README's results table is rendered from (`make docs`)
 demo: setup
-	$(PY) examples/demo.py --output outputs/demo
+	$(PY) examples/demo.py --output outputs/demo --results docs/results/demo.json
+
+# re-render the result tables of README.md and docs/*.md from their results files (tools/render_docs.py);
+# docs-check changes nothing and fails where a table differs from its file (tests/test_docs_results.py runs it)
+docs: setup
+	$(PY) tools/render_docs.py
+
+docs-check: setup
+	$(PY) tools/render_docs.py --check
 
 # the selection protocol (docs/study.md): validation splits only, leave-one-OOD-kind-out; every
 # candidate on the first seed, the ones close to the best replicated on the others; resumes

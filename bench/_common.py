@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import torch
 
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
+
 
 def median_ms(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 7) -> float:
     """Median wall time of ``fn()`` in milliseconds (inference mode, after ``warmup`` calls)."""
@@ -145,10 +147,19 @@ def summary_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def pin_bench_threads(threads: int) -> dict:
+    """Pin torch's threads to the bench's fixed ``--threads`` (never the machine's core count) and print it;
+    the default kernels stay (the deterministic ones may time differently). Returns the settings for the JSON."""
+    settings = pin_threads(threads, deterministic=False)
+    print(describe_threads(settings))
+    return settings
+
+
 def add_timing_args(parser, rounds: int = 5, repeats: int = 2) -> None:
+    add_threads_argument(parser)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--repeats", type=int, default=repeats)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument("--json", default=None, help="also write the thread settings and the rows to this JSON file")

@@ -25,7 +25,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import COLUMNS, add_timing_args, compare_contenders, random_kept_heads, summary_lines, table  # noqa: E402
+from _common import COLUMNS, add_timing_args, compare_contenders, pin_bench_threads, random_kept_heads, summary_lines, table  # noqa: E402
 
 from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig  # noqa: E402
 from hydra_hf.modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification  # noqa: E402
@@ -67,6 +67,7 @@ def main() -> None:
     add_timing_args(parser)
     parser.add_argument("--seq-len", type=int, default=128)
     args = parser.parse_args()
+    threads = pin_bench_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logger.info("torch %s, %d threads, device %s", torch.__version__, torch.get_num_threads(), args.device)
     rows = compare_contenders(build(device=args.device), inputs_for(args.seq_len, args.device), args.batch_sizes,
@@ -74,7 +75,7 @@ def main() -> None:
     print(table(rows, COLUMNS))
     print("\n".join(summary_lines(rows)))
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps({"threads": threads, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from hydra_hf.data import load_embedded, make_text_loader
 from hydra_hf.families import get_adapter
 from hydra_hf.pruning.budget import Budget
 from hydra_hf.pruning.circuits import GatedEvaluator, circuit_prune, make_evaluator
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 
 def minilm_dir() -> Path:
@@ -96,13 +97,12 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=256, help="ID texts and OOD texts (each)")
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--reference-steps", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None)
+    add_threads_argument(parser)
     parser.add_argument("--head", choices=["probe", "random"], default="probe", help="the 2-class classifier head")
     parser.add_argument("--precisions", default="fp32,screened", help="comma list of fp32, screened, bf16")
     parser.add_argument("--save-ranking", help="write the removal orders to this JSON file")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    print(describe_threads(pin_threads(args.threads, deterministic=False)))
     hf_logging.set_verbosity_error()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 

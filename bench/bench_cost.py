@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import interleaved_medians, random_kept_heads, table  # noqa: E402
+from _common import add_threads_argument, interleaved_medians, pin_bench_threads, random_kept_heads, table  # noqa: E402
 
 logger = logging.getLogger("bench_cost")
 
@@ -281,8 +281,10 @@ def main() -> None:
     parser.add_argument("--compile", default=None, choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
                         help="time both models under torch.compile with this mode (totals only, no breakdown)")
     parser.add_argument("--quick", action="store_true", help="smoke test: bert and vit with 2 layers, T = 16, one round")
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument("--json", default=None, help="also write the thread settings and the rows to this JSON file")
+    add_threads_argument(parser)
     args = parser.parse_args()
+    threads = pin_bench_threads(args.threads)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit(f"--device {args.device}: torch sees no CUDA device here; use --device cpu")
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32"))
@@ -302,7 +304,7 @@ def main() -> None:
     print(table(rows, COLUMNS))
     print("\n".join(lines))
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps({"threads": threads, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

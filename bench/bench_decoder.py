@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import random_kept_heads, table  # noqa: E402
+from _common import add_threads_argument, pin_bench_threads, random_kept_heads, table  # noqa: E402
 
 from hydra_hf.convert.hf_llama import decoder_member_from_state_dict, fuse_decoder, unfuse_decoder  # noqa: E402
 from hydra_hf.modeling.configuration_hydra_llama import HydraEnsembleLlamaConfig  # noqa: E402
@@ -257,7 +257,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
+    add_threads_argument(parser)
     parser.add_argument("--rounds", type=int, default=3, help="timed runs per contender (interleaved; median)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
@@ -267,8 +267,7 @@ def main() -> None:
     if args.quick:
         for k, v in QUICK.items():
             setattr(args, k, v)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads = pin_bench_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logger.info("family %s, d=%d, L=%d, H=%d, KV=%d, I=%d, V=%d, M=%d x %d/%d heads (%s), mlp %s, P=%d, N=%d; "
                 "torch %s, %d threads, device %s, load %.2f", args.family, args.hidden_size, args.num_layers,
@@ -293,7 +292,7 @@ def main() -> None:
               f"{f['decode x Stock']:.2f}, cache {f['cache x Stock']:.2f}; greedy tokens fused == sequential: "
               f"{100 * agreement[batch]:.0f} %")  # fmt: skip
     if args.json:
-        out = {"args": vars(args), "kept_heads": kept, "kept_kv_heads": models["fused"].config.kept_kv_heads,
+        out = {"args": vars(args), "threads": threads, "kept_heads": kept, "kept_kv_heads": models["fused"].config.kept_kv_heads,
                "checks": checks, "greedy_agreement_fused_vs_sequential": agreement, "rows": rows,
                "load_after": os.getloadavg()[0]}  # fmt: skip
         Path(args.json).write_text(json.dumps(out, indent=2))

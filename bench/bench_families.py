@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import COLUMNS, add_timing_args, compare_contenders, random_kept_heads, summary_lines, table  # noqa: E402
+from _common import COLUMNS, add_timing_args, compare_contenders, pin_bench_threads, random_kept_heads, summary_lines, table  # noqa: E402
 
 from hydra_hf.families import get_family  # noqa: E402
 
@@ -102,6 +102,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--keep", type=int, default=6, help="heads of 12 each member keeps per layer")
     args = parser.parse_args()
+    threads = pin_bench_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logger.info("family %s, torch %s, %d threads, device %s", args.family, torch.__version__, torch.get_num_threads(),
                 args.device)  # fmt: skip
@@ -111,7 +112,7 @@ def main() -> None:
     print(table(rows, COLUMNS))
     print("\n".join(summary_lines(rows)))
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps({"threads": threads, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

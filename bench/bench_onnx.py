@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import count_parameters, interleaved_medians, random_kept_heads, table  # noqa: E402
+from _common import add_threads_argument, count_parameters, interleaved_medians, pin_bench_threads, random_kept_heads, table  # noqa: E402
 
 from hydra_hf.onnx.export import OnnxGraph, dynamic_shapes, export_module  # noqa: E402
 from hydra_hf.onnx.graph import quantize_int8  # noqa: E402
@@ -197,8 +197,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: BERT only, 2 layers, T = 32, batch 1 and 2, one round (numbers mean nothing)")
-    parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
+    parser.add_argument("--json", default=None, help="also write the thread settings and the rows to this JSON file")
+    add_threads_argument(parser)
     args = parser.parse_args()
+    threads = pin_bench_threads(args.threads)
     if args.quick:
         args.geometries, args.layers, args.seq_len, args.batch_sizes = ["bert"], 2, 32, [1, 2]
         args.rounds, args.repeats, args.warmup = 1, 1, 1
@@ -218,7 +220,7 @@ def main() -> None:
     print("\n".join(target_lines(rows)))
     logger.info("load average after: %.2f %.2f %.2f", *os.getloadavg())
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps({"threads": threads, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from _common import (  # noqa: E402
     add_timing_args,
     compare_contenders,
     group_parameters,
+    pin_bench_threads,
     random_kept_heads,
     summary_lines,
     table,
@@ -77,6 +78,7 @@ def main() -> None:
     add_timing_args(parser, rounds=3, repeats=1)
     parser.add_argument("--params-only", action="store_true", help="print the parameter counts and exit")
     args = parser.parse_args()
+    threads = pin_bench_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logger.info("torch %s, %d threads, device %s", torch.__version__, torch.get_num_threads(), args.device)
     if args.params_only:
@@ -93,7 +95,7 @@ def main() -> None:
     print(table(rows, COLUMNS[:7] + ["paper params_M"] + COLUMNS[7:]))
     print("\n".join(summary_lines(rows)))
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps({"threads": threads, "rows": rows}, indent=2))
 
 
 if __name__ == "__main__":

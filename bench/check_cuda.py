@@ -35,6 +35,7 @@ from _family_specs import SPECS, inputs, perturbed  # noqa: E402
 
 from hydra_hf.assemble import convert_checkpoint  # noqa: E402
 from hydra_hf.masks import HeadMasks  # noqa: E402
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads  # noqa: E402
 
 logger = logging.getLogger("check_cuda")
 H = 4
@@ -154,7 +155,10 @@ def main() -> int:
     parser.add_argument("--atol", type=float, default=1e-4)
     parser.add_argument("--json", default=None)
     parser.add_argument("--device", default="cuda", help="cuda (default); cpu only smoke-tests this script")
+    add_threads_argument(parser)
     args = parser.parse_args()
+    threads = pin_threads(args.threads)  # before CUDA starts: deterministic cuBLAS reads its workspace setting then
+    print(describe_threads(threads))
     global DEVICE
     DEVICE = args.device
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -183,7 +187,7 @@ def main() -> int:
             if bad:
                 failed.append(name)
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": name, "torch": torch.__version__,
+        Path(args.json).write_text(json.dumps({"device": name, "torch": torch.__version__, "threads": threads,
                                                "rows": rows, "failed": failed}, indent=1))
     logger.info("%d families checked; failed: %s", len(rows), failed or "none")
     return 1 if failed else 0

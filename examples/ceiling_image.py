@@ -61,6 +61,7 @@ from hydra_hf.finetune import FinetuneConfig, finetune_members
 from hydra_hf.masks import HeadMasks
 from hydra_hf.pruning import build_members
 from hydra_hf.pruning.budget import Budget
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 logger = logging.getLogger("ceiling_image")
 
@@ -285,8 +286,11 @@ def main(argv: list[str] | None = None) -> int:
                              "costly part, so screen it on one seed first, as the study does)")
     parser.add_argument("--circ-heads-per-step", type=int, default=2,
                         help="heads a circuit search removes per step (1: the paper's one at a time)")
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
+    print(describe_threads(threads))
     out = Path(args.output).resolve()
     data = out / "data"
     build_testbed(data)

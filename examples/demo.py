@@ -10,20 +10,29 @@ test sets (Guardian headlines, US presidential debates, Hamlet, convention speec
 Hub-ready model folder -> reload that folder in a fresh process (hydra_hf not importable) with
 `trust_remote_code=True` and check its predictions.
 
-    python examples/demo.py --output outputs/demo [--resume] [--lora]
+    python examples/demo.py --output outputs/demo [--results docs/results/demo.json] [--resume] [--lora]
+
+Threads are pinned (``--threads``, 2 by default, never the machine's core count: torch's float
+reductions depend on it), and the thread settings go into the results file with the report.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import shlex
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 from hydra_hf.cli import run_script
 from hydra_hf.finetune import cpu_has_native_bf16
+from hydra_hf.outputs import write_text_atomic
 from hydra_hf.recipes import TextPipeline, run_text_pipeline
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 
 def main() -> None:
@@ -36,7 +45,13 @@ def main() -> None:
     parser.add_argument("--mixed-precision", choices=["auto", "no", "bf16"], default=None,
                         help="training precision (default: bf16 on a CPU with native bf16 products, e.g. "
                              "AVX512-BF16 / AMX, where it trains 1.6x faster; else auto: bf16 on a GPU, fp32 on a CPU)")
+    add_threads_argument(parser)
+    parser.add_argument("--results", default=None,
+                        help="also write the results file the README's table is rendered from (make demo: "
+                             "docs/results/demo.json; then `make docs`)")
     args = parser.parse_args()
+    threads = pin_threads(args.threads)
+    print(describe_threads(threads))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     start = time.perf_counter()
     precision = args.mixed_precision or ("bf16" if cpu_has_native_bf16() and not torch.cuda.is_available() else "auto")
@@ -49,6 +64,13 @@ def main() -> None:
     print(f"Hub-ready folder:  {out / 'hub'}  (hydra-hf push {out / 'hydra'} --repo-id ORG/NAME)")
     print(f"fresh-process check: {result.hub_check['texts']} texts, max |p - p_fresh| = "
           f"{result.hub_check['max_abs_prob_diff']:.1e}, labels {result.hub_check['labels']}")
+    if args.results:
+        results = {"command": shlex.join(["python", "examples/demo.py", *sys.argv[1:]]), "threads": threads,
+                   "mixed_precision": precision, "torch": torch.__version__, "timings_s": result.timings_s,
+                   "report": result.report}
+        Path(args.results).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(args.results, json.dumps(results, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+        print(f"results file:      {args.results}  (make docs renders the README's table from it)")
 
 
 if __name__ == "__main__":

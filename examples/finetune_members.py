@@ -37,13 +37,17 @@ import logging
 
 from hydra_hf.cli import run_script
 from hydra_hf.cli.finetune import add_arguments, run
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser)
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
+    print(describe_threads(threads))
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per checkpoint file is too chatty
     return run(args)
 

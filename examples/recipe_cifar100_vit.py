@@ -48,6 +48,7 @@ import datasets
 from hydra_hf.cli import run_script
 from hydra_hf.pruning import Budget
 from hydra_hf.recipes import ImagePipeline, PipelineResult, add_budget_arguments, budget_arguments, run_image_pipeline
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 BASE_MODEL = "google/vit-base-patch16-224-in21k"
 PAPER_HEADS_PER_LAYER = 10  # keep about 10 of ViT-B/16's 12 heads in every block (CIFAR-100; ImageNet: 8)
@@ -201,8 +202,11 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     parser.add_argument("--dropout", type=float, default=0.1, help="hidden dropout of the base ViT")
     parser.add_argument("--max-ood", type=int, default=5000, help="images per OOD set")
     parser.add_argument("--seed", type=int, default=0)
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
+    print(describe_threads(threads))
     out = Path(args.output)
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     start = time.perf_counter()

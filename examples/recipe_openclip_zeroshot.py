@@ -56,6 +56,7 @@ from hydra_hf.recipes import (
     run_zero_shot_pipeline,
     save_open_clip_folder,
 )
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 from hydra_hf.zero_shot import read_templates  # the template sets `hydra-hf evaluate --templates` reads
 
 MODEL_NAME = "ViT-B-32"
@@ -177,8 +178,11 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--device", default=None, help="default: cuda when available")
     parser.add_argument("--seed", type=int, default=0)
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
+    print(describe_threads(threads))
     out = Path(args.output)
     start = time.perf_counter()
     overrides: dict[str, Any] = {}

@@ -53,6 +53,7 @@ import datasets
 from hydra_hf.cli import run_script
 from hydra_hf.pruning import Budget
 from hydra_hf.recipes import PipelineResult, TextPipeline, add_budget_arguments, budget_arguments, run_text_pipeline
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 BASE_MODEL = "bert-base-uncased"
 LABELS = ("negative", "positive")
@@ -215,8 +216,11 @@ def main(argv: list[str] | None = None) -> PipelineResult:
                         "Hydra (Circ)")
     parser.add_argument("--max-ood", type=int, default=2000, help="texts per OOD split")
     parser.add_argument("--seed", type=int, default=0)
+    add_threads_argument(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
+    print(describe_threads(threads))
     out = Path(args.output)
     data_dir = Path(args.data_dir) if args.data_dir else out / "data"
     start = time.perf_counter()

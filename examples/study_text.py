@@ -27,6 +27,7 @@ from pathlib import Path
 from hydra_hf.cli import run_script
 from hydra_hf.errors import HydraInputError, HydraOutputError
 from hydra_hf.outputs import MARKER, is_owned
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 from hydra_hf.study import (
     DEFAULT_CANDIDATES,
     TextStudy,
@@ -130,8 +131,11 @@ def main() -> None:
     parser.add_argument("--noise-repeats", type=int, default=3, metavar="R",
                         help="random pairs of disjoint selection sets per size for --selection-noise (default 3)")
     add_data_arguments(parser)
+    add_threads_argument(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
+    print(describe_threads(threads))
     study = study_from_args(args)
     candidates = DEFAULT_CANDIDATES if args.candidates is None else tuple(DEFAULT_CANDIDATES[i] for i in args.candidates)
     singles = dict(args.single)
@@ -178,7 +182,7 @@ def main() -> None:
     if summary["rows"]:
         plot_decision(summary, study, out / "decision.png", best_per_candidate=True)
         plot_decision(summary, study, out / "decision_all_rows.png")
-    (out / "summary.json").write_text(json.dumps({"summary": summary, "choice": decide(summary, study)}, indent=2) + "\n")
+    (out / "summary.json").write_text(json.dumps({"summary": summary, "choice": decide(summary, study), "threads": threads}, indent=2) + "\n")
     print(table)
 
 

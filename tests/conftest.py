@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from hydra_hf.reproducibility import THREAD_ENV_VARS
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -77,6 +79,24 @@ def write_tiny_tokenizer(folder: Path, vocab_size: int = 99) -> None:
     vocab += [f"[unused{i}]" for i in range(vocab_size - len(vocab))]
     (folder / "vocab.txt").write_text("\n".join(vocab[:vocab_size]) + "\n")
     BertTokenizer(str(folder / "vocab.txt")).save_pretrained(str(folder))
+
+
+@pytest.fixture(autouse=True)
+def _unpinned_after_each_test():
+    """Scripts run in-process pin threads and deterministic kernels (hydra_hf.reproducibility.pin_threads):
+    undo it, so that the next test of this worker runs as the suite set it up."""
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    names = (*THREAD_ENV_VARS, "TOKENIZERS_PARALLELISM", "CUBLAS_WORKSPACE_CONFIG")
+    env = {name: os.environ.get(name) for name in names}
+    yield
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+    for name, value in env.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture

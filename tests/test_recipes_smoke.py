@@ -52,7 +52,7 @@ def _offline(monkeypatch):
 def test_sst2_bert_smoke(tmp_path):
     recipe = _load("recipe_sst2_bert")
     out = tmp_path / "sst2"
-    result = recipe.main(["--smoke", "--output", str(out)])
+    result = recipe.main(["--smoke", "--output", str(out), "--threads", "1"])
     _check_report(result, out, list(recipe.OOD_SETS))
     masks = json.loads((out / "run" / "masks.json").read_text())
     # the paper's per-layer budget, scaled to the tiny model: 2 of 4 heads kept in every layer
@@ -73,7 +73,7 @@ def test_sst2_bert_smoke(tmp_path):
 def test_cifar100_vit_smoke(tmp_path):
     recipe = _load("recipe_cifar100_vit")
     out = tmp_path / "vit"
-    result = recipe.main(["--smoke", "--output", str(out)])
+    result = recipe.main(["--smoke", "--output", str(out), "--threads", "1"])
     _check_report(result, out, list(recipe.OOD_SETS))
     masks = json.loads((out / "run" / "masks.json").read_text())
     assert all(len(h) == 3 for m in masks["members"] for h in m["kept_heads"])  # 3 of 4 kept in every block
@@ -137,7 +137,7 @@ def test_openclip_zeroshot_smoke(tmp_path):
     towers): report, Hub folder, and the fresh-process reload's member probabilities."""
     recipe = _load("recipe_openclip_zeroshot")
     out = tmp_path / "openclip"
-    result = recipe.main(["--smoke", "--output", str(out)])
+    result = recipe.main(["--smoke", "--output", str(out), "--threads", "1"])
     run = out / "run"
     for stage in ("single.json", "masks.json", "hydra/config.json", "member_0/config.json", "report/report.json",
                   "report/report.md", "report/reliability.png", "report/ood_scores.png", "hub/README.md",

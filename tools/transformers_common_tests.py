@@ -427,6 +427,18 @@ def expected_for(result: Result) -> Expected | None:
     return None
 
 
+def results_summary(results: list[Result], layouts: list[str], version: str, command: str) -> dict:
+    """What docs/transformers.md's table is rendered from (``--results``): counts per layout, every failure."""
+    return {
+        "command": command,
+        "transformers": version,
+        "layouts": {layout: {k: sum(r.layout == layout and r.outcome == k for r in results)
+                             for k in ("passed", "failed", "skipped")} for layout in layouts},
+        "failures": [{"layout": r.layout, "test": r.test, "expected": expected_for(r) is not None}
+                     for r in results if r.outcome == "failed"],
+    }  # fmt: skip
+
+
 def report(results: list[Result], layouts: list[str]) -> int:
     unexpected = 0
     print("\ntransformers common tests against the Hydra BERT classes")
@@ -458,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", dest="keyword", help="pytest -k expression (e.g. save_load)")
     parser.add_argument("--keep", help="build the test tree in this (new) folder and keep it")
     parser.add_argument("--show-skips", action="store_true", help="list the skipped tests with their reasons")
+    parser.add_argument("--results", help="also write the counts and failures to this JSON file (docs/transformers.md's "
+                                          "table: docs/results/transformers_common_tests.json, then `make docs`)")
     args = parser.parse_args(argv)
 
     python = venv_python()
@@ -488,6 +502,10 @@ def main(argv: list[str] | None = None) -> int:
             for r in results:
                 if r.outcome == "skipped":
                     print(f"  skipped [{r.layout}] {r.test}: {one_line(r.message)}")
+        if args.results:
+            command = " ".join(["python tools/transformers_common_tests.py", *(argv if argv is not None else sys.argv[1:])])
+            summary = results_summary(results, layouts, version, command)
+            Path(args.results).write_text(json.dumps(summary, indent=1) + "\n")
         return report(results, layouts)
     finally:
         if not args.keep:

@@ -59,6 +59,8 @@ import pandas as pd
 import torch
 from torch.utils.data import DataLoader
 
+from .reproducibility import seed_worker
+
 logger = logging.getLogger(__name__)
 
 TEXT_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -548,6 +550,7 @@ def make_text_loader(
         shuffle=shuffle,
         generator=generator,
         collate_fn=_TextCollator(tokenizer, max_length),
+        worker_init_fn=seed_worker,  # with num_workers > 0: worker RNGs from the loader's seed
     )
 
 
@@ -581,4 +584,5 @@ def make_image_loader(
         shuffle=shuffle,
         generator=generator,
         collate_fn=_ImageCollator(transform),
+        worker_init_fn=seed_worker,
     )

@@ -25,6 +25,7 @@ from transformers import get_scheduler
 from ..data import make_image_loader, make_text_loader
 from ..modeling.hydra_layers import HydraLayerNorm, HydraSelfAttention
 from ..modeling.modeling_hydra_llama import HydraRMSNorm
+from ..reproducibility import seed_worker
 from .checkpoint import Checkpoints
 from .run import FinetuneRun
 
@@ -208,7 +209,7 @@ class MemberTrainer:
             return make_image_loader(dataset, _ImageTransform(processor), batch_size=batch_size)
         if self.run.causal_lm:
             collate = _NextTokenCollator(self.run.processor, self.config.max_length)
-            return DataLoader(dataset, batch_size=batch_size, collate_fn=collate)
+            return DataLoader(dataset, batch_size=batch_size, collate_fn=collate, worker_init_fn=seed_worker)
         return make_text_loader(dataset, self.run.processor, batch_size=batch_size, max_length=self.config.max_length)
 
     def _train_loader(self):
@@ -223,6 +224,7 @@ class MemberTrainer:
         loader = DataLoader(
             self.run.train, batch_size=self.config.batch_size, sampler=self.order,
             drop_last=True, collate_fn=text.collate_fn, generator=torch.Generator().manual_seed(self.seed),
+            worker_init_fn=seed_worker,
         )  # fmt: skip
         return self.accelerator.prepare(loader)
 

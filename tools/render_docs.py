@@ -1,0 +1,167 @@
+"""Render the result tables of README.md and docs/*.md from the results files the scripts write.
+
+A rendered region is delimited by two HTML comments, invisible on GitHub::
+
+    <!-- results: docs/results/demo.json view=methods -->
+    | Method | Acc ↑ | ... |
+    <!-- /results -->
+
+``docs/results/demo.json`` (a path from the repository root) is the results file a command wrote
+(``make demo`` writes that one); ``view`` names one of :data:`VIEWS`, a function from the file's JSON
+to the markdown between the markers. Nothing between the markers is typed by hand.
+
+    python tools/render_docs.py            # re-render every region in place (make docs)
+    python tools/render_docs.py --check    # exit 1, one line per region, where a region differs (make docs-check)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))  # render with this checkout's hydra_hf, installed or not
+
+from hydra_hf.outputs import write_text_atomic  # noqa: E402
+from hydra_hf.report import render_markdown_table  # noqa: E402
+
+DOCUMENTS = ("README.md", "docs/*.md")
+"""Where regions are looked for (globs from the repository root)."""
+
+REGION = re.compile(
+    r"(?P<open><!-- results: (?P<file>\S+) view=(?P<view>[\w-]+) -->\n)(?P<body>.*?)(?P<close><!-- /results -->)",
+    re.DOTALL,
+)
+OPENING = re.compile(r"<!-- results:")
+
+
+def _methods_table(results: Mapping[str, Any]) -> str:
+    """The demo's methods table: accuracy, NLL, ECE, MSP/energy AUROC per OOD set, score, latency, size."""
+    report = results["report"]
+    rows = report["rows"]
+    # the OOD sets in the order the pipeline scored them (report["ood_sets"] is sorted by name)
+    ood_sets = [key for key, value in rows[0].items() if isinstance(value, Mapping) and "auroc" in value]
+    columns = [("method", "Method", ""), ("accuracy", "Acc ↑", ".4f"), ("nll", "NLL ↓", ".4f"), ("ece", "ECE ↓", ".4f")]
+    columns += [(f"{name}/auroc", f"{name} AUROC ↑", ".4f") for name in ood_sets]
+    columns += [("ood_score", "OOD score", ""), ("latency_ms", "latency (ms)", ".0f"), ("params_m", "params (M)", ".1f")]
+    return render_markdown_table(rows, columns)
+
+
+def _signed(value: float) -> str:
+    return format(value, "+.4f").replace("-", "−")  # a typographic minus, as the text around the tables
+
+
+def _versus_single_table(results: Mapping[str, Any]) -> str:
+    """The paired bootstrap of the first row (Hydra) minus Single: difference, interval, verdict per metric."""
+    report = results["report"]
+    rows = report["rows"]
+    name = f"{rows[0]['method']} − Single"
+    comparison = report["comparisons"][name]
+    ood_sets = [key for key, value in rows[0].items() if isinstance(value, Mapping) and "auroc" in value]
+    metrics = [("accuracy", "accuracy"), ("ece", "ECE"), ("nll", "NLL")]
+    metrics += [(f"{ood}.auroc", f"{ood} AUROC") for ood in ood_sets]
+    lines = [f"| {name.split(' (')[0]} − Single | difference | interval | verdict |", "|---|---:|:---:|---|"]
+    for key, label in metrics:
+        c = comparison[key]
+        verdict = c["verdict"] if c["verdict"] == "tie" else f"**{c['verdict']}**"
+        lines.append(f"| {label} | {_signed(c['difference'])} | [{_signed(c['ci_low'])}, {_signed(c['ci_high'])}] | {verdict} |")
+    return "\n".join(lines) + "\n"
+
+
+def _common_tests_table(results: Mapping[str, Any]) -> str:
+    """tools/transformers_common_tests.py: passed / failed / skipped per layout, expected failures marked."""
+    lines = [f"Last run (transformers {results['transformers']}, CPU; `{results['command']}`):", "",
+             "| layout | passed | failed | skipped |", "|---|---|---|---|"]
+    for layout, counts in results["layouts"].items():
+        failures = [f for f in results["failures"] if f["layout"] == layout]
+        failed = str(counts["failed"])
+        if failures:
+            unexpected = sum(not f["expected"] for f in failures)
+            failed += f" ({unexpected} unexpected)" if unexpected else " (expected)"
+        lines.append(f"| {layout} | {counts['passed']} | {failed} | {counts['skipped']} |")
+    return "\n".join(lines) + "\n"
+
+
+VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "methods": _methods_table,
+    "hydra-vs-single": _versus_single_table,
+    "transformers-common-tests": _common_tests_table,
+}
+"""view name -> markdown of a results file (ending with a newline)."""
+
+
+def render_region(file: str, view: str, root: Path = REPO) -> str:
+    """The markdown that belongs between the markers naming ``file`` and ``view``."""
+    if view not in VIEWS:
+        raise ValueError(f"unknown view {view!r} in a results marker; use one of {sorted(VIEWS)}")
+    path = root / file
+    if not path.is_file():
+        raise FileNotFoundError(f"{file} is missing: run the command named beside its table (it writes the file), "
+                                "then `make docs`")
+    try:
+        return VIEWS[view](json.loads(path.read_text(encoding="utf-8")))
+    except (KeyError, TypeError, json.JSONDecodeError) as error:  # a file of another kind, or edited by hand
+        raise ValueError(f"{file} does not hold what view {view} reads ({type(error).__name__}: {error}); "
+                         "write it again with the command named beside its table") from None
+
+
+def render_document(text: str, root: Path = REPO) -> str:
+    """``text`` with every region re-rendered from its results file."""
+    if len(OPENING.findall(text)) != len(REGION.findall(text)):
+        raise ValueError("a `<!-- results: FILE view=VIEW -->` marker has no matching `<!-- /results -->` "
+                         "on a later line, or its syntax is wrong; fix the markers")
+    return REGION.sub(lambda m: m["open"] + render_region(m["file"], m["view"], root) + m["close"], text)
+
+
+def documents(root: Path = REPO) -> list[Path]:
+    """The markdown files that may hold regions."""
+    return sorted({path for pattern in DOCUMENTS for path in root.glob(pattern)})
+
+
+def stale_regions(paths: Iterable[Path], root: Path = REPO) -> list[str]:
+    """One line per region whose text differs from its results file (or whose file is missing)."""
+    problems = []
+    for path in paths:
+        text = path.read_text(encoding="utf-8")
+        if len(OPENING.findall(text)) != len(REGION.findall(text)):
+            problems.append(f"{path.relative_to(root)}: a results marker is unmatched or malformed; fix the markers")
+        for match in REGION.finditer(text):
+            name = f"{path.relative_to(root)} [{match['file']} view={match['view']}]"
+            try:
+                expected = render_region(match["file"], match["view"], root)
+            except (OSError, ValueError) as error:
+                problems.append(f"{name}: {error}")
+                continue
+            if match["body"] != expected:
+                problems.append(f"{name}: differs from its results file; run `make docs`")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 where a region differs from its file")
+    args = parser.parse_args(argv)
+    paths = documents()
+    if args.check:
+        problems = stale_regions(paths)
+        for line in problems:
+            print(line, file=sys.stderr)
+        return 1 if problems else 0
+    rendered = {path: render_document(path.read_text(encoding="utf-8")) for path in paths}  # all, before writing any
+    for path, text in rendered.items():
+        if text != path.read_text(encoding="utf-8"):
+            write_text_atomic(path, text)
+            print(f"rendered {path.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (OSError, ValueError) as error:
+        sys.exit(f"render_docs: {error}")
