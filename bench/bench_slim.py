@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import count_parameters, interleaved_medians, table  # noqa: E402
+from _common import add_threads_argument, count_parameters, interleaved_medians, pin_bench_threads, table  # noqa: E402
 from bench_onnx import build, export_pair, make_inputs, session  # noqa: E402
 
 from hydra_hf.cost import relative_cost  # noqa: E402
@@ -139,17 +139,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=2, help="torch (and ONNX Runtime) threads (default 2)")
     parser.add_argument("--no-onnx", action="store_true", help="eager PyTorch only")
     parser.add_argument("--quick", action="store_true", help="smoke test: BERT, 2 layers, T = 32, batch 1 and 2")
     parser.add_argument("--json", default=None, help="also write the rows to this JSON file (a results file)")
+    add_threads_argument(parser)
     args = parser.parse_args()
+    threads = pin_bench_threads(args.threads)
     if args.quick:
         args.geometries, args.layers, args.seq_len, args.batch_sizes = ["bert"], 2, 32, [1, 2]
         args.rounds, args.repeats, args.warmup = 1, 1, 1
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    torch.set_num_threads(args.threads)
-    logger.info("torch %s, %d threads (pinned); nproc %d, load average %.2f %.2f %.2f", torch.__version__,
+    logger.info("torch %s, %d threads; nproc %d, load average %.2f %.2f %.2f", torch.__version__,
                 torch.get_num_threads(), os.cpu_count(), *os.getloadavg())
     rows = []
     with tempfile.TemporaryDirectory(prefix="hydra-bench-slim-") as tmp:
@@ -159,7 +159,7 @@ def main() -> None:
     lines = target_lines(rows)
     print("\n".join(lines))
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": args.threads, "seq_len": args.seq_len, "rows": rows,
+        Path(args.json).write_text(json.dumps({"threads": threads, "seq_len": args.seq_len, "rows": rows,
                                                "targets": lines}, indent=2) + "\n")
 
 
