@@ -450,18 +450,19 @@ def test_two_tower_checkpointing_gradients_and_config(name):
     assert getattr(config, key) == config.base_config[key]
 
 
-@pytest.mark.parametrize("name", ["bert", "vit", "modernbert"])
-def test_trainer_gradient_accumulation_equals_one_batch(name, store, tmp_path):
+@pytest.mark.parametrize("name, layout", [("bert", "unequal"), ("vit", "unequal"), ("modernbert", "unequal"),
+                                          ("bert", "slim"), ("modernbert", "slim")])
+def test_trainer_gradient_accumulation_equals_one_batch(name, layout, store, tmp_path):
     """One optimiser step over 6 rows as one batch, or as 2 accumulated batches of 3: the same update. (The
     Trainer passes ``num_items_in_batch`` to a forward that takes ``**kwargs`` and then stops dividing the loss by
     the accumulation steps; the Hydra classes' losses are means, so they say ``accepts_loss_kwargs = False``.
     Before, every accumulated update was ``steps`` times too large.) One family per skeleton: post-LN text,
-    pre-LN vision, a text family with its own layers."""
+    pre-LN vision, a text family with its own layers; and slim members (MLP neurons too) of a plain and a gated MLP."""
     from transformers import Trainer, TrainingArguments
 
     spec = next(s for s in SPECS if s.name == name)
-    _, folder = store(spec, "unequal")
-    batch = inputs(spec, store(spec, "unequal")[0], batch=6, seq=9)
+    _, folder = store(spec, layout)
+    batch = inputs(spec, store(spec, layout)[0], batch=6, seq=9)
     labels = torch.tensor([0, 1, 2, 0, 1, 2])
     rows = [{**{k: v[i] for k, v in batch.items()}, "labels": labels[i]} for i in range(6)]
     updates = {}
@@ -469,7 +470,7 @@ def test_trainer_gradient_accumulation_equals_one_batch(name, store, tmp_path):
         no_dropout = {"modernbert": {"embedding_dropout": 0.0, "attention_dropout": 0.0, "mlp_dropout": 0.0}}.get(
             name, {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
         )
-        model = type(store(spec, "unequal")[0]).from_pretrained(folder, **no_dropout)
+        model = type(store(spec, layout)[0]).from_pretrained(folder, **no_dropout)
         args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=size,
                                  gradient_accumulation_steps=steps, report_to=[], use_cpu=True, save_strategy="no",
                                  logging_strategy="no", disable_tqdm=True, optim="sgd", learning_rate=0.1,
