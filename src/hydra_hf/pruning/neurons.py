@@ -24,6 +24,7 @@ from ..families import Family, family_of_model
 from ..families.adapters import ModelAdapter
 from ..masks import HeadMasks
 from .gates import HeadGates
+from .taylor import scoring_mode
 
 
 def num_neurons(down_proj: nn.Module) -> int:
@@ -96,18 +97,12 @@ def taylor_neuron_scores(
     heads of ``head_gates`` (``{tower: (L, H)}`` 0/1) switched off, so that a member's neurons are scored inside
     that member."""
     model = adapter.model
-    was_training = model.training
-    model.eval()  # dropout off: the scores describe the deterministic model
-    params = list(model.parameters())
-    requires = [p.requires_grad for p in params]
-    for p in params:
-        p.requires_grad_(False)
-    device = params[0].device
+    device = next(model.parameters()).device
     shapes = mlp_shapes(model, family)
     gates = {t: torch.ones(L, I, device=device, requires_grad=True) for t, (L, I) in shapes.items()}
     scores = {t: torch.zeros(L, I) for t, (L, I) in shapes.items()}
     n_batches = 0
-    try:
+    with scoring_mode(model):
         with HeadGates(model, adapter=adapter) as hg, neuron_gates(model, family, gates):
             if head_gates is not None:
                 hg.set({t: g for t, g in head_gates.items() if t in hg.tower_gates})
@@ -122,11 +117,6 @@ def taylor_neuron_scores(
                     for t, g in gates.items():
                         scores[t] += g.grad.detach().abs().cpu()
                 n_batches += 1
-    finally:
-        for p, r in zip(params, requires):
-            p.requires_grad_(r)
-            p.grad = None
-        model.train(was_training)
     if n_batches == 0:
         raise ValueError("the calibration data is empty; give at least one labelled batch")
     return {t: s / n_batches for t, s in scores.items()}

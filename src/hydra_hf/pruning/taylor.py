@@ -26,12 +26,14 @@ to ``score ** (1 / temperature)``. This is how different seeds give different me
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from tqdm.auto import tqdm
 
 from ..families.adapters import AttentionLayer, ModelAdapter
@@ -91,6 +93,26 @@ def _layer_weight_importance(layer: AttentionLayer) -> torch.Tensor:
     return torch.stack(per_proj).mean(dim=0)
 
 
+@contextmanager
+def scoring_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """While inside: ``model`` in eval mode (dropout off: the scores describe the deterministic model) with every
+    parameter frozen (the caller unfreezes what it scores); afterwards its mode and ``requires_grad`` flags as
+    they were, and no gradient left on a parameter."""
+    was_training = model.training
+    params = list(model.parameters())
+    requires = [p.requires_grad for p in params]
+    model.eval()
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield model
+    finally:
+        for p, r in zip(params, requires):
+            p.requires_grad_(r)
+            p.grad = None
+        model.train(was_training)
+
+
 def taylor_scores(
     adapter: ModelAdapter,
     batches: Iterable[Mapping[str, torch.Tensor]],
@@ -138,19 +160,13 @@ def _tower_scores(
     if criterion not in CRITERIA:
         raise ValueError(f"unknown Taylor criterion {criterion!r}; choose one of {list(CRITERIA)}")
     model = adapter.model
-    was_training = model.training
-    model.eval()  # dropout off: the scores describe the deterministic model
-    params = [p for p in model.parameters()]
-    requires = [p.requires_grad for p in params]
-    for p in params:
-        p.requires_grad_(False)
     weights = {id(w): w for t in towers for layer in adapter.towers[t] for w, _ in layer.qkv}
-    if criterion == "weight":
-        for w in weights.values():
-            w.requires_grad_(True)
     scores = {t: torch.zeros(*adapter.shape(t)) for t in towers}
     n_batches = 0
-    try:
+    with scoring_mode(model):
+        if criterion == "weight":
+            for w in weights.values():
+                w.requires_grad_(True)
         with HeadGates(model, adapter=adapter, requires_grad=(criterion == "gate")) as hg:
             if gates is not None:
                 hg.set(gates)
@@ -172,11 +188,6 @@ def _tower_scores(
                         for index, layer in enumerate(adapter.towers[t]):
                             scores[t][index] += _layer_weight_importance(layer).cpu()
                 n_batches += 1
-    finally:
-        for p, r in zip(params, requires):
-            p.requires_grad_(r)
-            p.grad = None
-        model.train(was_training)
     if n_batches == 0:
         raise ValueError("the calibration data is empty; give at least one labelled batch")
     for t in towers:
