@@ -653,12 +653,12 @@ class LayerOutputs:
         outs = LayerOutputs(embeddings, M, output_hidden_states, output_attentions)
         for layer in layers:
             outs.add(*layer(outs.input, mask))  # each layer returns (streams (M, B, T, d), weights)
-        hidden = outs.streams()  # (M, B, T, d)
+        hidden = outs.streams()  # (M, B, T, d); after the final norm (if any), transposed to (B, M, T, d):
         fields = outs.output_fields(member_last)  # the hidden-state fields of the model's output
 
     ``input`` is the next layer's input: the shared embeddings ``(B, T, d)`` for the first layer, or the
     members' streams ``(M, B, T, d)``. With ``output_hidden_states`` the first layer reads
-    ``hidden_states[0]`` (the embeddings expanded over the members, a stride-0 view) member by member,
+    ``member_hidden_states[0]`` (the embeddings expanded over the members, a stride-0 view) member by member,
     so member m's gradient lands in its own slot; the result equals the shared computation. Layer l's
     output is returned as ``member_hidden_states[l + 1] (B, M, T, d)``, and the next layer reads a view of it.
     ``attentions`` keeps the weights each layer returns (None, as sdpa gives, is left out).
@@ -670,21 +670,21 @@ class LayerOutputs:
         self.num_members = num_members
         self.embeddings = embeddings  # (B, T, d): the public hidden_states[0]
         self.input = embeddings  # shared until the first layer gives every member its own stream
-        self.hidden_states: tuple[torch.Tensor, ...] | None = None
+        self.member_hidden_states: tuple[torch.Tensor, ...] | None = None  # (B, M, T, d) each
         self.attentions: tuple[torch.Tensor, ...] | None = () if output_attentions else None
         if output_hidden_states:
             B, T, d = embeddings.shape
             first = embeddings.unsqueeze(1).expand(B, num_members, T, d)  # (B, M, T, d), a view
-            self.hidden_states = (first,)
+            self.member_hidden_states = (first,)
             self.input = first.transpose(0, 1)  # (M, B, T, d): member m reads slot m
 
     def add(self, hidden: torch.Tensor, weights: torch.Tensor | None = None) -> None:
         """Record a layer's output ``hidden (M, B, T, d)`` and ``weights (B, K, T, T)`` (or None)."""
         if self.attentions is not None and weights is not None:
             self.attentions += (weights,)
-        if self.hidden_states is not None:
+        if self.member_hidden_states is not None:
             public = hidden.transpose(0, 1)  # (B, M, T, d), a view
-            self.hidden_states += (public,)
+            self.member_hidden_states += (public,)
             hidden = public.transpose(0, 1)  # the next computation reads the returned tensor (a view)
         self.input = hidden
 
@@ -704,11 +704,12 @@ class LayerOutputs:
         return it."""
         last = member_last.mean(dim=1)  # (B, T, d): the ensemble's choice, the members' mean
         fields = {"last_hidden_state": last, "member_last_hidden_state": member_last}
-        if self.hidden_states is not None:
-            member_hidden = self.hidden_states[:-1] + (member_last,) if tie_last else self.hidden_states
-            hidden = (self.embeddings,) + tuple(h.mean(dim=1) for h in member_hidden[1:])  # (B, T, d) each
-            if tie_last:
-                hidden = hidden[:-1] + (last,)  # the same tensor, as transformers returns it
+        member_hidden = self.member_hidden_states
+        if member_hidden is not None:
+            means = tuple(h.mean(dim=1) for h in member_hidden[1:])  # (B, T, d) after every layer
+            hidden = (self.embeddings,) + means
+            if tie_last:  # the same tensors, as transformers returns them
+                member_hidden, hidden = member_hidden[:-1] + (member_last,), hidden[:-1] + (last,)
             fields.update(hidden_states=hidden, member_hidden_states=member_hidden)
         return fields
 
