@@ -46,7 +46,7 @@ class HydraModelOutput(ModelOutput):
     Args:
         last_hidden_state: ``(B, T, d)`` the members' mean of ``member_last_hidden_state``.
         pooler_output: ``(B, d)`` the members' mean of ``member_pooler_output`` (None where the stock model
-            has no pooler: ViT, DeBERTa-v2, ModernBERT).
+            has no pooler, e.g. ViT, DeBERTa-v2, ModernBERT).
         hidden_states: per layer (embeddings first) ``(B, T, d)``, with ``output_hidden_states``:
             ``hidden_states[0]`` is the shared embeddings, the tensor every member reads (``retain_grad()`` on
             it receives the sum of the members' gradients); ``hidden_states[l]`` for ``l >= 1`` is the members'
@@ -60,7 +60,7 @@ class HydraModelOutput(ModelOutput):
             where no member keeps a head has ``K_l = 0``. They are the softmax weights the layer multiplies
             the values with (``retain_grad()`` works). transformers' models have ``H`` heads here instead.
         member_last_hidden_state: ``(B, M, T, d)`` every member's final hidden states (after the final
-            LayerNorm for ViT; before it for the CLIP towers, as in transformers' CLIP).
+            LayerNorm for ViT and CLIP's text tower; before it for CLIP's vision tower, as in transformers' CLIP).
         member_pooler_output: ``(B, M, d)`` every member's pooled output (BERT pooler, CLIP towers; None for ViT).
         member_hidden_states: per layer (embeddings first) ``(B, M, T, d)``, with ``output_hidden_states``:
             ``member_hidden_states[l][:, m]`` is member m's stream. ``member_hidden_states[0]`` is the shared
