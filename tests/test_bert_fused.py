@@ -133,7 +133,8 @@ def test_eager_and_sdpa_agree_and_attentions(tiny_bert_dir):
     # padded keys get no attention; rows are distributions
     assert float(att[1, :, :, -2:].abs().max()) == 0.0
     torch.testing.assert_close(att.sum(-1), torch.ones_like(att.sum(-1)))
-    assert len(out.hidden_states) == 4 and out.hidden_states[-1].shape == (3, 3, 11, 32)
+    assert len(out.hidden_states) == 4 and out.hidden_states[-1].shape == (3, 11, 32)  # the members' mean
+    assert len(out.member_hidden_states) == 4 and out.member_hidden_states[-1].shape == (3, 3, 11, 32)
 
 
 def test_masks_are_not_ignored(tiny_bert_dir):
@@ -228,8 +229,8 @@ def test_base_model_outputs(tiny_bert_dir):
         out = encoder(**batch)
         for m in range(3):
             ref = zero_removed_heads(base, UNEQUAL[m]).bert(**batch)
-            torch.testing.assert_close(out.last_hidden_state[:, m], ref.last_hidden_state, atol=ATOL, rtol=0)
-            torch.testing.assert_close(out.pooler_output[:, m], ref.pooler_output, atol=ATOL, rtol=0)
+            torch.testing.assert_close(out.member_last_hidden_state[:, m], ref.last_hidden_state, atol=ATOL, rtol=0)
+            torch.testing.assert_close(out.member_pooler_output[:, m], ref.pooler_output, atol=ATOL, rtol=0)
 
 
 def test_regression_and_multilabel_heads(tiny_bert_dir):

@@ -253,7 +253,7 @@ def test_eager_and_sdpa_agree(spec, layout, store):
         with torch.no_grad():
             out[attn] = model(**batch, output_hidden_states=True)
     torch.testing.assert_close(out["eager"].member_logits, out["sdpa"].member_logits, atol=ATOL, rtol=0)
-    for a, b in zip(out["eager"].hidden_states, out["sdpa"].hidden_states):
+    for a, b in zip(out["eager"].member_hidden_states, out["sdpa"].member_hidden_states):
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
 
 
@@ -286,11 +286,12 @@ def test_return_dict_false_gives_the_outputs_as_a_tuple(spec, layout, store):
         as_dict = model(**batch, **kwargs)
         as_tuple = model(**batch, **kwargs, return_dict=False)
     expected = as_dict.to_tuple()
-    assert isinstance(as_tuple, tuple) and len(as_tuple) == len(expected) == 5  # loss, logits, member_logits, hs, attn
+    # loss, logits, member_logits, hidden states, attentions, member hidden states
+    assert isinstance(as_tuple, tuple) and len(as_tuple) == len(expected) == 6
     for got, want in zip(as_tuple, expected):
         torch.testing.assert_close(got, want, atol=0, rtol=0)
     L = model.config.num_hidden_layers
-    assert len(as_dict.hidden_states) == L + 1 and len(as_dict.attentions) == L
+    assert len(as_dict.hidden_states) == len(as_dict.member_hidden_states) == L + 1 and len(as_dict.attentions) == L
     for layer, weights in enumerate(as_dict.attentions):  # (B, K_l, T, T): every member's kept heads
         assert weights.shape[1] == sum(len(k) for k in _kept(layout, layer))
 
@@ -311,15 +312,15 @@ def test_gradients_reach_the_returned_hidden_states_and_attentions(spec, layout,
     model = _model(store, spec, layout)
     model.set_attn_implementation("eager")
     out = model(**inputs(spec, model), output_hidden_states=True, output_attentions=True)
-    tensors = [*out.hidden_states, *out.attentions]
-    for t in tensors:
+    tensors = [*out.member_hidden_states, *out.attentions]
+    for t in [*tensors, out.hidden_states[0]]:  # hidden_states[0]: the shared embeddings every member reads
         t.retain_grad()
     out.logits.sum().backward(retain_graph=True)
-    assert all(t.grad is not None for t in tensors)
+    assert all(t.grad is not None for t in tensors) and out.hidden_states[0].grad.abs().max() > 0
     M = len(LAYOUTS[layout])
     for m in range(M):
         grads = torch.autograd.grad(out.member_logits[:, m].sum(), tensors, retain_graph=True, allow_unused=False)
-        hidden_grads, attention_grads = grads[: len(out.hidden_states)], grads[len(out.hidden_states) :]
+        hidden_grads, attention_grads = grads[: len(out.member_hidden_states)], grads[len(out.member_hidden_states) :]
         for g in hidden_grads:  # (B, M, T, d)
             assert g[:, m].abs().max() > 0
             assert all(g[:, other].abs().max() == 0 for other in range(M) if other != m)
@@ -437,7 +438,7 @@ def test_two_tower_checkpointing_gradients_and_config(name):
             if isinstance(module, HydraSelfAttention):
                 module.register_forward_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
         out = model(**batch, output_hidden_states=True)
-        hidden = [*out.vision_model_output.hidden_states, *out.text_model_output.hidden_states]
+        hidden = [*out.vision_model_output.member_hidden_states, *out.text_model_output.member_hidden_states]
         for h in hidden:
             h.retain_grad()
         out.logits_per_image.sum().backward()

@@ -289,7 +289,7 @@ def test_eager_and_sdpa_agree(family, task, layout, store):
     if task == "causal_lm":  # padding positions attend to nothing: not compared
         eager, sdpa = eager.transpose(1, 2)[real], sdpa.transpose(1, 2)[real]
     torch.testing.assert_close(eager, sdpa, atol=ATOL, rtol=0)
-    for a, b in zip(out["eager"].hidden_states, out["sdpa"].hidden_states):
+    for a, b in zip(out["eager"].member_hidden_states, out["sdpa"].member_hidden_states):
         torch.testing.assert_close(a.transpose(1, 2)[real], b.transpose(1, 2)[real], atol=ATOL, rtol=0)
 
 
@@ -322,11 +322,12 @@ def test_return_dict_false_gives_the_outputs_as_a_tuple(family, task, layout, st
         as_dict = model(**batch, **kwargs)
         as_tuple = model(**batch, **kwargs, return_dict=False)
     expected = as_dict.to_tuple()
-    assert isinstance(as_tuple, tuple) and len(as_tuple) == len(expected) == 5  # loss, logits, member_logits, hs, attn
+    # loss, logits, member_logits, hidden states, attentions, member hidden states
+    assert isinstance(as_tuple, tuple) and len(as_tuple) == len(expected) == 6
     for got, want in zip(as_tuple, expected):
         torch.testing.assert_close(got, want, atol=0, rtol=0)
     L = model.config.num_hidden_layers
-    assert len(as_dict.hidden_states) == L + 1 and len(as_dict.attentions) == L
+    assert len(as_dict.hidden_states) == len(as_dict.member_hidden_states) == L + 1 and len(as_dict.attentions) == L
     for layer, weights in enumerate(as_dict.attentions):  # (B, K_l, T, T): every member's kept query heads
         assert weights.shape[1] == sum(len(k) for k in _kept(layout, layer))
     if task == "causal_lm":  # with the cache: (logits, member_logits, cache), as transformers' past_key_values
@@ -347,15 +348,15 @@ def test_gradients_reach_the_returned_hidden_states_and_attentions(family, task,
     model = _model(store, family, task, layout)
     model.set_attn_implementation("eager")
     out = model(**_inputs(), output_hidden_states=True, output_attentions=True, use_cache=False)
-    tensors = [*out.hidden_states, *out.attentions]
-    for t in tensors:
+    tensors = [*out.member_hidden_states, *out.attentions]
+    for t in [*tensors, out.hidden_states[0]]:  # hidden_states[0]: the shared embeddings every member reads
         t.retain_grad()
     out.logits.sum().backward(retain_graph=True)
-    assert all(t.grad is not None for t in tensors)
+    assert all(t.grad is not None for t in tensors) and out.hidden_states[0].grad.abs().max() > 0
     M = len(LAYOUTS[layout])
     for m in range(M):
         grads = torch.autograd.grad(out.member_logits[:, m].sum(), tensors, retain_graph=True, allow_unused=False)
-        hidden_grads, attention_grads = grads[: len(out.hidden_states)], grads[len(out.hidden_states) :]
+        hidden_grads, attention_grads = grads[: len(out.member_hidden_states)], grads[len(out.member_hidden_states) :]
         for g in hidden_grads:  # (B, M, T, d)
             assert g[:, m].abs().max() > 0
             assert all(g[:, other].abs().max() == 0 for other in range(M) if other != m)

@@ -166,7 +166,7 @@ def test_other_heads_convert_as_bare_encoders(spec, tmp_path):
     batch = inputs(spec, stock)
     with torch.no_grad():
         expected = body(**batch).last_hidden_state  # (B, T, d)
-        got = model.hydra(**batch).last_hidden_state  # (B, M, T, d)
+        got = model.hydra(**batch).member_last_hidden_state  # (B, M, T, d)
     # real tokens only: a padded token whose sliding window holds only padding (ModernBERT) has no defined
     # state (transformers' eager and sdpa paths already disagree there); no output reads it
     keep = batch.get("attention_mask", torch.ones(expected.shape[:2])).bool()  # (B, T)

@@ -489,7 +489,7 @@ def test_pretrained_masked_lm_checkpoints_convert(tmp_path):
         encoder = getattr(stock, family.prefix)
         with torch.no_grad():
             expected = encoder(**batch).last_hidden_state  # (B, T, d)
-            got = model.hydra(**batch).last_hidden_state  # (B, M, T, d)
+            got = model.hydra(**batch).member_last_hidden_state  # (B, M, T, d)
         for m in range(3):
             torch.testing.assert_close(got[:, m][keep], expected[keep], atol=ATOL, rtol=0)
     sd = dict(DEBERTA.stock(**DEBERTA_V3).state_dict())

@@ -421,7 +421,7 @@ def test_bare_encoders_get_new_classifiers(tmp_path, name):
     with torch.no_grad():
         ours = model.hydra(INPUTS["pixel_values"])
         theirs = encoder(INPUTS["pixel_values"])
-    torch.testing.assert_close(ours.last_hidden_state[:, 1], theirs.last_hidden_state, atol=ATOL, rtol=0)
+    torch.testing.assert_close(ours.member_last_hidden_state[:, 1], theirs.last_hidden_state, atol=ATOL, rtol=0)
 
 
 # ------------------------------------------------------------------ CLI, remote code, pipelines, pruning

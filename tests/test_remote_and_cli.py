@@ -119,10 +119,10 @@ def test_real_minilm_matches_reference(tmp_path):
         for m in range(3):
             ref = zero_removed_heads(base, kept[m])
             ref_out = ref(**enc)
-            torch.testing.assert_close(out_enc.last_hidden_state[:, m], ref_out.last_hidden_state, atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(out_enc.pooler_output[:, m], ref_out.pooler_output, atol=1e-5, rtol=0)
+            torch.testing.assert_close(out_enc.member_last_hidden_state[:, m], ref_out.last_hidden_state, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(out_enc.member_pooler_output[:, m], ref_out.pooler_output, atol=1e-5, rtol=0)
         full = base(**enc).last_hidden_state
-        assert (out_enc.last_hidden_state[:, 0] - full).abs().max() > 1e-2  # pruning changes the encoder
+        assert (out_enc.member_last_hidden_state[:, 0] - full).abs().max() > 1e-2  # pruning changes the encoder
         expected = model(**enc).logits
     code = f"""
         import json, torch

@@ -204,7 +204,8 @@ def test_outputs_loss_and_attentions(hf_vit_dir):
     torch.testing.assert_close(out.loss, expected)
     assert out.member_logits.shape == (4, 3, 3) and out.logits.shape == (4, 3)
     assert [a.shape[1] for a in out.attentions] == [6, 7, 3]  # all members' kept heads per layer
-    assert len(out.hidden_states) == 4 and out.hidden_states[-1].shape == (4, 3, 5, 32)
+    assert len(out.hidden_states) == 4 and out.hidden_states[-1].shape == (4, 5, 32)  # the members' mean
+    assert len(out.member_hidden_states) == 4 and out.member_hidden_states[-1].shape == (4, 3, 5, 32)
     out.loss.backward()
     for name in ("hydra.layers.0.attention.qkv_weight", "hydra.layers.0.norm1.weight", "hydra.layernorm.weight",
                  "hydra.embeddings.cls_token", "classifier.weight"):

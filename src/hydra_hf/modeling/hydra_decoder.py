@@ -24,16 +24,23 @@ class HydraDecoderOutput(ModelOutput):
     """Output of the fused decoder.
 
     Args:
-        last_hidden_state: ``(B, M, T, d)`` every member's final hidden states (after its final norm).
+        last_hidden_state: ``(B, T, d)`` the members' mean of ``member_last_hidden_state``.
         cache: the key/value cache (every member's kept key/value heads), with ``use_cache``.
-        hidden_states, attentions: as in ``HydraModelOutput`` (attentions ``(B, K_l, T, S)`` over the K_l kept
-            query heads of layer l in member order, with eager attention).
+        hidden_states, attentions: as in ``HydraModelOutput``: ``hidden_states[l] (B, T, d)``, the embeddings
+            then the members' mean after every layer, the last one ``last_hidden_state`` (after the final
+            norm, as transformers' language models return it); attentions ``(B, K_l, T, S)`` over the K_l kept
+            query heads of layer l in member order, with eager attention.
+        member_last_hidden_state: ``(B, M, T, d)`` every member's final hidden states (after its final norm).
+        member_hidden_states: per layer ``(B, M, T, d)``, every member's stream (the last one
+            ``member_last_hidden_state``); ``retain_grad()`` on them receives member m's gradient in slot ``[:, m]``.
     """
 
     last_hidden_state: torch.Tensor | None = None
     cache: Cache | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
+    member_last_hidden_state: torch.Tensor | None = None
+    member_hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
@@ -44,7 +51,7 @@ class HydraCausalLMOutput(ModelOutput):
         loss: mean over members of each member's next-token cross-entropy, when ``labels`` are given.
         logits: ``(B, T, V)`` log of the mean of the members' next-token softmaxes.
         member_logits: ``(B, M, T, V)`` every member's own logits.
-        cache, hidden_states, attentions: as in ``HydraDecoderOutput``.
+        cache, hidden_states, attentions, member_hidden_states: as in ``HydraDecoderOutput``.
     """
 
     loss: torch.Tensor | None = None
@@ -53,6 +60,7 @@ class HydraCausalLMOutput(ModelOutput):
     cache: Cache | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
+    member_hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
@@ -319,12 +327,13 @@ class HydraCausalLMMixin(HydraGenerationUncertaintyMixin):
             inputs_embeds=inputs_embeds, use_cache=use_cache, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, return_dict=True, past_key_values=past_key_values, **extra,
         )  # fmt: skip
-        hidden = outputs.last_hidden_state  # (B, M, T, d)
+        hidden = outputs.member_last_hidden_state  # (B, M, T, d)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         member_logits = self.member_logits_of(hidden[:, :, keep])  # (B, M, T', V)
         logits, loss = ensemble_lm_outputs(member_logits, labels, kwargs.get("num_items_in_batch"))
         out = HydraCausalLMOutput(
             loss=loss, logits=logits, member_logits=member_logits, cache=outputs.cache,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+            member_hidden_states=outputs.member_hidden_states,
         )  # fmt: skip
         return out if return_dict else out.to_tuple()

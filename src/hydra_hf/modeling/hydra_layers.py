@@ -12,7 +12,8 @@ k_m heads kept by member m in this layer, K = sum_m k_m.
 
 Inside the model the residual streams are stored member-major, ``(M, B, T, d)``, so that member m's
 stream ``hidden[m]`` is contiguous and the grouped projections are batched matrix products over M
-without copies. The models transpose to the public ``(B, M, T, d)`` layout on output.
+without copies. The models transpose to the public ``(B, M, T, d)`` layout of the ``member_`` outputs;
+the standard outputs (``last_hidden_state (B, T, d)``, ...) are the members' mean.
 
 The reference for every fused computation is the stock model with member m's removed heads zeroed in
 W_O (their block of output-projection columns); see ``tests/`` for the numerical comparison.
@@ -38,26 +39,43 @@ from transformers.utils import ModelOutput, is_tracing
 class HydraModelOutput(ModelOutput):
     """Output of a fused encoder (every Hydra family).
 
+    The standard fields have the shapes transformers' models give them, so that every client reading them
+    (pipelines, sentence-transformers, generation) sees one model: the ensemble's value of a member-wise
+    output is the members' mean. Every member's own stream is in the ``member_`` fields.
+
     Args:
-        last_hidden_state: ``(B, M, T, d)`` every member's final hidden states (after the final
-            LayerNorm for ViT; before it for the CLIP towers, as in transformers' CLIP).
-        pooler_output: ``(B, M, d)`` every member's pooled output (BERT pooler, CLIP towers; None for ViT).
-        hidden_states: per layer (embeddings first) ``(B, M, T, d)``, with ``output_hidden_states``:
-            ``hidden_states[l][:, m]`` is member m's stream. ``hidden_states[0]`` is the shared embeddings
-            expanded over the members (a stride-0 view); ``hidden_states[l]`` for ``l >= 1`` is layer l's
-            output. Each is a view of the tensor the next computation reads, so ``retain_grad()`` on it
-            receives member m's gradient in slot ``[:, m]``.
+        last_hidden_state: ``(B, T, d)`` the members' mean of ``member_last_hidden_state``.
+        pooler_output: ``(B, d)`` the members' mean of ``member_pooler_output`` (None where the stock model
+            has no pooler, e.g. ViT, DeBERTa-v2, ModernBERT).
+        hidden_states: per layer (embeddings first) ``(B, T, d)``, with ``output_hidden_states``:
+            ``hidden_states[0]`` is the shared embeddings, the tensor every member reads (``retain_grad()`` on
+            it receives the sum of the members' gradients); ``hidden_states[l]`` for ``l >= 1`` is the members'
+            mean of ``member_hidden_states[l]``, computed for the output only (the members do not read it).
+            ``hidden_states[-1]`` is ``last_hidden_state`` where transformers' model ties them (ModernBERT and
+            the decoders, after the final norm); the ViT-like and CLIP/SigLIP towers return the last layer's
+            output before their final LayerNorm, as transformers' do.
         attentions: per layer ``(B, K_l, T, T)`` over the K_l heads all members keep in layer l, with
             ``output_attentions`` and eager attention: the member axis is folded into the head axis, member
             0's kept heads first (ascending), then member 1's, ... (``kept_heads[m][l]`` says which); a layer
             where no member keeps a head has ``K_l = 0``. They are the softmax weights the layer multiplies
             the values with (``retain_grad()`` works). transformers' models have ``H`` heads here instead.
+        member_last_hidden_state: ``(B, M, T, d)`` every member's final hidden states (after the final
+            LayerNorm for ViT and CLIP's text tower; before it for CLIP's vision tower, as in transformers' CLIP).
+        member_pooler_output: ``(B, M, d)`` every member's pooled output (BERT pooler, CLIP towers; None for ViT).
+        member_hidden_states: per layer (embeddings first) ``(B, M, T, d)``, with ``output_hidden_states``:
+            ``member_hidden_states[l][:, m]`` is member m's stream. ``member_hidden_states[0]`` is the shared
+            embeddings expanded over the members (a stride-0 view); ``member_hidden_states[l]`` for ``l >= 1``
+            is layer l's output. Each is a view of the tensor the next computation reads, so ``retain_grad()``
+            on it receives member m's gradient in slot ``[:, m]``.
     """
 
     last_hidden_state: torch.Tensor | None = None
     pooler_output: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
+    member_last_hidden_state: torch.Tensor | None = None
+    member_pooler_output: torch.Tensor | None = None
+    member_hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
 @dataclass
@@ -68,7 +86,8 @@ class HydraClassifierOutput(ModelOutput):
         loss: mean over members of each member's loss, when ``labels`` are given.
         logits: ``(B, C)`` log of the mean of the members' softmaxes (ensemble prediction).
         member_logits: ``(B, M, C)`` every member's own logits.
-        hidden_states, attentions: as in ``HydraModelOutput``.
+        hidden_states, attentions, member_hidden_states: as in ``HydraModelOutput`` (``hidden_states[l]``
+            ``(B, T, d)``, the members' mean; ``member_hidden_states[l]`` ``(B, M, T, d)``).
     """
 
     loss: torch.Tensor | None = None
@@ -76,6 +95,7 @@ class HydraClassifierOutput(ModelOutput):
     member_logits: torch.Tensor | None = None
     hidden_states: tuple[torch.Tensor, ...] | None = None
     attentions: tuple[torch.Tensor, ...] | None = None
+    member_hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
 def grouped_linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -728,13 +748,14 @@ class LayerOutputs:
         outs = LayerOutputs(embeddings, M, output_hidden_states, output_attentions)
         for layer in layers:
             outs.add(*layer(outs.input, mask))  # each layer returns (streams (M, B, T, d), weights)
-        hidden = outs.streams()  # (M, B, T, d)
+        hidden = outs.streams()  # (M, B, T, d); after the final norm (if any), transposed to (B, M, T, d):
+        fields = outs.output_fields(member_last)  # the hidden-state fields of the model's output
 
     ``input`` is the next layer's input: the shared embeddings ``(B, T, d)`` for the first layer, or the
     members' streams ``(M, B, T, d)``. With ``output_hidden_states`` the first layer reads
-    ``hidden_states[0]`` (the embeddings expanded over the members, a stride-0 view) member by member,
+    ``member_hidden_states[0]`` (the embeddings expanded over the members, a stride-0 view) member by member,
     so member m's gradient lands in its own slot; the result equals the shared computation. Layer l's
-    output is returned as ``hidden_states[l + 1] (B, M, T, d)``, and the next layer reads a view of it.
+    output is returned as ``member_hidden_states[l + 1] (B, M, T, d)``, and the next layer reads a view of it.
     ``attentions`` keeps the weights each layer returns (None, as sdpa gives, is left out).
     """
 
@@ -742,22 +763,23 @@ class LayerOutputs:
         self, embeddings: torch.Tensor, num_members: int, output_hidden_states: bool, output_attentions: bool
     ) -> None:
         self.num_members = num_members
+        self.embeddings = embeddings  # (B, T, d): the public hidden_states[0]
         self.input = embeddings  # shared until the first layer gives every member its own stream
-        self.hidden_states: tuple[torch.Tensor, ...] | None = None
+        self.member_hidden_states: tuple[torch.Tensor, ...] | None = None  # (B, M, T, d) each
         self.attentions: tuple[torch.Tensor, ...] | None = () if output_attentions else None
         if output_hidden_states:
             B, T, d = embeddings.shape
             first = embeddings.unsqueeze(1).expand(B, num_members, T, d)  # (B, M, T, d), a view
-            self.hidden_states = (first,)
+            self.member_hidden_states = (first,)
             self.input = first.transpose(0, 1)  # (M, B, T, d): member m reads slot m
 
     def add(self, hidden: torch.Tensor, weights: torch.Tensor | None = None) -> None:
         """Record a layer's output ``hidden (M, B, T, d)`` and ``weights (B, K, T, T)`` (or None)."""
         if self.attentions is not None and weights is not None:
             self.attentions += (weights,)
-        if self.hidden_states is not None:
+        if self.member_hidden_states is not None:
             public = hidden.transpose(0, 1)  # (B, M, T, d), a view
-            self.hidden_states += (public,)
+            self.member_hidden_states += (public,)
             hidden = public.transpose(0, 1)  # the next computation reads the returned tensor (a view)
         self.input = hidden
 
@@ -767,6 +789,24 @@ class LayerOutputs:
         if hidden.dim() == 3:  # a tower with no layers
             hidden = hidden.unsqueeze(0).expand(self.num_members, *hidden.shape)
         return hidden
+
+    def output_fields(self, member_last: torch.Tensor, tie_last: bool = False) -> dict[str, torch.Tensor | tuple | None]:
+        """The hidden-state fields of a model's output (see ``HydraModelOutput``) from every member's final
+        hidden states ``member_last (B, M, T, d)``: ``last_hidden_state (B, T, d)``, their mean, and with
+        ``output_hidden_states`` the per-layer ``hidden_states (B, T, d)`` (the shared embeddings, then the
+        members' mean after every layer) and ``member_hidden_states (B, M, T, d)``. ``tie_last``: the last
+        hidden state is the final one (after the final norm), as transformers' ModernBERT and language models
+        return it."""
+        last = member_last.mean(dim=1)  # (B, T, d): the ensemble's choice, the members' mean
+        fields = {"last_hidden_state": last, "member_last_hidden_state": member_last}
+        member_hidden = self.member_hidden_states
+        if member_hidden is not None:
+            means = tuple(h.mean(dim=1) for h in member_hidden[1:])  # (B, T, d) after every layer
+            hidden = (self.embeddings,) + means
+            if tie_last:  # the same tensors, as transformers returns them
+                member_hidden, hidden = member_hidden[:-1] + (member_last,), hidden[:-1] + (last,)
+            fields.update(hidden_states=hidden, member_hidden_states=member_hidden)
+        return fields
 
 
 def may_mask(attention_mask: torch.Tensor | None) -> bool:

@@ -76,19 +76,18 @@ def check_pixel_values(
 def run_layers(
     layers: nn.ModuleList, embeddings: torch.Tensor, num_members: int, attention_mask: torch.Tensor | None,
     output_hidden_states: bool, output_attentions: bool,
-) -> tuple[torch.Tensor, tuple | None, tuple | None]:
+) -> tuple[torch.Tensor, LayerOutputs]:
     """Run the fused layers on shared ``embeddings (B, T, d)`` (see ``LayerOutputs``).
 
-    Returns the members' streams ``(M, B, T, d)``, the hidden states per layer ``(B, M, T, d)`` (embeddings
-    first) and the attention weights per layer, the last two only when asked for. As in transformers'
-    models, attention weights are only returned by eager attention: with sdpa the attention function
-    warns and ``attentions`` is an empty tuple.
+    Returns the members' streams ``(M, B, T, d)`` and the ``LayerOutputs`` that recorded the hidden states
+    and attention weights per layer (when asked for). As in transformers' models, attention weights are only
+    returned by eager attention: with sdpa the attention function warns and ``attentions`` is an empty tuple.
     """
     outs = LayerOutputs(embeddings, num_members, output_hidden_states, output_attentions)
     for layer in layers:
         # hidden and mask positional: what GradientCheckpointingLayer checkpoints
         outs.add(*layer(outs.input, attention_mask, output_attentions=output_attentions))  # (M, B, T, d)
-    return outs.streams(), outs.hidden_states, outs.attentions
+    return outs.streams(), outs
 
 
 def classifier_output(
@@ -96,17 +95,15 @@ def classifier_output(
 ) -> HydraClassifierOutput | tuple:
     """The output of a fused classifier from its ``member_logits (B, M, C)``: ensemble logits, loss."""
     logits, loss = ensemble_outputs(member_logits, labels, config)
-    if not return_dict:
-        out = (logits, member_logits, encoder_output.hidden_states, encoder_output.attentions)
-        out = tuple(v for v in out if v is not None)
-        return ((loss,) + out) if loss is not None else out
-    return HydraClassifierOutput(
+    out = HydraClassifierOutput(
         loss=loss,
         logits=logits,
         member_logits=member_logits,
         hidden_states=encoder_output.hidden_states,
         attentions=encoder_output.attentions,
+        member_hidden_states=encoder_output.member_hidden_states,
     )
+    return out if return_dict else out.to_tuple()
 
 
 def resolve_output_flags(
@@ -120,14 +117,27 @@ def resolve_output_flags(
     )
 
 
+def model_output(
+    member_last: torch.Tensor, member_pooled: torch.Tensor | None, outs: LayerOutputs, tie_last: bool = False
+) -> HydraModelOutput:
+    """A fused encoder's output from every member's ``member_last (B, M, T, d)`` and ``member_pooled (B, M, d)``
+    (or None) and the layers' record ``outs``: the standard fields are the members' mean (see ``HydraModelOutput``;
+    ``tie_last`` as in ``LayerOutputs.output_fields``)."""
+    return HydraModelOutput(
+        pooler_output=member_pooled.mean(dim=1) if member_pooled is not None else None,  # (B, d)
+        attentions=outs.attentions,
+        member_pooler_output=member_pooled,
+        **outs.output_fields(member_last, tie_last),
+    )
+
+
 def encoder_output(
-    last: torch.Tensor, pooled: torch.Tensor | None, all_hidden: tuple | None, all_attentions: tuple | None,
-    return_dict: bool,
+    member_last: torch.Tensor, member_pooled: torch.Tensor | None, outs: LayerOutputs, return_dict: bool,
+    tie_last: bool = False,
 ) -> HydraModelOutput | tuple:
-    """A fused encoder's output: ``last (B, M, T, d)``, ``pooled (B, M, d)`` or None, per-layer tuples or None."""
-    if not return_dict:
-        return tuple(v for v in (last, pooled, all_hidden, all_attentions) if v is not None)
-    return HydraModelOutput(last_hidden_state=last, pooler_output=pooled, hidden_states=all_hidden, attentions=all_attentions)
+    """``model_output`` as a ``HydraModelOutput`` or, without ``return_dict``, a tuple of its fields."""
+    out = model_output(member_last, member_pooled, outs, tie_last)
+    return out if return_dict else out.to_tuple()
 
 
 # ------------------------------------------------------------------ text skeletons
@@ -160,8 +170,11 @@ class HydraTextEncoder(HydraPreTrainedModel):
     """
 
     # The family's class defines ``encode(input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds,
-    # output_attentions, output_hidden_states)`` -> ``last_hidden_state (B, M, T, d)``, ``pooler_output (B, M, d)``
-    # or None, the hidden states and the attention weights per layer (None unless asked for).
+    # output_attentions, output_hidden_states)`` -> every member's final hidden states ``(B, M, T, d)``, pooled
+    # output ``(B, M, d)`` or None, and the ``LayerOutputs`` of its layer loop. ``tie_last_hidden_state``: the
+    # last of the returned hidden states is the final one, after a final norm (ModernBERT), as in transformers.
+
+    tie_last_hidden_state = False
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embeddings.word_embeddings
@@ -189,7 +202,7 @@ class HydraTextEncoder(HydraPreTrainedModel):
         outputs = self.encode(
             input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
         )
-        return encoder_output(*outputs, return_dict)
+        return encoder_output(*outputs, return_dict, tie_last=self.tie_last_hidden_state)
 
     def forward_without_token_types(
         self,
@@ -260,14 +273,14 @@ class HydraPostLNTextModel(HydraTextPreTrainedModel, HydraTextEncoder):
     def encode(
         self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
         output_hidden_states,
-    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None, tuple | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, LayerOutputs]:
         embeddings = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, d), shared by all members
         mask = padding_mask_to_additive(attention_mask, embeddings.dtype, embeddings.shape[1])  # (B, 1, 1, T) or None
-        hidden, all_hidden, all_attentions = run_layers(
+        hidden, outs = run_layers(
             self.layers, embeddings, self.config.num_members, mask, output_hidden_states, output_attentions
         )  # (M, B, T, d)
         pooled = torch.tanh(self.pooler(hidden[:, :, 0])).transpose(0, 1) if self.pooler is not None else None  # (B, M, d)
-        return hidden.transpose(0, 1), pooled, all_hidden, all_attentions
+        return hidden.transpose(0, 1), pooled, outs
 
 
 class HydraTextForSequenceClassification(HydraPreTrainedModel):
@@ -317,9 +330,9 @@ class HydraTextForSequenceClassification(HydraPreTrainedModel):
     def member_logits(self, outputs: HydraModelOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """The members' logits ``(B, M, C)`` from the encoder's output (``attention_mask``: the ``(B, T)`` input)."""
         if self.head_activation is None:
-            pooled = outputs.pooler_output.transpose(0, 1)  # (M, B, d)
+            pooled = outputs.member_pooler_output.transpose(0, 1)  # (M, B, d)
             return self.classifier(self.dropout(pooled)).transpose(0, 1)  # (B, M, C)
-        first = outputs.last_hidden_state[:, :, 0].transpose(0, 1)  # (M, B, d): every member's first token
+        first = outputs.member_last_hidden_state[:, :, 0].transpose(0, 1)  # (M, B, d): every member's first token
         return self.classifier(first).transpose(0, 1)  # (B, M, C)
 
     def forward(
@@ -405,8 +418,8 @@ class HydraVisionEncoder(HydraVisionPreTrainedModel):
     any_image_size = False
 
     # The family's class defines ``encode(pixel_values, interpolate_pos_encoding, output_attentions,
-    # output_hidden_states)`` -> ``last_hidden_state (B, M, T, d)``, ``pooler_output (B, M, d)`` or None, the
-    # hidden states and the attention weights per layer (None unless asked for).
+    # output_hidden_states)`` -> every member's final hidden states ``(B, M, T, d)``, pooled output ``(B, M, d)``
+    # or None, and the ``LayerOutputs`` of its layer loop.
 
     def get_input_embeddings(self) -> nn.Module:
         return self.embeddings.patch_embeddings
@@ -457,18 +470,18 @@ class HydraPreLNVisionModel(HydraVisionEncoder):
         return self.embeddings(pixel_values, interpolate_pos_encoding=interpolate_pos_encoding)
 
     def pool(self, last: torch.Tensor) -> torch.Tensor | None:
-        """``last (B, M, T, d)`` -> ``pooler_output (B, M, d)``, or None."""
+        """``last (B, M, T, d)`` -> ``member_pooler_output (B, M, d)``, or None."""
         return None
 
     def encode(
         self, pixel_values, interpolate_pos_encoding, output_attentions, output_hidden_states
-    ) -> tuple[torch.Tensor, torch.Tensor | None, tuple | None, tuple | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor | None, LayerOutputs]:
         embeddings = self.embed(pixel_values, interpolate_pos_encoding)  # (B, T, d)
-        hidden, all_hidden, all_attentions = run_layers(
+        hidden, outs = run_layers(
             self.layers, embeddings, self.config.num_members, None, output_hidden_states, output_attentions
         )  # (M, B, T, d)
         last = self.layernorm(hidden).transpose(0, 1)  # (B, M, T, d)
-        return last, self.pool(last), all_hidden, all_attentions
+        return last, self.pool(last), outs
 
 
 class HydraVisionForImageClassification(HydraVisionPreTrainedModel):
@@ -493,7 +506,7 @@ class HydraVisionForImageClassification(HydraVisionPreTrainedModel):
         self.classifier = HydraMemberLinear(config.num_members, base.hidden_size, config.num_labels)
 
     def member_logits(self, outputs: HydraModelOutput) -> torch.Tensor:
-        first = outputs.last_hidden_state[:, :, 0].transpose(0, 1)  # (M, B, d): every member's first ([CLS]) token
+        first = outputs.member_last_hidden_state[:, :, 0].transpose(0, 1)  # (M, B, d): every member's first ([CLS]) token
         return self.classifier(first).transpose(0, 1)  # (B, M, C)
 
     def forward(
@@ -578,14 +591,11 @@ class HydraTower(nn.Module):
         input_ids: torch.Tensor | None = None,
     ) -> HydraModelOutput:
         """The layers on the shared ``embeddings (B, T, d)``, then the family's pooling."""
-        hidden, all_hidden, all_attentions = run_layers(
+        hidden, outs = run_layers(
             self.layers, embeddings, self.config.num_members, mask, output_hidden_states, output_attentions
         )  # (M, B, T, d)
         hidden, pooled = self.pool(hidden, input_ids)
-        return HydraModelOutput(
-            last_hidden_state=hidden.transpose(0, 1), pooler_output=pooled.transpose(0, 1),
-            hidden_states=all_hidden, attentions=all_attentions,
-        )
+        return model_output(hidden.transpose(0, 1), pooled.transpose(0, 1), outs)
 
 
 class HydraVisionTower(HydraTower):
@@ -640,11 +650,11 @@ class HydraTwoTowerModel(HydraPreTrainedModel):
         self.text_model.embeddings.token_embedding = value
 
     def image_embeds(self, pooled: torch.Tensor) -> torch.Tensor:
-        """The vision tower's ``pooler_output (B, M, d)`` -> every member's image embeddings ``(B, M, P)``."""
+        """The vision tower's ``member_pooler_output (B, M, d)`` -> every member's image embeddings ``(B, M, P)``."""
         return pooled
 
     def text_embeds(self, pooled: torch.Tensor) -> torch.Tensor:
-        """The text tower's ``pooler_output (N, M, d)`` -> every member's text embeddings ``(N, M, P)``."""
+        """The text tower's ``member_pooler_output (N, M, d)`` -> every member's text embeddings ``(N, M, P)``."""
         return pooled
 
     # The family's model defines ``member_logits(image_embeds, text_embeds)``: normalised ``(B, M, P)``,
@@ -659,13 +669,13 @@ class HydraTwoTowerModel(HydraPreTrainedModel):
         position_ids: torch.Tensor | None = None, **kwargs,
     ) -> torch.Tensor:
         """Every member's text embeddings ``(N, M, P)`` (not normalised)."""
-        return self.text_embeds(self.text_model(input_ids, attention_mask, position_ids).pooler_output)
+        return self.text_embeds(self.text_model(input_ids, attention_mask, position_ids).member_pooler_output)
 
     def get_image_features(
         self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False, **kwargs
     ) -> torch.Tensor:
         """Every member's image embeddings ``(B, M, P)`` (not normalised)."""
-        return self.image_embeds(self.vision_model(pixel_values, interpolate_pos_encoding).pooler_output)
+        return self.image_embeds(self.vision_model(pixel_values, interpolate_pos_encoding).member_pooler_output)
 
     def forward(
         self,
@@ -685,8 +695,8 @@ class HydraTwoTowerModel(HydraPreTrainedModel):
         )
         vision = self.vision_model(pixel_values, interpolate_pos_encoding, output_attentions, output_hidden_states)
         text = self.text_model(input_ids, attention_mask, position_ids, output_attentions, output_hidden_states)
-        image_embeds = self.image_embeds(vision.pooler_output)  # (B, M, P)
-        text_embeds = self.text_embeds(text.pooler_output)  # (N, M, P)
+        image_embeds = self.image_embeds(vision.member_pooler_output)  # (B, M, P)
+        text_embeds = self.text_embeds(text.member_pooler_output)  # (N, M, P)
         image_embeds = image_embeds / image_embeds.norm(p=2, dim=-1, keepdim=True)
         text_embeds = text_embeds / text_embeds.norm(p=2, dim=-1, keepdim=True)
         member_logits_per_image = self.member_logits(image_embeds, text_embeds)  # (B, M, N)

@@ -142,8 +142,9 @@ class HydraEnsembleBeitPreTrainedModel(HydraVisionPreTrainedModel):
 class HydraEnsembleBeitModel(HydraEnsembleBeitPreTrainedModel, HydraVisionEncoder):
     """The fused BEiT encoder: shared embeddings, M residual streams, per-member pooling.
 
-    Returns ``last_hidden_state (B, M, T, d)`` (after the final LayerNorm; without it under mean pooling,
-    as in transformers' BEiT) and ``pooler_output (B, M, d)``. Like transformers' BEiT, it takes any image
+    Returns ``member_last_hidden_state (B, M, T, d)`` (after the final LayerNorm; without it under mean
+    pooling, as in transformers' BEiT) and ``member_pooler_output (B, M, d)``, and their members' means
+    ``last_hidden_state (B, T, d)`` and ``pooler_output (B, d)``. Like transformers' BEiT, it takes any image
     size (the bias tables are resized to the patch grid).
     """
 
@@ -170,7 +171,7 @@ class HydraEnsembleBeitModel(HydraEnsembleBeitPreTrainedModel, HydraVisionEncode
 
     def encode(
         self, pixel_values, interpolate_pos_encoding, output_attentions, output_hidden_states
-    ) -> tuple[torch.Tensor, torch.Tensor, tuple | None, tuple | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, LayerOutputs]:
         embeddings = self.embeddings(pixel_values)  # (B, T, d)
         T = embeddings.shape[1]
         window = (pixel_values.shape[2] // self.patch_size, pixel_values.shape[3] // self.patch_size)
@@ -185,11 +186,11 @@ class HydraEnsembleBeitModel(HydraEnsembleBeitPreTrainedModel, HydraVisionEncode
         else:
             hidden = self.layernorm(hidden)
             pooled = hidden[:, :, 0]  # (M, B, d): [CLS]
-        return hidden.transpose(0, 1), pooled.transpose(0, 1), outs.hidden_states, outs.attentions
+        return hidden.transpose(0, 1), pooled.transpose(0, 1), outs
 
 
 class HydraEnsembleBeitForImageClassification(HydraEnsembleBeitPreTrainedModel, HydraVisionForImageClassification):
-    """M pruned BEiT classifiers in one model (every member's classifier on its ``pooler_output``).
+    """M pruned BEiT classifiers in one model (every member's classifier on its pooled output).
     ``logits`` = log of the mean of the members' softmaxes.
 
     ``AutoModelForImageClassification`` and ``pipeline("image-classification", model=folder,
@@ -199,4 +200,4 @@ class HydraEnsembleBeitForImageClassification(HydraEnsembleBeitPreTrainedModel, 
     encoder_class = HydraEnsembleBeitModel
 
     def member_logits(self, outputs: HydraModelOutput) -> torch.Tensor:
-        return self.classifier(outputs.pooler_output.transpose(0, 1)).transpose(0, 1)  # (B, M, C)
+        return self.classifier(outputs.member_pooler_output.transpose(0, 1)).transpose(0, 1)  # (B, M, C)

@@ -324,7 +324,7 @@ class HydraEnsembleDebertaV2Model(HydraEnsembleDebertaV2PreTrainedModel, HydraTe
     def encode(
         self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
         output_hidden_states,
-    ) -> tuple[torch.Tensor, None, tuple | None, tuple | None]:
+    ) -> tuple[torch.Tensor, None, LayerOutputs]:
         shape = input_ids.shape if input_ids is not None else inputs_embeds.shape[:-1]
         if attention_mask is not None and tuple(attention_mask.shape) != tuple(shape):
             raise ValueError(
@@ -357,7 +357,7 @@ class HydraEnsembleDebertaV2Model(HydraEnsembleDebertaV2PreTrainedModel, HydraTe
             if i == 0 and self.conv is not None:
                 hidden = self.conv(embeddings, hidden, attention_mask)
             outs.add(hidden, weights)
-        return outs.streams().transpose(0, 1), None, outs.hidden_states, outs.attentions  # (B, M, T, d), no pooler
+        return outs.streams().transpose(0, 1), None, outs  # (B, M, T, d), no pooler
 
 
 class HydraEnsembleDebertaV2ForSequenceClassification(
@@ -381,6 +381,6 @@ class HydraEnsembleDebertaV2ForSequenceClassification(
         self.classifier = HydraMemberLinear(config.num_members, base.hidden_size, config.num_labels)
 
     def member_logits(self, outputs: HydraModelOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        context = outputs.last_hidden_state[:, :, 0].transpose(0, 1)  # (M, B, d): every member's first token
+        context = outputs.member_last_hidden_state[:, :, 0].transpose(0, 1)  # (M, B, d): every member's first token
         pooled = self.pooler_act(self.pooler(self.pooler_dropout(context)))  # (M, B, d)
         return self.classifier(self.dropout(pooled)).transpose(0, 1)  # (B, M, C)

@@ -37,7 +37,8 @@ class HydraEnsembleDeiTPreTrainedModel(HydraVisionPreTrainedModel):
 class HydraEnsembleDeiTModel(HydraEnsembleDeiTPreTrainedModel, HydraPreLNVisionModel):
     """The fused DeiT encoder: shared DeiT embeddings, M residual streams, per-member final LayerNorms.
 
-    Returns ``last_hidden_state (B, M, T, d)``: token 0 is [CLS], token 1 the distillation token.
+    Returns ``member_last_hidden_state (B, M, T, d)`` (token 0 is [CLS], token 1 the distillation token) and
+    its members' mean ``last_hidden_state (B, T, d)``.
     """
 
 
@@ -62,7 +63,7 @@ class HydraEnsembleDeiTForImageClassification(HydraEnsembleDeiTPreTrainedModel, 
     def member_logits(self, outputs: HydraModelOutput) -> torch.Tensor:
         if not self.config.distilled:
             return super().member_logits(outputs)
-        tokens = outputs.last_hidden_state.transpose(0, 1)  # (M, B, T, d)
+        tokens = outputs.member_last_hidden_state.transpose(0, 1)  # (M, B, T, d)
         cls_logits = self.cls_classifier(tokens[:, :, 0])  # (M, B, C)
         distillation_logits = self.distillation_classifier(tokens[:, :, 1])  # (M, B, C)
         return ((cls_logits + distillation_logits) / 2).transpose(0, 1)  # (B, M, C)

@@ -89,7 +89,8 @@ class HydraEnsembleDinov2PreTrainedModel(HydraVisionPreTrainedModel):
 
 class HydraEnsembleDinov2Model(HydraEnsembleDinov2PreTrainedModel, HydraPreLNVisionModel):
     """The fused DINOv2 encoder: shared embeddings (and register tokens), M residual streams, per-member
-    final LayerNorms. Returns ``last_hidden_state (B, M, T, d)`` and ``pooler_output (B, M, d)`` ([CLS]).
+    final LayerNorms. Returns ``member_last_hidden_state (B, M, T, d)`` and ``member_pooler_output (B, M, d)``
+    ([CLS]), and their members' means ``last_hidden_state (B, T, d)`` and ``pooler_output (B, d)``.
     Any image size is accepted: the position embeddings are always interpolated, as in transformers."""
 
     any_image_size = True
@@ -133,7 +134,7 @@ class HydraEnsembleDinov2ForImageClassification(HydraEnsembleDinov2PreTrainedMod
         self.classifier = HydraMemberLinear(config.num_members, 2 * base.hidden_size, config.num_labels)
 
     def member_logits(self, outputs: HydraModelOutput) -> torch.Tensor:
-        tokens = outputs.last_hidden_state.transpose(0, 1)  # (M, B, T, d)
+        tokens = outputs.member_last_hidden_state.transpose(0, 1)  # (M, B, T, d)
         patches = tokens[:, :, 1 + self.hydra.num_register_tokens :]  # (M, B, P, d): registers excluded
         features = torch.cat([tokens[:, :, 0], patches.mean(dim=2)], dim=-1)  # (M, B, 2d)
         return self.classifier(features).transpose(0, 1)  # (B, M, C)

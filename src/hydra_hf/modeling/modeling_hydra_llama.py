@@ -352,8 +352,8 @@ class HydraEnsembleLlamaModel(HydraEnsembleLlamaPreTrainedModel):
             cache: a transformers ``Cache`` (``DynamicCache``) to read and extend (``past_key_values`` is its
                 older name); with ``use_cache`` and no cache, a new one is made for the base's layer types.
         Returns:
-            ``HydraDecoderOutput``: ``last_hidden_state (B, M, T, d)``, ``cache``, ``hidden_states``,
-            ``attentions``.
+            ``HydraDecoderOutput``: ``last_hidden_state (B, T, d)`` (the members' mean), ``cache``,
+            ``hidden_states``, ``attentions``, ``member_last_hidden_state (B, M, T, d)``, ``member_hidden_states``.
         """
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         output_hidden_states = (
@@ -392,8 +392,7 @@ class HydraEnsembleLlamaModel(HydraEnsembleLlamaPreTrainedModel):
                             output_attentions))  # fmt: skip
         last = self.norm(outs.streams()).transpose(0, 1)  # (B, M, T, d)
         out = HydraDecoderOutput(
-            last_hidden_state=last, cache=cache if use_cache else None, hidden_states=outs.hidden_states,
-            attentions=outs.attentions,
+            cache=cache if use_cache else None, attentions=outs.attentions, **outs.output_fields(last, tie_last=True)
         )  # fmt: skip
         return out if return_dict else out.to_tuple()
 
@@ -431,7 +430,7 @@ class HydraEnsembleLlamaForSequenceClassification(HydraEnsembleLlamaPreTrainedMo
             use_cache=False, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
             return_dict=True,
         )  # fmt: skip
-        hidden = outputs.last_hidden_state  # (B, M, T, d)
+        hidden = outputs.member_last_hidden_state  # (B, M, T, d)
         B = hidden.shape[0]
         last = last_token_index(input_ids, self.config.pad_token_id, B)
         pooled = hidden[torch.arange(B, device=hidden.device), :, last]  # (B, M, d)
@@ -439,7 +438,7 @@ class HydraEnsembleLlamaForSequenceClassification(HydraEnsembleLlamaPreTrainedMo
         logits, loss = ensemble_outputs(member_logits, labels, self.config)
         out = HydraClassifierOutput(
             loss=loss, logits=logits, member_logits=member_logits, hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions,
+            attentions=outputs.attentions, member_hidden_states=outputs.member_hidden_states,
         )  # fmt: skip
         return out if return_dict else out.to_tuple()
 

@@ -204,6 +204,7 @@ class HydraEnsembleModernBertModel(HydraEnsembleModernBertPreTrainedModel, Hydra
     """
 
     forward = HydraTextEncoder.forward_without_token_types  # ModernBERT has no token types
+    tie_last_hidden_state = True  # hidden_states[-1] after the final norm, as transformers' ModernBERT returns it
 
     def __init__(self, config: HydraEnsembleModernBertConfig) -> None:
         super().__init__(config)
@@ -241,7 +242,7 @@ class HydraEnsembleModernBertModel(HydraEnsembleModernBertPreTrainedModel, Hydra
     def encode(
         self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
         output_hidden_states,
-    ) -> tuple[torch.Tensor, None, tuple | None, tuple | None]:
+    ) -> tuple[torch.Tensor, None, LayerOutputs]:
         embeddings = self.embeddings(input_ids=input_ids, inputs_embeds=inputs_embeds)  # (B, T, d), shared
         T = embeddings.shape[1]
         M = self.config.num_members
@@ -255,7 +256,7 @@ class HydraEnsembleModernBertModel(HydraEnsembleModernBertPreTrainedModel, Hydra
             cos, sin = rotary[layer.attention_type]  # (B or 1, T, dk) each
             outs.add(*layer(outs.input, masks[layer.attention_type], cos, sin))  # (M, B, T, d)
         last = self.final_norm(outs.streams()).transpose(0, 1)  # (B, M, T, d)
-        return last, None, outs.hidden_states, outs.attentions  # no pooler
+        return last, None, outs  # no pooler
 
 
 class HydraEnsembleModernBertForSequenceClassification(
@@ -278,7 +279,7 @@ class HydraEnsembleModernBertForSequenceClassification(
         self.classifier = HydraMemberLinear(config.num_members, base.hidden_size, config.num_labels)
 
     def member_logits(self, outputs: HydraModelOutput, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        hidden = outputs.last_hidden_state.transpose(0, 1)  # (M, B, T, d)
+        hidden = outputs.member_last_hidden_state.transpose(0, 1)  # (M, B, T, d)
         if self.pooling == "cls":
             pooled = hidden[:, :, 0]  # (M, B, d)
         elif attention_mask is None:  # mean over the tokens
