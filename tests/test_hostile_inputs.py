@@ -198,7 +198,7 @@ MASK_CASES = {
     "unsorted heads": ({"members": [{"kept_heads": [[2, 1], [], []]}]}, "must be sorted"),
     "too few layers": ({"members": [{"kept_heads": [[1], []]}]}, "one list of heads per layer"),
     "wrong format name": ({"format": "masks"}, "'format' is 'masks'"),
-    "future version": ({"version": 2}, "'version' is 2"),
+    "future version": ({"version": 3}, "'version' is 3"),
     "towers is a list": ({"towers": ["vision"]}, "'towers' must map tower names"),
 }
 
