@@ -48,7 +48,7 @@ def custom_pipelines_for(auto_map: dict[str, str]) -> dict[str, dict[str, Any]]:
 # base's settings, kept in ``base_config`` (see ``HydraEnsembleConfig.__getattr__``).
 _CONFIG_OWN_NAMES = frozenset(PretrainedConfig().to_dict()) | {
     "base_model_type", "base_config", "num_members", "kept_heads", "vision_kept_heads", "text_kept_heads",
-    "mlp_fusion", "member_metadata", "distilled", "auto_map", "custom_pipelines", "lm_head_fusion", "kept_kv_heads",
+    "mlp_fusion", "member_metadata", "distilled", "auto_map", "custom_pipelines", "lm_head_fusion", "kept_kv_heads", "calibration",
 }  # fmt: skip
 
 

@@ -1,0 +1,208 @@
+"""Fit a calibration (conformal sets and a risk-controlling abstention threshold) on labelled
+calibration data, and write it into a copy of a Hydra folder's ``config.json`` under ``calibration``.
+
+The shipped pipelines (``pipeline_hydra.add_calibrated_decision``) and the ONNX predictor read that key
+and add ``prediction_set`` and ``abstain`` to every result, with the same functions used here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import evaluation as ev
+from ..data import resolve_dataset
+from ..errors import HydraInputError
+from ..modeling.pipeline_hydra import calibrated_member_probs
+from ..outputs import MARKER, read_json, regular_files, write_output_folder, write_text_atomic
+from ..version import __version__
+from .conformal import check_alpha, fit_conformal
+from .selective import fit_selective
+
+__all__ = ["CONFIG_KEY", "calibrate_folder", "data_sha256", "fit_calibration", "guarantee_text"]
+
+logger = logging.getLogger(__name__)
+
+CONFIG_KEY = "calibration"
+TEMPERATURE_SEED = 0
+
+
+def fit_calibration(
+    member_logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    alpha: float = 0.1,
+    method: str = "lac",
+    score: str = "msp",
+    risk: float | None = 0.1,
+    delta: float = 0.1,
+    temperature: float | str | None = None,
+    penalty: float = 0.1,
+    regularization_rank: int = 1,
+) -> dict[str, Any]:
+    """What ``config.calibration`` stores, fitted on calibration outputs.
+
+    Args:
+        member_logits: ``(n, M, C)`` the members' logits on the calibration data.
+        labels: ``(n,)`` true classes.
+        alpha: the sets' miscoverage level in (0, 1).
+        method: ``lac``, ``aps`` or ``raps`` (deterministic).
+        score: ``msp``, ``entropy`` or ``mi``: the uncertainty that decides abstention.
+        risk, delta: the error rate among answered inputs to certify, with confidence ``1 - delta``
+            (Learn then Test); ``risk=None`` fits the prediction sets only.
+        temperature: None (the model's own probabilities), a number, or ``"fit"``: fitted (NLL) on a
+            seeded random half of the data, named ``temperature_part``; the sets and the threshold are
+            then fitted on the other half only.
+    """
+    check_alpha(alpha)
+    if risk is not None:
+        check_alpha(risk, "risk")
+        check_alpha(delta, "delta")
+    if member_logits.dim() != 3 or labels.shape != member_logits.shape[:1]:
+        raise HydraInputError(f"member_logits must be (n, M, C) and labels (n,), got {tuple(member_logits.shape)} and "
+                              f"{tuple(labels.shape)}")
+    record: dict[str, Any] = {}
+    if temperature == "fit":
+        order = torch.randperm(labels.numel(), generator=torch.Generator().manual_seed(TEMPERATURE_SEED))
+        half = labels.numel() // 2
+        if half < 1:
+            raise HydraInputError(f"--temperature fit needs at least 2 calibration examples, got {labels.numel()}")
+        part, rest = order[:half], order[half:]
+        t = ev.fit_temperature(ev.Predictions(member_logits[part], labels[part]))
+        record["temperature_part"] = {"rule": f"a random half of the data (torch.randperm, seed {TEMPERATURE_SEED})",
+                                      "n": int(half)}
+        member_logits, labels = member_logits[rest], labels[rest]
+        temperature = t
+    elif temperature is not None:
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
+            raise HydraInputError(f"temperature must be a positive number or 'fit', got {temperature!r}")
+    record["temperature"] = float(temperature) if temperature is not None else 1.0
+    member_probs = calibrated_member_probs(member_logits, record)  # (n, M, C) float64
+    conformal = fit_conformal(member_probs.mean(dim=1), labels, alpha, method, penalty=penalty,
+                              regularization_rank=regularization_rank)
+    record.update(conformal.to_dict())
+    if risk is None:
+        record.update({"score": score, "risk": None, "delta": None, "threshold": None})
+    else:
+        record.update(fit_selective(member_probs, labels, score, risk, delta).to_dict())
+    return record
+
+
+def _hash_value(value: Any, digest: Any) -> None:
+    if hasattr(value, "tobytes") and hasattr(value, "mode"):  # a PIL image
+        digest.update(f"image:{value.mode}:{value.size}".encode())
+        digest.update(value.tobytes())
+    elif isinstance(value, bytes):
+        digest.update(value)
+    elif isinstance(value, dict):
+        for key in sorted(value):
+            digest.update(str(key).encode())
+            _hash_value(value[key], digest)
+    else:
+        digest.update(json.dumps(value, sort_keys=True, default=str).encode())
+    digest.update(b"\x00")
+
+
+def data_sha256(dataset: Any) -> str:
+    """sha256 of a data set's rows (its ``text`` / ``image`` and ``label`` columns, in order)."""
+    digest = hashlib.sha256()
+    columns = [c for c in ("text", "text_pair", "image", "label") if c in dataset.column_names]
+    for row in dataset.select_columns(columns):
+        for column in columns:
+            _hash_value(row[column], digest)
+    return digest.hexdigest()
+
+
+def guarantee_text(calibration: dict[str, Any]) -> str:
+    """The guarantee of a stored calibration, in words (for the model card and reports)."""
+    alpha, n = calibration["alpha"], calibration["n"]
+    text = (f"Prediction sets ({calibration['method'].upper()}, split conformal, q_hat = {calibration['q_hat']:.4g}) hold "
+            f"the true label with probability at least {1 - alpha:.0%} (alpha = {alpha:g}), fitted on n = {n} labelled "
+            "examples. The coverage is marginal (on average over inputs, not for each input or each class) and holds "
+            "only for inputs exchangeable with the calibration data (the same distribution); it says nothing about "
+            "out-of-distribution inputs.")
+    if calibration.get("threshold") is not None:
+        text += (f" The model abstains when {calibration['score']} uncertainty exceeds {calibration['threshold']:.4g}; "
+                 f"with confidence {1 - calibration['delta']:.0%} the error rate among answered inputs like the "
+                 f"calibration data is at most {calibration['risk']:g} (Learn then Test, Angelopoulos et al. 2021); "
+                 f"it answered {calibration['answered_fraction']:.1%} of the calibration inputs.")
+    return text
+
+
+def calibrate_folder(
+    folder: str | os.PathLike,
+    data: str,
+    output: str | os.PathLike,
+    *,
+    alpha: float = 0.1,
+    method: str = "lac",
+    score: str = "msp",
+    risk: float | None = 0.1,
+    delta: float = 0.1,
+    temperature: float | str | None = None,
+    penalty: float = 0.1,
+    regularization_rank: int = 1,
+    text_column: str = "text",
+    label_column: str = "label",
+    image_column: str | None = None,
+    max_samples: int | None = None,
+    batch_size: int = 32,
+    max_length: int = 128,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Copy the Hydra classifier ``folder`` to ``output`` with a calibration fitted on the labelled
+    ``data`` (a file, folder or ``NAME:SPLIT``) in its ``config.json``. ``folder`` is never changed;
+    every error leaves ``output`` as it was. ``overwrite`` replaces an existing calibration of ``folder``
+    (and an earlier ``hydra-hf calibrate`` output). Returns the stored calibration."""
+    check_alpha(alpha)  # bad flags fail before the model is loaded
+    if risk is not None:
+        check_alpha(risk, "risk")
+        check_alpha(delta, "delta")
+    config_file = Path(folder) / "config.json"
+    if not config_file.is_file():
+        raise HydraInputError(f"{str(folder)!r} has no config.json; pass a Hydra Ensemble classifier folder")
+    config_data = read_json(config_file, what="model config", fix="pass a Hydra Ensemble classifier folder")
+    if not isinstance(config_data, dict) or not config_data.get("num_members"):
+        raise HydraInputError(f"{str(folder)!r} is not a Hydra Ensemble folder (config.json names no members); "
+                              "calibrate a folder written by `hydra-hf convert` or `hydra-hf finetune`")
+    if config_data.get(CONFIG_KEY) is not None and not overwrite:
+        raise HydraInputError(f"{str(folder)!r} is already calibrated (config.json has {CONFIG_KEY!r}); pass --overwrite "
+                              "to replace its calibration")
+    model, preprocessor, modality = ev.load_classifier(folder)
+    if isinstance(model, torch.nn.Module) and not hasattr(model.config, "num_members"):
+        raise HydraInputError(f"{str(folder)!r} is not a Hydra Ensemble classifier")
+    dataset = resolve_dataset(
+        data, text_column=text_column if modality == "text" else None, label_column=label_column,
+        image_column=image_column if modality == "image" else None, label2id=model.config.label2id,
+        num_labels=model.config.num_labels, require_labels=True, max_samples=max_samples)  # fmt: skip
+    predictions = ev.predict(ev.ModelPredictor(model),
+                             ev.make_loader(dataset, preprocessor, modality, batch_size=batch_size, max_length=max_length),
+                             desc="calibration")
+    calibration = fit_calibration(predictions.member_logits, predictions.labels, alpha=alpha, method=method, score=score,
+                                  risk=risk, delta=delta, temperature=temperature, penalty=penalty,
+                                  regularization_rank=regularization_rank)
+    calibration.update({"data": data, "data_sha256": data_sha256(dataset), "hydra_hf_version": __version__})
+    if "temperature_part" in calibration:
+        calibration["n_total"] = int(predictions.labels.numel())
+
+    def write(tmp: Path) -> None:
+        for relative in regular_files(folder, what="model folder"):
+            if relative.name == MARKER and relative.parent == Path("."):
+                continue  # the output gets the marker of `hydra-hf calibrate`
+            (tmp / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(Path(folder) / relative, tmp / relative)
+        config = json.loads((tmp / "config.json").read_text())
+        config[CONFIG_KEY] = calibration
+        write_text_atomic(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+    write_output_folder(output, write, command="calibrate", overwrite=overwrite, inputs=[folder])
+    logger.info("calibrated %s -> %s: %s", folder, output, guarantee_text(calibration))
+    return calibration
