@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 
 import pandas as pd
 import pytest
@@ -295,3 +296,49 @@ def test_fresh_process_pipeline_returns_the_stored_decisions(hydra_folder, tmp_p
         '{k: r[k] for k in ("prediction_set", "abstain", "abstain_score")}', 'sorted(r)'),
         env={"HF_MODULES_CACHE": str(tmp_path / "modules2")})
     assert "prediction_set" not in plain  # an uncalibrated folder's results are unchanged
+
+
+def test_onnx_export_of_a_calibrated_folder_gives_the_same_decisions(hydra_folder, tmp_path):
+    pytest.importorskip("onnxruntime")
+    from hydra_hf.onnx.export import export_onnx
+    from hydra_hf.onnx.runtime import pipeline as onnx_pipeline
+
+    data = _calibration_csv(hydra_folder, tmp_path / "cal.csv", n=300)
+    out = tmp_path / "calibrated"
+    assert cli_main(["calibrate", str(hydra_folder), "--data", str(data), "--output", str(out), "--alpha", "0.2",
+                     "--risk", "0.1"]) == 0
+    export_onnx(out, tmp_path / "onnx")
+    stored = json.loads((out / "config.json").read_text())["calibration"]
+    assert json.loads((tmp_path / "onnx" / "config.json").read_text())["calibration"] == stored
+    texts = _texts(16, seed=7)
+    got = onnx_pipeline(tmp_path / "onnx")(texts)
+    model, tokenizer, _ = ev.load_classifier(out)
+    with torch.no_grad():
+        member_logits = torch.cat([model(**tokenizer([t], return_tensors="pt")).member_logits for t in texts])
+    decided = calibrated_decisions(member_logits, stored)
+    labels = [model.config.id2label[c] for c in range(3)]
+    for i, result in enumerate(got):
+        assert set(result["prediction_set"]) == {labels[c] for c in range(3) if decided["prediction_set"][i, c]}
+        assert result["abstain"] == bool(decided["abstain"][i])
+    assert {len(r["prediction_set"]) for r in got} != {1}
+
+
+def test_model_card_states_the_guarantee_in_words(hydra_folder, tmp_path):
+    from hydra_hf.hub import build_model_card
+
+    assert "Calibrated decisions" not in build_model_card(hydra_folder, None, repo_id="org/hydra-tiny").text
+    member_logits, labels = synthetic(500, seed=5, classes=3)
+    record = fit_calibration(member_logits, labels, alpha=0.1, method="raps", score="entropy", risk=0.3)
+    folder = tmp_path / "with-calibration"
+    shutil.copytree(hydra_folder, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["calibration"] = record
+    (folder / "config.json").write_text(json.dumps(config))
+    text = " ".join(build_model_card(folder, None, repo_id="org/hydra-tiny").text.split())
+    assert "Calibrated decisions" in text and "`prediction_set`" in text
+    assert "at least 90% (alpha = 0.1)" in text and "n = 500 labelled examples" in text
+    assert "marginal" in text and "exchangeable with the calibration data" in text
+    assert f"error rate among answered inputs like the calibration data is at most 0.3" in text
+    config["calibration"] = {"method": "lac", "alpha": "ten", "n": 5, "q_hat": 0.3}  # unreadable: no claim, no crash
+    (folder / "config.json").write_text(json.dumps(config))
+    assert "Calibrated decisions" not in build_model_card(folder, None, repo_id="org/hydra-tiny").text
