@@ -342,3 +342,38 @@ def test_model_card_states_the_guarantee_in_words(hydra_folder, tmp_path):
     config["calibration"] = {"method": "lac", "alpha": "ten", "n": 5, "q_hat": 0.3}  # unreadable: no claim, no crash
     (folder / "config.json").write_text(json.dumps(config))
     assert "Calibrated decisions" not in build_model_card(folder, None, repo_id="org/hydra-tiny").text
+
+
+def test_evaluate_reports_the_decisions_of_a_calibrated_folder_and_its_baseline(hydra_folder, tiny_bert_dir, tmp_path):
+    cal = _calibration_csv(hydra_folder, tmp_path / "cal.csv", n=300, seed=0)
+    test = _calibration_csv(hydra_folder, tmp_path / "test.csv", n=200, seed=1)
+    pd.DataFrame({"text": [f"zzz {i} qqq" for i in range(40)]}).to_csv(tmp_path / "ood.csv", index=False)
+    out = tmp_path / "calibrated"
+    assert cli_main(["calibrate", str(hydra_folder), "--data", str(cal), "--output", str(out), "--alpha", "0.2",
+                     "--risk", "0.1"]) == 0
+    report = tmp_path / "report"
+    assert cli_main(["evaluate", "--model", str(out), "--baseline", f"Single={tiny_bert_dir}", "--val-data", str(cal),
+                     "--conformal-alpha", "0.1", "--id-data", str(test), "--ood-data", f"noise={tmp_path / 'ood.csv'}",
+                     "--report", str(report), "--bootstrap", "50"]) == 0
+    data = json.loads((report / "report.json").read_text())
+    decisions = data["decisions"]
+    assert [r["source"] for r in decisions["Hydra"]] == ["stored", "val"] and [r["source"] for r in decisions["Single"]] == ["val"]
+    assert [r["alpha"] for r in decisions["Hydra"]] == [0.2, 0.1]
+    stored = json.loads((out / "config.json").read_text())["calibration"]
+    model, tokenizer, _ = ev.load_classifier(out)
+    frame = pd.read_csv(test)
+    with torch.no_grad():
+        member_logits = model(**tokenizer(list(frame.text), padding=True, return_tensors="pt")).member_logits
+    decided = calibrated_decisions(member_logits, stored)
+    labels = torch.tensor(frame.label.values)
+    row = decisions["Hydra"][0]
+    assert row["coverage"] == pytest.approx(float(decided["prediction_set"][torch.arange(200), labels].double().mean()), abs=1e-9)
+    assert row["set_size"] == pytest.approx(float(decided["prediction_set"].sum(1).double().mean()), abs=1e-9)
+    assert row["answered"] == pytest.approx(float((~decided["abstain"]).double().mean()), abs=1e-9)
+    assert row["coverage_ci"]["ci_low"] <= row["coverage"] <= row["coverage_ci"]["ci_high"]
+    assert set(row["ood"]["noise"]) == {"refused", "set_gt1", "refused_or_set_gt1"}
+    assert 0 < row["curve"]["coverage"][-1] <= 1 and row["aurc"] > 0
+    assert decisions["Single"][0]["set_size"] != row["set_size"]  # each model's own sets
+    assert (report / "risk_coverage.png").stat().st_size > 1000
+    text = (report / "report.md").read_text()
+    assert "Hydra (stored)" in text and "Single (val)" in text and "risk_coverage.png" in text
