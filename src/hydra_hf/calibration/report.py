@@ -15,8 +15,8 @@ import torch
 
 from .. import metrics
 from ..errors import HydraInputError
-from ..modeling.pipeline_hydra import calibrated_decisions, calibrated_member_probs, selective_uncertainty
-from ..plots import _new_figure, _save_atomic
+from ..modeling.pipeline_hydra import calibrated_decisions, calibrated_member_probs
+from ..plots import risk_coverage_diagram
 from .fit import fit_calibration
 
 __all__ = ["DEFAULTS", "decision_metrics", "fit_for_report", "render_decisions", "risk_coverage_figure"]
@@ -139,19 +139,12 @@ def render_decisions(decisions: Mapping[str, Sequence[Mapping[str, Any]]]) -> st
 
 
 def risk_coverage_figure(decisions: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike) -> str:
-    """Risk (error among answered) against coverage (answered share) on the ID test data, every model
-    ranked by its abstention score; a dot marks each model's stored or fitted threshold."""
-    fig = _new_figure(6.0, 4.2)
-    ax = fig.add_subplot(1, 1, 1)
+    """The risk-coverage curves of :func:`decision_metrics` rows (each model's first), thresholds as dots."""
+    curves = {}
     for name, rows in decisions.items():
         row = rows[0]
-        line, = ax.plot(row["curve"]["coverage"], row["curve"]["risk"], label=f"{name} ({row['score']})")
+        point = None
         if row["answered"] is not None and row["selective_accuracy"] is not None:
-            ax.plot([row["answered"]], [1 - row["selective_accuracy"]], "o", color=line.get_color())
-        if row.get("risk") is not None:
-            ax.axhline(row["risk"], color="grey", linestyle=":", linewidth=0.8)
-    ax.set_xlabel("coverage (share answered)")
-    ax.set_ylabel("risk (error among answered)")
-    ax.set_title("Risk-coverage (in-distribution test data); dots: thresholds")
-    ax.legend(fontsize=8)
-    return _save_atomic(fig, path)
+            point = (row["answered"], 1 - row["selective_accuracy"])
+        curves[f"{name} ({row['score']})"] = (row["curve"]["coverage"], row["curve"]["risk"], point, row.get("risk"))
+    return risk_coverage_diagram(curves, path)
