@@ -377,3 +377,34 @@ def test_evaluate_reports_the_decisions_of_a_calibrated_folder_and_its_baseline(
     assert (report / "risk_coverage.png").stat().st_size > 1000
     text = (report / "report.md").read_text()
     assert "Hydra (stored)" in text and "Single (val)" in text and "risk_coverage.png" in text
+
+
+def test_decoder_classifier_folder_is_calibrated_and_its_pipeline_decides(tmp_path, capsys):
+    from _tiny_decoders import save_llama
+    from _tiny_decoders import write_masks as write_decoder_masks
+    from transformers import pipeline
+
+    base = save_llama(tmp_path / "llama", pad=True)
+    assert cli_main(["convert", "--base", str(base), "--masks", str(write_decoder_masks(tmp_path / "masks.json")),
+                     "--output", str(tmp_path / "hydra")]) == 0
+    texts = _texts(120, seed=3)
+    model, tokenizer, _ = ev.load_classifier(tmp_path / "hydra")
+    with torch.no_grad():
+        top = torch.cat([model(**tokenizer([t], return_tensors="pt")).logits.argmax(-1) for t in texts])
+    labels = torch.where(torch.arange(120) % 4 == 0, (top + 1) % 3, top)  # a quarter wrong
+    pd.DataFrame({"text": texts, "label": labels.tolist()}).to_csv(tmp_path / "cal.csv", index=False)
+    out = tmp_path / "calibrated"
+    assert cli_main(["calibrate", str(tmp_path / "hydra"), "--data", str(tmp_path / "cal.csv"), "--output", str(out),
+                     "--alpha", "0.3", "--risk", "none", "--batch-size", "1"]) == 0
+    stored = json.loads((out / "config.json").read_text())["calibration"]
+    assert stored["n"] == 120 and stored["threshold"] is None
+    pipe = pipeline("hydra-text-classification", model=str(out), trust_remote_code=True)
+    results = pipe(texts[:20])
+    with torch.no_grad():
+        member_logits = torch.cat([model(**tokenizer([t], return_tensors="pt")).member_logits for t in texts[:20]])
+    decided = calibrated_decisions(member_logits, stored)
+    names = [model.config.id2label[c] for c in range(3)]
+    for i, result in enumerate(results):
+        assert set(result["prediction_set"]) == {names[c] for c in range(3) if decided["prediction_set"][i, c]}
+        assert result["abstain"] is None
+    assert len({len(r["prediction_set"]) for r in results}) > 1  # sets of different sizes: not trivial
