@@ -408,3 +408,20 @@ def test_decoder_classifier_folder_is_calibrated_and_its_pipeline_decides(tmp_pa
         assert set(result["prediction_set"]) == {names[c] for c in range(3) if decided["prediction_set"][i, c]}
         assert result["abstain"] is None
     assert len({len(r["prediction_set"]) for r in results}) > 1  # sets of different sizes: not trivial
+
+
+def test_calibrate_refuses_an_occupied_output_before_any_work(hydra_folder, tmp_path, capsys, monkeypatch):
+    data = _calibration_csv(hydra_folder, tmp_path / "cal.csv", n=40)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the output was checked")
+
+    monkeypatch.setattr(ev, "load_classifier", no_loading)
+    err = _one_line_error(["calibrate", str(hydra_folder), "--data", str(data), "--output", str(tmp_path / "taken"),
+                           "--risk", "none"], capsys)
+    assert "not empty" in err and (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+    err = _one_line_error(["calibrate", str(hydra_folder), "--data", str(data), "--output", str(hydra_folder / "inside"),
+                           "--risk", "none"], capsys)
+    assert "inside the input folder" in err

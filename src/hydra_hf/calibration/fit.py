@@ -22,7 +22,7 @@ from .. import evaluation as ev
 from ..data import resolve_dataset
 from ..errors import HydraInputError
 from ..modeling.pipeline_hydra import calibrated_member_probs
-from ..outputs import MARKER, read_json, regular_files, write_output_folder, write_text_atomic
+from ..outputs import MARKER, check_output, read_json, regular_files, write_output_folder, write_text_atomic
 from ..version import __version__
 from .conformal import check_alpha, fit_conformal
 from .selective import fit_selective
@@ -176,6 +176,7 @@ def calibrate_folder(
     if config_data.get(CONFIG_KEY) is not None and not overwrite:
         raise HydraInputError(f"{str(folder)!r} is already calibrated (config.json has {CONFIG_KEY!r}); pass --overwrite "
                               "to replace its calibration")
+    check_output(output, command="calibrate", overwrite=overwrite, inputs=[folder])  # before any work
     model, preprocessor, modality = ev.load_classifier(folder)
     if isinstance(model, torch.nn.Module) and not hasattr(model.config, "num_members"):
         raise HydraInputError(f"{str(folder)!r} is not a Hydra Ensemble classifier")
