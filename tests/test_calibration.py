@@ -425,3 +425,65 @@ def test_calibrate_refuses_an_occupied_output_before_any_work(hydra_folder, tmp_
     err = _one_line_error(["calibrate", str(hydra_folder), "--data", str(data), "--output", str(hydra_folder / "inside"),
                            "--risk", "none"], capsys)
     assert "inside the input folder" in err
+
+
+def test_causal_lm_abstention_thresholds_are_stored_and_used_by_generate_with_uncertainty(tmp_path, capsys):
+    from _tiny_decoders import WORDS as LM_WORDS
+    from _tiny_decoders import save_llama
+    from _tiny_decoders import write_masks as write_decoder_masks
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hydra_hf.calibration.generation import text_token_scores
+
+    base = save_llama(tmp_path / "llama", head="ForCausalLM", pad=True)
+    assert cli_main(["convert", "--base", str(base), "--masks", str(write_decoder_masks(tmp_path / "masks.json")),
+                     "--output", str(tmp_path / "hydra")]) == 0
+    rng = torch.Generator().manual_seed(0)
+    texts = list(dict.fromkeys(" ".join(LM_WORDS[int(i)] for i in torch.randint(len(LM_WORDS), (int(n),), generator=rng))
+                               for n in torch.randint(3, 9, (400,), generator=rng)))
+    pd.DataFrame({"text": texts[:150]}).to_csv(tmp_path / "texts.csv", index=False)
+    out = tmp_path / "calibrated"
+    assert cli_main(["calibrate", str(tmp_path / "hydra"), "--data", str(tmp_path / "texts.csv"), "--output", str(out),
+                     "--alpha", "0.2"]) == 0
+    stored = json.loads((out / "config.json").read_text())["calibration"]
+    assert stored["task"] == "causal_lm" and stored["score"] == "mi" and stored["n"] == 150
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    sequence, tokens = text_token_scores(model, tokenizer, texts[:150], "mi")
+    assert stored["sequence_threshold"] == pytest.approx(conformal_quantile(sequence, 0.2), rel=1e-9)
+    assert stored["token_threshold"] == pytest.approx(conformal_quantile(torch.cat(tokens), 0.2), rel=1e-9)
+    held_out, _ = text_token_scores(model, tokenizer, texts[150:], "mi")  # exchangeable texts: about 20 % refused
+    refused = float((held_out > stored["sequence_threshold"]).double().mean())
+    assert 0.05 < refused < 0.35, refused
+    prompts = tokenizer(["the movie", "a plot was"], return_tensors="pt", padding=True)
+    generated = model.generate_with_uncertainty(prompts["input_ids"], prompts["attention_mask"], max_new_tokens=6,
+                                                do_sample=False)
+    mask = generated.generated_mask.bool()
+    expected_tokens = (generated.token_mutual_information > stored["token_threshold"]) & mask
+    assert torch.equal(generated["token_abstain"], expected_tokens)
+    mean = (generated.token_mutual_information * mask).sum(-1) / mask.sum(-1).clamp_min(1)
+    assert torch.equal(generated["sequence_abstain"], mean > stored["sequence_threshold"])
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "hydra").eval()
+    assert "token_abstain" not in plain.generate_with_uncertainty(prompts["input_ids"], prompts["attention_mask"],
+                                                                  max_new_tokens=3, do_sample=False)
+    err = _one_line_error(["calibrate", str(tmp_path / "hydra"), "--data", str(tmp_path / "texts.csv"), "--output",
+                           str(tmp_path / "x"), "--score", "msp"], capsys)
+    assert "does not apply to a causal LM" in err and "entropy, mi" in err and not (tmp_path / "x").exists()
+
+
+def test_text_generation_card_states_the_abstention_thresholds(tmp_path):
+    from _tiny_decoders import save_llama
+    from _tiny_decoders import write_masks as write_decoder_masks
+
+    from hydra_hf.hub import build_model_card
+
+    base = save_llama(tmp_path / "llama", head="ForCausalLM", pad=True)
+    assert cli_main(["convert", "--base", str(base), "--masks", str(write_decoder_masks(tmp_path / "masks.json")),
+                     "--output", str(tmp_path / "hydra")]) == 0
+    config = json.loads((tmp_path / "hydra" / "config.json").read_text())
+    config["calibration"] = {"task": "causal_lm", "score": "mi", "alpha": 0.1, "n": 200, "sequence_threshold": 0.012,
+                             "token_threshold": 0.03}
+    (tmp_path / "hydra" / "config.json").write_text(json.dumps(config))
+    text = " ".join(build_model_card(tmp_path / "hydra", None, repo_id="org/hydra-lm").text.split())
+    assert "`sequence_abstain`" in text and "exceeds 0.012" in text and "n = 200 in-distribution texts" in text
+    assert "at most 10% of texts like them" in text

@@ -21,10 +21,13 @@ import torch
 from .. import evaluation as ev
 from ..data import resolve_dataset
 from ..errors import HydraInputError
+from ..lm_evaluation import load_causal_lm
 from ..modeling.pipeline_hydra import calibrated_member_probs
+from ..pruning.members import is_causal_lm_folder
 from ..outputs import MARKER, check_output, read_json, regular_files, write_output_folder, write_text_atomic
 from ..version import __version__
 from .conformal import check_alpha, fit_conformal
+from .generation import GENERATION_SCORES, fit_generation_abstention
 from .selective import fit_selective
 
 __all__ = ["CONFIG_KEY", "calibrate_folder", "data_sha256", "fit_calibration", "guarantee_text"]
@@ -124,6 +127,13 @@ def data_sha256(dataset: Any) -> str:
 def guarantee_text(calibration: dict[str, Any]) -> str:
     """The guarantee of a stored calibration, in words (for the model card and reports)."""
     alpha, n = calibration["alpha"], calibration["n"]
+    if calibration.get("task") == "causal_lm":
+        return (f"`generate_with_uncertainty` marks a sequence `sequence_abstain` when its mean {calibration['score']} "
+                f"exceeds {calibration['sequence_threshold']:.4g}, and a token `token_abstain` above "
+                f"{calibration['token_threshold']:.4g}; fitted on n = {n} in-distribution texts so that at most "
+                f"{alpha:.0%} of texts like them (exchangeable with them) are refused, marginally (the token threshold "
+                "has no such guarantee: about the same share of their tokens). On the model's own generations the "
+                "thresholds are reference levels, not guarantees.")
     text = (f"Prediction sets ({calibration['method'].upper()}, split conformal, q_hat = {calibration['q_hat']:.4g}) hold "
             f"the true label with probability at least {1 - alpha:.0%} (alpha = {alpha:g}), fitted on n = {n} labelled "
             "examples. The coverage is marginal (on average over inputs, not for each input or each class) and holds "
@@ -144,7 +154,7 @@ def calibrate_folder(
     *,
     alpha: float = 0.1,
     method: str = "lac",
-    score: str = "msp",
+    score: str | None = None,
     risk: float | None = 0.1,
     delta: float = 0.1,
     temperature: float | str | None = None,
@@ -161,7 +171,11 @@ def calibrate_folder(
     """Copy the Hydra classifier ``folder`` to ``output`` with a calibration fitted on the labelled
     ``data`` (a file, folder or ``NAME:SPLIT``) in its ``config.json``. ``folder`` is never changed;
     every error leaves ``output`` as it was. ``overwrite`` replaces an existing calibration of ``folder``
-    (and an earlier ``hydra-hf calibrate`` output). Returns the stored calibration."""
+    (and an earlier ``hydra-hf calibrate`` output). Returns the stored calibration.
+
+    ``score`` (default ``msp``; a causal LM: ``mi``) decides abstention. A causal LM folder gets
+    :func:`~hydra_hf.calibration.generation.fit_generation_abstention` thresholds fitted on the texts of
+    ``data`` (no labels; ``method``, ``risk``, ``delta`` and ``temperature`` do not apply)."""
     check_alpha(alpha)  # bad flags fail before the model is loaded
     if risk is not None:
         check_alpha(risk, "risk")
@@ -177,6 +191,23 @@ def calibrate_folder(
         raise HydraInputError(f"{str(folder)!r} is already calibrated (config.json has {CONFIG_KEY!r}); pass --overwrite "
                               "to replace its calibration")
     check_output(output, command="calibrate", overwrite=overwrite, inputs=[folder])  # before any work
+    if is_causal_lm_folder(folder):
+        score = score or "mi"
+        if score not in GENERATION_SCORES:
+            raise HydraInputError(f"--score {score!r} does not apply to a causal LM; use one of {', '.join(GENERATION_SCORES)}")
+        if temperature is not None:
+            raise HydraInputError("--temperature does not apply to a causal LM's abstention thresholds; drop it")
+        lm, tokenizer = load_causal_lm(folder)
+        dataset = resolve_dataset(data, text_column=text_column, label_column=None, max_samples=max_samples)
+        if "text" not in dataset.column_names:
+            raise HydraInputError(f"--data {data!r} has columns {dataset.column_names} and no texts; name them with "
+                                  "--text-column")
+        calibration = fit_generation_abstention(lm, tokenizer, list(dataset["text"]), alpha=alpha, score=score,
+                                                max_length=max_length, batch_size=batch_size)
+        calibration.update({"data": data, "data_sha256": data_sha256(dataset)})
+        _write_calibrated_copy(folder, output, calibration, overwrite)
+        return calibration
+    score = score or "msp"
     model, preprocessor, modality = ev.load_classifier(folder)
     if isinstance(model, torch.nn.Module) and not hasattr(model.config, "num_members"):
         raise HydraInputError(f"{str(folder)!r} is not a Hydra Ensemble classifier")
@@ -194,6 +225,15 @@ def calibrate_folder(
     if "temperature_part" in calibration:
         calibration["n_total"] = int(predictions.labels.numel())
 
+    _write_calibrated_copy(folder, output, calibration, overwrite)
+    logger.info("calibrated %s -> %s: %s", folder, output, guarantee_text(calibration))
+    return calibration
+
+
+def _write_calibrated_copy(folder: str | os.PathLike, output: str | os.PathLike, calibration: dict[str, Any],
+                           overwrite: bool) -> None:
+    """``output`` = every file of ``folder`` (not its command marker) with ``calibration`` in config.json."""
+
     def write(tmp: Path) -> None:
         for relative in regular_files(folder, what="model folder"):
             if relative.name == MARKER and relative.parent == Path("."):
@@ -205,5 +245,3 @@ def calibrate_folder(
         write_text_atomic(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
 
     write_output_folder(output, write, command="calibrate", overwrite=overwrite, inputs=[folder])
-    logger.info("calibrated %s -> %s: %s", folder, output, guarantee_text(calibration))
-    return calibration

@@ -58,9 +58,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "no random tie-breaking (default lac)")
     p.add_argument("--raps-penalty", type=float, default=0.1, help="RAPS' lambda (default 0.1)")
     p.add_argument("--raps-rank", type=int, default=1, help="RAPS' k_reg: ranks above it are penalised (default 1)")
-    p.add_argument("--score", choices=SELECTIVE_SCORES, default="msp",
+    p.add_argument("--score", choices=SELECTIVE_SCORES, default=None,
                    help="uncertainty that decides abstention: msp (1 - max probability), entropy, mi (the members' "
-                   "mutual information) (default msp)")
+                   "mutual information) (default msp; a causal LM folder: mi, or entropy, with thresholds on the "
+                   "tokens and the sequences of unlabelled --data texts for generate_with_uncertainty)")
     p.add_argument("--risk", type=_risk, default=0.1,
                    help="error rate among answered inputs to certify, in (0, 1); 'none' fits the sets only (default 0.1)")
     p.add_argument("--delta", type=float, default=0.1,
@@ -87,5 +88,6 @@ def run(args: argparse.Namespace) -> int:
         max_samples=args.max_samples, batch_size=args.batch_size, max_length=args.max_length, overwrite=args.overwrite,
     )  # fmt: skip
     print(guarantee_text(calibration))
-    print(json.dumps({k: calibration[k] for k in ("method", "alpha", "q_hat", "n", "score", "risk", "threshold")}))
+    keys = ("method", "alpha", "q_hat", "n", "score", "risk", "threshold", "token_threshold", "sequence_threshold")
+    print(json.dumps({k: calibration[k] for k in keys if k in calibration}))
     return 0
