@@ -487,3 +487,36 @@ def test_text_generation_card_states_the_abstention_thresholds(tmp_path):
     text = " ".join(build_model_card(tmp_path / "hydra", None, repo_id="org/hydra-lm").text.split())
     assert "`sequence_abstain`" in text and "exceeds 0.012" in text and "n = 200 in-distribution texts" in text
     assert "at most 10% of texts like them" in text
+
+
+def test_image_folder_is_calibrated_on_an_image_folder_and_its_pipeline_decides(tmp_path):
+    from PIL import Image
+    from test_vit_fused import UNEQUAL, tiny_vit_config
+    from transformers import ViTForImageClassification, ViTImageProcessor, pipeline
+
+    torch.manual_seed(0)
+    base = tmp_path / "vit"
+    ViTForImageClassification(tiny_vit_config(id2label={0: "cat", 1: "dog", 2: "bird"})).eval().save_pretrained(base)
+    ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(base)
+    out = tmp_path / "hydra"
+    convert_checkpoint(HeadMasks(kept_heads=UNEQUAL, num_heads=4), base=base, output_dir=out)
+    g = torch.Generator().manual_seed(0)
+    images = tmp_path / "images"
+    for name in ("cat", "dog", "bird"):
+        (images / name).mkdir(parents=True)
+        for i in range(20):
+            array = (torch.rand(16, 16, 3, generator=g) * 255).to(torch.uint8).numpy()
+            Image.fromarray(array).save(images / name / f"{i}.png")
+    assert cli_main(["calibrate", str(out), "--data", str(images), "--output", str(tmp_path / "calibrated"),
+                     "--alpha", "0.3", "--risk", "none"]) == 0
+    stored = json.loads((tmp_path / "calibrated" / "config.json").read_text())["calibration"]
+    assert stored["n"] == 60 and len(stored["data_sha256"]) == 64
+    pipe = pipeline("hydra-image-classification", model=str(tmp_path / "calibrated"), trust_remote_code=True)
+    files = [str(images / "cat" / f"{i}.png") for i in range(8)]
+    results = pipe(files)
+    model, processor, _ = ev.load_classifier(tmp_path / "calibrated")
+    with torch.no_grad():
+        member_logits = model(**processor([Image.open(f) for f in files], return_tensors="pt")).member_logits
+    decided = calibrated_decisions(member_logits, stored)
+    for i, result in enumerate(results):
+        assert set(result["prediction_set"]) == {model.config.id2label[c] for c in range(3) if decided["prediction_set"][i, c]}
