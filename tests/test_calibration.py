@@ -520,3 +520,39 @@ def test_image_folder_is_calibrated_on_an_image_folder_and_its_pipeline_decides(
     decided = calibrated_decisions(member_logits, stored)
     for i, result in enumerate(results):
         assert set(result["prediction_set"]) == {model.config.id2label[c] for c in range(3) if decided["prediction_set"][i, c]}
+
+
+def test_zero_shot_folder_is_calibrated_for_its_classes_and_template(tmp_path):
+    from PIL import Image
+    from test_clip_fused import OPEN_CLIP_CFG, save_open_clip, tiny_open_clip, two_tower_masks
+    from transformers import pipeline
+
+    from hydra_hf.zero_shot import load_zero_shot_model
+
+    cfg = {**OPEN_CLIP_CFG, "text_cfg": {**OPEN_CLIP_CFG["text_cfg"], "vocab_size": 49408, "context_length": 16}}
+    out = tmp_path / "clip-hydra"
+    convert_checkpoint(two_tower_masks(), base=save_open_clip(tiny_open_clip(cfg=cfg), tmp_path / "oc", cfg), output_dir=out)
+    classes = ("cat", "dog", "diagram")
+    g = torch.Generator().manual_seed(0)
+    images = tmp_path / "images"
+    for name in classes:
+        (images / name).mkdir(parents=True)
+        for i in range(15):
+            Image.fromarray((torch.rand(20, 24, 3, generator=g) * 255).to(torch.uint8).numpy()).save(images / name / f"{i}.png")
+    calibrated = tmp_path / "calibrated"
+    assert cli_main(["calibrate", str(out), "--data", str(images), "--output", str(calibrated), "--alpha", "0.3",
+                     "--risk", "none"]) == 0
+    stored = json.loads((calibrated / "config.json").read_text())["calibration"]
+    assert stored["class_names"] == ["cat", "diagram", "dog"] and stored["templates"] == ["This is a photo of {}."]
+    files = [str(images / "dog" / f"{i}.png") for i in range(6)]
+    pipe = pipeline("hydra-zero-shot-image-classification", model=str(calibrated), trust_remote_code=True)
+    results = [pipe(f, candidate_labels=stored["class_names"]) for f in files]
+    zero_shot = load_zero_shot_model(calibrated)
+    predictor = zero_shot.predictor(stored["class_names"], stored["templates"])
+    with torch.no_grad():
+        member_logits = predictor.member_logits({"pixel_values": torch.stack([zero_shot.transform(Image.open(f)) for f in files])})
+    decided = calibrated_decisions(member_logits, stored)
+    for i, result in enumerate(results):
+        assert set(result["prediction_set"]) == {stored["class_names"][c] for c in range(3) if decided["prediction_set"][i, c]}
+    assert "prediction_set" not in pipe(files[0], candidate_labels=["cat", "dog", "diagram"])  # another order: no claim
+    assert "prediction_set" not in pipe(files[0], candidate_labels=stored["class_names"], hypothesis_template="a {}")

@@ -22,10 +22,11 @@ from .. import evaluation as ev
 from ..data import resolve_dataset
 from ..errors import HydraInputError
 from ..lm_evaluation import load_causal_lm
-from ..modeling.pipeline_hydra import calibrated_member_probs
+from ..modeling.pipeline_hydra import ZERO_SHOT_TEMPLATE, calibrated_member_probs
 from ..pruning.members import is_causal_lm_folder
 from ..outputs import MARKER, check_output, read_json, regular_files, write_output_folder, write_text_atomic
 from ..version import __version__
+from ..zero_shot import load_zero_shot_model, read_templates, zero_shot_class_names, zero_shot_data, zero_shot_family
 from .conformal import check_alpha, fit_conformal
 from .generation import GENERATION_SCORES, fit_generation_abstention
 from .selective import fit_selective
@@ -166,6 +167,8 @@ def calibrate_folder(
     max_samples: int | None = None,
     batch_size: int = 32,
     max_length: int = 128,
+    class_names: str | None = None,
+    templates: str | None = None,
     overwrite: bool = False,
 ) -> dict[str, Any]:
     """Copy the Hydra classifier ``folder`` to ``output`` with a calibration fitted on the labelled
@@ -175,7 +178,10 @@ def calibrate_folder(
 
     ``score`` (default ``msp``; a causal LM: ``mi``) decides abstention. A causal LM folder gets
     :func:`~hydra_hf.calibration.generation.fit_generation_abstention` thresholds fitted on the texts of
-    ``data`` (no labels; ``method``, ``risk``, ``delta`` and ``temperature`` do not apply)."""
+    ``data`` (no labels; ``method``, ``risk``, ``delta`` and ``temperature`` do not apply). A two-tower
+    (CLIP / SigLIP) folder classifies ``class_names`` (default: the sub-folders of an image folder ``data``)
+    with the prompt ``templates`` (default: the zero-shot pipeline's ``"This is a photo of {}."``); both are
+    stored, and its pipeline decides only for those classes and that one template."""
     check_alpha(alpha)  # bad flags fail before the model is loaded
     if risk is not None:
         check_alpha(risk, "risk")
@@ -208,6 +214,27 @@ def calibrate_folder(
         _write_calibrated_copy(folder, output, calibration, overwrite)
         return calibration
     score = score or "msp"
+    family = zero_shot_family(folder)
+    if family is not None:
+        names = zero_shot_class_names(class_names, data, model=f"a {family.name} model")
+        prompts = read_templates(templates if templates is not None else [ZERO_SHOT_TEMPLATE])
+        dataset = resolve_dataset(data, text_column=text_column, image_column=image_column, label_column=label_column,
+                                  require_labels=True, label2id={n: i for i, n in enumerate(names)},
+                                  max_samples=max_samples)
+        dataset = zero_shot_data(dataset, names, f"--data {data!r}", f"a zero-shot {family.name} model")
+        zero_shot = load_zero_shot_model(folder)
+        loader = ev.make_loader(dataset, zero_shot.image_processor, "image", batch_size=batch_size)
+        predictions = ev.predict(zero_shot.predictor(names, prompts), loader, desc="calibration")
+        calibration = fit_calibration(predictions.member_logits, predictions.labels, alpha=alpha, method=method,
+                                      score=score, risk=risk, delta=delta, temperature=temperature, penalty=penalty,
+                                      regularization_rank=regularization_rank)
+        calibration.update({"class_names": names, "templates": prompts, "data": data,
+                            "data_sha256": data_sha256(dataset), "hydra_hf_version": __version__})
+        _write_calibrated_copy(folder, output, calibration, overwrite)
+        return calibration
+    if class_names is not None or templates is not None:
+        raise HydraInputError("--class-names / --templates apply to zero-shot CLIP / SigLIP folders; this folder is a "
+                              "classifier with its own classes: drop them")
     model, preprocessor, modality = ev.load_classifier(folder)
     if isinstance(model, torch.nn.Module) and not hasattr(model.config, "num_members"):
         raise HydraInputError(f"{str(folder)!r} is not a Hydra Ensemble classifier")

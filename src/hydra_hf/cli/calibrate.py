@@ -72,6 +72,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text-column", default="text", help="column holding the text (default: text)")
     p.add_argument("--label-column", default="label", help="column holding the class id or name (default: label)")
     p.add_argument("--image-column", default=None, help="column holding images (or paths) of tabular image data")
+    p.add_argument("--class-names", default=None,
+                   help="zero-shot CLIP / SigLIP folders: the classes in label order, comma-separated or a file with one "
+                   "per line (default with an image folder as --data: its sub-folders)")
+    p.add_argument("--templates", default=None, metavar="SET|FILE|TEMPLATE",
+                   help="zero-shot folders: the prompt templates (default: the pipeline's 'This is a photo of {}.'; the "
+                   "pipeline decides only for one template, the one it is called with)")
     p.add_argument("--max-samples", type=int, default=None, help="use the first N examples of --data")
     p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass (default 32)")
     p.add_argument("--max-length", type=int, default=128, help="text: truncate inputs to this many tokens (default 128)")
@@ -85,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         args.folder, args.data, args.output, alpha=args.alpha, method=args.method, score=args.score, risk=args.risk,
         delta=args.delta, temperature=args.temperature, penalty=args.raps_penalty, regularization_rank=args.raps_rank,
         text_column=args.text_column, label_column=args.label_column, image_column=args.image_column,
-        max_samples=args.max_samples, batch_size=args.batch_size, max_length=args.max_length, overwrite=args.overwrite,
+        max_samples=args.max_samples, batch_size=args.batch_size, max_length=args.max_length,
+        class_names=args.class_names, templates=args.templates, overwrite=args.overwrite,
     )  # fmt: skip
     print(guarantee_text(calibration))
     keys = ("method", "alpha", "q_hat", "n", "score", "risk", "threshold", "token_threshold", "sequence_threshold")

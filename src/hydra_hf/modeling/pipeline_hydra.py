@@ -40,6 +40,8 @@ from transformers import (
 )
 
 UNCERTAINTY_METRICS = ("predictive_entropy", "expected_entropy", "mutual_information")
+# ZeroShotImageClassificationPipeline's default hypothesis template (transformers 5)
+ZERO_SHOT_TEMPLATE = "This is a photo of {}."
 DEFAULT_METRIC = "mutual_information"
 
 
@@ -362,12 +364,17 @@ class HydraZeroShotImageClassificationPipeline(_HydraUncertaintyMixin, ZeroShotI
     with the candidate labels as classes.
 
     Call options: ``candidate_labels`` (required), ``hypothesis_template``, ``uncertainty_threshold``,
-    ``top_k``, ``timeout``.
+    ``top_k``, ``timeout``. A calibration (``config.calibration``) was fitted for its ``class_names`` and
+    ``templates``: its ``prediction_set`` and ``abstain`` are added only when the candidate labels are those
+    classes, in that order, and the hypothesis template is its one template.
     """
 
     def _sanitize_parameters(self, uncertainty_threshold=None, top_k=None, **kwargs):
         preprocess_params, forward_params, _ = super()._sanitize_parameters(**kwargs)
-        return preprocess_params, forward_params, self._hydra_postprocess_params(uncertainty_threshold, top_k)
+        postprocess_params = self._hydra_postprocess_params(uncertainty_threshold, top_k)
+        if "hypothesis_template" in kwargs:
+            postprocess_params["hypothesis_template"] = kwargs["hypothesis_template"]
+        return preprocess_params, forward_params, postprocess_params
 
     def _forward(self, model_inputs):
         candidate_labels = model_inputs.pop("candidate_labels")
@@ -383,10 +390,16 @@ class HydraZeroShotImageClassificationPipeline(_HydraUncertaintyMixin, ZeroShotI
             "member_logits": _member_logits(outputs, "member_logits_per_image"),  # (1, M, N)
         }
 
-    def postprocess(self, model_outputs, uncertainty_threshold=None, top_k=None):
+    def postprocess(self, model_outputs, uncertainty_threshold=None, top_k=None, hypothesis_template=ZERO_SHOT_TEMPLATE):
         threshold = resolve_threshold(uncertainty_threshold, self.model.config)
         labels = [str(label) for label in model_outputs["candidate_labels"]]
-        return format_result(model_outputs["member_logits"][0], labels, threshold, top_k)
+        member_logits = model_outputs["member_logits"][0]  # (M, N)
+        result = format_result(member_logits, labels, threshold, top_k)
+        calibration = resolve_calibration(self.model.config)
+        if calibration is not None and (calibration.get("class_names") != labels
+                                        or calibration.get("templates") != [hypothesis_template]):
+            calibration = None  # fitted for other classes or prompts: its guarantee does not hold here
+        return add_calibrated_decision(result, member_logits, labels, calibration)
 
 
 class HydraTextGenerationPipeline(TextGenerationPipeline):
