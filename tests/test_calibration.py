@@ -556,3 +556,13 @@ def test_zero_shot_folder_is_calibrated_for_its_classes_and_template(tmp_path):
         assert set(result["prediction_set"]) == {stored["class_names"][c] for c in range(3) if decided["prediction_set"][i, c]}
     assert "prediction_set" not in pipe(files[0], candidate_labels=["cat", "dog", "diagram"])  # another order: no claim
     assert "prediction_set" not in pipe(files[0], candidate_labels=stored["class_names"], hypothesis_template="a {}")
+    (tmp_path / "ood" / "noise").mkdir(parents=True)
+    for i in range(4):
+        Image.fromarray((torch.rand(20, 24, 3, generator=g) * 64).to(torch.uint8).numpy()).save(tmp_path / "ood" / "noise" / f"{i}.png")
+    base = ["evaluate", "--model", str(calibrated), "--id-data", str(images), "--ood-data", f"noise={tmp_path / 'ood'}",
+            "--bootstrap", "0"]
+    assert cli_main([*base, "--templates", "This is a photo of {}.", "--report", str(tmp_path / "same")]) == 0
+    decisions = json.loads((tmp_path / "same" / "report.json").read_text())["decisions"]["Hydra"]
+    assert [row["source"] for row in decisions] == ["stored"] and decisions[0]["n_calibration"] == 45
+    assert cli_main([*base, "--report", str(tmp_path / "other")]) == 0  # another template: the guarantee does not apply
+    assert "decisions" not in json.loads((tmp_path / "other" / "report.json").read_text())

@@ -32,7 +32,6 @@ import torch
 from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY
 from ..calibration.report import DEFAULTS as DECISION_DEFAULTS
 from ..calibration.report import decision_metrics, fit_for_report, render_decisions, risk_coverage_figure
-
 from ..data import parse_spec, resolve_dataset
 from ..lm_evaluation import evaluate_causal_lm, load_causal_lm, write_causal_lm_report
 from ..lm_metrics import SEQUENCE_SCORES
@@ -375,14 +374,22 @@ def _wants_decisions(args: argparse.Namespace) -> bool:
     return bool(args.conformal_alpha) or _stored_calibration(args.model) is not None
 
 
-def _decisions(args: argparse.Namespace, predictors: Mapping[str, Any], result: Any, val_loader: Iterable | None
+def _decisions(args: argparse.Namespace, predictors: Mapping[str, Any], result: Any, setup: _Setup
                ) -> dict[str, list[dict[str, Any]]] | None:
     """Every model's calibrated decisions on the test data: the --model folder's stored calibration, and
     calibrations fitted on --val-data (at every --conformal-alpha, else at the stored alpha) with the
-    stored settings (else `hydra-hf calibrate`'s defaults)."""
+    stored settings (else `hydra-hf calibrate`'s defaults). A zero-shot calibration of other classes or
+    prompts than this evaluation's is not applied (its settings are)."""
     stored = _stored_calibration(args.model)
     if stored is None and not args.conformal_alpha:
         return None
+    val_loader = setup.val_loader
+    applies = stored is not None and (
+        "class_names" not in stored
+        or (stored["class_names"] == setup.settings.get("class_names") and stored.get("templates") == read_templates(args.templates)))
+    if stored is not None and not applies:
+        logger.warning("the stored calibration of %s was fitted for the classes %s and templates %s, not this "
+                       "evaluation's: its decisions are not reported", args.model, stored["class_names"], stored.get("templates"))
     settings = {**DECISION_DEFAULTS, **{k: stored[k] for k in (*DECISION_DEFAULTS, "penalty", "regularization_rank")
                                         if stored is not None and stored.get(k) is not None}}
     alphas = list(dict.fromkeys(args.conformal_alpha)) or ([stored["alpha"]] if stored else [])
@@ -390,7 +397,7 @@ def _decisions(args: argparse.Namespace, predictors: Mapping[str, Any], result: 
     for k, (name, predictor) in enumerate(predictors.items()):
         preds = result.id_predictions[name]
         oods = {o: p.member_logits for o, p in result.ood_predictions[name].items()}
-        records = [("stored", stored)] if stored is not None and name == args.name else []
+        records = [("stored", stored)] if applies and name == args.name else []
         if val_loader is not None:
             val = ev.predict(predictor, val_loader, desc=f"{name}: calibration")
             records += [("val", fit_for_report(val.member_logits, val.labels, alpha, settings)) for alpha in alphas]
@@ -437,7 +444,7 @@ def run(args: argparse.Namespace) -> int:
     if args.bootstrap:
         for a, b in pairs:
             comparisons[f"{a} − {b}"] = ev.compare_predictions(result, a, b, n_boot=args.bootstrap)
-    decisions = _decisions(args, predictors, result, setup.val_loader)
+    decisions = _decisions(args, predictors, result, setup)
     notes, extra = setup.notes, None
     if decisions:
         extra = {"decisions": decisions}
