@@ -11,7 +11,7 @@ import shutil
 import pandas as pd
 import pytest
 import torch
-from conftest import run_fresh_python, write_masks
+from conftest import run_fresh_python
 
 from hydra_hf import evaluation as ev
 from hydra_hf.assemble import convert_checkpoint
