@@ -19,7 +19,8 @@ from importlib import metadata
 
 PROG = "hydra-hf"
 DESCRIPTION = (
-    "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, evaluate, aggregate, export, push."
+    "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, calibrate, evaluate, aggregate, export, "
+    "push."
 )
 # Sub-commands, in the order `hydra-hf --help` lists them, with the one line it shows for each (the
 # `help=` of each command's `add_parser` in hydra_hf/cli/<command>.py).
@@ -27,6 +28,7 @@ COMMANDS = {
     "prune": "choose the heads every member keeps (Taylor / circuits / random) and write masks.json",
     "convert": "fuse pruned members into one Hydra Ensemble model folder",
     "finetune": "fine-tune the pruned members on a task, then fuse them",
+    "calibrate": "fit conformal prediction sets and a risk-controlled abstention threshold into a copy of a folder",
     "evaluate": "evaluate calibration and OOD detection against baselines",
     "aggregate": "average several seeds' evaluation reports (mean ± std)",
     "export": "export a Hydra folder for deployment (ONNX, optionally int8)",

@@ -43,6 +43,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("hydra_hf.finetune",),
     ("hydra_hf.onnx.runtime", "hydra_hf.onnx.graph", "hydra_hf.onnx"),  # loading and running an export
     ("hydra_hf.evaluation", "hydra_hf.lm_evaluation", "hydra_hf.baselines", "hydra_hf.zero_shot"),  # runs PyTorch and ONNX models alike
+    ("hydra_hf.calibration",),  # conformal sets and abstention fitted on a model's predictions
     ("hydra_hf.hub",),  # staging, cards, validation, push
     ("hydra_hf.onnx.export", "hydra_hf.onnx.int8", "hydra_hf.onnx.quantize"),  # export: measured with evaluation
     ("hydra_hf.recipes", "hydra_hf.study", "hydra_hf.ceiling"),

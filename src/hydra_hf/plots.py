@@ -24,7 +24,7 @@ from . import metrics
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["reliability_diagram", "ood_histogram", "heads_heatmap"]
+__all__ = ["reliability_diagram", "ood_histogram", "heads_heatmap", "risk_coverage_diagram"]
 
 ArrayLike = torch.Tensor | np.ndarray
 
@@ -211,6 +211,33 @@ def ood_histogram(
         ax.set_visible(False)
     if title:
         fig.suptitle(title)
+    return _save_atomic(fig, path)
+
+
+def risk_coverage_diagram(
+    curves: Mapping[str, tuple[Sequence[float], Sequence[float], tuple[float, float] | None, float | None]],
+    path: str | os.PathLike[str],
+) -> str:
+    """Selective risk (error among answered) against coverage (share answered), one line per model.
+
+    Args:
+        curves: ``{name: (coverage, risk, point, target)}``: the curve, the operating point of a threshold
+            (a dot; None for none) and a target risk (a dotted line; None for none).
+        path: the PNG to write.
+    """
+    _check_mapping(curves, "curves")
+    fig = _new_figure(6.0, 4.2)
+    ax = fig.add_subplot(1, 1, 1)
+    for name, (coverage, risk, point, target) in curves.items():
+        (line,) = ax.plot(list(coverage), list(risk), label=name)
+        if point is not None:
+            ax.plot([point[0]], [point[1]], "o", color=line.get_color())
+        if target is not None:
+            ax.axhline(target, color=line.get_color(), linestyle=":", linewidth=0.8)
+    ax.set_xlabel("coverage (share answered)")
+    ax.set_ylabel("risk (error among answered)")
+    ax.set_title("Risk-coverage; dots: thresholds, dotted: target risk")
+    ax.legend(fontsize=8)
     return _save_atomic(fig, path)
 
 

@@ -26,12 +26,13 @@ from ..version import __version__
 
 PROG = "hydra-hf"
 DESCRIPTION = (
-    "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, evaluate, aggregate, export, push."
+    "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, calibrate, evaluate, aggregate, export, "
+    "push."
 )
 # Sub-command modules, in the order `hydra-hf --help` lists them. The console script (hydra_hf_cli, outside
 # the package so that `--help` and `--version` need no torch) prints a copy of this top level;
 # tests/test_cli_help.py checks that the two helps are equal.
-COMMANDS = ("prune", "convert", "finetune", "evaluate", "aggregate", "export", "push")
+COMMANDS = ("prune", "convert", "finetune", "calibrate", "evaluate", "aggregate", "export", "push")
 
 # One worked example per command, shown at the end of `hydra-hf COMMAND --help`.
 EXAMPLES = {
@@ -43,6 +44,8 @@ EXAMPLES = {
     "finetune": """example (fine-tune every member with the text recipe, then fuse):
   hydra-hf finetune --model runs/single --masks masks.json --train-data rotten_tomatoes:train \\
       --eval-data rotten_tomatoes:validation --output hydra-rt-ft""",
+    "calibrate": """example (90% LAC sets; abstain to keep the error among answered inputs at most 5%):
+  hydra-hf calibrate hydra-rt --data rotten_tomatoes:validation --alpha 0.1 --risk 0.05 --output hydra-rt-cal""",
     "evaluate": """example (Hydra against the single model, with temperature scaling, on two OOD sets):
   hydra-hf evaluate --model hydra-rt --baseline Single=runs/single --temperature-scaling \\
       --val-data rotten_tomatoes:validation --id-data rotten_tomatoes:test \\

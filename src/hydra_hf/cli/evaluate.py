@@ -29,11 +29,14 @@ from typing import Any
 from .. import distributed, evaluation as ev
 import torch
 
+from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY
+from ..calibration.report import DEFAULTS as DECISION_DEFAULTS
+from ..calibration.report import decision_metrics, fit_for_report, render_decisions, risk_coverage_figure
 from ..data import parse_spec, resolve_dataset
 from ..lm_evaluation import evaluate_causal_lm, load_causal_lm, write_causal_lm_report
 from ..lm_metrics import SEQUENCE_SCORES
 from ..metrics import OOD_SCORES
-from ..outputs import check_output, write_output_folder
+from ..outputs import check_output, read_json, write_output_folder
 from ..pruning.members import is_causal_lm_folder
 from ..report import render_markdown_table
 from ..zero_shot import (
@@ -79,7 +82,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "a causal LM: any texts)")
     p.add_argument("--ood-data", action="append", required=True, metavar="SPEC",
                    help="OOD data (repeatable); NAME=SPEC sets the name shown in the report")
-    p.add_argument("--val-data", default=None, help="labelled validation data for temperature scaling")
+    p.add_argument("--val-data", default=None,
+                   help="labelled validation data for temperature scaling and for fitting --conformal-alpha sets")
+    p.add_argument("--conformal-alpha", type=float, action="append", default=[], metavar="ALPHA",
+                   help="fit split conformal sets at level 1 - ALPHA and an abstention threshold on --val-data for every "
+                   "model (repeatable), and report coverage, mean set size, selective accuracy, AURC and the OOD inputs "
+                   "refused or given several labels; a folder calibrated by `hydra-hf calibrate` reports its stored "
+                   "decisions without it (its baselines are fitted alike when --val-data is given)")
     p.add_argument("--train-data", default=None, help="labelled training data for Deep Ensembles (D) heads")
     p.add_argument("--text-column", default="text", help="column holding the text of csv/jsonl/parquet data (default: text)")
     p.add_argument("--label-column", default="label",
@@ -141,6 +150,11 @@ def _check_models(args: argparse.Namespace) -> tuple[dict[str, str], list[tuple[
     """``({name: folder}, [(a, b) compared])`` from the options, checked before anything is loaded."""
     if args.temperature_scaling and not args.val_data:
         raise ValueError("--temperature-scaling needs --val-data (a labelled validation split)")
+    for alpha in args.conformal_alpha:
+        if not 0 < alpha < 1:
+            raise ValueError(f"--conformal-alpha {alpha!r} is outside (0, 1); pass e.g. 0.1 for 90% sets")
+    if args.conformal_alpha and not args.val_data:
+        raise ValueError("--conformal-alpha needs --val-data (labelled data to fit the sets on, held out from the test data)")
     if args.deep_ensemble and not args.train_data:
         raise ValueError("--deep-ensemble needs --train-data to train its classifier heads")
     models = {args.name: args.model}
@@ -225,7 +239,8 @@ def _classifier_setup(args: argparse.Namespace, models: dict[str, str]) -> _Setu
         heads = ev.train_ensemble_heads(loaded[args.deep_ensemble][0], loader(data(args.train_data, True)),
                                         num_heads=args.ensemble_size)
         predictors["Deep Ensembles (D)"] = ev.HeadsEnsemblePredictor(loaded[args.deep_ensemble][0], heads)
-    val_loader = loader(data(args.val_data, True)) if args.temperature_scaling else None
+    wanted = args.temperature_scaling or (args.val_data and _wants_decisions(args))
+    val_loader = loader(data(args.val_data, True)) if wanted else None
     return _Setup(predictors, id_loader, ood_loaders, val_loader)
 
 
@@ -247,7 +262,8 @@ def _zero_shot_setup(args: argparse.Namespace, models: dict[str, str], family: s
 
     # the data is read before the models: a bad data set fails at once
     id_data = data("--id-data", args.id_data, True)
-    val_data = data("--val-data", args.val_data, True) if args.temperature_scaling else None
+    wanted = args.temperature_scaling or (args.val_data and _wants_decisions(args))
+    val_data = data("--val-data", args.val_data, True) if wanted else None
     oods = {}
     for spec in args.ood_data:
         name, path = _named(spec, parse_spec(spec)[0])
@@ -280,6 +296,7 @@ def _run_causal_lm(args: argparse.Namespace, models: dict[str, str]) -> int:
                         ("--mc-dropout", args.mc_dropout), ("--deep-ensemble", args.deep_ensemble),
                         ("--train-data", args.train_data), ("--class-names", args.class_names),
                         ("--templates", args.templates), ("--compare", args.compare),
+                        ("--conformal-alpha", args.conformal_alpha),
                         ("--image-column", args.image_column)):  # fmt: skip
         if given:
             raise ValueError(f"{flag} does not apply to {what} (a classifier option); drop {flag}")
@@ -333,6 +350,63 @@ def _run_causal_lm(args: argparse.Namespace, models: dict[str, str]) -> int:
     return 0
 
 
+DECISIONS_NOTE = (
+    "Calibrated decisions (split conformal sets and Learn-then-Test abstention, `hydra-hf calibrate`): per model "
+    "and alpha, the empirical coverage of the sets and their mean size on the ID test data (95 % bootstrap intervals "
+    "in brackets), the abstention score and threshold, the share answered and the accuracy among answered inputs, "
+    "the AURC when ranking by that score, and per OOD set the share refused / given a set of more than one label / "
+    "either. 'stored': the folder's own calibration; 'val': fitted on --val-data. risk_coverage.png: the "
+    "risk-coverage curves."
+)
+
+
+def _stored_calibration(folder: str) -> dict[str, Any] | None:
+    """The ``calibration`` that `hydra-hf calibrate` stored in ``folder``'s config.json, or None."""
+    file = Path(folder) / "config.json"
+    if not file.is_file():
+        return None
+    config = read_json(file, what="model config", fix="pass a model folder with a valid config.json")
+    stored = config.get(CALIBRATION_KEY) if isinstance(config, dict) else None
+    return stored if isinstance(stored, dict) else None
+
+
+def _wants_decisions(args: argparse.Namespace) -> bool:
+    return bool(args.conformal_alpha) or _stored_calibration(args.model) is not None
+
+
+def _decisions(args: argparse.Namespace, predictors: Mapping[str, Any], result: Any, setup: _Setup
+               ) -> dict[str, list[dict[str, Any]]] | None:
+    """Every model's calibrated decisions on the test data: the --model folder's stored calibration, and
+    calibrations fitted on --val-data (at every --conformal-alpha, else at the stored alpha) with the
+    stored settings (else `hydra-hf calibrate`'s defaults). A zero-shot calibration of other classes or
+    prompts than this evaluation's is not applied (its settings are)."""
+    stored = _stored_calibration(args.model)
+    if stored is None and not args.conformal_alpha:
+        return None
+    val_loader = setup.val_loader
+    applies = stored is not None and (
+        "class_names" not in stored
+        or (stored["class_names"] == setup.settings.get("class_names") and stored.get("templates") == read_templates(args.templates)))
+    if stored is not None and not applies:
+        logger.warning("the stored calibration of %s was fitted for the classes %s and templates %s, not this "
+                       "evaluation's: its decisions are not reported", args.model, stored["class_names"], stored.get("templates"))
+    settings = {**DECISION_DEFAULTS, **{k: stored[k] for k in (*DECISION_DEFAULTS, "penalty", "regularization_rank")
+                                        if stored is not None and stored.get(k) is not None}}
+    alphas = list(dict.fromkeys(args.conformal_alpha)) or ([stored["alpha"]] if stored else [])
+    decisions: dict[str, list[dict[str, Any]]] = {}
+    for k, (name, predictor) in enumerate(predictors.items()):
+        preds = result.id_predictions[name]
+        oods = {o: p.member_logits for o, p in result.ood_predictions[name].items()}
+        records = [("stored", stored)] if applies and name == args.name else []
+        if val_loader is not None:
+            val = ev.predict(predictor, val_loader, desc=f"{name}: calibration")
+            records += [("val", fit_for_report(val.member_logits, val.labels, alpha, settings)) for alpha in alphas]
+        decisions[name] = [{"source": source, **decision_metrics(record, preds.member_logits, preds.labels, oods,
+                                                                 n_boot=args.bootstrap, seed=10 * k)}
+                           for source, record in records]
+    return {name: rows for name, rows in decisions.items() if rows}
+
+
 def run(args: argparse.Namespace) -> int:
     info = distributed.process_info()
     models, pairs = _check_models(args)
@@ -370,10 +444,19 @@ def run(args: argparse.Namespace) -> int:
     if args.bootstrap:
         for a, b in pairs:
             comparisons[f"{a} − {b}"] = ev.compare_predictions(result, a, b, n_boot=args.bootstrap)
+    decisions = _decisions(args, predictors, result, setup)
+    notes, extra = setup.notes, None
+    if decisions:
+        extra = {"decisions": decisions}
+        notes = ((notes + "\n\n") if notes else "") + DECISIONS_NOTE + "\n\n" + render_decisions(decisions)
+
+    def write(tmp: Path) -> None:
+        if decisions:
+            risk_coverage_figure(decisions, tmp / "risk_coverage.png")
+        ev.write_evaluation_report(result, tmp, settings=settings, comparisons=comparisons, notes=notes, extra=extra)
+
     if info.is_main:  # every process holds the same metrics; one writes them
-        write_output_folder(args.report, lambda tmp: ev.write_evaluation_report(result, tmp, settings=settings,
-                                                                         comparisons=comparisons, notes=setup.notes),
-                            command="evaluate", overwrite=args.overwrite, inputs=list(models.values()))
+        write_output_folder(args.report, write, command="evaluate", overwrite=args.overwrite, inputs=list(models.values()))
 
         print(render_markdown_table(result.rows))
         logger.info("report: %s", Path(args.report) / "report.md")

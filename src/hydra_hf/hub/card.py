@@ -20,6 +20,7 @@ from typing import Any
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, constants
 from huggingface_hub.utils import validate_repo_id
 
+from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY, guarantee_text
 from ..cost import DEFAULT_TOKENS, relative_cost
 from ..families import family_of_config
 from ..modeling.configuration_hydra import custom_pipelines_for
@@ -504,6 +505,12 @@ def build_model_card(
         eval_results=eval_results or None,
     )
     threshold = config.get("uncertainty_threshold")
+    calibration = None
+    if isinstance(config.get(CALIBRATION_KEY), Mapping):
+        try:
+            calibration = guarantee_text(config[CALIBRATION_KEY])
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            logger.warning("config.json's %r cannot be read (%s); the card states no guarantee", CALIBRATION_KEY, exc)
     id2label = config.get("id2label") if isinstance(config.get("id2label"), Mapping) else {}
     labels = [str(v) for _, v in sorted(id2label.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0)]
     title = report_data.get("title")
@@ -535,6 +542,7 @@ def build_model_card(
         reliability_image=links.get("reliability"),
         figures=links.get("figures") or {},
         threshold=threshold if isinstance(threshold, Mapping) else None,
+        calibration=calibration,
         pipeline_task=_pipeline_task(config, kind),
         citation=CITATION,
         paper_url=PAPER_URL,

@@ -49,7 +49,7 @@ def custom_pipelines_for(auto_map: dict[str, str]) -> dict[str, dict[str, Any]]:
 _CONFIG_OWN_NAMES = frozenset(PretrainedConfig().to_dict()) | {
     "base_model_type", "base_config", "num_members", "kept_heads", "vision_kept_heads", "text_kept_heads",
     "mlp_fusion", "member_metadata", "distilled", "auto_map", "custom_pipelines", "lm_head_fusion", "kept_kv_heads",
-    "kept_neurons", "vision_kept_neurons", "text_kept_neurons",
+    "kept_neurons", "vision_kept_neurons", "text_kept_neurons", "calibration",
 }  # fmt: skip
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -87,6 +88,27 @@ class HydraGenerateOutput(ModelOutput):
     generated_mask: torch.Tensor | None = None
     sequence_entropy: torch.Tensor | None = None
     sequence_mutual_information: torch.Tensor | None = None
+
+
+GENERATION_SCORES = {"entropy": "token_entropy", "mi": "token_mutual_information"}
+
+
+def add_generation_abstention(out: HydraGenerateOutput, calibration: Any) -> HydraGenerateOutput:
+    """``out`` with ``token_abstain (B, N)`` and ``sequence_abstain (B,)`` (bool) when ``calibration`` (the
+    config's, from ``hydra-hf calibrate`` on a causal LM) holds thresholds on a token score: a token abstains
+    when its score is above ``token_threshold``, a sequence when its mean score is above
+    ``sequence_threshold``. Without such a calibration ``out`` is returned as it is."""
+    if not isinstance(calibration, dict) or calibration.get("task") != "causal_lm":
+        return out
+    score = calibration.get("score")
+    if score not in GENERATION_SCORES:
+        raise ValueError(f"config.calibration score {score!r} is not one of {list(GENERATION_SCORES)}; calibrate again")
+    tokens = out[GENERATION_SCORES[score]]  # (B, N), 0 after the end of sequence
+    mask = out.generated_mask.bool()  # (B, N)
+    sequence = (tokens * mask).sum(-1) / mask.sum(-1).clamp_min(1)  # (B,)
+    out["token_abstain"] = (tokens > float(calibration["token_threshold"])) & mask
+    out["sequence_abstain"] = sequence > float(calibration["sequence_threshold"])
+    return out
 
 
 def token_uncertainty(member_logits: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -226,8 +248,9 @@ class HydraGenerationUncertaintyMixin:
         (:meth:`score_generated`): entropy, mutual information, the token's probability, every member's top token."""
         generate_kwargs.pop("return_dict_in_generate", None)
         sequences = self.generate(input_ids=input_ids, attention_mask=attention_mask, **generate_kwargs)
-        return self.score_generated(sequences, input_ids.shape[1], attention_mask,
-                                    eos_token_id=generate_kwargs.get("eos_token_id"))  # fmt: skip
+        out = self.score_generated(sequences, input_ids.shape[1], attention_mask,
+                                   eos_token_id=generate_kwargs.get("eos_token_id"))  # fmt: skip
+        return add_generation_abstention(out, getattr(self.config, "calibration", None))
 
 
 class HydraCausalLMMixin(HydraGenerationUncertaintyMixin):

@@ -13,7 +13,12 @@ mean of its members' softmaxes). These subclasses read ``member_logits`` as well
   member's top class;
 - ``flagged``: ``True`` when the chosen uncertainty is above the threshold (the call's
   ``uncertainty_threshold=``, else ``config.uncertainty_threshold`` chosen on validation data),
-  ``None`` when there is no threshold.
+  ``None`` when there is no threshold;
+- when ``config.calibration`` holds a calibration (``hydra-hf calibrate``): ``prediction_set``, the
+  labels of the split-conformal set at level 1 - alpha (best first; it may be empty), ``abstain``
+  (``True`` when the selective score is above the risk-controlling threshold, ``None`` without one) and
+  ``abstain_score`` (``{"score", "value", "threshold"}``). :func:`calibrated_decisions` computes them;
+  ``hydra_hf.calibration`` fits them and calls the same function.
 
 The folder's ``config.json`` names the pipeline in ``custom_pipelines``, so that
 ``pipeline(model=folder_or_repo, trust_remote_code=True)`` builds it. The entropies are computed
@@ -35,6 +40,8 @@ from transformers import (
 )
 
 UNCERTAINTY_METRICS = ("predictive_entropy", "expected_entropy", "mutual_information")
+# ZeroShotImageClassificationPipeline's default hypothesis template (transformers 5)
+ZERO_SHOT_TEMPLATE = "This is a photo of {}."
 DEFAULT_METRIC = "mutual_information"
 
 
@@ -147,6 +154,120 @@ def format_result(
     }
 
 
+# ------------------------------------------------------------------------- calibrated decisions
+# Split conformal sets and selective answers, fitted by ``hydra_hf.calibration`` and stored in
+# ``config.calibration``. The sets are deterministic (no random tie-breaking): APS / RAPS use the full
+# cumulative mass up to and including a class, so coverage is at least 1 - alpha, possibly above it.
+CONFORMAL_METHODS = ("lac", "aps", "raps")
+SELECTIVE_SCORES = ("msp", "entropy", "mi")  # uncertainty scores: higher = less sure
+
+
+def conformal_scores(probs: torch.Tensor, method: str, penalty: float = 0.0, regularization_rank: int = 1) -> torch.Tensor:
+    """The non-conformity score of every class (higher = stranger).
+
+    ``lac``: ``1 - p_c``; ``aps``: the probability mass of the classes ranked at or above ``c``;
+    ``raps``: APS plus ``penalty * max(rank(c) - regularization_rank, 0)`` (ranks from 1).
+
+    Shape:
+        probs: ``(..., C)`` -> ``(..., C)``.
+    """
+    if method == "lac":
+        return 1.0 - probs
+    if method not in ("aps", "raps"):
+        raise ValueError(f"conformal method {method!r} is unknown; use one of {list(CONFORMAL_METHODS)}")
+    ordered, order = probs.sort(dim=-1, descending=True, stable=True)  # (..., C)
+    mass = ordered.cumsum(dim=-1)  # (..., C): mass of the classes ranked 1..k
+    if method == "raps":
+        rank = torch.arange(1, probs.shape[-1] + 1, dtype=probs.dtype, device=probs.device)  # (C,)
+        mass = mass + penalty * (rank - regularization_rank).clamp(min=0)
+    return torch.empty_like(mass).scatter_(-1, order, mass)
+
+
+def selective_uncertainty(member_probs: torch.Tensor, score: str) -> torch.Tensor:
+    """The score that decides abstention (higher = less sure): ``msp`` is ``1 - max_c p_c``,
+    ``entropy`` the predictive entropy, ``mi`` the mutual information (nats).
+
+    Shape:
+        member_probs: ``(..., M, C)`` -> ``(...)``.
+    """
+    probs = member_probs.mean(dim=-2)  # (..., C)
+    if score == "msp":
+        return 1.0 - probs.max(dim=-1).values
+    if score == "entropy":
+        return _entropy(probs)
+    if score == "mi":
+        return (_entropy(probs) - _entropy(member_probs).mean(dim=-1)).clamp(min=0)
+    raise ValueError(f"selective score {score!r} is unknown; use one of {list(SELECTIVE_SCORES)}")
+
+
+def calibrated_member_probs(member_logits: torch.Tensor, calibration: dict[str, Any]) -> torch.Tensor:
+    """The members' probabilities the calibration was fitted on: ``softmax(member_logits / T)`` in
+    float64 (``T = calibration["temperature"]``, 1 when none was fitted).
+
+    Shape:
+        member_logits: ``(..., M, C)`` -> ``(..., M, C)``.
+    """
+    temperature = float(calibration.get("temperature") or 1.0)
+    return torch.softmax(member_logits.detach().to("cpu", torch.float64) / temperature, dim=-1)
+
+
+def calibrated_decisions(member_logits: torch.Tensor, calibration: dict[str, Any]) -> dict[str, torch.Tensor | None]:
+    """The stored calibration applied to a batch: ``prediction_set`` ``(N, C)`` bool, ``abstain`` ``(N,)``
+    bool (None without a selective threshold) and ``abstain_value`` ``(N,)``, the selective score.
+
+    Shape:
+        member_logits: ``(N, M, C)``.
+    """
+    member_probs = calibrated_member_probs(member_logits, calibration)  # (N, M, C)
+    probs = member_probs.mean(dim=-2)  # (N, C)
+    scores = conformal_scores(probs, calibration["method"], float(calibration.get("penalty", 0.0)),
+                              int(calibration.get("regularization_rank", 1)))  # (N, C)
+    value = selective_uncertainty(member_probs, calibration.get("score", "msp"))  # (N,)
+    threshold = calibration.get("threshold")
+    return {
+        "prediction_set": scores <= float(calibration["q_hat"]),
+        "abstain": None if threshold is None else value > float(threshold),
+        "abstain_value": value,
+    }
+
+
+def resolve_calibration(config: Any) -> dict[str, Any] | None:
+    """``config.calibration`` checked (a dict naming a known method, a finite ``q_hat``), or None."""
+    calibration = getattr(config, "calibration", None)
+    if calibration is None:
+        return None
+    if not isinstance(calibration, dict) or calibration.get("method") not in CONFORMAL_METHODS:
+        raise ValueError(
+            f"config.calibration={calibration!r} is not a calibration of `hydra-hf calibrate`; calibrate the folder "
+            "again or remove the key"
+        )
+    q_hat = calibration.get("q_hat")
+    if isinstance(q_hat, bool) or not isinstance(q_hat, (int, float)) or not math.isfinite(q_hat):
+        raise ValueError(f"config.calibration q_hat must be a finite number, got {q_hat!r}; calibrate the folder again")
+    return calibration
+
+
+def add_calibrated_decision(
+    result: dict[str, Any], member_logits: torch.Tensor, labels: list[str], calibration: dict[str, Any] | None
+) -> dict[str, Any]:
+    """``result`` with ``prediction_set``, ``abstain`` and ``abstain_score`` (nothing without a calibration).
+
+    Shape:
+        member_logits: ``(M, C)``.
+    """
+    if calibration is None:
+        return result
+    decided = calibrated_decisions(member_logits[None], calibration)
+    in_set = decided["prediction_set"][0]  # (C,)
+    probs = calibrated_member_probs(member_logits, calibration).mean(dim=0)  # (C,)
+    members = sorted((c for c in range(len(labels)) if bool(in_set[c])), key=lambda c: -float(probs[c]))
+    result["prediction_set"] = [labels[c] for c in members]
+    result["abstain"] = None if decided["abstain"] is None else bool(decided["abstain"][0])
+    result["abstain_score"] = {"score": calibration.get("score", "msp"), "value": float(decided["abstain_value"][0]),
+                               "threshold": calibration.get("threshold")}
+    return result
+
+
 def _config_labels(config: Any) -> list[str]:
     id2label = config.id2label
     return [str(id2label[i]) for i in range(len(id2label))]
@@ -200,7 +321,10 @@ class HydraTextClassificationPipeline(_HydraUncertaintyMixin, TextClassification
     def postprocess(self, model_outputs, uncertainty_threshold=None, top_k=None):
         _check_single_label(self.model.config)
         threshold = resolve_threshold(uncertainty_threshold, self.model.config)
-        return format_result(model_outputs["member_logits"][0], _config_labels(self.model.config), threshold, top_k)
+        labels = _config_labels(self.model.config)
+        member_logits = model_outputs["member_logits"][0]  # (M, C)
+        result = format_result(member_logits, labels, threshold, top_k)
+        return add_calibrated_decision(result, member_logits, labels, resolve_calibration(self.model.config))
 
 
 class HydraImageClassificationPipeline(_HydraUncertaintyMixin, ImageClassificationPipeline):
@@ -226,7 +350,10 @@ class HydraImageClassificationPipeline(_HydraUncertaintyMixin, ImageClassificati
     def postprocess(self, model_outputs, uncertainty_threshold=None, top_k=None):
         _check_single_label(self.model.config)
         threshold = resolve_threshold(uncertainty_threshold, self.model.config)
-        return format_result(model_outputs["member_logits"][0], _config_labels(self.model.config), threshold, top_k)
+        labels = _config_labels(self.model.config)
+        member_logits = model_outputs["member_logits"][0]  # (M, C)
+        result = format_result(member_logits, labels, threshold, top_k)
+        return add_calibrated_decision(result, member_logits, labels, resolve_calibration(self.model.config))
 
 
 class HydraZeroShotImageClassificationPipeline(_HydraUncertaintyMixin, ZeroShotImageClassificationPipeline):
@@ -237,12 +364,17 @@ class HydraZeroShotImageClassificationPipeline(_HydraUncertaintyMixin, ZeroShotI
     with the candidate labels as classes.
 
     Call options: ``candidate_labels`` (required), ``hypothesis_template``, ``uncertainty_threshold``,
-    ``top_k``, ``timeout``.
+    ``top_k``, ``timeout``. A calibration (``config.calibration``) was fitted for its ``class_names`` and
+    ``templates``: its ``prediction_set`` and ``abstain`` are added only when the candidate labels are those
+    classes, in that order, and the hypothesis template is its one template.
     """
 
     def _sanitize_parameters(self, uncertainty_threshold=None, top_k=None, **kwargs):
         preprocess_params, forward_params, _ = super()._sanitize_parameters(**kwargs)
-        return preprocess_params, forward_params, self._hydra_postprocess_params(uncertainty_threshold, top_k)
+        postprocess_params = self._hydra_postprocess_params(uncertainty_threshold, top_k)
+        if "hypothesis_template" in kwargs:
+            postprocess_params["hypothesis_template"] = kwargs["hypothesis_template"]
+        return preprocess_params, forward_params, postprocess_params
 
     def _forward(self, model_inputs):
         candidate_labels = model_inputs.pop("candidate_labels")
@@ -258,10 +390,16 @@ class HydraZeroShotImageClassificationPipeline(_HydraUncertaintyMixin, ZeroShotI
             "member_logits": _member_logits(outputs, "member_logits_per_image"),  # (1, M, N)
         }
 
-    def postprocess(self, model_outputs, uncertainty_threshold=None, top_k=None):
+    def postprocess(self, model_outputs, uncertainty_threshold=None, top_k=None, hypothesis_template=ZERO_SHOT_TEMPLATE):
         threshold = resolve_threshold(uncertainty_threshold, self.model.config)
         labels = [str(label) for label in model_outputs["candidate_labels"]]
-        return format_result(model_outputs["member_logits"][0], labels, threshold, top_k)
+        member_logits = model_outputs["member_logits"][0]  # (M, N)
+        result = format_result(member_logits, labels, threshold, top_k)
+        calibration = resolve_calibration(self.model.config)
+        if calibration is not None and (calibration.get("class_names") != labels
+                                        or calibration.get("templates") != [hypothesis_template]):
+            calibration = None  # fitted for other classes or prompts: its guarantee does not hold here
+        return add_calibrated_decision(result, member_logits, labels, calibration)
 
 
 class HydraTextGenerationPipeline(TextGenerationPipeline):
