@@ -136,8 +136,8 @@ def _index_files(folder: Path, name: str) -> list[Path]:
     """The weight files a shard index names; each must be a file inside ``folder``."""
     index_file = folder / name
     try:
-        index = json.loads(index_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        index = json.loads(index_file.read_text(encoding="utf-8"))
+    except ValueError as exc:  # not JSON, not UTF-8, an integer too long to read
         raise HydraInputError(f"{str(index_file)!r} is not valid JSON ({exc}); re-save the checkpoint") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
@@ -176,7 +176,7 @@ def shipped_code(folder: str | Path) -> list[str]:
         if not file.is_file():
             continue
         try:
-            data = json.loads(file.read_text())
+            data = json.loads(file.read_text(encoding="utf-8"))  # as transformers reads it
         except (ValueError, OSError):
             continue  # reported by whoever reads it for real
         if not isinstance(data, dict) or not data.get("auto_map"):

@@ -4,7 +4,6 @@ the readers of a Hydra folder's config (:func:`read_config`, :func:`towers`)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 from ..errors import HydraInputError, HydraTypeError, one_line
 from ..families import families
 from ..onnx.runtime import EXPORT_METADATA
-from ..outputs import resolve_inside
+from ..outputs import read_json, resolve_inside
 
 # Files of a model folder that belong in the repository (besides *.safetensors and shipped *.py).
 PREPROCESSOR_FILES = (
@@ -61,6 +60,16 @@ def folder_digest(folder: str | os.PathLike) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def read_hub_json(path: str | os.PathLike, what: str, fix: str) -> Any:
+    """A JSON file that push stages or reads: strict (no ``NaN`` / ``Infinity``, no key twice in one
+    object, integers of sane length), bounded, one-line errors naming the file and ``fix``. The Hub and
+    the libraries that read the repository parse it with other JSON readers, which must all see the same."""
+    try:
+        return read_json(path, what=what, fix=fix, max_bytes=16 * 2**20, unique_keys=True)
+    except HydraInputError as exc:
+        raise HubError(str(exc)) from None
+
+
 # --------------------------------------------------------------------------------------- config
 def hydra_config_classes() -> dict[str, type]:
     """model_type -> config class of every family in the registry."""
@@ -78,10 +87,7 @@ def read_config(folder: str | os.PathLike) -> dict[str, Any]:
         raise HubError(f"{str(folder)!r} is an ONNX export ({EXPORT_METADATA}): push publishes the PyTorch Hydra folder "
                        "with its remote code; push the folder you exported from (hydra-hf export's input)")
     file = resolve_inside(folder, "config.json", what="config.json")
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HubError(f"{file} is not valid JSON ({one_line(exc)})") from exc
+    config = read_hub_json(file, "config.json", "restore the config.json that hydra-hf convert wrote")
     if not isinstance(config, dict):
         raise HubError(f"{file} holds a {type(config).__name__}, expected a Hydra Ensemble config (a JSON object)")
     cls = hydra_config_classes().get(config.get("model_type")) if isinstance(config.get("model_type"), str) else None
