@@ -118,7 +118,7 @@ def fresh_check(
             raise HubError(f"checking the folder in a fresh process took over {timeout:.0f} s") from exc
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        logger.error("fresh-process check failed:\n%s", proc.stderr[-4000:])
+        logger.debug("fresh-process check failed:\n%s", proc.stderr[-4000:])  # its traceback: shown with -v
         raise HubError(
             "the folder does not load with trust_remote_code=True in a fresh process without hydra_hf: "
             f"{lines[-1] if lines else f'exit code {proc.returncode}'}"
