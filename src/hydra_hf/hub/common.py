@@ -14,16 +14,17 @@ from ..families import families
 from ..onnx.runtime import EXPORT_METADATA
 from ..outputs import read_json, resolve_inside
 
-# Files of a model folder that belong in the repository (besides *.safetensors and shipped *.py).
+# Files of a model folder that belong in the repository (besides *.safetensors and shipped *.py): the
+# tokenizer / processor files and a causal LM's generation defaults.
 PREPROCESSOR_FILES = (
     "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
     "special_tokens_map.json", "added_tokens.json", "spiece.model", "sentencepiece.bpe.model",
     "tokenizer.model", "preprocessor_config.json", "processor_config.json", "image_processor_config.json",
-    "chat_template.jinja",
+    "chat_template.jinja", "generation_config.json",
 )  # fmt: skip
 # JSON files among them that could name loader code of their own (an ``auto_map``): never shipped.
 PREPROCESSOR_CONFIGS = ("tokenizer_config.json", "preprocessor_config.json", "processor_config.json",
-                        "image_processor_config.json")
+                        "image_processor_config.json", "generation_config.json")
 WEIGHT_INDEX = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".h5", ".msgpack", ".npz")
 # config.json keys that its Hydra config class does not take as arguments

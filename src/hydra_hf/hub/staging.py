@@ -10,7 +10,8 @@ Only what belongs in the repository is copied, and only from inside the folders 
   they import, nothing else; each must be the file this hydra_hf ships, unchanged (read as Python reads
   it: UTF-8 only), and is staged as hydra_hf's own bytes, unless the user vouches for foreign code
   (``allow_foreign_code``: the folder's bytes), and all must pass the audit (:mod:`hydra_hf.hub.audit`);
-- tokenizer / image-processor / processor files (their JSON configs may not name loader code);
+- tokenizer / image-processor / processor files and a causal LM's ``generation_config.json`` (their JSON
+  configs may not name loader code);
 - ``README.md`` (the card), the kept-heads heat maps and, with a report, ``evaluation/``
   (``report.json``, ``report.md``, and PNG figures that lie inside the report's folder).
 
