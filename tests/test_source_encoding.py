@@ -24,7 +24,9 @@ from _hostile import assert_one_line_error, run_cli, tree_digest
 from test_shipped_skeletons import CHECKPOINTS
 
 from hydra_hf.assemble import convert_checkpoint
+from hydra_hf.errors import HydraUnsafeError
 from hydra_hf.families import families, get_family
+from hydra_hf.hub import stage_repository
 from hydra_hf.hub.audit import check_shipped_code, normalised_source, packaged_code, python_source
 from hydra_hf.saving import MODELING_DIR, PIPELINE_FILE
 
@@ -100,9 +102,9 @@ def test_push_refuses_a_coding_cookie_in_every_shipped_file(folders, family_name
         assert rc == 2 and f"{name}: declares the source encoding '{codec}'" in message, (name, err)
         assert not canary.exists(), f"{name}: the cookie's payload ran"
         assert tree_digest(tmp_path) == before and not (tmp_path / "staging").exists(), name
-        # the vouched-for path reads the file the same way
-        rc, _, err = _push(model, tmp_path / "staging", "--trust-foreign-code")
-        assert rc == 2 and f"{name}: declares the source encoding" in assert_one_line_error(err), (name, err)
+        # the vouched-for path (push --trust-foreign-code) reads the file the same way
+        with pytest.raises(HydraUnsafeError, match=f"{name}: declares the source encoding"):
+            stage_repository(model, tmp_path / "staging", repo_id="org/hydra-tiny", allow_foreign_code=True)
         assert not canary.exists() and not (tmp_path / "staging").exists(), name
         (model / name).write_bytes(pristine)
 

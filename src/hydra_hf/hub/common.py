@@ -66,7 +66,7 @@ def read_hub_json(path: str | os.PathLike, what: str, fix: str) -> Any:
     object, integers of sane length), bounded, one-line errors naming the file and ``fix``. The Hub and
     the libraries that read the repository parse it with other JSON readers, which must all see the same."""
     try:
-        return read_json(path, what=what, fix=fix, max_bytes=16 * 2**20, unique_keys=True)
+        return read_json(path, what=what, fix=fix, unique_keys=True)
     except HydraInputError as exc:
         raise HubError(str(exc)) from None
 
