@@ -12,10 +12,12 @@ import argparse
 import math
 
 import pytest
+import torch
 from _hostile import assert_one_line_error, run_cli
 
 from hydra_hf.cli import build_parser
 from hydra_hf.finetune import FinetuneConfig
+from hydra_hf.pruning.taylor import select_top
 
 
 def _float_flags() -> list[tuple[str, str, object]]:
@@ -88,3 +90,10 @@ def test_the_config_class_refuses_every_non_finite_float():
         for value in (math.nan, math.inf):
             with pytest.raises(ValueError, match=f"{name}={value!r} must be a finite number"):
                 FinetuneConfig(**{name: value})
+
+
+@pytest.mark.parametrize("temperature", [math.nan, math.inf])
+def test_taylor_sampling_refuses_a_non_finite_temperature(temperature):
+    """The library check behind prune --temperature: nan passed `temperature < 0` and sampled heads from NaN keys."""
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
+        select_top(torch.tensor([0.3, 0.1, 0.6, 0.2]), 2, temperature=temperature)
