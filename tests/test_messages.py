@@ -95,3 +95,23 @@ def test_a_failed_fresh_process_check_is_one_line(world, tmp_path):  # noqa: F81
     message = assert_one_line_error(err)
     assert rc == 2 and "does not load with trust_remote_code=True in a fresh process" in message, err
     assert not [line for line in err.splitlines() if line.strip() and line != message], err
+
+
+def test_evaluate_a_classifier_without_tokenizer_gives_the_whole_reason(world, tmp_path):  # noqa: F811
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(world / "hydra", model)
+    for path in model.glob("*"):
+        if path.name.startswith(("tokenizer", "vocab", "special_tokens")):
+            path.unlink()
+    data = tmp_path / "id.jsonl"
+    data.write_text('{"text": "good movie", "label": 1}\n{"text": "bad movie", "label": 0}\n')
+    with pytest.raises(Exception) as original:
+        AutoTokenizer.from_pretrained(str(model))
+    reason = " ".join(str(original.value).split())
+    rc, _, err = run_cli(["evaluate", "--model", str(model), "--id-data", str(data), "--ood-data", str(data),
+                          "--report", str(tmp_path / "report")])
+    message = assert_one_line_error(err)
+    assert rc == 2 and "has no tokenizer that loads" in message and message.endswith(reason), message
+    assert not (tmp_path / "report").exists()

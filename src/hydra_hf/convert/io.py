@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
-from ..errors import HydraInputError, HydraUnsafeError
+from ..errors import HydraError, HydraInputError, HydraUnsafeError
 from ..outputs import read_model_config, resolve_inside
 
 logger = logging.getLogger(__name__)
@@ -208,6 +208,15 @@ def from_pretrained(loader: Any, folder: str | Path, *, trust_remote_code: bool 
     check_remote_code(folder, trust_remote_code, remedy=remedy)
     try:
         loaded = loader.from_pretrained(str(folder), trust_remote_code=trust_remote_code, **kwargs)
+    except (OSError, ValueError) as exc:
+        if "Tokenizer" not in getattr(loader, "__name__", "") or isinstance(exc, HydraError):
+            raise
+        # transformers' reason spans several lines: the CLI's one line would end mid-sentence
+        raise HydraInputError(
+            f"{str(folder)!r} has no tokenizer that loads; save the base model's tokenizer into it "
+            f"(AutoTokenizer.from_pretrained(BASE).save_pretrained({str(folder)!r})); transformers: "
+            f"{' '.join(str(exc).split()) or type(exc).__name__}"
+        ) from exc
     except (pickle.UnpicklingError, SafetensorError, EOFError) as exc:
         raise HydraInputError(
             f"the weights in {str(folder)!r} cannot be read safely ({type(exc).__name__}: "
