@@ -59,14 +59,17 @@ from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 from hydra_hf import convert_checkpoint, metrics
 from hydra_hf.baselines import all_heads_masks
 from hydra_hf.ceiling import ceiling_table, render_ceiling
+from hydra_hf.cli import run_script
 from hydra_hf.evaluation import EnsemblePredictor, ModelPredictor, Predictions, make_loader, predict
 from hydra_hf.finetune import FinetuneConfig, finetune_members
 from hydra_hf.masks import HeadMasks
+from hydra_hf.outputs import prepare_owned_folder
 from hydra_hf.pruning import build_members
 from hydra_hf.pruning.budget import Budget
 from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 logger = logging.getLogger("ceiling_image")
+OUTPUT_COMMAND = "ceiling_image"  # the marker of the run's folder (hydra_hf.outputs)
 
 ID_CLASSES = ("0", "1", "2", "3", "4")
 KINDS = ("digits 5-9", "sklearn digits", "letters", "noise")
@@ -282,7 +285,8 @@ def paired_auroc(a: dict[str, Predictions], b: dict[str, Predictions], kind: str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", required=True, help="the run's folder (created; re-runs resume from it)")
+    parser.add_argument("--output", required=True,
+                        help="the run's folder: new, empty, or one this script created (re-runs resume from it)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--hydra", nargs="*", default=["taylor"], choices=sorted(HYDRA_RECIPES))
     parser.add_argument("--keep", type=int, default=4, help="heads kept per layer by every member (of 8)")
@@ -300,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
     print(describe_threads(threads))
-    out = Path(args.output).resolve()
+    # the run's folder: new, empty, or one this script created (a re-run resumes from it); never a user's folder
+    out = prepare_owned_folder(Path(args.output).resolve(), command=OUTPUT_COMMAND, overwrite=False, keep=True)
     data = out / "data"
     build_testbed(data)
     singles = {seed: train_single(out, data, seed, args.epochs) for seed in args.seeds}
@@ -387,4 +392,4 @@ def _interval_table(preds: dict[str, Any], recipe: str, fusion: str, seeds: list
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_script(main)

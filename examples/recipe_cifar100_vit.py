@@ -45,7 +45,7 @@ from typing import Any
 
 import datasets
 
-from hydra_hf.cli import run_script
+from hydra_hf.cli import finite_float, run_script
 from hydra_hf.pruning import Budget
 from hydra_hf.recipes import ImagePipeline, PipelineResult, add_budget_arguments, budget_arguments, run_image_pipeline
 from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     parser.add_argument("--members", type=int, default=3)
     add_budget_arguments(parser, heads_per_layer=PAPER_HEADS_PER_LAYER)
     parser.add_argument("--method", default="taylor", help="member criterion (hydra_hf.pruning.METHODS)")
-    parser.add_argument("--dropout", type=float, default=0.1, help="hidden dropout of the base ViT")
+    parser.add_argument("--dropout", type=finite_float, default=0.1, help="hidden dropout of the base ViT")
     parser.add_argument("--max-ood", type=int, default=5000, help="images per OOD set")
     parser.add_argument("--seed", type=int, default=0)
     add_threads_argument(parser)

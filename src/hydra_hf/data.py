@@ -45,7 +45,9 @@ A dataset *spec* (what the CLI's ``--id-data``, ``--ood-data`` and ``--train-dat
 
 from __future__ import annotations
 
+import codecs
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -251,6 +253,55 @@ def _check_has_rows(path: Path, suffix: str) -> None:
                          "give at least one example")
 
 
+def _check_text_file(path: Path, suffix: str) -> None:
+    """A text data file must be UTF-8 (the builders read it so, and their error names no file); a ``.jsonl``
+    file must hold one JSON object per non-blank line. One line naming the file (and the line) otherwise,
+    before the builders run (their own errors come with ERROR log lines and no file name)."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    done, pending, number = 0, "", 0
+    with open(path, "rb") as handle:
+        while True:
+            chunk = handle.read(1 << 20)
+            try:
+                text = decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"data file {str(path)!r} is not UTF-8 text (byte {done + exc.start}: {exc.reason}); "
+                                 "save it as UTF-8") from None
+            done += len(chunk)
+            if suffix == ".jsonl":
+                lines = (pending + text).split("\n")
+                pending = lines.pop() if chunk else ""
+                for line in lines + ([pending] if not chunk and pending else []):
+                    number += 1
+                    _check_jsonl_line(path, number, line)
+            if not chunk:
+                return
+
+
+def _check_jsonl_line(path: Path, number: int, line: str) -> None:
+    if not line.strip():
+        return
+    try:
+        row = json.loads(line)
+    except ValueError as exc:
+        raise ValueError(f"data file {str(path)!r}, line {number}: not JSON ({str(exc).splitlines()[0]}); "
+                         "write one JSON object per line") from None
+    if not isinstance(row, dict):
+        raise ValueError(f"data file {str(path)!r}, line {number}: a JSON {type(row).__name__}, not an object; "
+                         'write one object per line, e.g. {"text": "...", "label": 0}')
+
+
+def _jsonl_line_of_row(path: Path, row: int) -> int:
+    """The 1-based line of a ``.jsonl`` file that holds its ``row``-th (0-based) example (blank lines hold none)."""
+    seen = -1
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            seen += bool(line.strip())
+            if seen == row:
+                return number
+    return row + 1
+
+
 def load_local(path: str | os.PathLike, split: str | None = None) -> datasets.Dataset:
     """Read a local file, a ``save_to_disk`` folder or an image folder into a dataset (columns as stored).
 
@@ -293,11 +344,19 @@ def load_local(path: str | os.PathLike, split: str | None = None) -> datasets.Da
     if not path.is_file():  # a FIFO or device: the builders would block on it
         raise ValueError(f"data {str(path)!r} is not a regular file; give a csv/jsonl/parquet file")
     _check_has_rows(path, suffix)
+    if suffix != ".parquet":
+        _check_text_file(path, suffix)
     kwargs: dict[str, Any] = {"delimiter": "\t"} if suffix == ".tsv" else {}
+    builder_logger = logging.getLogger("datasets")
+    level = builder_logger.level
+    builder_logger.setLevel(logging.CRITICAL)  # a malformed file is our one error line, not the builders' ERROR lines
     try:
         loaded = datasets.load_dataset(builder, data_files=str(path), split="train", **kwargs)
-    except Exception as exc:  # the builders raise many types on malformed files; name the file
-        raise ValueError(f"could not read {str(path)!r} as {builder}: {exc}") from exc
+    except Exception as exc:  # the builders raise many types on malformed files; name the file and the cause
+        cause = exc.__cause__ or exc
+        raise ValueError(f"could not read {str(path)!r} as {builder}: {' '.join(str(cause).split())[:300]}") from exc
+    finally:
+        builder_logger.setLevel(level)
     return loaded
 
 
@@ -311,6 +370,7 @@ def _standardize(
     label2id: Mapping[str, int] | None,
     num_labels: int | None,
     require_labels: bool,
+    path: Path | None = None,
 ) -> datasets.Dataset:
     columns = list(dataset.column_names)
     if image_column is not None:
@@ -343,7 +403,7 @@ def _standardize(
     if std_name == "image" and not isinstance(dataset.features["image"], datasets.Image):
         dataset = dataset.cast_column("image", datasets.Image())
     if std_name == "text":
-        dataset = _clean_text_dataset(dataset)
+        dataset = _clean_text_dataset(dataset, source, path, data_column)
     if len(dataset) == 0:
         raise ValueError(f"{source} is empty (no non-empty {std_name}s); give data with at least one example")
     if has_label:
@@ -351,14 +411,21 @@ def _standardize(
     return dataset
 
 
-def _clean_text_dataset(dataset: datasets.Dataset) -> datasets.Dataset:
+def _clean_text_dataset(dataset: datasets.Dataset, source: str, path: Path | None = None,
+                        column: str = "text") -> datasets.Dataset:
+    """Texts stripped, empty ones and exact duplicates dropped (logged). A text that is not a string (a
+    number, a list, a JSON null) is refused, naming its line (``.jsonl``) or row: it is a mistake in the
+    file, not an empty text; a csv cell left empty is an empty text."""
     texts = dataset["text"]
     seen: set[str] = set()
     keep: list[int] = []
     cleaned: list[str] = []
+    csv = path is not None and path.suffix.lower() in (".csv", ".tsv")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            continue
+            if text is None and csv:
+                continue
+            _refuse_text(source, path, i, column, text)
         text = " ".join(text.split())
         if text and text not in seen:
             seen.add(text)
@@ -373,6 +440,22 @@ def _clean_text_dataset(dataset: datasets.Dataset) -> datasets.Dataset:
         columns[col] = [values[i] for i in keep]
     features = datasets.Features({"text": datasets.Value("string"), **{c: dataset.features[c] for c in others}})
     return datasets.Dataset.from_dict(columns, features=features)
+
+
+def _refuse_text(source: str, path: Path | None, row: int, column: str, value: Any) -> None:
+    """Raise for the non-string text of ``row``: in a ``.jsonl`` file, its line and its value as the file
+    holds it (the builders may have turned a number into a null)."""
+    where = f"row {row + 1}"
+    if path is not None and path.suffix.lower() == ".jsonl":
+        number = _jsonl_line_of_row(path, row)
+        with open(path, encoding="utf-8") as handle:
+            line = next(line for n, line in enumerate(handle, 1) if n == number)
+        where, value = f"line {number}", json.loads(line).get(column)
+    shown = json.dumps(value, default=str)
+    raise ValueError(
+        f"{source}, {where}: the text ({column!r}) is {shown[:60]}, not a string; every text must be a string "
+        '(write a number as "5"; drop rows without text)'
+    )
 
 
 def check_labels(
@@ -473,7 +556,7 @@ def resolve_dataset(
         raise ValueError(f"data spec {spec!r} names split {spec_split!r} but split={split!r} was also given; give one")
     split = spec_split or split
     if name in _EMBEDDED and not os.path.exists(name):
-        dataset = load_embedded(name, split, seed=seed)
+        dataset, file = load_embedded(name, split, seed=seed), None
         source = f"embedded data set {name!r}" + (f" (split {split!r})" if split else "")
         # embedded data sets already use the standard columns: the column options name local files' columns
         text_column, image_column = "text", None
@@ -481,6 +564,7 @@ def resolve_dataset(
     else:
         dataset = load_local(name, split)
         source = f"data {spec!r}"
+        file = Path(name) if Path(name).is_file() else None
     dataset = _standardize(
         dataset,
         source=source,
@@ -490,6 +574,7 @@ def resolve_dataset(
         label2id=label2id,
         num_labels=num_labels,
         require_labels=require_labels,
+        path=file,
     )
     if require_labels and "label" not in dataset.column_names:
         raise ValueError(f"{source} has no labels; labelled (ID) data is needed here (--label-column)")

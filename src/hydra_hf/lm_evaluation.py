@@ -322,7 +322,7 @@ def load_causal_lm(path: str | os.PathLike, *, trust_remote_code: bool = False) 
         tokenizer = from_pretrained(AutoTokenizer, folder, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
         raise HydraInputError(f"{str(folder)!r} has no tokenizer to read the texts with; save it next to the model "
-                              f"(tokenizer.save_pretrained): {str(exc).splitlines()[0] if str(exc) else exc}") from None
+                              f"(tokenizer.save_pretrained): {' '.join(str(exc).split()) or type(exc).__name__}") from None
     check_tokenizer_fits(tokenizer, model, folder)
     return model, tokenizer
 

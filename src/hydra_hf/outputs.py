@@ -106,10 +106,12 @@ def regular_files(root: str | os.PathLike, *, what: str = "folder") -> list[Path
 JSON_MAX_DEPTH = 64  # hydra-hf's files nest a handful of levels; deeper is hostile (or a recursion crash)
 
 
-def read_json(path: str | os.PathLike, *, what: str, fix: str, max_bytes: int = 64 * 2**20) -> Any:
+def read_json(path: str | os.PathLike, *, what: str, fix: str, max_bytes: int = 64 * 2**20,
+              unique_keys: bool = False) -> Any:
     """The JSON in ``path``, read with bounds: a regular file (a FIFO or device is refused without
     blocking), at most ``max_bytes``, strict JSON (no ``NaN`` / ``Infinity``) nested at most
-    :data:`JSON_MAX_DEPTH` levels. Every problem is one :class:`HydraInputError` line naming ``what``
+    :data:`JSON_MAX_DEPTH` levels; with ``unique_keys``, no object names a key twice (JSON readers
+    disagree on which value wins). Every problem is one :class:`HydraInputError` line naming ``what``
     and ``path`` and ending with ``fix``.
     """
     path = Path(path)
@@ -136,8 +138,16 @@ def read_json(path: str | os.PathLike, *, what: str, fix: str, max_bytes: int = 
     def no_constant(name: str) -> Any:
         raise ValueError(f"{name} is not JSON (hydra-hf writes null for a missing number)")
 
+    def one_value_per_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [key for key, _ in pairs]
+        repeated = next((key for key in keys if keys.count(key) > 1), None)
+        if repeated is not None:
+            raise ValueError(f"the key {repeated!r} appears twice in one object")
+        return dict(pairs)
+
     try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=no_constant)
+        data = json.loads(raw.decode("utf-8"), parse_constant=no_constant,
+                          object_pairs_hook=one_value_per_key if unique_keys else None)
     except RecursionError:
         data, too_deep = None, True
     except (UnicodeDecodeError, ValueError) as exc:

@@ -15,6 +15,7 @@ import argparse
 import errno
 import importlib
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -84,6 +85,18 @@ def _message(exc: BaseException) -> str:
         return (f"{exc.strerror or one_line(exc)}{where}; free some space (or write to another filesystem) and "
                 "run again: nothing half-written was left")
     return one_line(exc)
+
+
+def finite_float(text: str) -> float:
+    """The ``type=`` of every float flag: a finite number (``nan`` and ``inf`` pass ``float()`` and every
+    range check written as ``value < minimum``, then poison a run)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; give a finite value")
+    return value
 
 
 def top_parser() -> argparse.ArgumentParser:

@@ -28,6 +28,7 @@ from ..finetune import (
     image_recipe,
     text_recipe,
 )
+from . import finite_float
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
             continue
         base = f.type.replace(" | None", "")
-        kind = {"int": int, "float": float, "str": str}[base]
+        kind = {"int": int, "float": finite_float, "str": str}[base]
         kwargs["type"] = _optional(kind) if f.type.endswith("| None") else kind
         if f.name in choices:
             kwargs["choices"] = list(choices[f.name])

@@ -62,6 +62,7 @@ from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, load_open_
 from ..pruning.members import PruningTarget, build_members, is_causal_lm_folder, load_pruning_target
 from ..pruning.neurons import check_mlp_keep
 from ..zero_shot import zero_shot_class_names
+from . import finite_float
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +105,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None,
                    help="examples per forward pass while scoring (default 32; causal LMs 8: their logits are B x T x V)")
     p.add_argument("--num-labels", type=int, help="classes of a checkpoint without a trained classifier head")
-    p.add_argument("--temperature", type=float, help="Taylor sampling temperature (default 1 for several members)")
-    p.add_argument("--data-fraction", type=float, help="fraction of the data per member (default 0.8 for several)")
+    p.add_argument("--temperature", type=finite_float, help="Taylor sampling temperature (default 1 for several members)")
+    p.add_argument("--data-fraction", type=finite_float, help="fraction of the data per member (default 0.8 for several)")
     p.add_argument("--heads-per-step", type=int, default=1, help="circuit heads removed per step (1 = exact greedy)")
     p.add_argument("--taylor-rounds", type=int, default=1, help="recompute rounds of the global Taylor ranking")
     p.add_argument("--mlp-keep", type=float, metavar="F",

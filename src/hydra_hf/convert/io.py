@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
-from ..errors import HydraInputError, HydraUnsafeError
+from ..errors import HydraError, HydraInputError, HydraUnsafeError
 from ..outputs import read_model_config, resolve_inside
 
 logger = logging.getLogger(__name__)
@@ -136,8 +136,8 @@ def _index_files(folder: Path, name: str) -> list[Path]:
     """The weight files a shard index names; each must be a file inside ``folder``."""
     index_file = folder / name
     try:
-        index = json.loads(index_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        index = json.loads(index_file.read_text(encoding="utf-8"))
+    except ValueError as exc:  # not JSON, not UTF-8, an integer too long to read
         raise HydraInputError(f"{str(index_file)!r} is not valid JSON ({exc}); re-save the checkpoint") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(v, str) for v in weight_map.values()):
@@ -176,7 +176,7 @@ def shipped_code(folder: str | Path) -> list[str]:
         if not file.is_file():
             continue
         try:
-            data = json.loads(file.read_text())
+            data = json.loads(file.read_text(encoding="utf-8"))  # as transformers reads it
         except (ValueError, OSError):
             continue  # reported by whoever reads it for real
         if not isinstance(data, dict) or not data.get("auto_map"):
@@ -208,6 +208,15 @@ def from_pretrained(loader: Any, folder: str | Path, *, trust_remote_code: bool 
     check_remote_code(folder, trust_remote_code, remedy=remedy)
     try:
         loaded = loader.from_pretrained(str(folder), trust_remote_code=trust_remote_code, **kwargs)
+    except (OSError, ValueError) as exc:
+        if "Tokenizer" not in getattr(loader, "__name__", "") or isinstance(exc, HydraError):
+            raise
+        # transformers' reason spans several lines: the CLI's one line would end mid-sentence
+        raise HydraInputError(
+            f"{str(folder)!r} has no tokenizer that loads; save the base model's tokenizer into it "
+            f"(AutoTokenizer.from_pretrained(BASE).save_pretrained({str(folder)!r})); transformers: "
+            f"{' '.join(str(exc).split()) or type(exc).__name__}"
+        ) from exc
     except (pickle.UnpicklingError, SafetensorError, EOFError) as exc:
         raise HydraInputError(
             f"the weights in {str(folder)!r} cannot be read safely ({type(exc).__name__}: "

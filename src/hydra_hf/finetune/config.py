@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -94,6 +95,10 @@ class FinetuneConfig:
             if value < minimum or (strict and value == minimum):
                 raise ValueError(f"{name}={value!r} must be {'>' if strict else '>='} {minimum}")
 
+        for f in dataclasses.fields(self):  # nan passes every `value < minimum` check below; inf is no setting either
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name}={value!r} must be a finite number")
         choice("optimizer", OPTIMIZERS)
         choice("scheduler", SCHEDULERS)
         choice("mixed_precision", MIXED_PRECISION)
@@ -141,13 +146,13 @@ class FinetuneConfig:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"fine-tuning config file {str(path)!r} does not exist")
-        text = path.read_text()
         try:
+            text = path.read_text(encoding="utf-8")
             if path.suffix.lower() in (".yaml", ".yml"):
                 data = yaml.safe_load(text) or {}
             else:
                 data = json.loads(text)
-        except Exception as exc:  # JSON/YAML syntax errors: name the file
+        except Exception as exc:  # not UTF-8, JSON/YAML syntax errors: name the file
             raise ValueError(f"fine-tuning config file {str(path)!r} could not be parsed: {exc}") from None
         if not isinstance(data, dict):
             raise ValueError(f"fine-tuning config file {str(path)!r} must hold a mapping of settings")

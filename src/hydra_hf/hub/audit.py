@@ -34,6 +34,12 @@ isolated process, :mod:`hydra_hf.hub.validate`). Two lines of defence, both befo
   ``__globals__`` walks). ``trust_remote_code`` may not appear at all.
 - String annotations are parsed and checked like code (``typing`` can evaluate them).
 
+Both read a file as the interpreter does (:func:`python_source`): Python decodes a source file with the
+encoding its ``# -*- coding: X -*-`` line names, and under ``raw_unicode_escape`` (``\\u000a``) or
+``utf-7`` (``+AAo-``) a line that is a comment to a UTF-8 reader holds code. Shipped code is UTF-8: any
+other declaration (or a BOM that contradicts one) is refused, and push stages hydra_hf's own bytes for
+every file that is ours, so no byte of the user's copy of a shipped file is run.
+
 No static check can prove foreign Python code harmless; the AST audit closes the known doors
 (aliases, ``from``-imports, ``importlib``, ``__import__``, ``eval``/``exec``, ``getattr`` tricks,
 ``open``) and the isolated validation process is the last line. Read code you vouch for.
@@ -42,9 +48,13 @@ No static check can prove foreign Python code harmless; the AST audit closes the
 from __future__ import annotations
 
 import ast
+import codecs
 import difflib
+import importlib.util
+import io
 import logging
 import os
+import tokenize
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -98,6 +108,10 @@ ALLOWED_DUNDER_ATTRIBUTES = frozenset({
     "__len__", "__iter__", "__getitem__", "__setitem__", "__contains__", "__repr__", "__eq__", "__hash__",
     "__enter__", "__exit__",
 })  # fmt: skip
+# The source encodings shipped code may have (``utf-8-sig``: a UTF-8 byte-order mark).
+UTF8_CODECS = ("utf-8", "utf-8-sig")
+ENCODING_FIX = ("save it as UTF-8 without a coding line naming another encoding, or re-write the folder with "
+                "hydra-hf convert")
 RULE = ("shipped code may import only torch, transformers, pure standard-library modules and sibling files, "
         "and may not reach files, processes, the network or dynamic code (docs/hub.md, shipped-code audit)")
 
@@ -272,6 +286,55 @@ class _Auditor(ast.NodeVisitor):
     visit_AsyncFunctionDef = _visit_function
 
 
+def python_source(data: bytes, name: str) -> str:
+    """The text Python runs for the source-file bytes ``data`` (its BOM and ``coding`` line read as the
+    interpreter reads them), refused unless that is UTF-8.
+
+    Raises:
+        HydraUnsafeError: ``NAME: ...`` for a coding declaration other than UTF-8, one Python cannot read
+            (unknown, or contradicting a BOM), or bytes that are not UTF-8.
+    """
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as exc:  # an unknown encoding, a BOM with another declaration, an undecodable first line
+        raise HydraUnsafeError(f"{name}: Python cannot read its source encoding ({exc.msg}); shipped code is UTF-8: "
+                               f"{ENCODING_FIX}") from None
+    if codecs.lookup(encoding).name not in UTF8_CODECS:
+        raise HydraUnsafeError(
+            f"{name}: declares the source encoding {encoding!r}, under which Python runs other code than a UTF-8 "
+            f"reader sees; shipped code is UTF-8: {ENCODING_FIX}"
+        )
+    try:
+        text = importlib.util.decode_source(data)
+    except UnicodeDecodeError as exc:
+        raise HydraUnsafeError(f"{name} is not UTF-8 text (byte {exc.start}: {exc.reason}); shipped code is plain "
+                               f"Python source: {ENCODING_FIX}") from None
+    try:  # the interpreter's own reading of the bytes gives the same code as the text checked here
+        same = ast.dump(ast.parse(data)) == ast.dump(ast.parse(text))
+    except (SyntaxError, ValueError):
+        same = True  # it does not parse: the checks name the line, and Python cannot run it either
+    if not same:
+        raise HydraUnsafeError(f"{name}: Python reads other code from its bytes than from their UTF-8 text; "
+                               f"{ENCODING_FIX}")
+    return text
+
+
+def read_python_source(path: str | os.PathLike, name: str | None = None) -> str:
+    """:func:`python_source` of the file ``path`` (``name``: how messages call it, default its file name)."""
+    path = Path(path)
+    return python_source(path.read_bytes(), name or path.name)
+
+
+def _parse(source: str, filename: str) -> ast.Module:
+    """``ast.parse`` with a one-line :class:`HydraUnsafeError` for source that does not parse."""
+    try:
+        return ast.parse(source, filename=filename)
+    except SyntaxError as exc:
+        raise HydraUnsafeError(f"{filename}:{exc.lineno}: does not parse as Python ({exc.msg})") from None
+    except ValueError as exc:  # null bytes
+        raise HydraUnsafeError(f"{filename}: does not parse as Python ({exc})") from None
+
+
 def sibling_imports(source: str, filename: str = "<shipped>") -> set[str]:
     """Sibling module names a file imports (``from .x import``, ``from . import x``); other
     relative imports are left to the audit, which refuses them."""
@@ -285,11 +348,7 @@ def sibling_imports(source: str, filename: str = "<shipped>") -> set[str]:
 
 def audit_source(source: str, filename: str, siblings: set[str]) -> None:
     """Check one file's source against the allow-list; raises :class:`HydraUnsafeError` with ``FILE:LINE``."""
-    try:
-        tree = ast.parse(source, filename=filename)
-    except SyntaxError as exc:
-        raise HydraUnsafeError(f"{filename}:{exc.lineno}: does not parse as Python ({exc.msg})") from None
-    _Auditor(filename, siblings).visit(tree)
+    _Auditor(filename, siblings).visit(_parse(source, filename))
 
 
 def normalised_source(source: str, filename: str = "<shipped>") -> str:
@@ -299,11 +358,7 @@ def normalised_source(source: str, filename: str = "<shipped>") -> str:
     Raises:
         HydraUnsafeError: the source does not parse.
     """
-    try:
-        tree = ast.parse(source, filename=filename)
-    except SyntaxError as exc:
-        raise HydraUnsafeError(f"{filename}:{exc.lineno}: does not parse as Python ({exc.msg})") from None
-    return ast.dump(tree, annotate_fields=True, include_attributes=False)
+    return ast.dump(_parse(source, filename), annotate_fields=True, include_attributes=False)
 
 
 @cache
@@ -313,7 +368,7 @@ def packaged_code() -> dict[str, tuple[str, str]]:
     for path in sorted(PACKAGED_CODE_DIR.glob("*.py")):
         if path.name.startswith("_"):
             continue  # the package's __init__.py is never shipped
-        source = path.read_text(encoding="utf-8")
+        source = read_python_source(path)
         out[path.name] = (source, normalised_source(source, path.name))
     return out
 
@@ -336,16 +391,21 @@ def _first_difference(ours: str, theirs: str) -> int:
     return 1  # the texts agree line by line: the difference is inside a line's layout
 
 
+def is_packaged(name: str, source: str) -> bool:
+    """Whether ``source`` (decoded by :func:`python_source`) is the file hydra_hf ships as ``name``."""
+    ours = packaged_code().get(name)
+    return ours is not None and ours[1] == normalised_source(source, name)
+
+
 def check_packaged(name: str, source: str) -> None:
     """Refuse ``source`` (the folder's file ``name``) unless it is the file hydra_hf ships under that name.
 
     Raises:
         HydraUnsafeError: ``NAME:LINE: ...`` naming the first differing line and the two ways out.
     """
-    ours = packaged_code().get(name)
-    theirs = normalised_source(source, name)
-    if ours is not None and ours[1] == theirs:
+    if is_packaged(name, source):
         return
+    ours = packaged_code().get(name)
     fix = (f"re-write the folder with hydra-hf convert (it copies hydra_hf's own files), or pass {FOREIGN_CODE_FLAG} "
            "if you wrote this code and vouch for it")
     if ours is None:
@@ -357,7 +417,8 @@ def check_packaged(name: str, source: str) -> None:
 def check_shipped_code(folder: str | os.PathLike, *, allow_foreign: bool = False) -> list[str]:
     """Check every top-level ``.py`` file of ``folder`` (hidden files aside); returns their names.
 
-    Each file must be a file hydra_hf ships, unchanged (:func:`check_packaged`), unless
+    Each file is read as the interpreter reads it, and must be UTF-8 (:func:`python_source`). Each
+    must be a file hydra_hf ships, unchanged (:func:`check_packaged`), unless
     ``allow_foreign`` (the user vouches for the code); every file, ours or vouched for, must then pass
     the AST audit (:func:`audit_source`). Nothing is imported or run.
 
@@ -372,12 +433,9 @@ def check_shipped_code(folder: str | os.PathLike, *, allow_foreign: bool = False
         path = root / name
         if path.is_symlink():
             raise HydraUnsafeError(f"{name} is a symlink; ship the file itself")
-        try:
-            source = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise HydraUnsafeError(f"{name} is not UTF-8 text; shipped code must be plain Python source") from None
+        source = read_python_source(path)
         if allow_foreign:
-            if name not in packaged_code() or packaged_code()[name][1] != normalised_source(source, name):
+            if not is_packaged(name, source):
                 logger.warning("%s is not the file hydra_hf ships; shipping it because you vouch for it (%s)",
                                name, FOREIGN_CODE_FLAG)
         else:

@@ -4,7 +4,6 @@ the readers of a Hydra folder's config (:func:`read_config`, :func:`towers`)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,18 +12,19 @@ from typing import Any
 from ..errors import HydraInputError, HydraTypeError, one_line
 from ..families import families
 from ..onnx.runtime import EXPORT_METADATA
-from ..outputs import resolve_inside
+from ..outputs import read_json, resolve_inside
 
-# Files of a model folder that belong in the repository (besides *.safetensors and shipped *.py).
+# Files of a model folder that belong in the repository (besides *.safetensors and shipped *.py): the
+# tokenizer / processor files and a causal LM's generation defaults.
 PREPROCESSOR_FILES = (
     "tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "merges.txt",
     "special_tokens_map.json", "added_tokens.json", "spiece.model", "sentencepiece.bpe.model",
     "tokenizer.model", "preprocessor_config.json", "processor_config.json", "image_processor_config.json",
-    "chat_template.jinja",
+    "chat_template.jinja", "generation_config.json",
 )  # fmt: skip
 # JSON files among them that could name loader code of their own (an ``auto_map``): never shipped.
 PREPROCESSOR_CONFIGS = ("tokenizer_config.json", "preprocessor_config.json", "processor_config.json",
-                        "image_processor_config.json")
+                        "image_processor_config.json", "generation_config.json")
 WEIGHT_INDEX = "model.safetensors.index.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt", ".h5", ".msgpack", ".npz")
 # config.json keys that its Hydra config class does not take as arguments
@@ -61,6 +61,16 @@ def folder_digest(folder: str | os.PathLike) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def read_hub_json(path: str | os.PathLike, what: str, fix: str) -> Any:
+    """A JSON file that push stages or reads: strict (no ``NaN`` / ``Infinity``, no key twice in one
+    object, integers of sane length), bounded, one-line errors naming the file and ``fix``. The Hub and
+    the libraries that read the repository parse it with other JSON readers, which must all see the same."""
+    try:
+        return read_json(path, what=what, fix=fix, unique_keys=True)
+    except HydraInputError as exc:
+        raise HubError(str(exc)) from None
+
+
 # --------------------------------------------------------------------------------------- config
 def hydra_config_classes() -> dict[str, type]:
     """model_type -> config class of every family in the registry."""
@@ -78,10 +88,7 @@ def read_config(folder: str | os.PathLike) -> dict[str, Any]:
         raise HubError(f"{str(folder)!r} is an ONNX export ({EXPORT_METADATA}): push publishes the PyTorch Hydra folder "
                        "with its remote code; push the folder you exported from (hydra-hf export's input)")
     file = resolve_inside(folder, "config.json", what="config.json")
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HubError(f"{file} is not valid JSON ({one_line(exc)})") from exc
+    config = read_hub_json(file, "config.json", "restore the config.json that hydra-hf convert wrote")
     if not isinstance(config, dict):
         raise HubError(f"{file} holds a {type(config).__name__}, expected a Hydra Ensemble config (a JSON object)")
     cls = hydra_config_classes().get(config.get("model_type")) if isinstance(config.get("model_type"), str) else None

@@ -20,6 +20,8 @@ Tasks:
         (a causal LM: ``hydra-text-generation`` generates 3 tokens with their uncertainty). Prints a summary.
     text-probs: ``{"texts": [...]}`` through ``pipeline("text-classification", top_k=None)``;
         prints one ``{label: probability}`` per text.
+    generate: ``{"input_ids": [[...]]}``: a causal LM's greedy ``generate()`` with the folder's own
+        generation defaults (end token, lengths: its ``generation_config.json``); prints the token ids.
     zero-shot-member-probs: ``{"class_names": [...], "templates": [...]}`` and the tensor
         ``pixel_values`` in ``inputs.safetensors`` beside the JSON file; prints the members' zero-shot
         probabilities ``(B, M, C)``.
@@ -31,7 +33,7 @@ import sys
 
 from PIL import Image
 from safetensors.torch import load_file
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
 if __name__ == "__main__":  # run as the check (importing this module changes nothing)
     sys.modules["hydra_hf"] = None  # a Hub user who never installed hydra_hf
@@ -132,6 +134,16 @@ def text_probs(folder: str, inputs: dict) -> list:
     return [{d["label"]: d["score"] for d in row} for row in out]
 
 
+def generate_ids(folder: str, inputs: dict) -> list:
+    """Token ids of a causal LM's greedy ``generate()`` from ``inputs["input_ids"]``, with the folder's
+    generation defaults (hydra_hf.hub.validate.generated_ids does the same in the pushing process)."""
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    input_ids = torch.tensor(inputs["input_ids"])
+    with torch.no_grad():
+        out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False)
+    return out.tolist()
+
+
 def zero_shot_member_probs(folder: str, inputs: dict, tensors: dict) -> list:
     """The members' zero-shot probabilities ``(B, M, C)`` with the folder's tokenizer, CLIP's prompt ensemble."""
     model = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
@@ -153,7 +165,7 @@ def zero_shot_member_probs(folder: str, inputs: dict, tensors: dict) -> list:
 def main(argv: list) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder")
-    parser.add_argument("--task", default="load", choices=["load", "text-probs", "zero-shot-member-probs"])
+    parser.add_argument("--task", default="load", choices=["load", "text-probs", "generate", "zero-shot-member-probs"])
     parser.add_argument("--inputs", default=None, help="a JSON file (and inputs.safetensors beside it)")
     args = parser.parse_args(argv)
     inputs, tensors = {}, {}
@@ -167,6 +179,8 @@ def main(argv: list) -> int:
         result = check_load(args.folder)
     elif args.task == "text-probs":
         result = text_probs(args.folder, inputs)
+    elif args.task == "generate":
+        result = generate_ids(args.folder, inputs)
     else:
         result = zero_shot_member_probs(args.folder, inputs, tensors)
     if sys.modules.get("hydra_hf") is not None:

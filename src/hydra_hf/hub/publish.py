@@ -133,7 +133,8 @@ def push(
         staged.append(stage_into(model_dir, tmp, repo_id=repo_id, report=report, revision=revision,
                                  base_model=base_model, license=license, training=training, tags=tags,
                                  allow_foreign_code=trust_foreign_code))
-        validation.update(validate_staged(tmp, timeout=validate_timeout, allow_foreign_code=trust_foreign_code))
+        validation.update(validate_staged(tmp, timeout=validate_timeout, allow_foreign_code=trust_foreign_code,
+                                          local=model_dir))
 
     created = False
     try:

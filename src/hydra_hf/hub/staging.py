@@ -7,9 +7,11 @@ Only what belongs in the repository is copied, and only from inside the folders 
   ``weight_map`` may name only those files);
 - the shipped ``.py`` files: the modules ``auto_map`` and ``custom_pipelines`` name (each must be
   ``MODULE.CLASS`` with ``MODULE.py`` a file of the folder, or one hydra_hf ships) and the siblings
-  they import, nothing else; each must be the file this hydra_hf ships, unchanged, unless the user
-  vouches for foreign code (``allow_foreign_code``), and all must pass the audit (:mod:`hydra_hf.hub.audit`);
-- tokenizer / image-processor / processor files (their JSON configs may not name loader code);
+  they import, nothing else; each must be the file this hydra_hf ships, unchanged (read as Python reads
+  it: UTF-8 only), and is staged as hydra_hf's own bytes, unless the user vouches for foreign code
+  (``allow_foreign_code``: the folder's bytes), and all must pass the audit (:mod:`hydra_hf.hub.audit`);
+- tokenizer / image-processor / processor files and a causal LM's ``generation_config.json`` (their JSON
+  configs may not name loader code);
 - ``README.md`` (the card), the kept-heads heat maps and, with a report, ``evaluation/``
   (``report.json``, ``report.md``, and PNG figures that lie inside the report's folder).
 
@@ -40,7 +42,14 @@ from ..modeling.configuration_hydra import custom_pipelines_for
 from ..outputs import regular_files, resolve_inside, write_output_folder
 from ..plots import heads_heatmap
 from ..saving import MODELING_DIR, PIPELINE_FILE
-from .audit import check_shipped_code, sibling_imports
+from .audit import (
+    check_packaged,
+    check_shipped_code,
+    is_packaged,
+    python_source,
+    read_python_source,
+    sibling_imports,
+)
 from .card import build_model_card, load_report, model_kind
 from .common import (
     PICKLE_SUFFIXES,
@@ -50,6 +59,7 @@ from .common import (
     HubError,
     is_hidden,
     read_config,
+    read_hub_json,
     towers,
     visible_files,
 )
@@ -102,10 +112,8 @@ def check_safetensors(path: Path, name: str) -> None:
 
 
 def _check_weight_index(src: Path, weights: set[str]) -> None:
-    try:
-        index = json.loads(resolve_inside(src, WEIGHT_INDEX, what=WEIGHT_INDEX).read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HubError(f"{WEIGHT_INDEX} is not valid JSON ({one_line(exc)})") from exc
+    index = read_hub_json(resolve_inside(src, WEIGHT_INDEX, what=WEIGHT_INDEX), WEIGHT_INDEX,
+                          "re-save the weights with save_pretrained")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise HydraTypeError(f"{WEIGHT_INDEX}: 'weight_map' must map tensor names to file names")
@@ -116,10 +124,7 @@ def _check_weight_index(src: Path, weights: set[str]) -> None:
 
 
 def _check_preprocessor_config(path: Path, name: str) -> None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HubError(f"{name} is not valid JSON ({one_line(exc)})") from exc
+    data = read_hub_json(path, name, "re-save the tokenizer / processor with save_pretrained")
     if isinstance(data, dict) and data.get("auto_map"):
         raise HydraUnsafeError(
             f"{name} names loader code of its own (auto_map {data['auto_map']!r}); a Hydra repository ships only "
@@ -181,6 +186,20 @@ def _copy(src: Path, name: str, dst: Path, what: str) -> None:
     shutil.copyfile(resolve_inside(src, name, what=what), dst)
 
 
+def _stage_module(src: Path, file: str, out: Path, allow_foreign: bool) -> tuple[str, bool]:
+    """Stage the folder's shipped module ``file``: hydra_hf's own bytes when it is hydra_hf's file (read as
+    Python reads it), the folder's bytes when it is foreign code the user vouches for (audited
+    afterwards), nothing otherwise. Returns its source and whether it was staged."""
+    data = resolve_inside(src, file, what="shipped module").read_bytes()
+    source = python_source(data, file)
+    ours = is_packaged(file, source)
+    if ours:
+        shutil.copyfile(MODELING_DIR / file, out / file)
+    elif allow_foreign:
+        (out / file).write_bytes(data)
+    return source, ours or allow_foreign
+
+
 def stage_into(
     model_dir: str | os.PathLike,
     out: Path,
@@ -227,7 +246,7 @@ def stage_into(
 
     # shipped code: the modules the config names and, transitively, the siblings they import; the
     # folder's own file when it has one, else hydra_hf's
-    todo, shipped = [(module, "config.json refers to") for module in modules], []
+    todo, shipped, foreign = [(module, "config.json refers to") for module in modules], [], {}
     while todo:
         module, needed_by = todo.pop(0)
         if module in shipped:
@@ -236,17 +255,22 @@ def stage_into(
             raise HydraUnsafeError(f"{needed_by} '.{module}', which is not a module name; ship plain sibling files")
         file = f"{module}.py"
         if file in names:
-            _copy(src, file, out / file, "shipped module")
+            source, staged = _stage_module(src, file, out, allow_foreign_code)
+            if not staged:
+                foreign[file] = source
         elif (MODELING_DIR / file).is_file():
             shutil.copyfile(MODELING_DIR / file, out / file)
+            source = read_python_source(out / file)
         else:
             raise HubError(f"{needed_by} {file}, which is neither in {str(src)!r} nor shipped with hydra_hf")
         shipped.append(module)
         try:
-            imports = sibling_imports((out / file).read_text(encoding="utf-8"), file)
-        except (SyntaxError, UnicodeDecodeError):
-            continue  # the audit below names the file and line
+            imports = sibling_imports(source, file)
+        except (SyntaxError, ValueError):
+            continue  # the checks below name the file and line
         todo += [(name, f"{file} imports") for name in sorted(imports)]
+    for file in sorted(foreign):  # foreign code nobody vouched for: the first file, with its first differing line
+        check_packaged(file, foreign[file])
     if not (out / PIPELINE_FILE).exists():
         shutil.copyfile(MODELING_DIR / PIPELINE_FILE, out / PIPELINE_FILE)
     check_shipped_code(out, allow_foreign=allow_foreign_code)

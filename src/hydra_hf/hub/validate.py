@@ -27,12 +27,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
 
+from ..convert.io import from_pretrained
 from ..outputs import regular_files
 from .audit import check_shipped_code
-from .card import check_card
-from .common import PICKLE_SUFFIXES, HubError, is_hidden
+from .card import check_card, model_kind
+from .common import PICKLE_SUFFIXES, HubError, is_hidden, read_config
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +121,7 @@ def fresh_check(
             raise HubError(f"checking the folder in a fresh process took over {timeout:.0f} s") from exc
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        logger.error("fresh-process check failed:\n%s", proc.stderr[-4000:])
+        logger.debug("fresh-process check failed:\n%s", proc.stderr[-4000:])  # its traceback: shown with -v
         raise HubError(
             "the folder does not load with trust_remote_code=True in a fresh process without hydra_hf: "
             f"{lines[-1] if lines else f'exit code {proc.returncode}'}"
@@ -126,7 +129,39 @@ def fresh_check(
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def validate_staged(folder: str | os.PathLike, *, timeout: float = 300, allow_foreign_code: bool = False) -> dict[str, Any]:
+def generated_ids(model: Any, input_ids: list[list[int]]) -> list[list[int]]:
+    """Token ids of ``model``'s greedy ``generate()`` with its generation defaults (as ``fresh_check.py``'s
+    ``generate`` task does in a fresh process)."""
+    ids = torch.tensor(input_ids)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False)
+    return out.tolist()
+
+
+def check_generation(staged: str | os.PathLike, local: str | os.PathLike, *, timeout: float = 300) -> dict[str, Any]:
+    """A causal-LM repository generates what its local folder generates: greedy ``generate()`` with each
+    one's generation defaults (its end token, lengths: ``generation_config.json``), the local folder here
+    with hydra_hf, the staged one in a fresh process without it. Returns ``{"input_ids", "generated"}``.
+
+    Raises:
+        HubError: the two generate different tokens (a generation setting or file was not staged).
+    """
+    model = from_pretrained(AutoModelForCausalLM, local).eval()
+    vocab = int(model.get_input_embeddings().num_embeddings)
+    input_ids = [[(5 + 7 * i) % vocab for i in range(5)]]  # a fixed prompt of ids every vocabulary has
+    expected = generated_ids(model, input_ids)
+    got = fresh_check(staged, task="generate", inputs={"input_ids": input_ids}, timeout=timeout)
+    if got != expected:
+        raise HubError(
+            f"the staged repository generates {len(got[0]) - 5} token(s) {got[0][5:][:12]} where {str(local)!r} "
+            f"generates {len(expected[0]) - 5} {expected[0][5:][:12]} (greedy, each with its generation defaults); "
+            "a Hub user would get other text: check that generation_config.json is in the folder and valid"
+        )
+    return {"input_ids": input_ids, "generated": got}
+
+
+def validate_staged(folder: str | os.PathLike, *, timeout: float = 300, allow_foreign_code: bool = False,
+                    local: str | os.PathLike | None = None) -> dict[str, Any]:
     """Check a staged repository as a Hub user would see it; raise :class:`HubError` if it fails.
 
     Static checks: no pickle files; every shipped ``.py`` is the file hydra_hf ships (or, with
@@ -139,8 +174,11 @@ def validate_staged(folder: str | os.PathLike, *, timeout: float = 300, allow_fo
     (``pipeline(model=folder, trust_remote_code=True)``) builds and runs on a dummy input (the
     zero-shot one only where PIL is installed, as it opens images with PIL).
 
+    A causal LM, given the ``local`` folder it was staged from, must also generate what that folder
+    generates (:func:`check_generation`).
+
     Returns:
-        ``{"card": {...}, "load": {...}}`` -- what was checked.
+        ``{"card": {...}, "load": {...}}`` (and ``"generate"``) -- what was checked.
     """
     root = Path(folder)
     pickled = sorted(p.name for p in root.rglob("*") if p.suffix in PICKLE_SUFFIXES)
@@ -148,4 +186,7 @@ def validate_staged(folder: str | os.PathLike, *, timeout: float = 300, allow_fo
         raise HubError(f"staged folder holds pickle files {pickled}; only safetensors weights may be uploaded")
     check_shipped_code(root, allow_foreign=allow_foreign_code)
     card_summary = check_card(root / "README.md")
-    return {"card": card_summary, "load": fresh_check(root, task="load", timeout=timeout)}
+    result = {"card": card_summary, "load": fresh_check(root, task="load", timeout=timeout)}
+    if local is not None and model_kind(read_config(root)) == "text-generation":
+        result["generate"] = check_generation(root, local, timeout=timeout)
+    return result

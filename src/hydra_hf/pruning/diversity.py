@@ -27,6 +27,7 @@ members' kept heads; :func:`prune_members` stores it in the masks metadata and l
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -292,6 +293,8 @@ def prune_members(
     data_fraction = (0.8 if several else 1.0) if data_fraction is None else float(data_fraction)
     if not 0.0 < data_fraction <= 1.0:
         raise ValueError(f"data_fraction must be in (0, 1], got {data_fraction}")
+    if not math.isfinite(temperature) or temperature < 0:  # nan passes `< 0`
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     model_shapes = {t: adapter.shape(t) for t in adapter.tower_names}
     if include is not None:
         include.check_towers(adapter.tower_names, model=f"the {adapter.kind} model being pruned")

@@ -200,7 +200,7 @@ def load_causal_lm_target(
     except (OSError, ValueError) as exc:
         raise HydraInputError(
             f"{str(folder)!r} ({what}) has no tokenizer to turn the ID texts into tokens; save it next to the model "
-            f"(tokenizer.save_pretrained({str(folder)!r})): {str(exc).splitlines()[0] if str(exc) else exc}"
+            f"(tokenizer.save_pretrained({str(folder)!r})): {' '.join(str(exc).split()) or type(exc).__name__}"
         ) from None
     vocab = int(model.get_input_embeddings().num_embeddings)  # the token ids the model can read
     return PruningTarget(causal_lm_adapter(model), None, tokenizer, vocab, None, False)

@@ -26,6 +26,7 @@ to ``score ** (1 / temperature)``. This is how different seeds give different me
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -229,8 +230,8 @@ def select_top(
         keys_scores: ``(N,)`` non-negative scores; returns ``(k,)`` long.
     """
     scores = keys_scores.double().clamp_min(0)
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not math.isfinite(temperature) or temperature < 0:  # nan passes `< 0`
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     if temperature == 0:
         keys = scores
     else:
