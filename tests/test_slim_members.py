@@ -209,8 +209,11 @@ def test_prune_mlp_keep_end_to_end(tiny_bert_dir, tmp_path):
     # without --mlp-spread, a bad fraction, and --mlp-spread alone: one line each
     assert main([*args, "--mlp-keep", "0.5", "--overwrite"]) == 0
     assert all(len(n) == 32 for member in HeadMasks.load(out).kept_neurons() for n in member)
-    for bad in (["--mlp-keep", "0"], ["--mlp-keep", "1.5"], ["--mlp-keep", "nan"], ["--mlp-spread"]):
+    for bad in (["--mlp-keep", "0"], ["--mlp-keep", "1.5"], ["--mlp-spread"]):
         assert main([*args, *bad, "--overwrite"]) == 2
+    with pytest.raises(SystemExit) as info:  # argparse's own refusal of a non-finite flag (cli.finite_float)
+        main([*args, "--mlp-keep", "nan", "--overwrite"])
+    assert info.value.code == 2
 
 
 # ------------------------------------------------------------------------------------ masks format

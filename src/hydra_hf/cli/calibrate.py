@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from . import finite_float
 from ..calibration import calibrate_folder, guarantee_text
 from ..calibration.conformal import CONFORMAL_METHODS
 from ..calibration.selective import SELECTIVE_SCORES
@@ -22,18 +23,18 @@ def _risk(value: str) -> float | None:
     if value.strip().lower() == "none":
         return None
     try:
-        return float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number in (0, 1) or 'none'") from None
+        return finite_float(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number in (0, 1) or 'none'") from None
 
 
 def _temperature(value: str) -> float | str:
     if value.strip().lower() == "fit":
         return "fit"
     try:
-        return float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a positive number or 'fit'") from None
+        return finite_float(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a finite number (a positive temperature) or 'fit'") from None
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -50,13 +51,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="labelled calibration data (file, folder or NAME:SPLIT), held out from training and exchangeable "
                    "with the data the model will see")
     p.add_argument("--output", required=True, help="the new, calibrated folder (must not exist or be empty)")
-    p.add_argument("--alpha", type=float, default=0.1,
+    p.add_argument("--alpha", type=finite_float, default=0.1,
                    help="miscoverage of the prediction sets, in (0, 1): the sets hold the label with probability >= "
                    "1 - alpha (default 0.1)")
     p.add_argument("--method", choices=CONFORMAL_METHODS, default="lac",
                    help="conformal score: lac (1 - p_y), aps (adaptive sets), raps (regularised APS); deterministic, "
                    "no random tie-breaking (default lac)")
-    p.add_argument("--raps-penalty", type=float, default=0.1, help="RAPS' lambda (default 0.1)")
+    p.add_argument("--raps-penalty", type=finite_float, default=0.1, help="RAPS' lambda (default 0.1)")
     p.add_argument("--raps-rank", type=int, default=1, help="RAPS' k_reg: ranks above it are penalised (default 1)")
     p.add_argument("--score", choices=SELECTIVE_SCORES, default=None,
                    help="uncertainty that decides abstention: msp (1 - max probability), entropy, mi (the members' "
@@ -64,7 +65,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "tokens and the sequences of unlabelled --data texts for generate_with_uncertainty)")
     p.add_argument("--risk", type=_risk, default=0.1,
                    help="error rate among answered inputs to certify, in (0, 1); 'none' fits the sets only (default 0.1)")
-    p.add_argument("--delta", type=float, default=0.1,
+    p.add_argument("--delta", type=finite_float, default=0.1,
                    help="the risk holds with probability >= 1 - delta over the calibration draw (default 0.1)")
     p.add_argument("--temperature", type=_temperature, default=None, metavar="T|fit",
                    help="divide the member logits by T before everything; 'fit' fits T (NLL) on a seeded random half "

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import finite_float
 from .. import distributed, evaluation as ev
 import torch
 
@@ -84,7 +85,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="OOD data (repeatable); NAME=SPEC sets the name shown in the report")
     p.add_argument("--val-data", default=None,
                    help="labelled validation data for temperature scaling and for fitting --conformal-alpha sets")
-    p.add_argument("--conformal-alpha", type=float, action="append", default=[], metavar="ALPHA",
+    p.add_argument("--conformal-alpha", type=finite_float, action="append", default=[], metavar="ALPHA",
                    help="fit split conformal sets at level 1 - ALPHA and an abstention threshold on --val-data for every "
                    "model (repeatable), and report coverage, mean set size, selective accuracy, AURC and the OOD inputs "
                    "refused or given several labels; a folder calibrated by `hydra-hf calibrate` reports its stored "
