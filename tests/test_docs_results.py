@@ -154,3 +154,22 @@ def test_the_check_names_a_broken_region(tmp_path, damage, message):
     damage(readme, tmp_path)
     problems = render_docs.stale_regions([readme], tmp_path)
     assert problems and message in problems[0] and all("\n" not in p for p in problems)
+
+
+def test_slim_views_render_their_results_files():
+    """The two slim-members views (bench/bench_slim.py's rows, examples/slim_pareto.py's Pareto) put every number
+    of the file into the table, formatted, and the targets / decisions below it."""
+    bench = {"threads": {"torch": 2}, "seq_len": 128, "targets": ["bert batch 8: x = 1.05 (target <= 1.3: met)"],
+             "rows": [{"geometry": "bert", "batch": 8, "model": "eager slim Hydra (3)", "latency_ms": 512.345,
+                       "x Single": 1.047, "x Deep Ensemble": 0.351, "compute_x": 1.0, "params_M": 113.2}]}  # fmt: skip
+    text = render_docs.VIEWS["bench-slim"](bench)
+    assert "| bert | 8 | eager slim Hydra (3) | 512.3 | 1.05 | 0.35 | 1.00 | 113.2 |" in text
+    assert text.startswith("2 threads, T = 128") and "- bert batch 8: x = 1.05 (target <= 1.3: met)" in text
+    pareto = {"seeds": ["0", "1", "2"], "must": ["slim: met"],
+              "rows": [{"label": "slim Hydra", "compute_x": 1.21, "params_x": 1.05, "gain": 3.14, "gain_std": 1.2,
+                        "accuracy": 95.5, "accuracy_std": 0.4, "ece": 0.021, "nll": 0.15}],
+              "decisions": [{"a": "slim", "b": "taylor", "difference": -0.52, "difference_std": 0.9, "seeds": 3,
+                             "p": 0.41, "decided": False}]}  # fmt: skip
+    text = render_docs.VIEWS["slim-pareto"](pareto)
+    assert "| slim Hydra | 1.21 | 1.05 | +3.1 ± 1.2 | 95.5 ± 0.4 | 0.021 | 0.150 |" in text
+    assert "| slim - taylor | -0.52 ± 0.90 | 3 | 0.410 | no |" in text and "- slim: met" in text

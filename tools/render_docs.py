@@ -87,10 +87,41 @@ def _common_tests_table(results: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _bench_slim_table(results: Mapping[str, Any]) -> str:
+    """bench/bench_slim.py: latency per model and batch, relative to the Single and the Deep Ensemble, with the
+    compute from the masks, the parameters and the targets' verdicts."""
+    columns = [("geometry", "geometry", ""), ("batch", "batch", ""), ("model", "model", ""),
+               ("latency_ms", "latency (ms)", ".1f"), ("x Single", "x Single", ".2f"),
+               ("x Deep Ensemble", "x Deep Ensemble", ".2f"), ("compute_x", "compute (x Single)", ".2f"),
+               ("params_M", "params (M)", ".1f")]  # fmt: skip
+    threads = results["threads"]
+    head = f"{threads.get('torch', threads) if isinstance(threads, Mapping) else threads} threads, T = {results['seq_len']}:\n\n"
+    return head + render_markdown_table(results["rows"], columns) + "\n" + "".join(f"- {t}\n" for t in results["targets"])
+
+
+def _slim_pareto_table(results: Mapping[str, Any]) -> str:
+    """examples/slim_pareto.py: compute, parameters and the MSP gain over the mean Single (mean ± std over seeds),
+    accuracy, ECE, NLL; then the paired decisions and the issue's bar."""
+    lines = [f"{len(results['seeds'])} seeds; gain = mean over the OOD kinds of the MSP AUROC minus the mean Single's "
+             "(points), ± the seeds' standard deviation.", "",
+             "| model | compute (x Single) | params (x Single) | mean OOD gain | accuracy (%) | ECE | NLL |",
+             "|:---|---:|---:|---:|---:|---:|---:|"]
+    for r in results["rows"]:
+        lines.append(f"| {r['label']} | {r['compute_x']:.2f} | {r['params_x']:.2f} | {r['gain']:+.1f} ± {r['gain_std']:.1f} | "
+                     f"{r['accuracy']:.1f} ± {r['accuracy_std']:.1f} | {r['ece']:.3f} | {r['nll']:.3f} |")
+    lines += ["", "| pair (seed by seed) | difference of the gain | seeds | p (paired t) | decided |", "|:---|---:|---:|---:|:---|"]
+    for d in results["decisions"]:
+        lines.append(f"| {d['a']} - {d['b']} | {d['difference']:+.2f} ± {d['difference_std']:.2f} | {d['seeds']} | "
+                     f"{d['p']:.3f} | {'yes' if d['decided'] else 'no'} |")
+    return "\n".join(lines) + "\n\n" + "".join(f"- {m}\n" for m in results["must"])
+
+
 VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "methods": _methods_table,
     "hydra-vs-single": _versus_single_table,
     "transformers-common-tests": _common_tests_table,
+    "bench-slim": _bench_slim_table,
+    "slim-pareto": _slim_pareto_table,
 }
 """view name -> markdown of a results file (ending with a newline)."""
 
