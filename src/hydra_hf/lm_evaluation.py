@@ -343,13 +343,15 @@ _OOD_KEYS = ("auroc", "fpr95", "aupr_in", "aupr_out")
 
 
 def causal_lm_rows(
-    reports: Mapping[str, Mapping[str, Any]], *, score: str = "msp", params: Mapping[str, int] | None = None
+    reports: Mapping[str, Mapping[str, Any]], *, score: str = "msp", params: Mapping[str, int] | None = None,
+    compute: Mapping[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """One report row per model from :func:`evaluate_causal_lm` reports: ``method``, ``perplexity``,
     ``nll``, ``accuracy`` (next token), ``ece``, ``msp``, ``mutual_information``, ``members``,
     ``num_tokens``, per OOD set ``"<set>/perplexity"`` and ``"<set>/auroc"`` ... of the sequence score
     ``score`` (:data:`hydra_hf.lm_metrics.SEQUENCE_SCORES`; a model without it, e.g. mutual information
-    of one model, leaves the cells empty), and ``params_m`` when ``params`` gives the parameter count."""
+    of one model, leaves the cells empty), ``params_m`` when ``params`` gives the parameter count and ``compute_x``
+    (multiply-adds per token relative to the Single, :mod:`hydra_hf.cost`) when ``compute`` gives it."""
     if score not in lm_metrics.SEQUENCE_SCORES:
         raise ValueError(f"unknown sequence score {score!r}; choose one of {list(lm_metrics.SEQUENCE_SCORES)}")
     rows = []
@@ -365,6 +367,8 @@ def causal_lm_rows(
                 row[f"{ood_name}/{key}"] = values.get(key)
         if params and name in params:
             row["params_m"] = params[name] / 1e6
+        if compute and name in compute:
+            row["compute_x"] = compute[name]
         rows.append(row)
     return rows
 
@@ -375,6 +379,7 @@ def causal_lm_columns(ood_sets: Sequence[str]) -> list[list[str]]:
                ["accuracy", "Acc ↑", ".4f"], ["ece", "ECE ↓", ".4f"], ["mutual_information", "MI", ".4f"]]
     for name in ood_sets:
         columns += [[f"{name}/auroc", f"{name} AUROC ↑", ".4f"], [f"{name}/fpr95", f"{name} FPR95 ↓", ".4f"]]
+    columns.append(["compute_x", "compute (x Single)", ".2f"])
     columns.append(["params_m", "params (M)", ".3g"])
     return columns
 
@@ -399,6 +404,7 @@ def write_causal_lm_report(
     settings: Mapping[str, Any] | None = None,
     params: Mapping[str, int] | None = None,
     title: str = "Hydra Ensembles causal LM evaluation",
+    compute: Mapping[str, float] | None = None,
 ) -> dict[str, str]:
     """Write ``report.json`` and ``report.md`` of :func:`evaluate_causal_lm` reports (``{model name:
     report}``) into ``out_dir``: the table of :func:`causal_lm_rows` (OOD columns of ``score``), the
@@ -420,7 +426,7 @@ def write_causal_lm_report(
     report = {
         "title": title,
         "task": "causal_lm",
-        "rows": causal_lm_rows(reports, score=score, params=params),
+        "rows": causal_lm_rows(reports, score=score, params=params, compute=compute),
         "columns": causal_lm_columns(ood_sets),
         "ood_sets": ood_sets,
         "ood_score": score,

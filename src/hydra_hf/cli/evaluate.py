@@ -327,19 +327,21 @@ def _run_causal_lm(args: argparse.Namespace, models: dict[str, str]) -> int:
             raise ValueError(f"--ood-data name {name!r} is used twice (or is 'id'); name the sets, e.g. NAME={path}")
         oods[name] = texts("--ood-data", path)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    reports, params = {}, {}
+    reports, params, compute = {}, {}, {}
     for name, path in models.items():
         model, tokenizer = load_causal_lm(path, trust_remote_code=args.trust_remote_code)
         model.to(device)
         reports[name] = evaluate_causal_lm(model, id_texts, oods, tokenizer=tokenizer, max_length=args.max_length,
                                            batch_size=args.batch_size, device=device)
         params[name] = sum(p.numel() for p in model.parameters())
+        compute[name] = ev.model_compute_ratio(model)  # multiply-adds per token relative to the Single
         del model
     settings = {"task": "causal_lm", "id_data": args.id_data, "ood_data": list(oods), "score": args.score,
                 "max_length": args.max_length}
     if info.is_main:
         write_output_folder(args.report, lambda tmp: write_causal_lm_report(reports, tmp, score=args.score,
-                                                                            settings=settings, params=params),
+                                                                            settings=settings, params=params,
+                                                                            compute=compute),
                             command="evaluate", overwrite=args.overwrite, inputs=list(models.values()))
         for name, report in reports.items():
             print(f"{name}: perplexity {report['perplexity']:.4g}, next-token accuracy {report['accuracy']:.4f}, "
