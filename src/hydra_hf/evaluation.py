@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import (
+    CONFIG_MAPPING,
     AutoConfig,
     AutoImageProcessor,
     AutoModelForImageClassification,
@@ -756,6 +757,7 @@ def load_classifier(path: str | os.PathLike, *, trust_remote_code: bool = False)
         return model.eval(), from_pretrained(AutoImageProcessor, folder, trust_remote_code=trust), "image"
     model = from_pretrained(AutoModelForSequenceClassification, folder, trust_remote_code=trust)
     tokenizer = fit_tokenizer_to_model(from_pretrained(AutoTokenizer, folder, trust_remote_code=trust), model.config)
+    pad_with_eos(tokenizer, model.config)
     return model.eval(), tokenizer, "text"
 
 
@@ -772,18 +774,38 @@ def _load_onnx_classifier(path: str | os.PathLike) -> tuple[nn.Module, Any, str]
 _PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "camembert", "xlm-roberta-xl", "longformer")
 
 
+def _position_key(data: Mapping[str, Any]) -> str:
+    """The key under which a config dict of ``data["model_type"]`` holds its position limit: the name the
+    config class's ``attribute_map`` gives ``max_position_embeddings`` (GPT-2: ``n_positions``)."""
+    model_type = data.get("model_type")
+    config_class = CONFIG_MAPPING[model_type] if isinstance(model_type, str) and model_type in CONFIG_MAPPING else None
+    return getattr(config_class, "attribute_map", {}).get("max_position_embeddings", "max_position_embeddings")
+
+
 def max_text_positions(config: Any) -> int | None:
-    """How many tokens a text model (stock or Hydra) takes at most: its ``max_position_embeddings``,
-    less RoBERTa's padding offset; None when its config has no such limit."""
+    """How many tokens a text model (stock or Hydra) takes at most: its ``max_position_embeddings`` (under
+    the name its config class gives it, e.g. GPT-2's ``n_positions``), less RoBERTa's padding offset; None
+    when its config has no such limit."""
     base = getattr(config, "base_config", None)
     data = dict(base) if isinstance(base, Mapping) else (config.to_dict() if hasattr(config, "to_dict") else {})
     data = data.get("text_config") or data
-    positions = data.get("max_position_embeddings")
+    positions = data.get(_position_key(data), data.get("max_position_embeddings"))
     if isinstance(positions, bool) or not isinstance(positions, int) or positions <= 0:
         return None
     if data.get("model_type") in _PADDING_OFFSET_TYPES:
         positions -= int(data.get("pad_token_id") or 1) + 1
     return positions if positions > 0 else None
+
+
+def pad_with_eos(tokenizer: Any, config: Any) -> Any:
+    """A decoder's tokenizer without a pad token pads with its end-of-sequence token, as fine-tuning does
+    (most decoder tokenizers have none); ``config.pad_token_id`` is set to it when unset, so that the
+    sequence classifier pools every row's last token that is not padding. Other tokenizers are unchanged."""
+    if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+        if getattr(config, "pad_token_id", None) is None:
+            config.pad_token_id = tokenizer.pad_token_id
+    return tokenizer
 
 
 def fit_tokenizer_to_model(tokenizer: Any, config: Any) -> Any:

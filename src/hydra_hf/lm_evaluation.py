@@ -35,6 +35,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from . import lm_metrics, metrics
 from .convert.io import checkpoint_dir, from_pretrained, read_config
 from .errors import HydraInputError
+from .evaluation import max_text_positions
 from .pruning.members import is_causal_lm_config, is_causal_lm_folder
 from .report import render_markdown_table, write_report
 
@@ -255,7 +256,8 @@ def evaluate_causal_lm(
         data: the in-distribution set: texts (with ``tokenizer``), token-id sequences, or an iterable
             of batches (mappings with ``input_ids`` and ``attention_mask``, right or left padded, or
             ``(B, T)`` id tensors). Texts and id sequences are truncated to ``max_length`` tokens and
-            batched ``batch_size`` at a time; those with fewer than 2 tokens are left out.
+            batched ``batch_size`` at a time (``max_length`` at most the model's positions, e.g. GPT-2's
+            ``n_positions``); those with fewer than 2 tokens are left out.
         ood: named OOD sets, each in one of the forms of ``data``.
         batch_size: sequences per forward pass for texts / id lists. The model's own output, ``B x M x
             T x V`` logits, is the largest tensor of a pass (the metrics add a few chunks of
@@ -278,6 +280,11 @@ def evaluate_causal_lm(
     ood = dict(ood or {})
     if "id" in ood:
         raise ValueError("an OOD set is named 'id', which names the ID set in the report; rename it")
+    limit = max_text_positions(getattr(model, "config", None))
+    if limit is not None and max_length > limit:  # longer texts would index past the position embeddings
+        logger.info("max_length %d is more than the model's %d positions: texts are truncated to %d tokens",
+                    max_length, limit, limit)
+        max_length = limit
     runs = {}
     for name, value in [("id", data), *ood.items()]:
         batches = _as_batches(value, name, tokenizer, max_length, batch_size)

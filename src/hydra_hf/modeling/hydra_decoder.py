@@ -186,8 +186,19 @@ class HydraGenerationUncertaintyMixin:
         """
         B, total = sequences.shape
         N = total - prompt_length
+        if not 1 <= prompt_length <= total:
+            raise ValueError(
+                f"prompt_length={prompt_length} for sequences of {total} tokens; the prompt holds at least the token "
+                "generation started from (generate() without input_ids starts from the start-of-sequence token: 1)"
+            )
         if attention_mask is None:
             attention_mask = torch.ones(B, prompt_length, dtype=torch.long, device=sequences.device)
+        if tuple(attention_mask.shape) != (B, prompt_length):
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)} but the {B} sequences have {prompt_length} "
+                "prompt tokens; give the prompts' mask repeated for every returned sequence "
+                "(attention_mask.repeat_interleave(num_return_sequences, dim=0))"
+            )
         generated = sequences[:, prompt_length:]
         gen_mask = torch.ones_like(generated, dtype=torch.long)
         eos = eos_token_id if eos_token_id is not None else self.generation_config.eos_token_id
@@ -218,6 +229,8 @@ class HydraGenerationUncertaintyMixin:
         (:meth:`score_generated`): entropy, mutual information, the token's probability, every member's top token."""
         generate_kwargs.pop("return_dict_in_generate", None)
         sequences = self.generate(input_ids=input_ids, attention_mask=attention_mask, **generate_kwargs)
+        if attention_mask is not None:  # generate() returns num_return_sequences rows per prompt, in prompt order
+            attention_mask = attention_mask.repeat_interleave(sequences.shape[0] // input_ids.shape[0], dim=0)
         return self.score_generated(sequences, input_ids.shape[1], attention_mask,
                                     eos_token_id=generate_kwargs.get("eos_token_id"))  # fmt: skip
 
