@@ -151,3 +151,32 @@ def test_generation_pipeline_batches(family, folders):
         for key in ("token_entropy", "token_mutual_information", "token_probability"):
             assert a[key] == pytest.approx(b[key], abs=ATOL)
         assert a["sequence_entropy"] == pytest.approx(b["sequence_entropy"], abs=ATOL)
+
+
+# ------------------------------------------------------------------------- item: aggregate of seeds
+def test_aggregate_reads_seeds_of_a_llama_recipe_whose_parameter_counts_differ(tmp_path, capsys):
+    """Two seeds of one Llama recipe (2 members, 2 of 4 query heads per layer): one keeps query heads reading
+    one key/value head, the other heads reading two, so their parameter counts differ; aggregate averages them
+    (the recipe is the same) and still refuses a report of another recipe under the same name."""
+    base = save_llama(tmp_path / "base", pad=True)
+    train, evaluation = write_data(tmp_path)
+    seeds = {"a": [[[0, 1], [0, 1]], [[2, 3], [2, 3]]], "b": [[[0, 2], [1, 3]], [[1, 2], [0, 3]]],
+             "other": [[[0, 1, 2], [0, 1, 2]], [[1, 2, 3], [0, 2, 3]]]}  # fmt: skip
+    rows = {}
+    for seed, kept in seeds.items():
+        write_masks(tmp_path / f"{seed}.json", kept=kept)
+        convert_checkpoint(tmp_path / f"{seed}.json", base=base, output_dir=tmp_path / seed)
+        args = ["evaluate", "--model", tmp_path / seed, "--id-data", evaluation, "--ood-data", train, "--bootstrap", 0,
+                "--report", tmp_path / f"report-{seed}"]  # fmt: skip
+        assert cli_main([str(a) for a in args]) == 0, capsys.readouterr().err
+        (rows[seed],) = json.loads((tmp_path / f"report-{seed}" / "report.json").read_text())["rows"]
+    assert rows["a"]["params_m"] != rows["b"]["params_m"] and rows["a"]["recipe"] == rows["b"]["recipe"]
+    capsys.readouterr()
+    code = cli_main(["aggregate", str(tmp_path / "report-a"), str(tmp_path / "report-b"), "--output", str(tmp_path / "agg")])
+    assert code == 0, capsys.readouterr().err
+    (mean,) = json.loads((tmp_path / "agg" / "report.json").read_text())["rows"]
+    assert mean["accuracy"] == pytest.approx((rows["a"]["accuracy"] + rows["b"]["accuracy"]) / 2)
+    code = cli_main(["aggregate", str(tmp_path / "report-a"), str(tmp_path / "report-other"), "--output",
+                     str(tmp_path / "agg2")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "other models under one name" in err and "keeping 12 heads" in err

@@ -48,6 +48,7 @@ from transformers import (
     AutoModelForImageClassification,
     AutoModelForSequenceClassification,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedTokenizerBase,
 )
 
@@ -612,8 +613,37 @@ def _evaluate_row(name: str, predictor: Predictor, id_loader: Iterable, ood_load
     row["ood_score"] = row_score
     row["params_m"] = predictor.num_parameters() / 1e6
     row["members"] = int(preds.member_logits.shape[1])
+    recipe = recipe_of(predictor)
+    if recipe is not None:
+        row["recipe"] = recipe
     id_preds[name] = preds
     return row
+
+
+_KEPT_HEAD_FIELDS = ("kept_heads", "vision_kept_heads", "text_kept_heads")
+
+
+def recipe_of(model: Any) -> str | None:
+    """What identifies the recipe a model (or a predictor holding one) comes from, which seeds of one recipe
+    share: the base architecture (type, layers, heads, width, vocabulary) and, for a Hydra model, its members
+    and the attention heads they keep in all (``aggregate`` compares it). Not the parameter count: seeds of a
+    Llama recipe keep the same number of query heads but, with grouped-query attention, a different number of
+    the key/value heads those read. None when no config is found."""
+    config = getattr(model, "config", None)
+    if not isinstance(config, PretrainedConfig) and isinstance(model, nn.Module):
+        config = next((m.config for m in model.modules() if isinstance(getattr(m, "config", None), PretrainedConfig)),
+                      None)  # fmt: skip
+    if not isinstance(config, PretrainedConfig):
+        return None
+    model_type = getattr(config, "base_model_type", None) or config.model_type
+    shape = [getattr(config, key, None) for key in ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size")]
+    recipe = f"{model_type}: {shape[0]} layers x {shape[1]} heads, width {shape[2]}, vocabulary {shape[3]}"
+    kept = [getattr(config, field, None) or [] for field in _KEPT_HEAD_FIELDS]
+    if any(kept):
+        members = max(len(k) for k in kept)
+        heads = sum(len(layer) for tower in kept for member in tower for layer in member)
+        recipe += f"; {members} members keeping {heads} heads"
+    return recipe
 
 
 # metric -> (computed on, higher is better)

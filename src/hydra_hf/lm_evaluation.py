@@ -35,7 +35,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from . import lm_metrics, metrics
 from .convert.io import checkpoint_dir, from_pretrained, read_config
 from .errors import HydraInputError
-from .evaluation import max_text_positions
+from .evaluation import max_text_positions, recipe_of
 from .pruning.members import is_causal_lm_config, is_causal_lm_folder
 from .report import render_markdown_table, write_report
 
@@ -270,7 +270,8 @@ def evaluate_causal_lm(
         ``{"perplexity", "nll", "accuracy", "ece", "msp", "predictive_entropy", "expected_entropy",
         "mutual_information", "disagreement", "num_tokens", "num_sequences", "num_members", "n_bins",
         "ood": {name: {the same token numbers on that set, "scores": {score: {"auroc", "fpr95",
-        "aupr_in", "aupr_out"}}}}}``: every number a python float or int. The ID numbers are over all
+        "aupr_in", "aupr_out"}}}}}``: every number a python float or int; with a model config, ``"recipe"``
+        (:func:`hydra_hf.evaluation.recipe_of`). The ID numbers are over all
         valid ID tokens pooled. The scores (:data:`hydra_hf.lm_metrics.SEQUENCE_SCORES`, higher = more
         ID, ID the positive class) are the mean MSP, the negative mean predictive entropy, the
         negative mean mutual information (``M > 1`` only) and the mean token log-likelihood of each
@@ -291,6 +292,9 @@ def evaluate_causal_lm(
         runs[name] = run_causal_lm(model, batches, name=name, device=device, progress=progress, chunk_elements=chunk_elements)
     id_run = runs["id"]
     report: dict[str, Any] = {**id_run.summary(n_bins), "n_bins": n_bins, "ood": {}}
+    recipe = recipe_of(model)
+    if recipe is not None:
+        report["recipe"] = recipe
     logger.info("ID: perplexity %.4g, next-token accuracy %.4f, ECE %.4f over %d tokens of %d sequences (M=%d)",
                 report["perplexity"], report["accuracy"], report["ece"], report["num_tokens"], report["num_sequences"],
                 report["num_members"])
@@ -356,7 +360,8 @@ def causal_lm_rows(
     ``nll``, ``accuracy`` (next token), ``ece``, ``msp``, ``mutual_information``, ``members``,
     ``num_tokens``, per OOD set ``"<set>/perplexity"`` and ``"<set>/auroc"`` ... of the sequence score
     ``score`` (:data:`hydra_hf.lm_metrics.SEQUENCE_SCORES`; a model without it, e.g. mutual information
-    of one model, leaves the cells empty), and ``params_m`` when ``params`` gives the parameter count."""
+    of one model, leaves the cells empty), ``params_m`` when ``params`` gives the parameter count and the
+    report's ``recipe`` (:func:`hydra_hf.evaluation.recipe_of`)."""
     if score not in lm_metrics.SEQUENCE_SCORES:
         raise ValueError(f"unknown sequence score {score!r}; choose one of {list(lm_metrics.SEQUENCE_SCORES)}")
     rows = []
@@ -372,6 +377,8 @@ def causal_lm_rows(
                 row[f"{ood_name}/{key}"] = values.get(key)
         if params and name in params:
             row["params_m"] = params[name] / 1e6
+        if isinstance(report.get("recipe"), str):
+            row["recipe"] = report["recipe"]
         rows.append(row)
     return rows
 
