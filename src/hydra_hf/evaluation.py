@@ -53,7 +53,7 @@ from transformers import (
 )
 
 from . import distributed, metrics, plots
-from .convert.io import check_remote_code, checkpoint_dir, from_pretrained
+from .convert.io import check_remote_code, checkpoint_dir, from_pretrained, read_config
 from .data import make_image_loader, make_text_loader
 from .families import families, family_of_config
 from .onnx.runtime import OnnxHydraModel, is_onnx_export, load_preprocessor
@@ -186,18 +186,56 @@ class MCDropoutPredictor(Predictor):
         return torch.stack(outs, dim=1)  # (B, samples, C)
 
 
+def classifier_layer(model: nn.Module) -> nn.Linear:
+    """The ``nn.Linear`` that gives a stock classifier its logits: its one linear layer with ``num_labels``
+    outputs (BERT's ``classifier``, RoBERTa's ``classifier.out_proj``, Llama's ``score`` ...)."""
+    num_labels = getattr(getattr(model, "config", None), "num_labels", None)
+    found = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == num_labels]
+    if len(found) != 1:
+        raise ValueError(
+            f"Deep Ensembles (D) trains new classifier heads on a stock classifier's features, but "
+            f"{type(model).__name__} has {len(found)} linear layers with its {num_labels} classes; give a single "
+            "fine-tuned classifier with one classification layer"
+        )
+    return found[0]
+
+
+def check_deep_ensemble_model(path: str | os.PathLike, name: str) -> None:
+    """Refuse, before anything is loaded, a model Deep Ensembles (D) cannot train heads for: it trains new
+    linear heads on the features of ONE stock classifier (every classifier family), not of a Hydra Ensemble,
+    an ONNX export or a DeiT with a distillation head (two classification layers)."""
+    fix = "give the single fine-tuned classifier, e.g. --baseline Single=DIR --deep-ensemble Single"
+    if is_onnx_export(path):
+        raise ValueError(f"--deep-ensemble {name}: {str(path)!r} is an ONNX export, whose features cannot be read; {fix}")
+    config = read_config(path)
+    if str(config.get("model_type", "")).startswith("hydra_ensemble"):
+        raise ValueError(f"--deep-ensemble {name}: {str(path)!r} is a Hydra Ensemble (already M members); {fix}")
+    teacher = [a for a in config.get("architectures") or [] if a.endswith("WithTeacher")]
+    if teacher:
+        raise ValueError(f"--deep-ensemble {name}: {str(path)!r} is a {teacher[0]} (two classification heads); "
+                         "give a DeiTForImageClassification or another single-head classifier")
+
+
 def pooled_features(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The features a stock classifier feeds its classifier: BERT's pooled ``[CLS]`` output, or ViT's
-    ``[CLS]`` token after the final LayerNorm (``ViTForImageClassification``)."""
-    backbone = getattr(model, "bert", None)
-    if backbone is not None:
-        return backbone(**_model_inputs(batch)).pooler_output  # (B, d)
-    vit = getattr(model, "vit", None)
-    if vit is not None:
-        return vit(**_model_inputs(batch)).last_hidden_state[:, 0]  # (B, d): ViTModel ends with its LayerNorm
-    raise ValueError(
-        f"Deep Ensembles (D) needs a BERT-family classifier (`.bert`) or a ViT classifier (`.vit`), got {type(model).__name__}"
-    )
+    """``(B, d)`` the features a stock classifier feeds its classification layer (:func:`classifier_layer`):
+    BERT's pooled ``[CLS]`` output, ViT's ``[CLS]`` token after the final LayerNorm, RoBERTa's dense + tanh
+    output ... A decoder (Llama, GPT-2) scores every token and keeps its last non-padding one: so are its
+    features pooled."""
+    layer = classifier_layer(model)
+    captured: list[torch.Tensor] = []
+    handle = layer.register_forward_hook(lambda module, args, output: captured.append(args[0]))
+    try:
+        model(**_model_inputs(batch))
+    finally:
+        handle.remove()
+    features = captured[-1]
+    if features.dim() == 3:  # (B, T, d): every token scored, the last non-padding one kept
+        input_ids = batch["input_ids"]
+        pad = model.config.pad_token_id
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        last = -1 if pad is None else ((input_ids != pad).long() * positions).argmax(-1)
+        features = features[torch.arange(features.shape[0], device=features.device), last]
+    return features
 
 
 class HeadsEnsemblePredictor(Predictor):
@@ -511,15 +549,15 @@ def train_ensemble_heads(
         x, y = distributed.gather_rows(x), distributed.gather_rows(y)
     if x is None:
         raise ValueError("the training data for the ensemble heads is empty")
-    base = model.classifier
+    base = classifier_layer(model)
     heads = nn.ModuleList()
     for i in range(num_heads):
         g = torch.Generator().manual_seed(seed + i)
         head = nn.Linear(x.shape[1], base.out_features)
         with torch.no_grad():
-            std = model.config.initializer_range
-            head.weight.copy_(base.weight.detach().cpu() + std * torch.randn(head.weight.shape, generator=g))
-            head.bias.copy_(base.bias.detach().cpu())
+            std = getattr(model.config, "initializer_range", 0.02)
+            head.weight.copy_(base.weight.detach().float().cpu() + std * torch.randn(head.weight.shape, generator=g))
+            head.bias.copy_(torch.zeros(base.out_features) if base.bias is None else base.bias.detach().float().cpu())
         opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
         for _ in range(epochs):
             order = torch.randperm(len(x), generator=g)

@@ -71,7 +71,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="add MC Dropout of the model NAME (repeatable)")
     p.add_argument("--mc-samples", type=int, default=10, help="MC Dropout samples (default 10)")
     p.add_argument("--deep-ensemble", default=None, metavar="NAME",
-                   help="add Deep Ensembles (D): 3 classifier heads trained on NAME's frozen features (needs --train-data)")
+                   help="add Deep Ensembles (D): 3 classifier heads trained on NAME's frozen features (needs --train-data; "
+                   "NAME: a single stock classifier of any family)")
     p.add_argument("--ensemble-size", type=int, default=3, help="heads of Deep Ensembles (D) (default 3)")
     p.add_argument("--temperature-scaling", action="store_true",
                    help="add a temperature-scaled copy of every model, fitted on --val-data")
@@ -193,6 +194,8 @@ def _check_zero_shot_options(args: argparse.Namespace, models: dict[str, str], f
 
 def _classifier_setup(args: argparse.Namespace, models: dict[str, str]) -> _Setup:
     """Predictors and loaders of classifier folders (text or image), each with its own head."""
+    if args.deep_ensemble:
+        ev.check_deep_ensemble_model(models[args.deep_ensemble], args.deep_ensemble)
     loaded = {name: ev.load_classifier(path, trust_remote_code=args.trust_remote_code) for name, path in models.items()}
     modalities = {m for _, _, m in loaded.values()}
     if len(modalities) != 1:
