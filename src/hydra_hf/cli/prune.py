@@ -201,7 +201,8 @@ def _load_target(args: argparse.Namespace) -> PruningTarget:
                 f"--model {args.model!r} needs its tokenizer and image processor for zero-shot pruning "
                 f"(save them with CLIPProcessor.save_pretrained): {exc}"
             ) from None
-        tokenize = lambda p: dict(tokenizer(p, return_tensors="pt", **family.prompt_tokenizer_kwargs))  # noqa: E731
+        prompt_kwargs = family.prompt_tokenizer_kwargs_for(model.config)
+        tokenize = lambda p: dict(tokenizer(p, return_tensors="pt", **prompt_kwargs))  # noqa: E731
         tokens, names = _clip_text_inputs(family.name, tokenize, args)
         adapter = get_adapter(model, class_text_inputs={k: tokens[k] for k in ("input_ids", "attention_mask") if k in tokens})
         transform = lambda image: image_processor(image, return_tensors="pt")["pixel_values"][0]  # noqa: E731

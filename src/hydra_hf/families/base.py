@@ -211,6 +211,11 @@ class Family(ABC):
         transformers model whose ``config.model_type`` is one of :attr:`model_types`."""
         return getattr(getattr(model, "config", None), "model_type", None) in self.model_types
 
+    def prompt_tokenizer_kwargs_for(self, config: Any) -> dict[str, Any]:
+        """Zero-shot families: the tokenizer arguments for the class prompts of a model with ``config``
+        (stock or Hydra), ``prompt_tokenizer_kwargs`` by default."""
+        return dict(self.prompt_tokenizer_kwargs)
+
     @abstractmethod
     def adapter(self, model: nn.Module, *, class_text_inputs: Any = None) -> ModelAdapter:
         """Where ``model`` keeps its attention heads and how it computes logits (for pruning)."""
