@@ -46,6 +46,12 @@ def test_siglip_prompts_are_padded_to_the_text_towers_positions(tmp_path):
     model.save_pretrained(folder)
     SiglipImageProcessor(size={"height": SIZE, "width": SIZE}).save_pretrained(folder)
     write_tiny_tokenizer(folder)
+    images = _image_folder(tmp_path / "images")
+    code, _, err = run_cli(["prune", "--model", str(folder), "--method", "taylor", "--members", "1",
+                            "--heads-per-layer", "2", "--id-data", str(images), "--class-names", "cat,dog",
+                            "--no-progress", "--output", str(tmp_path / "masks.json")])  # fmt: skip
+    assert code == 0, err
+    assert json.loads((tmp_path / "masks.json").read_text())["format"] == "hydra-head-masks"
     family = get_family("siglip")
     assert family.prompt_tokenizer_kwargs_for(model.config)["max_length"] == 16
     assert family.prompt_tokenizer_kwargs_for(SiglipConfig())["max_length"] == 64
@@ -55,9 +61,3 @@ def test_siglip_prompts_are_padded_to_the_text_towers_positions(tmp_path):
     with torch.no_grad():
         out = loaded.model(input_ids=tokens["input_ids"], pixel_values=torch.zeros(1, 3, SIZE, SIZE))
     assert torch.isfinite(out.logits_per_image).all()
-    images = _image_folder(tmp_path / "images")
-    code, _, err = run_cli(["prune", "--model", str(folder), "--method", "taylor", "--members", "1",
-                            "--heads-per-layer", "2", "--id-data", str(images), "--class-names", "cat,dog",
-                            "--no-progress", "--output", str(tmp_path / "masks.json")])  # fmt: skip
-    assert code == 0, err
-    assert json.loads((tmp_path / "masks.json").read_text())["format"] == "hydra-head-masks"
