@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from _hostile import assert_one_line_error, run_cli
+from _tiny_decoders import save_gpt2
 from conftest import write_tiny_tokenizer
 from PIL import Image
 from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
@@ -32,20 +33,26 @@ def _image_folder(root: Path) -> Path:
     return root
 
 
-def test_siglip_prompts_are_padded_to_the_text_towers_positions(tmp_path):
-    """A SigLIP text tower of 16 positions: prompts are padded to 16 tokens (not 64, past its positions) and
-    prune --class-names runs; a tower of 64 or more positions keeps SigLIP's 64."""
+def _siglip(folder: Path, positions: int = 16) -> SiglipModel:
+    """A tiny SigLIP whose text tower has ``positions`` positions, saved with its tokenizer and processor."""
     torch.manual_seed(0)
     model = SiglipModel(SiglipConfig(
         text_config=dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=64, max_position_embeddings=16),
+                         intermediate_size=64, max_position_embeddings=positions),
         vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                            image_size=SIZE, patch_size=8),
     )).eval()  # fmt: skip
-    folder = tmp_path / "siglip"
     model.save_pretrained(folder)
     SiglipImageProcessor(size={"height": SIZE, "width": SIZE}).save_pretrained(folder)
     write_tiny_tokenizer(folder)
+    return model
+
+
+def test_siglip_prompts_are_padded_to_the_text_towers_positions(tmp_path):
+    """A SigLIP text tower of 16 positions: prompts are padded to 16 tokens (not 64, past its positions) and
+    prune --class-names runs; a tower of 64 or more positions keeps SigLIP's 64."""
+    folder = tmp_path / "siglip"
+    model = _siglip(folder)
     images = _image_folder(tmp_path / "images")
     code, _, err = run_cli(["prune", "--model", str(folder), "--method", "taylor", "--members", "1",
                             "--heads-per-layer", "2", "--id-data", str(images), "--class-names", "cat,dog",
@@ -61,3 +68,54 @@ def test_siglip_prompts_are_padded_to_the_text_towers_positions(tmp_path):
     with torch.no_grad():
         out = loaded.model(input_ids=tokens["input_ids"], pixel_values=torch.zeros(1, 3, SIZE, SIZE))
     assert torch.isfinite(out.logits_per_image).all()
+
+
+def test_prune_checks_its_data_before_loading_the_model_and_reads_a_txt_file(tmp_path):
+    """A missing --id-data is named before the model is read (the model's weights here are not even a
+    safetensors file); a .txt file of one text per line prunes a causal LM to the masks the same texts give
+    as a .jsonl file."""
+    base = save_gpt2(tmp_path / "gpt2", head="LMHeadModel")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in os.listdir(base):
+        (broken / name).write_bytes((base / name).read_bytes())
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    for missing in ("--id-data", "--ood-data"):
+        data = {"--id-data": str(tmp_path / "id.jsonl"), "--ood-data": str(tmp_path / "ood.jsonl")}
+        (tmp_path / "id.jsonl").write_text('{"text": "the movie"}\n')
+        (tmp_path / "ood.jsonl").write_text('{"text": "a plot"}\n')
+        data[missing] = str(tmp_path / "missing.jsonl")
+        code, _, err = run_cli(["prune", "--model", str(broken), "--method", "circuit-avg", "--members", "1",
+                                "--heads-per-layer", "2", "--id-data", data["--id-data"], "--ood-data",
+                                data["--ood-data"], "--output", str(tmp_path / "m.json")])  # fmt: skip
+        assert code == 2 and "missing.jsonl' does not exist" in assert_one_line_error(err)
+    texts = ["the movie was good fun", "a plot it was boring", "bad actor awful film", "great fun the movie"] * 2
+    (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
+    (tmp_path / "texts.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in texts))
+    kept = {}
+    for suffix in ("txt", "jsonl"):
+        code, _, err = run_cli(["prune", "--model", str(base), "--method", "taylor", "--members", "1",
+                                "--heads-per-layer", "2", "--id-data", str(tmp_path / f"texts.{suffix}"),
+                                "--no-progress", "--output", str(tmp_path / f"{suffix}.json")])  # fmt: skip
+        assert code == 0, err
+        kept[suffix] = json.loads((tmp_path / f"{suffix}.json").read_text())["members"][0]["kept_heads"]
+    assert kept["txt"] == kept["jsonl"]
+
+
+def test_evaluate_names_a_missing_model_before_anything_else(tmp_path):
+    """A missing --model beside a zero-shot baseline: "does not exist", not "--model is a classifier"; a missing
+    baseline and missing data the same, before any model is loaded."""
+    _siglip(tmp_path / "siglip")
+    images = _image_folder(tmp_path / "images")
+    common = ["--id-data", str(images), "--ood-data", str(images), "--report", str(tmp_path / "report")]
+    code, _, err = run_cli(["evaluate", "--model", str(tmp_path / "missing"), "--baseline",
+                            f"Single={tmp_path / 'siglip'}", *common])  # fmt: skip
+    line = assert_one_line_error(err)
+    assert code == 2 and "--model" in line and "missing' does not exist" in line and "classifier" not in line
+    code, _, err = run_cli(["evaluate", "--model", str(tmp_path / "siglip"), "--baseline",
+                            f"Other={tmp_path / 'gone'}", *common])  # fmt: skip
+    assert code == 2 and "--baseline Other=" in assert_one_line_error(err) and "gone' does not exist" in err
+    code, _, err = run_cli(["evaluate", "--model", str(tmp_path / "siglip"), "--id-data", str(images), "--ood-data",
+                            f"far={tmp_path / 'nothing.jsonl'}", "--report", str(tmp_path / "report")])  # fmt: skip
+    assert code == 2 and "nothing.jsonl' does not exist" in assert_one_line_error(err)
+    assert not (tmp_path / "report").exists()

@@ -29,7 +29,7 @@ from typing import Any
 from .. import distributed, evaluation as ev
 import torch
 
-from ..data import parse_spec, resolve_dataset
+from ..data import check_data_spec, parse_spec, resolve_dataset
 from ..lm_evaluation import evaluate_causal_lm, load_causal_lm, write_causal_lm_report
 from ..lm_metrics import SEQUENCE_SCORES
 from ..metrics import OOD_SCORES
@@ -152,6 +152,14 @@ def _check_models(args: argparse.Namespace) -> tuple[dict[str, str], list[tuple[
         if name in models:
             raise ValueError(f"--baseline name {name!r} is used twice")
         models[name] = path
+    for name, path in models.items():  # before any message that reads what kind of model a folder is
+        if not os.path.exists(path):
+            flag = "--model" if name == args.name else f"--baseline {name}="
+            raise FileNotFoundError(f"{flag}{'' if flag.endswith('=') else ' '}{path!r} does not exist; give a model folder "
+                                    "(hydra-hf convert's output, a stock checkpoint or an ONNX export)")
+    for spec in [args.id_data, *args.ood_data, args.train_data, args.val_data]:  # the data, before any model
+        if spec:
+            check_data_spec(_named(spec, "")[1])
     for name in args.mc_dropout + ([args.deep_ensemble] if args.deep_ensemble else []):
         if name not in models:
             raise ValueError(f"{name!r} is not a model of this run; known: {sorted(models)}")

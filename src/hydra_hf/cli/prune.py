@@ -52,6 +52,7 @@ from typing import Any
 from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
 
 from ..convert.io import from_pretrained
+from ..data import check_data_spec
 from ..errors import HydraUnsafeError
 from ..families import detect_family, get_adapter
 from ..masks import load_masks
@@ -224,6 +225,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size is not None and args.batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
     _check_source(args)
+    for spec in [s for s in (args.id_data, args.ood_data) if s]:  # the data files, before the model is loaded
+        check_data_spec(spec)
     include = load_masks(args.include_masks) if args.include_masks else None
 
     target = _load_target(args)
