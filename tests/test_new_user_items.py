@@ -17,7 +17,9 @@ from conftest import write_tiny_tokenizer
 from PIL import Image
 from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
 
+from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.families import get_family
+from hydra_hf.masks import HeadMasks
 from hydra_hf.zero_shot import load_zero_shot_model
 
 SIZE = 32
@@ -119,3 +121,38 @@ def test_evaluate_names_a_missing_model_before_anything_else(tmp_path):
                             f"far={tmp_path / 'nothing.jsonl'}", "--report", str(tmp_path / "report")])  # fmt: skip
     assert code == 2 and "nothing.jsonl' does not exist" in assert_one_line_error(err)
     assert not (tmp_path / "report").exists()
+
+
+def test_output_folders_and_model_safetensors_get_the_umask_permissions(tmp_path):
+    """model.safetensors (written 0o600 by safetensors) and every other file of a converted folder are 0o666 less
+    the umask, under two umasks (every command's output folder goes through the same writer)."""
+    base = save_gpt2(tmp_path / "gpt2", head="LMHeadModel")
+    masks = tmp_path / "masks.json"
+    masks.write_text(json.dumps({"format": "hydra-head-masks", "version": 1, "num_layers": 2, "num_heads": 4,
+                                 "members": [{"kept_heads": [[0, 1], [2]]}, {"kept_heads": [[2, 3], [0, 1]]}]}))
+    for umask in (0o022, 0o007):
+        old = os.umask(umask)
+        try:
+            out = tmp_path / f"hydra-{umask:o}"
+            code, _, err = run_cli(["convert", "--base", str(base), "--masks", str(masks), "--output", str(out)])
+        finally:
+            os.umask(old)
+        assert code == 0, err
+        modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()}
+        assert modes["model.safetensors"] == 0o666 & ~umask
+        assert set(modes.values()) == {0o666 & ~umask}, modes
+
+
+def test_identical_members_are_warned_about(tmp_path, caplog):
+    """Two members keeping the same heads (Jaccard 1.0) fused from one base: one model counted twice, a warning
+    naming them; different heads, none."""
+    base = save_gpt2(tmp_path / "gpt2", head="LMHeadModel")
+    same = HeadMasks(kept_heads=[[[0, 1], [2]], [[0, 1], [2]], [[1], [3]]], num_heads=4)
+    assert same.identical_members() == [(0, 1)]
+    with caplog.at_level("WARNING"):
+        convert_checkpoint(same, base=base)
+    assert "members 0 and 1 of the masks keep the same heads (Jaccard 1.0)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        convert_checkpoint(HeadMasks(kept_heads=[[[0, 1], [2]], [[1], [3]]], num_heads=4), base=base)
+    assert "Jaccard 1.0" not in caplog.text
