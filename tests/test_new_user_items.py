@@ -18,6 +18,7 @@ from PIL import Image
 from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
 
 from hydra_hf.assemble import convert_checkpoint
+from hydra_hf.cli import LONG_COMMANDS, build_parser
 from hydra_hf.families import get_family
 from hydra_hf.masks import HeadMasks
 from hydra_hf.zero_shot import load_zero_shot_model
@@ -156,3 +157,26 @@ def test_identical_members_are_warned_about(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         convert_checkpoint(HeadMasks(kept_heads=[[[0, 1], [2]], [[1], [3]]], num_heads=4), base=base)
     assert "Jaccard 1.0" not in caplog.text
+
+
+def test_no_progress_on_every_long_command(tmp_path):
+    """Every command that loads models or data takes --no-progress; with it, convert and evaluate write no
+    progress bar (transformers' weight writing, datasets' preparation, hydra-hf's evaluation), without it they do."""
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    assert all("--no-progress" in commands[name]._option_string_actions for name in LONG_COMMANDS)
+    base = save_gpt2(tmp_path / "gpt2", head="LMHeadModel")
+    masks = tmp_path / "masks.json"
+    masks.write_text(json.dumps({"format": "hydra-head-masks", "version": 1, "num_layers": 2, "num_heads": 4,
+                                 "members": [{"kept_heads": [[0, 1], [2]]}, {"kept_heads": [[2, 3], [0, 1]]}]}))
+    (tmp_path / "id.jsonl").write_text("\n".join(json.dumps({"text": "the movie was good fun " * (i + 1)}) for i in range(4)))
+    bars = {}
+    for flag in ([], ["--no-progress"]):
+        out = tmp_path / f"hydra{len(flag)}"
+        code, _, err = run_cli(["convert", "--base", str(base), "--masks", str(masks), "--output", str(out), *flag])
+        assert code == 0, err
+        code, _, err2 = run_cli(["evaluate", "--model", str(out), "--id-data", str(tmp_path / "id.jsonl"), "--ood-data",
+                                 str(tmp_path / "id.jsonl"), "--report", str(tmp_path / f"report{len(flag)}"), *flag])
+        assert code == 0, err2
+        bars[bool(flag)] = [line for line in (err + err2).splitlines() if "%|" in line]
+    assert bars[False] and not bars[True], bars[True]

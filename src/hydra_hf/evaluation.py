@@ -57,6 +57,7 @@ from .convert.io import check_remote_code, checkpoint_dir, from_pretrained, read
 from .data import make_image_loader, make_text_loader
 from .families import families, family_of_config
 from .onnx.runtime import OnnxHydraModel, is_onnx_export, load_preprocessor
+from .progress import progress_bars
 from .report import write_report
 
 logger = logging.getLogger(__name__)
@@ -485,7 +486,8 @@ def predict(predictor: Predictor, loader: Iterable, desc: str = "predict") -> Pr
     part = getattr(loader, "hydra_batches", None)
     predictor.begin_pass(part.first_batch if part else 0, part.total_batches if part else len(loader))
     outs, labels = [], []
-    for batch in tqdm(loader, desc=desc, leave=False, disable=not distributed.process_info().is_main):
+    shown = progress_bars() and distributed.process_info().is_main
+    for batch in tqdm(loader, desc=desc, leave=False, disable=not shown):
         outs.append(predictor.member_logits(batch).float().cpu())
         if "labels" in batch:
             labels.append(batch["labels"].cpu())
@@ -541,7 +543,7 @@ def train_ensemble_heads(
     with torch.inference_mode():
         model.eval()
         for batch in tqdm(train_loader, desc="features for ensemble heads", leave=False,
-                          disable=not distributed.process_info().is_main):
+                          disable=not (progress_bars() and distributed.process_info().is_main)):
             feats.append(pooled_features(model, batch).float().cpu())
             labels.append(batch["labels"].cpu())
     x, y = (torch.cat(feats) if feats else None), (torch.cat(labels) if labels else None)

@@ -36,6 +36,7 @@ from . import lm_metrics, metrics
 from .convert.io import checkpoint_dir, from_pretrained, read_config
 from .errors import HydraInputError
 from .evaluation import max_text_positions, recipe_of
+from .progress import progress_bars
 from .pruning.members import is_causal_lm_config, is_causal_lm_folder
 from .report import render_markdown_table, write_report
 
@@ -212,7 +213,7 @@ def run_causal_lm(
     was_training = model.training
     model.eval()
     try:
-        for batch in tqdm(batches, desc=f"causal LM: {name}", disable=not progress, leave=False):
+        for batch in tqdm(batches, desc=f"causal LM: {name}", disable=not (progress and progress_bars()), leave=False):
             input_ids, attention_mask = _prepare(batch, name, device)
             logits = causal_lm_member_logits(model, input_ids, attention_mask)
             accumulator.update(*lm_metrics.shift_for_next_token(logits, input_ids, attention_mask))
