@@ -15,7 +15,18 @@ from _hostile import assert_one_line_error, run_cli
 from _tiny_decoders import save_gpt2
 from conftest import write_tiny_tokenizer
 from PIL import Image
-from transformers import SiglipConfig, SiglipImageProcessor, SiglipModel
+from transformers import (
+    CLIPConfig,
+    CLIPImageProcessor,
+    CLIPModel,
+    SiglipConfig,
+    SiglipImageProcessor,
+    SiglipModel,
+    ViTConfig,
+    ViTForImageClassification,
+    ViTImageProcessor,
+    pipeline,
+)
 
 from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.cli import LONG_COMMANDS, build_parser
@@ -180,3 +191,44 @@ def test_no_progress_on_every_long_command(tmp_path):
         assert code == 0, err2
         bars[bool(flag)] = [line for line in (err + err2).splitlines() if "%|" in line]
     assert bars[False] and not bars[True], bars[True]
+
+
+def _close(a, b) -> bool:
+    """Two pipeline results equal, numbers to 1e-6 (a padded batch rounds differently)."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return abs(a - b) <= 1e-6
+    return a == b
+
+
+def test_the_image_pipelines_batch(tmp_path):
+    """hydra-image-classification and hydra-zero-shot-image-classification with batch_size=2 give the results
+    of one image at a time (the text pipelines: tests/test_pipeline_uncertainty.py, tests/test_decoder_edges.py)."""
+    torch.manual_seed(0)
+    vit = ViTForImageClassification(ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                              intermediate_size=64, image_size=16, patch_size=8, num_labels=3))
+    vit.eval().save_pretrained(tmp_path / "vit")
+    ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(tmp_path / "vit")
+    kept = [[[0, 1], [2]], [[2, 3], [0, 1]]]
+    convert_checkpoint(HeadMasks(kept_heads=kept, num_heads=4), base=tmp_path / "vit", output_dir=tmp_path / "hvit")
+    g = torch.Generator().manual_seed(1)
+    images = [Image.fromarray(torch.randint(0, 256, (16, 16, 3), generator=g, dtype=torch.uint8).numpy()) for _ in range(3)]
+    pipe = pipeline("hydra-image-classification", model=str(tmp_path / "hvit"), trust_remote_code=True)
+    assert _close(pipe(images), pipe(images, batch_size=2))
+    tower = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    CLIPModel(CLIPConfig(text_config=dict(vocab_size=99, max_position_embeddings=32, **tower),
+                         vision_config=dict(image_size=16, patch_size=8, **tower))).eval().save_pretrained(tmp_path / "clip")
+    CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}).save_pretrained(tmp_path / "clip")
+    write_tiny_tokenizer(tmp_path / "clip")
+    towers = {t: HeadMasks(kept_heads=kept, num_heads=4) for t in ("vision", "text")}
+    convert_checkpoint(HeadMasks(towers=towers), base=tmp_path / "clip", output_dir=tmp_path / "hclip")
+    pipe = pipeline("hydra-zero-shot-image-classification", model=str(tmp_path / "hclip"), trust_remote_code=True)
+    one = pipe(images, candidate_labels=["cat", "dog"])
+    batched = pipe(images, candidate_labels=["cat", "dog"], batch_size=2)
+    assert len(one) == len(batched) == 3
+    for a, b in zip(one, batched):  # by label: near-tied scores may swap the order
+        assert _close({s["label"]: s["score"] for s in a["scores"]}, {s["label"]: s["score"] for s in b["scores"]})
+        assert _close(a["uncertainty"], b["uncertainty"]) and _close(a["member_scores"], b["member_scores"])
