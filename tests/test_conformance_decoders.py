@@ -17,7 +17,13 @@ checkpointing recomputes every layer (and the cache is off while training); ``to
 (causal LM without the cache; classifier); bfloat16 loading; ``generate()`` with and without the cache give
 the same tokens (greedy, beam search, from ``inputs_embeds``), ``logits_to_keep``; ``generation_config`` takes
 the base's defaults and its ``generation_config.json``; transformers' ``Trainer`` runs a step, and gradient
-accumulation gives the update of one big batch; one member keeping every head has the stock model's loss.
+accumulation gives the update of one big batch; one member keeping every head has the stock model's loss;
+``shift_labels`` are the targets as given; the configs build without arguments; the cache is ``cache`` in and out
+(``past_key_values`` renamed with transformers' FutureWarning, as the stock decoders).
+
+transformers' own ``GenerationTesterMixin`` / ``CausalLMModelTest`` / ``ModelTesterMixin`` live in its
+repository's ``tests/`` folder, which the installed wheel does not ship (``transformers.tests`` is not
+importable): this file checks what they check that applies to a fused ensemble.
 
 Cost: about 20 s (``torch.export`` and the Trainer runs on the ``unequal`` layout only).
 """
@@ -545,3 +551,63 @@ def test_one_member_with_every_head_has_the_stock_models_loss(family, tmp_path):
         for extra in ({}, {"num_items_in_batch": torch.tensor(40)}):
             want = stock(**batch, labels=labels, **extra).loss
             torch.testing.assert_close(model(**batch, labels=labels, **extra).loss, want, atol=1e-5, rtol=0)
+
+
+# -------------------------------------------------------------- transformers' contract: loss, config, cache
+@pytest.mark.parametrize("family, task, layout", LM_CASES)
+def test_shift_labels_are_the_targets_as_given(family, task, layout, store):
+    """``shift_labels`` (what the Trainer passes under sequence or context parallelism) are used as given, as
+    transformers' ``ForCausalLMLoss`` uses them: the loss is the members' mean of that loss on their own logits;
+    shifted by hand they give the loss of ``labels``; other targets give another loss."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    model = _model(store, family, task, layout)
+    batch = _inputs()
+    labels = _labels(task, batch)
+    shifted = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100)  # position t's next token
+    other = shifted.roll(1, dims=0)
+    with torch.no_grad():
+        out = model(**batch, labels=labels)
+        given = model(**batch, labels=labels, shift_labels=shifted).loss
+        moved = model(**batch, labels=labels, shift_labels=other)
+    V = out.member_logits.shape[-1]
+    members = [ForCausalLMLoss(moved.member_logits[:, m].contiguous(), labels, V, shift_labels=other)
+               for m in range(len(LAYOUTS[layout]))]
+    torch.testing.assert_close(moved.loss, torch.stack(members).mean(), atol=ATOL, rtol=0)
+    torch.testing.assert_close(given, out.loss, atol=ATOL, rtol=0)
+    assert (moved.loss - out.loss).abs() > 1e-3
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_config_constructs_without_arguments(family, store, tmp_path):
+    """As transformers' ``ConfigTester`` (``check_config_can_be_init_without_params``, save / load): the family's
+    config class builds with no argument (an empty shell, no base yet) and survives a save / load round trip."""
+    config_class = type(store(family, "causal_lm", "single")[0].config)
+    config = config_class()
+    assert config.base_config == {} and config.kept_heads == [] and not hasattr(config, "head_dim")
+    config.save_pretrained(tmp_path)
+    assert config_class.from_pretrained(tmp_path).to_dict() == config.to_dict()
+
+
+@pytest.mark.parametrize("family, task, layout", LM_CASES)
+def test_the_cache_is_named_cache_in_and_out(family, task, layout, store):
+    """transformers 5.24's name: ``cache=`` in, ``out.cache`` out (what ``generate()`` passes and reads); the older
+    ``past_key_values=`` gives the same numbers with the FutureWarning the stock decoders give."""
+    model = _model(store, family, task, layout)
+    batch = _inputs()
+    head = {k: v[:, :6] for k, v in batch.items()}
+    tail = {"input_ids": batch["input_ids"][:, 6:], "position_ids": batch["position_ids"][:, 6:],
+            "attention_mask": batch["attention_mask"]}  # fmt: skip
+    with torch.no_grad():
+        first = model(**head, use_cache=True)
+        assert "cache" in first.keys() and "past_key_values" not in first.keys()
+        new = model(**tail, cache=copy.deepcopy(first.cache), use_cache=True)
+        with pytest.warns(FutureWarning, match="`past_key_values` is deprecated"):
+            old = model(**tail, past_key_values=copy.deepcopy(first.cache), use_cache=True)
+        assert new.cache.get_seq_length() == old.cache.get_seq_length() == 9
+        torch.testing.assert_close(old.member_logits, new.member_logits, atol=0, rtol=0)
+        full = model(**batch, use_cache=False).member_logits[:, :, 6:]
+        torch.testing.assert_close(new.member_logits, full, atol=ATOL, rtol=0)
+        stock = stock_model(family, "causal_lm", 0).eval()  # the control: transformers' own decoder
+        with pytest.warns(FutureWarning, match="`past_key_values` is deprecated"):
+            stock(**tail, past_key_values=stock(**head, use_cache=True).cache, use_cache=True)

@@ -129,7 +129,7 @@ def test_causal_lm_equals_stock_with_removed_heads_zeroed_with_and_without_cache
         assert first.cache is cache and cache.get_seq_length() == 6
         second = model(input_ids=ids[:, 6:8], attention_mask=mask[:, :8], position_ids=pos[:, 6:8], cache=cache,
                        use_cache=True)  # fmt: skip
-        third = model(input_ids=ids[:, 8:], attention_mask=mask, position_ids=pos[:, 8:], past_key_values=cache,
+        third = model(input_ids=ids[:, 8:], attention_mask=mask, position_ids=pos[:, 8:], cache=cache,
                       use_cache=True, logits_to_keep=1)  # fmt: skip
         assert cache.get_seq_length() == 9 and third.member_logits.shape == (3, len(KEPT), 1, V)
         stepped = torch.cat([first.member_logits, second.member_logits, third.member_logits], dim=2)

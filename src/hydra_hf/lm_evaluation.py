@@ -35,6 +35,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from . import lm_metrics, metrics
 from .convert.io import checkpoint_dir, from_pretrained, read_config
 from .errors import HydraInputError
+from .evaluation import max_text_positions, recipe_of
+from .progress import progress_bars
 from .pruning.members import is_causal_lm_config, is_causal_lm_folder
 from .report import render_markdown_table, write_report
 
@@ -211,7 +213,7 @@ def run_causal_lm(
     was_training = model.training
     model.eval()
     try:
-        for batch in tqdm(batches, desc=f"causal LM: {name}", disable=not progress, leave=False):
+        for batch in tqdm(batches, desc=f"causal LM: {name}", disable=not (progress and progress_bars()), leave=False):
             input_ids, attention_mask = _prepare(batch, name, device)
             logits = causal_lm_member_logits(model, input_ids, attention_mask)
             accumulator.update(*lm_metrics.shift_for_next_token(logits, input_ids, attention_mask))
@@ -255,7 +257,8 @@ def evaluate_causal_lm(
         data: the in-distribution set: texts (with ``tokenizer``), token-id sequences, or an iterable
             of batches (mappings with ``input_ids`` and ``attention_mask``, right or left padded, or
             ``(B, T)`` id tensors). Texts and id sequences are truncated to ``max_length`` tokens and
-            batched ``batch_size`` at a time; those with fewer than 2 tokens are left out.
+            batched ``batch_size`` at a time (``max_length`` at most the model's positions, e.g. GPT-2's
+            ``n_positions``); those with fewer than 2 tokens are left out.
         ood: named OOD sets, each in one of the forms of ``data``.
         batch_size: sequences per forward pass for texts / id lists. The model's own output, ``B x M x
             T x V`` logits, is the largest tensor of a pass (the metrics add a few chunks of
@@ -268,7 +271,8 @@ def evaluate_causal_lm(
         ``{"perplexity", "nll", "accuracy", "ece", "msp", "predictive_entropy", "expected_entropy",
         "mutual_information", "disagreement", "num_tokens", "num_sequences", "num_members", "n_bins",
         "ood": {name: {the same token numbers on that set, "scores": {score: {"auroc", "fpr95",
-        "aupr_in", "aupr_out"}}}}}``: every number a python float or int. The ID numbers are over all
+        "aupr_in", "aupr_out"}}}}}``: every number a python float or int; with a model config, ``"recipe"``
+        (:func:`hydra_hf.evaluation.recipe_of`). The ID numbers are over all
         valid ID tokens pooled. The scores (:data:`hydra_hf.lm_metrics.SEQUENCE_SCORES`, higher = more
         ID, ID the positive class) are the mean MSP, the negative mean predictive entropy, the
         negative mean mutual information (``M > 1`` only) and the mean token log-likelihood of each
@@ -278,12 +282,20 @@ def evaluate_causal_lm(
     ood = dict(ood or {})
     if "id" in ood:
         raise ValueError("an OOD set is named 'id', which names the ID set in the report; rename it")
+    limit = max_text_positions(getattr(model, "config", None))
+    if limit is not None and max_length > limit:  # longer texts would index past the position embeddings
+        logger.info("max_length %d is more than the model's %d positions: texts are truncated to %d tokens",
+                    max_length, limit, limit)
+        max_length = limit
     runs = {}
     for name, value in [("id", data), *ood.items()]:
         batches = _as_batches(value, name, tokenizer, max_length, batch_size)
         runs[name] = run_causal_lm(model, batches, name=name, device=device, progress=progress, chunk_elements=chunk_elements)
     id_run = runs["id"]
     report: dict[str, Any] = {**id_run.summary(n_bins), "n_bins": n_bins, "ood": {}}
+    recipe = recipe_of(model)
+    if recipe is not None:
+        report["recipe"] = recipe
     logger.info("ID: perplexity %.4g, next-token accuracy %.4f, ECE %.4f over %d tokens of %d sequences (M=%d)",
                 report["perplexity"], report["accuracy"], report["ece"], report["num_tokens"], report["num_sequences"],
                 report["num_members"])
@@ -350,8 +362,9 @@ def causal_lm_rows(
     ``nll``, ``accuracy`` (next token), ``ece``, ``msp``, ``mutual_information``, ``members``,
     ``num_tokens``, per OOD set ``"<set>/perplexity"`` and ``"<set>/auroc"`` ... of the sequence score
     ``score`` (:data:`hydra_hf.lm_metrics.SEQUENCE_SCORES`; a model without it, e.g. mutual information
-    of one model, leaves the cells empty), ``params_m`` when ``params`` gives the parameter count and ``compute_x``
-    (multiply-adds per token relative to the Single, :mod:`hydra_hf.cost`) when ``compute`` gives it."""
+    of one model, leaves the cells empty), ``params_m`` when ``params`` gives the parameter count, ``compute_x``
+    (multiply-adds per token relative to the Single, :mod:`hydra_hf.cost`) when ``compute`` gives it, and the
+    report's ``recipe`` (:func:`hydra_hf.evaluation.recipe_of`)."""
     if score not in lm_metrics.SEQUENCE_SCORES:
         raise ValueError(f"unknown sequence score {score!r}; choose one of {list(lm_metrics.SEQUENCE_SCORES)}")
     rows = []
@@ -369,6 +382,8 @@ def causal_lm_rows(
             row["params_m"] = params[name] / 1e6
         if compute and name in compute:
             row["compute_x"] = compute[name]
+        if isinstance(report.get("recipe"), str):
+            row["recipe"] = report["recipe"]
         rows.append(row)
     return rows
 

@@ -426,6 +426,12 @@ class HeadMasks:
             out[i, j] = out[j, i] = len(sets[i] & sets[j]) / union if union else 1.0
         return out
 
+    def identical_members(self) -> list[tuple[int, int]]:
+        """The pairs ``(i, j)``, ``i < j``, of members that keep exactly the same heads (Jaccard 1.0): built from
+        one base checkpoint they are one model counted twice."""
+        jac = self.jaccard()
+        return [(i, j) for i, j in itertools.combinations(range(self.num_members), 2) if jac[i, j] == 1.0]
+
     def summary(self) -> str:
         """Human-readable lines: heads kept per member and the pairwise Jaccard overlap, per tower
         (named towers: ``[name]`` before each) and, with several towers, over all of them."""

@@ -451,6 +451,23 @@ def make_temporary(output: str | os.PathLike) -> Path:
     return tmp
 
 
+def current_umask() -> int:
+    """The process's umask (read by setting it and setting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def with_umask_permissions(folder: Path) -> None:
+    """Give every file under ``folder`` that its writer created private (``mkstemp``'s 0o600: safetensors'
+    ``save_file``, so every ``model.safetensors``) the permissions the user's umask gives a new file
+    (0o666 less the umask), as every other output file has."""
+    mode = 0o666 & ~current_umask()
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_mode & 0o777 == 0o600 and mode != 0o600:
+            path.chmod(mode)
+
+
 def write_output_folder(
     output: str | os.PathLike,
     write: Callable[[Path], None],
@@ -473,6 +490,7 @@ def write_output_folder(
         tmp = make_temporary(out)
         try:
             write(tmp)
+            with_umask_permissions(tmp)
             (tmp / _TEMP_SENTINEL).unlink()
             write_marker(tmp, command)
             if out.exists():

@@ -357,7 +357,13 @@ def _same_run(reports: Sequence[Mapping[str, Any]]) -> None:
             raise ValueError(f"the reports were run with different {key} ({[s[key] for s in settings]}); "
                              "aggregate the seeds of one pipeline only")
     for i, row in enumerate(reports[0]["rows"]):
-        sizes = [r["rows"][i].get("params_m") for r in reports]
+        recipes = [r["rows"][i].get("recipe") for r in reports]
+        if all(isinstance(v, str) for v in recipes):  # what identifies a recipe (evaluate writes it)
+            if len(set(recipes)) > 1:
+                raise ValueError(f"{row.get('method')!r} is {sorted(set(recipes))} across the reports: other models "
+                                 "under one name; aggregate the seeds of one pipeline only")
+            continue
+        sizes = [r["rows"][i].get("params_m") for r in reports]  # reports without a recipe: the parameter count
         if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in sizes) and \
                 max(sizes) - min(sizes) > 1e-6 * max(abs(v) for v in sizes):
             raise ValueError(f"{row.get('method')!r} has {sizes} M parameters across the reports: other models under "

@@ -156,7 +156,8 @@ class ZeroShotModel:
         model: the model in eval mode (a Hydra CLIP / SigLIP, a transformers ``CLIPModel`` /
             ``SiglipModel`` or an open_clip ``CLIP``).
         family: its family's name (``clip``, ``siglip``, ``open_clip``).
-        tokenize: class prompts -> text-tower inputs, as its family tokenizes them (SigLIP pads to 64).
+        tokenize: class prompts -> text-tower inputs, as its family tokenizes them (SigLIP pads to 64, or to its
+            text tower's positions when fewer).
         image_processor: its transformers image processor (None for an open_clip folder).
         transform: one PIL image -> ``(3, H, W)`` pixel values.
     """
@@ -200,7 +201,7 @@ def load_zero_shot_model(path: str | os.PathLike, *, trust_remote_code: bool = F
             f"{str(path)!r} needs its tokenizer and image processor for zero-shot prompts (save them with "
             f"CLIPProcessor / SiglipProcessor.save_pretrained into the folder): {str(exc).splitlines()[0][:160]}"
         ) from None
-    kwargs = dict(family.prompt_tokenizer_kwargs)
+    kwargs = family.prompt_tokenizer_kwargs_for(model.config)
 
     def tokenize(prompts: list[str]) -> Any:  # as transformers' zero-shot pipeline tokenizes them
         return tokenizer(prompts, return_tensors="pt", **kwargs)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HydraError, one_line
+from ..progress import set_progress_bars
 from ..version import __version__
 
 PROG = "hydra-hf"
@@ -34,6 +35,8 @@ DESCRIPTION = (
 # the package so that `--help` and `--version` need no torch) prints a copy of this top level;
 # tests/test_cli_help.py checks that the two helps are equal.
 COMMANDS = ("prune", "convert", "finetune", "calibrate", "evaluate", "aggregate", "export", "push")
+# the commands that load models or data: each takes --no-progress
+LONG_COMMANDS = ("prune", "convert", "finetune", "evaluate", "export", "push")
 
 # One worked example per command, shown at the end of `hydra-hf COMMAND --help`.
 EXAMPLES = {
@@ -120,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         module.add_parser(sub)
         command = sub.choices[name]
+        if name in LONG_COMMANDS and "--no-progress" not in command._option_string_actions:
+            command.add_argument("--no-progress", action="store_true",
+                                 help="no progress bars (hydra-hf's, transformers', datasets')")
         command.formatter_class = argparse.RawDescriptionHelpFormatter
         if name in EXAMPLES and not command.epilog:
             command.epilog = EXAMPLES[name]
@@ -137,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    set_progress_bars(not getattr(args, "no_progress", False))
     try:
         result = args.func(args)
     except (*USER_ERRORS, OSError) as exc:

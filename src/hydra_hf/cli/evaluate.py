@@ -33,7 +33,7 @@ import torch
 from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY
 from ..calibration.report import DEFAULTS as DECISION_DEFAULTS
 from ..calibration.report import decision_metrics, fit_for_report, render_decisions, risk_coverage_figure
-from ..data import parse_spec, resolve_dataset
+from ..data import check_data_spec, parse_spec, resolve_dataset
 from ..lm_evaluation import evaluate_causal_lm, load_causal_lm, write_causal_lm_report
 from ..lm_metrics import SEQUENCE_SCORES
 from ..metrics import OOD_SCORES
@@ -75,7 +75,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="add MC Dropout of the model NAME (repeatable)")
     p.add_argument("--mc-samples", type=int, default=10, help="MC Dropout samples (default 10)")
     p.add_argument("--deep-ensemble", default=None, metavar="NAME",
-                   help="add Deep Ensembles (D): 3 classifier heads trained on NAME's frozen features (needs --train-data)")
+                   help="add Deep Ensembles (D): 3 classifier heads trained on NAME's frozen features (needs --train-data; "
+                   "NAME: a single stock classifier of any family)")
     p.add_argument("--ensemble-size", type=int, default=3, help="heads of Deep Ensembles (D) (default 3)")
     p.add_argument("--temperature-scaling", action="store_true",
                    help="add a temperature-scaled copy of every model, fitted on --val-data")
@@ -166,6 +167,14 @@ def _check_models(args: argparse.Namespace) -> tuple[dict[str, str], list[tuple[
         if name in models:
             raise ValueError(f"--baseline name {name!r} is used twice")
         models[name] = path
+    for name, path in models.items():  # before any message that reads what kind of model a folder is
+        if not os.path.exists(path):
+            flag = "--model" if name == args.name else f"--baseline {name}="
+            raise FileNotFoundError(f"{flag}{'' if flag.endswith('=') else ' '}{path!r} does not exist; give a model folder "
+                                    "(hydra-hf convert's output, a stock checkpoint or an ONNX export)")
+    for spec in [args.id_data, *args.ood_data, args.train_data, args.val_data]:  # the data, before any model
+        if spec:
+            check_data_spec(_named(spec, "")[1])
     for name in args.mc_dropout + ([args.deep_ensemble] if args.deep_ensemble else []):
         if name not in models:
             raise ValueError(f"{name!r} is not a model of this run; known: {sorted(models)}")
@@ -208,6 +217,8 @@ def _check_zero_shot_options(args: argparse.Namespace, models: dict[str, str], f
 
 def _classifier_setup(args: argparse.Namespace, models: dict[str, str]) -> _Setup:
     """Predictors and loaders of classifier folders (text or image), each with its own head."""
+    if args.deep_ensemble:
+        ev.check_deep_ensemble_model(models[args.deep_ensemble], args.deep_ensemble)
     loaded = {name: ev.load_classifier(path, trust_remote_code=args.trust_remote_code) for name, path in models.items()}
     modalities = {m for _, _, m in loaded.values()}
     if len(modalities) != 1:

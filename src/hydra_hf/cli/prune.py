@@ -52,6 +52,7 @@ from typing import Any
 from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
 
 from ..convert.io import from_pretrained
+from ..data import check_data_spec
 from ..errors import HydraUnsafeError
 from ..families import detect_family, get_adapter
 from ..masks import load_masks
@@ -209,7 +210,8 @@ def _load_target(args: argparse.Namespace) -> PruningTarget:
                 f"--model {args.model!r} needs its tokenizer and image processor for zero-shot pruning "
                 f"(save them with CLIPProcessor.save_pretrained): {exc}"
             ) from None
-        tokenize = lambda p: dict(tokenizer(p, return_tensors="pt", **family.prompt_tokenizer_kwargs))  # noqa: E731
+        prompt_kwargs = family.prompt_tokenizer_kwargs_for(model.config)
+        tokenize = lambda p: dict(tokenizer(p, return_tensors="pt", **prompt_kwargs))  # noqa: E731
         tokens, names = _clip_text_inputs(family.name, tokenize, args)
         adapter = get_adapter(model, class_text_inputs={k: tokens[k] for k in ("input_ids", "attention_mask") if k in tokens})
         transform = lambda image: image_processor(image, return_tensors="pt")["pixel_values"][0]  # noqa: E731
@@ -235,6 +237,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.mlp_spread:
         raise ValueError("--mlp-spread spreads slim members over the MLP; give --mlp-keep F too")
     _check_source(args)
+    for spec in [s for s in (args.id_data, args.ood_data) if s]:  # the data files, before the model is loaded
+        check_data_spec(spec)
     include = load_masks(args.include_masks) if args.include_masks else None
 
     target = _load_target(args)

@@ -246,6 +246,11 @@ class Family(ABC):
             out[tower] = [found[i] for i in range(len(found))]
         return out
 
+    def prompt_tokenizer_kwargs_for(self, config: Any) -> dict[str, Any]:
+        """Zero-shot families: the tokenizer arguments for the class prompts of a model with ``config``
+        (stock or Hydra), ``prompt_tokenizer_kwargs`` by default."""
+        return dict(self.prompt_tokenizer_kwargs)
+
     @abstractmethod
     def adapter(self, model: nn.Module, *, class_text_inputs: Any = None) -> ModelAdapter:
         """Where ``model`` keeps its attention heads and how it computes logits (for pruning)."""

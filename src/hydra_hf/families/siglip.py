@@ -44,6 +44,17 @@ class SiglipFamily(Family):
     prompt_tokenizer_kwargs = {"padding": "max_length", "max_length": 64, "truncation": True}
     uncertainty_pipelines = False  # its scores are one sigmoid per (image, label), not a softmax over the labels
 
+    def prompt_tokenizer_kwargs_for(self, config: Any) -> dict[str, Any]:
+        """64 tokens, or fewer when the text tower has fewer positions (padded past them, prompts would index
+        past its position embeddings)."""
+        kwargs = dict(self.prompt_tokenizer_kwargs)
+        data = config.to_dict()
+        text = (data.get("base_config") or data).get("text_config") or {}
+        positions = text.get("max_position_embeddings")
+        if isinstance(positions, int) and not isinstance(positions, bool) and 0 < positions < kwargs["max_length"]:
+            kwargs["max_length"] = positions
+        return kwargs
+
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
         return Built(build_siglip(folders, masks, mlp_fusion=mlp_fusion, shared=shared, towers=towers), folders[0])

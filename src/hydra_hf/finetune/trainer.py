@@ -26,6 +26,7 @@ from ..data import make_image_loader, make_text_loader
 from ..modeling.hydra_layers import HydraLayerNorm, HydraSelfAttention
 from ..modeling.modeling_hydra_llama import HydraRMSNorm
 from ..reproducibility import seed_worker
+from ..progress import progress_bars
 from .checkpoint import Checkpoints
 from .run import FinetuneRun
 
@@ -340,7 +341,8 @@ class MemberTrainer:
             self.folder.mkdir(parents=True, exist_ok=True)
         s = self.state
         progress = tqdm(
-            total=self.total_steps, initial=s["global_step"], desc=self.tag, disable=not acc.is_local_main_process,
+            total=self.total_steps, initial=s["global_step"], desc=self.tag,
+            disable=not (progress_bars() and acc.is_local_main_process),
             dynamic_ncols=True,
         )  # fmt: skip
         train_loader = self._train_loader()

@@ -85,4 +85,6 @@ class HydraEnsembleGPT2Config(HydraEnsembleConfig):
 
     @property
     def head_dim(self) -> int:
+        if not self.base_config:  # built without arguments, as transformers' configs can be: no base yet
+            raise AttributeError("head_dim is the base's: this config has no base_config")
         return self.hidden_size // self.num_attention_heads

@@ -104,6 +104,8 @@ class HydraEnsembleLlamaConfig(HydraEnsembleConfig):
 
     @property
     def head_dim(self) -> int:
+        if not self.base_config:  # built without arguments, as transformers' configs can be: no base yet
+            raise AttributeError("head_dim is the base's: this config has no base_config")
         return self.base_config.get("head_dim") or self.hidden_size // self.num_attention_heads
 
     @property

@@ -16,8 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.cache_utils import Cache
 from transformers.utils import ModelOutput
+from transformers.utils.deprecation import deprecate_kwarg
 
 from .hydra_layers import HydraMemberLinear, rows_linear
+
+# The cache is ``cache`` in and out, transformers' name (``generate()`` passes and reads it); the older
+# ``past_key_values`` is renamed to it with transformers' own deprecation, as its decoders' forwards do.
+cache_argument = deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
 
 
 @dataclass
@@ -127,11 +132,14 @@ def token_uncertainty(member_logits: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def ensemble_lm_outputs(
-    member_logits: torch.Tensor, labels: torch.Tensor | None, num_items_in_batch: torch.Tensor | int | None = None
+    member_logits: torch.Tensor, labels: torch.Tensor | None, num_items_in_batch: torch.Tensor | int | None = None,
+    shift_labels: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The causal LM's ``logits (B, T, V)`` (log of the mean of the members' softmaxes, from
     ``member_logits (B, M, T, V)``) and, with ``labels (B, T)`` (shifted here, -100 ignored), the mean over
-    members of each member's next-token cross-entropy.
+    members of each member's next-token cross-entropy. ``shift_labels (B, T)``: the targets already shifted
+    (position t's next token; what transformers' Trainer passes under sequence or context parallelism, where
+    a shard cannot shift its own labels), used as given, as transformers' causal-LM loss does.
 
     ``num_items_in_batch``: the number of target tokens in all the batches of one optimiser step (what
     transformers' ``Trainer`` passes with gradient accumulation, as to its own causal LMs): the loss is then the
@@ -142,8 +150,12 @@ def ensemble_lm_outputs(
     loss = None
     if labels is not None:
         M, V = member_logits.shape[1], member_logits.shape[-1]
-        shift = member_logits[:, :, :-1].float()  # (B, M, T-1, V)
-        target = labels[:, 1:].to(shift.device)  # (B, T-1)
+        if shift_labels is None:
+            shift = member_logits[:, :, :-1].float()  # (B, M, T-1, V)
+            target = labels[:, 1:].to(shift.device)  # (B, T-1)
+        else:
+            shift = member_logits.float()  # (B, M, T, V)
+            target = shift_labels.to(shift.device)  # (B, T)
         target = target[:, None].expand(-1, M, -1)  # every member predicts the same tokens
         if num_items_in_batch is None:
             loss = F.cross_entropy(shift.reshape(-1, V), target.reshape(-1), ignore_index=-100)
@@ -216,8 +228,19 @@ class HydraGenerationUncertaintyMixin:
         """
         B, total = sequences.shape
         N = total - prompt_length
+        if not 1 <= prompt_length <= total:
+            raise ValueError(
+                f"prompt_length={prompt_length} for sequences of {total} tokens; the prompt holds at least the token "
+                "generation started from (generate() without input_ids starts from the start-of-sequence token: 1)"
+            )
         if attention_mask is None:
             attention_mask = torch.ones(B, prompt_length, dtype=torch.long, device=sequences.device)
+        if tuple(attention_mask.shape) != (B, prompt_length):
+            raise ValueError(
+                f"attention_mask has shape {tuple(attention_mask.shape)} but the {B} sequences have {prompt_length} "
+                "prompt tokens; give the prompts' mask repeated for every returned sequence "
+                "(attention_mask.repeat_interleave(num_return_sequences, dim=0))"
+            )
         generated = sequences[:, prompt_length:]
         gen_mask = torch.ones_like(generated, dtype=torch.long)
         eos = eos_token_id if eos_token_id is not None else self.generation_config.eos_token_id
@@ -248,6 +271,8 @@ class HydraGenerationUncertaintyMixin:
         (:meth:`score_generated`): entropy, mutual information, the token's probability, every member's top token."""
         generate_kwargs.pop("return_dict_in_generate", None)
         sequences = self.generate(input_ids=input_ids, attention_mask=attention_mask, **generate_kwargs)
+        if attention_mask is not None:  # generate() returns num_return_sequences rows per prompt, in prompt order
+            attention_mask = attention_mask.repeat_interleave(sequences.shape[0] // input_ids.shape[0], dim=0)
         out = self.score_generated(sequences, input_ids.shape[1], attention_mask,
                                    eos_token_id=generate_kwargs.get("eos_token_id"))  # fmt: skip
         return add_generation_abstention(out, getattr(self.config, "calibration", None))
@@ -315,6 +340,7 @@ class HydraCausalLMMixin(HydraGenerationUncertaintyMixin):
             return self.lm_head(hidden.transpose(0, 1)).transpose(0, 1)
         return rows_linear(hidden, self.lm_head.weight, self.lm_head.bias)  # one product for all members
 
+    @cache_argument
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -328,7 +354,6 @@ class HydraCausalLMMixin(HydraGenerationUncertaintyMixin):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
-        past_key_values: Cache | None = None,
         token_type_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> HydraCausalLMOutput | tuple:
@@ -337,6 +362,8 @@ class HydraCausalLMMixin(HydraGenerationUncertaintyMixin):
             labels: ``(B, T)`` the input ids (shifted inside, -100 ignored): the loss is the mean over members of
                 each member's next-token cross-entropy (with transformers' Trainer and gradient accumulation:
                 the sum over members and tokens divided by ``M * num_items_in_batch``, as its causal LMs do).
+                ``shift_labels`` (a keyword, with ``labels``): targets already shifted, used as given.
+            cache: a transformers ``Cache`` to read and extend (``past_key_values``: its deprecated name).
             logits_to_keep: compute logits for the last ``logits_to_keep`` positions only (0: all), as
                 transformers' causal LMs (``generate()`` keeps 1).
             token_type_ids: GPT-2's token types (embedded like tokens); other decoders have none.
@@ -348,12 +375,13 @@ class HydraCausalLMMixin(HydraGenerationUncertaintyMixin):
         outputs = self.hydra(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
             inputs_embeds=inputs_embeds, use_cache=use_cache, output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states, return_dict=True, past_key_values=past_key_values, **extra,
+            output_hidden_states=output_hidden_states, return_dict=True, **extra,
         )  # fmt: skip
         hidden = outputs.member_last_hidden_state  # (B, M, T, d)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         member_logits = self.member_logits_of(hidden[:, :, keep])  # (B, M, T', V)
-        logits, loss = ensemble_lm_outputs(member_logits, labels, kwargs.get("num_items_in_batch"))
+        shift_labels = kwargs.get("shift_labels") if labels is not None else None
+        logits, loss = ensemble_lm_outputs(member_logits, labels, kwargs.get("num_items_in_batch"), shift_labels)
         out = HydraCausalLMOutput(
             loss=loss, logits=logits, member_logits=member_logits, cache=outputs.cache,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,

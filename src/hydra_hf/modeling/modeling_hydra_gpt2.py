@@ -35,7 +35,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .configuration_hydra_gpt2 import HydraEnsembleGPT2Config
-from .hydra_decoder import HydraCausalLMMixin, HydraDecoderOutput, last_token_index
+from .hydra_decoder import HydraCausalLMMixin, HydraDecoderOutput, cache_argument, last_token_index
 from .hydra_layers import (
     HydraClassifierOutput,
     HydraLayerNorm,
@@ -209,6 +209,7 @@ class HydraEnsembleGPT2Model(HydraEnsembleGPT2PreTrainedModel):
         base._attn_implementation = self.config._attn_implementation
         return base
 
+    @cache_argument
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -221,7 +222,6 @@ class HydraEnsembleGPT2Model(HydraEnsembleGPT2PreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        past_key_values: Cache | None = None,
         **kwargs,
     ) -> HydraDecoderOutput | tuple:
         """
@@ -229,8 +229,8 @@ class HydraEnsembleGPT2Model(HydraEnsembleGPT2PreTrainedModel):
             input_ids: ``(B, T)`` token ids (or ``inputs_embeds (B, T, d)``).
             attention_mask: ``(B, S)`` 1 for tokens, 0 for padding (left or right), over the cached and new tokens.
             position_ids: ``(B, T)``; default: the cache's length plus ``0..T-1``, as transformers does.
-            cache: a transformers ``Cache`` (``DynamicCache``) to read and extend (``past_key_values`` is its
-                older name); with ``use_cache`` and no cache, a new one is made.
+            cache: a transformers ``Cache`` (``DynamicCache``) to read and extend (``past_key_values``: its
+                deprecated name); with ``use_cache`` and no cache, a new one is made.
             token_type_ids: ``(B, T)``, embedded with ``wte`` and added, as GPT-2 does.
         Returns:
             ``HydraDecoderOutput``: ``last_hidden_state (B, T, d)`` (the members' mean), ``cache``,
@@ -245,7 +245,6 @@ class HydraEnsembleGPT2Model(HydraEnsembleGPT2PreTrainedModel):
             use_cache = getattr(self.config, "use_cache", True)
         if self.gradient_checkpointing and self.training:
             use_cache = False  # recomputed layers would write the cache twice
-        cache = cache if cache is not None else past_key_values
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids or inputs_embeds")
         inputs_embeds = self.wte(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, d)

@@ -46,6 +46,7 @@ from .hydra_decoder import (  # noqa: F401  the decoders' shared outputs and unc
     HydraCausalLMOutput,
     HydraDecoderOutput,
     HydraGenerateOutput,
+    cache_argument,
     last_token_index,
     token_uncertainty,
 )
@@ -330,6 +331,7 @@ class HydraEnsembleLlamaModel(HydraEnsembleLlamaPreTrainedModel):
         base._attn_implementation = self.config._attn_implementation
         return base
 
+    @cache_argument
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -341,7 +343,6 @@ class HydraEnsembleLlamaModel(HydraEnsembleLlamaPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        past_key_values: Cache | None = None,
         **kwargs,
     ) -> HydraDecoderOutput | tuple:
         """
@@ -349,8 +350,8 @@ class HydraEnsembleLlamaModel(HydraEnsembleLlamaPreTrainedModel):
             input_ids: ``(B, T)`` token ids (or ``inputs_embeds (B, T, d)``).
             attention_mask: ``(B, S)`` 1 for tokens, 0 for padding (left or right), over the cached and new tokens.
             position_ids: ``(B, T)``; default: the cache's length plus ``0..T-1``, as transformers does.
-            cache: a transformers ``Cache`` (``DynamicCache``) to read and extend (``past_key_values`` is its
-                older name); with ``use_cache`` and no cache, a new one is made for the base's layer types.
+            cache: a transformers ``Cache`` (``DynamicCache``) to read and extend (``past_key_values``: its
+                deprecated name); with ``use_cache`` and no cache, a new one is made for the base's layer types.
         Returns:
             ``HydraDecoderOutput``: ``last_hidden_state (B, T, d)`` (the members' mean), ``cache``,
             ``hidden_states``, ``attentions``, ``member_last_hidden_state (B, M, T, d)``, ``member_hidden_states``.
@@ -363,7 +364,6 @@ class HydraEnsembleLlamaModel(HydraEnsembleLlamaPreTrainedModel):
         use_cache = use_cache if use_cache is not None else getattr(self.config, "use_cache", True)
         if self.gradient_checkpointing and self.training:
             use_cache = False  # recomputed layers would write the cache twice
-        cache = cache if cache is not None else past_key_values
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("give exactly one of input_ids or inputs_embeds")
         embeddings = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, d)

@@ -420,13 +420,23 @@ class HydraTextGenerationPipeline(TextGenerationPipeline):
         pipe("The movie was", max_new_tokens=20)[0]["sequence_mutual_information"]
     """
 
+    # the per-sequence values _forward adds to the stock outputs: top-level tensors, batch first, so that
+    # transformers' batching (``batch_size=``) splits them per input as it splits ``generated_sequence``
+    UNCERTAINTY_KEYS = (
+        "token_entropy", "token_mutual_information", "token_probability", "member_top_tokens", "generated_mask",
+        "sequence_entropy", "sequence_mutual_information", "generated_token_ids",
+    )  # fmt: skip
+
     def _forward(self, model_inputs, **generate_kwargs):
         attention_mask = model_inputs.get("attention_mask")
         eos = generate_kwargs.get("eos_token_id")
+        empty_prompt = model_inputs["input_ids"].shape[1] == 0
         out = super()._forward(model_inputs, **generate_kwargs)
         sequences = out["generated_sequence"]  # (B, n, P + N)
-        input_ids = out["input_ids"]
-        prompt = 0 if input_ids is None else input_ids.shape[1]
+        # an empty prompt: generate() started from the start-of-sequence token, the prompt it scored
+        prompt = 1 if empty_prompt else out["input_ids"].shape[1]
+        if empty_prompt:
+            attention_mask = None
         B, n = sequences.shape[0], sequences.shape[1]
         flat = sequences.reshape(B * n, -1)
         mask = None if attention_mask is None else attention_mask.repeat_interleave(n, dim=0)
@@ -436,19 +446,19 @@ class HydraTextGenerationPipeline(TextGenerationPipeline):
             "token_probability": scored.token_probability, "member_top_tokens": scored.member_top_tokens,
             "generated_mask": scored.generated_mask, "sequence_entropy": scored.sequence_entropy,
             "sequence_mutual_information": scored.sequence_mutual_information,
+            "generated_token_ids": flat[:, prompt:],
         }  # fmt: skip
-        out["hydra_uncertainty"] = {k: v.reshape(B, n, *v.shape[1:]) for k, v in values.items()}
-        out["hydra_generated"] = flat[:, prompt:].reshape(B, n, -1)
+        out.update({f"hydra_{k}": v.reshape(B, n, *v.shape[1:]) for k, v in values.items()})
         return out
 
     def postprocess(self, model_outputs, *args, **kwargs):
-        records = super().postprocess(model_outputs, *args, **kwargs)
-        u = {k: v[0] for k, v in model_outputs["hydra_uncertainty"].items()}  # this input's n sequences
-        generated = model_outputs["hydra_generated"][0]
+        stock = {k: v for k, v in model_outputs.items() if not k.startswith("hydra_")}
+        records = super().postprocess(stock, *args, **kwargs)
+        u = {k: model_outputs[f"hydra_{k}"][0] for k in self.UNCERTAINTY_KEYS}  # this input's n sequences
         for i, record in enumerate(records):
             keep = u["generated_mask"][i].bool()
-            record["generated_token_ids"] = generated[i][keep].tolist()
-            for key in ("token_entropy", "token_mutual_information", "token_probability", "member_top_tokens"):
+            for key in ("generated_token_ids", "token_entropy", "token_mutual_information", "token_probability",
+                        "member_top_tokens"):  # fmt: skip
                 record[key] = u[key][i][keep].tolist()
             record["sequence_entropy"] = float(u["sequence_entropy"][i])
             record["sequence_mutual_information"] = float(u["sequence_mutual_information"][i])

@@ -345,6 +345,9 @@ def prune_members(
     if grouped is not None and not masks.named:  # a decoder with grouped-query attention: say which KV heads stay
         masks = masks.with_key_value_heads(grouped)
     logger.info("%s", masks.summary())
+    for i, j in masks.identical_members():
+        logger.warning("members %d and %d keep the same heads (Jaccard 1.0): converted from one base they are one model "
+                       "counted twice; give them other seeds or methods, or a smaller data fraction", i, j)
     return masks
 
 

@@ -38,6 +38,7 @@ from transformers import (
 from ..convert.io import from_pretrained, read_config, weight_names
 from ..data import make_image_loader, make_text_loader, resolve_dataset
 from ..errors import HydraInputError
+from ..evaluation import pad_with_eos
 from ..families import detect_family, get_adapter
 from ..families.adapters import ModelAdapter
 from ..masks import HeadMasks
@@ -174,7 +175,7 @@ def load_pruning_target(
         processor = from_pretrained(AutoImageProcessor, folder, trust_remote_code=trust_remote_code)
         transform = lambda image: processor(image, return_tensors="pt")["pixel_values"][0]  # noqa: E731  (3, H, W)
         return PruningTarget(get_adapter(model), transform, None, model.config.num_labels, label2id_of(model.config), False)
-    tokenizer = from_pretrained(AutoTokenizer, folder, trust_remote_code=trust_remote_code)
+    tokenizer = pad_with_eos(from_pretrained(AutoTokenizer, folder, trust_remote_code=trust_remote_code), model.config)
     return PruningTarget(get_adapter(model), None, tokenizer, model.config.num_labels, label2id_of(model.config), False)
 
 
