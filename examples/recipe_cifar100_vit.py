@@ -1,10 +1,9 @@
 """The paper's image setting: Hydra Ensembles of ViT-B/16 on CIFAR-100.
 
-Budget (the paper's, as issue 23 quotes it): **3 members, each keeping 10 of the 12 heads in every
+Budget (the paper's): **3 members, each keeping 10 of the 12 heads in every
 one of ViT-B/16's 12 blocks** (24 of 144 heads removed per member; ``Budget(heads_per_layer=10)``,
 ``--heads-per-layer 10``; the paper keeps about 10 per block on CIFAR-100 and 8 on ImageNet: run
-``--heads-per-layer 8`` for the ImageNet setting). An earlier version of this script removed 10
-heads in total. Members by Taylor importance, pruned layer by layer with the gradients recomputed
+``--heads-per-layer 8`` for the ImageNet setting; not 10 heads removed in total). Members by Taylor importance, pruned layer by layer with the gradients recomputed
 after each layer (paper D.1.1), seeds ``seed, seed+1, seed+2`` (each member scores heads on its own
 seeded 80 % of the validation images and samples its kept heads from the ranking).
 

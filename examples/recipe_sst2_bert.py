@@ -1,9 +1,9 @@
 """The paper's text setting: Hydra Ensembles of bert-base-uncased on SST-2.
 
-Budget (the paper's, as issue 23 quotes its appendix B.2.3): **3 members, each keeping 6 of the 12
+Budget (the paper's, its appendix B.2.3): **3 members, each keeping 6 of the 12
 heads in every one of BERT-base's 12 layers** (72 of 144 heads removed per member; a per-layer
-budget, ``Budget(heads_per_layer=6)``, ``--heads-per-layer 6``). An earlier version of this script
-removed 6 heads in total, which reproduced nothing. The members are the paper's **Hydra (Circ)**:
+budget, ``Budget(heads_per_layer=6)``, ``--heads-per-layer 6``; 6 heads removed in total would reproduce
+nothing). The members are the paper's **Hydra (Circ)**:
 member ``m`` is chosen by criterion ``m`` -- CircAcc, CircOOD, CircAvg (greedy circuit search, one
 head per step, scoring a removal by ID validation accuracy, MSP-AUROC between ID and OOD validation
 data, or their mean) -- all three on the same 3,000 ID validation sentences held out of train and

