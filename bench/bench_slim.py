@@ -86,10 +86,10 @@ def run_geometry(geometry: str, args: argparse.Namespace, folder: Path) -> list[
         inputs = make_inputs(modality, batch, args.seq_len)
         feeds = {k: v.numpy() for k, v in inputs.items()}
         with torch.inference_mode():
-            slim_logits = models["slim"](**inputs).logits
+            reference = {"slim": models["slim"](**inputs).logits, "single": models["single"](**inputs).logits}
         for name, sess in sessions.items():
-            reference = slim_logits if "slim" in name else models["single"](**inputs).logits
-            diff = float((torch.from_numpy(sess.run(None, feeds)[0]) - reference).abs().max())
+            reference_logits = reference["slim" if "slim" in name else "single"]
+            diff = float((torch.from_numpy(sess.run(None, feeds)[0]) - reference_logits).abs().max())
             logger.info("%s batch %d: %s max |logit - eager| = %.2e", geometry, batch, name, diff)
             if "fp32" in name and diff > 1e-3:
                 raise RuntimeError(f"{name} differs from eager by {diff}")
