@@ -689,3 +689,14 @@ def make_image_loader(
         collate_fn=_ImageCollator(transform),
         worker_init_fn=seed_worker,
     )
+
+
+def pad_with_eos(tokenizer: Any, config: Any) -> Any:
+    """A decoder's tokenizer without a pad token pads with its end-of-sequence token, as fine-tuning does
+    (most decoder tokenizers have none); ``config.pad_token_id`` is set to it when unset, so that the
+    sequence classifier pools every row's last token that is not padding. Other tokenizers are unchanged."""
+    if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+        if getattr(config, "pad_token_id", None) is None:
+            config.pad_token_id = tokenizer.pad_token_id
+    return tokenizer

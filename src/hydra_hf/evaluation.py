@@ -55,7 +55,7 @@ from transformers import (
 from . import distributed, metrics, plots
 from .convert.io import check_remote_code, checkpoint_dir, from_pretrained, read_config
 from .cost import relative_cost
-from .data import make_image_loader, make_text_loader
+from .data import make_image_loader, make_text_loader, pad_with_eos
 from .families import families, family_of_config
 from .onnx.runtime import OnnxHydraModel, is_onnx_export, load_preprocessor
 from .progress import progress_bars
@@ -894,17 +894,6 @@ def max_text_positions(config: Any) -> int | None:
     if data.get("model_type") in _PADDING_OFFSET_TYPES:
         positions -= int(data.get("pad_token_id") or 1) + 1
     return positions if positions > 0 else None
-
-
-def pad_with_eos(tokenizer: Any, config: Any) -> Any:
-    """A decoder's tokenizer without a pad token pads with its end-of-sequence token, as fine-tuning does
-    (most decoder tokenizers have none); ``config.pad_token_id`` is set to it when unset, so that the
-    sequence classifier pools every row's last token that is not padding. Other tokenizers are unchanged."""
-    if getattr(tokenizer, "pad_token", None) is None and getattr(tokenizer, "eos_token", None) is not None:
-        tokenizer.pad_token = tokenizer.eos_token
-        if getattr(config, "pad_token_id", None) is None:
-            config.pad_token_id = tokenizer.pad_token_id
-    return tokenizer
 
 
 def fit_tokenizer_to_model(tokenizer: Any, config: Any) -> Any:

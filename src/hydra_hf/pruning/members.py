@@ -36,9 +36,8 @@ from transformers import (
 )
 
 from ..convert.io import from_pretrained, read_config, weight_names
-from ..data import make_image_loader, make_text_loader, resolve_dataset
+from ..data import make_image_loader, make_text_loader, pad_with_eos, resolve_dataset
 from ..errors import HydraInputError
-from ..evaluation import pad_with_eos
 from ..families import detect_family, get_adapter
 from ..families.adapters import ModelAdapter
 from ..masks import HeadMasks
