@@ -159,7 +159,7 @@ def test_the_check_names_a_broken_region(tmp_path, damage, message):
 def test_slim_views_render_their_results_files():
     """The two slim-members views (bench/bench_slim.py's rows, examples/slim_pareto.py's Pareto) put every number
     of the file into the table, formatted, and the targets / decisions below it."""
-    bench = {"threads": {"torch": 2}, "seq_len": 128, "targets": ["bert batch 8: x = 1.05 (target <= 1.3: met)"],
+    bench = {"threads": {"torch_threads": 2, "interop_threads": 1}, "seq_len": 128, "targets": ["bert batch 8: x = 1.05 (target <= 1.3: met)"],
              "rows": [{"geometry": "bert", "batch": 8, "model": "eager slim Hydra (3)", "latency_ms": 512.345,
                        "x Single": 1.047, "x Deep Ensemble": 0.351, "compute_x": 1.0, "params_M": 113.2}]}  # fmt: skip
     text = render_docs.VIEWS["bench-slim"](bench)

@@ -94,8 +94,9 @@ def _bench_slim_table(results: Mapping[str, Any]) -> str:
                ("latency_ms", "latency (ms)", ".1f"), ("x Single", "x Single", ".2f"),
                ("x Deep Ensemble", "x Deep Ensemble", ".2f"), ("compute_x", "compute (x Single)", ".2f"),
                ("params_M", "params (M)", ".1f")]  # fmt: skip
-    threads = results["threads"]
-    head = f"{threads.get('torch', threads) if isinstance(threads, Mapping) else threads} threads, T = {results['seq_len']}:\n\n"
+    threads = results["threads"]  # pin_bench_threads' record (torch_threads ...) or a count
+    count = threads.get("torch_threads", threads.get("torch")) if isinstance(threads, Mapping) else threads
+    head = f"{count} threads, T = {results['seq_len']}:\n\n"
     return head + render_markdown_table(results["rows"], columns) + "\n" + "".join(f"- {t}\n" for t in results["targets"])
 
 
