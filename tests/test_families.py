@@ -200,7 +200,9 @@ def test_unknown_model_type_and_wrong_arch_are_refused(stock_dirs, tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "model_type='t5'" in err
     assert all(name in err for name in ("bert", "roberta", "xlm_roberta", "electra", "distilbert", "albert", "open_clip"))
-    # prune refuses a task head it would otherwise re-initialise, before reading any data
+    # prune refuses a task head it would otherwise re-initialise, before reading any data (the data file is only
+    # checked to exist before a model loads; its one row is never read)
+    (tmp_path / "none.csv").write_text("text,label\nunread,0\n")
     head = tmp_path / "token-classifier"
     head.mkdir()
     config = json.loads((stock_dirs["bert"] / "config.json").read_text())
