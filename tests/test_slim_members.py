@@ -368,3 +368,31 @@ def test_slim_folder_remote_code_resave_pipeline_onnx_int8_and_push(tiny_bert_di
     assert main(["push", str(folder), "--repo-id", "org/slim", "--dry-run", "--staging", str(tmp_path / "staged")]) == 0
     card = (tmp_path / "staged" / "README.md").read_text()
     assert "MLP neurons kept" in card and "x the base model's multiply-adds" in card
+
+
+def test_slim_members_fine_tuned_apart_average_over_the_members_that_keep_a_neuron(tmp_path):
+    """Members fine-tuned apart export their removed neurons as zeros; the averaged MLP of slim members averages
+    each neuron over the members that keep it (a neuron kept by members 0 and 1 is their mean, not 2/3 of it)."""
+    from transformers import BertForSequenceClassification
+
+    spec = SPECS[0]  # bert
+    base = spec.stock()
+    neurons = [[list(range(0, 40)), list(range(64))], [list(range(20, 64)), list(range(10))], [[5], list(range(30, 64))]]
+    members = []
+    for seed, kept in zip((1, 2, 3), neurons):  # each checkpoint as a slim member exports it: removed neurons zero
+        member = perturbed(base, seed)
+        zero_removed_neurons_(member, get_family("bert"), {"text": kept})
+        member.save_pretrained(tmp_path / f"m{seed}")
+        members.append(member)
+    masks = HeadMasks(kept_heads=UNEQUAL, num_heads=H, kept_neurons=neurons, intermediate_size=64)
+    model = convert_checkpoint(masks, members=[tmp_path / f"m{s}" for s in (1, 2, 3)], mlp_fusion="average")
+    assert model.config.mlp_fusion == "average"
+    fc2 = model.hydra.layers[0].mlp.fc2_weight  # (d, K), member-major columns
+    stock = [m.bert.encoder.layer[0].output.dense.weight for m in members]  # (d, I) each
+    for m, kept in enumerate(neurons):
+        lo = sum(len(n[0]) for n in neurons[:m])
+        for j_pos, j in enumerate(kept[0]):
+            keepers = [k for k in range(3) if j in neurons[k][0]]
+            expected = sum(stock[k][:, j] for k in keepers) / len(keepers)
+            torch.testing.assert_close(fc2[:, lo + j_pos], expected, atol=1e-6, rtol=0)
+    assert isinstance(base, BertForSequenceClassification)

@@ -139,13 +139,14 @@ def convert_checkpoint(
             logger.warning("members %d and %d of the masks keep the same heads (Jaccard 1.0): fused from one base they "
                            "are one model counted twice; prune them with other seeds or methods", i, j)
     masks.check_towers(family.towers, towers, model=f"a {family.name} checkpoint")  # the file shape the family reads; towers=
+    build_fusion = "per_member" if masks.slim else mlp_fusion  # slim: each neuron averaged over its members below
     built = family.build(
-        folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels, id2label=id2label, seed=seed,
+        folders, masks, mlp_fusion=build_fusion, shared=shared, num_labels=num_labels, id2label=id2label, seed=seed,
         towers=towers,
     )
     model = built.model
     if masks.slim:  # members that keep subsets of the MLP neurons too: slice the fused whole MLPs
-        model = slim_model(model, neurons_by_field(masks))
+        model = slim_model(model, neurons_by_field(masks), mlp_fusion)
     # what the card names as the base model: the checkpoint's own record of where it came from
     recorded = _recorded_source(folders[0])
     if recorded:

@@ -49,17 +49,44 @@ def mlp_slices(model: nn.Module) -> dict[str, MLPSlice]:
     }
 
 
-def slim_state_dict(state: dict[str, torch.Tensor], slices: dict[str, MLPSlice]) -> dict[str, torch.Tensor]:
+def keeper_average(
+    w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor, b2: torch.Tensor | None, sl: MLPSlice
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """The averaged MLP of slim members' own MLPs (``(M, g*I, d)`` ...): each neuron's weights are the mean over
+    the members that keep it (a member's removed neurons are zero in its checkpoint and must not dilute the
+    mean), the output bias the mean over every member. Computed in float64, cast back."""
+    M, inner, g = len(sl.kept_neurons), sl.intermediate_size, 2 if sl.gated else 1
+    keep = torch.zeros(M, inner, dtype=torch.float64)
+    for m, neurons in enumerate(sl.kept_neurons):
+        keep[m, list(neurons)] = 1.0
+    count = keep.sum(0).clamp(min=1.0)  # (I,): a neuron no member keeps is never read
+    rows = keep.repeat(1, g)  # (M, g*I): the fc1 rows of each neuron
+    rows_count = count.repeat(g)
+    mean_w1 = ((w1.double() * rows[:, :, None]).sum(0) / rows_count[:, None]).to(w1.dtype)  # (g*I, d)
+    mean_w2 = ((w2.double() * keep[:, None, :]).sum(0) / count).to(w2.dtype)  # (d, I)
+    mean_b1 = None if b1 is None else ((b1.double() * rows).sum(0) / rows_count).to(b1.dtype)  # (g*I,)
+    mean_b2 = None if b2 is None else b2.double().mean(0).to(b2.dtype)  # (d,)
+    return mean_w1, mean_b1, mean_w2, mean_b2
+
+
+def slim_state_dict(
+    state: dict[str, torch.Tensor], slices: dict[str, MLPSlice], *, average: bool = False
+) -> dict[str, torch.Tensor]:
     """A fused state dict with whole MLPs (shared ``(I, d)`` or per member ``(M, I, d)``) -> the slim layout.
 
     Member m takes its kept neurons' fc1 rows (and biases) and fc2 columns from its own MLP, or from the shared
-    (averaged) one; its fc2 bias is its own (or the shared one). Other tensors are returned as they are.
+    one; its fc2 bias is its own (or the shared one). ``average`` with per-member MLPs: member m takes its slice
+    of the members' averaged MLP, each neuron averaged over the members that keep it (:func:`keeper_average`).
+    Other tensors are returned as they are.
     """
     out = dict(state)
     for prefix, sl in slices.items():
         w1, w2 = state[f"{prefix}fc1_weight"], state[f"{prefix}fc2_weight"]
         b1, b2 = state.get(f"{prefix}fc1_bias"), state.get(f"{prefix}fc2_bias")
         per_member = w1.dim() == 3
+        if average and per_member:
+            w1, b1, w2, b2 = keeper_average(w1, b1, w2, b2, sl)
+            per_member = False
         rows = (2 if sl.gated else 1) * sl.intermediate_size
         if w1.shape[-2] != rows:
             raise HydraInputError(
@@ -127,13 +154,19 @@ def full_config(config: Any) -> Any:
     return out
 
 
-def slim_model(model: nn.Module, kept_neurons: dict[str, list[list[list[int]]]]) -> nn.Module:
+def slim_model(
+    model: nn.Module, kept_neurons: dict[str, list[list[list[int]]]], mlp_fusion: str | None = None
+) -> nn.Module:
     """The fused ``model`` (whole MLPs) with its members keeping only ``kept_neurons[field]``: a new model of the
-    same class built from the slim config, loaded strictly with the sliced weights, in ``model``'s mode."""
+    same class built from the slim config, loaded strictly with the sliced weights, in ``model``'s mode.
+    ``mlp_fusion="average"`` on a model with per-member MLPs: each member's slice of the members' average, every
+    neuron averaged over the members that keep it (default: ``model``'s own fusion)."""
     config = slim_config(model.config, kept_neurons)
+    config.mlp_fusion = mlp_fusion or config.mlp_fusion
+    config.validate_hydra()
     out = type(model)(config)
     slices = mlp_slices(out)
-    state = slim_state_dict(model.state_dict(), slices)
+    state = slim_state_dict(model.state_dict(), slices, average=config.mlp_fusion == "average")
     out.load_state_dict(state, strict=True)
     out.to(next(model.parameters()).dtype)
     out.train(model.training)
