@@ -361,7 +361,8 @@ def test_bad_inputs_are_one_line_errors_without_output(exported, tiny_bert_dir, 
 
 def test_without_the_onnx_packages_hydra_hf_works_and_export_says_what_to_install(exported, tmp_path):
     """A fresh process where onnx, onnxruntime and onnxscript cannot be imported: hydra_hf and
-    hydra_hf.onnx import, and export / evaluate of an ONNX folder fail in one line naming the extra."""
+    hydra_hf.onnx import, and export / evaluate of an ONNX folder (with data that exists: evaluate checks it
+    first) fail in one line naming the extra."""
     code = f"""
     import contextlib, io, sys
     for name in ("onnx", "onnxruntime", "onnxscript"):
@@ -369,7 +370,7 @@ def test_without_the_onnx_packages_hydra_hf_works_and_export_says_what_to_instal
     import hydra_hf, hydra_hf.onnx
     from hydra_hf.cli import main
     for argv in (["export", {str(exported['root'] / 'hydra-bert')!r}, "--format", "onnx", "--output", {str(tmp_path / 'out')!r}],
-                 ["evaluate", "--model", {str(exported['bert'])!r}, "--id-data", "x.csv", "--ood-data", "y.csv",
+                 ["evaluate", "--model", {str(exported['bert'])!r}, "--id-data", {str(exported['root'] / 'id.csv')!r}, "--ood-data", {str(exported['root'] / 'ood.csv')!r},
                   "--report", {str(tmp_path / 'r')!r}]):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):

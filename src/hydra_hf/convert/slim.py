@@ -19,6 +19,7 @@ from torch import nn
 
 from ..errors import HydraInputError
 from ..masks import HeadMasks
+from .fuse import average
 from ..modeling.configuration_hydra import neurons_field
 from ..modeling.hydra_layers import HydraMLPBase
 
@@ -167,6 +168,12 @@ def slim_model(
     out = type(model)(config)
     slices = mlp_slices(out)
     state = slim_state_dict(model.state_dict(), slices, average=config.mlp_fusion == "average")
+    for name, module in out.named_modules():  # a tower whose members keep whole MLPs, fused per member first
+        if isinstance(module, HydraMLPBase) and not module.slim and not module.per_member:
+            for tensor in MLP_TENSORS:
+                key = f"{name}.{tensor}"
+                if state.get(key) is not None and state[key].dim() == getattr(module, tensor).dim() + 1:
+                    state[key] = average(state[key])  # the members' mean, as the family's own averaged fusion
     out.load_state_dict(state, strict=True)
     out.to(next(model.parameters()).dtype)
     out.train(model.training)
