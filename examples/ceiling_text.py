@@ -6,6 +6,7 @@ share them.
 
     python examples/ceiling_text.py --output outputs/study --seeds 0 1 2
     python examples/ceiling_text.py --output outputs/study --seeds 0 1 2 --hydra taylor-k6
+    python examples/ceiling_text.py --output outputs/study --seeds 0 1 2 --hydra slim-k4
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ HYDRA = {
     "taylor-k6": Candidate("Taylor, keep 6 per layer, held-out n=1000, ft 120, seeds offset", method="taylor",
                            remove=None, heads_per_layer=6, samples=1000, selection="heldout", member_seed_offset=1000),
     "taylor-r36": Candidate("taylor", method="taylor"),  # the demo's recipe, as the study names it
+    # slim members (an extension, docs/slim.md): the members split every layer's heads (4 of 12 each) and MLP
+    # neurons (33 % each, spread): about one Single's multiply-adds; selected like taylor-k6
+    "slim-k4": Candidate("slim: Taylor, keep 4 per layer, 33 % of the MLP, held-out n=1000, ft 120, seeds offset",
+                         method="taylor", remove=None, heads_per_layer=4, samples=1000, selection="heldout",
+                         member_seed_offset=1000, mlp_keep=0.33, mlp_spread=True),
 }
 
 

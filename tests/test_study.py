@@ -213,7 +213,7 @@ def test_candidate_validation():
     with pytest.raises(ValueError, match="candidate 'x': .*give exactly one budget.*set the other one to None"):
         st.Candidate("x", heads_per_layer=6)  # remove keeps its default of 36
     for bad, words in (({"selection": "test"}, "selection 'test'"), ({"ood_selection": "all"}, "ood_selection 'all'"),
-                       ({"data_fraction": 0.0}, "data_fraction must be in")):
+                       ({"data_fraction": 0.0}, "data_fraction must be in"), ({"mlp_keep": 1.5}, "--mlp-keep 1.5")):
         with pytest.raises(ValueError, match=words):
             st.Candidate("x", **bad)
 
@@ -300,7 +300,8 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
                      single_steps=2)  # seed 0's Single is given; seed 1's is trained below
     cands = (st.Candidate("circ", remove=2, heads_per_step=2, samples=8, members=2, member_steps=0),
              st.Candidate("taylor", method="taylor", remove=2, samples=8, members=2, member_steps=0),
-             st.Candidate("circ ft", remove=2, heads_per_step=2, samples=8, members=2, member_steps=2))
+             st.Candidate("circ ft", remove=2, heads_per_step=2, samples=8, members=2, member_steps=2),
+             st.Candidate("slim", method="taylor", remove=2, samples=8, members=2, member_steps=0, mlp_keep=0.5))
     from hydra_hf.errors import HydraInputError
 
     with pytest.raises(HydraInputError, match="'.*nope'.* is not a model folder"):
@@ -310,8 +311,13 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     assert read and not [spec for spec in read if spec.endswith("test") or Path(spec.split(":")[0]).stem == "test"]
     files = sorted(p.relative_to(tmp_path / "study" / "cells").as_posix() for p in (tmp_path / "study" / "cells").rglob("*.json"))
     assert files == ["seed0/circ/a.json", "seed0/circ/b.json", "seed0/circ_ft/a.json", "seed0/circ_ft/b.json",
-                     "seed0/single.json", "seed0/taylor/any.json"]
-    assert {r["candidate"] for r in summary["rows"]} == {"circ", "taylor", "circ ft"}
+                     "seed0/single.json", "seed0/slim/any.json", "seed0/taylor/any.json"]
+    assert {r["candidate"] for r in summary["rows"]} == {"circ", "taylor", "circ ft", "slim"}
+    # slim members: each keeps half of every layer's MLP neurons, and the cell scored the slim model
+    slim_masks = HeadMasks.load(tmp_path / "study" / "masks" / "seed0" / f"{cands[3].selection_key('any')}.json")
+    intermediate = json.loads((Path(single) / "config.json").read_text())["intermediate_size"]
+    assert cands[3].selection_key("any").endswith("-mlp0.5-any")
+    assert {len(n) for member in slim_masks.kept_neurons() for n in member} == {intermediate // 2}
     ft = json.loads((tmp_path / "study" / "cells" / "seed0" / "circ_ft" / "a.json").read_text())
     assert set(ft["fusions"]) == {"average", "per_member"}
     assert not list((tmp_path / "study" / "work").glob("*/members"))  # member checkpoints removed

@@ -58,6 +58,7 @@ from .masks import HeadMasks
 from .outputs import prepare_owned_folder, remove_dead_process_folders, write_text_atomic
 from .plots import transfer_gains
 from .pruning import build_members, load_pruning_target
+from .pruning.neurons import check_mlp_keep
 from .pruning.budget import Budget
 from .pruning.circuits import make_evaluator
 from .pruning.diversity import parse_methods, uses_ood
@@ -96,6 +97,9 @@ class Candidate:
     data_fraction: float | None = None  # of the selection data per member (None: the study's prune_data_fraction)
     member_seed_offset: int = 0  # members fine-tune with seed + offset (0: member 0 replays the Single's seed)
     temperature: float | None = None  # Taylor: sampling temperature of the kept heads (None: 1.0; 0: the top K)
+    # slim members (an extension, docs/slim.md): each member keeps this fraction of every layer's MLP neurons too
+    mlp_keep: float | None = None
+    mlp_spread: bool = False  # slim: each member prefers the neurons earlier members left
 
     def __post_init__(self) -> None:
         try:
@@ -111,6 +115,11 @@ class Candidate:
             raise ValueError(f"candidate {self.name!r}: selection {self.selection!r} must be 'validation' or 'heldout'")
         if self.ood_selection not in ("fold", "pooled"):
             raise ValueError(f"candidate {self.name!r}: ood_selection {self.ood_selection!r} must be 'fold' or 'pooled'")
+        if self.mlp_keep is not None:
+            try:
+                check_mlp_keep(self.mlp_keep)
+            except ValueError as exc:
+                raise ValueError(f"candidate {self.name!r}: {exc}") from None
         if self.data_fraction is not None and not 0.0 < self.data_fraction <= 1.0:
             raise ValueError(f"candidate {self.name!r}: data_fraction must be in (0, 1], got {self.data_fraction}")
         for key in ("heads_per_step", "samples", "members"):
@@ -139,6 +148,7 @@ class Candidate:
             "-pooled" if self.pooled else "",
             f"-f{self.data_fraction:g}" if self.data_fraction is not None else "",
             f"-T{self.temperature:g}" if self.temperature is not None else "",
+            f"-mlp{self.mlp_keep:g}{'s' if self.mlp_spread else ''}" if self.mlp_keep is not None else "",
         ])  # fmt: skip
         return f"{self.method}-{budget}-k{self.heads_per_step}-n{self.samples}-m{self.members}{extra}-{fold}"
 
@@ -329,7 +339,7 @@ def _build_masks(c: Candidate, target: Any, data: _Data, fold: str, seed: int):
     return build_members(
         target, method=c.method, budget=c.budget(), id_data=id_data, ood_data=ood_data,
         members=c.members, seed=seed, heads_per_step=c.heads_per_step, data_fraction=fraction, temperature=c.temperature,
-        batch_size=64, max_length=data.s.max_length,  # a progress bar per member: a selection can take an hour
+        mlp_keep=c.mlp_keep, mlp_spread=c.mlp_spread, batch_size=64, max_length=data.s.max_length,  # a progress bar per member: a selection can take an hour
         metadata={"selection": c.selection_key(fold), "seed": seed},
     )
 
