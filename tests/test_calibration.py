@@ -354,11 +354,11 @@ def test_randomized_calibration_is_stored_and_the_pipeline_draws_the_same_u_alon
     model, tokenizer, _ = ev.load_classifier(hydra_folder)
     frame = pd.read_csv(data)
     with torch.no_grad():
-        member_logits = model(**tokenizer(list(frame.text), padding=True, return_tensors="pt")).member_logits
-    again = fit_calibration(member_logits, torch.tensor(frame.label.values), alpha=0.2, method="aps", risk=None,
+        cal_logits = model(**tokenizer(list(frame.text), padding=True, return_tensors="pt")).member_logits
+    again = fit_calibration(cal_logits, torch.tensor(frame.label.values), alpha=0.2, method="aps", risk=None,
                             randomized=True, seed=5)
     assert again["q_hat"] == pytest.approx(stored["q_hat"], abs=1e-6)
-    plain = fit_calibration(member_logits, torch.tensor(frame.label.values), alpha=0.2, method="aps", risk=None)
+    plain = fit_calibration(cal_logits, torch.tensor(frame.label.values), alpha=0.2, method="aps", risk=None)
     assert plain["q_hat"] != pytest.approx(stored["q_hat"], abs=1e-3)  # the randomisation changed the fit
     assert "randomised" in guarantee_text(stored) and "seed 5" in guarantee_text(stored)
     texts = _texts(12, seed=11)
@@ -368,10 +368,13 @@ def test_randomized_calibration_is_stored_and_the_pipeline_draws_the_same_u_alon
     assert [r["prediction_set"] for r in batched] == [r["prediction_set"] for r in alone]
     with torch.no_grad():
         member_logits = torch.cat([model(**tokenizer([t], return_tensors="pt")).member_logits for t in texts])
-    decided = calibrated_decisions(member_logits, stored)
+    # the sets of the library's own fit (hydra_hf.calibration.prediction_sets, not the pipeline's function)
+    fit = fit_conformal(torch.softmax(cal_logits.double(), -1).mean(1), torch.tensor(frame.label.values), 0.2, "aps",
+                        randomized=True, seed=5)
+    expected = prediction_sets(torch.softmax(member_logits.double(), -1).mean(1), fit)  # (12, 3)
     names = [model.config.id2label[c] for c in range(3)]
     for i, result in enumerate(alone):
-        assert set(result["prediction_set"]) == {names[c] for c in range(3) if decided["prediction_set"][i, c]}
+        assert set(result["prediction_set"]) == {names[c] for c in range(3) if expected[i, c]}
     assert len({len(r["prediction_set"]) for r in alone}) > 1  # sets of different sizes: not trivial
     err = _one_line_error(["calibrate", str(hydra_folder), "--data", str(data), "--output", str(tmp_path / "lac"),
                            "--randomized"], capsys)
