@@ -379,6 +379,9 @@ def test_randomized_calibration_is_stored_and_the_pipeline_draws_the_same_u_alon
     err = _one_line_error(["calibrate", str(hydra_folder), "--data", str(data), "--output", str(tmp_path / "lac"),
                            "--randomized"], capsys)
     assert "--randomized applies to aps and raps, not lac" in err and not (tmp_path / "lac").exists()
+    err = _one_line_error(["calibrate", str(hydra_folder), "--data", str(data), "--output", str(tmp_path / "lac"),
+                           "--method", "aps", "--seed", "3"], capsys)
+    assert "add --randomized" in err and not (tmp_path / "lac").exists()
 
 
 def test_fresh_process_pipeline_returns_the_stored_decisions(hydra_folder, tmp_path):
