@@ -686,3 +686,37 @@ def test_zero_shot_folder_is_calibrated_for_its_classes_and_template(tmp_path):
     assert [row["source"] for row in decisions] == ["stored"] and decisions[0]["n_calibration"] == 45
     assert cli_main([*base, "--report", str(tmp_path / "other")]) == 0  # another template: the guarantee does not apply
     assert "decisions" not in json.loads((tmp_path / "other" / "report.json").read_text())
+
+
+def test_calibration_study_scores_the_other_half_of_each_seeds_split():
+    """examples/calibration_study.py on synthetic cached logits: the seed's halves partition the test data,
+    each row's coverage is the one of its own fit on the first half scored on the second, and the Deep
+    Ensemble is the three Singles."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("calibration_study", REPO / "examples" / "calibration_study.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    logits, labels = {}, {}
+    for k, name in enumerate(("hydra", "single_0", "single_1", "single_2")):
+        test, labels["test"] = synthetic(400, seed=20, members=3 if name == "hydra" else 1, classes=2)
+        val, labels["validation"] = synthetic(100, seed=21, members=3 if name == "hydra" else 1, classes=2)
+        noise = torch.randn(500, 1, 2, generator=torch.Generator().manual_seed(k)) * 0.3  # the models differ
+        logits[name] = {"test": test + noise[:400], "validation": val + noise[400:], "ood/noise": torch.randn(50, test.shape[1], 2)}
+    cached = {"logits": logits, "labels": labels}
+    cal, scored = study.split_halves(400, 1)
+    assert sorted(torch.cat([cal, scored]).tolist()) == list(range(400)) and len(cal) == 200
+    out = study.study(cached, [1], [0.2], 0.1)
+    assert {r["model"] for r in out["sets"]} == {"Hydra", "Single", "Single + TS", "Deep Ensemble (M=3)"}
+    row = next(r for r in out["sets"] if r["model"] == "Deep Ensemble (M=3)" and r["method"] == "APS randomised")
+    ensemble = torch.cat([logits[f"single_{s}"]["test"] for s in range(3)], dim=1)  # (400, 3, 2)
+    probs = torch.softmax(ensemble.double(), -1).mean(1)
+    fit = fit_conformal(probs[cal], labels["test"][cal], 0.1, "aps", randomized=True, seed=1)
+    sets = prediction_sets(probs[scored], fit)
+    assert row["coverage"] == pytest.approx(float(sets[torch.arange(200), labels["test"][scored]].double().mean()), abs=1e-12)
+    single = next(r for r in out["sets"] if r["model"] == "Single" and r["method"] == "LAC")
+    assert single["coverage"] != row["coverage"] or single["set_size"] != row["set_size"]  # the Single of seed 1 alone
+    assert len(out["abstention"]) == 4 and all(r["risk"] == 0.2 for r in out["abstention"])
+    assert out["must"][0].startswith("90 % LAC coverage in [0.88, 0.92]")
