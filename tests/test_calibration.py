@@ -27,7 +27,7 @@ from hydra_hf.calibration import (
 from hydra_hf.cli import main as cli_main
 from hydra_hf.errors import HydraInputError
 from hydra_hf.masks import HeadMasks
-from hydra_hf.modeling.pipeline_hydra import calibrated_decisions, conformal_scores
+from hydra_hf.modeling.pipeline_hydra import calibrated_decisions, conformal_noise, conformal_scores
 
 KEPT = [[[0, 1], [2, 3], [1]], [[1, 2, 3], [0], []], [[0], [0, 1, 2, 3], [0, 2]]]
 WORDS = "the a movie film good bad great awful plot actor fun boring i it was is and not very".split()
@@ -123,6 +123,76 @@ def test_q_hat_and_sets_equal_torch_uncertainty(method):
         fallback = torch.nn.functional.one_hot(conformal_scores(test, method, 0.05, 2).argmin(-1), 6).bool()
         assert torch.equal(sets | (fallback & ~sets.any(-1, keepdim=True)), reference_support)
     assert 1.5 < float(sets.sum(1).double().mean()) < 6  # sets of several labels: the comparison tests something
+
+
+@pytest.mark.parametrize("method", ["aps", "raps"])
+def test_randomized_q_hat_and_sets_equal_torch_uncertainty_fed_the_same_u(method, monkeypatch):
+    conformal = pytest.importorskip("torch_uncertainty.post_processing.conformal")
+    member_logits, labels = synthetic(700, seed=6, classes=6)
+    probs = torch.softmax(member_logits.double(), -1).mean(1)  # (700, 6)
+    cal, test = probs[:500], probs[500:]
+    n, alpha = 500, 0.1
+    ours = fit_conformal(cal, labels[:500], alpha, method, penalty=0.05, regularization_rank=2, randomized=True, seed=3)
+    assert ours.to_dict()["randomized"] is True and ours.to_dict()["seed"] == 3
+    # torch-uncertainty draws its U with torch.rand: (n,) at fit time, (N, C) for the sets (one U per class);
+    # fed our U, one per input, repeated over the classes
+    u = {"now": conformal_noise(cal, 3)}
+
+    def same_u(*shape, **kwargs):
+        size = tuple(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else shape
+        noise = u["now"]
+        return noise if len(size) == 1 else noise[:, None].expand(size).clone()
+
+    monkeypatch.setattr(torch, "rand", same_u)
+    k = math.ceil((n + 1) * (1 - alpha))
+    level = 1 - (k - 1) / (n - 1)  # the finite-sample order statistic through torch.quantile (see above)
+    if method == "aps":
+        ref = conformal.ConformalClsAPS(level, model=_LogOf(), randomized=True, enable_ts=False)
+    else:
+        ref = conformal.ConformalClsRAPS(level, model=_LogOf(), randomized=True, penalty=0.05, regularization_rank=2,
+                                         enable_ts=False)
+    ref.fit([(cal, labels[:500])])
+    assert float(ref.quantile) == pytest.approx(ours.q_hat, abs=1e-12)
+    deterministic = fit_conformal(cal, labels[:500], alpha, method, penalty=0.05, regularization_rank=2)
+    assert ours.q_hat < deterministic.q_hat - 0.01  # U lowers the scores: the comparison sees the randomisation
+    u["now"] = conformal_noise(test, 3)
+    sets = prediction_sets(test, ours)  # (200, 6)
+    scores = conformal_scores(test, method, 0.05, 2, conformal_noise(test, 3))
+    torch.testing.assert_close(scores, ref._calculate_all_labels(test))
+    reference_support = ref.conformal(test) > 0  # an empty set gets the lowest-score class
+    fallback = torch.nn.functional.one_hot(scores.argmin(-1), 6).bool()
+    assert torch.equal(sets | (fallback & ~sets.any(-1, keepdim=True)), reference_support)
+    assert not torch.equal(sets, prediction_sets(test, deterministic))  # the randomised sets differ
+    assert 1.5 < float(sets.sum(1).double().mean()) < 6
+
+
+def test_randomization_noise_is_uniform_and_a_function_of_the_input():
+    probs = torch.softmax(torch.randn(4000, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64), -1)
+    u = conformal_noise(probs, 0)  # (4000,)
+    assert u.shape == (4000,) and float(u.min()) >= 0 and float(u.max()) < 1
+    counts = torch.histc(u, bins=10, min=0, max=1)  # uniform: 400 per tenth (sd 19)
+    assert float((counts - 400).abs().max()) < 80, counts
+    assert torch.equal(conformal_noise(probs[17:18], 0), u[17:18])  # alone or in a batch: the same U
+    assert torch.equal(conformal_noise(probs + 1e-9, 0), u)  # below the rounding: the same U
+    assert not torch.equal(conformal_noise(probs, 1), u)  # the seed keys it
+    # float32 outputs: the same U but where the rounding at 4 decimals flips (about 1e-3 of inputs here)
+    assert float((conformal_noise(probs.float(), 0) == u).double().mean()) > 0.99
+
+
+def test_randomized_aps_fixes_the_over_coverage_of_deterministic_aps_on_two_classes():
+    member_logits, labels = synthetic(10000, seed=7, classes=2)
+    probs = torch.softmax(member_logits.double(), -1).mean(1)
+    assert float((probs.argmax(-1) != labels).double().mean()) > 0.1  # more errors than alpha: ties at score 1
+    coverage = {}
+    for randomized in (False, True):
+        fit = fit_conformal(probs[:2000], labels[:2000], 0.1, "aps", randomized=randomized)
+        sets = prediction_sets(probs[2000:], fit)  # (8000, 2)
+        coverage[randomized] = float(sets[torch.arange(8000), labels[2000:]].double().mean())
+    # deterministic APS: q_hat is 1 (the true label ranked second scores exactly 1): every set holds both labels
+    assert coverage[False] > 0.99
+    assert 0.88 <= coverage[True] <= 0.92, coverage  # n = 2000: sd 0.007 (calibration) + 0.003 (test)
+    with pytest.raises(HydraInputError, match="--randomized applies to aps and raps, not lac"):
+        fit_conformal(probs[:2000], labels[:2000], 0.1, "lac", randomized=True)
 
 
 # ------------------------------------------------------------------------------------- selective
@@ -260,8 +330,58 @@ def test_calibrate_cli_bad_input_is_one_line_and_writes_nothing(hydra_folder, tm
     assert "label" in err
     err = _one_line_error([*base, "--data", str(data), "--alpha", "0.01", "--risk", "none"], capsys)
     assert "needs at least 99 labelled calibration examples" in err and "got 40" in err
+    for alpha in ("-0.1", "1"):
+        assert "alpha" in _one_line_error([*base, "--data", str(data), f"--alpha={alpha}"], capsys)
+    names = {0: "good", 1: "bad", 2: "meh"}  # label names of another label set
+    frame.assign(label=frame.label.map(names)).to_csv(tmp_path / "other_names.csv", index=False)
+    err = _one_line_error([*base, "--data", str(tmp_path / "other_names.csv")], capsys)
+    assert "label" in err and ("good" in err or "bad" in err or "meh" in err)
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]  # no temporary folder left
+
+
+def test_randomized_calibration_is_stored_and_the_pipeline_draws_the_same_u_alone_or_batched(hydra_folder, tmp_path, capsys):
+    from transformers import pipeline
+
+    from hydra_hf.calibration import guarantee_text
+
+    data = _calibration_csv(hydra_folder, tmp_path / "cal.csv", n=200)
+    out = tmp_path / "calibrated"
+    assert cli_main(["calibrate", str(hydra_folder), "--data", str(data), "--output", str(out), "--alpha", "0.2",
+                     "--method", "aps", "--randomized", "--seed", "5", "--risk", "none"]) == 0
+    stored = json.loads((out / "config.json").read_text())["calibration"]
+    assert stored["method"] == "aps" and stored["randomized"] is True and stored["seed"] == 5
+    model, tokenizer, _ = ev.load_classifier(hydra_folder)
+    frame = pd.read_csv(data)
+    with torch.no_grad():
+        cal_logits = model(**tokenizer(list(frame.text), padding=True, return_tensors="pt")).member_logits
+    again = fit_calibration(cal_logits, torch.tensor(frame.label.values), alpha=0.2, method="aps", risk=None,
+                            randomized=True, seed=5)
+    assert again["q_hat"] == pytest.approx(stored["q_hat"], abs=1e-6)
+    plain = fit_calibration(cal_logits, torch.tensor(frame.label.values), alpha=0.2, method="aps", risk=None)
+    assert plain["q_hat"] != pytest.approx(stored["q_hat"], abs=1e-3)  # the randomisation changed the fit
+    assert "randomised" in guarantee_text(stored) and "seed 5" in guarantee_text(stored)
+    texts = _texts(12, seed=11)
+    pipe = pipeline("hydra-text-classification", model=str(out), trust_remote_code=True)
+    batched = pipe(texts, batch_size=4)
+    alone = [pipe(t) for t in texts]
+    assert [r["prediction_set"] for r in batched] == [r["prediction_set"] for r in alone]
+    with torch.no_grad():
+        member_logits = torch.cat([model(**tokenizer([t], return_tensors="pt")).member_logits for t in texts])
+    # the sets of the library's own fit (hydra_hf.calibration.prediction_sets, not the pipeline's function)
+    fit = fit_conformal(torch.softmax(cal_logits.double(), -1).mean(1), torch.tensor(frame.label.values), 0.2, "aps",
+                        randomized=True, seed=5)
+    expected = prediction_sets(torch.softmax(member_logits.double(), -1).mean(1), fit)  # (12, 3)
+    names = [model.config.id2label[c] for c in range(3)]
+    for i, result in enumerate(alone):
+        assert set(result["prediction_set"]) == {names[c] for c in range(3) if expected[i, c]}
+    assert len({len(r["prediction_set"]) for r in alone}) > 1  # sets of different sizes: not trivial
+    err = _one_line_error(["calibrate", str(hydra_folder), "--data", str(data), "--output", str(tmp_path / "lac"),
+                           "--randomized"], capsys)
+    assert "--randomized applies to aps and raps, not lac" in err and not (tmp_path / "lac").exists()
+    err = _one_line_error(["calibrate", str(hydra_folder), "--data", str(data), "--output", str(tmp_path / "lac"),
+                           "--method", "aps", "--seed", "3"], capsys)
+    assert "add --randomized" in err and not (tmp_path / "lac").exists()
 
 
 def test_fresh_process_pipeline_returns_the_stored_decisions(hydra_folder, tmp_path):
@@ -306,7 +426,7 @@ def test_onnx_export_of_a_calibrated_folder_gives_the_same_decisions(hydra_folde
     data = _calibration_csv(hydra_folder, tmp_path / "cal.csv", n=300)
     out = tmp_path / "calibrated"
     assert cli_main(["calibrate", str(hydra_folder), "--data", str(data), "--output", str(out), "--alpha", "0.2",
-                     "--risk", "0.1"]) == 0
+                     "--risk", "0.1", "--method", "aps", "--randomized"]) == 0
     export_onnx(out, tmp_path / "onnx")
     stored = json.loads((out / "config.json").read_text())["calibration"]
     assert json.loads((tmp_path / "onnx" / "config.json").read_text())["calibration"] == stored
@@ -566,3 +686,37 @@ def test_zero_shot_folder_is_calibrated_for_its_classes_and_template(tmp_path):
     assert [row["source"] for row in decisions] == ["stored"] and decisions[0]["n_calibration"] == 45
     assert cli_main([*base, "--report", str(tmp_path / "other")]) == 0  # another template: the guarantee does not apply
     assert "decisions" not in json.loads((tmp_path / "other" / "report.json").read_text())
+
+
+def test_calibration_study_scores_the_other_half_of_each_seeds_split():
+    """examples/calibration_study.py on synthetic cached logits: the seed's halves partition the test data,
+    each row's coverage is the one of its own fit on the first half scored on the second, and the Deep
+    Ensemble is the three Singles."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("calibration_study", REPO / "examples" / "calibration_study.py")
+    study = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(study)
+    logits, labels = {}, {}
+    for k, name in enumerate(("hydra", "single_0", "single_1", "single_2")):
+        test, labels["test"] = synthetic(400, seed=20, members=3 if name == "hydra" else 1, classes=2)
+        val, labels["validation"] = synthetic(100, seed=21, members=3 if name == "hydra" else 1, classes=2)
+        noise = torch.randn(500, 1, 2, generator=torch.Generator().manual_seed(k)) * 0.3  # the models differ
+        logits[name] = {"test": test + noise[:400], "validation": val + noise[400:], "ood/noise": torch.randn(50, test.shape[1], 2)}
+    cached = {"logits": logits, "labels": labels}
+    cal, scored = study.split_halves(400, 1)
+    assert sorted(torch.cat([cal, scored]).tolist()) == list(range(400)) and len(cal) == 200
+    out = study.study(cached, [1], [0.2], 0.1)
+    assert {r["model"] for r in out["sets"]} == {"Hydra", "Single", "Single + TS", "Deep Ensemble (M=3)"}
+    row = next(r for r in out["sets"] if r["model"] == "Deep Ensemble (M=3)" and r["method"] == "APS randomised")
+    ensemble = torch.cat([logits[f"single_{s}"]["test"] for s in range(3)], dim=1)  # (400, 3, 2)
+    probs = torch.softmax(ensemble.double(), -1).mean(1)
+    fit = fit_conformal(probs[cal], labels["test"][cal], 0.1, "aps", randomized=True, seed=1)
+    sets = prediction_sets(probs[scored], fit)
+    assert row["coverage"] == pytest.approx(float(sets[torch.arange(200), labels["test"][scored]].double().mean()), abs=1e-12)
+    single = next(r for r in out["sets"] if r["model"] == "Single" and r["method"] == "LAC")
+    assert single["coverage"] != row["coverage"] or single["set_size"] != row["set_size"]  # the Single of seed 1 alone
+    assert len(out["abstention"]) == 4 and all(r["risk"] == 0.2 for r in out["abstention"])
+    assert out["must"][0].startswith("90 % LAC coverage in [0.88, 0.92]")

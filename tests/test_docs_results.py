@@ -173,3 +173,25 @@ def test_slim_views_render_their_results_files():
     text = render_docs.VIEWS["slim-pareto"](pareto)
     assert "| slim Hydra | 1.21 | 1.05 | +3.1 ± 1.2 | 95.5 ± 0.4 | 0.021 | 0.150 |" in text
     assert "| slim - taylor | -0.52 ± 0.90 | 3 | 0.410 | no |" in text and "- slim: met" in text
+
+
+def test_calibration_view_puts_one_value_per_seed_in_every_cell():
+    """examples/calibration_study.py's file: the sets' and the abstention's cells list the seeds' values in seed
+    order ('–' where no threshold was certified), the halvings' table and the Must's lines follow."""
+    def sets(seed, coverage):
+        return {"model": "Hydra", "seed": seed, "method": "LAC", "coverage": coverage, "set_size": 1.214,
+                "n_calibration": 638, "n_scored": 638, "ood_set_gt1": {"guardian": 0.471}}
+
+    def abstain(seed, error):
+        return {"model": "Hydra", "seed": seed, "risk": 0.05, "answered": None if error is None else 0.074,
+                "selective_error": error, "aurc": 0.0783, "ood_refused": {"guardian": None if error is None else 1.0}}
+
+    results = {"seeds": [1, 0], "ood_kinds": ["guardian"], "n_test": 1276, "alpha": 0.1, "delta": 0.1, "risks": [0.05],
+               "sets": [sets(0, 0.9012), sets(1, 0.928)], "abstention": [abstain(0, 0.021), abstain(1, None)],
+               "splits": [{"model": "Hydra", "method": "LAC", "splits": 200, "mean": 0.90171, "std": 0.0164, "in_band": 0.77}],
+               "must": ["LAC: missed"]}  # fmt: skip
+    text = render_docs.VIEWS["calibration"](results)
+    assert "| Hydra | LAC | 0.928 / 0.901 | 1.21 / 1.21 | 47 / 47 |" in text
+    assert "| Hydra | 0.05 | – / 7.4 | – / 2.1 | 0.078 / 0.078 | – / 100 |" in text
+    assert "| Hydra | LAC | 0.9017 ± 0.0164 | 77 |" in text and text.endswith("- LAC: missed\n")
+    assert text.startswith("Seeds 1, 0 (each cell: one value per seed); 1276 test reviews, 638 calibrate")

@@ -117,12 +117,57 @@ def _slim_pareto_table(results: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n\n" + "".join(f"- {m}\n" for m in results["must"])
 
 
+def _calibration_tables(results: Mapping[str, Any]) -> str:
+    """examples/calibration_study.py: per model and method the 90 % sets' coverage and size and the OOD inputs given
+    more than one label; per model and target risk the abstention; each cell one value per seed (seed order); the
+    coverage over many random halvings; the Must's lines."""
+    seeds, kinds = results["seeds"], results["ood_kinds"]
+
+    def per_seed(rows: list[Mapping[str, Any]], value: Callable[[Mapping[str, Any]], Any], fmt: str) -> str:
+        by_seed = {r["seed"]: value(r) for r in rows}
+        return " / ".join("–" if by_seed.get(s) is None else format(by_seed[s], fmt) for s in seeds)
+
+    def pct(value: Any) -> Any:
+        return None if value is None else 100 * value
+
+    head = (f"Seeds {', '.join(map(str, seeds))} (each cell: one value per seed); {results['n_test']} test reviews, "
+            f"{results['sets'][0]['n_calibration']} calibrate and {results['sets'][0]['n_scored']} are scored; "
+            f"α = {results['alpha']:g}.\n\n")
+    lines = ["| model | sets | coverage | mean set size | " + " | ".join(f"{k}: set > 1 (%)" for k in kinds) + " |",
+             "|:---|:---|:---|:---|" + "---|" * len(kinds)]
+    for model in dict.fromkeys(r["model"] for r in results["sets"]):
+        for method in dict.fromkeys(r["method"] for r in results["sets"]):
+            rows = [r for r in results["sets"] if r["model"] == model and r["method"] == method]
+            cells = [model, method, per_seed(rows, lambda r: r["coverage"], ".3f"), per_seed(rows, lambda r: r["set_size"], ".2f")]
+            cells += [per_seed(rows, lambda r, k=k: pct(r["ood_set_gt1"][k]), ".0f") for k in kinds]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Abstention on MSP, Learn then Test at δ = {results['delta']:g} (– : no threshold certified at that risk; "
+              "`hydra-hf calibrate` refuses it, every input would be refused):", "",
+              "| model | risk | answered (%) | error among answered (%) | AURC | "
+              + " | ".join(f"{k}: refused (%)" for k in kinds) + " |", "|:---|:---|:---|:---|:---|" + "---|" * len(kinds)]
+    for risk in results["risks"]:
+        for model in dict.fromkeys(r["model"] for r in results["abstention"]):
+            rows = [r for r in results["abstention"] if r["model"] == model and r["risk"] == risk]
+            cells = [model, f"{risk:g}", per_seed(rows, lambda r: pct(r["answered"]), ".1f"),
+                     per_seed(rows, lambda r: pct(r["selective_error"]), ".1f"), per_seed(rows, lambda r: r["aurc"], ".3f")]
+            cells += [per_seed(rows, lambda r, k=k: pct(r["ood_refused"][k]), ".0f") for k in kinds]
+            lines.append("| " + " | ".join(cells) + " |")
+    if results["splits"]:
+        lines += ["", f"Coverage over {results['splits'][0]['splits']} random halvings (split seeds 0–"
+                  f"{results['splits'][0]['splits'] - 1}; the Single of seed 0):", "",
+                  "| model | sets | mean coverage ± sd | splits in [0.88, 0.92] (%) |", "|:---|:---|---:|---:|"]
+        lines += [f"| {r['model']} | {r['method']} | {r['mean']:.4f} ± {r['std']:.4f} | {100 * r['in_band']:.0f} |"
+                  for r in results["splits"]]
+    return head + "\n".join(lines) + "\n\n" + "".join(f"- {m}\n" for m in results["must"])
+
+
 VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "methods": _methods_table,
     "hydra-vs-single": _versus_single_table,
     "transformers-common-tests": _common_tests_table,
     "bench-slim": _bench_slim_table,
     "slim-pareto": _slim_pareto_table,
+    "calibration": _calibration_tables,
 }
 """view name -> markdown of a results file (ending with a newline)."""
 

@@ -7,19 +7,23 @@ smallest of them, the set ``{y : s(x, y) <= q_hat}`` holds the test label with p
 ``1 - alpha`` (marginally, over calibration and test draws). Scores (in the shipped
 ``pipeline_hydra.conformal_scores``): ``lac`` ``1 - p_y`` (Sadinle et al. 2019), ``aps`` the mass of
 the classes ranked at or above ``y`` (Romano et al. 2020), ``raps`` APS plus a rank penalty
-(Angelopoulos et al. 2021). All are deterministic: no random tie-breaking, so APS / RAPS coverage may
-exceed ``1 - alpha``.
+(Angelopoulos et al. 2021). By default all are deterministic: no random tie-breaking, so APS / RAPS
+coverage may exceed ``1 - alpha`` (with two classes, by far). ``randomized`` APS / RAPS subtract
+``U * p_y`` from the score (Romano et al. 2020; Angelopoulos et al. 2021), with one uniform ``U`` per
+input from ``pipeline_hydra.conformal_noise``: a hash of the seed and the input's rounded probabilities,
+the same at fit time and wherever the folder is used. The scores are then (almost surely) distinct and
+coverage is within ``[1 - alpha, 1 - alpha + 1 / (n + 1))``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ..errors import HydraInputError, HydraTypeError
-from ..modeling.pipeline_hydra import CONFORMAL_METHODS, conformal_scores
+from ..modeling.pipeline_hydra import CONFORMAL_METHODS, RANDOMIZED_METHODS, conformal_noise, conformal_scores
 
 __all__ = ["CONFORMAL_METHODS", "ConformalFit", "check_alpha", "conformal_quantile", "fit_conformal",
            "min_calibration_size", "prediction_sets"]
@@ -67,10 +71,17 @@ class ConformalFit:
     n: int
     penalty: float = 0.0
     regularization_rank: int = 1
+    randomized: bool = False
+    seed: int | None = None  # the seed of the randomised scores' U (None: deterministic)
 
     def to_dict(self) -> dict[str, object]:
-        return {"method": self.method, "alpha": self.alpha, "q_hat": self.q_hat, "n": self.n, "randomized": False,
-                "penalty": self.penalty, "regularization_rank": self.regularization_rank}
+        return {"method": self.method, "alpha": self.alpha, "q_hat": self.q_hat, "n": self.n,
+                "randomized": self.randomized, "seed": self.seed, "penalty": self.penalty,
+                "regularization_rank": self.regularization_rank}
+
+    def noise(self, probs: torch.Tensor) -> torch.Tensor | None:
+        """``(N,)`` the randomised scores' U of ``probs`` ``(N, C)``, or None when deterministic."""
+        return conformal_noise(probs, self.seed) if self.randomized else None
 
 
 def fit_conformal(
@@ -81,6 +92,8 @@ def fit_conformal(
     *,
     penalty: float = 0.1,
     regularization_rank: int = 1,
+    randomized: bool = False,
+    seed: int = 0,
 ) -> ConformalFit:
     """Fit ``q_hat`` on calibration probabilities.
 
@@ -90,10 +103,16 @@ def fit_conformal(
         alpha: miscoverage level in (0, 1): the sets hold the label with probability >= 1 - alpha.
         method: ``lac``, ``aps`` or ``raps``.
         penalty, regularization_rank: RAPS' lambda and k_reg (ignored by the other methods).
+        randomized: APS / RAPS with a uniform U per input (see the module docstring); ``seed`` keys U.
     """
     alpha = check_alpha(alpha)
     if method not in CONFORMAL_METHODS:
         raise HydraInputError(f"conformal method {method!r} is unknown; use one of {', '.join(CONFORMAL_METHODS)}")
+    if randomized and method not in RANDOMIZED_METHODS:
+        raise HydraInputError(f"--randomized applies to {' and '.join(RANDOMIZED_METHODS)}, not {method} (its score "
+                              "1 - p_y needs no tie-breaking); drop --randomized or pick --method aps")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise HydraTypeError(f"seed must be an integer, got {seed!r}")
     if method == "raps":
         if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not 0 <= penalty < math.inf:
             raise HydraInputError(f"RAPS penalty must be a finite number >= 0, got {penalty!r}; e.g. 0.1")
@@ -103,13 +122,14 @@ def fit_conformal(
         penalty, regularization_rank = 0.0, 1
     if probs.dim() != 2 or labels.shape != probs.shape[:1]:
         raise HydraInputError(f"probs must be (n, C) and labels (n,), got {tuple(probs.shape)} and {tuple(labels.shape)}")
-    scores = conformal_scores(probs.double(), method, float(penalty), int(regularization_rank))  # (n, C)
+    fit = ConformalFit(method, alpha, 0.0, int(labels.numel()), float(penalty), int(regularization_rank),
+                       bool(randomized), int(seed) if randomized else None)
+    scores = conformal_scores(probs.double(), method, fit.penalty, fit.regularization_rank, fit.noise(probs))  # (n, C)
     true_scores = scores.gather(1, labels.long()[:, None]).squeeze(1)  # (n,)
-    q_hat = conformal_quantile(true_scores, alpha)
-    return ConformalFit(method, alpha, q_hat, int(labels.numel()), float(penalty), int(regularization_rank))
+    return replace(fit, q_hat=conformal_quantile(true_scores, alpha))
 
 
 def prediction_sets(probs: torch.Tensor, fit: ConformalFit) -> torch.Tensor:
     """``(N, C)`` bool: class ``c`` is in input ``i``'s set. ``probs``: ``(N, C)``."""
-    scores = conformal_scores(probs.double(), fit.method, fit.penalty, fit.regularization_rank)
+    scores = conformal_scores(probs.double(), fit.method, fit.penalty, fit.regularization_rank, fit.noise(probs))
     return scores <= fit.q_hat

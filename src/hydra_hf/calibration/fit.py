@@ -22,7 +22,7 @@ from .. import evaluation as ev
 from ..data import resolve_dataset
 from ..errors import HydraInputError
 from ..lm_evaluation import load_causal_lm
-from ..modeling.pipeline_hydra import ZERO_SHOT_TEMPLATE, calibrated_member_probs
+from ..modeling.pipeline_hydra import RANDOMIZED_METHODS, ZERO_SHOT_TEMPLATE, calibrated_member_probs
 from ..pruning.members import is_causal_lm_folder
 from ..outputs import MARKER, check_output, read_json, regular_files, write_output_folder, write_text_atomic
 from ..version import __version__
@@ -51,6 +51,8 @@ def fit_calibration(
     temperature: float | str | None = None,
     penalty: float = 0.1,
     regularization_rank: int = 1,
+    randomized: bool = False,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """What ``config.calibration`` stores, fitted on calibration outputs.
 
@@ -58,13 +60,15 @@ def fit_calibration(
         member_logits: ``(n, M, C)`` the members' logits on the calibration data.
         labels: ``(n,)`` true classes.
         alpha: the sets' miscoverage level in (0, 1).
-        method: ``lac``, ``aps`` or ``raps`` (deterministic).
+        method: ``lac``, ``aps`` or ``raps`` (deterministic unless ``randomized``).
         score: ``msp``, ``entropy`` or ``mi``: the uncertainty that decides abstention.
         risk, delta: the error rate among answered inputs to certify, with confidence ``1 - delta``
             (Learn then Test); ``risk=None`` fits the prediction sets only.
         temperature: None (the model's own probabilities), a number, or ``"fit"``: fitted (NLL) on a
             seeded random half of the data, named ``temperature_part``; the sets and the threshold are
             then fitted on the other half only.
+        randomized, seed: randomised APS / RAPS, U per input a hash of ``seed`` and its probabilities
+            (``pipeline_hydra.conformal_noise``; the seed is stored).
     """
     check_alpha(alpha)
     if risk is not None:
@@ -91,7 +95,7 @@ def fit_calibration(
     record["temperature"] = float(temperature) if temperature is not None else 1.0
     member_probs = calibrated_member_probs(member_logits, record)  # (n, M, C) float64
     conformal = fit_conformal(member_probs.mean(dim=1), labels, alpha, method, penalty=penalty,
-                              regularization_rank=regularization_rank)
+                              regularization_rank=regularization_rank, randomized=randomized, seed=seed)
     record.update(conformal.to_dict())
     if risk is None:
         record.update({"score": score, "risk": None, "delta": None, "threshold": None})
@@ -140,6 +144,13 @@ def guarantee_text(calibration: dict[str, Any]) -> str:
             "examples. The coverage is marginal (on average over inputs, not for each input or each class) and holds "
             "only for inputs exchangeable with the calibration data (the same distribution); it says nothing about "
             "out-of-distribution inputs.")
+    if calibration.get("randomized"):
+        text += (f" The sets are randomised (Romano et al. 2020): an input's score subtracts U times its probability, "
+                 f"U uniform in [0, 1) and drawn from the input itself (a hash of seed {calibration['seed']} and its "
+                 "probabilities rounded to 4 decimals), so the same input always gets the same set; the coverage is "
+                 "then close to the level, not above it by the ties' margin.")
+    elif calibration["method"] in ("aps", "raps"):
+        text += " The sets are deterministic (no random tie-breaking): their coverage may exceed the level."
     if calibration.get("threshold") is not None:
         text += (f" The model abstains when {calibration['score']} uncertainty exceeds {calibration['threshold']:.4g}; "
                  f"with confidence {1 - calibration['delta']:.0%} the error rate among answered inputs like the "
@@ -161,6 +172,8 @@ def calibrate_folder(
     temperature: float | str | None = None,
     penalty: float = 0.1,
     regularization_rank: int = 1,
+    randomized: bool = False,
+    seed: int = 0,
     text_column: str = "text",
     label_column: str = "label",
     image_column: str | None = None,
@@ -186,6 +199,9 @@ def calibrate_folder(
     if risk is not None:
         check_alpha(risk, "risk")
         check_alpha(delta, "delta")
+    if randomized and method not in RANDOMIZED_METHODS:
+        raise HydraInputError(f"--randomized applies to {' and '.join(RANDOMIZED_METHODS)}, not {method} (its score "
+                              "1 - p_y needs no tie-breaking); drop --randomized or pick --method aps")
     config_file = Path(folder) / "config.json"
     if not config_file.is_file():
         raise HydraInputError(f"{str(folder)!r} has no config.json; pass a Hydra Ensemble classifier folder")
@@ -201,8 +217,9 @@ def calibrate_folder(
         score = score or "mi"
         if score not in GENERATION_SCORES:
             raise HydraInputError(f"--score {score!r} does not apply to a causal LM; use one of {', '.join(GENERATION_SCORES)}")
-        if temperature is not None:
-            raise HydraInputError("--temperature does not apply to a causal LM's abstention thresholds; drop it")
+        if temperature is not None or randomized:
+            flag = "--temperature" if temperature is not None else "--randomized"
+            raise HydraInputError(f"{flag} does not apply to a causal LM's abstention thresholds; drop it")
         lm, tokenizer = load_causal_lm(folder)
         dataset = resolve_dataset(data, text_column=text_column, label_column=None, max_samples=max_samples)
         if "text" not in dataset.column_names:
@@ -227,7 +244,7 @@ def calibrate_folder(
         predictions = ev.predict(zero_shot.predictor(names, prompts), loader, desc="calibration")
         calibration = fit_calibration(predictions.member_logits, predictions.labels, alpha=alpha, method=method,
                                       score=score, risk=risk, delta=delta, temperature=temperature, penalty=penalty,
-                                      regularization_rank=regularization_rank)
+                                      regularization_rank=regularization_rank, randomized=randomized, seed=seed)
         calibration.update({"class_names": names, "templates": prompts, "data": data,
                             "data_sha256": data_sha256(dataset), "hydra_hf_version": __version__})
         _write_calibrated_copy(folder, output, calibration, overwrite)
@@ -247,7 +264,7 @@ def calibrate_folder(
                              desc="calibration")
     calibration = fit_calibration(predictions.member_logits, predictions.labels, alpha=alpha, method=method, score=score,
                                   risk=risk, delta=delta, temperature=temperature, penalty=penalty,
-                                  regularization_rank=regularization_rank)
+                                  regularization_rank=regularization_rank, randomized=randomized, seed=seed)
     calibration.update({"data": data, "data_sha256": data_sha256(dataset), "hydra_hf_version": __version__})
     if "temperature_part" in calibration:
         calibration["n_total"] = int(predictions.labels.numel())

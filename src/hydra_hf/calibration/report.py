@@ -24,15 +24,17 @@ __all__ = ["DEFAULTS", "decision_metrics", "fit_for_report", "render_decisions",
 logger = logging.getLogger(__name__)
 
 # the settings of a model without a stored calibration (those of `hydra-hf calibrate`'s defaults)
-DEFAULTS = {"method": "lac", "score": "msp", "risk": 0.1, "delta": 0.1}
+DEFAULTS = {"method": "lac", "score": "msp", "risk": 0.1, "delta": 0.1, "randomized": False, "seed": 0}
 
 
-def fit_for_report(member_logits: torch.Tensor, labels: torch.Tensor, alpha: float, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """A calibration fitted on validation outputs with ``settings`` (method, score, risk, delta; the
-    model's own probabilities). A threshold that cannot be certified leaves ``threshold`` None and the
-    reason in ``selective_error``."""
-    kwargs = dict(alpha=alpha, method=settings["method"], score=settings["score"],
-                  penalty=float(settings.get("penalty", 0.1)), regularization_rank=int(settings.get("regularization_rank", 1)))
+def fit_for_report(member_logits: torch.Tensor, labels: torch.Tensor, alpha: float, settings: Mapping[str, Any],
+                   temperature: float | None = None) -> dict[str, Any]:
+    """A calibration fitted on validation outputs with ``settings`` (method, score, risk, delta,
+    randomized, seed; the model's own probabilities, or divided by ``temperature``). A threshold that
+    cannot be certified leaves ``threshold`` None and the reason in ``selective_error``."""
+    kwargs = dict(alpha=alpha, method=settings["method"], score=settings["score"], temperature=temperature,
+                  penalty=float(settings.get("penalty", 0.1)), regularization_rank=int(settings.get("regularization_rank", 1)),
+                  randomized=bool(settings.get("randomized", False)), seed=int(settings.get("seed", 0)))
     try:
         return fit_calibration(member_logits, labels, risk=settings["risk"], delta=settings["delta"], **kwargs)
     except HydraInputError as exc:
@@ -74,7 +76,8 @@ def decision_metrics(
     correct = (probs.argmax(dim=-1) == labels.long()).double()
     value = decided["abstain_value"]  # (N,) higher = less sure
     out: dict[str, Any] = {
-        "alpha": record["alpha"], "method": record["method"], "n_calibration": record["n"], "q_hat": record["q_hat"],
+        "alpha": record["alpha"], "method": record["method"], "randomized": bool(record.get("randomized")),
+        "n_calibration": record["n"], "q_hat": record["q_hat"],
         "coverage": float(covered.mean()), "set_size": float(size.mean()),
         "coverage_ci": _interval(lambda i: covered[i].mean(), labels.numel(), n_boot, seed),
         "set_size_ci": _interval(lambda i: size[i].mean(), labels.numel(), n_boot, seed + 1),
@@ -127,7 +130,8 @@ def render_decisions(decisions: Mapping[str, Sequence[Mapping[str, Any]]]) -> st
         for row in rows:
             size = f"{row['set_size']:.3f}" + (f" [{row['set_size_ci']['ci_low']:.3f}, {row['set_size_ci']['ci_high']:.3f}]"
                                                if row.get("set_size_ci") else "")
-            cells = [f"{name} ({row.get('source', 'val')})", f"{row['alpha']:g}", row["method"], str(row["n_calibration"]), _pct(row["coverage"], row.get("coverage_ci")),
+            method = row["method"] + (" (randomised)" if row.get("randomized") else "")
+            cells = [f"{name} ({row.get('source', 'val')})", f"{row['alpha']:g}", method, str(row["n_calibration"]), _pct(row["coverage"], row.get("coverage_ci")),
                      size, str(row["score"]), "–" if row["threshold"] is None else f"{row['threshold']:.4g}",
                      _pct(row["answered"]), _pct(row["selective_accuracy"], row.get("selective_accuracy_ci")),
                      f"{row['aurc']:.4f}"]

@@ -56,7 +56,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "1 - alpha (default 0.1)")
     p.add_argument("--method", choices=CONFORMAL_METHODS, default="lac",
                    help="conformal score: lac (1 - p_y), aps (adaptive sets), raps (regularised APS); deterministic, "
-                   "no random tie-breaking (default lac)")
+                   "no random tie-breaking, unless --randomized (default lac)")
+    p.add_argument("--randomized", action="store_true",
+                   help="aps / raps: randomised scores (Romano et al. 2020), whose coverage is close to 1 - alpha instead "
+                   "of above it (deterministic APS covers far more with two classes); an input's uniform U is a hash "
+                   "of --seed and its probabilities: the same input always gets the same set (default: deterministic)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="with --randomized: the seed of the scores' U, stored in the calibration (default 0)")
     p.add_argument("--raps-penalty", type=finite_float, default=0.1, help="RAPS' lambda (default 0.1)")
     p.add_argument("--raps-rank", type=int, default=1, help="RAPS' k_reg: ranks above it are penalised (default 1)")
     p.add_argument("--score", choices=SELECTIVE_SCORES, default=None,
@@ -88,14 +94,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.seed is not None and not args.randomized:
+        raise ValueError(f"--seed {args.seed} seeds the randomised scores; add --randomized (aps or raps) or drop --seed")
     calibration = calibrate_folder(
         args.folder, args.data, args.output, alpha=args.alpha, method=args.method, score=args.score, risk=args.risk,
         delta=args.delta, temperature=args.temperature, penalty=args.raps_penalty, regularization_rank=args.raps_rank,
+        randomized=args.randomized, seed=0 if args.seed is None else args.seed,
         text_column=args.text_column, label_column=args.label_column, image_column=args.image_column,
         max_samples=args.max_samples, batch_size=args.batch_size, max_length=args.max_length,
         class_names=args.class_names, templates=args.templates, overwrite=args.overwrite,
     )  # fmt: skip
     print(guarantee_text(calibration))
-    keys = ("method", "alpha", "q_hat", "n", "score", "risk", "threshold", "token_threshold", "sequence_threshold")
+    keys = ("method", "randomized", "alpha", "q_hat", "n", "score", "risk", "threshold", "token_threshold", "sequence_threshold")
     print(json.dumps({k: calibration[k] for k in keys if k in calibration}))
     return 0

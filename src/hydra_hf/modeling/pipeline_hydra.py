@@ -18,7 +18,8 @@ mean of its members' softmaxes). These subclasses read ``member_logits`` as well
   labels of the split-conformal set at level 1 - alpha (best first; it may be empty), ``abstain``
   (``True`` when the selective score is above the risk-controlling threshold, ``None`` without one) and
   ``abstain_score`` (``{"score", "value", "threshold"}``). :func:`calibrated_decisions` computes them;
-  ``hydra_hf.calibration`` fits them and calls the same function.
+  ``hydra_hf.calibration`` fits them and calls the same function. Randomised APS / RAPS sets draw an
+  input's U from the input itself (:func:`conformal_noise`): the same input always gets the same set.
 
 The folder's ``config.json`` names the pipeline in ``custom_pipelines``, so that
 ``pipeline(model=folder_or_repo, trust_remote_code=True)`` builds it. The entropies are computed
@@ -156,27 +157,68 @@ def format_result(
 
 # ------------------------------------------------------------------------- calibrated decisions
 # Split conformal sets and selective answers, fitted by ``hydra_hf.calibration`` and stored in
-# ``config.calibration``. The sets are deterministic (no random tie-breaking): APS / RAPS use the full
-# cumulative mass up to and including a class, so coverage is at least 1 - alpha, possibly above it.
+# ``config.calibration``. By default the sets are deterministic (no random tie-breaking): APS / RAPS
+# use the full cumulative mass up to and including a class, so coverage is at least 1 - alpha, possibly
+# above it. ``randomized`` APS / RAPS subtract ``U * p_c`` (Romano et al. 2020), with one U per input
+# drawn by :func:`conformal_noise`: a hash of the input's probabilities and the stored seed.
 CONFORMAL_METHODS = ("lac", "aps", "raps")
+RANDOMIZED_METHODS = ("aps", "raps")
 SELECTIVE_SCORES = ("msp", "entropy", "mi")  # uncertainty scores: higher = less sure
+NOISE_DECIMALS = 4  # the probabilities are rounded to this many decimals before they are hashed
+_MASK64 = (1 << 64) - 1
 
 
-def conformal_scores(probs: torch.Tensor, method: str, penalty: float = 0.0, regularization_rank: int = 1) -> torch.Tensor:
-    """The non-conformity score of every class (higher = stranger).
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser (Steele, Lea & Flood 2014): a 64-bit integer to a well-mixed one."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
-    ``lac``: ``1 - p_c``; ``aps``: the probability mass of the classes ranked at or above ``c``;
-    ``raps``: APS plus ``penalty * max(rank(c) - regularization_rank, 0)`` (ranks from 1).
+
+def conformal_noise(probs: torch.Tensor, seed: int) -> torch.Tensor:
+    """The uniform ``U`` of randomised APS / RAPS, one per input, deterministic from the input.
+
+    ``U`` = a 64-bit hash (splitmix64, chained) of the seed and the input's probabilities rounded to
+    ``NOISE_DECIMALS`` decimals, its top 53 bits over 2^53: in [0, 1), uniform over inputs. The same
+    input (the same probabilities) gets the same ``U`` at fit time, in every pipeline call, alone or in
+    a batch, and in the ONNX predictor; outputs that differ in the rounded decimals (another device,
+    int8) may draw another ``U``. Pure Python integers: the same on every platform.
 
     Shape:
-        probs: ``(..., C)`` -> ``(..., C)``.
+        probs: ``(..., C)`` -> ``(...)`` float64.
+    """
+    steps = (probs.detach().to("cpu", torch.float64) * 10**NOISE_DECIMALS).round().long()  # (..., C)
+    noise = []
+    for row in steps.reshape(-1, probs.shape[-1]).tolist():
+        state = _mix64(int(seed) & _MASK64)
+        for step in row:
+            state = _mix64(state ^ step)
+        noise.append((state >> 11) / 2.0**53)  # the top 53 bits: exactly representable, < 1
+    return torch.tensor(noise, dtype=torch.float64).reshape(probs.shape[:-1])
+
+
+def conformal_scores(probs: torch.Tensor, method: str, penalty: float = 0.0, regularization_rank: int = 1,
+                     noise: torch.Tensor | None = None) -> torch.Tensor:
+    """The non-conformity score of every class (higher = stranger).
+
+    ``lac``: ``1 - p_c``; ``aps``: the probability mass of the classes ranked at or above ``c``, minus
+    ``noise * p_c`` when ``noise`` (randomised APS); ``raps``: APS plus
+    ``penalty * max(rank(c) - regularization_rank, 0)`` (ranks from 1).
+
+    Shape:
+        probs: ``(..., C)``, noise: ``(...)`` (one U per input) -> ``(..., C)``.
     """
     if method == "lac":
+        if noise is not None:
+            raise ValueError("lac has no randomised score; randomise aps or raps")
         return 1.0 - probs
-    if method not in ("aps", "raps"):
+    if method not in RANDOMIZED_METHODS:
         raise ValueError(f"conformal method {method!r} is unknown; use one of {list(CONFORMAL_METHODS)}")
     ordered, order = probs.sort(dim=-1, descending=True, stable=True)  # (..., C)
     mass = ordered.cumsum(dim=-1)  # (..., C): mass of the classes ranked 1..k
+    if noise is not None:
+        mass = mass - noise.to(ordered.dtype)[..., None] * ordered  # one U per input: the sets stay nested
     if method == "raps":
         rank = torch.arange(1, probs.shape[-1] + 1, dtype=probs.dtype, device=probs.device)  # (C,)
         mass = mass + penalty * (rank - regularization_rank).clamp(min=0)
@@ -220,8 +262,9 @@ def calibrated_decisions(member_logits: torch.Tensor, calibration: dict[str, Any
     """
     member_probs = calibrated_member_probs(member_logits, calibration)  # (N, M, C)
     probs = member_probs.mean(dim=-2)  # (N, C)
+    noise = conformal_noise(probs, int(calibration["seed"])) if calibration.get("randomized") else None  # (N,)
     scores = conformal_scores(probs, calibration["method"], float(calibration.get("penalty", 0.0)),
-                              int(calibration.get("regularization_rank", 1)))  # (N, C)
+                              int(calibration.get("regularization_rank", 1)), noise)  # (N, C)
     value = selective_uncertainty(member_probs, calibration.get("score", "msp"))  # (N,)
     threshold = calibration.get("threshold")
     return {
@@ -244,6 +287,10 @@ def resolve_calibration(config: Any) -> dict[str, Any] | None:
     q_hat = calibration.get("q_hat")
     if isinstance(q_hat, bool) or not isinstance(q_hat, (int, float)) or not math.isfinite(q_hat):
         raise ValueError(f"config.calibration q_hat must be a finite number, got {q_hat!r}; calibrate the folder again")
+    seed = calibration.get("seed")
+    if calibration.get("randomized") and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"config.calibration is randomized but its seed is {seed!r}, not an integer; calibrate the "
+                         "folder again")
     return calibration
 
 
