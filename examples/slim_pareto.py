@@ -32,7 +32,7 @@ from hydra_hf.outputs import write_text_atomic
 # the pairs the docs compare: (a, b): is a's mean OOD gain different from b's, seed by seed?
 PAIRS = (("slim per_member", "taylor per_member"), ("slim average", "taylor average"),
          ("slim_half per_member", "taylor per_member"), ("slim per_member", "Single"))  # fmt: skip
-LABELS = {"taylor": "Hydra (Taylor)", "slim": "slim Hydra (34 % MLP)", "slim_half": "slim Hydra (50 % MLP)"}
+LABELS = {"taylor": "Hydra (Taylor)", "slim": "slim Hydra (33 % MLP)", "slim_half": "slim Hydra (50 % MLP)"}
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:

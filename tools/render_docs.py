@@ -159,6 +159,24 @@ def _calibration_tables(results: Mapping[str, Any]) -> str:
         lines += [f"| {r['model']} | {r['method']} | {r['mean']:.4f} ± {r['std']:.4f} | {100 * r['in_band']:.0f} |"
                   for r in results["splits"]]
     return head + "\n".join(lines) + "\n\n" + "".join(f"- {m}\n" for m in results["must"])
+def _slim_text_table(results: Mapping[str, Any]) -> str:
+    """examples/slim_text.py: compute and the MSP gain over the mean Single per OOD kind (mean ± std over seeds),
+    accuracy, ECE; then each slim recipe against the reference Hydra, kind by kind, and the issue's bar."""
+    kinds = results["kinds"]
+    lines = [f"{len(results['seeds'])} seeds; MSP AUROC minus the mean Single's per OOD kind (points), ± the seeds' "
+             "standard deviation.", "",
+             "| model | compute (x Single) | " + " | ".join(kinds) + " | accuracy (%) | ECE |",
+             "|:---|---:|" + "---:|" * len(kinds) + "---:|---:|"]
+    for r in results["rows"]:
+        gains = " | ".join(f"{r['gain_per_kind'][k][0]:+.1f} ± {r['gain_per_kind'][k][1]:.1f}" for k in kinds)
+        lines.append(f"| {r['label']} | {r['compute_x']:.2f} | {gains} | {r['accuracy']:.1f} ± {r['accuracy_std']:.1f} | "
+                     f"{r['ece']:.3f} |")
+    lines += ["", f"| slim - reference, per kind (seed by seed) | difference | p (paired t) | decided | within "
+                  f"{results['bar_points']:g} point |", "|:---|---:|---:|:---|:---|"]
+    for d in results["decisions"]:
+        lines.append(f"| {d['a']} - {d['b']}: {d['kind']} | {d['difference']:+.2f} ± {d['difference_std']:.2f} | "
+                     f"{d['p']:.3f} | {'yes' if d['decided'] else 'no'} | {'yes' if d['within_bar'] else 'no'} |")
+    return "\n".join(lines) + "\n"
 
 
 VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
@@ -168,6 +186,7 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "bench-slim": _bench_slim_table,
     "slim-pareto": _slim_pareto_table,
     "calibration": _calibration_tables,
+    "slim-text": _slim_text_table,
 }
 """view name -> markdown of a results file (ending with a newline)."""
 
