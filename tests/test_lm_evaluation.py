@@ -14,7 +14,7 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hydra_hf import lm_evaluation as LE
-from hydra_hf import lm_metrics as LM
+from hydra_hf.metrics import causal_lm as LM
 from hydra_hf import metrics as M
 
 

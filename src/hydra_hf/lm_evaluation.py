@@ -5,8 +5,8 @@ A Hydra causal LM returns ``member_logits (B, M, T, V)`` (and ``logits (B, T, V)
 mean of the members' softmaxes); a stock causal LM returns ``logits (B, T, V)`` and counts as one
 member. :func:`evaluate_causal_lm` runs the model over the ID data and every named OOD set in
 batches (right padding, attention mask), shifts for next tokens and streams each batch into a
-:class:`hydra_hf.lm_metrics.CausalLMAccumulator`: nothing of size ``(N, V)`` is kept. The numbers
-come from :mod:`hydra_hf.lm_metrics` and :mod:`hydra_hf.metrics` (ECE bins, AUROC, FPR@95).
+:class:`hydra_hf.metrics.causal_lm.CausalLMAccumulator`: nothing of size ``(N, V)`` is kept. The numbers
+come from :mod:`hydra_hf.metrics.causal_lm` and :mod:`hydra_hf.metrics` (ECE bins, AUROC, FPR@95).
 
 Data may be given as texts with a tokenizer (:func:`tokenize_texts`), as token-id sequences
 (:func:`batch_token_ids`; offline tests need no tokenizer), or as ready batches: mappings with
@@ -32,7 +32,8 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from . import lm_metrics, metrics
+from . import metrics
+from .metrics import causal_lm as lm_metrics
 from .convert.io import checkpoint_dir, from_pretrained, read_config
 from .errors import HydraInputError
 from .evaluation import max_text_positions, recipe_of
@@ -201,7 +202,7 @@ def run_causal_lm(
     chunk_elements: int = lm_metrics.CHUNK_ELEMENTS,
 ) -> lm_metrics.CausalLMAccumulator:
     """Run ``model`` over ``batches`` (mappings with ``input_ids`` / ``attention_mask``, or ``(B, T)``
-    id tensors) and stream its next-token predictions into a :class:`~hydra_hf.lm_metrics.CausalLMAccumulator`.
+    id tensors) and stream its next-token predictions into a :class:`~hydra_hf.metrics.causal_lm.CausalLMAccumulator`.
 
     The model runs in eval mode under ``torch.no_grad`` (its training flag is restored afterwards).
     """
@@ -273,7 +274,7 @@ def evaluate_causal_lm(
         "ood": {name: {the same token numbers on that set, "scores": {score: {"auroc", "fpr95",
         "aupr_in", "aupr_out"}}}}}``: every number a python float or int; with a model config, ``"recipe"``
         (:func:`hydra_hf.evaluation.recipe_of`). The ID numbers are over all
-        valid ID tokens pooled. The scores (:data:`hydra_hf.lm_metrics.SEQUENCE_SCORES`, higher = more
+        valid ID tokens pooled. The scores (:data:`hydra_hf.metrics.causal_lm.SEQUENCE_SCORES`, higher = more
         ID, ID the positive class) are the mean MSP, the negative mean predictive entropy, the
         negative mean mutual information (``M > 1`` only) and the mean token log-likelihood of each
         sequence. With ``return_sequence_scores``: ``"sequence_scores": {"id": {score: (N_id,)},
@@ -361,7 +362,7 @@ def causal_lm_rows(
     """One report row per model from :func:`evaluate_causal_lm` reports: ``method``, ``perplexity``,
     ``nll``, ``accuracy`` (next token), ``ece``, ``msp``, ``mutual_information``, ``members``,
     ``num_tokens``, per OOD set ``"<set>/perplexity"`` and ``"<set>/auroc"`` ... of the sequence score
-    ``score`` (:data:`hydra_hf.lm_metrics.SEQUENCE_SCORES`; a model without it, e.g. mutual information
+    ``score`` (:data:`hydra_hf.metrics.causal_lm.SEQUENCE_SCORES`; a model without it, e.g. mutual information
     of one model, leaves the cells empty), ``params_m`` when ``params`` gives the parameter count, ``compute_x``
     (multiply-adds per token relative to the Single, :mod:`hydra_hf.cost`) when ``compute`` gives it, and the
     report's ``recipe`` (:func:`hydra_hf.evaluation.recipe_of`)."""

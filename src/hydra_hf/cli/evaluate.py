@@ -35,7 +35,7 @@ from ..calibration.report import DEFAULTS as DECISION_DEFAULTS
 from ..calibration.report import decision_metrics, fit_for_report, render_decisions, risk_coverage_figure
 from ..data import check_data_spec, parse_spec, resolve_dataset
 from ..lm_evaluation import evaluate_causal_lm, load_causal_lm, write_causal_lm_report
-from ..lm_metrics import SEQUENCE_SCORES
+from ..metrics import SEQUENCE_SCORES
 from ..metrics import OOD_SCORES
 from ..outputs import check_output, read_json, write_output_folder
 from ..pruning.members import is_causal_lm_folder

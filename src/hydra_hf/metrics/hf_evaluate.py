@@ -1,4 +1,4 @@
-"""What the ``evaluate`` metric modules in ``hydra_hf/metric_modules/`` share: input features,
+"""What the ``evaluate`` metric modules in ``hydra_hf/metrics/metric_modules/`` share: input features,
 conversion of their list inputs, and the ID/OOD split of score inputs. Each module stays a small
 file that ``evaluate.load(path)`` can load offline; the numbers come from :mod:`hydra_hf.metrics`."""
 

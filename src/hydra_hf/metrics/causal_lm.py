@@ -31,7 +31,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from . import metrics
+from . import classification as metrics
+from .scores import SEQUENCE_SCORES, TOKEN_QUANTITIES, TOKEN_SCORES
+from .uncertainty import entropy_of_log_probs
 
 __all__ = [
     "CHUNK_ELEMENTS",
@@ -43,6 +45,7 @@ __all__ = [
     "next_token_uncertainty",
     "sequence_means",
     "sequence_scores",
+    "token_scores",
     "perplexity",
     "next_token_accuracy",
     "token_ece",
@@ -50,23 +53,6 @@ __all__ = [
 
 CHUNK_ELEMENTS = 2**25
 """Default bound on ``positions x M x V`` logits processed at once (128 MiB per float32 copy)."""
-
-TOKEN_QUANTITIES: tuple[str, ...] = (
-    "nll", "msp", "predictive_entropy", "expected_entropy", "mutual_information", "disagreement",
-)  # fmt: skip
-"""The float per-token quantities of :func:`next_token_uncertainty` that are averaged per sequence."""
-
-SEQUENCE_SCORES: dict[str, tuple[str, float, bool]] = {
-    "msp": ("msp", 1.0, True),
-    "entropy": ("predictive_entropy", -1.0, True),
-    "mutual_information": ("mutual_information", -1.0, False),
-    "likelihood": ("nll", -1.0, True),
-}
-"""Sequence-level OOD scores (higher = more in-distribution), by name: ``(per-token quantity, sign,
-single_model)``. The score of a sequence is ``sign x`` the mean of the quantity over its valid tokens:
-mean MSP, negative mean predictive entropy, negative mean mutual information (members only, ``M > 1``)
-and the mean token log-likelihood (negative mean NLL; log of one over the sequence's perplexity)."""
-
 
 def _exp(x: float) -> float:
     """``exp(x)``, ``inf`` instead of an OverflowError (a mean NLL above ~709 nats)."""
@@ -144,12 +130,12 @@ def _chunk_quantities(x: torch.Tensor, target: torch.Tensor) -> dict[str, torch.
     dtype = torch.promote_types(x.dtype, torch.float32)
     lp = F.log_softmax(x.to(dtype), dim=-1)  # (c, M, V) members' log-probs
     lp = lp.clamp(min=torch.finfo(dtype).min)  # -inf (masked vocabulary) -> finite, so 0 * lp = 0
-    member_entropy = -(lp.exp() * lp).sum(dim=-1)  # (c, M)
+    member_entropy = entropy_of_log_probs(lp)  # (c, M)
     member_pred = lp.argmax(dim=-1)  # (c, M)
     ens_lp = torch.logsumexp(lp, dim=1) - math.log(m)  # (c, V) log of the mean softmax
     del lp
     ens_p = ens_lp.exp()
-    pred_entropy = -(ens_p * ens_lp).sum(dim=-1)  # (c,)
+    pred_entropy = entropy_of_log_probs(ens_lp)  # (c,)
     conf, pred = ens_p.max(dim=-1)  # (c,)
     nll = -ens_lp.gather(1, target[:, None]).squeeze(1)  # (c,)
     expected = member_entropy.mean(dim=1)
@@ -234,8 +220,20 @@ def sequence_means(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(count > 0, total / count.clamp(min=1), torch.full_like(total, float("nan")))
 
 
+def token_scores(tokens: Mapping[str, torch.Tensor], num_members: int) -> dict[str, torch.Tensor]:
+    """The token-level OOD scores (:data:`hydra_hf.metrics.TOKEN_SCORES`) of one batch, higher = more ID:
+    ``sign x`` the per-token quantity each reads. ``mutual_information`` only when ``num_members > 1``.
+
+    Shape:
+        tokens: the output of :func:`next_token_uncertainty` for (B, T) positions -> dict of (B, T)
+    """
+    return {name: score.sign * tokens[score.reads] for name, score in TOKEN_SCORES.items()
+            if score.single_model or num_members > 1}
+
+
 def sequence_scores(tokens: Mapping[str, torch.Tensor], num_members: int) -> dict[str, torch.Tensor]:
-    """The sequence-level OOD scores (:data:`SEQUENCE_SCORES`) of one batch, higher = more ID.
+    """The sequence-level OOD scores (:data:`hydra_hf.metrics.SEQUENCE_SCORES`) of one batch, higher =
+    more ID: the mean of the token score of the same name over each sequence's valid tokens.
 
     ``mutual_information`` only when ``num_members > 1``.
 
@@ -243,11 +241,8 @@ def sequence_scores(tokens: Mapping[str, torch.Tensor], num_members: int) -> dic
         tokens: the output of :func:`next_token_uncertainty` for (B, T) positions -> dict of (B,) float64
         (NaN for a sequence without a valid position).
     """
-    return {
-        name: sign * sequence_means(tokens[quantity], tokens["mask"])
-        for name, (quantity, sign, single) in SEQUENCE_SCORES.items()
-        if single or num_members > 1
-    }
+    per_token = token_scores(tokens, num_members)
+    return {name: sequence_means(per_token[name], tokens["mask"]) for name in SEQUENCE_SCORES if name in per_token}
 
 
 def _valid(values: torch.Tensor, mask: torch.Tensor, what: str) -> torch.Tensor:
@@ -357,9 +352,9 @@ class CausalLMAccumulator:
         float64; ``mutual_information`` only for ``M > 1``."""
         means = self.sequence_means()
         return {
-            name: sign * means[quantity]
-            for name, (quantity, sign, single) in SEQUENCE_SCORES.items()
-            if single or (self.num_members or 1) > 1
+            name: score.sign * means[score.reads]
+            for name, score in SEQUENCE_SCORES.items()
+            if score.single_model or (self.num_members or 1) > 1
         }
 
     def summary(self, n_bins: int = 15) -> dict[str, float]:

@@ -6,7 +6,7 @@ exactly those of the plain function on the ID / OOD split of the inputs.
 
 import evaluate
 
-from hydra_hf.evaluate_support import metric_info, SCORES_FEATURES, split_ood_scores
+from hydra_hf.metrics.hf_evaluate import metric_info, SCORES_FEATURES, split_ood_scores
 from hydra_hf.metrics import fpr_at_95_tpr
 
 _DESCRIPTION = """

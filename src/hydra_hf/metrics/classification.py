@@ -18,7 +18,7 @@ Scalar metrics are computed in float64 on the CPU, so results do not depend on t
 accumulation order beyond the input's own rounding. The module imports no plotting library; see
 :mod:`hydra_hf.plots` for figures and :mod:`hydra_hf.report` for tables.
 
-The ``evaluate`` wrappers shipped in ``hydra_hf/metric_modules/<name>/<name>.py`` call these
+The ``evaluate`` wrappers shipped in ``hydra_hf/metrics/metric_modules/<name>/<name>.py`` call these
 functions, so ``evaluate.load(module_path("ece")).compute(...)`` gives the same numbers as
 :func:`ece`.
 """
@@ -27,19 +27,18 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
+from .uncertainty import ensemble_mutual_information, entropy
+
 __all__ = [
     "PROB_ATOL",
+    "ArrayLike",
+    "as_member_probs",
     "METRIC_MODULE_NAMES",
-    "OOD_SCORES",
-    "OOD_SCORE_NAMES",
-    "OODScore",
     "accuracy",
     "brier_score",
     "nll",
@@ -63,8 +62,6 @@ __all__ = [
     "negative_entropy",
     "negative_mutual_information",
     "energy_score",
-    "ood_score",
-    "register_ood_score",
     "paired_bootstrap",
     "bootstrap_verdict",
     "calibration_report",
@@ -92,42 +89,6 @@ METRIC_MODULE_NAMES: tuple[str, ...] = (
     "ood_auroc",
 )
 """Names accepted by :func:`module_path` (the ``evaluate`` modules shipped with the package)."""
-
-@dataclass(frozen=True)
-class OODScore:
-    """An OOD score, registered by name (:data:`OOD_SCORES`); higher = more in-distribution.
-
-    Attributes:
-        name: the registry key (``--score NAME``, report columns).
-        reads: what it is computed from: ``"probs"`` (the ensemble's mean softmax ``(N, C)``),
-            ``"member_probs"`` (every member's softmax ``(N, M, C)``) or ``"logits"`` (``(N, C)``; the
-            mean of the members' logits for an ensemble).
-        compute: ``(input, temperature) -> (N,)`` scores.
-        single_model: whether one model (M = 1) has it (mutual information needs members).
-        help: one line for ``--help`` and the docs.
-    """
-
-    name: str
-    reads: str
-    compute: Callable[[torch.Tensor, float], torch.Tensor]
-    single_model: bool
-    help: str
-
-
-OOD_SCORES: dict[str, OODScore] = {}
-"""The registered OOD scores, by name (:func:`register_ood_score`); the CLI and the study read their
-choices from it."""
-
-
-def register_ood_score(score: OODScore) -> OODScore:
-    """Add ``score`` to :data:`OOD_SCORES` (adding a score is one function plus this call)."""
-    if score.reads not in ("probs", "member_probs", "logits"):
-        raise ValueError(f"OOD score {score.name!r}: reads must be 'probs', 'member_probs' or 'logits', got {score.reads!r}")
-    if score.name in OOD_SCORES:
-        raise ValueError(f"an OOD score named {score.name!r} is already registered")
-    OOD_SCORES[score.name] = score
-    return score
-
 
 # ----------------------------------------------------------------------------------------------
 # validation helpers
@@ -188,7 +149,8 @@ def _probs(x: Any, name: str = "probs") -> torch.Tensor:
     return t
 
 
-def _member_probs(x: Any, name: str = "member_probs") -> torch.Tensor:
+def as_member_probs(x: Any, name: str = "member_probs") -> torch.Tensor:
+    """``member_probs (N, M, C)`` as a float tensor, checked (rows on the simplex within :data:`PROB_ATOL`)."""
     t = _float_tensor(x, name, 3, "(N, M, C)")
     _check_simplex(t, name)
     return t
@@ -228,12 +190,6 @@ def _check_n_bins(n_bins: int) -> None:
         raise TypeError(f"n_bins must be an int, got {type(n_bins).__name__}")
     if n_bins < 1:
         raise ValueError(f"n_bins must be >= 1, got {n_bins}")
-
-
-def _entropy(p: torch.Tensor) -> torch.Tensor:
-    """Entropy in nats over the last dimension, with 0 * log 0 = 0."""
-    p = p.clamp(min=0)  # tolerate -1e-7 from float rounding
-    return -torch.special.xlogy(p, p).sum(dim=-1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -603,9 +559,9 @@ def predictive_entropy(member_probs: ArrayLike) -> torch.Tensor:
     Shape:
         member_probs: (N, M, C) -> (N,)
     """
-    mp = _member_probs(member_probs)
+    mp = as_member_probs(member_probs)
     mp = mp.to(_out_dtype(mp))
-    return _entropy(mp.mean(dim=1))
+    return entropy(mp.mean(dim=1))
 
 
 def expected_entropy(member_probs: ArrayLike) -> torch.Tensor:
@@ -614,9 +570,9 @@ def expected_entropy(member_probs: ArrayLike) -> torch.Tensor:
     Shape:
         member_probs: (N, M, C) -> (N,)
     """
-    mp = _member_probs(member_probs)
+    mp = as_member_probs(member_probs)
     mp = mp.to(_out_dtype(mp))
-    return _entropy(mp).mean(dim=1)
+    return entropy(mp).mean(dim=1)
 
 
 def mutual_information(member_probs: ArrayLike) -> torch.Tensor:
@@ -627,10 +583,9 @@ def mutual_information(member_probs: ArrayLike) -> torch.Tensor:
     Shape:
         member_probs: (N, M, C) -> (N,)
     """
-    mp = _member_probs(member_probs)
+    mp = as_member_probs(member_probs)
     mp = mp.to(_out_dtype(mp))
-    mi = _entropy(mp.mean(dim=1)) - _entropy(mp).mean(dim=1)
-    return mi.clamp(min=0)  # removes -1e-16 rounding noise; MI >= 0 by Jensen
+    return ensemble_mutual_information(mp)
 
 
 def disagreement(member_probs: ArrayLike) -> torch.Tensor:
@@ -642,7 +597,7 @@ def disagreement(member_probs: ArrayLike) -> torch.Tensor:
     Shape:
         member_probs: (N, M, C) -> (N,)
     """
-    mp = _member_probs(member_probs)
+    mp = as_member_probs(member_probs)
     ens_pred = mp.mean(dim=1).argmax(dim=-1)  # (N,)
     member_pred = mp.argmax(dim=-1)  # (N, M)
     return (member_pred != ens_pred[:, None]).to(_out_dtype(mp)).mean(dim=1)
@@ -654,7 +609,7 @@ def pairwise_disagreement(member_probs: ArrayLike) -> torch.Tensor:
     Shape:
         member_probs: (N, M, C) -> (N,)
     """
-    mp = _member_probs(member_probs)
+    mp = as_member_probs(member_probs)
     m = mp.shape[1]
     if m < 2:
         raise ValueError(f"pairwise_disagreement needs at least 2 members, got M={m}")
@@ -686,7 +641,7 @@ def negative_entropy(probs: ArrayLike) -> torch.Tensor:
         probs: (N, C) -> (N,)
     """
     p = _probs(probs)
-    return -_entropy(p.to(_out_dtype(p)))
+    return -entropy(p.to(_out_dtype(p)))
 
 
 def negative_mutual_information(member_probs: ArrayLike) -> torch.Tensor:
@@ -712,51 +667,6 @@ def energy_score(logits: ArrayLike, temperature: float = 1.0) -> torch.Tensor:
     z = _float_tensor(logits, "logits", 2, "(N, C)")
     z = z.to(_out_dtype(z))
     return temperature * torch.logsumexp(z / temperature, dim=1)
-
-
-register_ood_score(OODScore("msp", "probs", lambda p, t: msp(p), True, "maximum softmax probability (the paper's)"))
-register_ood_score(OODScore("entropy", "probs", lambda p, t: negative_entropy(p), True, "negative predictive entropy"))
-register_ood_score(OODScore("mutual_information", "member_probs", lambda p, t: negative_mutual_information(p), False,
-                            "negative mutual information between the prediction and the members (their disagreement)"))
-register_ood_score(OODScore("energy", "logits", energy_score, True, "negative energy of the logits (logsumexp)"))
-OOD_SCORE_NAMES: tuple[str, ...] = tuple(OOD_SCORES)
-"""Names accepted by :func:`ood_score` (the keys of :data:`OOD_SCORES`)."""
-
-
-def ood_score(
-    name: str,
-    *,
-    probs: ArrayLike | None = None,
-    member_probs: ArrayLike | None = None,
-    logits: ArrayLike | None = None,
-    temperature: float = 1.0,
-) -> torch.Tensor:
-    """Per-sample OOD score by name; higher = more in-distribution for every name.
-
-    - ``"msp"``: :func:`msp` of ``probs`` (or of the mean of ``member_probs``).
-    - ``"entropy"``: :func:`negative_entropy` of ``probs`` (or of the mean of ``member_probs``).
-    - ``"mutual_information"``: :func:`negative_mutual_information`; needs ``member_probs``.
-    - ``"energy"``: :func:`energy_score` of ``logits`` at ``temperature``.
-
-    Shape:
-        probs: (N, C); member_probs: (N, M, C); logits: (N, C) -> (N,)
-    """
-    score = OOD_SCORES.get(name)
-    if score is None:
-        raise ValueError(f"unknown OOD score {name!r}; choose one of {list(OOD_SCORES)}")
-    if score.reads == "probs":
-        if probs is None:
-            if member_probs is None:
-                raise ValueError(f"ood_score({name!r}) needs probs=(N, C) or member_probs=(N, M, C)")
-            probs = _member_probs(member_probs).mean(dim=1)
-        return score.compute(probs, temperature)
-    if score.reads == "member_probs":
-        if member_probs is None:
-            raise ValueError(f"ood_score({name!r}) needs member_probs=(N, M, C)")
-        return score.compute(member_probs, temperature)
-    if logits is None:
-        raise ValueError(f"ood_score({name!r}) needs logits=(N, C)")
-    return score.compute(logits, temperature)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -790,7 +700,7 @@ def calibration_report(
         "eaurc": eaurc(p, labels),
     }
     if member_probs is not None:
-        mp = _member_probs(member_probs)
+        mp = as_member_probs(member_probs)
         if mp.shape[0] != p.shape[0] or mp.shape[2] != p.shape[1]:
             raise ValueError(
                 f"member_probs has shape {tuple(mp.shape)} but probs has shape {tuple(p.shape)}; "
@@ -808,7 +718,7 @@ def calibration_report(
 def ood_report(scores_id: ArrayLike, scores_ood: ArrayLike) -> dict[str, float]:
     """``auroc``, ``fpr95``, ``aupr_in`` and ``aupr_out`` for one ID/OOD pair, as python floats.
 
-    Scores are "higher = more in-distribution" (see :func:`ood_score`).
+    Scores are "higher = more in-distribution" (see :func:`hydra_hf.metrics.ood_score`).
 
     Shape:
         scores_id: (N_id,); scores_ood: (N_ood,).
@@ -867,7 +777,7 @@ def bootstrap_verdict(interval: dict[str, float], higher_is_better: bool) -> str
 def module_path(name: str) -> str:
     """Local path of a shipped ``evaluate`` metric module, for ``evaluate.load(module_path(name))``.
 
-    Works offline: the modules live in ``hydra_hf/metric_modules/<name>/<name>.py`` and import
+    Works offline: the modules live in ``hydra_hf/metrics/metric_modules/<name>/<name>.py`` and import
     :mod:`hydra_hf.metrics`. Names: :data:`METRIC_MODULE_NAMES`.
     """
     if name not in METRIC_MODULE_NAMES:

@@ -7,7 +7,7 @@ exactly those of the plain function.
 import evaluate
 import numpy as np
 
-from hydra_hf.evaluate_support import metric_info, PROBS_FEATURES, stack_rows
+from hydra_hf.metrics.hf_evaluate import metric_info, PROBS_FEATURES, stack_rows
 from hydra_hf.metrics import aurc, eaurc
 
 _DESCRIPTION = """
