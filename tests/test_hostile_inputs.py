@@ -609,7 +609,7 @@ def test_study_removes_a_killed_shards_work_folder(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------------- aggregate
 def _seed_reports(root: Path) -> None:
-    from hydra_hf.report import write_report
+    from hydra_hf.evaluation.report import write_report
 
     for seed, acc in ((0, 0.82), (1, 0.84)):
         rows = [{"method": "Hydra", "accuracy": acc, "params_m": 22.7, "news": {"auroc": acc - 0.1}},
@@ -793,7 +793,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
     """Issue 25 item 7: ENOSPC while writing was a traceback."""
     import errno
 
-    from hydra_hf import report
+    from hydra_hf.evaluation import report
 
     def full(path, text):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))

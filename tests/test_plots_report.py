@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hydra_hf import metrics as M
-from hydra_hf import plots, report
+from hydra_hf.evaluation import plots, report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

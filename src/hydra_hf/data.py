@@ -700,3 +700,17 @@ def pad_with_eos(tokenizer: Any, config: Any) -> Any:
         if getattr(config, "pad_token_id", None) is None:
             config.pad_token_id = tokenizer.pad_token_id
     return tokenizer
+
+
+# ------------------------------------------------------------------------------ zero-shot prompts
+def zero_shot_prompts(class_names: Sequence[str], templates: Sequence[str]) -> list[str]:
+    """The ``C x K`` prompts of zero-shot classification, class-major: prompt ``c * K + k`` is
+    ``templates[k].format(class_names[c])``."""
+    if isinstance(class_names, str) or not class_names or not all(isinstance(n, str) and n.strip() for n in class_names):
+        raise ValueError(f"class_names must be a non-empty list of non-empty strings, got {class_names!r}")
+    if isinstance(templates, str) or not templates:
+        raise ValueError(f"templates must be a non-empty list of strings with one '{{}}' each, got {templates!r}")
+    bad = [t for t in templates if not isinstance(t, str) or t.count("{}") != 1]
+    if bad:
+        raise ValueError(f"every template needs exactly one '{{}}' for the class name, got {bad[0]!r} (e.g. 'a photo of a {{}}.')")
+    return [t.format(name) for name in class_names for t in templates]

@@ -56,7 +56,7 @@ from .evaluation import ModelPredictor, make_loader, predict
 from .finetune import finetune_members, text_recipe
 from .masks import HeadMasks
 from .outputs import prepare_owned_folder, remove_dead_process_folders, write_text_atomic
-from .plots import transfer_gains
+from .evaluation.plots import transfer_gains
 from .pruning import build_members, load_pruning_target
 from .pruning.budget import Budget
 from .pruning.circuits import make_evaluator

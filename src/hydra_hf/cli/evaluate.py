@@ -2,14 +2,14 @@
 report.json, report.md, a reliability diagram and OOD-score histograms.
 
 A classifier folder (text or image) is read with its own head. A CLIP / SigLIP folder (Hydra or stock;
-open_clip folders as baselines) classifies zero-shot (:mod:`hydra_hf.zero_shot`): its classes are
+open_clip folders as baselines) classifies zero-shot (:mod:`hydra_hf.evaluation.zero_shot`): its classes are
 ``--class-names`` or the sub-folders of an image folder given as ``--id-data``, each embedded with the
 ``--templates`` prompt ensemble. Both paths share the baselines' temperature scaling, the comparisons
 and the report.
 
 A causal LM folder (a Hydra one from ``hydra-hf convert``, or a stock ``*ForCausalLM`` /
 ``GPT2LMHeadModel``; baselines causal LMs too) is evaluated with
-:func:`hydra_hf.lm_evaluation.evaluate_causal_lm` on the texts of ``--id-data`` and of every
+:func:`hydra_hf.evaluation.causal_lm.evaluate_causal_lm` on the texts of ``--id-data`` and of every
 ``--ood-data`` (no labels: the labels are the next tokens; ``--label-column`` is not read), each cut to
 ``--max-length`` tokens: report.json and report.md hold perplexity, NLL, next-token accuracy, ECE,
 mutual information and per OOD set the AUROC / FPR95 of the sequence score ``--score`` (msp, entropy,
@@ -34,13 +34,13 @@ from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY
 from ..calibration.report import DEFAULTS as DECISION_DEFAULTS
 from ..calibration.report import decision_metrics, fit_for_report, render_decisions, risk_coverage_figure
 from ..data import check_data_spec, parse_spec, resolve_dataset
-from ..lm_evaluation import evaluate_causal_lm, load_causal_lm, write_causal_lm_report
+from ..evaluation.causal_lm import evaluate_causal_lm, load_causal_lm, write_causal_lm_report
 from ..metrics import SEQUENCE_SCORES
 from ..metrics import OOD_SCORES
 from ..outputs import check_output, read_json, write_output_folder
 from ..pruning.members import is_causal_lm_folder
-from ..report import render_markdown_table
-from ..zero_shot import (
+from ..evaluation.report import render_markdown_table
+from ..evaluation.zero_shot import (
     check_same_images,
     load_zero_shot_model,
     read_templates,
@@ -51,7 +51,7 @@ from ..zero_shot import (
 
 logger = logging.getLogger(__name__)
 
-# hydra_hf.zero_shot.TEMPLATE_SETS, named here: building the parser (every command does) imports no open_clip;
+# hydra_hf.evaluation.zero_shot.TEMPLATE_SETS, named here: building the parser (every command does) imports no open_clip;
 # tests/test_evaluate_zero_shot.py compares the two
 TEMPLATE_SET_NAMES = ("openai", "simple", "default")
 

@@ -62,7 +62,7 @@ from ..pruning.diversity import PRUNING_METHODS, parse_methods, uses_ood
 from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, load_open_clip, load_timm_vit, read_class_names
 from ..pruning.members import PruningTarget, build_members, is_causal_lm_folder, load_pruning_target
 from ..pruning.neurons import check_mlp_keep
-from ..zero_shot import zero_shot_class_names
+from ..evaluation.zero_shot import zero_shot_class_names
 from . import finite_float
 
 logger = logging.getLogger(__name__)

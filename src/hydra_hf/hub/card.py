@@ -25,7 +25,7 @@ from ..cost import DEFAULT_TOKENS, relative_cost
 from ..families import family_of_config
 from ..modeling.configuration_hydra import custom_pipelines_for
 from ..outputs import resolve_inside
-from ..report import mean_std_rows, render_comparisons, render_markdown_table
+from ..evaluation.report import mean_std_rows, render_comparisons, render_markdown_table
 from .common import HubError, read_config, towers
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ Memory: the vocabulary makes a ``(N, V)`` array of a whole data set too large to
 of one batch in chunks of at most ``chunk_elements`` logits (``positions x M x V``), and
 :class:`CausalLMAccumulator` keeps only a few numbers per token and per sequence across batches.
 Calibration uses :func:`hydra_hf.metrics.ece_from_confidence` (the bins of :func:`hydra_hf.metrics.ece`)
-on the kept per-token confidences; :mod:`hydra_hf.lm_evaluation` gives the sequence scores to
+on the kept per-token confidences; :mod:`hydra_hf.evaluation.causal_lm` gives the sequence scores to
 :func:`hydra_hf.metrics.ood_report` (AUROC, FPR@95).
 """
 

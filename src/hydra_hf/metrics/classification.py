@@ -16,7 +16,7 @@ Conventions used throughout:
 
 Scalar metrics are computed in float64 on the CPU, so results do not depend on the input dtype's
 accumulation order beyond the input's own rounding. The module imports no plotting library; see
-:mod:`hydra_hf.plots` for figures and :mod:`hydra_hf.report` for tables.
+:mod:`hydra_hf.evaluation.plots` for figures and :mod:`hydra_hf.evaluation.report` for tables.
 
 The ``evaluate`` wrappers shipped in ``hydra_hf/metrics/metric_modules/<name>/<name>.py`` call these
 functions, so ``evaluate.load(module_path("ece")).compute(...)`` gives the same numbers as

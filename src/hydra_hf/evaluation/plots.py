@@ -20,7 +20,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .metrics import classification as metrics
+from ..metrics import classification as metrics
 
 logger = logging.getLogger(__name__)
 

@@ -32,14 +32,15 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from . import metrics
-from .metrics import causal_lm as lm_metrics
-from .convert.io import checkpoint_dir, from_pretrained, read_config
-from .errors import HydraInputError
-from .evaluation import max_text_positions, recipe_of
-from .progress import progress_bars
-from .pruning.members import is_causal_lm_config, is_causal_lm_folder
+from .. import metrics
+from ..metrics import causal_lm as lm_metrics
+from ..convert.io import checkpoint_dir, from_pretrained, read_config
+from ..errors import HydraInputError
+from .loading import max_text_positions
+from ..progress import progress_bars
+from ..pruning.members import is_causal_lm_config, is_causal_lm_folder
 from .report import render_markdown_table, write_report
+from .run import recipe_of
 
 __all__ = [
     "batch_token_ids",

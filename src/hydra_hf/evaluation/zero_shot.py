@@ -23,14 +23,14 @@ from PIL import Image
 from torch import nn
 from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
-from .convert.io import check_remote_code, from_pretrained, read_config
-from .data import image_folder_classes, parse_spec
-from .errors import HydraInputError
-from .evaluation import ZeroShotPredictor, zero_shot_prompts
-from .families import Family, detect_family, family_of_config
-from .onnx.runtime import is_onnx_export
-from .pruning.loading import DEFAULT_PROMPT_TEMPLATE, load_open_clip_folder, read_class_names
-from .pruning.members import zero_shot_labels
+from ..convert.io import check_remote_code, from_pretrained, read_config
+from ..data import image_folder_classes, parse_spec, zero_shot_prompts
+from ..errors import HydraInputError
+from ..families import Family, detect_family, family_of_config
+from ..onnx.runtime import is_onnx_export
+from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, load_open_clip_folder, read_class_names
+from ..pruning.members import zero_shot_labels
+from .predictors import ZeroShotPredictor
 
 logger = logging.getLogger(__name__)
 

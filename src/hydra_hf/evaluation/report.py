@@ -23,8 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .errors import HydraInputError, HydraTypeError
-from .outputs import write_text_atomic
+from . import plots
+from ..errors import HydraInputError, HydraTypeError
+from ..outputs import write_text_atomic
+from .run import EvaluationResult
 
 logger = logging.getLogger(__name__)
 
@@ -553,3 +555,53 @@ def write_report(
     write_text_atomic(md_path, markdown)
     logger.debug("wrote %s and %s", json_path, md_path)  # often inside a temporary folder: callers name the output
     return {"json": str(json_path), "markdown": str(md_path)}
+
+
+def write_evaluation_report(
+    result: EvaluationResult,
+    out_dir: str | os.PathLike,
+    *,
+    title: str = "Hydra Ensembles evaluation",
+    settings: Any = None,
+    notes: str | None = None,
+    extra: Mapping[str, Any] | None = None,
+    comparisons: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, str]:
+    """Write ``report.json``, ``report.md``, ``reliability.png`` and ``ood_scores.png`` into ``out_dir``.
+
+    ``comparisons`` (``{"Hydra − Single": compare_predictions(...)}``) adds the paired bootstrap
+    intervals of the differences, shown as a table with a verdict per metric.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    reliability = plots.reliability_diagram(
+        {name: (p.probs, p.labels) for name, p in result.id_predictions.items()}, out / "reliability.png",
+        title="Reliability (in-distribution test data)",
+    )
+    histogram = plots.ood_histogram(
+        {
+            name: (result.id_predictions[name].ood_scores(result.score_of(name)),
+                   {o: p.ood_scores(result.score_of(name)) for o, p in result.ood_predictions[name].items()})
+            for name in result.id_predictions
+        },
+        out / "ood_scores.png",
+        score_name=(result.score.upper() if result.score == "msp" else result.score)
+        + "".join(f"; {name}: {value}" for name, value in result.scores.items()),
+    )
+    report = {
+        "title": title,
+        "rows": result.rows,
+        "ood_score": result.score,
+        **({"ood_scores": dict(result.scores)} if result.scores else {}),
+        "ood_sets": sorted({o for preds in result.ood_predictions.values() for o in preds}),
+        "figures": {"Reliability diagram": os.path.basename(reliability), "OOD score histograms": os.path.basename(histogram)},
+    }
+    if settings is not None:
+        report["settings"] = settings
+    if notes:
+        report["notes"] = notes
+    if comparisons:
+        report["comparisons"] = {name: dict(value) for name, value in comparisons.items()}
+    if extra:
+        report.update(extra)
+    return write_report(report, out)

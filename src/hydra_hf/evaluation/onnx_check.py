@@ -11,10 +11,11 @@ from typing import Any
 
 import torch
 
-from .. import evaluation as ev, metrics
+from .. import metrics
+from ..data import zero_shot_prompts
 from ..errors import HydraInputError
-from ..evaluation import Predictor, zero_shot_prompts
-from .runtime import OnnxHydraModel
+from ..onnx.runtime import OnnxHydraModel
+from .predictors import ModelPredictor, Predictor, predict
 
 REPORT_JSON = "quantization_report.json"
 REPORT_MD = "quantization_report.md"
@@ -80,12 +81,12 @@ def quantization_report(
             two-tower graphs: an :class:`OnnxZeroShotPredictor`).
     """
     id_loader, ood_loaders = loaders
-    make_predictor = predictor or ev.ModelPredictor
+    make_predictor = predictor or ModelPredictor
     preds: dict[str, tuple[Any, dict[str, Any]]] = {}
     for name, model in (("fp32", fp32), ("int8", int8)):
         predictor_ = make_predictor(model)
-        ident = ev.predict(predictor_, id_loader, desc=f"ONNX {name}: calibration data")
-        ood = {o: ev.predict(predictor_, loader, desc=f"ONNX {name}: {o}") for o, loader in ood_loaders.items()}
+        ident = predict(predictor_, id_loader, desc=f"ONNX {name}: calibration data")
+        ood = {o: predict(predictor_, loader, desc=f"ONNX {name}: {o}") for o, loader in ood_loaders.items()}
         preds[name] = (ident, ood)
     rows = {name: _numbers(*p) for name, p in preds.items()}
     (a, a_ood), (b, b_ood) = preds["int8"], preds["fp32"]
