@@ -39,13 +39,13 @@ FLOORS: list[tuple[str, ...]] = [
     ("hydra_hf.families", "hydra_hf.cost"),  # the registry, the head adapters, one module per family; cost from a config
     ("hydra_hf.pruning",),  # gates, Taylor, circuits, members: adapters from the registry
     ("hydra_hf.saving", "hydra_hf.assemble"),  # the stages that write and assemble a Hydra folder
-    ("hydra_hf.finetune", "hydra_hf.baselines"),
+    ("hydra_hf.finetune",),  # the members, the Single and the trained baselines (Deep Ensembles, LoRA)
     ("hydra_hf.onnx.runtime", "hydra_hf.onnx.graph", "hydra_hf.onnx"),  # loading and running an export
     ("hydra_hf.evaluation",),  # predictors, loading, the run, the report: PyTorch and ONNX models alike
     ("hydra_hf.calibration",),  # conformal sets and abstention fitted on a model's predictions
     ("hydra_hf.hub",),  # staging, cards, validation, push
     ("hydra_hf.onnx.export", "hydra_hf.onnx.int8"),  # export: measured with evaluation
-    ("hydra_hf.recipes", "hydra_hf.study", "hydra_hf.ceiling"),
+    ("hydra_hf.recipes",),  # the pipelines, the selection study and the ceiling table
     ("hydra_hf.cli", "hydra_hf"),
 ]
 MAX_BACK_UP = 3

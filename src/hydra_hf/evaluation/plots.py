@@ -352,7 +352,7 @@ def transfer_gains(
     kinds: Sequence[str],
     title: str | None = None,
 ) -> str:
-    """The selection protocol's rows as horizontal bars (``hydra_hf.study``): per row the mean transfer
+    """The selection protocol's rows as horizontal bars (``hydra_hf.recipes.study``): per row the mean transfer
     gain in OOD AUROC over Single (± its seed std as an error bar, when there are several seeds) and a
     dot per OOD kind; rows that break the accuracy / ECE constraint are grey. Rows are ``collect()``'s,
     each with ``label``, ``gain``, ``gain_std``, ``gain_<kind>`` and ``eligible``.

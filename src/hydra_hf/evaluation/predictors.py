@@ -11,7 +11,7 @@ Baselines (paper, Section 5):
   different seeds on its frozen features — the paper's text variant (:func:`train_ensemble_heads`,
   :class:`HeadsEnsemblePredictor`).
 - **Deep Ensembles** (the paper's downstream variant) and **LoRA-Ensembles**: M separate models
-  fine-tuned from the same checkpoint with seeds ``seed + m`` (:mod:`hydra_hf.baselines`), run one
+  fine-tuned from the same checkpoint with seeds ``seed + m`` (:mod:`hydra_hf.finetune.baselines`), run one
   after another (:class:`EnsemblePredictor`).
 - **MC Dropout**: the single model with dropout on at test time, M samples (:class:`MCDropoutPredictor`).
 - **Temperature scaling**: any predictor with its logits divided by a temperature fitted on a

@@ -23,7 +23,7 @@ from typing import Any
 from torch import nn
 
 from .. import evaluation as ev, hub
-from ..baselines import all_heads_masks
+from ..finetune.baselines import all_heads_masks
 from ..finetune import finetune_members
 from ..masks import HeadMasks
 from ..outputs import prepare_owned_folder

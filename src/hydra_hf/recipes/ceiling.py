@@ -1,13 +1,13 @@
 """The ceiling table: how much room a testbed leaves for *any* ensemble, before Hydra is judged on it.
 
 Issue 23's first step on every testbed. For seeds ``S`` (at least 3) it trains (or reuses) the Single
-of each seed -- the study's own Singles (:func:`hydra_hf.study.train_single`, the same folders) --
+of each seed -- the study's own Singles (:func:`hydra_hf.recipes.study.train_single`, the same folders) --
 and scores, on the study's **validation** scoring sets (no test split), per OOD kind:
 
 - every Single, as mean ± std over the seeds, under each of its OOD scores (MSP, entropy, energy);
 - the real **Deep Ensemble** of those Singles (M = len(S) full models, different seeds), under the same
   scores and the ensemble-aware ones (mutual information), against the mean Single;
-- optionally a **Hydra** recipe (a :class:`~hydra_hf.study.Candidate` that selects without OOD data,
+- optionally a **Hydra** recipe (a :class:`~hydra_hf.recipes.study.Candidate` that selects without OOD data,
   e.g. Taylor), built per seed from that seed's Single with its members fine-tuned with seeds offset
   from the Single's, scored the same way.
 
@@ -29,9 +29,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .evaluation import EnsemblePredictor, ModelPredictor
-from .outputs import prepare_owned_folder, write_text_atomic
-from .pruning import load_pruning_target
+from ..evaluation import EnsemblePredictor, ModelPredictor
+from ..outputs import prepare_owned_folder, write_text_atomic
+from ..pruning import load_pruning_target
 from .study import OOD_SCORES, SINGLE_SCORES, Candidate, TextStudy, model_numbers, run_cell, study_data, train_single
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def ceiling_numbers(
 ) -> dict[str, Any]:
     """Train or reuse the Singles of ``seeds`` and score them, their Deep Ensemble and (optionally) the
     ``hydra`` recipe per seed; returns ``{"kinds", "seeds", "single": {seed: numbers}, "deep_ensemble":
-    numbers, "hydra": {seed: numbers}}`` (numbers as :func:`hydra_hf.study.model_numbers`)."""
+    numbers, "hydra": {seed: numbers}}`` (numbers as :func:`hydra_hf.recipes.study.model_numbers`)."""
     if len(seeds) < 2:
         raise ValueError(f"the ceiling needs at least 2 seeds (3 or more to report a spread), got {list(seeds)}")
     if hydra is not None and hydra.uses_ood:

@@ -47,22 +47,22 @@ import datasets
 import torch
 from scipy.stats import spearmanr
 
-from . import metrics
-from .baselines import all_heads_masks
-from .assemble import convert_checkpoint
-from .data import make_text_loader, resolve_dataset
-from .errors import HydraInputError
-from .evaluation import ModelPredictor, make_loader, predict
-from .finetune import finetune_members, text_recipe
-from .masks import HeadMasks
-from .outputs import prepare_owned_folder, remove_dead_process_folders, write_text_atomic
-from .evaluation.plots import transfer_gains
-from .pruning import build_members, load_pruning_target
-from .pruning.budget import Budget
-from .pruning.circuits import make_evaluator
-from .pruning.diversity import parse_methods, uses_ood
-from .pruning.layout import HeadLayout
-from .recipes import packaged_minilm
+from .. import metrics
+from ..assemble import convert_checkpoint
+from ..data import make_text_loader, resolve_dataset
+from ..errors import HydraInputError
+from ..evaluation import ModelPredictor, make_loader, predict
+from ..evaluation.plots import transfer_gains
+from ..finetune import finetune_members, text_recipe
+from ..finetune.baselines import all_heads_masks
+from ..masks import HeadMasks
+from ..outputs import prepare_owned_folder, remove_dead_process_folders, write_text_atomic
+from ..pruning import build_members, load_pruning_target
+from ..pruning.budget import Budget
+from ..pruning.circuits import make_evaluator
+from ..pruning.diversity import parse_methods, uses_ood
+from ..pruning.layout import HeadLayout
+from .text import packaged_minilm
 
 logger = logging.getLogger(__name__)
 

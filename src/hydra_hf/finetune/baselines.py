@@ -33,9 +33,9 @@ from accelerate.utils import set_seed
 from torch import nn
 from transformers import AutoConfig, AutoModelForImageClassification, AutoModelForSequenceClassification
 
-from .convert import read_config
-from .errors import HydraInputError
-from .finetune import (
+from ..convert import read_config
+from ..errors import HydraInputError
+from . import (
     COMMAND,
     RESUME_FREE,
     FinetuneConfig,
@@ -46,9 +46,9 @@ from .finetune import (
     make_accelerator,
     prepare_run,
 )
-from .masks import HeadMasks
-from .outputs import prepare_owned_folder, write_output_folder
-from .saving import copy_preprocessor
+from ..masks import HeadMasks
+from ..outputs import prepare_owned_folder, write_output_folder
+from ..saving import copy_preprocessor
 
 logger = logging.getLogger(__name__)
 
