@@ -57,7 +57,7 @@ from hydra_hf.recipes import (
     save_open_clip_folder,
 )
 from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
-from hydra_hf.evaluation.zero_shot import read_templates  # the template sets `hydra-hf evaluate --templates` reads
+from hydra_hf.data import read_templates  # the template sets `hydra-hf evaluate --templates` reads
 
 MODEL_NAME = "ViT-B-32"
 PRETRAINED = "laion2b_s34b_b79k"

@@ -34,24 +34,19 @@ from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY
 from ..calibration.report import DEFAULTS as DECISION_DEFAULTS
 from ..calibration.report import decision_metrics, fit_for_report, render_decisions, risk_coverage_figure
 from ..data import check_data_spec, parse_spec, resolve_dataset
-from ..evaluation.causal_lm import evaluate_causal_lm, load_causal_lm, write_causal_lm_report
+from ..families import is_causal_lm_folder
+from ..evaluation.causal_lm import evaluate_causal_lm, write_causal_lm_report
+from ..evaluation.loading import load_causal_lm, zero_shot_family
 from ..metrics import SEQUENCE_SCORES
 from ..metrics import OOD_SCORES
 from ..outputs import check_output, read_json, write_output_folder
-from ..pruning.members import is_causal_lm_folder
 from ..evaluation.report import render_markdown_table
-from ..evaluation.zero_shot import (
-    check_same_images,
-    load_zero_shot_model,
-    read_templates,
-    zero_shot_class_names,
-    zero_shot_data,
-    zero_shot_family,
-)
+from ..data import read_templates, zero_shot_class_names, zero_shot_data
+from ..evaluation.zero_shot import check_same_images, load_zero_shot_model
 
 logger = logging.getLogger(__name__)
 
-# hydra_hf.evaluation.zero_shot.TEMPLATE_SETS, named here: building the parser (every command does) imports no open_clip;
+# hydra_hf.data.TEMPLATE_SETS, named here: building the parser (every command does) imports no open_clip;
 # tests/test_evaluate_zero_shot.py compares the two
 TEMPLATE_SET_NAMES = ("openai", "simple", "default")
 

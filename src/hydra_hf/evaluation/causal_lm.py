@@ -30,15 +30,12 @@ from typing import Any
 import torch
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .. import metrics
+from ..families import is_causal_lm_config
 from ..metrics import causal_lm as lm_metrics
-from ..convert.io import checkpoint_dir, from_pretrained, read_config
-from ..errors import HydraInputError
-from .loading import max_text_positions
 from ..progress import progress_bars
-from ..pruning.members import is_causal_lm_config, is_causal_lm_folder
+from .loading import max_text_positions
 from .report import render_markdown_table, write_report
 from .run import recipe_of
 
@@ -49,8 +46,6 @@ __all__ = [
     "run_causal_lm",
     "evaluate_causal_lm",
     "is_causal_lm_config",
-    "load_causal_lm",
-    "check_tokenizer_fits",
     "causal_lm_rows",
     "causal_lm_columns",
     "write_causal_lm_report",
@@ -318,39 +313,6 @@ def evaluate_causal_lm(
     if not math.isfinite(report["perplexity"]):
         logger.warning("the ID perplexity overflowed (mean NLL %.4g nats)", report["nll"])
     return report
-
-
-# ------------------------------------------------------------------------------- folders and reports
-def load_causal_lm(path: str | os.PathLike, *, trust_remote_code: bool = False) -> tuple[nn.Module, Any]:
-    """A causal LM folder (Hydra, loaded with hydra_hf's registered classes, or stock) and its tokenizer,
-    in eval mode. A folder that ships other code is refused unless ``trust_remote_code``.
-
-    Returns ``(model, tokenizer)``."""
-    folder = checkpoint_dir(path, what="model")
-    if not is_causal_lm_folder(folder):
-        names = read_config(folder).get("architectures") or []
-        raise HydraInputError(f"{str(folder)!r} is not a causal LM (architectures {names}); give a ...ForCausalLM folder "
-                              "(a Hydra one from hydra-hf convert, or a stock one)")
-    model = from_pretrained(AutoModelForCausalLM, folder, trust_remote_code=trust_remote_code).eval()
-    try:
-        tokenizer = from_pretrained(AutoTokenizer, folder, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as exc:
-        raise HydraInputError(f"{str(folder)!r} has no tokenizer to read the texts with; save it next to the model "
-                              f"(tokenizer.save_pretrained): {' '.join(str(exc).split()) or type(exc).__name__}") from None
-    check_tokenizer_fits(tokenizer, model, folder)
-    return model, tokenizer
-
-
-def check_tokenizer_fits(tokenizer: Any, model: nn.Module, folder: str | os.PathLike) -> None:
-    """Refuse a tokenizer whose token ids reach past the model's token embeddings (a tokenizer of another
-    model: its ids would index out of the embedding table)."""
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    rows = getattr(embeddings, "num_embeddings", None)
-    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    top = max(vocab.values(), default=-1)
-    if isinstance(rows, int) and top >= rows:
-        raise HydraInputError(f"the tokenizer in {str(os.fspath(folder))!r} has token ids up to {top} but the model has "
-                              f"{rows} token embeddings; save the tokenizer the model was trained with next to it")
 
 
 _OOD_KEYS = ("auroc", "fpr95", "aupr_in", "aupr_out")

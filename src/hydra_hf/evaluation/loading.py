@@ -1,10 +1,13 @@
-"""Loading a model folder for evaluation: classifiers (stock or Hydra, or their ONNX export on ONNX
-Runtime) with their preprocessor, and the data loader of their inputs."""
+"""Loading a model folder for evaluation: which kind it is (:func:`folder_kind`: classifier, zero-shot or
+causal LM), classifiers (stock or Hydra, or their ONNX export on ONNX Runtime) with their preprocessor,
+causal LMs with their tokenizer, and the data loader of a classifier's inputs. Zero-shot folders load
+through :func:`hydra_hf.evaluation.zero_shot.load_zero_shot_model` (open_clip)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -12,6 +15,7 @@ from transformers import (
     CONFIG_MAPPING,
     AutoConfig,
     AutoImageProcessor,
+    AutoModelForCausalLM,
     AutoModelForImageClassification,
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -20,7 +24,8 @@ from transformers import (
 from .. import distributed
 from ..convert.io import check_remote_code, checkpoint_dir, from_pretrained, read_config
 from ..data import make_image_loader, make_text_loader, pad_with_eos
-from ..families import families, family_of_config
+from ..errors import HydraInputError
+from ..families import Family, detect_family, families, family_of_config, is_causal_lm_folder
 from ..onnx.runtime import OnnxHydraModel, is_onnx_export, load_preprocessor
 
 
@@ -146,3 +151,80 @@ def check_deep_ensemble_model(path: str | os.PathLike, name: str) -> None:
     if teacher:
         raise ValueError(f"--deep-ensemble {name}: {str(path)!r} is a {teacher[0]} (two classification heads); "
                          "give a DeiTForImageClassification or another single-head classifier")
+
+
+def load_causal_lm(path: str | os.PathLike, *, trust_remote_code: bool = False) -> tuple[nn.Module, Any]:
+    """A causal LM folder (Hydra, loaded with hydra_hf's registered classes, or stock) and its tokenizer,
+    in eval mode. A folder that ships other code is refused unless ``trust_remote_code``.
+
+    Returns ``(model, tokenizer)``."""
+    folder = checkpoint_dir(path, what="model")
+    if not is_causal_lm_folder(folder):
+        names = read_config(folder).get("architectures") or []
+        raise HydraInputError(f"{str(folder)!r} is not a causal LM (architectures {names}); give a ...ForCausalLM folder "
+                              "(a Hydra one from hydra-hf convert, or a stock one)")
+    model = from_pretrained(AutoModelForCausalLM, folder, trust_remote_code=trust_remote_code).eval()
+    try:
+        tokenizer = from_pretrained(AutoTokenizer, folder, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise HydraInputError(f"{str(folder)!r} has no tokenizer to read the texts with; save it next to the model "
+                              f"(tokenizer.save_pretrained): {' '.join(str(exc).split()) or type(exc).__name__}") from None
+    check_tokenizer_fits(tokenizer, model, folder)
+    return model, tokenizer
+
+
+def check_tokenizer_fits(tokenizer: Any, model: nn.Module, folder: str | os.PathLike) -> None:
+    """Refuse a tokenizer whose token ids reach past the model's token embeddings (a tokenizer of another
+    model: its ids would index out of the embedding table)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    top = max(vocab.values(), default=-1)
+    if isinstance(rows, int) and top >= rows:
+        raise HydraInputError(f"the tokenizer in {str(os.fspath(folder))!r} has token ids up to {top} but the model has "
+                              f"{rows} token embeddings; save the tokenizer the model was trained with next to it")
+
+
+ZERO_SHOT_TASK = "zero-shot-image-classification"
+
+
+def zero_shot_family(path: str | os.PathLike) -> Family | None:
+    """The zero-shot family (``clip``, ``siglip``, ``open_clip``) of the model folder ``path``, Hydra
+    or stock; None for any other folder or path (a classifier, a missing folder).
+
+    Raises:
+        HydraInputError: ``path`` is an ONNX export of a zero-shot model (evaluated from its PyTorch folder).
+    """
+    folder = Path(path)
+    if is_onnx_export(folder):
+        config = read_config(folder if folder.is_dir() else folder.parent)
+        family = _family_or_none(lambda: family_of_config(config))
+        if family is not None and family.task == ZERO_SHOT_TASK:
+            raise HydraInputError(
+                f"{str(path)!r} is an ONNX export of a zero-shot {family.name} model; hydra-hf evaluate runs zero-shot "
+                "models from their PyTorch folder: give the Hydra folder it was exported from"
+            )
+        return None
+    if not folder.is_dir():
+        return None
+    config = read_config(folder) if (folder / "config.json").is_file() else None
+    if config is not None and config.get("base_model_type"):
+        family = _family_or_none(lambda: family_of_config(config))
+    else:
+        family = _family_or_none(lambda: detect_family(folder, check=False))
+    return family if family is not None and family.task == ZERO_SHOT_TASK else None
+
+
+def _family_or_none(find: Callable[[], Family]) -> Family | None:
+    try:
+        return find()
+    except HydraInputError:
+        return None
+
+
+def folder_kind(path: str | os.PathLike) -> str:
+    """``"causal_lm"``, ``"zero_shot"`` (a CLIP / SigLIP / open_clip folder) or ``"classifier"`` (any other
+    model folder, or an ONNX export of a classifier): the path ``hydra-hf evaluate`` takes for ``path``."""
+    if is_causal_lm_folder(path):
+        return "causal_lm"
+    return "zero_shot" if zero_shot_family(path) is not None else "classifier"
