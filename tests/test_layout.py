@@ -43,12 +43,13 @@ FLOORS: list[tuple[str, ...]] = [
     ("hydra_hf.onnx.runtime", "hydra_hf.onnx.graph", "hydra_hf.onnx"),  # loading and running an export
     ("hydra_hf.evaluation",),  # predictors, loading, the run, the report: PyTorch and ONNX models alike
     ("hydra_hf.calibration",),  # conformal sets and abstention fitted on a model's predictions
+    ("hydra_hf.evaluation.folder",),  # evaluate_folder: a calibrated folder's decisions as well
     ("hydra_hf.hub",),  # staging, cards, validation, push
     ("hydra_hf.onnx.export", "hydra_hf.onnx.int8"),  # export: measured with evaluation
     ("hydra_hf.recipes",),  # the pipelines, the selection study and the ceiling table
     ("hydra_hf.cli", "hydra_hf"),
 ]
-MAX_BACK_UP = 3
+MAX_BACK_UP = 0
 
 
 def _module_name(path: Path) -> str:
