@@ -352,7 +352,7 @@ REPORT_CASES = {
 @pytest.mark.parametrize("case", sorted(REPORT_CASES))
 def test_evaluate_checks_the_report_folder_before_any_work(sandbox, case, monkeypatch):
     """Row 12: refused at once (no model is loaded), nothing is replaced."""
-    from hydra_hf import evaluation
+    from hydra_hf.evaluation import loading
 
     report, overwrite, words = REPORT_CASES[case]
     (sandbox / "unrelated").mkdir()
@@ -360,7 +360,7 @@ def test_evaluate_checks_the_report_folder_before_any_work(sandbox, case, monkey
     import shutil
 
     shutil.copytree(sandbox / "hydra", sandbox / "hydra_copy")
-    monkeypatch.setattr(evaluation, "load_classifier", lambda *a, **k: pytest.fail("loaded a model before checking --report"))
+    monkeypatch.setattr(loading, "load_classifier", lambda *a, **k: pytest.fail("loaded a model before checking --report"))
     before = tree_digest(sandbox)
     rc, _, err = _evaluate(sandbox, *(["--overwrite"] if overwrite else []), report=report)
     assert rc == 2 and words in assert_one_line_error(err)
@@ -781,9 +781,9 @@ def _read_only_folder() -> Path:
 
 def test_an_unwritable_output_is_refused_before_any_work(sandbox, monkeypatch):
     """Issue 25 item 7: a read-only --report was found only after the whole evaluation ran."""
-    from hydra_hf import evaluation
+    from hydra_hf.evaluation import loading
 
-    monkeypatch.setattr(evaluation, "load_classifier", lambda *a, **k: pytest.fail("loaded a model before checking --report"))
+    monkeypatch.setattr(loading, "load_classifier", lambda *a, **k: pytest.fail("loaded a model before checking --report"))
     rc, _, err = run_cli(["evaluate", "--model", str(sandbox / "hydra"), "--id-data", str(sandbox / "id.csv"),
                           "--ood-data", str(sandbox / "ood.csv"), "--report", str(_read_only_folder() / "hydra" / "report")])
     assert rc == 2 and "is not writable" in assert_one_line_error(err)

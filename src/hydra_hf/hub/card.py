@@ -141,7 +141,7 @@ def load_report(report: str | os.PathLike | Mapping[str, Any] | None) -> tuple[d
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HubError(f"{path} is not valid JSON ({exc}); rewrite it with hydra_hf.report.write_report") from exc
+        raise HubError(f"{path} is not valid JSON ({exc}); rewrite it with hydra_hf.evaluation.report.write_report") from exc
     if not isinstance(data, dict):
         raise HubError(f"{path} holds a {type(data).__name__}, expected a report dict with 'rows'")
     return data, path.parent

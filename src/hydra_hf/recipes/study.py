@@ -683,7 +683,7 @@ def _verdict(r: Mapping[str, Any], choice: Mapping[str, Any] | None, need: int, 
 def plot_decision(summary: Mapping[str, Any], s: TextStudy, path: str | os.PathLike, *,
                   best_per_candidate: bool = False) -> str:
     """``summary``'s rows (or one per candidate, as :func:`render_decision_table`) as bars of their
-    transfer gain (:func:`hydra_hf.plots.transfer_gains`)."""
+    transfer gain (:func:`hydra_hf.evaluation.plots.transfer_gains`)."""
     rows = [{**r, "label": f"{r['candidate']} | {r['fusion']} | {r['score']}",
              "eligible": _meets_constraints(r, s)}
             for r in (_best_rows(summary, s) if best_per_candidate else summary["rows"])]
