@@ -7,14 +7,12 @@ import argparse
 import dataclasses
 import json
 
-import pandas as pd
 import pytest
-import torch
 
-from conftest import tiny_bert_config, write_masks, write_tiny_tokenizer
 from hydra_hf.cli import evaluate as cli_evaluate, main
 from hydra_hf.evaluation.folder import EvaluationSpec, evaluate_folder
 from hydra_hf.evaluation.loading import folder_kind
+from test_hostile_inputs import world  # noqa: F401  (a fixture: a tiny BERT, its Hydra folder, id.csv, ood.csv)
 
 
 def _parser_defaults() -> dict:
@@ -33,25 +31,6 @@ def test_the_spec_has_one_field_per_option_with_its_default():
             assert f.default == options[name], name
         elif f.default_factory is not dataclasses.MISSING:
             assert f.default_factory() == options[name], name
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    from transformers import BertForSequenceClassification
-
-    from hydra_hf.assemble import convert_checkpoint
-
-    root = tmp_path_factory.mktemp("evaluate_folder")
-    torch.manual_seed(0)
-    BertForSequenceClassification(tiny_bert_config()).save_pretrained(root / "base")
-    write_tiny_tokenizer(root / "base")
-    write_masks(root / "masks.json", [[[0, 1], [2], []], [[0, 1, 2, 3], [1], [3]]], 4)
-    words = "the a movie film good bad great awful plot actor fun boring".split()
-    texts = [" ".join(words[(i * 7 + j) % len(words)] for j in range(3 + i % 4)) for i in range(32)]
-    pd.DataFrame({"text": texts, "label": [i % 3 for i in range(32)]}).to_csv(root / "id.csv", index=False)
-    pd.DataFrame({"text": [t[::-1] for t in texts]}).to_csv(root / "ood.csv", index=False)
-    convert_checkpoint(root / "masks.json", base=root / "base", output_dir=root / "hydra")
-    return root
 
 
 def _without_latency(value):
