@@ -1,4 +1,4 @@
-"""Tests for hydra_hf.plots (PNG files, atomic writes) and hydra_hf.report (tables, report files)."""
+"""Tests for hydra_hf.evaluation.plots (PNG files, atomic writes) and hydra_hf.evaluation.report (tables, report files)."""
 
 from __future__ import annotations
 
