@@ -420,7 +420,7 @@ def evaluate_folder(spec: EvaluationSpec) -> FolderEvaluation:
     """
     info = distributed.process_info()
     models, pairs = _check_models(spec)
-    causal_lm = is_causal_lm_folder(spec.model)  # loading.folder_kind, asked in the order of the checks below
+    causal_lm = is_causal_lm_folder(spec.model)  # folder_kind in two steps: the zero-shot test comes after --score
     if spec.batch_size is None:
         spec = dataclasses.replace(spec, batch_size=8 if causal_lm else 32)
     if causal_lm:
