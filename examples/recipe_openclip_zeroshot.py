@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from hydra_hf.cli import run_script
-from hydra_hf.pruning import Budget, loading
+from hydra_hf import data as hydra_data
+from hydra_hf.pruning import Budget
 from hydra_hf.recipes import (
     TOWER_CHOICES,
     PipelineResult,
@@ -82,7 +83,7 @@ def read_class_names(spec: str) -> list[str]:
     if not Path(spec).is_file():
         raise SystemExit(f"--class-names {spec!r}: give 'imagenet' or a file with one class name per line (or a JSON list)")
     try:
-        return loading.read_class_names(spec)
+        return hydra_data.read_class_names(spec)
     except ValueError as err:
         raise SystemExit(f"--class-names {spec!r}: {err}") from None
 
