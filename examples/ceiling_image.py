@@ -57,8 +57,8 @@ from PIL import Image, ImageDraw, ImageFilter, ImageFont
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 from hydra_hf import convert_checkpoint, metrics
-from hydra_hf.baselines import all_heads_masks
-from hydra_hf.ceiling import ceiling_table, render_ceiling
+from hydra_hf.finetune.baselines import all_heads_masks
+from hydra_hf.recipes.ceiling import ceiling_table, render_ceiling
 from hydra_hf.cli import run_script
 from hydra_hf.evaluation import EnsemblePredictor, ModelPredictor, Predictions, make_loader, predict
 from hydra_hf.finetune import FinetuneConfig, finetune_members
@@ -255,7 +255,7 @@ def _logits(cache: Path, predictor: Any, loaders: dict[str, Any]) -> dict[str, P
 
 
 def numbers_of(preds: dict[str, Predictions]) -> dict[str, Any]:
-    """The ceiling's numbers (as :func:`hydra_hf.study.model_numbers`) from cached predictions."""
+    """The ceiling's numbers (as :func:`hydra_hf.recipes.study.model_numbers`) from cached predictions."""
     ident = preds["id"]
     rep = metrics.calibration_report(ident.probs, ident.labels, ident.member_probs)
     out: dict[str, Any] = {k: rep.get(k) for k in ("accuracy", "ece", "nll", "mutual_information", "disagreement")}

@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from hydra_hf.cli import run_script
-from hydra_hf.pruning import Budget, loading
+from hydra_hf import data as hydra_data
+from hydra_hf.pruning import Budget
 from hydra_hf.recipes import (
     TOWER_CHOICES,
     PipelineResult,
@@ -57,7 +58,7 @@ from hydra_hf.recipes import (
     save_open_clip_folder,
 )
 from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
-from hydra_hf.zero_shot import read_templates  # the template sets `hydra-hf evaluate --templates` reads
+from hydra_hf.data import read_templates  # the template sets `hydra-hf evaluate --templates` reads
 
 MODEL_NAME = "ViT-B-32"
 PRETRAINED = "laion2b_s34b_b79k"
@@ -82,7 +83,7 @@ def read_class_names(spec: str) -> list[str]:
     if not Path(spec).is_file():
         raise SystemExit(f"--class-names {spec!r}: give 'imagenet' or a file with one class name per line (or a JSON list)")
     try:
-        return loading.read_class_names(spec)
+        return hydra_data.read_class_names(spec)
     except ValueError as err:
         raise SystemExit(f"--class-names {spec!r}: {err}") from None
 

@@ -1,6 +1,6 @@
 """The selection protocol on the embedded text data (`make study`): which Hydra recipe transfers to
 OOD text that nobody selected on? Validation splits only, leave-one-OOD-kind-out (see
-`hydra_hf.study`). Prints the decision table and writes it to OUTPUT/decision.md (and the bars to decision.png: one row
+`hydra_hf.recipes.study`). Prints the decision table and writes it to OUTPUT/decision.md (and the bars to decision.png: one row
 per candidate; decision_all_rows.png: every row).
 
     python examples/study_text.py --output outputs/study --seeds 0 1 2 --screen   # what `make study` runs
@@ -28,7 +28,7 @@ from hydra_hf.cli import run_script
 from hydra_hf.errors import HydraInputError, HydraOutputError
 from hydra_hf.outputs import MARKER, is_owned
 from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
-from hydra_hf.study import (
+from hydra_hf.recipes.study import (
     DEFAULT_CANDIDATES,
     TextStudy,
     collect,

@@ -1,4 +1,4 @@
-"""The trained baselines (hydra_hf.baselines) and their evaluation (EnsemblePredictor).
+"""The trained baselines (hydra_hf.finetune.baselines) and their evaluation (EnsemblePredictor).
 
 Tiny BERT (hidden 32, 2 layers x 4 heads, 3 classes), 48 keyword texts, 6-step runs.
 """
@@ -136,7 +136,7 @@ def test_ensemble_predictor_is_the_mean_of_the_members_softmaxes(setup):
 
 # ---------------------------------------------------------------------------------- deep ensembles
 def test_deep_ensemble_members_differ_and_member0_is_the_single_model(setup, tmp_path):
-    from hydra_hf.baselines import all_heads_masks, train_deep_ensemble
+    from hydra_hf.finetune.baselines import all_heads_masks, train_deep_ensemble
     from hydra_hf.finetune import finetune_members
 
     config = _config()
@@ -177,7 +177,7 @@ def test_lora_trains_adapters_and_head_only_and_merges_exactly(setup, tmp_path):
     pytest.importorskip("peft")  # a guard only: tools/bootstrap.sh installs the peft extra
     from peft import PeftModel
 
-    from hydra_hf.baselines import ADAPTER_DIR, LORA_INFO, train_lora
+    from hydra_hf.finetune.baselines import ADAPTER_DIR, LORA_INFO, train_lora
 
     out = train_lora(setup["model"], setup["train"], setup["eval"], tmp_path / "lora", _config(), seed=0, r=4, alpha=8)
     info = json.loads((out / LORA_INFO).read_text())
@@ -215,7 +215,7 @@ def test_lora_trains_in_bf16_mixed_precision(setup, tmp_path):
     """`make demo` trains in bf16 on CPUs with native bf16: LoRA under CPU autocast trains, merges, and
     its merged checkpoint reproduces the unmerged adapter."""
     pytest.importorskip("peft")
-    from hydra_hf.baselines import LORA_INFO, train_lora
+    from hydra_hf.finetune.baselines import LORA_INFO, train_lora
 
     out = train_lora(setup["model"], setup["train"], setup["eval"], tmp_path / "lora", _config(mixed_precision="bf16"),
                      seed=0, r=4, alpha=8)
@@ -227,7 +227,7 @@ def test_lora_trains_in_bf16_mixed_precision(setup, tmp_path):
 
 def test_lora_ensemble_from_a_bare_encoder(setup, tmp_path):
     pytest.importorskip("peft")  # a guard only: tools/bootstrap.sh installs the peft extra
-    from hydra_hf.baselines import LORA_INFO, train_lora_ensemble
+    from hydra_hf.finetune.baselines import LORA_INFO, train_lora_ensemble
 
     config = _config(max_steps=3)
     folders = train_lora_ensemble(setup["bare"], setup["train"], setup["eval"], tmp_path / "le", config, members=2,
@@ -249,7 +249,7 @@ def test_lora_ensemble_from_a_bare_encoder(setup, tmp_path):
 
 
 def test_missing_peft_is_a_one_line_error(setup, tmp_path, monkeypatch):
-    from hydra_hf.baselines import train_lora
+    from hydra_hf.finetune.baselines import train_lora
     from hydra_hf.errors import HydraInputError
 
     monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` raises ImportError

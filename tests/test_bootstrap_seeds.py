@@ -7,9 +7,11 @@ import json
 import pytest
 import torch
 
-from hydra_hf import metrics, report
+from hydra_hf import metrics
+
+from hydra_hf.evaluation import report
 from hydra_hf.evaluation import EvaluationResult, Predictions, compare_predictions, write_evaluation_report
-from hydra_hf.report import aggregate_seed_reports, write_report
+from hydra_hf.evaluation.report import aggregate_seed_reports, write_report
 
 
 def _predictions(logit_scale: float, n: int, seed: int, labels=None) -> Predictions:

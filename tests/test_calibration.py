@@ -647,7 +647,7 @@ def test_zero_shot_folder_is_calibrated_for_its_classes_and_template(tmp_path):
     from test_clip_fused import OPEN_CLIP_CFG, save_open_clip, tiny_open_clip, two_tower_masks
     from transformers import pipeline
 
-    from hydra_hf.zero_shot import load_zero_shot_model
+    from hydra_hf.evaluation.zero_shot import load_zero_shot_model
 
     cfg = {**OPEN_CLIP_CFG, "text_cfg": {**OPEN_CLIP_CFG["text_cfg"], "vocab_size": 49408, "context_length": 16}}
     out = tmp_path / "clip-hydra"

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from hydra_hf import ceiling
-from hydra_hf import study as st
+from hydra_hf.recipes import ceiling
+from hydra_hf.recipes import study as st
 
 
 def _numbers(acc, ece, aurocs, mi=None):

@@ -16,7 +16,8 @@ from _tiny_decoders import EOS, save_gpt2, save_llama, write_data, write_masks
 from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.cli import main as cli_main
 from hydra_hf.evaluation import max_text_positions
-from hydra_hf.lm_evaluation import evaluate_causal_lm, load_causal_lm
+from hydra_hf.evaluation.causal_lm import evaluate_causal_lm
+from hydra_hf.evaluation.loading import load_causal_lm
 
 ATOL = 1e-5
 SAVERS = {"llama": (save_llama, "ForCausalLM"), "gpt2": (save_gpt2, "LMHeadModel")}

@@ -20,7 +20,7 @@ from hydra_hf.cli.evaluate import TEMPLATE_SET_NAMES
 from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.families import get_family
 from hydra_hf.masks import HeadMasks
-from hydra_hf.zero_shot import TEMPLATE_SETS, read_templates
+from hydra_hf.data import TEMPLATE_SETS, read_templates
 
 FOLDER_CLASSES = ["bird", "cat", "dog"]  # the image folder's sub-folders (sorted)
 CLIP_MASKS = HeadMasks(towers={  # hf CLIP: vision 2 layers x 4 heads, text 2 layers x 2 heads; member 1 keeps 0 in a layer

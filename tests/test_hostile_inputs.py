@@ -352,7 +352,7 @@ REPORT_CASES = {
 @pytest.mark.parametrize("case", sorted(REPORT_CASES))
 def test_evaluate_checks_the_report_folder_before_any_work(sandbox, case, monkeypatch):
     """Row 12: refused at once (no model is loaded), nothing is replaced."""
-    from hydra_hf import evaluation
+    from hydra_hf.evaluation import loading
 
     report, overwrite, words = REPORT_CASES[case]
     (sandbox / "unrelated").mkdir()
@@ -360,7 +360,7 @@ def test_evaluate_checks_the_report_folder_before_any_work(sandbox, case, monkey
     import shutil
 
     shutil.copytree(sandbox / "hydra", sandbox / "hydra_copy")
-    monkeypatch.setattr(evaluation, "load_classifier", lambda *a, **k: pytest.fail("loaded a model before checking --report"))
+    monkeypatch.setattr(loading, "load_classifier", lambda *a, **k: pytest.fail("loaded a model before checking --report"))
     before = tree_digest(sandbox)
     rc, _, err = _evaluate(sandbox, *(["--overwrite"] if overwrite else []), report=report)
     assert rc == 2 and words in assert_one_line_error(err)
@@ -588,7 +588,7 @@ def test_study_names_a_truncated_record_and_the_fix(tmp_path):
 
 def test_study_removes_a_killed_shards_work_folder(tmp_path, monkeypatch):
     """Issue 25 item 9: a killed shard's work/process<PID>/ stayed forever; a live shard's is kept."""
-    from hydra_hf import study as st
+    from hydra_hf.recipes import study as st
     from hydra_hf.outputs import prepare_owned_folder
 
     folder = prepare_owned_folder(tmp_path / "study", command="study", overwrite=False)
@@ -609,7 +609,7 @@ def test_study_removes_a_killed_shards_work_folder(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------------------- aggregate
 def _seed_reports(root: Path) -> None:
-    from hydra_hf.report import write_report
+    from hydra_hf.evaluation.report import write_report
 
     for seed, acc in ((0, 0.82), (1, 0.84)):
         rows = [{"method": "Hydra", "accuracy": acc, "params_m": 22.7, "news": {"auroc": acc - 0.1}},
@@ -781,9 +781,9 @@ def _read_only_folder() -> Path:
 
 def test_an_unwritable_output_is_refused_before_any_work(sandbox, monkeypatch):
     """Issue 25 item 7: a read-only --report was found only after the whole evaluation ran."""
-    from hydra_hf import evaluation
+    from hydra_hf.evaluation import loading
 
-    monkeypatch.setattr(evaluation, "load_classifier", lambda *a, **k: pytest.fail("loaded a model before checking --report"))
+    monkeypatch.setattr(loading, "load_classifier", lambda *a, **k: pytest.fail("loaded a model before checking --report"))
     rc, _, err = run_cli(["evaluate", "--model", str(sandbox / "hydra"), "--id-data", str(sandbox / "id.csv"),
                           "--ood-data", str(sandbox / "ood.csv"), "--report", str(_read_only_folder() / "hydra" / "report")])
     assert rc == 2 and "is not writable" in assert_one_line_error(err)
@@ -793,7 +793,7 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
     """Issue 25 item 7: ENOSPC while writing was a traceback."""
     import errno
 
-    from hydra_hf import report
+    from hydra_hf.evaluation import report
 
     def full(path, text):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))

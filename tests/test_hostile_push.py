@@ -33,7 +33,9 @@ def world(tmp_path_factory) -> Path:
     """A converted tiny Hydra folder and an evaluation report folder (real PNG figures)."""
     from transformers import BertForSequenceClassification
 
-    from hydra_hf import metrics, plots, report
+    from hydra_hf import metrics
+
+    from hydra_hf.evaluation import plots, report
     from hydra_hf.assemble import convert_checkpoint
     from hydra_hf.masks import HeadMasks
 

@@ -19,7 +19,8 @@ from huggingface_hub import HfApi, errors
 from transformers import BertForSequenceClassification
 
 import hydra_hf.hub as hub
-from hydra_hf import metrics, report
+from hydra_hf import metrics
+from hydra_hf.evaluation import report
 from hydra_hf.cli import main as cli_main
 from hydra_hf.errors import HydraUnsafeError
 from hydra_hf.assemble import convert_checkpoint

@@ -33,23 +33,23 @@ LAZY_ALLOWED = frozenset({
 FLOORS: list[tuple[str, ...]] = [
     ("hydra_hf.modeling",),  # shipped code: standard library, torch, transformers, siblings
     ("hydra_hf.version", "hydra_hf.errors", "hydra_hf.outputs", "hydra_hf.data", "hydra_hf.metrics",
-     "hydra_hf.lm_metrics", "hydra_hf.distributed", "hydra_hf.evaluate_support", "hydra_hf.plots",
-     "hydra_hf.reproducibility", "hydra_hf.progress"),
-    ("hydra_hf.masks", "hydra_hf.report"),
+     "hydra_hf.distributed", "hydra_hf.reproducibility", "hydra_hf.progress"),
+    ("hydra_hf.masks",),
     ("hydra_hf.convert",),  # readers and the build helpers: no family, no stage
     ("hydra_hf.families", "hydra_hf.cost"),  # the registry, the head adapters, one module per family; cost from a config
     ("hydra_hf.pruning",),  # gates, Taylor, circuits, members: adapters from the registry
     ("hydra_hf.saving", "hydra_hf.assemble"),  # the stages that write and assemble a Hydra folder
-    ("hydra_hf.finetune",),
+    ("hydra_hf.finetune",),  # the members, the Single and the trained baselines (Deep Ensembles, LoRA)
     ("hydra_hf.onnx.runtime", "hydra_hf.onnx.graph", "hydra_hf.onnx"),  # loading and running an export
-    ("hydra_hf.evaluation", "hydra_hf.lm_evaluation", "hydra_hf.baselines", "hydra_hf.zero_shot"),  # runs PyTorch and ONNX models alike
+    ("hydra_hf.evaluation",),  # predictors, loading, the run, the report: PyTorch and ONNX models alike
     ("hydra_hf.calibration",),  # conformal sets and abstention fitted on a model's predictions
+    ("hydra_hf.evaluation.folder",),  # evaluate_folder: a calibrated folder's decisions as well
     ("hydra_hf.hub",),  # staging, cards, validation, push
-    ("hydra_hf.onnx.export", "hydra_hf.onnx.int8", "hydra_hf.onnx.quantize"),  # export: measured with evaluation
-    ("hydra_hf.recipes", "hydra_hf.study", "hydra_hf.ceiling"),
+    ("hydra_hf.onnx.export", "hydra_hf.onnx.int8"),  # export: measured with evaluation
+    ("hydra_hf.recipes",),  # the pipelines, the selection study and the ceiling table
     ("hydra_hf.cli", "hydra_hf"),
 ]
-MAX_BACK_UP = 3
+MAX_BACK_UP = 0
 
 
 def _module_name(path: Path) -> str:

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 
 from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.data import resolve_dataset
-from hydra_hf.lm_evaluation import load_causal_lm
+from hydra_hf.evaluation.loading import load_causal_lm
 from hydra_hf.masks import HeadMasks
 
 DATA = {

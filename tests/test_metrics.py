@@ -361,7 +361,8 @@ def test_ood_scores_are_a_registry_the_cli_and_study_read():
     registration, and ood_score, Predictions, the study and `evaluate --score` pick it up."""
     import argparse
 
-    from hydra_hf import metrics, study
+    from hydra_hf import metrics
+    from hydra_hf.recipes import study
     from hydra_hf.cli import evaluate as cli_evaluate
     from hydra_hf.evaluation import Predictions
 
@@ -384,3 +385,30 @@ def test_ood_scores_are_a_registry_the_cli_and_study_read():
         metrics.OOD_SCORES.pop("max_logit", None)
     with pytest.raises(ValueError, match="reads must be"):
         metrics.register_ood_score(metrics.OODScore("x", "images", lambda x, t: x, True, ""))
+
+
+def test_one_score_registry_by_level() -> None:
+    """Issue 37: the classifiers' scores, a causal LM's token and sequence scores: one registry, a level each;
+    a sequence score is the mean of the token score of its name."""
+    from hydra_hf.metrics import causal_lm
+
+    assert list(M.SCORES) == ["example", "sequence", "token"] and M.SCORES["example"] is M.OOD_SCORES
+    assert list(M.SEQUENCE_SCORES) == list(M.TOKEN_SCORES) == ["msp", "entropy", "mutual_information", "likelihood"]
+    assert {s.level for s in M.SEQUENCE_SCORES.values()} == {"sequence"} and M.level_scores("token") is M.TOKEN_SCORES
+    g = torch.Generator().manual_seed(0)
+    member_logits = torch.randn(3, 2, 5, 7, generator=g) * 3  # (B, M, T, V)
+    targets = torch.randint(0, 7, (3, 5), generator=g)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    tokens = causal_lm.next_token_uncertainty(member_logits, targets, mask)
+    per_token = causal_lm.token_scores(tokens, num_members=2)
+    torch.testing.assert_close(per_token["likelihood"], -tokens["nll"])
+    sequences = causal_lm.sequence_scores(tokens, num_members=2)
+    for name, (quantity, sign) in {"msp": ("msp", 1), "entropy": ("predictive_entropy", -1),
+                                   "mutual_information": ("mutual_information", -1), "likelihood": ("nll", -1)}.items():
+        expected = torch.stack([sign * tokens[quantity][b][mask[b]].double().mean() for b in range(3)])
+        torch.testing.assert_close(sequences[name], expected)
+    assert "mutual_information" not in causal_lm.sequence_scores(tokens, num_members=1)
+    with pytest.raises(ValueError, match="a sequence score reads one of"):
+        M.register_ood_score(M.OODScore("x", "probs", None, True, "", level="sequence"))
+    with pytest.raises(ValueError, match="level must be one of"):
+        M.register_ood_score(M.OODScore("x", "probs", None, True, "", level="batch"))

@@ -32,7 +32,7 @@ from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.cli import LONG_COMMANDS, build_parser
 from hydra_hf.families import get_family
 from hydra_hf.masks import HeadMasks
-from hydra_hf.zero_shot import load_zero_shot_model
+from hydra_hf.evaluation.zero_shot import load_zero_shot_model
 
 SIZE = 32
 

@@ -400,7 +400,7 @@ def test_clip_int8_with_a_zero_shot_report_on_class_prompts(exported, tmp_path):
     from hydra_hf import evaluation as ev
     from hydra_hf import metrics
     from hydra_hf.data import resolve_dataset
-    from hydra_hf.onnx.quantize import OnnxZeroShotPredictor
+    from hydra_hf.evaluation.onnx_check import OnnxZeroShotPredictor
 
     root = exported["root"]
     ident = _image_folder(tmp_path / "id", ("cat", "dog", "bird"), 6, seed=0)

@@ -1,4 +1,4 @@
-"""Tests for hydra_hf.plots (PNG files, atomic writes) and hydra_hf.report (tables, report files)."""
+"""Tests for hydra_hf.evaluation.plots (PNG files, atomic writes) and hydra_hf.evaluation.report (tables, report files)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hydra_hf import metrics as M
-from hydra_hf import plots, report
+from hydra_hf.evaluation import plots, report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -220,7 +220,8 @@ def test_open_clip_and_timm_errors(open_clip_dir, timm_dir, images, tmp_path, ca
 
 
 def test_read_class_names_formats(tmp_path):
-    from hydra_hf.pruning.loading import class_prompts, read_class_names
+    from hydra_hf.data import read_class_names
+    from hydra_hf.pruning.loading import class_prompts
 
     lines, js = tmp_path / "names.txt", tmp_path / "names.json"
     lines.write_text("cat\n\ndog\n")

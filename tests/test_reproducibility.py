@@ -42,7 +42,7 @@ TRAIN = textwrap.dedent(
     from PIL import Image
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
-    from hydra_hf.baselines import all_heads_masks
+    from hydra_hf.finetune.baselines import all_heads_masks
     from hydra_hf.finetune import FinetuneConfig, finetune_members
 
     out = Path(sys.argv[1])

@@ -1,4 +1,4 @@
-"""The selection protocol (`hydra_hf.study`): leave-one-OOD-kind-out arithmetic, the decision rule,
+"""The selection protocol (`hydra_hf.recipes.study`): leave-one-OOD-kind-out arithmetic, the decision rule,
 and a tiny end-to-end study that reads no test split and whose numbers a direct recomputation gives."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from hydra_hf import study as st
+from hydra_hf.recipes import study as st
 
 
 def _write_cell(out, seed, cand, fold, aurocs, acc=0.80, ece=0.05, fusion="average"):

@@ -41,6 +41,9 @@ A dataset *spec* (what the CLI's ``--id-data``, ``--ood-data`` and ``--train-dat
 - a folder written by ``datasets.Dataset.save_to_disk`` (or ``DatasetDict.save_to_disk``, then
   ``FOLDER:SPLIT`` or ``split=`` chooses the split);
 - an image folder: one sub-folder per class holding image files (labels = sorted sub-folder names).
+
+Also here: the classes and prompt templates of zero-shot classification (:func:`read_class_names`,
+:func:`read_templates`, :func:`zero_shot_prompts`) and the checks of zero-shot data (:func:`zero_shot_data`).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -700,3 +703,148 @@ def pad_with_eos(tokenizer: Any, config: Any) -> Any:
         if getattr(config, "pad_token_id", None) is None:
             config.pad_token_id = tokenizer.pad_token_id
     return tokenizer
+
+
+# ----------------------------------------------------------------- zero-shot classes and prompts
+DEFAULT_PROMPT_TEMPLATE = "a photo of a {}."
+
+
+def read_class_names(spec: str | os.PathLike | list[str]) -> list[str]:
+    """Class names, in label order: a list, a file (one name per line, or a JSON list), or a
+    comma-separated string.
+
+    Raises:
+        ValueError: no names, or a name given twice.
+    """
+    if isinstance(spec, (list, tuple)):
+        names = [str(n).strip() for n in spec]
+    elif os.path.isfile(spec):
+        text = Path(spec).read_text()
+        if text.lstrip().startswith("["):
+            names = [str(n).strip() for n in json.loads(text)]
+        else:
+            names = [line.strip() for line in text.splitlines()]
+    else:
+        names = [n.strip() for n in str(spec).split(",")]
+    names = [n for n in names if n]
+    if not names:
+        raise ValueError(f"no class names in {str(spec)!r}; give them comma-separated or in a file, one per line")
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"class names {dupes} are given more than once; give every class once, in label order")
+    return names
+
+
+def zero_shot_labels(dataset: datasets.Dataset, names: list[str], source: str) -> datasets.Dataset:
+    """Match the ID labels to the class names: image-folder classes by name, integers as indices."""
+    feature = dataset.features.get("label")
+    if isinstance(feature, datasets.ClassLabel):
+        folder_names = list(feature.names)
+        if set(folder_names) <= set(names):
+            index = [names.index(n) for n in folder_names]
+            dataset = dataset.cast_column("label", datasets.Value("int64"))
+            return dataset.map(lambda label: {"label": index[label]}, input_columns="label")
+        if len(folder_names) != len(names):
+            raise ValueError(
+                f"{source} has {len(folder_names)} classes {folder_names[:5]} but --class-names gives {len(names)} "
+                f"{names[:5]}; give one class name per class, in label order"
+            )
+    labels = dataset["label"]
+    bad = sorted({int(v) for v in labels if not 0 <= int(v) < len(names)})
+    if bad:
+        raise ValueError(
+            f"{source} has label values {bad[:5]} but --class-names gives {len(names)} classes (labels 0..{len(names) - 1}); "
+            "give one class name per label value, in label order"
+        )
+    return dataset
+
+
+def zero_shot_prompts(class_names: Sequence[str], templates: Sequence[str]) -> list[str]:
+    """The ``C x K`` prompts of zero-shot classification, class-major: prompt ``c * K + k`` is
+    ``templates[k].format(class_names[c])``."""
+    if isinstance(class_names, str) or not class_names or not all(isinstance(n, str) and n.strip() for n in class_names):
+        raise ValueError(f"class_names must be a non-empty list of non-empty strings, got {class_names!r}")
+    if isinstance(templates, str) or not templates:
+        raise ValueError(f"templates must be a non-empty list of strings with one '{{}}' each, got {templates!r}")
+    bad = [t for t in templates if not isinstance(t, str) or t.count("{}") != 1]
+    if bad:
+        raise ValueError(f"every template needs exactly one '{{}}' for the class name, got {bad[0]!r} (e.g. 'a photo of a {{}}.')")
+    return [t.format(name) for name in class_names for t in templates]
+
+
+def _open_clip_templates(name: str) -> list[str]:
+    """open_clip's template functions (``lambda c: f"a photo of a {c}."``) as ``"{}"`` templates."""
+    from open_clip import zero_shot_metadata  # slow to import, read by --templates openai / simple only
+
+    return [template("{}") for template in getattr(zero_shot_metadata, name)]
+
+
+# name -> the templates it stands for (``--templates NAME``); a file or one template string also works
+TEMPLATE_SETS: dict[str, Callable[[], list[str]]] = {
+    "openai": lambda: _open_clip_templates("OPENAI_IMAGENET_TEMPLATES"),  # CLIP's 80 ImageNet prompts
+    "simple": lambda: _open_clip_templates("SIMPLE_IMAGENET_TEMPLATES"),  # open_clip's 7 "simple" ones
+    "default": lambda: [DEFAULT_PROMPT_TEMPLATE],  # what `hydra-hf prune` scores with
+}
+
+
+def read_templates(spec: str | os.PathLike | Sequence[str] | None) -> list[str]:
+    """The prompt templates ``spec`` names.
+
+    Args:
+        spec: a name of :data:`TEMPLATE_SETS` (``openai``, ``simple``, ``default``), a file (one
+            template per line, or a JSON list), one template holding ``{}``, a list of templates, or
+            None (``default``: ``"a photo of a {}."``).
+
+    Raises:
+        ValueError: an unknown name, an empty file, or a template without exactly one ``{}``.
+    """
+    if spec is None:
+        spec = "default"
+    if isinstance(spec, (list, tuple)):
+        templates = list(spec)
+    elif str(spec) in TEMPLATE_SETS:
+        templates = TEMPLATE_SETS[str(spec)]()
+    elif os.path.isfile(spec):
+        text = Path(spec).read_text()
+        templates = json.loads(text) if text.lstrip().startswith("[") else [t.strip() for t in text.splitlines()]
+        templates = [t for t in templates if not isinstance(t, str) or t.strip()]
+    elif "{}" in str(spec):
+        templates = [str(spec)]
+    else:
+        raise ValueError(f"--templates {str(spec)!r} is not a template set ({', '.join(TEMPLATE_SETS)}), a file or a "
+                         "template with '{}' for the class name (e.g. 'a photo of a {}.')")
+    zero_shot_prompts(["x"], templates)  # ValueError for an empty list or a template without exactly one {}
+    return templates
+
+
+def zero_shot_class_names(class_names: str | os.PathLike | None, id_data: str, *, model: str = "a CLIP model") -> list[str]:
+    """The classes of a zero-shot model's prompts, in label order: ``class_names`` (comma-separated or
+    a file, one per line: :func:`read_class_names`), else the sub-folders of
+    ``id_data`` when it is an image folder (the label order :func:`load_local` gives).
+
+    Raises:
+        ValueError: no ``class_names`` and ``id_data`` is not an image folder.
+    """
+    if class_names:
+        return read_class_names(class_names)
+    names = image_folder_classes(parse_spec(id_data)[0])
+    if names is None:
+        raise ValueError(
+            f"{model} classifies zero-shot: give --class-names (comma-separated or a file, one per line, in label "
+            "order), or an image folder (one sub-folder per class) as --id-data"
+        )
+    return names
+
+
+def zero_shot_data(dataset: datasets.Dataset, class_names: Sequence[str], source: str, model: str) -> datasets.Dataset:
+    """``dataset`` (standard columns, :func:`resolve_dataset`) checked for a zero-shot
+    model: it must hold images, and its labels (if any) are matched to ``class_names`` (image-folder
+    classes by name, integers as indices: :func:`zero_shot_labels`)."""
+    if "image" not in dataset.column_names:
+        raise ValueError(
+            f"{source} gives texts (columns {dataset.column_names}), but {model} classifies images: give an image "
+            "folder (one sub-folder per class) or data with an image column (--image-column)"
+        )
+    if "label" in dataset.column_names:
+        dataset = zero_shot_labels(dataset, list(class_names), source)
+    return dataset

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import HydraInputError
 from ..outputs import check_output, read_json, write_output_folder
-from ..report import aggregate_seed_reports, check_seed_report, summarize_seed_comparisons, write_report
+from ..evaluation.report import aggregate_seed_reports, check_seed_report, summarize_seed_comparisons, write_report
 
 logger = logging.getLogger(__name__)
 

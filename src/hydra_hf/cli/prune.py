@@ -52,17 +52,16 @@ from typing import Any
 from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
 
 from ..convert.io import from_pretrained
-from ..data import check_data_spec
+from ..data import check_data_spec, read_class_names, zero_shot_class_names
 from ..errors import HydraUnsafeError
-from ..families import detect_family, get_adapter
+from ..families import detect_family, get_adapter, is_causal_lm_folder
 from ..masks import load_masks
 from ..outputs import check_output_file
 from ..pruning.budget import Budget
 from ..pruning.diversity import PRUNING_METHODS, parse_methods, uses_ood
-from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, load_open_clip, load_timm_vit, read_class_names
-from ..pruning.members import PruningTarget, build_members, is_causal_lm_folder, load_pruning_target
+from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, load_open_clip, load_timm_vit
+from ..pruning.members import PruningTarget, build_members, load_pruning_target
 from ..pruning.neurons import check_mlp_keep
-from ..zero_shot import zero_shot_class_names
 from . import finite_float
 
 logger = logging.getLogger(__name__)

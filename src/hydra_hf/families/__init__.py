@@ -27,9 +27,11 @@ from .base import (
     get_family,
     register_family,
 )
+from .decoder import CAUSAL_LM_SUFFIXES, is_causal_lm_config, is_causal_lm_folder
 # Built-in families, in detection order (the first whose detect() accepts a folder wins).
 
 __all__ = [
+    "CAUSAL_LM_SUFFIXES",
     "TASKS",
     "Built",
     "Family",
@@ -41,5 +43,7 @@ __all__ = [
     "family_of_model",
     "get_adapter",
     "get_family",
+    "is_causal_lm_config",
+    "is_causal_lm_folder",
     "register_family",
 ]

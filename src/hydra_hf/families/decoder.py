@@ -11,6 +11,7 @@ files and ``hydra_decoder.py`` (the decoders' outputs and generation uncertainty
 from __future__ import annotations
 
 import importlib
+import os
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -23,6 +24,24 @@ from ..convert.build import check_same_architecture, label_arguments, load_fused
 from ..convert.io import read_config, read_state_dict
 from ..errors import HydraInputError
 from .base import Built, Family
+
+# what makes a checkpoint a causal LM (any family, stock or Hydra): its architectures' suffix
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
+
+
+def is_causal_lm_config(config: Any) -> bool:
+    """Whether a ``config.json`` (a dict or a config object) names a causal LM head (``LlamaForCausalLM``,
+    ``GPT2LMHeadModel``, ``HydraEnsembleLlamaForCausalLM``, ...) in its ``architectures``."""
+    names = config.get("architectures") if isinstance(config, dict) else getattr(config, "architectures", None)
+    return any(str(name).endswith(CAUSAL_LM_SUFFIXES) for name in names or [])
+
+
+def is_causal_lm_folder(folder: str | os.PathLike) -> bool:
+    """Whether the checkpoint folder ``folder`` holds a causal LM (:func:`is_causal_lm_config`); False
+    without a ``config.json``."""
+    path = Path(folder)
+    return (path / "config.json").is_file() and is_causal_lm_config(read_config(path))
+
 
 CAUSAL_LM, SEQUENCE_CLASSIFICATION = "causal_lm", "sequence_classification"
 DECODER_SHARED_FILE = "hydra_decoder.py"

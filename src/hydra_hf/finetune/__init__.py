@@ -50,7 +50,7 @@ Work folder layout (``work_dir``, by default ``<output_dir>.work`` beside the ou
 
 Modules, one job each: ``config`` (:class:`FinetuneConfig` and the recipes), ``run`` (inputs checked,
 data and preprocessor loaded, the Accelerator), ``checkpoint`` (the work folder, checkpoint/resume),
-``trainer`` (:class:`MemberTrainer`, the loop every path shares, :mod:`hydra_hf.baselines` included) and
+``trainer`` (:class:`MemberTrainer`, the loop every path shares, :mod:`hydra_hf.finetune.baselines` included) and
 ``members`` (:func:`finetune_members`, :func:`finetune_fused`: member export and fusion).
 """
 

@@ -159,7 +159,7 @@ def finetune_members(
             raising :class:`TrainingInterrupted` there stops the run (resume later).
         fuse: ``False`` trains and exports the members (``work_dir/member_<m>/model``) but never writes
             ``output_dir``: models that are used as separate models, such as the members of a Deep
-            Ensemble (:func:`hydra_hf.baselines.train_deep_ensemble`).
+            Ensemble (:func:`hydra_hf.finetune.baselines.train_deep_ensemble`).
 
     Returns:
         ``output_dir``, or ``None`` when other members remain to be trained or ``fuse`` is ``False``.

@@ -15,8 +15,8 @@ fresh-process check), :mod:`.publish` (push, ``model.push_to_hub``). The model f
 report are only read. User errors are :class:`~hydra_hf.errors.HydraError` s with a one-line
 message (:class:`HubError` for push failures, ``HydraUnsafeError`` for unsafe input).
 
-:func:`~hydra_hf.evaluation.fit_uncertainty_threshold` lives in :mod:`hydra_hf.evaluation` (the hub does
-not import the evaluation code).
+:func:`~hydra_hf.evaluation.fit_uncertainty_threshold` lives in :mod:`hydra_hf.evaluation`; the hub reads
+only the report's tables and figures from it (:mod:`hydra_hf.evaluation.report`, :mod:`hydra_hf.evaluation.plots`).
 """
 
 from __future__ import annotations

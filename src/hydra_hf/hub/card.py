@@ -25,7 +25,7 @@ from ..cost import DEFAULT_TOKENS, relative_cost
 from ..families import family_of_config
 from ..modeling.configuration_hydra import custom_pipelines_for
 from ..outputs import resolve_inside
-from ..report import mean_std_rows, render_comparisons, render_markdown_table
+from ..evaluation.report import mean_std_rows, render_comparisons, render_markdown_table
 from .common import HubError, read_config, towers
 
 logger = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def load_report(report: str | os.PathLike | Mapping[str, Any] | None) -> tuple[d
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HubError(f"{path} is not valid JSON ({exc}); rewrite it with hydra_hf.report.write_report") from exc
+        raise HubError(f"{path} is not valid JSON ({exc}); rewrite it with hydra_hf.evaluation.report.write_report") from exc
     if not isinstance(data, dict):
         raise HubError(f"{path} holds a {type(data).__name__}, expected a report dict with 'rows'")
     return data, path.parent

@@ -39,7 +39,7 @@ from ..outputs import check_output, write_output_folder
 from ..version import __version__
 from .graph import quiet_exporter
 from .int8 import calibration_feeds, resolve_recipe
-from .quantize import OnnxZeroShotPredictor, quantization_report, report_markdown, write_quantization_report
+from ..evaluation.onnx_check import OnnxZeroShotPredictor, quantization_report, report_markdown, write_quantization_report
 from .runtime import EXPORT_FORMAT, EXPORT_METADATA, INSTALL_HINT, OnnxHydraModel, load_preprocessor, require_onnx
 
 logger = logging.getLogger(__name__)

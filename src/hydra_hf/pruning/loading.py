@@ -29,41 +29,15 @@ from torch import nn
 
 from ..convert.io import read_state_dict
 from ..convert.open_clip import CONFIG_NAME, WEIGHT_NAMES
+from ..data import DEFAULT_PROMPT_TEMPLATE
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PROMPT_TEMPLATE = "a photo of a {}."
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)  # open_clip's default image normalisation
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 # ------------------------------------------------------------------------------- class prompts
-def read_class_names(spec: str | os.PathLike | list[str]) -> list[str]:
-    """Class names, in label order: a list, a file (one name per line, or a JSON list), or a
-    comma-separated string.
-
-    Raises:
-        ValueError: no names, or a name given twice.
-    """
-    if isinstance(spec, (list, tuple)):
-        names = [str(n).strip() for n in spec]
-    elif os.path.isfile(spec):
-        text = Path(spec).read_text()
-        if text.lstrip().startswith("["):
-            names = [str(n).strip() for n in json.loads(text)]
-        else:
-            names = [line.strip() for line in text.splitlines()]
-    else:
-        names = [n.strip() for n in str(spec).split(",")]
-    names = [n for n in names if n]
-    if not names:
-        raise ValueError(f"no class names in {str(spec)!r}; give them comma-separated or in a file, one per line")
-    dupes = sorted({n for n in names if names.count(n) > 1})
-    if dupes:
-        raise ValueError(f"class names {dupes} are given more than once; give every class once, in label order")
-    return names
-
-
 def class_prompts(class_names: list[str], template: str = DEFAULT_PROMPT_TEMPLATE) -> list[str]:
     """``template.format(name)`` for every class (the text the CLIP text tower reads)."""
     if template.count("{}") != 1:

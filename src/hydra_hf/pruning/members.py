@@ -8,7 +8,7 @@ loaded, which :class:`PruningTarget` records: :func:`load_pruning_target` for a 
 image classifier folder or a decoder causal LM folder; the CLI and the zero-shot recipe build theirs for
 CLIP-like models.
 
-Causal LMs (``*ForCausalLM``, ``GPT2LMHeadModel``: :func:`is_causal_lm_config`) are pruned on next-token
+Causal LMs (``*ForCausalLM``, ``GPT2LMHeadModel``: :func:`hydra_hf.families.is_causal_lm_config`) are pruned on next-token
 prediction (:mod:`hydra_hf.pruning.lm`): the ID data is any text (its labels are the next tokens, a label
 column is not read), batched by :func:`~hydra_hf.pruning.lm.lm_batches` with the folder's tokenizer and
 ``max_length``; Taylor scores the mean next-token loss, circuits score next-token accuracy (``acc``), the
@@ -36,9 +36,9 @@ from transformers import (
 )
 
 from ..convert.io import from_pretrained, read_config, weight_names
-from ..data import make_image_loader, make_text_loader, pad_with_eos, resolve_dataset
+from ..data import make_image_loader, make_text_loader, pad_with_eos, resolve_dataset, zero_shot_labels
 from ..errors import HydraInputError
-from ..families import detect_family, get_adapter
+from ..families import detect_family, get_adapter, is_causal_lm_config
 from ..families.adapters import ModelAdapter
 from ..masks import HeadMasks
 from .budget import Budget
@@ -72,23 +72,6 @@ class PruningTarget:
     def causal_lm(self) -> bool:
         """Whether the model is a causal LM pruned on next-token prediction (its labels are the next tokens)."""
         return self.adapter.task == "causal_lm"
-
-
-CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
-
-
-def is_causal_lm_config(config: Any) -> bool:
-    """Whether a ``config.json`` (a dict or a config object) names a causal LM head (``LlamaForCausalLM``,
-    ``GPT2LMHeadModel``, ``HydraEnsembleLlamaForCausalLM``, ...) in its ``architectures``."""
-    names = config.get("architectures") if isinstance(config, dict) else getattr(config, "architectures", None)
-    return any(str(name).endswith(CAUSAL_LM_SUFFIXES) for name in names or [])
-
-
-def is_causal_lm_folder(folder: str | os.PathLike) -> bool:
-    """Whether the checkpoint folder ``folder`` holds a causal LM (:func:`is_causal_lm_config`); False
-    without a ``config.json``."""
-    path = Path(folder)
-    return (path / "config.json").is_file() and is_causal_lm_config(read_config(path))
 
 
 def label2id_of(config: Any) -> dict[str, int] | None:
@@ -225,30 +208,6 @@ def causal_lm_batches(
             "tokenizer the model was trained with next to it (or resize its embeddings)"
         )
     return batches
-
-
-def zero_shot_labels(dataset: datasets.Dataset, names: list[str], source: str) -> datasets.Dataset:
-    """Match the ID labels to the class names: image-folder classes by name, integers as indices."""
-    feature = dataset.features.get("label")
-    if isinstance(feature, datasets.ClassLabel):
-        folder_names = list(feature.names)
-        if set(folder_names) <= set(names):
-            index = [names.index(n) for n in folder_names]
-            dataset = dataset.cast_column("label", datasets.Value("int64"))
-            return dataset.map(lambda label: {"label": index[label]}, input_columns="label")
-        if len(folder_names) != len(names):
-            raise ValueError(
-                f"{source} has {len(folder_names)} classes {folder_names[:5]} but --class-names gives {len(names)} "
-                f"{names[:5]}; give one class name per class, in label order"
-            )
-    labels = dataset["label"]
-    bad = sorted({int(v) for v in labels if not 0 <= int(v) < len(names)})
-    if bad:
-        raise ValueError(
-            f"{source} has label values {bad[:5]} but --class-names gives {len(names)} classes (labels 0..{len(names) - 1}); "
-            "give one class name per label value, in label order"
-        )
-    return dataset
 
 
 def build_members(

@@ -14,7 +14,7 @@ does. A setting's module holds only its settings and its stage bodies; it import
 from a sibling.
 """
 
-from ..baselines import all_heads_masks  # the Single's masks: one member keeping every head
+from ..finetune.baselines import all_heads_masks  # the Single's masks: one member keeping every head
 from .budget_args import add_budget_arguments, budget_arguments
 from .image import ImagePipeline, build_image_members, evaluate_image_pipeline, run_image_pipeline
 from .runner import (

@@ -23,11 +23,11 @@ from typing import Any
 from torch import nn
 
 from .. import evaluation as ev, hub
-from ..baselines import all_heads_masks
+from ..finetune.baselines import all_heads_masks
 from ..finetune import finetune_members
 from ..masks import HeadMasks
 from ..outputs import prepare_owned_folder
-from ..report import render_markdown_table
+from ..evaluation.report import render_markdown_table
 
 logger = logging.getLogger(__name__)
 

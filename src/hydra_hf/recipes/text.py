@@ -44,7 +44,7 @@ from transformers import AutoTokenizer
 
 from .. import evaluation as ev
 from ..assemble import convert_checkpoint
-from ..baselines import train_deep_ensemble, train_lora_ensemble
+from ..finetune.baselines import train_deep_ensemble, train_lora_ensemble
 from ..data import resolve_dataset
 from ..errors import HydraInputError
 from ..evaluation import load_classifier
@@ -85,7 +85,7 @@ class TextPipeline:
     """Every choice of a text run. The defaults are the embedded demo (all-MiniLM-L6-v2, Rotten
     Tomatoes reviews; Guardian headlines, US presidential debate statements, Hamlet and party-convention
     speeches as OOD text), sized for 2 CPU cores (the README gives the measured time); its member recipe
-    is the one the selection protocol chose on validation splits (``hydra_hf.study``, docs/study.md)."""
+    is the one the selection protocol chose on validation splits (``hydra_hf.recipes.study``, docs/study.md)."""
 
     base_model: str | None = None  # None: the packaged all-MiniLM-L6-v2
     labels: tuple[str, ...] = ("rotten", "fresh")

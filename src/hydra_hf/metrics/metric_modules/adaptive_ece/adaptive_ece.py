@@ -1,0 +1,45 @@
+"""Adaptive (equal-mass) ECE as an ``evaluate`` metric, backed by :func:`hydra_hf.metrics.adaptive_ece`.
+
+Load it offline with ``evaluate.load(hydra_hf.metrics.module_path("adaptive_ece"))``; the numbers are
+exactly those of the plain function.
+"""
+
+import evaluate
+import numpy as np
+
+from hydra_hf.metrics.hf_evaluate import metric_info, PROBS_FEATURES, stack_rows
+from hydra_hf.metrics import adaptive_ece
+
+_DESCRIPTION = """
+Top-label expected calibration error with equal-mass bins: samples sorted by confidence
+are split into n_bins groups whose sizes differ by at most one. Lower is better.
+"""
+
+_KWARGS_DESCRIPTION = """
+Args:
+    predictions: N probability vectors, each of length C and summing to 1 (e.g. a model's softmax
+        outputs, or for a Hydra ensemble the mean of the members' softmaxes).
+    references: N integer class labels in [0, C).
+    n_bins: number of equal-mass bins (default 15).
+Returns:
+    adaptive_ece (float): in [0, 1].
+Examples:
+    >>> metric = evaluate.load(hydra_hf.metrics.module_path("adaptive_ece"))
+    >>> metric.compute(predictions=[[0.9, 0.1], [0.3, 0.7], [0.6, 0.4]], references=[0, 1, 1])
+"""
+
+_CITATION = """
+Nixon, Dusenberry, Zhang, Jerfel, Tran. Measuring Calibration in Deep Learning. CVPR Workshops 2019.
+"""
+
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class AdaptiveECE(evaluate.Metric):
+    def _info(self):
+        return metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION, _CITATION, PROBS_FEATURES)
+
+    def _compute(self, predictions, references, n_bins=15):
+        probs = stack_rows(predictions, "predictions")  # (N, C)
+        labels = np.asarray(references, dtype=np.int64)  # (N,)
+        return {"adaptive_ece": adaptive_ece(probs, labels, n_bins=n_bins)}
