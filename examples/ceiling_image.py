@@ -34,6 +34,15 @@ on small data -- and answers it with the same numbers:
   Single's multiply-adds (``hydra_hf.cost``; the paper's Hydra here: 2.3x);
   ``--hydra continued``: the control for the members' extra training: the Single itself, all heads,
   trained again exactly as a member is (same epochs, learning rate, offset seed, frozen embeddings).
+- ``--baselines packed mc_dropout``: the baselines of the cost/uncertainty Pareto (examples/slim_pareto.py).
+  ``packed``: Packed-Ensembles (Laurent et al. 2023), M = 3 estimators packed into one ViT of width alpha = 2.25 x
+  the Single's, each estimator's linear layers in gamma = 2 groups (torch-uncertainty's ``PackedLinear``): about
+  one Single's multiply-adds per image; trained from scratch per seed exactly as the Single (same data, epochs,
+  optimiser, schedule, data order and seed; the best validation epoch kept), predicting the mean of the
+  estimators' softmaxes. ``mc_dropout``: MC Dropout, T = 10 passes of each seed's Single (trained with hidden
+  dropout 0.1) with its dropout on. ``ceiling.json`` gains ``packed`` and ``mc_dropout`` (per seed) and
+  ``compute``: every model's multiply-adds per image relative to the Single's by one FLOP counter, the Hydra
+  recipes' beside ``hydra_hf.cost``'s ratio from their masks.
 - Paired bootstrap intervals (1,000 resamples of the scored ID and OOD images, per seed) of Hydra's
   MSP AUROC minus the Deep Ensemble's and minus the same seed's Single's, per kind.
 
@@ -46,24 +55,34 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import datasets
 import numpy as np
 import torch
+import torch.nn.functional as F
+from accelerate.utils import set_seed
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 from hydra_hf import convert_checkpoint, metrics
 from hydra_hf.finetune.baselines import all_heads_masks
 from hydra_hf.recipes.ceiling import ceiling_table, render_ceiling
 from hydra_hf.cli import run_script
-from hydra_hf.evaluation import EnsemblePredictor, ModelPredictor, Predictions, make_loader, predict
-from hydra_hf.finetune import FinetuneConfig, finetune_members
+from hydra_hf.cost import relative_cost
+from hydra_hf.evaluation import EnsemblePredictor, MCDropoutPredictor, ModelPredictor, Predictions, make_loader, predict
+from hydra_hf.finetune import FinetuneConfig, MemberTrainer, finetune_members, make_accelerator, prepare_run
+from hydra_hf.finetune.checkpoint import claim_work_dir
 from hydra_hf.masks import HeadMasks
-from hydra_hf.outputs import prepare_owned_folder
+from hydra_hf.outputs import prepare_owned_folder, write_output_file
 from hydra_hf.pruning import build_members
 from hydra_hf.pruning.budget import Budget
 from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
@@ -170,16 +189,20 @@ def _load(folder: Path, name: str) -> datasets.Dataset:
 
 
 # ----------------------------------------------------------------------------------------- models
+def testbed_config() -> ViTConfig:
+    """The Single's architecture: 28x28 images, 4x4 patches, 4 layers x 8 heads, hidden 64, dropout 0.1."""
+    return ViTConfig(image_size=28, patch_size=4, num_channels=3, hidden_size=64, num_hidden_layers=4,
+                     num_attention_heads=8, intermediate_size=128, hidden_dropout_prob=0.1,
+                     attention_probs_dropout_prob=0.0, num_labels=len(ID_CLASSES),
+                     id2label=dict(enumerate(ID_CLASSES)), label2id={c: i for i, c in enumerate(ID_CLASSES)})
+
+
 def base_model(folder: Path, seed: int) -> Path:
     """A randomly initialised ViT of ``seed`` with its image processor (the Single's starting point)."""
     if (folder / "config.json").is_file():
         return folder
     torch.manual_seed(seed)
-    config = ViTConfig(image_size=28, patch_size=4, num_channels=3, hidden_size=64, num_hidden_layers=4,
-                       num_attention_heads=8, intermediate_size=128, hidden_dropout_prob=0.1,
-                       attention_probs_dropout_prob=0.0, num_labels=len(ID_CLASSES),
-                       id2label=dict(enumerate(ID_CLASSES)), label2id={c: i for i, c in enumerate(ID_CLASSES)})
-    ViTForImageClassification(config).save_pretrained(folder)
+    ViTForImageClassification(testbed_config()).save_pretrained(folder)
     ViTImageProcessor(do_resize=True, size={"height": 28, "width": 28}, image_mean=[0.5] * 3,
                       image_std=[0.5] * 3).save_pretrained(folder)
     return folder
@@ -242,6 +265,201 @@ def train_hydra(out: Path, data: Path, single: Path, seed: int, recipe: str, fol
     return {f: convert_checkpoint(masks, members=folders, mlp_fusion=f).eval() for f in ("average", "per_member")}, jaccard
 
 
+# ------------------------------------------------------------------------------ baselines (--baselines)
+# Packed-Ensembles (Laurent et al. 2023): M estimators packed side by side in one model of width alpha x the
+# Single's, each estimator's linear layers split into gamma groups; alpha and gamma chosen for about one Single's
+# multiply-adds per image (counted: PACKED_COMPUTE below, and tests/test_image_baselines.py).
+PACKED = dict(num_estimators=3, alpha=2.25, gamma=2)
+MC_DROPOUT_SAMPLES = 10  # T forward passes of the Single with its dropout (p = 0.1) on: T x a Single's compute
+BASELINES = ("packed", "mc_dropout")
+BASELINE_LABELS = {"packed": "Packed-Ensembles", "mc_dropout": "MC Dropout"}
+BASELINE_NOTES = {"packed": "M = {num_estimators}, alpha {alpha}, gamma {gamma}, trained from scratch as the Single".format(**PACKED),
+                  "mc_dropout": f"T = {MC_DROPOUT_SAMPLES} passes of the seed's Single, hidden dropout 0.1 on"}
+
+
+def _packed_linear(in_features: int, out_features: int, alpha: float, num_estimators: int, gamma: int,
+                   last: bool = False) -> nn.Module:
+    """torch-uncertainty's PackedLinear: a grouped linear layer (estimator m owns groups m*gamma ... m*gamma +
+    gamma - 1); ``last``: its outputs are (M*B, out_features), estimator-major."""
+    from torch_uncertainty.layers import PackedLinear  # torch-uncertainty 0.13: the dev extra installs it
+
+    return PackedLinear(in_features, out_features, alpha=alpha, num_estimators=num_estimators, gamma=gamma,
+                        last=last, implementation="einsum")
+
+
+class EstimatorLayerNorm(nn.LayerNorm):
+    """LayerNorm over each estimator's own channels: ``(..., M * width)`` normalised per block of ``width``.
+
+    torch-uncertainty 0.13's PackedLayerNorm (a GroupNorm with one group) normalises all estimators' channels
+    together, and its PackedMultiheadAttention takes the queries, keys and values of a layer from different
+    estimators' channels: estimators built from them are not independent, so the attention and norms are here.
+    """
+
+    def __init__(self, num_estimators: int, width: int, eps: float) -> None:
+        super().__init__((num_estimators, width), eps=eps)  # weight, bias: (M, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        width = self.normalized_shape[-1]
+        x = x.unflatten(-1, tuple(self.normalized_shape))  # (..., M, width)
+        x = F.layer_norm(x, (width,), eps=self.eps) * self.weight + self.bias
+        return x.flatten(-2)  # (..., M * width)
+
+
+class PackedViTLayer(nn.Module):
+    """A pre-norm ViT layer (as the Single's) over M packed estimators, each with its own heads."""
+
+    def __init__(self, config: ViTConfig, num_estimators: int, alpha: float, gamma: int) -> None:
+        super().__init__()
+        d, M = config.hidden_size, num_estimators
+        width = int(d * alpha) // M  # one estimator's hidden size
+        self.num_estimators, self.num_heads = M, config.num_attention_heads
+        if width % self.num_heads:
+            raise ValueError(f"alpha={alpha} gives each of the {M} estimators {width} channels, not divisible by its "
+                             f"{self.num_heads} heads; choose alpha so that {d} * alpha / {M} is a multiple of it")
+
+        def linear(i: int, o: int) -> nn.Module:
+            return _packed_linear(i, o, alpha, M, gamma)
+
+        self.norm1 = EstimatorLayerNorm(M, width, config.layer_norm_eps)
+        self.query, self.key, self.value, self.output = (linear(d, d) for _ in range(4))
+        self.norm2 = EstimatorLayerNorm(M, width, config.layer_norm_eps)
+        self.fc1, self.fc2 = linear(d, config.intermediate_size), linear(config.intermediate_size, d)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.attention_dropout = config.attention_probs_dropout_prob
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:  # (B, T, M*width) -> (B, M*H, T, dh): estimator-major heads
+            return t.view(B, T, self.num_estimators * self.num_heads, -1).transpose(1, 2)
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, M*H, T, T)
+        weights = F.dropout(scores.softmax(-1), self.attention_dropout, self.training)
+        return self.output((weights @ v).transpose(1, 2).reshape(B, T, -1))  # (B, T, M*width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.dropout(self.attention(self.norm1(x)))
+        return x + self.dropout(self.fc2(F.gelu(self.fc1(self.norm2(x)))))
+
+
+class PackedViT(nn.Module):
+    """Packed-Ensembles ViT: ``num_estimators`` ViTs of ``config``'s shape and hidden size ``alpha * d / M``,
+    packed into one model of width ``alpha * d``; every estimator's weights act on its own channels only (the
+    patch embedding, the first layer, reads the image for all of them). Initialised as the Single (ViT's
+    truncated normal, std ``initializer_range``; LayerNorms 1 and 0; biases 0).
+
+    Shape:
+        pixel_values: ``(B, 3, H, W)``; ``member_logits``: ``(B, M, C)``, one row per estimator.
+    """
+
+    def __init__(self, config: ViTConfig, num_estimators: int, alpha: float, gamma: int) -> None:
+        super().__init__()
+        d, M = config.hidden_size, num_estimators
+        self.num_estimators = M
+        packed = int(d * alpha)  # M estimators side by side
+        tokens = (config.image_size // config.patch_size) ** 2 + 1
+        self.patches = nn.Conv2d(config.num_channels, packed, config.patch_size, stride=config.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, packed))
+        self.position_embeddings = nn.Parameter(torch.zeros(1, tokens, packed))
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.layers = nn.ModuleList(PackedViTLayer(config, M, alpha, gamma) for _ in range(config.num_hidden_layers))
+        self.norm = EstimatorLayerNorm(M, packed // M, config.layer_norm_eps)
+        self.classifier = _packed_linear(d, config.num_labels, alpha, M, 1, last=True)  # C x M outputs: one group each
+        std = config.initializer_range
+        for name, param in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(param)
+            elif ".norm" in f".{name}":
+                nn.init.ones_(param)
+            else:  # weights, cls token and position embeddings
+                nn.init.trunc_normal_(param, std=std)
+
+    def forward(self, pixel_values: torch.Tensor, **_: Any) -> SimpleNamespace:
+        B = pixel_values.shape[0]
+        x = self.patches(pixel_values).flatten(2).transpose(1, 2)  # (B, N, M*width)
+        x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1) + self.position_embeddings  # (B, T, M*width)
+        x = self.dropout(x)
+        for layer in self.layers:
+            x = layer(x)
+        logits = self.classifier(self.norm(x)[:, 0])  # (M*B, C), estimator-major
+        return SimpleNamespace(member_logits=logits.unflatten(0, (self.num_estimators, B)).transpose(0, 1))  # (B, M, C)
+
+
+def counted_macs(forward, *args: Any, **kwargs: Any) -> float:
+    """Multiply-adds of one call, as PyTorch's FLOP counter sees them (its FLOPs / 2: matrix products and
+    convolutions; attention written as matrix products, i.e. eager)."""
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        forward(*args, **kwargs)
+    return counter.get_total_flops() / 2
+
+
+def eager_single(config: ViTConfig) -> nn.Module:
+    """A stock ViT of ``config`` whose attention the FLOP counter sees (CPU SDPA kernels are not counted)."""
+    return ViTForImageClassification._from_config(config, attn_implementation="eager").eval()
+
+
+def baseline_compute(config: ViTConfig, hydra: dict[str, nn.Module] | None = None,
+                     mc_samples: int = MC_DROPOUT_SAMPLES) -> dict[str, Any]:
+    """Multiply-adds per image relative to the Single's, all by one FLOP counter on one forward pass of a 28x28
+    image: Packed-Ensembles, MC Dropout (its T passes), and each given fused Hydra beside ``hydra_hf.cost``'s
+    ratio from its masks (the counter sees the embeddings and the classifier too, the masks count the layers)."""
+    pixels = torch.zeros(1, config.num_channels, config.image_size, config.image_size)
+    stock, packed_model = eager_single(config), PackedViT(config, **PACKED).eval()
+    single, packed = counted_macs(stock, pixel_values=pixels), counted_macs(packed_model, pixels)
+    params = sum(p.numel() for p in stock.parameters())
+    mc = MCDropoutPredictor(eager_single(config), samples=mc_samples)
+    out: dict[str, Any] = {
+        "single_macs": single,
+        "packed": {"counted_x": packed / single, "macs": packed, **PACKED,
+                   "params_x": sum(p.numel() for p in packed_model.parameters()) / params},
+        "mc_dropout": {"counted_x": counted_macs(mc.member_logits, {"pixel_values": pixels}) / single,
+                       "samples": mc_samples, "params_x": 1.0},
+    }
+    tokens = (config.image_size // config.patch_size) ** 2 + 1
+    for name, model in (hydra or {}).items():
+        attention = model.config._attn_implementation
+        model.set_attn_implementation("eager")
+        counted = counted_macs(model, pixel_values=pixels) / single
+        model.set_attn_implementation(attention)
+        out[name] = {"counted_x": counted, "masks_x": relative_cost(model.config, tokens)["macs_ratio"]}
+    return out
+
+
+def train_packed(out: Path, data: Path, seed: int, epochs: int) -> nn.Module:
+    """The Packed-Ensembles ViT of ``seed``, trained from scratch exactly as the Single (same data, epochs,
+    optimiser, schedule, data order and seed; the best validation epoch kept), loss the mean of the estimators'
+    cross-entropies; cached in ``OUTPUT/packed_seed<seed>``."""
+    folder = out / f"packed_seed{seed}"
+    weights, settings = folder / "model.safetensors", folder / "packed.json"
+    config = testbed_config()
+    if weights.is_file():
+        saved = json.loads(settings.read_text())
+        if saved != PACKED:
+            raise ValueError(f"{str(folder)!r} holds a Packed-Ensembles model with {saved}, not {PACKED}; "
+                             "remove that folder to train one with these settings")
+        model = PackedViT(config, **PACKED)
+        model.load_state_dict(load_file(str(weights)), strict=True)
+        return model.eval()
+    base = base_model(out / f"init_seed{seed}", seed)  # the Single's image processor and labels
+    accelerator, train_config = make_accelerator(_config(seed, epochs=epochs, lr=1e-3, freeze=False))
+    run = prepare_run(base, all_heads_masks(base), _load(data, "id_train"), _load(data, "id_validation"),
+                      folder / "fused", train_config, folder / "work", True, None)
+    claim_work_dir(accelerator, run, ["packed"], resume=False, shared=False)
+    torch.manual_seed(seed)  # the Single's initialisation seed
+    model = PackedViT(config, **PACKED)
+    set_seed(seed)  # as finetune_members before the Single's training (dropout stream)
+    trainer = MemberTrainer(accelerator, run, model, run.work_dir / "packed", seed, tag="packed")
+    trainer.train(resume=False, step_callback=None)
+    state = trainer.final_state_dict()  # the best validation epoch's weights
+    write_output_file(settings, json.dumps(PACKED) + "\n")
+    save_file(state, str(folder / "model.safetensors.tmp"))
+    os.replace(folder / "model.safetensors.tmp", weights)  # last: the weights' presence marks a finished model
+    shutil.rmtree(run.work_dir / "packed" / "checkpoint", ignore_errors=True)
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
 # ---------------------------------------------------------------------------------------- scoring
 def _logits(cache: Path, predictor: Any, loaders: dict[str, Any]) -> dict[str, Predictions]:
     """Member logits of ``predictor`` on every scored set, cached in ``cache`` (a .pt file)."""
@@ -299,6 +517,10 @@ def main(argv: list[str] | None = None) -> int:
                              "costly part, so screen it on one seed first, as the study does)")
     parser.add_argument("--circ-heads-per-step", type=int, default=2,
                         help="heads a circuit search removes per step (1: the paper's one at a time)")
+    parser.add_argument("--baselines", nargs="*", default=[], choices=BASELINES,
+                        help="packed: Packed-Ensembles (M = 3, alpha 2.25, gamma 2: about one Single's compute), "
+                             "trained from scratch per seed as the Single; mc_dropout: MC Dropout, "
+                             f"{MC_DROPOUT_SAMPLES} passes of each seed's Single with its dropout on")
     add_threads_argument(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -324,6 +546,22 @@ def main(argv: list[str] | None = None) -> int:
                "single": {str(s): numbers_of(p) for s, p in preds["single"].items()},
                "deep_ensemble": numbers_of(preds["deep_ensemble"])}
     report = [render_ceiling(ceiling_table(numbers), title="Ceiling: MNIST 0-4, tiny ViT from scratch (Singles, Deep Ensemble)")]
+    for name in args.baselines:
+        numbers[name] = {}
+        for seed in args.seeds:
+            cache = out / "logits" / f"{name}_seed{seed}.pt"
+            if cache.is_file():  # scored already: nothing to build
+                predictor = None
+            elif name == "packed":
+                predictor = ModelPredictor(train_packed(out, data, seed, args.epochs))
+            else:
+                predictor = MCDropoutPredictor(models[seed], samples=MC_DROPOUT_SAMPLES, seed=seed)
+            numbers[name][str(seed)] = numbers_of(_logits(cache, predictor, loaders))
+        table = ceiling_table({**numbers, "hydra": numbers[name]})
+        for row in table["rows"]:
+            row["model"] = BASELINE_LABELS[name] if row["model"] == "Hydra" else row["model"]
+        report.append(render_ceiling(table, title=f"{BASELINE_LABELS[name]} ({BASELINE_NOTES[name]})"))
+    compute_models: dict[str, torch.nn.Module] = {}
     extra: dict[str, Any] = {}
     for recipe in args.hydra:
         folds = list(KINDS) if HYDRA_RECIPES[recipe]["uses_ood"] else ["any"]
@@ -337,6 +575,7 @@ def main(argv: list[str] | None = None) -> int:
                                              args.circ_ood_per_kind, args.circ_heads_per_step)
                 extra.setdefault(f"jaccard_{recipe}", {})[f"{seed}/{fold}"] = jaccard
                 for fusion, model in fused.items():
+                    compute_models.setdefault(f"hydra_{recipe}_{fusion}", model)
                     cache = out / "logits" / f"hydra_{recipe}_{fusion}_seed{seed}_{fold.replace(' ', '_')}.pt"
                     per_fold[f"{fusion}/{fold}"] = _logits(cache, ModelPredictor(model), loaders)
             for fusion in ("average", "per_member"):
@@ -354,6 +593,10 @@ def main(argv: list[str] | None = None) -> int:
             title = f"Hydra ({recipe}, keep {args.keep}/8 per layer, {fusion} MLP)"
             report.append(render_ceiling(ceiling_table(table_in), title=title))
             report.append(_interval_table(preds, recipe, fusion, [s for s in args.seeds if (recipe, fusion, s) in preds["hydra"]]))
+    if args.baselines:  # every model's multiply-adds per image by one counter (the Hydra rows beside their masks')
+        numbers["compute"] = baseline_compute(testbed_config(), compute_models)
+        report.append("## Multiply-adds per image (x the Single's; FLOP counter, eager attention)\n\n"
+                      + "\n".join(f"- {k}: {v}" for k, v in numbers["compute"].items()) + "\n")
     extra_md = "\n".join(f"- {k}: " + ", ".join(f"{kk}: {v}" for kk, v in d.items()) for k, d in extra.items())
     text = "\n".join(report) + ("\n## Member diversity (pairwise Jaccard of kept heads)\n\n" + extra_md + "\n" if extra else "")
     (out / "ceiling.md").write_text(text)

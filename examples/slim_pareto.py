@@ -3,13 +3,14 @@
 Reads what ``examples/ceiling_image.py`` wrote (``ceiling.json`` and each recipe's ``masks.json``) and writes
 one results file (``--results``, e.g. ``docs/results/slim_image.json``; ``tools/render_docs.py`` renders its
 table into docs/slim.md, view ``slim-pareto``) and a figure (``--figure``): for every model, the multiply-adds per
-token relative to the Single (``hydra_hf.cost``, from the masks), the parameters, and per seed the mean over the
+token relative to the Single (``hydra_hf.cost``, from the masks; the baselines of ``--baselines``, Packed-Ensembles and
+MC Dropout, by the FLOP counter ceiling_image.py ran on one image), the parameters, and per seed the mean over the
 OOD kinds of the MSP AUROC gain over the mean Single, accuracy, ECE and NLL (mean and standard deviation over the
 seeds). Each pair the docs compare is decided by a paired t-test over the seeds (the same seed's Single, masks
 and members on both sides); ``decided`` means p < 0.05.
 
     python examples/ceiling_image.py --output outputs/ceiling_slim --seeds 0 1 2 3 4 \
-        --hydra taylor slim slim_half --threads 1
+        --hydra taylor slim slim_half --baselines packed mc_dropout --threads 1
     python examples/slim_pareto.py --ceiling outputs/ceiling_slim --results docs/results/slim_image.json \
         --figure docs/slim_pareto.png
 """
@@ -31,8 +32,12 @@ from hydra_hf.outputs import write_text_atomic
 
 # the pairs the docs compare: (a, b): is a's mean OOD gain different from b's, seed by seed?
 PAIRS = (("slim per_member", "taylor per_member"), ("slim average", "taylor average"),
-         ("slim_half per_member", "taylor per_member"), ("slim per_member", "Single"))  # fmt: skip
+         ("slim_half per_member", "taylor per_member"), ("slim per_member", "Single"),
+         ("slim per_member", "Packed-Ensembles"), ("slim average", "Packed-Ensembles"),
+         ("taylor per_member", "Packed-Ensembles"), ("Packed-Ensembles", "Single"), ("MC Dropout", "Single"))  # fmt: skip
 LABELS = {"taylor": "Hydra (Taylor)", "slim": "slim Hydra (33 % MLP)", "slim_half": "slim Hydra (50 % MLP)"}
+# ceiling_image.py --baselines: the key in ceiling.json, the row's name
+BASELINES = {"packed": "Packed-Ensembles", "mc_dropout": "MC Dropout"}
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -75,6 +80,17 @@ def pareto(ceiling: Path) -> dict[str, Any]:
             "label": f"{LABELS.get(recipe, recipe)}, {fusion.replace('_', '-')} MLP", "compute_x": cost["macs_ratio"],
             "params_x": cost["params_ratio"], "per_seed": {s: seed_values(m) for s, m in per_seed.items()},
         }
+    for key, name in BASELINES.items():
+        if key not in numbers:
+            continue
+        cost = numbers.get("compute", {}).get(key)
+        if cost is None:
+            raise ValueError(f"{str(ceiling / 'ceiling.json')!r} has {key} numbers but no 'compute' record of them; "
+                             "re-run examples/ceiling_image.py with --baselines to count them")
+        detail = (f"M = {cost['num_estimators']}, alpha {cost['alpha']}, gamma {cost['gamma']}" if key == "packed"
+                  else f"T = {cost['samples']}")
+        models[name] = {"label": f"{name} ({detail})", "compute_x": cost["counted_x"], "params_x": cost["params_x"],
+                        "per_seed": {s: seed_values(m) for s, m in numbers[key].items()}}
     rows = []
     for name, model in models.items():
         values = list(model["per_seed"].values())
@@ -124,15 +140,18 @@ def figure(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(9.0, 4.2))
+    markers = {"Single": "s", "Packed-Ensembles": "^", "MC Dropout": "v"}
     for row in results["rows"]:
-        marker = "s" if row["model"] == "Single" else "D" if row["model"].startswith("Deep") else "o"
+        marker = markers.get(row["model"], "D" if row["model"].startswith("Deep") else "o")
         ax.errorbar(row["compute_x"], row["gain"], yerr=row["gain_std"], fmt=marker, capsize=3, label=row["label"])
     ax.axhline(0, color="grey", lw=0.5)
-    ax.set_xlabel("multiply-adds per token (x Single)")
+    ax.set_xscale("log")  # 1x (Single, Packed-Ensembles) to 10x (MC Dropout)
+    ax.set_xticks([1, 2, 5, 10], labels=["1", "2", "5", "10"])
+    ax.set_xlabel("multiply-adds per image (x Single)")
     ax.set_ylabel("mean MSP AUROC gain over the mean Single (points)")
     ax.set_title(f"Image testbed, {len(results['seeds'])} seeds (± std over seeds)")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the axes: no point hidden
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
