@@ -33,6 +33,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.deberta_v2.modeling_deberta_v2 import DebertaV2Embeddings, make_log_bucket_position
 
 from .configuration_hydra_deberta_v2 import HydraEnsembleDebertaV2Config
+from .hydra_attention import HydraSelfAttention
 from .hydra_layers import (
     HydraLayerNorm,
     HydraLayerSpec,
@@ -40,7 +41,6 @@ from .hydra_layers import (
     HydraMLP,
     HydraModelOutput,
     HydraPreTrainedModel,
-    HydraSelfAttention,
     LayerOutputs,
     base_layer_specs,
     init_hydra_weights,
@@ -200,7 +200,7 @@ class HydraDisentangledSelfAttention(HydraSelfAttention):
             return out, (hidden.new_zeros(B, 0, T, T) if self.config._attn_implementation == "eager" else None)
         M = self.num_members
         folded = self.folds_members()
-        query, key, value = self._project_qkv(hidden, folded)  # each (M*B, k, T, dk) or (B, K, T, dk)
+        query, key, value = self.project(hidden, folded)  # each (M*B, k, T, dk) or (B, K, T, dk)
         bias = None
         if rel_embeddings is not None:
             rel = self.relative_scores(query, key, rel_embeddings, c2p_index, p2c_index, folded)

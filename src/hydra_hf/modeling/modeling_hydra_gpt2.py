@@ -35,6 +35,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .configuration_hydra_gpt2 import HydraEnsembleGPT2Config
+from .hydra_attention import HydraSelfAttention
 from .hydra_decoder import HydraCausalLMMixin, HydraDecoderOutput, cache_argument, last_token_index
 from .hydra_layers import (
     HydraClassifierOutput,
@@ -42,7 +43,6 @@ from .hydra_layers import (
     HydraMemberLinear,
     HydraMLP,
     HydraPreTrainedModel,
-    HydraSelfAttention,
     LayerOutputs,
     ensemble_outputs,
     init_hydra_weights,
@@ -72,64 +72,28 @@ def upcast_attention_forward(
 
 
 class HydraGPT2Attention(HydraSelfAttention):
-    """GPT-2's causal self-attention of M pruned members with a shared key/value cache.
-
-    The parameters of ``HydraSelfAttention`` (``qkv_weight (3*K*dk, d)``: member m's block is [Q rows of its
-    kept heads; K rows; V rows], the transposed ``c_attn`` columns; ``o_weight (K*dk, d)``: the ``c_proj`` rows
-    of its kept heads; ``qkv_bias``, ``o_bias (M, d)``). The members are never folded into the batch axis: the
-    cache holds ``(B, K, S, dk)``, all kept heads in member order, so that beam search reorders its batch axis.
-    """
+    """GPT-2's causal self-attention of M pruned members with a shared key/value cache: ``HydraSelfAttention``
+    (``qkv_weight (3*K*dk, d)``: member m's block is [Q rows of its kept heads; K rows; V rows], the transposed
+    ``c_attn`` columns; ``o_weight (K*dk, d)``: the ``c_proj`` rows of its kept heads; ``qkv_bias``,
+    ``o_bias (M, d)``) with GPT-2's scaling options and, in eager mode, ``reorder_and_upcast_attn``."""
 
     def __init__(self, config, spec, base: GPT2Config, layer_idx: int) -> None:
-        super().__init__(config, spec, is_causal=True)
-        self.layer_idx = layer_idx
+        super().__init__(config, spec, is_causal=True, layer_idx=layer_idx)
         scaling = self.head_dim**-0.5 if base.scale_attn_weights else 1.0
         if base.scale_attn_by_inverse_layer_idx:
             scaling /= float(layer_idx + 1)
         self.scaling = scaling
         self.reorder_and_upcast_attn = bool(base.reorder_and_upcast_attn)
 
-    def folds_members(self) -> bool:
-        return False
-
-    def forward(
-        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, cache: Cache | None = None,
-        output_attentions: bool = False,
+    def attend(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+        batch: int, folded: bool, is_causal: bool = False, **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """
-        Args:
-            hidden: ``(M, B, T, d)`` the members' normalised streams.
-            attention_mask: the causal mask transformers builds for GPT-2 (additive float ``(B, 1, T, S)`` for
-                eager, boolean or None for SDPA).
-            cache: the shared key/value cache (this layer's entry holds ``(B, K, S, dk)``), or None.
-        Returns:
-            the block's output per member ``(M, B, T, d)`` and, with eager attention, the weights
-            ``(B, K, T, S)`` over all kept heads in member order.
-        """
-        M, B, T, d = hidden.shape
-        eager = self.config._attn_implementation == "eager"
-        if self.total_heads == 0:  # every member removed every head: only the output bias
-            if cache is not None:  # the cache still counts this layer's tokens
-                empty = hidden.new_zeros(B, 0, T, self.head_dim)
-                key, _ = cache.update(empty, empty, self.layer_idx)
-                S = key.shape[-2]
-            else:
-                S = T
-            out = self.o_bias[:, None, None, :].expand(M, B, T, d)
-            return out, (hidden.new_zeros(B, 0, T, S) if eager else None)
-        query, key, value = self._project_qkv(hidden, folded=False)  # each (B, K, T, dk)
-        if cache is not None:
-            key, value = cache.update(key, value, self.layer_idx)  # (B, K, S, dk)
-        if eager and self.reorder_and_upcast_attn:
-            context, weights = upcast_attention_forward(
-                self, query, key, value, attention_mask, self.scaling, dropout=self.dropout if self.training else 0.0
-            )
-        else:
-            context, weights = self.attend(
-                query, key, value, attention_mask, B, False, is_causal=self.is_causal and attention_mask is None,
-                output_attentions=output_attentions,
-            )  # context (B, T, K, dk)
-        return self._project_out(context, B, folded=False), weights
+        """``HydraSelfAttention.attend``; eager attention with ``reorder_and_upcast_attn`` in float32."""
+        if self.reorder_and_upcast_attn and self.config._attn_implementation == "eager":
+            dropout = self.dropout if self.training else 0.0
+            return upcast_attention_forward(self, query, key, value, attention_mask, self.scaling, dropout=dropout)
+        return super().attend(query, key, value, attention_mask, batch, folded, is_causal, **kwargs)
 
 
 class HydraGPT2Block(GradientCheckpointingLayer):
@@ -158,7 +122,7 @@ class HydraGPT2Block(GradientCheckpointingLayer):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``."""
         normed = self.ln_1(hidden, shared=hidden.dim() == 3)  # (M, B, T, d)
-        attn, weights = self.attn(normed, attention_mask, cache, output_attentions)
+        attn, weights = self.attn(normed, attention_mask, output_attentions, cache=cache)
         hidden = hidden + self.dropout(attn)  # broadcasts a shared input over M
         hidden = hidden + self.dropout(self.mlp(self.ln_2(hidden)))
         return hidden, weights

@@ -26,10 +26,7 @@ set to zero (``tests/test_decoder_fused.py``), with and without the cache, on le
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, MistralConfig, Qwen2Config, Qwen3Config
 from transformers import initialization as init
@@ -37,10 +34,10 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import LlamaConfig, LlamaRotaryEmbedding, apply_rotary_pos_emb
+from transformers.models.llama.modeling_llama import LlamaConfig, LlamaRotaryEmbedding
 
 from .configuration_hydra_llama import HydraEnsembleLlamaConfig, kept_kv_heads
+from .hydra_attention import HydraGroupedQueryAttention
 from .hydra_decoder import (  # noqa: F401  the decoders' shared outputs and uncertainty, also this module's names
     HydraCausalLMMixin,
     HydraCausalLMOutput,
@@ -57,7 +54,6 @@ from .hydra_layers import (
     HydraPreTrainedModel,
     LayerOutputs,
     ensemble_outputs,
-    eager_attention_forward,
     init_hydra_weights,
     layer_spec,
 )
@@ -84,138 +80,6 @@ class HydraRMSNorm(nn.Module):
         return self.weight.view((self.weight.shape[0],) + (1,) * extra + (d,)) * h.to(dtype)
 
 
-def rms_normalize(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Qwen3's per-head RMSNorm of ``x (B, heads, T, dk)`` with one weight row per head, ``weight (heads, dk)``."""
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight[None, :, None, :] * h.to(dtype)
-
-
-class HydraDecoderAttention(nn.Module):
-    """Causal self-attention of M pruned members with grouped-query attention and a shared cache.
-
-    Parameters (member-major: member m's rows follow member m-1's):
-        q_weight ``(K*dk, d)``: the Q rows of every member's kept query heads; k_weight, v_weight
-        ``(KV*dk, d)``: the K / V rows of every member's kept key/value heads; o_weight ``(K*dk, d)``: member
-        blocks of ``W_O[:, kept columns].T``; q_bias / k_bias / v_bias (the base's ``attention_bias``, or
-        Qwen2's Q/K/V biases), o_bias ``(M, d)`` (the base's ``attention_bias``); q_norm / k_norm ``(M, dk)``
-        (Qwen3). ``kv_index`` (K entries) says which of the layer's KV key/value heads each kept query head reads.
-    """
-
-    def __init__(self, config, base, layer_idx: int) -> None:
-        super().__init__()
-        self.config = config
-        self.layer_idx = layer_idx
-        self.is_causal = True
-        self.num_key_value_groups = 1  # the key/value heads are gathered per query head below
-        H, Hkv = base.num_attention_heads, base.num_key_value_heads
-        dk = getattr(base, "head_dim", None) or base.hidden_size // H
-        d = base.hidden_size
-        self.head_dim, self.scaling = dk, dk**-0.5
-        self.dropout = base.attention_dropout
-        self.kept = tuple(tuple(member[layer_idx]) for member in config.kept_heads)
-        self.kept_kv = tuple(tuple(member[layer_idx]) for member in kept_kv_heads(config.kept_heads, H, Hkv))
-        self.num_members = M = len(self.kept)
-        self.widths = [len(k) for k in self.kept]
-        self.kv_widths = [len(k) for k in self.kept_kv]
-        self.offsets = [sum(self.widths[:m]) for m in range(M)]
-        self.kv_offsets = [sum(self.kv_widths[:m]) for m in range(M)]
-        K, KV = sum(self.widths), sum(self.kv_widths)
-        group = H // Hkv
-        # plain lists, not buffers: from_pretrained builds modules on the meta device and would leave
-        # non-persistent buffers unset; index tensors are made on the inputs' device in forward
-        self.kv_index = [self.kv_offsets[m] + self.kept_kv[m].index(h // group) for m in range(M) for h in self.kept[m]]
-        self.head_member = [m for m in range(M) for _ in self.kept[m]]
-        self.kv_member = [m for m in range(M) for _ in self.kept_kv[m]]
-        qkv_bias = bool(getattr(base, "attention_bias", False)) or base.model_type == "qwen2"
-        o_bias = bool(getattr(base, "attention_bias", False))
-        self.q_weight = nn.Parameter(torch.empty(K * dk, d))
-        self.k_weight = nn.Parameter(torch.empty(KV * dk, d))
-        self.v_weight = nn.Parameter(torch.empty(KV * dk, d))
-        self.o_weight = nn.Parameter(torch.empty(K * dk, d))
-        self.q_bias = nn.Parameter(torch.empty(K * dk)) if qkv_bias else None
-        self.k_bias = nn.Parameter(torch.empty(KV * dk)) if qkv_bias else None
-        self.v_bias = nn.Parameter(torch.empty(KV * dk)) if qkv_bias else None
-        self.o_bias = nn.Parameter(torch.empty(M, d)) if o_bias else None
-        self.qk_norm = base.model_type == "qwen3"
-        self.norm_eps = base.rms_norm_eps
-        self.q_norm = nn.Parameter(torch.ones(M, dk)) if self.qk_norm else None
-        self.k_norm = nn.Parameter(torch.ones(M, dk)) if self.qk_norm else None
-
-    def _project(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, widths, offsets) -> torch.Tensor:
-        """Member m's rows of ``weight`` applied to its stream ``hidden[m] (B, T, d)`` -> ``(B, sum widths, T, dk)``."""
-        dk = self.head_dim
-        B, T = hidden.shape[1], hidden.shape[2]
-        parts = []
-        for m, (w, o) in enumerate(zip(widths, offsets)):
-            if w == 0:
-                continue
-            rows = slice(o * dk, (o + w) * dk)
-            out = F.linear(hidden[m], weight[rows], None if bias is None else bias[rows])  # (B, T, w*dk)
-            parts.append(out.view(B, T, w, dk).transpose(1, 2))
-        if not parts:
-            return hidden.new_zeros(B, 0, T, dk)
-        return torch.cat(parts, dim=1)
-
-    def forward(
-        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-        cache: Cache | None = None, output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """
-        Args:
-            hidden: ``(M, B, T, d)`` the members' normalised streams.
-            attention_mask: the causal mask transformers builds for the base (additive float ``(B, 1, T, S)``
-                for eager, boolean or None for SDPA).
-            cos, sin: rotary tables ``(B or 1, T, dk)``.
-            cache: the shared key/value cache (this layer's entry holds ``(B, KV, S, dk)``), or None.
-        Returns:
-            the block's output per member ``(M, B, T, d)`` and, with eager attention, the weights
-            ``(B, K, T, S)`` over all kept query heads in member order.
-        """
-        M, B, T, d = hidden.shape
-        query = self._project(hidden, self.q_weight, self.q_bias, self.widths, self.offsets)  # (B, K, T, dk)
-        key = self._project(hidden, self.k_weight, self.k_bias, self.kv_widths, self.kv_offsets)  # (B, KV, T, dk)
-        value = self._project(hidden, self.v_weight, self.v_bias, self.kv_widths, self.kv_offsets)
-        if self.qk_norm:
-            query = rms_normalize(query, self.q_norm[self.index(self.head_member, query)], self.norm_eps)
-            key = rms_normalize(key, self.k_norm[self.index(self.kv_member, key)], self.norm_eps)
-        query, key = apply_rotary_pos_emb(query, key, cos, sin)
-        if cache is not None:  # always, also with no key/value head: the cache counts this layer's tokens
-            key, value = cache.update(key, value, self.layer_idx)  # (B, KV, S, dk)
-        if query.shape[1] == 0:  # every member removed every head of this layer: only the output bias
-            weights = hidden.new_zeros(B, 0, T, key.shape[-2]) if self.config._attn_implementation == "eager" else None
-            return self._out_bias(B, T, d, hidden), weights
-        kv_index = self.index(self.kv_index, key)
-        key, value = key.index_select(1, kv_index), value.index_select(1, kv_index)  # (B, K, S, dk)
-        attention_interface: Callable = eager_attention_forward
-        if self.config._attn_implementation != "eager":
-            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        context, weights = attention_interface(
-            self, query, key, value, attention_mask, dropout=self.dropout if self.training else 0.0, scaling=self.scaling,
-        )  # context (B, T, K, dk)
-        outs = []
-        for m in range(M):
-            if self.widths[m] == 0:
-                outs.append(self._out_bias(B, T, d, hidden)[m])
-                continue
-            lo, w, dk = self.offsets[m], self.widths[m], self.head_dim
-            x = context[:, :, lo : lo + w].reshape(B * T, w * dk)
-            rows = self.o_weight[lo * dk : (lo + w) * dk]  # (w*dk, d)
-            out = x @ rows if self.o_bias is None else torch.addmm(self.o_bias[m], x, rows)
-            outs.append(out.view(B, T, d))
-        return torch.stack(outs), weights  # (M, B, T, d)
-
-    @staticmethod
-    def index(values: list[int], like: torch.Tensor) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=like.device)
-
-    def _out_bias(self, B: int, T: int, d: int, like: torch.Tensor) -> torch.Tensor:
-        if self.o_bias is None:
-            return like.new_zeros(self.num_members, B, T, d)
-        return self.o_bias[:, None, None, :].expand(self.num_members, B, T, d)
-
-
 class HydraDecoderLayer(GradientCheckpointingLayer):
     """The base's pre-norm decoder layer for M members:
     ``h = h + Attn(RMSNorm1_m(h)); h = h + MLP(RMSNorm2_m(h))`` (the first layer reads the shared embeddings)."""
@@ -224,15 +88,21 @@ class HydraDecoderLayer(GradientCheckpointingLayer):
         super().__init__()
         M, d = config.num_members, base.hidden_size
         self.attention_type = layer_types(base)[layer_idx]
-        self.input_layernorm = HydraRMSNorm(M, d, base.rms_norm_eps)
-        self.self_attn = HydraDecoderAttention(config, base, layer_idx)
-        self.post_attention_layernorm = HydraRMSNorm(M, d, base.rms_norm_eps)
+        H, Hkv = base.num_attention_heads, base.num_key_value_heads
         spec = layer_spec(
-            config.kept_heads, layer_idx, hidden_size=d, num_heads=base.num_attention_heads,
-            intermediate_size=base.intermediate_size, hidden_act=base.hidden_act, layer_norm_eps=base.rms_norm_eps,
-            attention_dropout=base.attention_dropout, hidden_dropout=0.0, mlp_fusion=config.mlp_fusion,
-            kept_neurons=config.kept_neurons,
+            config.kept_heads, layer_idx, hidden_size=d, num_heads=H, intermediate_size=base.intermediate_size,
+            hidden_act=base.hidden_act, layer_norm_eps=base.rms_norm_eps, attention_dropout=base.attention_dropout,
+            hidden_dropout=0.0, mlp_fusion=config.mlp_fusion, kept_neurons=config.kept_neurons,
+            head_size=getattr(base, "head_dim", None) or d // H,
         )  # fmt: skip
+        kept_kv = [member[layer_idx] for member in kept_kv_heads(config.kept_heads, H, Hkv)]
+        attention_bias = bool(getattr(base, "attention_bias", False))
+        self.input_layernorm = HydraRMSNorm(M, d, base.rms_norm_eps)
+        self.self_attn = HydraGroupedQueryAttention(
+            config, spec, layer_idx, kept_kv, Hkv, qkv_bias=attention_bias or base.model_type == "qwen2",
+            o_bias=attention_bias, qk_norm_eps=base.rms_norm_eps if base.model_type == "qwen3" else None,
+        )  # fmt: skip
+        self.post_attention_layernorm = HydraRMSNorm(M, d, base.rms_norm_eps)
         self.mlp = HydraGatedMLP(spec, bias=bool(getattr(base, "mlp_bias", False)), dropout=0.0)
 
     def forward(
@@ -241,7 +111,7 @@ class HydraDecoderLayer(GradientCheckpointingLayer):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``."""
         normed = self.input_layernorm(hidden, shared=hidden.dim() == 3)  # (M, B, T, d)
-        attn, weights = self.self_attn(normed, attention_mask, cos, sin, cache, output_attentions)
+        attn, weights = self.self_attn(normed, attention_mask, output_attentions, (cos, sin), cache)
         hidden = hidden + attn  # broadcasts a shared input over M
         hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
         return hidden, weights
@@ -274,16 +144,7 @@ class HydraEnsembleLlamaPreTrainedModel(HydraPreTrainedModel):
         std = self.config.base_config.get("initializer_range", 0.02)
         if init_hydra_weights(module, std):
             return
-        if isinstance(module, HydraDecoderAttention):
-            for weight in (module.q_weight, module.k_weight, module.v_weight, module.o_weight):
-                init.normal_(weight, mean=0.0, std=std)
-            for bias in (module.q_bias, module.k_bias, module.v_bias, module.o_bias):
-                if bias is not None:
-                    init.zeros_(bias)
-            for norm in (module.q_norm, module.k_norm):
-                if norm is not None:
-                    init.ones_(norm)
-        elif isinstance(module, HydraRMSNorm):
+        if isinstance(module, HydraRMSNorm):
             init.ones_(module.weight)
         elif isinstance(module, HydraGatedMLP):
             init.normal_(module.fc1_weight, mean=0.0, std=std)
