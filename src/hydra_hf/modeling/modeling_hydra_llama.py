@@ -30,8 +30,7 @@ import torch
 from torch import nn
 from transformers import GenerationMixin, MistralConfig, Qwen2Config, Qwen3Config
 from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaConfig, LlamaRotaryEmbedding
@@ -39,27 +38,24 @@ from transformers.models.llama.modeling_llama import LlamaConfig, LlamaRotaryEmb
 from .configuration_hydra_llama import HydraEnsembleLlamaConfig, kept_kv_heads
 from .hydra_attention import HydraGroupedQueryAttention
 from .hydra_decoder import (  # noqa: F401  the decoders' shared outputs and uncertainty, also this module's names
+    FULL_ATTENTION,
+    SLIDING_ATTENTION,
     HydraCausalLMMixin,
     HydraCausalLMOutput,
+    HydraDecoderClassifierMixin,
+    HydraDecoderModelMixin,
     HydraDecoderOutput,
     HydraGenerateOutput,
-    cache_argument,
-    last_token_index,
     token_uncertainty,
 )
 from .hydra_layers import (
-    HydraClassifierOutput,
     HydraGatedMLP,
-    HydraMemberLinear,
     HydraPreTrainedModel,
-    LayerOutputs,
-    ensemble_outputs,
     init_hydra_weights,
     layer_spec,
 )
 
 BASE_CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
-FULL, SLIDING = "full_attention", "sliding_attention"
 
 
 class HydraRMSNorm(nn.Module):
@@ -106,12 +102,14 @@ class HydraDecoderLayer(GradientCheckpointingLayer):
         self.mlp = HydraGatedMLP(spec, bias=bool(getattr(base, "mlp_bias", False)), dropout=0.0)
 
     def forward(
-        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-        cache: Cache | None = None, output_attentions: bool = False,
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor], cache: Cache | None = None,
+        output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``."""
+        """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``; ``position_embeddings``: rotary
+        ``(cos, sin)``, each ``(B or 1, T, dk)``."""
         normed = self.input_layernorm(hidden, shared=hidden.dim() == 3)  # (M, B, T, d)
-        attn, weights = self.self_attn(normed, attention_mask, output_attentions, (cos, sin), cache)
+        attn, weights = self.self_attn(normed, attention_mask, output_attentions, position_embeddings, cache)
         hidden = hidden + attn  # broadcasts a shared input over M
         hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
         return hidden, weights
@@ -124,7 +122,7 @@ def layer_types(base) -> list[str]:
     if types:
         return list(types)
     sliding = base.model_type == "mistral" and getattr(base, "sliding_window", None) is not None
-    return [SLIDING if sliding else FULL] * base.num_hidden_layers
+    return [SLIDING_ATTENTION if sliding else FULL_ATTENTION] * base.num_hidden_layers
 
 
 class HydraEnsembleLlamaPreTrainedModel(HydraPreTrainedModel):
@@ -144,14 +142,8 @@ class HydraEnsembleLlamaPreTrainedModel(HydraPreTrainedModel):
         std = self.config.base_config.get("initializer_range", 0.02)
         if init_hydra_weights(module, std):
             return
-        if isinstance(module, HydraRMSNorm):
+        if isinstance(module, HydraRMSNorm):  # (the MLPs and the attention: init_hydra_weights)
             init.ones_(module.weight)
-        elif isinstance(module, HydraGatedMLP):
-            init.normal_(module.fc1_weight, mean=0.0, std=std)
-            init.normal_(module.fc2_weight, mean=0.0, std=std)
-            for bias in (module.fc1_bias, module.fc2_bias):
-                if bias is not None:
-                    init.zeros_(bias)
         elif isinstance(module, LlamaRotaryEmbedding):  # non-persistent tables, as transformers does
             rope_init_fn = module.compute_default_rope_parameters
             if module.rope_type != "default":
@@ -163,11 +155,10 @@ class HydraEnsembleLlamaPreTrainedModel(HydraPreTrainedModel):
             super()._init_weights(module)
 
 
-class HydraEnsembleLlamaModel(HydraEnsembleLlamaPreTrainedModel):
-    """The fused decoder: shared token embeddings, M residual streams, per-member final RMSNorms, one cache.
-
-    ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` returns this class.
-    """
+class HydraEnsembleLlamaModel(HydraDecoderModelMixin, HydraEnsembleLlamaPreTrainedModel):
+    """The fused decoder: shared token embeddings, M residual streams, per-member final RMSNorms, one cache
+    (the forward: ``HydraDecoderModelMixin``). ``AutoModel.from_pretrained(folder, trust_remote_code=True)``
+    returns this class."""
 
     def __init__(self, config: HydraEnsembleLlamaConfig) -> None:
         super().__init__(config)
@@ -185,123 +176,21 @@ class HydraEnsembleLlamaModel(HydraEnsembleLlamaPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
 
-    def mask_config(self):
-        """The base config the causal masks and the cache are built from, with this model's attention
-        implementation (transformers' own mask functions: padding, causality and sliding windows)."""
-        base = self.base_config(self.config)
-        base._attn_implementation = self.config._attn_implementation
-        return base
+    def decoder_layers(self) -> nn.ModuleList:
+        return self.layers
 
-    @cache_argument
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> HydraDecoderOutput | tuple:
-        """
-        Args:
-            input_ids: ``(B, T)`` token ids (or ``inputs_embeds (B, T, d)``).
-            attention_mask: ``(B, S)`` 1 for tokens, 0 for padding (left or right), over the cached and new tokens.
-            position_ids: ``(B, T)``; default: the cache's length plus ``0..T-1``, as transformers does.
-            cache: a transformers ``Cache`` (``DynamicCache``) to read and extend (``past_key_values``: its
-                deprecated name); with ``use_cache`` and no cache, a new one is made for the base's layer types.
-        Returns:
-            ``HydraDecoderOutput``: ``last_hidden_state (B, T, d)`` (the members' mean), ``cache``,
-            ``hidden_states``, ``attentions``, ``member_last_hidden_state (B, M, T, d)``, ``member_hidden_states``.
-        """
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        use_cache = use_cache if use_cache is not None else getattr(self.config, "use_cache", True)
-        if self.gradient_checkpointing and self.training:
-            use_cache = False  # recomputed layers would write the cache twice
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("give exactly one of input_ids or inputs_embeds")
-        embeddings = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, d)
-        base = self.mask_config()
-        if use_cache and cache is None:
-            cache = DynamicCache(config=base)
-        if position_ids is None:
-            past = cache.get_seq_length() if cache is not None else 0
-            position_ids = (torch.arange(embeddings.shape[1], device=embeddings.device) + past).unsqueeze(0)
-        # eager attention reads only the mask (it has no is_causal path): never let the mask be skipped
-        mask_kwargs = dict(
-            config=base, inputs_embeds=embeddings, attention_mask=attention_mask, cache=cache, position_ids=position_ids,
-            allow_is_causal_skip=self.config._attn_implementation != "eager",
-        )
-        types = {layer.attention_type for layer in self.layers}
-        masks = {}
-        if FULL in types:
-            masks[FULL] = create_causal_mask(**mask_kwargs)
-        if SLIDING in types:
-            masks[SLIDING] = create_sliding_window_causal_mask(**mask_kwargs)
-        cos, sin = self.rotary_emb(embeddings, position_ids=position_ids)  # (B or 1, T, dk) each
+    def final_norm(self, streams: torch.Tensor) -> torch.Tensor:
+        return self.norm(streams)
 
-        outs = LayerOutputs(embeddings, self.config.num_members, output_hidden_states, output_attentions)
-        for layer in self.layers:
-            outs.add(*layer(outs.input, masks[layer.attention_type], cos, sin, cache if use_cache else None,
-                            output_attentions))  # fmt: skip
-        last = self.norm(outs.streams()).transpose(0, 1)  # (B, M, T, d)
-        out = HydraDecoderOutput(
-            cache=cache if use_cache else None, attentions=outs.attentions, **outs.output_fields(last, tie_last=True)
-        )  # fmt: skip
-        return out if return_dict else out.to_tuple()
+    def position_embeddings(self, embeddings: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rotary_emb(embeddings, position_ids=position_ids)  # (cos, sin), each (B or 1, T, dk)
 
 
-class HydraEnsembleLlamaForSequenceClassification(HydraEnsembleLlamaPreTrainedModel):
-    """M pruned decoder classifiers in one model; every member's ``score_m`` reads its last non-padding token.
-    ``logits`` = log of the mean of the members' softmaxes. ``AutoModelForSequenceClassification`` and
-    ``pipeline("text-classification", model=folder, trust_remote_code=True)`` use this class."""
+class HydraEnsembleLlamaForSequenceClassification(HydraDecoderClassifierMixin, HydraEnsembleLlamaPreTrainedModel):
+    """M pruned decoder classifiers in one model (``HydraDecoderClassifierMixin``): every member's ``score_m``
+    reads its last non-padding token; ``logits`` = log of the mean of the members' softmaxes."""
 
-    # the loss is a mean per batch, whatever keyword arguments forward takes: transformers' Trainer divides it by
-    # the gradient accumulation steps itself (it assumed the loss summed over num_items_in_batch: steps too large)
-    accepts_loss_kwargs = False
-
-    def __init__(self, config: HydraEnsembleLlamaConfig) -> None:
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.hydra = HydraEnsembleLlamaModel(config)
-        self.score = HydraMemberLinear(config.num_members, config.hidden_size, config.num_labels, bias=False)
-        self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.hydra.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.hydra.embed_tokens = value
-
-    def forward(
-        self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-        output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs,
-    ) -> HydraClassifierOutput | tuple:
-        """``labels (B,)``: mean over members of each member's loss. Returns ``logits (B, C)``, ``member_logits (B, M, C)``."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.hydra(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
-            use_cache=False, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )  # fmt: skip
-        hidden = outputs.member_last_hidden_state  # (B, M, T, d)
-        B = hidden.shape[0]
-        last = last_token_index(input_ids, self.config.pad_token_id, B)
-        pooled = hidden[torch.arange(B, device=hidden.device), :, last]  # (B, M, d)
-        member_logits = self.score(pooled.transpose(0, 1)).transpose(0, 1)  # (B, M, C)
-        logits, loss = ensemble_outputs(member_logits, labels, self.config)
-        out = HydraClassifierOutput(
-            loss=loss, logits=logits, member_logits=member_logits, hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions, member_hidden_states=outputs.member_hidden_states,
-        )  # fmt: skip
-        return out if return_dict else out.to_tuple()
+    decoder_class = HydraEnsembleLlamaModel
 
 
 class HydraEnsembleLlamaForCausalLM(HydraCausalLMMixin, HydraEnsembleLlamaPreTrainedModel, GenerationMixin):

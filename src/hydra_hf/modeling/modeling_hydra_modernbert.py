@@ -149,13 +149,7 @@ class HydraEnsembleModernBertPreTrainedModel(HydraPreTrainedModel):
         std = self.config.base_config.get("initializer_range", 0.02)
         if init_hydra_weights(module, std):
             return
-        if isinstance(module, HydraGatedMLP):
-            init.normal_(module.fc1_weight, mean=0.0, std=std)
-            init.normal_(module.fc2_weight, mean=0.0, std=std)
-            for bias in (module.fc1_bias, module.fc2_bias):
-                if bias is not None:
-                    init.zeros_(bias)
-        elif isinstance(module, ModernBertRotaryEmbedding):  # non-persistent tables, as transformers does
+        if isinstance(module, ModernBertRotaryEmbedding):  # non-persistent tables, as transformers does
             for layer_type in module.layer_types:
                 rope_init_fn = module.compute_default_rope_parameters
                 if module.rope_type[layer_type] != "default":
