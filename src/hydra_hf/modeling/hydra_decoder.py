@@ -229,6 +229,8 @@ class HydraDecoderModelMixin:
     (rotary tables: Llama).
     """
 
+    gradient_checkpointing = False  # transformers' gradient_checkpointing_enable() sets it on the model
+
     def decoder_layers(self) -> nn.ModuleList:
         """The fused layers, in order."""
         raise NotImplementedError

@@ -683,6 +683,21 @@ class HydraPreTrainedModel(PreTrainedModel):
         """The base configuration stored in ``config.base_config``, as an instance of ``base_config_class``."""
         return cls.base_config_class.from_dict(config.base_config)
 
+    def init_family_weights(self, module: nn.Module, std: float) -> bool:
+        """Initialise one of the family's own modules; True when that is all it needs, False for any other module
+        (or one the fused modules' initialisation, ``init_hydra_weights``, completes)."""
+        return False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """The family's own modules (``init_family_weights``), the fused modules (``init_hydra_weights``), then
+        transformers' ``Linear``, ``Embedding`` and ``LayerNorm``, with the base's ``initializer_range``."""
+        std = self.config.base_config.get("initializer_range", 0.02)
+        if self.init_family_weights(module, std) or init_hydra_weights(module, std):
+            return
+        if isinstance(module, (nn.Linear, nn.Embedding, nn.LayerNorm)):
+            super()._init_weights(module)
+
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Module:
         """transformers' ``resize_token_embeddings``; the new ``vocab_size`` is written into ``base_config``."""
         embeddings = super().resize_token_embeddings(*args, **kwargs)

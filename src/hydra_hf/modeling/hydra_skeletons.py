@@ -146,21 +146,16 @@ class HydraTextPreTrainedModel(HydraPreTrainedModel):
     family's own subclass sets ``config_class``, ``base_config_class`` (e.g. ``BertConfig``) and
     ``embeddings_class`` (e.g. ``BertEmbeddings``, whose buffers it initialises)."""
 
-    main_input_name = "input_ids"
     _no_split_modules = ["HydraPostLNLayer"]
     embeddings_class: type
 
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.base_config.get("initializer_range", 0.02)
-        if init_hydra_weights(module, std):
-            return
-        if isinstance(module, self.embeddings_class):
-            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
-            if hasattr(module, "token_type_ids"):  # DistilBERT's embeddings have none
-                init.zeros_(module.token_type_ids)
-        elif isinstance(module, (nn.Linear, nn.Embedding, nn.LayerNorm)):
-            super()._init_weights(module)
+    def init_family_weights(self, module: nn.Module, std: float) -> bool:
+        if not isinstance(module, self.embeddings_class):
+            return False
+        init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
+        if hasattr(module, "token_type_ids"):  # DistilBERT's embeddings have none
+            init.zeros_(module.token_type_ids)
+        return True
 
 
 class HydraTextEncoder(HydraPreTrainedModel):

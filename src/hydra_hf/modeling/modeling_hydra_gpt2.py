@@ -36,7 +36,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from .configuration_hydra_gpt2 import HydraEnsembleGPT2Config
 from .hydra_attention import HydraSelfAttention
 from .hydra_decoder import FULL_ATTENTION, HydraCausalLMMixin, HydraDecoderClassifierMixin, HydraDecoderModelMixin
-from .hydra_layers import HydraLayerNorm, HydraMLP, HydraPreTrainedModel, init_hydra_weights, layer_spec
+from .hydra_layers import HydraLayerNorm, HydraMLP, HydraPreTrainedModel, layer_spec
 
 
 def upcast_attention_forward(
@@ -123,23 +123,16 @@ class HydraGPT2Block(GradientCheckpointingLayer):
 class HydraEnsembleGPT2PreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleGPT2Config
     base_config_class = GPT2Config
-    main_input_name = "input_ids"
     _no_split_modules = ["HydraGPT2Block"]
     _supports_flash_attn = False
-
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.base_config.get("initializer_range", 0.02)
-        if init_hydra_weights(module, std):
-            return
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            super()._init_weights(module)
 
 
 class HydraEnsembleGPT2Model(HydraDecoderModelMixin, HydraEnsembleGPT2PreTrainedModel):
     """The fused GPT-2: shared token and position embeddings, M residual streams, per-member final
     LayerNorms, one cache (the forward: ``HydraDecoderModelMixin``).
     ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` returns this class."""
+
+    _input_embed_layer = "wte"  # transformers' get_input_embeddings / set_input_embeddings read it
 
     def __init__(self, config: HydraEnsembleGPT2Config) -> None:
         super().__init__(config)
@@ -150,20 +143,7 @@ class HydraEnsembleGPT2Model(HydraDecoderModelMixin, HydraEnsembleGPT2PreTrained
         self.drop = nn.Dropout(base.embd_pdrop)
         self.h = nn.ModuleList(HydraGPT2Block(config, base, i) for i in range(base.num_hidden_layers))
         self.ln_f = HydraLayerNorm(config.num_members, d, base.layer_norm_epsilon)
-        self.gradient_checkpointing = False
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.wte
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.wte = value
-
-    def decoder_layers(self) -> nn.ModuleList:
-        return self.h
-
-    def final_norm(self, streams: torch.Tensor) -> torch.Tensor:
-        return self.ln_f(streams)
 
     def embed(
         self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None
@@ -173,6 +153,12 @@ class HydraEnsembleGPT2Model(HydraDecoderModelMixin, HydraEnsembleGPT2PreTrained
         if token_type_ids is not None:
             embeddings = embeddings + self.wte(token_type_ids)
         return self.drop(embeddings)
+
+    def decoder_layers(self) -> nn.ModuleList:
+        return self.h
+
+    def final_norm(self, streams: torch.Tensor) -> torch.Tensor:
+        return self.ln_f(streams)
 
 
 class HydraEnsembleGPT2ForSequenceClassification(HydraDecoderClassifierMixin, HydraEnsembleGPT2PreTrainedModel):

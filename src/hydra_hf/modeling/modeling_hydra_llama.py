@@ -51,7 +51,6 @@ from .hydra_decoder import (  # noqa: F401  the decoders' shared outputs and unc
 from .hydra_layers import (
     HydraGatedMLP,
     HydraPreTrainedModel,
-    init_hydra_weights,
     layer_spec,
 )
 
@@ -128,7 +127,6 @@ def layer_types(base) -> list[str]:
 class HydraEnsembleLlamaPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleLlamaConfig
     base_config_class = LlamaConfig  # the base's class is chosen by ``base_model_type`` (``base_config``)
-    main_input_name = "input_ids"
     _no_split_modules = ["HydraDecoderLayer"]
     _supports_flash_attn = False
 
@@ -137,11 +135,7 @@ class HydraEnsembleLlamaPreTrainedModel(HydraPreTrainedModel):
         """The base configuration (``LlamaConfig``, ``MistralConfig``, ``Qwen2Config`` or ``Qwen3Config``)."""
         return BASE_CONFIGS[config.base_model_type].from_dict(config.base_config)
 
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.base_config.get("initializer_range", 0.02)
-        if init_hydra_weights(module, std):
-            return
+    def init_family_weights(self, module: nn.Module, std: float) -> bool:
         if isinstance(module, HydraRMSNorm):  # (the MLPs and the attention: init_hydra_weights)
             init.ones_(module.weight)
         elif isinstance(module, LlamaRotaryEmbedding):  # non-persistent tables, as transformers does
@@ -151,8 +145,9 @@ class HydraEnsembleLlamaPreTrainedModel(HydraPreTrainedModel):
             inv_freq, _ = rope_init_fn(module.config)
             init.copy_(module.inv_freq, inv_freq)
             init.copy_(module.original_inv_freq, inv_freq)
-        elif isinstance(module, (nn.Linear, nn.Embedding)):
-            super()._init_weights(module)
+        else:
+            return False
+        return True
 
 
 class HydraEnsembleLlamaModel(HydraDecoderModelMixin, HydraEnsembleLlamaPreTrainedModel):
@@ -167,23 +162,16 @@ class HydraEnsembleLlamaModel(HydraDecoderModelMixin, HydraEnsembleLlamaPreTrain
         self.layers = nn.ModuleList(HydraDecoderLayer(config, base, i) for i in range(base.num_hidden_layers))
         self.norm = HydraRMSNorm(config.num_members, base.hidden_size, base.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=base)
-        self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.embed_tokens = value
+    def position_embeddings(self, embeddings: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rotary_emb(embeddings, position_ids=position_ids)  # (cos, sin), each (B or 1, T, dk)
 
     def decoder_layers(self) -> nn.ModuleList:
         return self.layers
 
     def final_norm(self, streams: torch.Tensor) -> torch.Tensor:
         return self.norm(streams)
-
-    def position_embeddings(self, embeddings: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.rotary_emb(embeddings, position_ids=position_ids)  # (cos, sin), each (B or 1, T, dk)
 
 
 class HydraEnsembleLlamaForSequenceClassification(HydraDecoderClassifierMixin, HydraEnsembleLlamaPreTrainedModel):

@@ -41,7 +41,6 @@ from .hydra_layers import (
     HydraModelOutput,
     HydraPreTrainedModel,
     LayerOutputs,
-    init_hydra_weights,
     layer_spec,
     padding_mask_to_additive,
 )
@@ -141,24 +140,19 @@ class HydraModernBertHead(nn.Module):
 class HydraEnsembleModernBertPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleModernBertConfig
     base_config_class = ModernBertConfig
-    main_input_name = "input_ids"
     _no_split_modules = ["HydraModernBertLayer"]
 
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.base_config.get("initializer_range", 0.02)
-        if init_hydra_weights(module, std):
-            return
-        if isinstance(module, ModernBertRotaryEmbedding):  # non-persistent tables, as transformers does
-            for layer_type in module.layer_types:
-                rope_init_fn = module.compute_default_rope_parameters
-                if module.rope_type[layer_type] != "default":
-                    rope_init_fn = ROPE_INIT_FUNCTIONS[module.rope_type[layer_type]]
-                inv_freq, _ = rope_init_fn(module.config, layer_type=layer_type)
-                init.copy_(getattr(module, f"{layer_type}_inv_freq"), inv_freq)
-                init.copy_(getattr(module, f"{layer_type}_original_inv_freq"), inv_freq)
-        elif isinstance(module, (nn.Linear, nn.Embedding, nn.LayerNorm)):
-            super()._init_weights(module)
+    def init_family_weights(self, module: nn.Module, std: float) -> bool:
+        if not isinstance(module, ModernBertRotaryEmbedding):
+            return False
+        for layer_type in module.layer_types:  # non-persistent tables, as transformers does
+            rope_init_fn = module.compute_default_rope_parameters
+            if module.rope_type[layer_type] != "default":
+                rope_init_fn = ROPE_INIT_FUNCTIONS[module.rope_type[layer_type]]
+            inv_freq, _ = rope_init_fn(module.config, layer_type=layer_type)
+            init.copy_(getattr(module, f"{layer_type}_inv_freq"), inv_freq)
+            init.copy_(getattr(module, f"{layer_type}_original_inv_freq"), inv_freq)
+        return True
 
 
 class HydraEnsembleModernBertModel(HydraEnsembleModernBertPreTrainedModel, HydraTextEncoder):
