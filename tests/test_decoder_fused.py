@@ -158,7 +158,11 @@ def test_equal_widths_fold_the_members_into_the_batch_axis(kind, monkeypatch):
     ids, mask = left_padded(length=8)
     shapes = []
     attend = HydraSelfAttention.attend
-    monkeypatch.setattr(HydraSelfAttention, "attend", lambda self, q, *a, **k: shapes.append(tuple(q.shape)) or attend(self, q, *a, **k))
+    def recorded(self, query, *args, **kwargs):
+        shapes.append(tuple(query.shape))
+        return attend(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(HydraSelfAttention, "attend", recorded)
     with torch.no_grad():
         got = {impl: fused(members, EQUAL, "per_member", impl=impl)(input_ids=ids, attention_mask=mask).member_logits
                for impl in ("sdpa", "eager")}  # fmt: skip

@@ -222,7 +222,8 @@ class HydraSelfAttention(nn.Module):
         return self.uniform and self.config._attn_implementation != "eager"
 
     def _member_rows(self, m: int, per_head: int) -> slice:
-        return slice(per_head * self.head_dim * self.offsets[m], per_head * self.head_dim * (self.offsets[m] + self.widths[m]))
+        size = per_head * self.head_dim
+        return slice(size * self.offsets[m], size * (self.offsets[m] + self.widths[m]))
 
     def project(self, hidden: torch.Tensor, folded: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Grouped Q, K, V projections of ``qkv_weight``.
@@ -478,7 +479,8 @@ class HydraGroupedQueryAttention(HydraSelfAttention):
         if self.uniform:
             w = widths[0]
             x = hidden.reshape(M, B * T, d)  # (M, BT, d)
-            out = grouped_linear(x, weight.view(M, w * dk, d).transpose(1, 2), None if bias is None else bias.view(M, w * dk))
+            bias = None if bias is None else bias.view(M, w * dk)
+            out = grouped_linear(x, weight.view(M, w * dk, d).transpose(1, 2), bias)  # (M, BT, w*dk)
             out = out.view(M, B, T, w, dk).permute(0, 1, 3, 2, 4)  # (M, B, w, T, dk), a strided view
             if folded:
                 return out.reshape(M * B, w, T, dk)  # merging M and B is a view
@@ -498,7 +500,8 @@ class HydraGroupedQueryAttention(HydraSelfAttention):
         """Every member's own per-head RMSNorm (``weight (M, dk)``) of ``x`` in the layout ``_heads`` returns."""
         if folded:
             M = self.num_members
-            return rms_norm_heads(x.view(M, -1, *x.shape[1:]), weight[:, None, None, None, :], self.norm_eps).flatten(0, 1)
+            per_member = x.view(M, -1, *x.shape[1:])  # (M, B, w, T, dk)
+            return rms_norm_heads(per_member, weight[:, None, None, None, :], self.norm_eps).flatten(0, 1)
         member = torch.tensor([m for m, w in enumerate(widths) for _ in range(w)], dtype=torch.long, device=x.device)
         return rms_norm_heads(x, weight[member][None, :, None, :], self.norm_eps)
 

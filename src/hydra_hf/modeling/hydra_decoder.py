@@ -354,7 +354,8 @@ class HydraDecoderClassifierMixin:
         self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
         output_attentions=None, output_hidden_states=None, return_dict=None, token_type_ids=None, **kwargs,
     ) -> HydraClassifierOutput | tuple:
-        """``labels (B,)``: mean over members of each member's loss. Returns ``logits (B, C)``, ``member_logits (B, M, C)``."""
+        """``labels (B,)``: mean over members of each member's loss. Returns ``logits (B, C)``,
+        ``member_logits (B, M, C)``."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.hydra(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,

@@ -164,7 +164,9 @@ class HydraEnsembleLlamaModel(HydraDecoderModelMixin, HydraEnsembleLlamaPreTrain
         self.rotary_emb = LlamaRotaryEmbedding(config=base)
         self.post_init()
 
-    def position_embeddings(self, embeddings: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def position_embeddings(
+        self, embeddings: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary_emb(embeddings, position_ids=position_ids)  # (cos, sin), each (B or 1, T, dk)
 
     def decoder_layers(self) -> nn.ModuleList:
