@@ -152,11 +152,18 @@ def test_hf_clip_matches_reference(tmp_path, attn, eos_token_id, eot):
         out = model(input_ids=ids, pixel_values=x, attention_mask=mask)
         _check_zero_shot(out, torch.stack([r.logits_per_image for r in refs], dim=1))
         for m, r in enumerate(refs):
-            torch.testing.assert_close(out.image_embeds[:, m], r.image_embeds, atol=ATOL, rtol=0)
-            torch.testing.assert_close(out.text_embeds[:, m], r.text_embeds, atol=ATOL, rtol=0)
+            torch.testing.assert_close(out.member_image_embeds[:, m], r.image_embeds, atol=ATOL, rtol=0)
+            torch.testing.assert_close(out.member_text_embeds[:, m], r.text_embeds, atol=ATOL, rtol=0)
         features = model.get_image_features(x), model.get_text_features(ids, mask)
     assert features[0].shape == (2, 3, 24) and features[1].shape == (3, 3, 24)
-    torch.testing.assert_close(torch.nn.functional.normalize(features[1], dim=-1), out.text_embeds, atol=ATOL, rtol=0)
+    normalized = torch.nn.functional.normalize(features[1], dim=-1)
+    torch.testing.assert_close(normalized, out.member_text_embeds, atol=ATOL, rtol=0)
+    # the standard fields keep the stock shapes: the members' mean, a unit vector
+    for name in ("image_embeds", "text_embeds"):
+        refs_embeds = [getattr(r, name) for r in refs]
+        mean = torch.stack(refs_embeds).mean(0)  # (N, P)
+        torch.testing.assert_close(getattr(out, name), mean / mean.norm(dim=-1, keepdim=True), atol=ATOL, rtol=0)
+        assert getattr(out, name).shape == refs_embeds[0].shape
 
 
 def test_hf_clip_equal_widths_eager_without_padding(hf_clip_dir):
@@ -224,8 +231,10 @@ def test_open_clip_quick_gelu_and_one_tower(tmp_path):
         out = model(input_ids=ids, pixel_values=x)
         for m in range(3):
             ref = zero_removed_open_clip(stock, VISION_KEPT[m], [[0, 1, 2, 3]] * 2)
-            torch.testing.assert_close(out.image_embeds[:, m], ref.encode_image(x, normalize=True), atol=ATOL, rtol=0)
-            torch.testing.assert_close(out.text_embeds[:, m], stock.encode_text(ids, normalize=True), atol=ATOL, rtol=0)
+            image = ref.encode_image(x, normalize=True)
+            torch.testing.assert_close(out.member_image_embeds[:, m], image, atol=ATOL, rtol=0)
+            torch.testing.assert_close(out.member_text_embeds[:, m], stock.encode_text(ids, normalize=True), atol=ATOL, rtol=0)
+        torch.testing.assert_close(out.text_embeds, stock.encode_text(ids, normalize=True), atol=ATOL, rtol=0)
 
 
 def test_masks_are_not_ignored(hf_clip_dir):

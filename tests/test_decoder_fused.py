@@ -20,6 +20,7 @@ from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.convert.hf_llama import decoder_member_from_state_dict, fuse_decoder, unfuse_decoder
 from hydra_hf.masks import HeadMasks
 from hydra_hf.modeling.configuration_hydra_llama import HydraEnsembleLlamaConfig
+from hydra_hf.modeling.hydra_attention import HydraSelfAttention
 from hydra_hf.modeling.modeling_hydra_llama import (
     HydraEnsembleLlamaForCausalLM,
     HydraEnsembleLlamaForSequenceClassification,
@@ -141,6 +142,45 @@ def test_cache_continuation_equals_full_forward(kind):
     got = torch.cat(steps, dim=2)
     keep = mask.bool()[:, None, :, None].expand_as(full)
     torch.testing.assert_close(got[keep], full[keep], atol=ATOL, rtol=0)
+
+
+# equal widths in both layers (3 then 2 query heads, 2 then 1 key/value heads per member): in layer 0 the members'
+# query heads read their key/value heads in different patterns ([0, 0, 1], [0, 1, 1], [0, 1, 1])
+EQUAL = [[[0, 1, 2], [0, 1]], [[0, 2, 3], [2, 3]], [[1, 2, 3], [2, 3]]]
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+def test_equal_widths_fold_the_members_into_the_batch_axis(kind, monkeypatch):
+    """SDPA runs the members folded into the batch axis, ``(M*B, k, T, dk)`` (grouped-query key/value heads gathered
+    per member), also when it fills an empty cache: the stock members' logits with zeroed heads, eager's (never
+    folded) and those of the decoding steps that read the cache (heads in member order)."""
+    members = [perturbed(stock(kind), s) for s in range(3)]
+    ids, mask = left_padded(length=8)
+    shapes = []
+    attend = HydraSelfAttention.attend
+    def recorded(self, query, *args, **kwargs):
+        shapes.append(tuple(query.shape))
+        return attend(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(HydraSelfAttention, "attend", recorded)
+    with torch.no_grad():
+        got = {impl: fused(members, EQUAL, "per_member", impl=impl)(input_ids=ids, attention_mask=mask).member_logits
+               for impl in ("sdpa", "eager")}  # fmt: skip
+        dk = 12 if kind == "qwen3" else 8
+        assert shapes == [(3 * 3, 3, 8, dk), (3 * 3, 2, 8, dk), (3, 9, 8, dk), (3, 6, 8, dk)]  # (M*B, k, T, dk) folded
+        for m, member in enumerate(members):
+            ref = zeroed(member, EQUAL[m])(input_ids=ids, attention_mask=mask).logits
+            torch.testing.assert_close(got["sdpa"][:, m][mask.bool()], ref[mask.bool()], atol=ATOL, rtol=0)
+        real = mask.bool()[:, None, :, None].expand_as(got["sdpa"])  # padded positions attend to nothing
+        torch.testing.assert_close(got["sdpa"][real], got["eager"][real], atol=ATOL, rtol=0)
+        model = fused(members, EQUAL, "per_member")
+        out = model(input_ids=ids[:, :6], attention_mask=mask[:, :6], use_cache=True)
+        steps = [out.member_logits]
+        for t in (6, 7):
+            out = model(input_ids=ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=out.cache, use_cache=True)
+            steps.append(out.member_logits)
+    assert shapes[4:] == [(9, 3, 6, dk), (9, 2, 6, dk)] + [(3, 9, 1, dk), (3, 6, 1, dk)] * 2  # prefill folded, steps not
+    torch.testing.assert_close(torch.cat(steps, dim=2)[real], got["sdpa"][real], atol=ATOL, rtol=0)
 
 
 def test_cache_holds_each_members_kept_key_value_heads():

@@ -224,7 +224,8 @@ TAMPERINGS = {
     "a changed computation": "import torch as _t\n_t.set_default_dtype(_t.float64)",
 }
 SHIPPED_BERT = [
-    "configuration_hydra.py", "hydra_layers.py", "hydra_skeletons.py", "modeling_hydra_bert.py", "pipeline_hydra.py"
+    "configuration_hydra.py", "hydra_attention.py", "hydra_layers.py", "hydra_skeletons.py", "modeling_hydra_bert.py",
+    "pipeline_hydra.py",
 ]
 
 
@@ -391,7 +392,8 @@ def test_a_folder_saved_again_by_transformers_is_still_ours(sandbox):
         shutil.copyfile(sandbox / "model" / name, sandbox / "resaved" / name)
     shipped = sorted(p.name for p in (sandbox / "resaved").glob("*.py"))
     assert shipped == [
-        "configuration_hydra.py", "hydra_layers.py", "hydra_skeletons.py", "modeling_hydra_bert.py", "pipeline_hydra.py"
+        "configuration_hydra.py", "hydra_attention.py", "hydra_layers.py", "hydra_skeletons.py", "modeling_hydra_bert.py",
+        "pipeline_hydra.py",
     ]
     rc, out, err = _push(sandbox, model="resaved")
     assert rc == 0, err

@@ -45,7 +45,8 @@ def test_fresh_process_remote_code_load_and_pipeline(tiny_bert_dir, tmp_path):
     out = tmp_path / "hydra-out"
     model = convert_checkpoint(masks, base=tiny_bert_dir, output_dir=out)
     files = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "configuration_hydra.py", "hydra_layers.py", "hydra_skeletons.py",
+    assert {"config.json", "model.safetensors", "configuration_hydra.py", "hydra_attention.py", "hydra_layers.py",
+            "hydra_skeletons.py",
             "modeling_hydra_bert.py", "tokenizer_config.json"} <= files
     assert {"tokenizer.json", "vocab.txt"} & files
     assert not any(name.endswith((".bin", ".pt", ".pkl")) for name in files)

@@ -40,11 +40,14 @@ ATOL = 1e-5
 H = 4
 # 3 members, unequal widths, member 1 keeps no head in layer 1 (2-layer text and image stocks)
 UNEQUAL = [[[0, 1], [2, 3]], [[1, 2, 3], []], [[0], [0, 1, 2, 3]]]
-# the last commit whose modeling files had no shared skeletons (a folder written then ships these files)
-BEFORE_SKELETONS = "e7b2abf"
-# shipped files added since that commit: a folder written then does not have them
-SHIPPED_SINCE = {"hydra_skeletons.py"}
-# families added since that commit: no folder of theirs was written before it
+# folders written by older trees, as (the commit whose shipped files they ship, the shipped files added since,
+# the families whose folders that commit wrote)
+OLD_TREES = {
+    # the last commit whose modeling files had no shared skeletons (llama and gpt2 came later)
+    "before-skeletons": ("e7b2abf", {"hydra_attention.py", "hydra_skeletons.py"}, None),
+    # the last commit whose decoders had an attention of their own, beside the encoders'
+    "before-shared-attention": ("9b61be9", {"hydra_attention.py"}, {"llama", "gpt2"}),
+}
 FAMILIES_SINCE = {"llama", "gpt2"}
 OUTPUT_KEYS = ("member_logits", "logits", "member_logits_per_image", "logits_per_image", "logits_per_text")
 
@@ -199,7 +202,7 @@ def test_every_family_loads_as_remote_code_without_hydra_hf(written, tmp_path):
     for name, (folder, _, _) in written.items():
         family = get_family(name)
         assert sorted(p.name for p in folder.glob("*.py")) == sorted(family.shipped_files), name
-        for shared in {"hydra_layers.py", "hydra_skeletons.py"} & set(family.shipped_files):  # the layers and skeletons travel along
+        for shared in {"hydra_attention.py", "hydra_layers.py", "hydra_skeletons.py"} & set(family.shipped_files):  # travel along
             assert (folder / shared).read_text() == (REPO / "src" / "hydra_hf" / "modeling" / shared).read_text()
         inputs = str(folder.parent / f"inputs-{name}.pt")
         cases[name] = (str(folder), family.task_auto_class, inputs, str(tmp_path / f"resaved-{name}"))
@@ -213,30 +216,33 @@ def test_every_family_loads_as_remote_code_without_hydra_hf(written, tmp_path):
         assert sorted(p.name for p in (tmp_path / f"resaved-{name}").glob("*.py")) == sorted(family.shipped_files)
 
 
-def _git_show(path: str) -> str | None:
+def _git_show(commit: str, path: str) -> str | None:
     try:
-        proc = subprocess.run(["git", "show", f"{BEFORE_SKELETONS}:{path}"], cwd=REPO, capture_output=True, text=True)
+        proc = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=REPO, capture_output=True, text=True)
     except OSError:
         return None
     return proc.stdout if proc.returncode == 0 else None
 
 
-def test_folders_written_before_the_skeletons_load_and_agree(written, tmp_path):
-    """A folder written before the change (today's weights and config with the old shipped files) loads
-    with this tree's classes, and as remote code with its own old files, and gives the same numbers."""
-    if _git_show("src/hydra_hf/modeling/hydra_layers.py") is None:
-        pytest.skip(f"the git history with commit {BEFORE_SKELETONS} is not available")
+@pytest.mark.parametrize("tree", list(OLD_TREES))
+def test_folders_written_by_older_trees_load_and_agree(written, tmp_path, tree):
+    """A folder written by an older tree (today's weights and config with its shipped files) loads with this
+    tree's classes, and as remote code with its own old files, and gives the same numbers."""
+    commit, shipped_since, families = OLD_TREES[tree]
+    if _git_show(commit, "src/hydra_hf/modeling/hydra_layers.py") is None:
+        pytest.skip(f"the git history with commit {commit} is not available")
     cases, old_sources = {}, {}
-    written = {name: w for name, w in written.items() if name not in FAMILIES_SINCE}
+    written = {name: w for name, w in written.items() if name in families} if families else {
+        name: w for name, w in written.items() if name not in FAMILIES_SINCE}  # fmt: skip
     for name, (folder, batch, expected) in written.items():
         family = get_family(name)
         old = tmp_path / f"old-{name}"
         shutil.copytree(folder, old)
         for file in family.shipped_files:
-            if file in SHIPPED_SINCE:
+            if file in shipped_since:
                 (old / file).unlink()
             else:
-                (old / file).write_text(_git_show(f"src/hydra_hf/modeling/{file}"))
+                (old / file).write_text(_git_show(commit, f"src/hydra_hf/modeling/{file}"))
         old_sources[name] = (old / family.modeling_file).read_text()
         assert "hydra_layers import" in old_sources[name]
         local = family.model_class().from_pretrained(old).eval()  # this tree's classes, the old folder

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from .families import family_of_config
-from .modeling.hydra_layers import HydraMLPBase, HydraSelfAttention
+from .modeling.hydra_attention import HydraGroupedQueryAttention, HydraSelfAttention
+from .modeling.hydra_layers import HydraMLPBase
 
 DEFAULT_TOKENS = 128  # the benches' sequence length
 
@@ -45,12 +46,11 @@ class Cost:
 
 def _attention_macs(module: nn.Module, tokens: int) -> int:
     """Projections over every member's kept heads and attention over them (T x T per kept head)."""
-    if isinstance(module, HydraSelfAttention):
+    if isinstance(module, HydraGroupedQueryAttention):  # q, k, v, o weights of its own (grouped-query)
+        projections = sum(w.numel() for w in (module.q_weight, module.k_weight, module.v_weight, module.o_weight))
+    else:
         projections = module.qkv_weight.numel() + module.o_weight.numel()
-        heads, dk = module.total_heads, module.head_dim
-    else:  # a decoder's attention (grouped-query: q, k, v, o weights of its own)
-        projections = sum(getattr(module, f"{n}_weight").numel() for n in ("q", "k", "v", "o"))
-        heads, dk = module.q_weight.shape[0] // module.head_dim, module.head_dim
+    heads, dk = module.total_heads, module.head_dim
     return tokens * projections + 2 * tokens * tokens * heads * dk
 
 
@@ -69,7 +69,7 @@ def layer_multiply_adds(model: nn.Module, tokens: int = DEFAULT_TOKENS) -> int:
         if isinstance(module, HydraMLPBase):
             if not name.endswith("head.mlp"):  # SigLIP's pooling head runs its MLP once per member, not per token
                 total += _mlp_macs(module, num_members, tokens)
-        elif isinstance(module, HydraSelfAttention) or all(hasattr(module, f"{n}_weight") for n in ("q", "k", "v", "o")):
+        elif isinstance(module, HydraSelfAttention):
             total += _attention_macs(module, tokens)
     return total
 

@@ -23,7 +23,8 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import get_scheduler
 
 from ..data import make_image_loader, make_text_loader
-from ..modeling.hydra_layers import HydraLayerNorm, HydraSelfAttention
+from ..modeling.hydra_attention import HydraSelfAttention
+from ..modeling.hydra_layers import HydraLayerNorm
 from ..modeling.modeling_hydra_llama import HydraRMSNorm
 from ..reproducibility import seed_worker
 from ..progress import progress_bars
@@ -151,7 +152,7 @@ def _drop_key_bias_gradients(model: nn.Module) -> None:
     runs match one process on every weight.
     """
     for module in model.modules():
-        if not isinstance(module, HydraSelfAttention) or module.qkv_bias.numel() == 0:
+        if not isinstance(module, HydraSelfAttention) or not module.packed_qkv or module.qkv_bias.numel() == 0:
             continue
         if not module.qkv_bias.requires_grad:  # a family without biases (ModernBERT: zero buffers) or frozen
             continue

@@ -401,7 +401,9 @@ class HydraEnsembleCLIPConfig(HydraEnsembleConfig):
         "AutoModelForZeroShotImageClassification": "modeling_hydra_clip.HydraEnsembleCLIPModel",
     }
     # as for a stock CLIPModel, plus the members' own similarities
-    keys_to_ignore_at_inference = ["member_logits_per_image", "member_logits_per_text"]
+    keys_to_ignore_at_inference = [
+        "member_logits_per_image", "member_logits_per_text", "member_text_embeds", "member_image_embeds"
+    ]
 
     def __init__(
         self,

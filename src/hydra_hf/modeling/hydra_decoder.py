@@ -1,9 +1,11 @@
 # Shipped with every Hydra Ensemble model folder built on a decoder (remote code): imports only the
 # standard library, torch, transformers and sibling files.
-"""What every fused decoder (Llama-style, GPT-2) shares: its outputs, the ensemble's next-token
-distribution and loss, the last-token pooling of its sequence classifier, and the per-token uncertainty
+"""What every fused decoder (Llama-style, GPT-2) shares: its outputs, the decoder's forward
+(:class:`HydraDecoderModelMixin`: embeddings, the cache, the causal masks, the layer loop), the sequence
+classifier (:class:`HydraDecoderClassifierMixin`: last-token pooling), the causal LM
+(:class:`HydraCausalLMMixin`: the ensemble's next-token distribution and loss) and the per-token uncertainty
 of generated text (:class:`HydraGenerationUncertaintyMixin`: ``score_generated`` /
-``generate_with_uncertainty``)."""
+``generate_with_uncertainty``). A family's modeling file holds only its own modules."""
 
 from __future__ import annotations
 
@@ -14,15 +16,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.cache_utils import Cache
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 from transformers.utils import ModelOutput
 from transformers.utils.deprecation import deprecate_kwarg
 
-from .hydra_layers import HydraMemberLinear, rows_linear
+from .hydra_layers import HydraClassifierOutput, HydraMemberLinear, LayerOutputs, ensemble_outputs, rows_linear
 
 # The cache is ``cache`` in and out, transformers' name (``generate()`` passes and reads it); the older
 # ``past_key_values`` is renamed to it with transformers' own deprecation, as its decoders' forwards do.
 cache_argument = deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+
+# a layer's attention type -> transformers' function building its mask (padding, causality, sliding window)
+FULL_ATTENTION, SLIDING_ATTENTION = "full_attention", "sliding_attention"
+CAUSAL_MASKS = {FULL_ATTENTION: create_causal_mask, SLIDING_ATTENTION: create_sliding_window_causal_mask}
 
 
 @dataclass
@@ -209,6 +216,165 @@ def resized_member_lm_head(
     return new
 
 
+class HydraDecoderModelMixin:
+    """The fused decoder's forward, put before the family's pre-trained class:
+    ``class HydraEnsembleXModel(HydraDecoderModelMixin, HydraEnsembleXPreTrainedModel)``.
+
+    Shared token embeddings (``get_input_embeddings()``) feed M residual streams through the layers, which read
+    one key/value cache (every member's kept key/value heads) and the causal masks transformers builds for the
+    base (``mask_config``); every member's final norm ends it. The family's model defines its modules and the
+    hooks: ``decoder_layers()`` (each layer has an ``attention_type``, a key of ``CAUSAL_MASKS``, and is called
+    as ``layer(hidden, mask, position_embeddings, cache, output_attentions)``), ``final_norm(streams)``, and
+    where the base has them ``embed`` (learned positions, token types: GPT-2) and ``position_embeddings``
+    (rotary tables: Llama).
+    """
+
+    gradient_checkpointing = False  # transformers' gradient_checkpointing_enable() sets it on the model
+
+    def decoder_layers(self) -> nn.ModuleList:
+        """The fused layers, in order."""
+        raise NotImplementedError
+
+    def final_norm(self, streams: torch.Tensor) -> torch.Tensor:
+        """Every member's final norm: ``(M, B, T, d)`` -> ``(M, B, T, d)``."""
+        raise NotImplementedError
+
+    def embed(
+        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        """What the first layer reads, ``(B, T, d)``, from the token embeddings (default: those; the others are
+        the base's: a decoder without learned positions or token types ignores them, as transformers' does)."""
+        return inputs_embeds
+
+    def position_embeddings(self, embeddings: torch.Tensor, position_ids: torch.Tensor) -> tuple | None:
+        """What every layer's attention takes for the positions (rotary ``(cos, sin)``), or None."""
+        return None
+
+    def mask_config(self):
+        """The base config the causal masks and the cache are built from, with this model's attention
+        implementation (transformers' own mask functions: padding, causality and sliding windows)."""
+        base = self.base_config(self.config)
+        base._attn_implementation = self.config._attn_implementation
+        return base
+
+    @cache_argument
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> HydraDecoderOutput | tuple:
+        """
+        Args:
+            input_ids: ``(B, T)`` token ids (or ``inputs_embeds (B, T, d)``).
+            attention_mask: ``(B, S)`` 1 for tokens, 0 for padding (left or right), over the cached and new tokens.
+            position_ids: ``(B, T)``; default: the cache's length plus ``0..T-1``, as transformers does.
+            cache: a transformers ``Cache`` (``DynamicCache``) to read and extend (``past_key_values``: its
+                deprecated name); with ``use_cache`` and no cache, a new one is made for the base's layer types.
+            token_type_ids: ``(B, T)``, embedded and added where the base does it (GPT-2).
+        Returns:
+            ``HydraDecoderOutput``: ``last_hidden_state (B, T, d)`` (the members' mean), ``cache``,
+            ``hidden_states``, ``attentions``, ``member_last_hidden_state (B, M, T, d)``, ``member_hidden_states``.
+        """
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        if use_cache is None:  # a converted base_config leaves use_cache out (not an architecture setting)
+            use_cache = getattr(self.config, "use_cache", True)
+        if self.gradient_checkpointing and self.training:
+            use_cache = False  # recomputed layers would write the cache twice
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("give exactly one of input_ids or inputs_embeds")
+        inputs_embeds = self.get_input_embeddings()(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, d)
+        base = self.mask_config()
+        if use_cache and cache is None:
+            cache = DynamicCache(config=base)
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past).unsqueeze(0)
+        embeddings = self.embed(inputs_embeds, position_ids, token_type_ids)  # (B, T, d)
+        layers = self.decoder_layers()
+        # eager attention reads only the mask (it has no is_causal path): never let the mask be skipped
+        masks = {
+            kind: CAUSAL_MASKS[kind](
+                config=base, inputs_embeds=inputs_embeds, attention_mask=attention_mask, cache=cache,
+                position_ids=position_ids, allow_is_causal_skip=self.config._attn_implementation != "eager",
+            )
+            for kind in {layer.attention_type for layer in layers}
+        }  # fmt: skip
+        positions = self.position_embeddings(embeddings, position_ids)  # rotary (cos, sin), each (B or 1, T, dk)
+
+        outs = LayerOutputs(embeddings, self.config.num_members, output_hidden_states, output_attentions)
+        for layer in layers:
+            outs.add(*layer(outs.input, masks[layer.attention_type], positions, cache if use_cache else None,
+                            output_attentions))  # fmt: skip
+        last = self.final_norm(outs.streams()).transpose(0, 1)  # (B, M, T, d)
+        out = HydraDecoderOutput(
+            cache=cache if use_cache else None, attentions=outs.attentions, **outs.output_fields(last, tie_last=True)
+        )  # fmt: skip
+        return out if return_dict else out.to_tuple()
+
+
+class HydraDecoderClassifierMixin:
+    """The fused decoder's sequence classifier, put before the family's pre-trained class, with
+    ``decoder_class`` (the family's fused decoder, held as ``self.hydra``): M pruned decoder classifiers in one
+    model; every member's ``score_m`` (no bias) reads its last non-padding token, as transformers' decoder
+    classifiers pool; ``logits`` = log of the mean of the members' softmaxes. ``AutoModelForSequenceClassification``
+    and ``pipeline("text-classification", model=folder, trust_remote_code=True)`` use it."""
+
+    decoder_class: type
+    # the loss is a mean per batch, whatever keyword arguments forward takes: transformers' Trainer divides it by
+    # the gradient accumulation steps itself (it assumed the loss summed over num_items_in_batch: steps too large)
+    accepts_loss_kwargs = False
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.hydra = self.decoder_class(config)
+        self.score = HydraMemberLinear(config.num_members, config.hidden_size, config.num_labels, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.hydra.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.hydra.set_input_embeddings(value)
+
+    def forward(
+        self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
+        output_attentions=None, output_hidden_states=None, return_dict=None, token_type_ids=None, **kwargs,
+    ) -> HydraClassifierOutput | tuple:
+        """``labels (B,)``: mean over members of each member's loss. Returns ``logits (B, C)``,
+        ``member_logits (B, M, C)``."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.hydra(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
+            token_type_ids=token_type_ids, use_cache=False, output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states, return_dict=True,
+        )  # fmt: skip
+        hidden = outputs.member_last_hidden_state  # (B, M, T, d)
+        B = hidden.shape[0]
+        last = last_token_index(input_ids, self.config.pad_token_id, B)
+        pooled = hidden[torch.arange(B, device=hidden.device), :, last]  # (B, M, d)
+        member_logits = self.score(pooled.transpose(0, 1)).transpose(0, 1)  # (B, M, C)
+        logits, loss = ensemble_outputs(member_logits, labels, self.config)
+        out = HydraClassifierOutput(
+            loss=loss, logits=logits, member_logits=member_logits, hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions, member_hidden_states=outputs.member_hidden_states,
+        )  # fmt: skip
+        return out if return_dict else out.to_tuple()
+
+
 class HydraGenerationUncertaintyMixin:
     """``score_generated`` and ``generate_with_uncertainty`` for a fused causal LM whose forward takes
     ``input_ids``, ``attention_mask``, ``position_ids``, ``use_cache``, ``logits_to_keep`` and returns
@@ -371,11 +537,10 @@ class HydraCausalLMMixin(HydraGenerationUncertaintyMixin):
             ``HydraCausalLMOutput``: ``logits (B, T', V)``, ``member_logits (B, M, T', V)``, ``loss``, ``cache``.
         """
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        extra = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
         outputs = self.hydra(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
             inputs_embeds=inputs_embeds, use_cache=use_cache, output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states, return_dict=True, **extra,
+            output_hidden_states=output_hidden_states, return_dict=True, token_type_ids=token_type_ids,
         )  # fmt: skip
         hidden = outputs.member_last_hidden_state  # (B, M, T, d)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep

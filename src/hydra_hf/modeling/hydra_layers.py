@@ -2,10 +2,10 @@
 # torch, transformers and sibling files.
 """Fused building blocks of a Hydra Ensemble, shared by every architecture.
 
-The fused layers (attention, LayerNorms, MLPs, member-wise linear maps, the post-LN and pre-LN layers,
-the per-member classification head), the ensemble's outputs and the pre-trained base class. The
-encoder, classifier and tower *skeletons* built from them, which the family modeling files subclass,
-are in ``hydra_skeletons.py``; this file does not import it.
+The fused layers (LayerNorms, MLPs, member-wise linear maps, the post-LN and pre-LN layers, the
+per-member classification head), the ensemble's outputs and the pre-trained base class. The fused
+attention is in ``hydra_attention.py``; the encoder, classifier and tower *skeletons* built from these
+layers, which the family modeling files subclass, are in ``hydra_skeletons.py`` (this file does not import it).
 
 Notation: M members, B batch, T tokens, d hidden size, H heads of the base, dk = d // H head size,
 k_m heads kept by member m in this layer, K = sum_m k_m.
@@ -22,7 +22,6 @@ W_O (their block of output-projection columns); see ``tests/`` for the numerical
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,8 +30,16 @@ from torch import nn
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import ModelOutput, is_tracing
+
+from .hydra_attention import (  # noqa: F401  the attention's names, also this module's (older siblings import them here)
+    HydraGroupedQueryAttention,
+    HydraLayerSpec,
+    HydraSelfAttention,
+    eager_attention_forward,
+    grouped_linear,
+)
 
 
 @dataclass
@@ -98,30 +105,6 @@ class HydraClassifierOutput(ModelOutput):
     member_hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
-def grouped_linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """M independent affine maps: ``out[m] = bias[m] + x[m] @ weight_t[m]``.
-
-    Shape: ``x (M, N, in)``, ``weight_t (M, in, out)`` (may be a transposed view), ``bias (M, out)``
-    -> ``(M, N, out)``. On accelerators one batched kernel (``baddbmm``). On CPU, in inference, one
-    GEMM per member into a single output buffer: measured 10-25 % faster than ``baddbmm`` on a 2-core
-    machine, where the batched kernel splits its M items unevenly over the threads while each
-    member's GEMM uses every thread. Same arithmetic, same output layout. While traced (torch.export,
-    ONNX export, torch.compile) the per-member GEMMs are stacked instead: writes into a shared buffer
-    become scatter operators in a functional graph (20 % of an exported ViT's time in ONNX Runtime).
-    """
-    needs_grad = torch.is_grad_enabled() and (x.requires_grad or weight_t.requires_grad or bias.requires_grad)
-    # under autocast (mixed precision) the batched kernel is cast like any matrix product; the out=
-    # GEMMs below are not
-    if x.device.type != "cpu" or needs_grad or torch.is_autocast_enabled("cpu"):
-        return torch.baddbmm(bias.unsqueeze(1), x, weight_t)
-    if is_tracing(x):
-        return torch.stack([torch.addmm(bias[m], x[m], weight_t[m]) for m in range(x.shape[0])])  # (M, N, out)
-    out = x.new_empty(x.shape[0], x.shape[1], weight_t.shape[-1])
-    for m in range(x.shape[0]):
-        torch.addmm(bias[m], x[m], weight_t[m], out=out[m])
-    return out
-
-
 def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear(x, weight, bias)``; on CPU in inference, an input of 2 or 3 rows is padded to 4 rows.
 
@@ -137,266 +120,6 @@ def rows_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         padded = torch.cat([flat, flat.new_zeros(4 - rows, flat.shape[-1])])
         return F.linear(padded, weight, bias)[:rows].view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
-
-
-@dataclass(frozen=True)
-class HydraLayerSpec:
-    """Everything one fused transformer layer needs: the base layer's sizes and the members' heads.
-
-    ``kept_heads[m]`` = sorted head indices member m keeps in this layer (may be empty).
-    ``kept_neurons[m]`` = sorted MLP intermediate neurons member m keeps in this layer (slim members: may be
-    empty), or None for every member keeping the whole MLP (the paper's members).
-    """
-
-    hidden_size: int
-    num_heads: int
-    kept_heads: tuple[tuple[int, ...], ...]
-    intermediate_size: int
-    hidden_act: str
-    layer_norm_eps: float
-    attention_dropout: float
-    hidden_dropout: float
-    mlp_fusion: str
-    kept_neurons: tuple[tuple[int, ...], ...] | None = None
-
-    @property
-    def num_members(self) -> int:
-        return len(self.kept_heads)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def widths(self) -> tuple[int, ...]:
-        """Heads kept per member, ``(k_1, ..., k_M)``."""
-        return tuple(len(h) for h in self.kept_heads)
-
-
-def eager_attention_forward(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Plain softmax attention over all members' kept heads at once.
-
-    Shape:
-        query, key, value: ``(B, K, T, dk)``; attention_mask: additive, broadcastable to ``(B, K, T, T)``.
-        Returns the context ``(B, T, K, dk)`` and the attention weights ``(B, K, T, T)``.
-    """
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, K, T, T)
-    if attention_mask is not None:
-        scores = scores + attention_mask
-    weights = F.softmax(scores, dim=-1)
-    weights = F.dropout(weights, p=dropout, training=module.training)
-    context = torch.matmul(weights, value)  # (B, K, T, dk)
-    return context.transpose(1, 2).contiguous(), weights
-
-
-class HydraSelfAttention(nn.Module):
-    """Self-attention of M pruned members computed jointly.
-
-    Member m projects its own residual stream with the Q, K, V rows of its kept heads only (grouped
-    projections), attention runs over all members' kept heads in one call (heads never mix: each
-    head has its own Q, K, V), and member m's output projection uses the W_O columns of its kept
-    heads plus its own output bias. When all members keep ``k`` heads, the attention call sees the
-    members folded into its batch axis, ``(M*B, k, T, dk)``: a free view of the batched Q/K/V
-    product whose output is a free view for the batched output projection (no permute copies).
-
-    Parameters (member-major packing, member m owns rows ``[3*dk*o_m, 3*dk*(o_m+k_m))`` of
-    ``qkv_weight`` with ``o_m = k_1 + ... + k_{m-1}``, as [its Q rows; its K rows; its V rows]):
-        qkv_weight ``(3*K*dk, d)``, qkv_bias ``(3*K*dk,)``,
-        o_weight ``(K*dk, d)`` = member blocks of ``W_O[:, kept columns].T`` stacked,
-        o_bias ``(M, d)``.
-
-    When all members keep the same number of heads the projections are single batched products
-    (``baddbmm`` over M); otherwise one product per member (never one per head, and never padded to
-    equal widths, which would waste multiply-adds).
-
-    Eager attention (the reference path, and the one that returns attention weights) never folds the
-    members into the batch axis: it runs over all kept heads in member order, ``(B, K, T, dk)``, so the
-    weights ``(B, K, T, T)`` it returns are the very tensor the context is computed from (a view, no
-    copy: ``retain_grad()`` on them receives gradients).
-    """
-
-    def __init__(self, config, spec: HydraLayerSpec, is_causal: bool = False) -> None:
-        super().__init__()
-        self.config = config
-        self.spec = spec
-        self.is_causal = is_causal
-        self.num_members = spec.num_members
-        self.head_dim = spec.head_dim
-        self.widths = spec.widths
-        self.total_heads = sum(self.widths)
-        self.offsets = [sum(self.widths[:m]) for m in range(self.num_members)]
-        self.uniform = self.total_heads > 0 and len(set(self.widths)) == 1
-        self.scaling = self.head_dim**-0.5
-        self.dropout = spec.attention_dropout
-        d, kd = spec.hidden_size, self.total_heads * self.head_dim
-        self.qkv_weight = nn.Parameter(torch.empty(3 * kd, d))
-        self.qkv_bias = nn.Parameter(torch.empty(3 * kd))
-        self.o_weight = nn.Parameter(torch.empty(kd, d))
-        self.o_bias = nn.Parameter(torch.empty(self.num_members, d))
-
-    # -------------------------------------------------------------------------------- helpers
-    def folds_members(self) -> bool:
-        """Whether this call folds the members into the batch axis: equal widths, and not eager attention
-        (whose weights are returned over all kept heads, ``(B, K, T, T)``)."""
-        return self.uniform and self.config._attn_implementation != "eager"
-
-    def _member_rows(self, m: int, per_head: int) -> slice:
-        return slice(per_head * self.head_dim * self.offsets[m], per_head * self.head_dim * (self.offsets[m] + self.widths[m]))
-
-    def _project_qkv(self, hidden: torch.Tensor, folded: bool = True) -> torch.Tensor:
-        """Grouped Q, K, V projections.
-
-        Returns ``(3, M*B, k, T, dk)`` when every member keeps ``k`` heads and ``folded`` (members folded
-        into the batch axis: a free view of the batched product, no copy), else ``(3, B, K, T, dk)`` with
-        the heads in member order.
-        """
-        M, dk, K = self.num_members, self.head_dim, self.total_heads
-        shared = hidden.dim() == 3  # the same input for every member (the first layer)
-        B, T = hidden.shape[-3], hidden.shape[-2]
-        if self.uniform:
-            k = K // M
-            if shared:  # one product for all members
-                qkv = F.linear(hidden, self.qkv_weight, self.qkv_bias)  # (B, T, M*3*k*dk)
-                qkv = qkv.view(B, T, M, 3, k, dk).permute(3, 2, 0, 4, 1, 5)  # (3, M, B, k, T, dk)
-            else:
-                d = hidden.shape[-1]
-                x = hidden.reshape(M, B * T, d)  # (M, BT, d)
-                w = self.qkv_weight.view(M, 3 * k * dk, d)  # (M, 3k*dk, d)
-                qkv = grouped_linear(x, w.transpose(1, 2), self.qkv_bias.view(M, 3 * k * dk))  # (M, BT, 3k*dk)
-                qkv = qkv.view(M, B, T, 3, k, dk).permute(3, 0, 1, 4, 2, 5)  # (3, M, B, k, T, dk), strided view
-            if folded:
-                return qkv.reshape(3, M * B, k, T, dk)  # after the grouped product, merging M and B is a view
-            return qkv.transpose(1, 2).reshape(3, B, K, T, dk)  # heads in member order
-        if shared:
-            qkv = F.linear(hidden, self.qkv_weight, self.qkv_bias)  # (B, T, 3*K*dk): one product for all members
-            chunks = qkv.split([3 * w * dk for w in self.widths], dim=-1)  # per member (B, T, 3*k_m*dk)
-        else:
-            chunks = []
-            for m in range(M):
-                rows = self._member_rows(m, 3)
-                chunks.append(F.linear(hidden[m], self.qkv_weight[rows], self.qkv_bias[rows]))  # (B, T, 3*k_m*dk)
-        parts = [
-            c.view(B, T, 3, w, dk).permute(2, 0, 3, 1, 4)  # (3, B, k_m, T, dk)
-            for c, w in zip(chunks, self.widths)
-            if w > 0
-        ]
-        return torch.cat(parts, dim=2)  # (3, B, K, T, dk)
-
-    def _project_out(self, context: torch.Tensor, batch: int, folded: bool = True) -> torch.Tensor:
-        """Grouped output projection. ``context`` is ``(M*B, T, k, dk)`` (equal widths, ``folded``) or
-        ``(B, T, K, dk)``. Returns ``(M, B, T, d)``."""
-        M, dk = self.num_members, self.head_dim
-        d = self.o_bias.shape[-1]
-        T = context.shape[1]
-        if self.uniform and folded:
-            k = self.total_heads // M
-            x = context.reshape(M, batch * T, k * dk)  # a view of the attention output
-            out = grouped_linear(x, self.o_weight.view(M, k * dk, d), self.o_bias)  # (M, BT, d)
-            return out.view(M, batch, T, d)
-        outs = []
-        for m in range(M):
-            if self.widths[m] == 0:  # no head left: the attention block adds only its output bias
-                outs.append(self.o_bias[m].expand(batch, T, d))
-                continue
-            lo = self.offsets[m]
-            x = context[:, :, lo : lo + self.widths[m]].reshape(batch * T, self.widths[m] * dk)  # (BT, k_m*dk)
-            outs.append(torch.addmm(self.o_bias[m], x, self.o_weight[self._member_rows(m, 1)]).view(batch, T, d))
-        return torch.stack(outs)  # (M, B, T, d)
-
-    def fold_mask(self, attention_mask: torch.Tensor | None, batch: int) -> torch.Tensor | None:
-        """The additive mask in the layout of the attention call.
-
-        ``attention_mask`` is 4-D and broadcasts to ``(B, K, T, T)``: ``(1 or B, 1, 1 or T, T)`` (the same
-        for every head) or ``(1 or B, K, T, T)`` (one per kept head in member order, e.g. BEiT's relative
-        position bias). When every member keeps ``k`` heads the attention runs over ``(M*B, k, T, T)``
-        (member-major batch), so a mask that depends on the batch or on the head is laid out that way.
-        """
-        if attention_mask is None or not self.uniform:
-            return attention_mask
-        b, h = attention_mask.shape[0], attention_mask.shape[1]
-        if b == 1 and h == 1:  # the same for every member, sample and head: broadcasts as it is
-            return attention_mask
-        M, k = self.num_members, self.total_heads // self.num_members
-        rows, cols = attention_mask.shape[2], attention_mask.shape[3]
-        per_head = h != 1
-        mask = attention_mask.reshape(b, M if per_head else 1, k if per_head else 1, rows, cols).transpose(0, 1)
-        mask = mask.expand(M, batch, mask.shape[2], rows, cols)  # (M, B, k or 1, T, T)
-        return mask.reshape(M * batch, mask.shape[2], rows, cols)
-
-    # -------------------------------------------------------------------------------- forward
-    def forward(
-        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, output_attentions: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """
-        Args:
-            hidden: ``(M, B, T, d)`` member streams, or ``(B, T, d)`` when all members share the input.
-            attention_mask: additive mask broadcastable to ``(B, K, T, T)`` (0 = attend; see ``fold_mask``),
-                or None.
-            output_attentions: passed to the attention function, as in transformers' models (sdpa warns
-                that it returns no weights).
-        Returns:
-            the attention block's output per member ``(M, B, T, d)`` (before dropout and residual), and
-            the attention weights ``(B, K, T, T)`` over all kept heads in member order (eager only; None
-            with the other implementations).
-        """
-        B, T, d = hidden.shape[-3], hidden.shape[-2], hidden.shape[-1]
-        if self.total_heads == 0:  # every member removed every head of this layer
-            out = self.o_bias[:, None, None, :].expand(self.num_members, B, T, d)
-            if self.config._attn_implementation == "eager":  # weights over the layer's K = 0 heads
-                return out, hidden.new_zeros(B, 0, T, T)
-            return out, None
-        folded = self.folds_members()
-        query, key, value = self._project_qkv(hidden, folded)  # each (M*B, k, T, dk) or (B, K, T, dk)
-        if folded:
-            attention_mask = self.fold_mask(attention_mask, B)
-        context, weights = self.attend(
-            query, key, value, attention_mask, B, folded, is_causal=self.is_causal and attention_mask is None,
-            output_attentions=output_attentions,
-        )  # context (M*B, T, k, dk) or (B, T, K, dk)
-        return self._project_out(context, B, folded), weights
-
-    def attend(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
-        batch: int, folded: bool, is_causal: bool = False, **kwargs,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The attention call of ``config._attn_implementation`` (eager: ``eager_attention_forward``) over
-        the projected ``query``, ``key``, ``value`` (each ``(M*B, k, T, dk)`` when ``folded``, else
-        ``(B, K, T, dk)``) and the additive ``attention_mask`` in the same layout (or None); ``kwargs`` go to
-        the attention function (``output_attentions``).
-
-        Returns the context ``(M*B, T, k, dk)`` or ``(B, T, K, dk)`` and the weights ``(B, K, T, T)`` over all
-        kept heads in member order (None where the implementation returns none).
-        """
-        attention_interface: Callable = eager_attention_forward
-        if self.config._attn_implementation != "eager":
-            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-                self.config._attn_implementation, eager_attention_forward
-            )
-        context, weights = attention_interface(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.dropout if self.training else 0.0,
-            scaling=self.scaling,
-            is_causal=is_causal,
-            **kwargs,
-        )
-        if weights is not None and folded:  # another implementation's weights: report (B, K, T, T) (a copy)
-            M, T = self.num_members, query.shape[-2]
-            k = self.total_heads // M
-            weights = weights.view(M, batch, k, T, T).transpose(0, 1).reshape(batch, self.total_heads, T, T)
-        return context, weights
 
 
 class HydraLayerNorm(nn.Module):
@@ -630,11 +353,13 @@ class HydraMemberLinear(nn.Module):
 def layer_spec(
     kept_heads: list[list[list[int]]], layer_idx: int, *, hidden_size: int, num_heads: int, intermediate_size: int,
     hidden_act: str, layer_norm_eps: float, attention_dropout: float, hidden_dropout: float, mlp_fusion: str,
-    kept_neurons: list[list[list[int]]] | None = None,
+    kept_neurons: list[list[list[int]]] | None = None, head_size: int | None = None,
 ) -> HydraLayerSpec:
     """The spec of fused layer ``layer_idx`` from the members' ``kept_heads[m][l]``, their
-    ``kept_neurons[m][l]`` (slim members; None or empty: every member keeps the whole MLP) and the base's sizes."""
+    ``kept_neurons[m][l]`` (slim members; None or empty: every member keeps the whole MLP) and the base's sizes
+    (``head_size``: where it is not ``hidden_size // num_heads``)."""
     return HydraLayerSpec(
+        head_size=head_size,
         kept_neurons=tuple(tuple(member[layer_idx]) for member in kept_neurons) if kept_neurons else None,
         hidden_size=hidden_size,
         num_heads=num_heads,
@@ -899,7 +624,16 @@ def ensemble_outputs(
 def init_hydra_weights(module: nn.Module, std: float) -> bool:
     """Initialise one fused Hydra module (``nn.init`` through transformers' ``initialization``, safe
     for loaded weights). Returns False for modules that are not Hydra modules."""
-    if isinstance(module, HydraSelfAttention):
+    if isinstance(module, HydraGroupedQueryAttention):
+        for weight in (module.q_weight, module.k_weight, module.v_weight, module.o_weight):
+            init.normal_(weight, mean=0.0, std=std)
+        for bias in (module.q_bias, module.k_bias, module.v_bias, module.o_bias):
+            if bias is not None:
+                init.zeros_(bias)
+        for norm in (module.q_norm, module.k_norm):  # Qwen3's per-head RMSNorms
+            if norm is not None:
+                init.ones_(norm)
+    elif isinstance(module, HydraSelfAttention):
         init.normal_(module.qkv_weight, mean=0.0, std=std)
         init.normal_(module.o_weight, mean=0.0, std=std)
         init.zeros_(module.qkv_bias)
@@ -948,6 +682,21 @@ class HydraPreTrainedModel(PreTrainedModel):
     def base_config(cls, config):
         """The base configuration stored in ``config.base_config``, as an instance of ``base_config_class``."""
         return cls.base_config_class.from_dict(config.base_config)
+
+    def init_family_weights(self, module: nn.Module, std: float) -> bool:
+        """Initialise one of the family's own modules; True when that is all it needs, False for any other module
+        (or one the fused modules' initialisation, ``init_hydra_weights``, completes)."""
+        return False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """The family's own modules (``init_family_weights``), the fused modules (``init_hydra_weights``), then
+        transformers' ``Linear``, ``Embedding`` and ``LayerNorm``, with the base's ``initializer_range``."""
+        std = self.config.base_config.get("initializer_range", 0.02)
+        if self.init_family_weights(module, std) or init_hydra_weights(module, std):
+            return
+        if isinstance(module, (nn.Linear, nn.Embedding, nn.LayerNorm)):
+            super()._init_weights(module)
 
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Module:
         """transformers' ``resize_token_embeddings``; the new ``vocab_size`` is written into ``base_config``."""

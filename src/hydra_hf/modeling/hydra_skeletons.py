@@ -146,21 +146,16 @@ class HydraTextPreTrainedModel(HydraPreTrainedModel):
     family's own subclass sets ``config_class``, ``base_config_class`` (e.g. ``BertConfig``) and
     ``embeddings_class`` (e.g. ``BertEmbeddings``, whose buffers it initialises)."""
 
-    main_input_name = "input_ids"
     _no_split_modules = ["HydraPostLNLayer"]
     embeddings_class: type
 
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.base_config.get("initializer_range", 0.02)
-        if init_hydra_weights(module, std):
-            return
-        if isinstance(module, self.embeddings_class):
-            init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
-            if hasattr(module, "token_type_ids"):  # DistilBERT's embeddings have none
-                init.zeros_(module.token_type_ids)
-        elif isinstance(module, (nn.Linear, nn.Embedding, nn.LayerNorm)):
-            super()._init_weights(module)
+    def init_family_weights(self, module: nn.Module, std: float) -> bool:
+        if not isinstance(module, self.embeddings_class):
+            return False
+        init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
+        if hasattr(module, "token_type_ids"):  # DistilBERT's embeddings have none
+            init.zeros_(module.token_type_ids)
+        return True
 
 
 class HydraTextEncoder(HydraPreTrainedModel):
@@ -538,9 +533,12 @@ class HydraTwoTowerOutput(ModelOutput):
         logits_per_text: ``(N, B)`` the same, per text.
         member_logits_per_image: ``(B, M, N)`` every member's logits.
         member_logits_per_text: ``(N, M, B)`` the same, per text.
-        text_embeds: ``(N, M, P)`` L2-normalised text embeddings of every member.
-        image_embeds: ``(B, M, P)`` L2-normalised image embeddings of every member.
+        text_embeds: ``(N, P)`` the ensemble's text embeddings, as the stock field: the members' mean of
+            ``member_text_embeds``, L2-normalised (one member: its own).
+        image_embeds: ``(B, P)`` the same for the images (from ``member_image_embeds``).
         text_model_output, vision_model_output: the towers' ``HydraModelOutput``.
+        member_text_embeds: ``(N, M, P)`` L2-normalised text embeddings of every member.
+        member_image_embeds: ``(B, M, P)`` L2-normalised image embeddings of every member.
     """
 
     loss: torch.Tensor | None = None
@@ -552,12 +550,21 @@ class HydraTwoTowerOutput(ModelOutput):
     image_embeds: torch.Tensor | None = None
     text_model_output: HydraModelOutput | None = None
     vision_model_output: HydraModelOutput | None = None
+    member_text_embeds: torch.Tensor | None = None
+    member_image_embeds: torch.Tensor | None = None
 
     def to_tuple(self) -> tuple:
         return tuple(
             self[k] if k not in ("text_model_output", "vision_model_output") else getattr(self, k).to_tuple()
             for k in self.keys()
         )
+
+
+def unit_mean(member_embeds: torch.Tensor) -> torch.Tensor:
+    """The ensemble's embedding ``(N, P)`` from every member's unit embedding ``member_embeds (N, M, P)``: their
+    mean, L2-normalised, so that a client's dot products are cosines, as with the stock field."""
+    mean = member_embeds.mean(dim=1)  # (N, P)
+    return mean / mean.norm(p=2, dim=-1, keepdim=True)
 
 
 def tower_layers(config, tower: str, base, is_causal: bool = False) -> nn.ModuleList:
@@ -709,9 +716,11 @@ class HydraTwoTowerModel(HydraPreTrainedModel):
             logits_per_text=logits_per_text,
             member_logits_per_image=member_logits_per_image,
             member_logits_per_text=member_logits_per_text,
-            text_embeds=text_embeds,
-            image_embeds=image_embeds,
+            text_embeds=unit_mean(text_embeds),  # (N, P)
+            image_embeds=unit_mean(image_embeds),  # (B, P)
             text_model_output=text,
             vision_model_output=vision,
+            member_text_embeds=text_embeds,
+            member_image_embeds=image_embeds,
         )
         return out if return_dict else out.to_tuple()

@@ -46,9 +46,11 @@ class HydraCLIPOutput(HydraTwoTowerOutput):
         logits_per_text: ``(N, B)`` log of the mean over members of the softmax over the B images.
         member_logits_per_image: ``(B, M, N)`` member m's scaled cosine similarities.
         member_logits_per_text: ``(N, M, B)`` the same, per text.
-        text_embeds: ``(N, M, P)`` L2-normalised projected text embeddings of every member.
-        image_embeds: ``(B, M, P)`` L2-normalised projected image embeddings of every member.
+        text_embeds, image_embeds: ``(N, P)``, ``(B, P)`` the members' mean of ``member_text_embeds`` /
+            ``member_image_embeds``, L2-normalised (the stock fields' shapes).
         text_model_output, vision_model_output: the towers' ``HydraModelOutput``.
+        member_text_embeds: ``(N, M, P)`` L2-normalised projected text embeddings of every member.
+        member_image_embeds: ``(B, M, P)`` L2-normalised projected image embeddings of every member.
     """
 
 

@@ -33,6 +33,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.models.deberta_v2.modeling_deberta_v2 import DebertaV2Embeddings, make_log_bucket_position
 
 from .configuration_hydra_deberta_v2 import HydraEnsembleDebertaV2Config
+from .hydra_attention import HydraSelfAttention
 from .hydra_layers import (
     HydraLayerNorm,
     HydraLayerSpec,
@@ -40,10 +41,8 @@ from .hydra_layers import (
     HydraMLP,
     HydraModelOutput,
     HydraPreTrainedModel,
-    HydraSelfAttention,
     LayerOutputs,
     base_layer_specs,
-    init_hydra_weights,
 )
 from .hydra_skeletons import HydraTextEncoder, HydraTextForSequenceClassification
 
@@ -200,7 +199,7 @@ class HydraDisentangledSelfAttention(HydraSelfAttention):
             return out, (hidden.new_zeros(B, 0, T, T) if self.config._attn_implementation == "eager" else None)
         M = self.num_members
         folded = self.folds_members()
-        query, key, value = self._project_qkv(hidden, folded)  # each (M*B, k, T, dk) or (B, K, T, dk)
+        query, key, value = self.project(hidden, folded)  # each (M*B, k, T, dk) or (B, K, T, dk)
         bias = None
         if rel_embeddings is not None:
             rel = self.relative_scores(query, key, rel_embeddings, c2p_index, p2c_index, folded)
@@ -272,26 +271,23 @@ class HydraDebertaV2Layer(GradientCheckpointingLayer):
 class HydraEnsembleDebertaV2PreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleDebertaV2Config
     base_config_class = DebertaV2Config
-    main_input_name = "input_ids"
     _no_split_modules = ["HydraDebertaV2Layer"]
 
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.base_config.get("initializer_range", 0.02)
-        if isinstance(module, HydraDisentangledSelfAttention):
+    def init_family_weights(self, module: nn.Module, std: float) -> bool:
+        if isinstance(module, HydraDisentangledSelfAttention):  # its position projections; the rest is fused
             for name in ("pos_key", "pos_query"):
                 if hasattr(module, f"{name}_weight"):
                     init.normal_(getattr(module, f"{name}_weight"), mean=0.0, std=std)
                     init.zeros_(getattr(module, f"{name}_bias"))
-        if init_hydra_weights(module, std):
-            return
+            return False
         if isinstance(module, HydraDebertaV2Conv):
             init.normal_(module.weight, mean=0.0, std=std)
             init.zeros_(module.bias)
         elif isinstance(module, DebertaV2Embeddings):
             init.copy_(module.position_ids, torch.arange(module.position_ids.shape[-1]).expand((1, -1)))
-        elif isinstance(module, (nn.Linear, nn.Embedding, nn.LayerNorm)):
-            super()._init_weights(module)
+        else:
+            return False
+        return True
 
 
 class HydraEnsembleDebertaV2Model(HydraEnsembleDebertaV2PreTrainedModel, HydraTextEncoder):

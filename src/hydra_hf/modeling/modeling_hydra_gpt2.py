@@ -30,24 +30,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import GenerationMixin, GPT2Config
-from transformers.cache_utils import Cache, DynamicCache
-from transformers.masking_utils import create_causal_mask
+from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from .configuration_hydra_gpt2 import HydraEnsembleGPT2Config
-from .hydra_decoder import HydraCausalLMMixin, HydraDecoderOutput, cache_argument, last_token_index
-from .hydra_layers import (
-    HydraClassifierOutput,
-    HydraLayerNorm,
-    HydraMemberLinear,
-    HydraMLP,
-    HydraPreTrainedModel,
-    HydraSelfAttention,
-    LayerOutputs,
-    ensemble_outputs,
-    init_hydra_weights,
-    layer_spec,
-)
+from .hydra_attention import HydraSelfAttention
+from .hydra_decoder import FULL_ATTENTION, HydraCausalLMMixin, HydraDecoderClassifierMixin, HydraDecoderModelMixin
+from .hydra_layers import HydraLayerNorm, HydraMLP, HydraPreTrainedModel, layer_spec
 
 
 def upcast_attention_forward(
@@ -72,69 +61,35 @@ def upcast_attention_forward(
 
 
 class HydraGPT2Attention(HydraSelfAttention):
-    """GPT-2's causal self-attention of M pruned members with a shared key/value cache.
-
-    The parameters of ``HydraSelfAttention`` (``qkv_weight (3*K*dk, d)``: member m's block is [Q rows of its
-    kept heads; K rows; V rows], the transposed ``c_attn`` columns; ``o_weight (K*dk, d)``: the ``c_proj`` rows
-    of its kept heads; ``qkv_bias``, ``o_bias (M, d)``). The members are never folded into the batch axis: the
-    cache holds ``(B, K, S, dk)``, all kept heads in member order, so that beam search reorders its batch axis.
-    """
+    """GPT-2's causal self-attention of M pruned members with a shared key/value cache: ``HydraSelfAttention``
+    (``qkv_weight (3*K*dk, d)``: member m's block is [Q rows of its kept heads; K rows; V rows], the transposed
+    ``c_attn`` columns; ``o_weight (K*dk, d)``: the ``c_proj`` rows of its kept heads; ``qkv_bias``,
+    ``o_bias (M, d)``) with GPT-2's scaling options and, in eager mode, ``reorder_and_upcast_attn``."""
 
     def __init__(self, config, spec, base: GPT2Config, layer_idx: int) -> None:
-        super().__init__(config, spec, is_causal=True)
-        self.layer_idx = layer_idx
+        super().__init__(config, spec, is_causal=True, layer_idx=layer_idx)
         scaling = self.head_dim**-0.5 if base.scale_attn_weights else 1.0
         if base.scale_attn_by_inverse_layer_idx:
             scaling /= float(layer_idx + 1)
         self.scaling = scaling
         self.reorder_and_upcast_attn = bool(base.reorder_and_upcast_attn)
 
-    def folds_members(self) -> bool:
-        return False
-
-    def forward(
-        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None = None, cache: Cache | None = None,
-        output_attentions: bool = False,
+    def attend(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+        batch: int, folded: bool, is_causal: bool = False, **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """
-        Args:
-            hidden: ``(M, B, T, d)`` the members' normalised streams.
-            attention_mask: the causal mask transformers builds for GPT-2 (additive float ``(B, 1, T, S)`` for
-                eager, boolean or None for SDPA).
-            cache: the shared key/value cache (this layer's entry holds ``(B, K, S, dk)``), or None.
-        Returns:
-            the block's output per member ``(M, B, T, d)`` and, with eager attention, the weights
-            ``(B, K, T, S)`` over all kept heads in member order.
-        """
-        M, B, T, d = hidden.shape
-        eager = self.config._attn_implementation == "eager"
-        if self.total_heads == 0:  # every member removed every head: only the output bias
-            if cache is not None:  # the cache still counts this layer's tokens
-                empty = hidden.new_zeros(B, 0, T, self.head_dim)
-                key, _ = cache.update(empty, empty, self.layer_idx)
-                S = key.shape[-2]
-            else:
-                S = T
-            out = self.o_bias[:, None, None, :].expand(M, B, T, d)
-            return out, (hidden.new_zeros(B, 0, T, S) if eager else None)
-        query, key, value = self._project_qkv(hidden, folded=False)  # each (B, K, T, dk)
-        if cache is not None:
-            key, value = cache.update(key, value, self.layer_idx)  # (B, K, S, dk)
-        if eager and self.reorder_and_upcast_attn:
-            context, weights = upcast_attention_forward(
-                self, query, key, value, attention_mask, self.scaling, dropout=self.dropout if self.training else 0.0
-            )
-        else:
-            context, weights = self.attend(
-                query, key, value, attention_mask, B, False, is_causal=self.is_causal and attention_mask is None,
-                output_attentions=output_attentions,
-            )  # context (B, T, K, dk)
-        return self._project_out(context, B, folded=False), weights
+        """``HydraSelfAttention.attend``; eager attention with ``reorder_and_upcast_attn`` in float32."""
+        if self.reorder_and_upcast_attn and self.config._attn_implementation == "eager":
+            dropout = self.dropout if self.training else 0.0
+            return upcast_attention_forward(self, query, key, value, attention_mask, self.scaling, dropout=dropout)
+        return super().attend(query, key, value, attention_mask, batch, folded, is_causal, **kwargs)
 
 
 class HydraGPT2Block(GradientCheckpointingLayer):
     """GPT-2's pre-LN block for M members: ``h = h + drop(Attn(LN1_m(h))); h = h + drop(MLP(LN2_m(h)))``
     (the first block reads the shared embeddings)."""
+
+    attention_type = FULL_ATTENTION
 
     def __init__(self, config, base: GPT2Config, layer_idx: int) -> None:
         super().__init__()
@@ -153,12 +108,13 @@ class HydraGPT2Block(GradientCheckpointingLayer):
         self.dropout = nn.Dropout(base.resid_pdrop)
 
     def forward(
-        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, cache: Cache | None = None,
-        output_attentions: bool = False,
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, position_embeddings: None = None,
+        cache: Cache | None = None, output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``."""
+        """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)`` (GPT-2's positions are learned:
+        ``position_embeddings`` is None)."""
         normed = self.ln_1(hidden, shared=hidden.dim() == 3)  # (M, B, T, d)
-        attn, weights = self.attn(normed, attention_mask, cache, output_attentions)
+        attn, weights = self.attn(normed, attention_mask, output_attentions, cache=cache)
         hidden = hidden + self.dropout(attn)  # broadcasts a shared input over M
         hidden = hidden + self.dropout(self.mlp(self.ln_2(hidden)))
         return hidden, weights
@@ -167,22 +123,16 @@ class HydraGPT2Block(GradientCheckpointingLayer):
 class HydraEnsembleGPT2PreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleGPT2Config
     base_config_class = GPT2Config
-    main_input_name = "input_ids"
     _no_split_modules = ["HydraGPT2Block"]
     _supports_flash_attn = False
 
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.base_config.get("initializer_range", 0.02)
-        if init_hydra_weights(module, std):
-            return
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            super()._init_weights(module)
 
-
-class HydraEnsembleGPT2Model(HydraEnsembleGPT2PreTrainedModel):
+class HydraEnsembleGPT2Model(HydraDecoderModelMixin, HydraEnsembleGPT2PreTrainedModel):
     """The fused GPT-2: shared token and position embeddings, M residual streams, per-member final
-    LayerNorms, one cache. ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` returns this class."""
+    LayerNorms, one cache (the forward: ``HydraDecoderModelMixin``).
+    ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` returns this class."""
+
+    _input_embed_layer = "wte"  # transformers' get_input_embeddings / set_input_embeddings read it
 
     def __init__(self, config: HydraEnsembleGPT2Config) -> None:
         super().__init__(config)
@@ -193,132 +143,29 @@ class HydraEnsembleGPT2Model(HydraEnsembleGPT2PreTrainedModel):
         self.drop = nn.Dropout(base.embd_pdrop)
         self.h = nn.ModuleList(HydraGPT2Block(config, base, i) for i in range(base.num_hidden_layers))
         self.ln_f = HydraLayerNorm(config.num_members, d, base.layer_norm_epsilon)
-        self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.wte
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.wte = value
-
-    def mask_config(self) -> GPT2Config:
-        """The base config the causal mask and the cache are built from, with this model's attention
-        implementation (transformers' own mask function: padding and causality)."""
-        base = self.base_config(self.config)
-        base._attn_implementation = self.config._attn_implementation
-        return base
-
-    @cache_argument
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        token_type_ids: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> HydraDecoderOutput | tuple:
-        """
-        Args:
-            input_ids: ``(B, T)`` token ids (or ``inputs_embeds (B, T, d)``).
-            attention_mask: ``(B, S)`` 1 for tokens, 0 for padding (left or right), over the cached and new tokens.
-            position_ids: ``(B, T)``; default: the cache's length plus ``0..T-1``, as transformers does.
-            cache: a transformers ``Cache`` (``DynamicCache``) to read and extend (``past_key_values``: its
-                deprecated name); with ``use_cache`` and no cache, a new one is made.
-            token_type_ids: ``(B, T)``, embedded with ``wte`` and added, as GPT-2 does.
-        Returns:
-            ``HydraDecoderOutput``: ``last_hidden_state (B, T, d)`` (the members' mean), ``cache``,
-            ``hidden_states``, ``attentions``, ``member_last_hidden_state (B, M, T, d)``, ``member_hidden_states``.
-        """
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        if use_cache is None:  # a converted base_config leaves use_cache out (not an architecture setting)
-            use_cache = getattr(self.config, "use_cache", True)
-        if self.gradient_checkpointing and self.training:
-            use_cache = False  # recomputed layers would write the cache twice
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("give exactly one of input_ids or inputs_embeds")
-        inputs_embeds = self.wte(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, d)
-        base = self.mask_config()
-        if use_cache and cache is None:
-            cache = DynamicCache(config=base)
-        if position_ids is None:
-            past = cache.get_seq_length() if cache is not None else 0
-            position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past).unsqueeze(0)
+    def embed(
+        self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        """GPT-2's: the tokens plus the learned positions (and token types, embedded with ``wte``), dropout."""
         embeddings = inputs_embeds + self.wpe(position_ids).to(inputs_embeds.device)
         if token_type_ids is not None:
             embeddings = embeddings + self.wte(token_type_ids)
-        embeddings = self.drop(embeddings)
-        # eager attention reads only the mask (it has no is_causal path): never let the mask be skipped
-        mask = create_causal_mask(
-            config=base, inputs_embeds=inputs_embeds, attention_mask=attention_mask, cache=cache,
-            position_ids=position_ids, allow_is_causal_skip=self.config._attn_implementation != "eager",
-        )  # fmt: skip
+        return self.drop(embeddings)
 
-        outs = LayerOutputs(embeddings, self.config.num_members, output_hidden_states, output_attentions)
-        for block in self.h:
-            outs.add(*block(outs.input, mask, cache if use_cache else None, output_attentions))
-        last = self.ln_f(outs.streams()).transpose(0, 1)  # (B, M, T, d)
-        out = HydraDecoderOutput(
-            cache=cache if use_cache else None, attentions=outs.attentions, **outs.output_fields(last, tie_last=True)
-        )  # fmt: skip
-        return out if return_dict else out.to_tuple()
+    def decoder_layers(self) -> nn.ModuleList:
+        return self.h
+
+    def final_norm(self, streams: torch.Tensor) -> torch.Tensor:
+        return self.ln_f(streams)
 
 
-class HydraEnsembleGPT2ForSequenceClassification(HydraEnsembleGPT2PreTrainedModel):
-    """M pruned GPT-2 classifiers in one model; every member's ``score_m`` (no bias) reads its last
-    non-padding token. ``logits`` = log of the mean of the members' softmaxes.
-    ``AutoModelForSequenceClassification`` and ``pipeline("text-classification", model=folder,
-    trust_remote_code=True)`` use this class."""
+class HydraEnsembleGPT2ForSequenceClassification(HydraDecoderClassifierMixin, HydraEnsembleGPT2PreTrainedModel):
+    """M pruned GPT-2 classifiers in one model (``HydraDecoderClassifierMixin``): every member's ``score_m``
+    reads its last non-padding token; ``logits`` = log of the mean of the members' softmaxes."""
 
-    # the loss is a mean per batch, whatever keyword arguments forward takes: transformers' Trainer divides it by
-    # the gradient accumulation steps itself (it assumed the loss summed over num_items_in_batch: steps too large)
-    accepts_loss_kwargs = False
-
-    def __init__(self, config: HydraEnsembleGPT2Config) -> None:
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.hydra = HydraEnsembleGPT2Model(config)
-        self.score = HydraMemberLinear(config.num_members, config.hidden_size, config.num_labels, bias=False)
-        self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.hydra.wte
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.hydra.wte = value
-
-    def forward(
-        self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, token_type_ids=None,
-        labels=None, output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs,
-    ) -> HydraClassifierOutput | tuple:
-        """``labels (B,)``: mean over members of each member's loss. Returns ``logits (B, C)``, ``member_logits (B, M, C)``."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.hydra(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
-            token_type_ids=token_type_ids, use_cache=False, output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states, return_dict=True,
-        )  # fmt: skip
-        hidden = outputs.member_last_hidden_state  # (B, M, T, d)
-        B = hidden.shape[0]
-        last = last_token_index(input_ids, self.config.pad_token_id, B)
-        pooled = hidden[torch.arange(B, device=hidden.device), :, last]  # (B, M, d)
-        member_logits = self.score(pooled.transpose(0, 1)).transpose(0, 1)  # (B, M, C)
-        logits, loss = ensemble_outputs(member_logits, labels, self.config)
-        out = HydraClassifierOutput(
-            loss=loss, logits=logits, member_logits=member_logits, hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions, member_hidden_states=outputs.member_hidden_states,
-        )  # fmt: skip
-        return out if return_dict else out.to_tuple()
+    decoder_class = HydraEnsembleGPT2Model
 
 
 class HydraEnsembleGPT2ForCausalLM(HydraCausalLMMixin, HydraEnsembleGPT2PreTrainedModel, GenerationMixin):

@@ -26,44 +26,35 @@ set to zero (``tests/test_decoder_fused.py``), with and without the cache, on le
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, MistralConfig, Qwen2Config, Qwen3Config
 from transformers import initialization as init
-from transformers.cache_utils import Cache, DynamicCache
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import LlamaConfig, LlamaRotaryEmbedding, apply_rotary_pos_emb
+from transformers.models.llama.modeling_llama import LlamaConfig, LlamaRotaryEmbedding
 
 from .configuration_hydra_llama import HydraEnsembleLlamaConfig, kept_kv_heads
+from .hydra_attention import HydraGroupedQueryAttention
 from .hydra_decoder import (  # noqa: F401  the decoders' shared outputs and uncertainty, also this module's names
+    FULL_ATTENTION,
+    SLIDING_ATTENTION,
     HydraCausalLMMixin,
     HydraCausalLMOutput,
+    HydraDecoderClassifierMixin,
+    HydraDecoderModelMixin,
     HydraDecoderOutput,
     HydraGenerateOutput,
-    cache_argument,
-    last_token_index,
     token_uncertainty,
 )
 from .hydra_layers import (
-    HydraClassifierOutput,
     HydraGatedMLP,
-    HydraMemberLinear,
     HydraPreTrainedModel,
-    LayerOutputs,
-    ensemble_outputs,
-    eager_attention_forward,
-    init_hydra_weights,
     layer_spec,
 )
 
 BASE_CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}
-FULL, SLIDING = "full_attention", "sliding_attention"
 
 
 class HydraRMSNorm(nn.Module):
@@ -84,138 +75,6 @@ class HydraRMSNorm(nn.Module):
         return self.weight.view((self.weight.shape[0],) + (1,) * extra + (d,)) * h.to(dtype)
 
 
-def rms_normalize(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Qwen3's per-head RMSNorm of ``x (B, heads, T, dk)`` with one weight row per head, ``weight (heads, dk)``."""
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight[None, :, None, :] * h.to(dtype)
-
-
-class HydraDecoderAttention(nn.Module):
-    """Causal self-attention of M pruned members with grouped-query attention and a shared cache.
-
-    Parameters (member-major: member m's rows follow member m-1's):
-        q_weight ``(K*dk, d)``: the Q rows of every member's kept query heads; k_weight, v_weight
-        ``(KV*dk, d)``: the K / V rows of every member's kept key/value heads; o_weight ``(K*dk, d)``: member
-        blocks of ``W_O[:, kept columns].T``; q_bias / k_bias / v_bias (the base's ``attention_bias``, or
-        Qwen2's Q/K/V biases), o_bias ``(M, d)`` (the base's ``attention_bias``); q_norm / k_norm ``(M, dk)``
-        (Qwen3). ``kv_index`` (K entries) says which of the layer's KV key/value heads each kept query head reads.
-    """
-
-    def __init__(self, config, base, layer_idx: int) -> None:
-        super().__init__()
-        self.config = config
-        self.layer_idx = layer_idx
-        self.is_causal = True
-        self.num_key_value_groups = 1  # the key/value heads are gathered per query head below
-        H, Hkv = base.num_attention_heads, base.num_key_value_heads
-        dk = getattr(base, "head_dim", None) or base.hidden_size // H
-        d = base.hidden_size
-        self.head_dim, self.scaling = dk, dk**-0.5
-        self.dropout = base.attention_dropout
-        self.kept = tuple(tuple(member[layer_idx]) for member in config.kept_heads)
-        self.kept_kv = tuple(tuple(member[layer_idx]) for member in kept_kv_heads(config.kept_heads, H, Hkv))
-        self.num_members = M = len(self.kept)
-        self.widths = [len(k) for k in self.kept]
-        self.kv_widths = [len(k) for k in self.kept_kv]
-        self.offsets = [sum(self.widths[:m]) for m in range(M)]
-        self.kv_offsets = [sum(self.kv_widths[:m]) for m in range(M)]
-        K, KV = sum(self.widths), sum(self.kv_widths)
-        group = H // Hkv
-        # plain lists, not buffers: from_pretrained builds modules on the meta device and would leave
-        # non-persistent buffers unset; index tensors are made on the inputs' device in forward
-        self.kv_index = [self.kv_offsets[m] + self.kept_kv[m].index(h // group) for m in range(M) for h in self.kept[m]]
-        self.head_member = [m for m in range(M) for _ in self.kept[m]]
-        self.kv_member = [m for m in range(M) for _ in self.kept_kv[m]]
-        qkv_bias = bool(getattr(base, "attention_bias", False)) or base.model_type == "qwen2"
-        o_bias = bool(getattr(base, "attention_bias", False))
-        self.q_weight = nn.Parameter(torch.empty(K * dk, d))
-        self.k_weight = nn.Parameter(torch.empty(KV * dk, d))
-        self.v_weight = nn.Parameter(torch.empty(KV * dk, d))
-        self.o_weight = nn.Parameter(torch.empty(K * dk, d))
-        self.q_bias = nn.Parameter(torch.empty(K * dk)) if qkv_bias else None
-        self.k_bias = nn.Parameter(torch.empty(KV * dk)) if qkv_bias else None
-        self.v_bias = nn.Parameter(torch.empty(KV * dk)) if qkv_bias else None
-        self.o_bias = nn.Parameter(torch.empty(M, d)) if o_bias else None
-        self.qk_norm = base.model_type == "qwen3"
-        self.norm_eps = base.rms_norm_eps
-        self.q_norm = nn.Parameter(torch.ones(M, dk)) if self.qk_norm else None
-        self.k_norm = nn.Parameter(torch.ones(M, dk)) if self.qk_norm else None
-
-    def _project(self, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, widths, offsets) -> torch.Tensor:
-        """Member m's rows of ``weight`` applied to its stream ``hidden[m] (B, T, d)`` -> ``(B, sum widths, T, dk)``."""
-        dk = self.head_dim
-        B, T = hidden.shape[1], hidden.shape[2]
-        parts = []
-        for m, (w, o) in enumerate(zip(widths, offsets)):
-            if w == 0:
-                continue
-            rows = slice(o * dk, (o + w) * dk)
-            out = F.linear(hidden[m], weight[rows], None if bias is None else bias[rows])  # (B, T, w*dk)
-            parts.append(out.view(B, T, w, dk).transpose(1, 2))
-        if not parts:
-            return hidden.new_zeros(B, 0, T, dk)
-        return torch.cat(parts, dim=1)
-
-    def forward(
-        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-        cache: Cache | None = None, output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """
-        Args:
-            hidden: ``(M, B, T, d)`` the members' normalised streams.
-            attention_mask: the causal mask transformers builds for the base (additive float ``(B, 1, T, S)``
-                for eager, boolean or None for SDPA).
-            cos, sin: rotary tables ``(B or 1, T, dk)``.
-            cache: the shared key/value cache (this layer's entry holds ``(B, KV, S, dk)``), or None.
-        Returns:
-            the block's output per member ``(M, B, T, d)`` and, with eager attention, the weights
-            ``(B, K, T, S)`` over all kept query heads in member order.
-        """
-        M, B, T, d = hidden.shape
-        query = self._project(hidden, self.q_weight, self.q_bias, self.widths, self.offsets)  # (B, K, T, dk)
-        key = self._project(hidden, self.k_weight, self.k_bias, self.kv_widths, self.kv_offsets)  # (B, KV, T, dk)
-        value = self._project(hidden, self.v_weight, self.v_bias, self.kv_widths, self.kv_offsets)
-        if self.qk_norm:
-            query = rms_normalize(query, self.q_norm[self.index(self.head_member, query)], self.norm_eps)
-            key = rms_normalize(key, self.k_norm[self.index(self.kv_member, key)], self.norm_eps)
-        query, key = apply_rotary_pos_emb(query, key, cos, sin)
-        if cache is not None:  # always, also with no key/value head: the cache counts this layer's tokens
-            key, value = cache.update(key, value, self.layer_idx)  # (B, KV, S, dk)
-        if query.shape[1] == 0:  # every member removed every head of this layer: only the output bias
-            weights = hidden.new_zeros(B, 0, T, key.shape[-2]) if self.config._attn_implementation == "eager" else None
-            return self._out_bias(B, T, d, hidden), weights
-        kv_index = self.index(self.kv_index, key)
-        key, value = key.index_select(1, kv_index), value.index_select(1, kv_index)  # (B, K, S, dk)
-        attention_interface: Callable = eager_attention_forward
-        if self.config._attn_implementation != "eager":
-            attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        context, weights = attention_interface(
-            self, query, key, value, attention_mask, dropout=self.dropout if self.training else 0.0, scaling=self.scaling,
-        )  # context (B, T, K, dk)
-        outs = []
-        for m in range(M):
-            if self.widths[m] == 0:
-                outs.append(self._out_bias(B, T, d, hidden)[m])
-                continue
-            lo, w, dk = self.offsets[m], self.widths[m], self.head_dim
-            x = context[:, :, lo : lo + w].reshape(B * T, w * dk)
-            rows = self.o_weight[lo * dk : (lo + w) * dk]  # (w*dk, d)
-            out = x @ rows if self.o_bias is None else torch.addmm(self.o_bias[m], x, rows)
-            outs.append(out.view(B, T, d))
-        return torch.stack(outs), weights  # (M, B, T, d)
-
-    @staticmethod
-    def index(values: list[int], like: torch.Tensor) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=like.device)
-
-    def _out_bias(self, B: int, T: int, d: int, like: torch.Tensor) -> torch.Tensor:
-        if self.o_bias is None:
-            return like.new_zeros(self.num_members, B, T, d)
-        return self.o_bias[:, None, None, :].expand(self.num_members, B, T, d)
-
-
 class HydraDecoderLayer(GradientCheckpointingLayer):
     """The base's pre-norm decoder layer for M members:
     ``h = h + Attn(RMSNorm1_m(h)); h = h + MLP(RMSNorm2_m(h))`` (the first layer reads the shared embeddings)."""
@@ -224,24 +83,32 @@ class HydraDecoderLayer(GradientCheckpointingLayer):
         super().__init__()
         M, d = config.num_members, base.hidden_size
         self.attention_type = layer_types(base)[layer_idx]
-        self.input_layernorm = HydraRMSNorm(M, d, base.rms_norm_eps)
-        self.self_attn = HydraDecoderAttention(config, base, layer_idx)
-        self.post_attention_layernorm = HydraRMSNorm(M, d, base.rms_norm_eps)
+        H, Hkv = base.num_attention_heads, base.num_key_value_heads
         spec = layer_spec(
-            config.kept_heads, layer_idx, hidden_size=d, num_heads=base.num_attention_heads,
-            intermediate_size=base.intermediate_size, hidden_act=base.hidden_act, layer_norm_eps=base.rms_norm_eps,
-            attention_dropout=base.attention_dropout, hidden_dropout=0.0, mlp_fusion=config.mlp_fusion,
-            kept_neurons=config.kept_neurons,
+            config.kept_heads, layer_idx, hidden_size=d, num_heads=H, intermediate_size=base.intermediate_size,
+            hidden_act=base.hidden_act, layer_norm_eps=base.rms_norm_eps, attention_dropout=base.attention_dropout,
+            hidden_dropout=0.0, mlp_fusion=config.mlp_fusion, kept_neurons=config.kept_neurons,
+            head_size=getattr(base, "head_dim", None) or d // H,
         )  # fmt: skip
+        kept_kv = [member[layer_idx] for member in kept_kv_heads(config.kept_heads, H, Hkv)]
+        attention_bias = bool(getattr(base, "attention_bias", False))
+        self.input_layernorm = HydraRMSNorm(M, d, base.rms_norm_eps)
+        self.self_attn = HydraGroupedQueryAttention(
+            config, spec, layer_idx, kept_kv, Hkv, qkv_bias=attention_bias or base.model_type == "qwen2",
+            o_bias=attention_bias, qk_norm_eps=base.rms_norm_eps if base.model_type == "qwen3" else None,
+        )  # fmt: skip
+        self.post_attention_layernorm = HydraRMSNorm(M, d, base.rms_norm_eps)
         self.mlp = HydraGatedMLP(spec, bias=bool(getattr(base, "mlp_bias", False)), dropout=0.0)
 
     def forward(
-        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
-        cache: Cache | None = None, output_attentions: bool = False,
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor], cache: Cache | None = None,
+        output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``."""
+        """``hidden (M, B, T, d)`` or shared ``(B, T, d)`` -> ``(M, B, T, d)``; ``position_embeddings``: rotary
+        ``(cos, sin)``, each ``(B or 1, T, dk)``."""
         normed = self.input_layernorm(hidden, shared=hidden.dim() == 3)  # (M, B, T, d)
-        attn, weights = self.self_attn(normed, attention_mask, cos, sin, cache, output_attentions)
+        attn, weights = self.self_attn(normed, attention_mask, output_attentions, position_embeddings, cache)
         hidden = hidden + attn  # broadcasts a shared input over M
         hidden = hidden + self.mlp(self.post_attention_layernorm(hidden))
         return hidden, weights
@@ -254,13 +121,12 @@ def layer_types(base) -> list[str]:
     if types:
         return list(types)
     sliding = base.model_type == "mistral" and getattr(base, "sliding_window", None) is not None
-    return [SLIDING if sliding else FULL] * base.num_hidden_layers
+    return [SLIDING_ATTENTION if sliding else FULL_ATTENTION] * base.num_hidden_layers
 
 
 class HydraEnsembleLlamaPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleLlamaConfig
     base_config_class = LlamaConfig  # the base's class is chosen by ``base_model_type`` (``base_config``)
-    main_input_name = "input_ids"
     _no_split_modules = ["HydraDecoderLayer"]
     _supports_flash_attn = False
 
@@ -269,28 +135,9 @@ class HydraEnsembleLlamaPreTrainedModel(HydraPreTrainedModel):
         """The base configuration (``LlamaConfig``, ``MistralConfig``, ``Qwen2Config`` or ``Qwen3Config``)."""
         return BASE_CONFIGS[config.base_model_type].from_dict(config.base_config)
 
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.base_config.get("initializer_range", 0.02)
-        if init_hydra_weights(module, std):
-            return
-        if isinstance(module, HydraDecoderAttention):
-            for weight in (module.q_weight, module.k_weight, module.v_weight, module.o_weight):
-                init.normal_(weight, mean=0.0, std=std)
-            for bias in (module.q_bias, module.k_bias, module.v_bias, module.o_bias):
-                if bias is not None:
-                    init.zeros_(bias)
-            for norm in (module.q_norm, module.k_norm):
-                if norm is not None:
-                    init.ones_(norm)
-        elif isinstance(module, HydraRMSNorm):
+    def init_family_weights(self, module: nn.Module, std: float) -> bool:
+        if isinstance(module, HydraRMSNorm):  # (the MLPs and the attention: init_hydra_weights)
             init.ones_(module.weight)
-        elif isinstance(module, HydraGatedMLP):
-            init.normal_(module.fc1_weight, mean=0.0, std=std)
-            init.normal_(module.fc2_weight, mean=0.0, std=std)
-            for bias in (module.fc1_bias, module.fc2_bias):
-                if bias is not None:
-                    init.zeros_(bias)
         elif isinstance(module, LlamaRotaryEmbedding):  # non-persistent tables, as transformers does
             rope_init_fn = module.compute_default_rope_parameters
             if module.rope_type != "default":
@@ -298,15 +145,15 @@ class HydraEnsembleLlamaPreTrainedModel(HydraPreTrainedModel):
             inv_freq, _ = rope_init_fn(module.config)
             init.copy_(module.inv_freq, inv_freq)
             init.copy_(module.original_inv_freq, inv_freq)
-        elif isinstance(module, (nn.Linear, nn.Embedding)):
-            super()._init_weights(module)
+        else:
+            return False
+        return True
 
 
-class HydraEnsembleLlamaModel(HydraEnsembleLlamaPreTrainedModel):
-    """The fused decoder: shared token embeddings, M residual streams, per-member final RMSNorms, one cache.
-
-    ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` returns this class.
-    """
+class HydraEnsembleLlamaModel(HydraDecoderModelMixin, HydraEnsembleLlamaPreTrainedModel):
+    """The fused decoder: shared token embeddings, M residual streams, per-member final RMSNorms, one cache
+    (the forward: ``HydraDecoderModelMixin``). ``AutoModel.from_pretrained(folder, trust_remote_code=True)``
+    returns this class."""
 
     def __init__(self, config: HydraEnsembleLlamaConfig) -> None:
         super().__init__(config)
@@ -315,132 +162,25 @@ class HydraEnsembleLlamaModel(HydraEnsembleLlamaPreTrainedModel):
         self.layers = nn.ModuleList(HydraDecoderLayer(config, base, i) for i in range(base.num_hidden_layers))
         self.norm = HydraRMSNorm(config.num_members, base.hidden_size, base.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config=base)
-        self.gradient_checkpointing = False
         self.post_init()
 
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embed_tokens
+    def position_embeddings(
+        self, embeddings: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rotary_emb(embeddings, position_ids=position_ids)  # (cos, sin), each (B or 1, T, dk)
 
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.embed_tokens = value
+    def decoder_layers(self) -> nn.ModuleList:
+        return self.layers
 
-    def mask_config(self):
-        """The base config the causal masks and the cache are built from, with this model's attention
-        implementation (transformers' own mask functions: padding, causality and sliding windows)."""
-        base = self.base_config(self.config)
-        base._attn_implementation = self.config._attn_implementation
-        return base
-
-    @cache_argument
-    def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        cache: Cache | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        use_cache: bool | None = None,
-        output_attentions: bool | None = None,
-        output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
-        **kwargs,
-    ) -> HydraDecoderOutput | tuple:
-        """
-        Args:
-            input_ids: ``(B, T)`` token ids (or ``inputs_embeds (B, T, d)``).
-            attention_mask: ``(B, S)`` 1 for tokens, 0 for padding (left or right), over the cached and new tokens.
-            position_ids: ``(B, T)``; default: the cache's length plus ``0..T-1``, as transformers does.
-            cache: a transformers ``Cache`` (``DynamicCache``) to read and extend (``past_key_values``: its
-                deprecated name); with ``use_cache`` and no cache, a new one is made for the base's layer types.
-        Returns:
-            ``HydraDecoderOutput``: ``last_hidden_state (B, T, d)`` (the members' mean), ``cache``,
-            ``hidden_states``, ``attentions``, ``member_last_hidden_state (B, M, T, d)``, ``member_hidden_states``.
-        """
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        use_cache = use_cache if use_cache is not None else getattr(self.config, "use_cache", True)
-        if self.gradient_checkpointing and self.training:
-            use_cache = False  # recomputed layers would write the cache twice
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("give exactly one of input_ids or inputs_embeds")
-        embeddings = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds  # (B, T, d)
-        base = self.mask_config()
-        if use_cache and cache is None:
-            cache = DynamicCache(config=base)
-        if position_ids is None:
-            past = cache.get_seq_length() if cache is not None else 0
-            position_ids = (torch.arange(embeddings.shape[1], device=embeddings.device) + past).unsqueeze(0)
-        # eager attention reads only the mask (it has no is_causal path): never let the mask be skipped
-        mask_kwargs = dict(
-            config=base, inputs_embeds=embeddings, attention_mask=attention_mask, cache=cache, position_ids=position_ids,
-            allow_is_causal_skip=self.config._attn_implementation != "eager",
-        )
-        types = {layer.attention_type for layer in self.layers}
-        masks = {}
-        if FULL in types:
-            masks[FULL] = create_causal_mask(**mask_kwargs)
-        if SLIDING in types:
-            masks[SLIDING] = create_sliding_window_causal_mask(**mask_kwargs)
-        cos, sin = self.rotary_emb(embeddings, position_ids=position_ids)  # (B or 1, T, dk) each
-
-        outs = LayerOutputs(embeddings, self.config.num_members, output_hidden_states, output_attentions)
-        for layer in self.layers:
-            outs.add(*layer(outs.input, masks[layer.attention_type], cos, sin, cache if use_cache else None,
-                            output_attentions))  # fmt: skip
-        last = self.norm(outs.streams()).transpose(0, 1)  # (B, M, T, d)
-        out = HydraDecoderOutput(
-            cache=cache if use_cache else None, attentions=outs.attentions, **outs.output_fields(last, tie_last=True)
-        )  # fmt: skip
-        return out if return_dict else out.to_tuple()
+    def final_norm(self, streams: torch.Tensor) -> torch.Tensor:
+        return self.norm(streams)
 
 
-class HydraEnsembleLlamaForSequenceClassification(HydraEnsembleLlamaPreTrainedModel):
-    """M pruned decoder classifiers in one model; every member's ``score_m`` reads its last non-padding token.
-    ``logits`` = log of the mean of the members' softmaxes. ``AutoModelForSequenceClassification`` and
-    ``pipeline("text-classification", model=folder, trust_remote_code=True)`` use this class."""
+class HydraEnsembleLlamaForSequenceClassification(HydraDecoderClassifierMixin, HydraEnsembleLlamaPreTrainedModel):
+    """M pruned decoder classifiers in one model (``HydraDecoderClassifierMixin``): every member's ``score_m``
+    reads its last non-padding token; ``logits`` = log of the mean of the members' softmaxes."""
 
-    # the loss is a mean per batch, whatever keyword arguments forward takes: transformers' Trainer divides it by
-    # the gradient accumulation steps itself (it assumed the loss summed over num_items_in_batch: steps too large)
-    accepts_loss_kwargs = False
-
-    def __init__(self, config: HydraEnsembleLlamaConfig) -> None:
-        super().__init__(config)
-        self.num_labels = config.num_labels
-        self.hydra = HydraEnsembleLlamaModel(config)
-        self.score = HydraMemberLinear(config.num_members, config.hidden_size, config.num_labels, bias=False)
-        self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.hydra.embed_tokens
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.hydra.embed_tokens = value
-
-    def forward(
-        self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-        output_attentions=None, output_hidden_states=None, return_dict=None, **kwargs,
-    ) -> HydraClassifierOutput | tuple:
-        """``labels (B,)``: mean over members of each member's loss. Returns ``logits (B, C)``, ``member_logits (B, M, C)``."""
-        return_dict = return_dict if return_dict is not None else self.config.return_dict
-        outputs = self.hydra(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
-            use_cache=False, output_attentions=output_attentions, output_hidden_states=output_hidden_states,
-            return_dict=True,
-        )  # fmt: skip
-        hidden = outputs.member_last_hidden_state  # (B, M, T, d)
-        B = hidden.shape[0]
-        last = last_token_index(input_ids, self.config.pad_token_id, B)
-        pooled = hidden[torch.arange(B, device=hidden.device), :, last]  # (B, M, d)
-        member_logits = self.score(pooled.transpose(0, 1)).transpose(0, 1)  # (B, M, C)
-        logits, loss = ensemble_outputs(member_logits, labels, self.config)
-        out = HydraClassifierOutput(
-            loss=loss, logits=logits, member_logits=member_logits, hidden_states=outputs.hidden_states,
-            attentions=outputs.attentions, member_hidden_states=outputs.member_hidden_states,
-        )  # fmt: skip
-        return out if return_dict else out.to_tuple()
+    decoder_class = HydraEnsembleLlamaModel
 
 
 class HydraEnsembleLlamaForCausalLM(HydraCausalLMMixin, HydraEnsembleLlamaPreTrainedModel, GenerationMixin):

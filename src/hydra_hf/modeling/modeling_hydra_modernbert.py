@@ -32,6 +32,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.modernbert.modeling_modernbert import ModernBertEmbeddings, ModernBertRotaryEmbedding
 
 from .configuration_hydra_modernbert import HydraEnsembleModernBertConfig
+from .hydra_attention import HydraSelfAttention
 from .hydra_layers import (
     HydraGatedMLP,
     HydraLayerNorm,
@@ -39,9 +40,7 @@ from .hydra_layers import (
     HydraMemberLinear,
     HydraModelOutput,
     HydraPreTrainedModel,
-    HydraSelfAttention,
     LayerOutputs,
-    init_hydra_weights,
     layer_spec,
     padding_mask_to_additive,
 )
@@ -75,22 +74,13 @@ def modernbert_layer_spec(
     )
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on ``x (N, heads, T, dk)`` with ``cos``/``sin`` ``(N or 1, 1, T, dk)``, in float32 as transformers."""
-    out = x.float() * cos + rotate_half(x.float()) * sin
-    return out.to(x.dtype)
-
-
 class HydraRotarySelfAttention(HydraSelfAttention):
     """ModernBERT's self-attention for M pruned members: the fused Q/K/V (rows of ``Wqkv``) and output
     (columns of ``Wo``) products of ``HydraSelfAttention``, rotary position embeddings on every kept
     head's queries and keys, one attention call over all kept heads (global, or masked to the sliding
     window), and dropout after the output projection."""
+
+    rotary_in_float32 = True  # as transformers' ModernBERT
 
     def __init__(self, config, spec: HydraLayerSpec, base: ModernBertConfig) -> None:
         super().__init__(config, spec)
@@ -102,31 +92,10 @@ class HydraRotarySelfAttention(HydraSelfAttention):
     def forward(
         self, hidden: torch.Tensor, attention_mask: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """
-        Args:
-            hidden: ``(M, B, T, d)`` member streams, or ``(B, T, d)`` shared by all members.
-            attention_mask: additive ``(B, 1, T or 1, T)`` (0 = attend), or None.
-            cos, sin: rotary tables ``(B or 1, T, dk)`` of this layer's attention type.
-        Returns:
-            the block's output per member ``(M, B, T, d)`` and, with eager attention, the weights
-            ``(B, K, T, T)`` over all kept heads in member order.
-        """
-        B, T, d = hidden.shape[-3], hidden.shape[-2], hidden.shape[-1]
-        if self.total_heads == 0:  # every member removed every head of this layer
-            out = self.out_drop(self.o_bias[:, None, None, :].expand(self.num_members, B, T, d))
-            return out, (hidden.new_zeros(B, 0, T, T) if self.config._attn_implementation == "eager" else None)
-        M = self.num_members
-        folded = self.folds_members()
-        query, key, value = self._project_qkv(hidden, folded)  # each (M*B, k, T, dk) or (B, K, T, dk)
-        if folded:  # members folded into the batch axis, member-major
-            if cos.shape[0] > 1:
-                cos, sin = cos.repeat(M, 1, 1), sin.repeat(M, 1, 1)  # (M*B, T, dk)
-            if attention_mask is not None:
-                attention_mask = attention_mask.repeat(M, 1, 1, 1)  # (M*B, 1, ., T)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # broadcast over heads
-        query, key = apply_rotary(query, cos, sin), apply_rotary(key, cos, sin)
-        context, weights = self.attend(query, key, value, attention_mask, B, folded)  # (M*B, T, k, dk) or (B, T, K, dk)
-        return self.out_drop(self._project_out(context, B, folded)), weights
+        """``HydraSelfAttention.forward`` with the rotary tables ``cos``, ``sin`` ``(B or 1, T, dk)`` of this layer's
+        attention type and an additive mask ``(B, 1, T or 1, T)`` (or None); dropout after the output projection."""
+        out, weights = super().forward(hidden, attention_mask, position_embeddings=(cos, sin))  # (M, B, T, d)
+        return self.out_drop(out), weights
 
 
 class HydraModernBertLayer(GradientCheckpointingLayer):
@@ -171,30 +140,19 @@ class HydraModernBertHead(nn.Module):
 class HydraEnsembleModernBertPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleModernBertConfig
     base_config_class = ModernBertConfig
-    main_input_name = "input_ids"
     _no_split_modules = ["HydraModernBertLayer"]
 
-    @torch.no_grad()
-    def _init_weights(self, module: nn.Module) -> None:
-        std = self.config.base_config.get("initializer_range", 0.02)
-        if init_hydra_weights(module, std):
-            return
-        if isinstance(module, HydraGatedMLP):
-            init.normal_(module.fc1_weight, mean=0.0, std=std)
-            init.normal_(module.fc2_weight, mean=0.0, std=std)
-            for bias in (module.fc1_bias, module.fc2_bias):
-                if bias is not None:
-                    init.zeros_(bias)
-        elif isinstance(module, ModernBertRotaryEmbedding):  # non-persistent tables, as transformers does
-            for layer_type in module.layer_types:
-                rope_init_fn = module.compute_default_rope_parameters
-                if module.rope_type[layer_type] != "default":
-                    rope_init_fn = ROPE_INIT_FUNCTIONS[module.rope_type[layer_type]]
-                inv_freq, _ = rope_init_fn(module.config, layer_type=layer_type)
-                init.copy_(getattr(module, f"{layer_type}_inv_freq"), inv_freq)
-                init.copy_(getattr(module, f"{layer_type}_original_inv_freq"), inv_freq)
-        elif isinstance(module, (nn.Linear, nn.Embedding, nn.LayerNorm)):
-            super()._init_weights(module)
+    def init_family_weights(self, module: nn.Module, std: float) -> bool:
+        if not isinstance(module, ModernBertRotaryEmbedding):
+            return False
+        for layer_type in module.layer_types:  # non-persistent tables, as transformers does
+            rope_init_fn = module.compute_default_rope_parameters
+            if module.rope_type[layer_type] != "default":
+                rope_init_fn = ROPE_INIT_FUNCTIONS[module.rope_type[layer_type]]
+            inv_freq, _ = rope_init_fn(module.config, layer_type=layer_type)
+            init.copy_(getattr(module, f"{layer_type}_inv_freq"), inv_freq)
+            init.copy_(getattr(module, f"{layer_type}_original_inv_freq"), inv_freq)
+        return True
 
 
 class HydraEnsembleModernBertModel(HydraEnsembleModernBertPreTrainedModel, HydraTextEncoder):

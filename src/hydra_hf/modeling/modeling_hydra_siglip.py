@@ -58,9 +58,11 @@ class HydraSiglipOutput(HydraTwoTowerOutput):
         logits_per_text: ``(N, B)`` its transpose.
         member_logits_per_image: ``(B, M, N)`` member m's ``exp(logit_scale_m) * cos + logit_bias_m``.
         member_logits_per_text: ``(N, M, B)`` the same, per text.
-        text_embeds: ``(N, M, P)`` L2-normalised text embeddings of every member.
-        image_embeds: ``(B, M, P)`` L2-normalised image embeddings of every member.
+        text_embeds, image_embeds: ``(N, P)``, ``(B, P)`` the members' mean of ``member_text_embeds`` /
+            ``member_image_embeds``, L2-normalised (the stock fields' shapes).
         text_model_output, vision_model_output: the towers' ``HydraModelOutput``.
+        member_text_embeds: ``(N, M, P)`` L2-normalised text embeddings of every member.
+        member_image_embeds: ``(B, M, P)`` L2-normalised image embeddings of every member.
     """
 
 

@@ -335,7 +335,24 @@ class _HydraUncertaintyMixin:
         return params
 
 
-class HydraTextClassificationPipeline(_HydraUncertaintyMixin, TextClassificationPipeline):
+class _HydraClassificationMixin(_HydraUncertaintyMixin):
+    """What the text and image classification pipelines share: every member's logits from the model, and the
+    result (classes over the config's labels, uncertainty, the calibrated decision) from them."""
+
+    def _forward(self, model_inputs):
+        outputs = self.model(**model_inputs)
+        return {"logits": outputs["logits"], "member_logits": _member_logits(outputs)}
+
+    def postprocess(self, model_outputs, uncertainty_threshold=None, top_k=None):
+        _check_single_label(self.model.config)
+        threshold = resolve_threshold(uncertainty_threshold, self.model.config)
+        labels = _config_labels(self.model.config)
+        member_logits = model_outputs["member_logits"][0]  # (M, C)
+        result = format_result(member_logits, labels, threshold, top_k)
+        return add_calibrated_decision(result, member_logits, labels, resolve_calibration(self.model.config))
+
+
+class HydraTextClassificationPipeline(_HydraClassificationMixin, TextClassificationPipeline):
     """Text classification with the ensemble's uncertainty (see the module docstring for the result).
 
     Example::
@@ -361,20 +378,8 @@ class HydraTextClassificationPipeline(_HydraUncertaintyMixin, TextClassification
         # skip TextClassificationPipeline.__call__, whose legacy mode wraps a single result in a list
         return super(TextClassificationPipeline, self).__call__(inputs, **kwargs)
 
-    def _forward(self, model_inputs):
-        outputs = self.model(**model_inputs)
-        return {"logits": outputs["logits"], "member_logits": _member_logits(outputs)}
 
-    def postprocess(self, model_outputs, uncertainty_threshold=None, top_k=None):
-        _check_single_label(self.model.config)
-        threshold = resolve_threshold(uncertainty_threshold, self.model.config)
-        labels = _config_labels(self.model.config)
-        member_logits = model_outputs["member_logits"][0]  # (M, C)
-        result = format_result(member_logits, labels, threshold, top_k)
-        return add_calibrated_decision(result, member_logits, labels, resolve_calibration(self.model.config))
-
-
-class HydraImageClassificationPipeline(_HydraUncertaintyMixin, ImageClassificationPipeline):
+class HydraImageClassificationPipeline(_HydraClassificationMixin, ImageClassificationPipeline):
     """Image classification with the ensemble's uncertainty (see the module docstring for the result).
 
     Call options: ``uncertainty_threshold``, ``top_k`` (classes kept in ``scores``; default all) and
@@ -389,18 +394,6 @@ class HydraImageClassificationPipeline(_HydraUncertaintyMixin, ImageClassificati
             )
         preprocess_params, forward_params, _ = super()._sanitize_parameters(timeout=timeout)
         return preprocess_params, forward_params, self._hydra_postprocess_params(uncertainty_threshold, top_k)
-
-    def _forward(self, model_inputs):
-        outputs = self.model(**model_inputs)
-        return {"logits": outputs["logits"], "member_logits": _member_logits(outputs)}
-
-    def postprocess(self, model_outputs, uncertainty_threshold=None, top_k=None):
-        _check_single_label(self.model.config)
-        threshold = resolve_threshold(uncertainty_threshold, self.model.config)
-        labels = _config_labels(self.model.config)
-        member_logits = model_outputs["member_logits"][0]  # (M, C)
-        result = format_result(member_logits, labels, threshold, top_k)
-        return add_calibrated_decision(result, member_logits, labels, resolve_calibration(self.model.config))
 
 
 class HydraZeroShotImageClassificationPipeline(_HydraUncertaintyMixin, ZeroShotImageClassificationPipeline):
