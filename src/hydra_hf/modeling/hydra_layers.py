@@ -691,11 +691,11 @@ class HydraPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """The family's own modules (``init_family_weights``), the fused modules (``init_hydra_weights``), then
-        transformers' ``Linear``, ``Embedding`` and ``LayerNorm``, with the base's ``initializer_range``."""
+        transformers' ``Linear``, ``Conv2d``, ``Embedding`` and ``LayerNorm``, with the base's ``initializer_range``."""
         std = self.config.base_config.get("initializer_range", 0.02)
         if self.init_family_weights(module, std) or init_hydra_weights(module, std):
             return
-        if isinstance(module, (nn.Linear, nn.Embedding, nn.LayerNorm)):
+        if isinstance(module, (nn.Linear, nn.Conv2d, nn.Embedding, nn.LayerNorm)):  # Conv2d: patch embeddings
             super()._init_weights(module)
 
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Module:
