@@ -244,7 +244,7 @@ def _convert_process(root: Path, masks: str, output: str) -> subprocess.Popen:
 def test_two_converts_into_one_new_folder_never_both_succeed(sandbox):
     """Row 7: two writers of the same new folder; exactly one wins and the folder holds its model."""
     write_masks(sandbox / "other.json", [[[0], [0], [0]], [[1], [1], [1]]], 4)
-    for attempt in range(3):
+    for attempt in range(2):  # two races: each start order of the two processes is likely met
         out = f"race{attempt}"
         procs = {"masks.json": _convert_process(sandbox, "masks.json", out),
                  "other.json": _convert_process(sandbox, "other.json", out)}

@@ -222,22 +222,16 @@ class HydraDecoderModelMixin:
 
     Shared token embeddings (``get_input_embeddings()``) feed M residual streams through the layers, which read
     one key/value cache (every member's kept key/value heads) and the causal masks transformers builds for the
-    base (``mask_config``); every member's final norm ends it. The family's model defines its modules and the
-    hooks: ``decoder_layers()`` (each layer has an ``attention_type``, a key of ``CAUSAL_MASKS``, and is called
-    as ``layer(hidden, mask, position_embeddings, cache, output_attentions)``), ``final_norm(streams)``, and
-    where the base has them ``embed`` (learned positions, token types: GPT-2) and ``position_embeddings``
-    (rotary tables: Llama).
+    base (``mask_config``); every member's final norm ends it. The family's model defines its modules, names
+    two of them (``layers_name``: the fused layers, each with an ``attention_type``, a key of ``CAUSAL_MASKS``,
+    called as ``layer(hidden, mask, position_embeddings, cache, output_attentions)``; ``norm_name``: every
+    member's final norm, ``(M, B, T, d)`` -> ``(M, B, T, d)``), and where the base has them overrides ``embed``
+    (learned positions, token types: GPT-2) and ``position_embeddings`` (rotary tables: Llama).
     """
 
     gradient_checkpointing = False  # transformers' gradient_checkpointing_enable() sets it on the model
-
-    def decoder_layers(self) -> nn.ModuleList:
-        """The fused layers, in order."""
-        raise NotImplementedError
-
-    def final_norm(self, streams: torch.Tensor) -> torch.Tensor:
-        """Every member's final norm: ``(M, B, T, d)`` -> ``(M, B, T, d)``."""
-        raise NotImplementedError
+    layers_name: str  # the attribute holding the fused layers, in order (an nn.ModuleList)
+    norm_name: str  # the attribute holding every member's final norm
 
     def embed(
         self, inputs_embeds: torch.Tensor, position_ids: torch.Tensor, token_type_ids: torch.Tensor | None
@@ -303,7 +297,7 @@ class HydraDecoderModelMixin:
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past).unsqueeze(0)
         embeddings = self.embed(inputs_embeds, position_ids, token_type_ids)  # (B, T, d)
-        layers = self.decoder_layers()
+        layers = getattr(self, self.layers_name)
         # eager attention reads only the mask (it has no is_causal path): never let the mask be skipped
         masks = {
             kind: CAUSAL_MASKS[kind](
@@ -318,7 +312,7 @@ class HydraDecoderModelMixin:
         for layer in layers:
             outs.add(*layer(outs.input, masks[layer.attention_type], positions, cache if use_cache else None,
                             output_attentions))  # fmt: skip
-        last = self.final_norm(outs.streams()).transpose(0, 1)  # (B, M, T, d)
+        last = getattr(self, self.norm_name)(outs.streams()).transpose(0, 1)  # (B, M, T, d)
         out = HydraDecoderOutput(
             cache=cache if use_cache else None, attentions=outs.attentions, **outs.output_fields(last, tie_last=True)
         )  # fmt: skip

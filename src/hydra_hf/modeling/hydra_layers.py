@@ -180,6 +180,21 @@ class HydraMLPBase(nn.Module):
     chunk_rows = 1024
     gated: bool = False  # fc1 computes [a; b] and the MLP is fc2(act(a) * b)
 
+    def _init_parameters(self, spec: HydraLayerSpec, intermediate_size: int, bias: bool) -> None:
+        """The parameters of ``intermediate_size`` neurons: slim (``spec.kept_neurons`` given), else one MLP
+        (``mlp_fusion="average"``) or one per member (a leading M axis)."""
+        self.slim = False
+        if spec.kept_neurons is not None:
+            self._init_slim(spec, intermediate_size, bias)
+            return
+        self.per_member = spec.mlp_fusion == "per_member"
+        d, g = spec.hidden_size, 2 if self.gated else 1
+        lead = (spec.num_members,) if self.per_member else ()
+        self.fc1_weight = nn.Parameter(torch.empty(*lead, g * intermediate_size, d))
+        self.fc1_bias = nn.Parameter(torch.empty(*lead, g * intermediate_size)) if bias else None
+        self.fc2_weight = nn.Parameter(torch.empty(*lead, d, intermediate_size))
+        self.fc2_bias = nn.Parameter(torch.empty(*lead, d)) if bias else None
+
     def _init_slim(self, spec: HydraLayerSpec, intermediate_size: int, bias: bool) -> None:
         """The slim parameters (see the class docstring) of ``spec.kept_neurons``."""
         M, d = spec.num_members, spec.hidden_size
@@ -265,17 +280,7 @@ class HydraMLP(HydraMLPBase):
     def __init__(self, spec: HydraLayerSpec) -> None:
         super().__init__()
         self.act = ACT2FN[spec.hidden_act]
-        self.slim = False
-        if spec.kept_neurons is not None:
-            self._init_slim(spec, spec.intermediate_size, bias=True)
-            return
-        self.per_member = spec.mlp_fusion == "per_member"
-        d, inner = spec.hidden_size, spec.intermediate_size
-        lead = (spec.num_members,) if self.per_member else ()
-        self.fc1_weight = nn.Parameter(torch.empty(*lead, inner, d))
-        self.fc1_bias = nn.Parameter(torch.empty(*lead, inner))
-        self.fc2_weight = nn.Parameter(torch.empty(*lead, d, inner))
-        self.fc2_bias = nn.Parameter(torch.empty(*lead, d))
+        self._init_parameters(spec, spec.intermediate_size, bias=True)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         """Shared MLP on ``(N, d)`` rows, or per-member MLP on ``(M, N, d)``."""
@@ -302,17 +307,7 @@ class HydraGatedMLP(HydraMLPBase):
         super().__init__()
         self.act = ACT2FN[spec.hidden_act]
         self.drop = nn.Dropout(dropout)
-        self.slim = False
-        if spec.kept_neurons is not None:
-            self._init_slim(spec, spec.intermediate_size, bias=bias)
-            return
-        self.per_member = spec.mlp_fusion == "per_member"
-        d, inner = spec.hidden_size, spec.intermediate_size
-        lead = (spec.num_members,) if self.per_member else ()
-        self.fc1_weight = nn.Parameter(torch.empty(*lead, 2 * inner, d))
-        self.fc2_weight = nn.Parameter(torch.empty(*lead, d, inner))
-        self.fc1_bias = nn.Parameter(torch.empty(*lead, 2 * inner)) if bias else None
-        self.fc2_bias = nn.Parameter(torch.empty(*lead, d)) if bias else None
+        self._init_parameters(spec, spec.intermediate_size, bias)
 
     def _drop(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop(x)

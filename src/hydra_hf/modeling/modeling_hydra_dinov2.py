@@ -13,7 +13,6 @@ interpolated to the patch grid, as in transformers). ``logits`` = log of the mea
 
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -49,15 +48,9 @@ class HydraSwiGLUMLP(HydraMLP):
     gated = True
 
     def __init__(self, spec: HydraLayerSpec, hidden_features: int) -> None:
-        if spec.kept_neurons is not None:
-            nn.Module.__init__(self)
-            self.act = nn.SiLU()
-            self._init_slim(spec, hidden_features, bias=True)
-            return
-        super().__init__(dataclasses.replace(spec, intermediate_size=2 * hidden_features))
+        nn.Module.__init__(self)  # HydraMLP's parameters, with DINOv2's width and activation
         self.act = nn.SiLU()
-        lead = (spec.num_members,) if self.per_member else ()
-        self.fc2_weight = nn.Parameter(torch.empty(*lead, spec.hidden_size, hidden_features))
+        self._init_parameters(spec, hidden_features, bias=True)
 
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         """Shared MLP on ``(N, d)`` rows, or per-member MLP on ``(M, N, d)``."""

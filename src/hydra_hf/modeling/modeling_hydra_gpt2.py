@@ -134,6 +134,8 @@ class HydraEnsembleGPT2Model(HydraDecoderModelMixin, HydraEnsembleGPT2PreTrained
 
     _input_embed_layer = "wte"  # transformers' get_input_embeddings / set_input_embeddings read it
 
+    layers_name, norm_name = "h", "ln_f"
+
     def __init__(self, config: HydraEnsembleGPT2Config) -> None:
         super().__init__(config)
         base = self.base_config(config)
@@ -153,12 +155,6 @@ class HydraEnsembleGPT2Model(HydraDecoderModelMixin, HydraEnsembleGPT2PreTrained
         if token_type_ids is not None:
             embeddings = embeddings + self.wte(token_type_ids)
         return self.drop(embeddings)
-
-    def decoder_layers(self) -> nn.ModuleList:
-        return self.h
-
-    def final_norm(self, streams: torch.Tensor) -> torch.Tensor:
-        return self.ln_f(streams)
 
 
 class HydraEnsembleGPT2ForSequenceClassification(HydraDecoderClassifierMixin, HydraEnsembleGPT2PreTrainedModel):

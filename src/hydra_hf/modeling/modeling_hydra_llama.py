@@ -155,6 +155,8 @@ class HydraEnsembleLlamaModel(HydraDecoderModelMixin, HydraEnsembleLlamaPreTrain
     (the forward: ``HydraDecoderModelMixin``). ``AutoModel.from_pretrained(folder, trust_remote_code=True)``
     returns this class."""
 
+    layers_name, norm_name = "layers", "norm"
+
     def __init__(self, config: HydraEnsembleLlamaConfig) -> None:
         super().__init__(config)
         base = self.base_config(config)
@@ -168,12 +170,6 @@ class HydraEnsembleLlamaModel(HydraDecoderModelMixin, HydraEnsembleLlamaPreTrain
         self, embeddings: torch.Tensor, position_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rotary_emb(embeddings, position_ids=position_ids)  # (cos, sin), each (B or 1, T, dk)
-
-    def decoder_layers(self) -> nn.ModuleList:
-        return self.layers
-
-    def final_norm(self, streams: torch.Tensor) -> torch.Tensor:
-        return self.norm(streams)
 
 
 class HydraEnsembleLlamaForSequenceClassification(HydraDecoderClassifierMixin, HydraEnsembleLlamaPreTrainedModel):
