@@ -10,7 +10,7 @@ seeds). Each pair the docs compare is decided by a paired t-test over the seeds 
 and members on both sides); ``decided`` means p < 0.05.
 
     python examples/ceiling_image.py --output outputs/ceiling_slim --seeds 0 1 2 3 4 \
-        --hydra taylor slim slim_half --baselines packed mc_dropout --threads 1
+        --hydra taylor slim taylor_far taylor_sp --baselines packed mc_dropout --threads 1
     python examples/slim_pareto.py --ceiling outputs/ceiling_slim --results docs/results/slim_image.json \
         --figure docs/slim_pareto.png
 """
@@ -34,8 +34,13 @@ from hydra_hf.outputs import write_text_atomic
 PAIRS = (("slim per_member", "taylor per_member"), ("slim average", "taylor average"),
          ("slim_half per_member", "taylor per_member"), ("slim per_member", "Single"),
          ("slim per_member", "Packed-Ensembles"), ("slim average", "Packed-Ensembles"),
-         ("taylor per_member", "Packed-Ensembles"), ("Packed-Ensembles", "Single"), ("MC Dropout", "Single"))  # fmt: skip
-LABELS = {"taylor": "Hydra (Taylor)", "slim": "slim Hydra (33 % MLP)", "slim_half": "slim Hydra (50 % MLP)"}
+         ("taylor per_member", "Packed-Ensembles"), ("Packed-Ensembles", "Single"), ("MC Dropout", "Single"),
+         ("taylor per_member", "Single"), ("taylor_far per_member", "taylor per_member"),
+         ("taylor_sp per_member", "taylor per_member"), ("taylor_far per_member", "Single"),
+         ("taylor_sp per_member", "Single"))  # fmt: skip
+LABELS = {"taylor": "Hydra (Taylor)", "slim": "slim Hydra (33 % MLP)", "slim_half": "slim Hydra (50 % MLP)",
+          "taylor_far": "Hydra (Taylor, members trained further apart)",
+          "taylor_sp": "Hydra (Taylor, members shrunk and perturbed)"}
 # ceiling_image.py --baselines: the key in ceiling.json, the row's name
 BASELINES = {"packed": "Packed-Ensembles", "mc_dropout": "MC Dropout"}
 

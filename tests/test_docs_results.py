@@ -175,6 +175,28 @@ def test_slim_views_render_their_results_files():
     assert "| slim - taylor | -0.52 ± 0.90 | 3 | 0.410 | no |" in text and "- slim: met" in text
 
 
+def test_slim_summary_views_write_the_files_numbers_into_one_sentence():
+    """The README's slim sentences: compute and eager time per batch size from the bench file; the slim and Taylor
+    gains, their paired decision and Packed-Ensembles' from the Pareto file, with the command that wrote it."""
+    rows = [{"geometry": g, "batch": b, "model": m, "x Single": x + b / 1000, "compute_x": c}
+            for g in ("bert", "vit") for b in (8, 32)
+            for m, x, c in (("eager slim Hydra (3)", 1.1, 1.0), ("eager Hydra (3)", 2.7, 2.47))]  # fmt: skip
+    text = render_docs.VIEWS["slim-bench-summary"]({"seq_len": 128, "rows": rows})
+    assert "cost 1.00x a Single's multiply-adds (the paper's members: 2.47x) and 1.11x / 1.13x its eager CPU" in text
+    assert "(the paper's Hydra: 2.71x / 2.73x; sequence length 128" in text and "--batch-sizes 8 32" in text
+    row = {"gain_std": 1.0, "compute_x": 1.0}
+    pareto = {"seeds": ["0", "1", "2", "3", "4"], "command": "python examples/slim_pareto.py --ceiling X",
+              "rows": [{**row, "model": "slim per_member", "gain": 7.46, "compute_x": 1.28},
+                       {**row, "model": "taylor per_member", "gain": 7.52, "compute_x": 2.13},
+                       {**row, "model": "Packed-Ensembles", "gain": 8.41, "compute_x": 1.1}],
+              "decisions": [{"a": "slim per_member", "b": "taylor per_member", "p": 0.961, "decided": False}]}
+    text = render_docs.VIEWS["slim-image-summary"](pareto)
+    assert text == ("On the image testbed (5 seeds) they gain +7.5 ± 1.0 points of mean MSP AUROC over the mean Single "
+                    "at 1.28x its compute, against Hydra (Taylor)'s +7.5 ± 1.0 at 2.13x (paired over seeds p = 0.96: "
+                    "not decided), beside Packed-Ensembles' +8.4 at 1.10x "
+                    "(`python examples/slim_pareto.py --ceiling X`).\n")
+
+
 def test_calibration_view_puts_one_value_per_seed_in_every_cell():
     """examples/calibration_study.py's file: the sets' and the abstention's cells list the seeds' values in seed
     order ('–' where no threshold was certified), the halvings' table and the Must's lines follow."""

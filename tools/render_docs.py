@@ -179,6 +179,41 @@ def _slim_text_table(results: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _slim_bench_summary(results: Mapping[str, Any]) -> str:
+    """bench/bench_slim.py, one sentence for the README: BERT-base slim Hydra's and the paper's Hydra's compute and
+    eager time relative to the Single at the batch sizes the file holds."""
+    rows = [r for r in results["rows"] if r["geometry"] == "bert"]
+    batches = sorted({r["batch"] for r in rows})
+
+    def of(model: str, key: str) -> str:
+        return " / ".join(f"{next(r[key] for r in rows if r['batch'] == b and r['model'] == model):.2f}x"
+                          for b in batches)
+
+    slim = next(r for r in rows if r["model"] == "eager slim Hydra (3)")
+    hydra = next(r for r in rows if r["model"] == "eager Hydra (3)")
+    return (f"3 such BERT-base members cost {slim['compute_x']:.2f}x a Single's multiply-adds (the paper's members: "
+            f"{hydra['compute_x']:.2f}x) and {of('eager slim Hydra (3)', 'x Single')} its eager CPU time at batch "
+            f"{' / '.join(map(str, batches))} (the paper's Hydra: {of('eager Hydra (3)', 'x Single')}; sequence length "
+            f"{results['seq_len']}, `python bench/bench_slim.py --geometries bert vit --batch-sizes "
+            f"{' '.join(map(str, batches))} --no-onnx --json docs/results/bench_slim_eager.json`).\n")
+
+
+def _slim_image_summary(results: Mapping[str, Any]) -> str:
+    """examples/slim_pareto.py, one sentence for the README: the slim members' mean OOD gain and compute on the
+    image testbed beside Hydra (Taylor)'s and Packed-Ensembles', and whether the seeds decide the difference."""
+    by = {r["model"]: r for r in results["rows"]}
+    slim, taylor, packed = by["slim per_member"], by["taylor per_member"], by.get("Packed-Ensembles")
+    pair = next((d for d in results["decisions"] if (d["a"], d["b"]) == ("slim per_member", "taylor per_member")), None)
+    text = (f"On the image testbed ({len(results['seeds'])} seeds) they gain {slim['gain']:+.1f} ± {slim['gain_std']:.1f} "
+            f"points of mean MSP AUROC over the mean Single at {slim['compute_x']:.2f}x its compute, against Hydra "
+            f"(Taylor)'s {taylor['gain']:+.1f} ± {taylor['gain_std']:.1f} at {taylor['compute_x']:.2f}x")
+    if pair is not None:
+        text += f" (paired over seeds p = {pair['p']:.2f}: {'decided' if pair['decided'] else 'not decided'})"
+    if packed is not None:
+        text += f", beside Packed-Ensembles' {packed['gain']:+.1f} at {packed['compute_x']:.2f}x"
+    return text + f" (`{results['command']}`).\n"
+
+
 VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "methods": _methods_table,
     "hydra-vs-single": _versus_single_table,
@@ -187,6 +222,8 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "slim-pareto": _slim_pareto_table,
     "calibration": _calibration_tables,
     "slim-text": _slim_text_table,
+    "slim-bench-summary": _slim_bench_summary,
+    "slim-image-summary": _slim_image_summary,
 }
 """view name -> markdown of a results file (ending with a newline)."""
 
