@@ -190,6 +190,10 @@ def test_slim_summary_views_write_the_files_numbers_into_one_sentence():
                        {**row, "model": "taylor per_member", "gain": 7.52, "compute_x": 2.13},
                        {**row, "model": "Packed-Ensembles", "gain": 8.41, "compute_x": 1.1}],
               "decisions": [{"a": "slim per_member", "b": "taylor per_member", "p": 0.961, "decided": False}]}
+    kinds = {"kinds": ["digits", "noise"], "rows": [{"label": "Hydra", "seeds": 5, "compute_x": 2.13, "gain": 7.46,
+                                                     "gain_std": 1.31, "gain_per_kind": {"digits": 5.04, "noise": -0.26},
+                                                     "accuracy": 95.88, "ece": 0.0213}]}  # fmt: skip
+    assert render_docs.VIEWS["image-kinds"](kinds).splitlines()[2] == "| Hydra | 5 | 2.13 | +5.0 | -0.3 | +7.5 ± 1.3 | 95.9 | 0.021 |"
     text = render_docs.VIEWS["slim-image-summary"](pareto)
     assert text == ("On the image testbed (5 seeds) they gain +7.5 ± 1.0 points of mean MSP AUROC over the mean Single "
                     "at 1.28x its compute, against Hydra (Taylor)'s +7.5 ± 1.0 at 2.13x (paired over seeds p = 0.96: "

@@ -179,6 +179,19 @@ def _slim_text_table(results: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _image_kinds_table(results: Mapping[str, Any]) -> str:
+    """examples/slim_pareto.py, per OOD kind: every model's MSP AUROC gain over the mean Single (points, mean over
+    the seeds), the mean over the kinds ± the seeds' standard deviation, compute, accuracy and ECE."""
+    kinds = results["kinds"]
+    lines = ["| model | seeds | compute (x Single) | " + " | ".join(kinds) + " | mean ± std | accuracy (%) | ECE |",
+             "|:---|---:|---:|" + "---:|" * len(kinds) + "---:|---:|---:|"]
+    for r in results["rows"]:
+        gains = " | ".join(f"{r['gain_per_kind'][k]:+.1f}" for k in kinds)
+        lines.append(f"| {r['label']} | {r['seeds']} | {r['compute_x']:.2f} | {gains} | {r['gain']:+.1f} ± "
+                     f"{r['gain_std']:.1f} | {r['accuracy']:.1f} | {r['ece']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def _slim_bench_summary(results: Mapping[str, Any]) -> str:
     """bench/bench_slim.py, one sentence for the README: BERT-base slim Hydra's and the paper's Hydra's compute and
     eager time relative to the Single at the batch sizes the file holds."""
@@ -222,6 +235,7 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "slim-pareto": _slim_pareto_table,
     "calibration": _calibration_tables,
     "slim-text": _slim_text_table,
+    "image-kinds": _image_kinds_table,
     "slim-bench-summary": _slim_bench_summary,
     "slim-image-summary": _slim_image_summary,
 }
