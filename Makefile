@@ -19,7 +19,7 @@ demo: setup
 	$(PY) examples/demo.py --output outputs/demo --results docs/results/demo.json
 
 # re-render the result tables of README.md and docs/*.md from their results files (tools/render_docs.py);
-# docs-check changes nothing and fails where a table differs from its file (tests/test_docs_results.py runs it)
+# docs-check changes nothing and fails where a table differs from its file (tests/repo/test_docs_results.py runs it)
 docs: setup
 	$(PY) tools/render_docs.py
 

@@ -268,7 +268,7 @@ def train_hydra(out: Path, data: Path, single: Path, seed: int, recipe: str, fol
 # ------------------------------------------------------------------------------ baselines (--baselines)
 # Packed-Ensembles (Laurent et al. 2023): M estimators packed side by side in one model of width alpha x the
 # Single's, each estimator's linear layers split into gamma groups; alpha and gamma chosen for about one Single's
-# multiply-adds per image (counted: PACKED_COMPUTE below, and tests/test_image_baselines.py).
+# multiply-adds per image (counted: PACKED_COMPUTE below, and tests/end_to_end/test_image_baselines.py).
 PACKED = dict(num_estimators=3, alpha=2.25, gamma=2)
 MC_DROPOUT_SAMPLES = 10  # T forward passes of the Single with its dropout (p = 0.1) on: T x a Single's compute
 BASELINES = ("packed", "mc_dropout")

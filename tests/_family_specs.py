@@ -1,4 +1,4 @@
-"""One line per family: how to build its tiny stock model and tokenizer (for tests/test_families.py).
+"""One line per family: how to build its tiny stock model and tokenizer (for tests/families/test_every_family.py).
 
 Adding a family to the shared equivalence suite is adding its line to ``SPECS``.
 """

@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 SDIST_CACHE = Path(tempfile.gettempdir()) / "hydra-hf-transformers-sdist"
 
 # The three layouts (kept_heads[m][l] over a 2-layer, 4-head BERT) and their MLP fusion, as in
-# tests/test_conformance.py.
+# tests/families/test_every_family_conformance.py.
 LAYOUTS: dict[str, dict] = {
     # 3 members with unequal heads; member 1 keeps no head in layer 1; one MLP per member
     "unequal": {"kept_heads": [[[0, 1], [2, 3]], [[1, 2, 3], []], [[0], [0, 1, 2, 3]]], "mlp_fusion": "per_member"},
@@ -88,7 +88,7 @@ EXPECTED: list[Expected] = [
 STANDINS: dict[str, str] = {
     "exporters/test_export.py": '''
         """Stand-in: the sdist does not ship tests/exporters (torch.export / executorch tests of
-        ExportTesterMixin are not run; tests/test_conformance.py exports every family with torch.export)."""
+        ExportTesterMixin are not run; tests/families/test_every_family_conformance.py exports every family with torch.export)."""
 
 
         class ExportTesterMixin:

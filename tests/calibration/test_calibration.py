@@ -611,7 +611,7 @@ def test_text_generation_card_states_the_abstention_thresholds(tmp_path):
 
 def test_image_folder_is_calibrated_on_an_image_folder_and_its_pipeline_decides(tmp_path):
     from PIL import Image
-    from test_vit_fused import UNEQUAL, tiny_vit_config
+    from test_modeling_vit import UNEQUAL, tiny_vit_config
     from transformers import ViTForImageClassification, ViTImageProcessor, pipeline
 
     torch.manual_seed(0)
@@ -644,7 +644,7 @@ def test_image_folder_is_calibrated_on_an_image_folder_and_its_pipeline_decides(
 
 def test_zero_shot_folder_is_calibrated_for_its_classes_and_template(tmp_path):
     from PIL import Image
-    from test_clip_fused import OPEN_CLIP_CFG, save_open_clip, tiny_open_clip, two_tower_masks
+    from test_modeling_clip import OPEN_CLIP_CFG, save_open_clip, tiny_open_clip, two_tower_masks
     from transformers import pipeline
 
     from hydra_hf.evaluation.zero_shot import load_zero_shot_model

@@ -39,7 +39,7 @@ def test_version(capsys):
 def test_the_console_script_answers_version_and_help_without_importing_torch():
     """Issue 24 item 9: `hydra-hf --version` / `--help` imported torch (~6 s). The entry point pyproject.toml
     installs, run in a new interpreter, prints them with neither torch nor hydra_hf imported."""
-    scripts = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    scripts = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["scripts"]
     module, _, function = scripts["hydra-hf"].partition(":")
     code = (f"import sys\nfrom {module} import {function} as main\n"
             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"

@@ -206,7 +206,7 @@ def _close(a, b) -> bool:
 
 def test_the_image_pipelines_batch(tmp_path):
     """hydra-image-classification and hydra-zero-shot-image-classification with batch_size=2 give the results
-    of one image at a time (the text pipelines: tests/test_pipeline_uncertainty.py, tests/test_decoder_edges.py)."""
+    of one image at a time (the text pipelines: tests/modeling/test_pipeline_uncertainty.py, tests/modeling/test_decoder_edges.py)."""
     torch.manual_seed(0)
     vit = ViTForImageClassification(ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                               intermediate_size=64, image_size=16, patch_size=8, num_labels=3))

@@ -2,7 +2,7 @@
 
 Every case asserts the exit code, a one-line message, that no file outside the command's output
 changed (a digest of the whole test folder before and after), and that no partial output is left.
-The push cases live in test_hostile_push.py, the fine-tuning ones in test_finetune_safety.py.
+The push cases live in hub/test_hostile_push.py, the fine-tuning ones in finetune/test_finetune_resume.py.
 """
 
 from __future__ import annotations
@@ -550,7 +550,7 @@ def test_evaluate_caps_max_length_at_the_models_positions(sandbox):
 
 
 # ---------------------------------------------------------------------------------- the study
-STUDY_SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "study_text.py"
+STUDY_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "study_text.py"
 
 
 def _study_table(folder: Path) -> tuple[int, str]:

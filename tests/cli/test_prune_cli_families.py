@@ -11,7 +11,7 @@ from _family_specs import TEXT_SPECS, WORDS
 from hydra_hf.cli import main
 from hydra_hf.masks import HeadMasks
 
-NEW = [s for s in TEXT_SPECS if s.name != "bert"]  # BERT: tests/test_prune_cli.py
+NEW = [s for s in TEXT_SPECS if s.name != "bert"]  # BERT: tests/cli/test_prune_cli.py
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from PIL import Image
-from test_clip_fused import OPEN_CLIP_CFG, perturb, save_open_clip, tiny_open_clip
+from test_modeling_clip import OPEN_CLIP_CFG, perturb, save_open_clip, tiny_open_clip
 
 from hydra_hf.cli import main
 from hydra_hf.masks import HeadMasks, load_masks

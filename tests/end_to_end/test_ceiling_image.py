@@ -14,7 +14,7 @@ from hydra_hf.evaluation import Predictions
 
 pytest.importorskip("mlxtend")
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ceiling_image.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ceiling_image.py"
 
 
 @pytest.fixture(scope="module")

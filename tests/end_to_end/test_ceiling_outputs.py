@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from _hostile import assert_one_line_error, tree_digest
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SCRIPTS = {"ceiling_image.py": [], "ceiling_text.py": ["--seeds", "0", "1"]}
 
 

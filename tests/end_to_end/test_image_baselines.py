@@ -19,7 +19,7 @@ from hydra_hf.masks import HeadMasks
 
 pytest.importorskip("torch_uncertainty")  # PackedLinear: the dev extra installs it
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ceiling_image.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ceiling_image.py"
 M, ALPHA, GAMMA, CLASSES = 3, 1.5, 2, 4
 
 

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 from PIL import Image
-from test_clip_fused import save_open_clip, tiny_open_clip, two_tower_masks
-from test_family_vision import UNEQUAL, masks_for, save_stock, stock
+from test_modeling_clip import save_open_clip, tiny_open_clip, two_tower_masks
+from test_modeling_deit_beit_dinov2_siglip import UNEQUAL, masks_for, save_stock, stock
 from test_prune_cli_vision import OC_CFG, _image_folder, save_hf_clip
 
 from hydra_hf import evaluation as ev

@@ -1,5 +1,5 @@
 """The contract of transformers' models (what ``ModelTesterMixin`` / ``GenerationTesterMixin`` check and what
-users rely on), for the decoder families, as tests/test_conformance.py checks it for the encoders:
+users rely on), for the decoder families, as tests/families/test_every_family_conformance.py checks it for the encoders:
 
 - families: ``llama`` (grouped-query attention, 2 key/value heads for 4 query heads; tied embeddings),
   ``qwen3`` (``head_dim`` 12 != hidden / heads, per-head q/k norms, GQA), ``mistral`` (a 4-token sliding

@@ -9,7 +9,7 @@ import torch
 from _family_specs import SPECS, WORDS
 from conftest import write_masks
 
-NEW = [s for s in SPECS if s.name != "bert"]  # BERT: tests/test_finetune.py
+NEW = [s for s in SPECS if s.name != "bert"]  # BERT: tests/finetune/test_finetune.py
 
 
 @pytest.fixture(scope="module")

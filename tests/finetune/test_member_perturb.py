@@ -10,20 +10,17 @@ and dropout as without it); a fine-tuning run with it trains members that start 
 from __future__ import annotations
 
 import copy
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from _family_specs import SPECS
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _family_specs import SPECS  # noqa: E402
-
-from hydra_hf.assemble import convert_checkpoint  # noqa: E402
-from hydra_hf.families import get_family  # noqa: E402
-from hydra_hf.finetune import FinetuneConfig  # noqa: E402
-from hydra_hf.finetune.members import PERTURB_SEED_OFFSET, shrink_and_perturb_  # noqa: E402
-from hydra_hf.masks import HeadMasks  # noqa: E402
+from hydra_hf.assemble import convert_checkpoint
+from hydra_hf.families import get_family
+from hydra_hf.finetune import FinetuneConfig
+from hydra_hf.finetune.members import PERTURB_SEED_OFFSET, shrink_and_perturb_
+from hydra_hf.masks import HeadMasks
 
 KEPT = [[[0, 2], [1, 2, 3]]]  # one member, 2 layers of 4 heads
 # every family fine-tuning supports: the encoder suite's and the decoders (classifier and causal LM)

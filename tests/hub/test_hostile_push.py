@@ -365,7 +365,7 @@ def test_the_fresh_check_blocks_hydra_hf(sandbox):
 def test_one_fresh_interpreter_check_in_the_sources():
     """The model-folder checks of push and the recipes all run hub/fresh_check.py: no other source
     file starts an interpreter that blocks hydra_hf."""
-    src = Path(__file__).resolve().parents[1] / "src" / "hydra_hf"
+    src = Path(__file__).resolve().parents[2] / "src" / "hydra_hf"
     blockers = sorted(p.relative_to(src).as_posix() for p in src.rglob("*.py")
                       if "sys.modules[\"hydra_hf\"] = None" in p.read_text() or "sys.modules['hydra_hf'] = None" in p.read_text())
     assert blockers == ["hub/fresh_check.py"]

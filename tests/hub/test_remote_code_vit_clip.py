@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import run_fresh_python, write_masks
 from PIL import Image
-from test_clip_fused import OPEN_CLIP_CFG, TEXT_KEPT, VISION_KEPT, save_open_clip, tiny_open_clip, two_tower_masks
-from test_vit_fused import UNEQUAL, hf_vit_dir, save_timm, tiny_timm_vit  # noqa: F401  (hf_vit_dir: fixture)
+from test_modeling_clip import OPEN_CLIP_CFG, TEXT_KEPT, VISION_KEPT, save_open_clip, tiny_open_clip, two_tower_masks
+from test_modeling_vit import UNEQUAL, hf_vit_dir, save_timm, tiny_timm_vit  # noqa: F401  (hf_vit_dir: fixture)
 
 from hydra_hf.cli import main as cli_main
 from hydra_hf.assemble import convert_checkpoint, detect_arch
@@ -147,7 +147,7 @@ def test_cli_converts_every_layout(hf_vit_dir, tmp_path, capsys):  # noqa: F811
     timm_dir = save_timm(tiny_timm_vit(), tmp_path / "timm")
     oc_dir = save_open_clip(tiny_open_clip(), tmp_path / "oc")
     from transformers import CLIPModel
-    from test_clip_fused import tiny_clip_config
+    from test_modeling_clip import tiny_clip_config
 
     CLIPModel(tiny_clip_config()).save_pretrained(tmp_path / "hf-clip")
     cases = [(hf_vit_dir, vit_masks, "vit"), (timm_dir, vit_masks, "timm_vit"), (tmp_path / "hf-clip", clip_masks, "clip"),

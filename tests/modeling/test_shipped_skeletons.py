@@ -26,10 +26,10 @@ import torch
 import transformers
 from _family_specs import SPECS
 from conftest import REPO, run_fresh_python
-from test_clip_fused import save_open_clip, tiny_clip_config, tiny_open_clip, two_tower_masks
-from test_family_vision import masks_for, save_stock, stock
-from test_vit_fused import UNEQUAL as VIT_UNEQUAL
-from test_vit_fused import save_timm, tiny_timm_vit
+from test_modeling_clip import save_open_clip, tiny_clip_config, tiny_open_clip, two_tower_masks
+from test_modeling_deit_beit_dinov2_siglip import masks_for, save_stock, stock
+from test_modeling_vit import UNEQUAL as VIT_UNEQUAL
+from test_modeling_vit import save_timm, tiny_timm_vit
 from transformers import CLIPModel
 
 from hydra_hf.assemble import convert_checkpoint

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import run_fresh_python, tiny_bert_config
-from test_hf_citizen import _perturb, save_preprocessor
+from test_transformers_workflows import _perturb, save_preprocessor
 from transformers import CLIPConfig, ViTConfig
 
 from hydra_hf.cli import main

@@ -6,7 +6,7 @@ smoothed with a calibrated alpha; the folding and the SmoothQuant rewrite alone 
 
 The members' classifiers are newly initialised (seeded) with their bias centred on the reviews: 40
 fine-tuning steps of the 2-layer model did not lift it above the majority class (measured; 150 steps
-of 6 layers do, tests/test_finetune_minilm.py, too slow here), so accuracy is near chance and the test
+of 6 layers do, tests/end_to_end/test_finetune_minilm.py, too slow here), so accuracy is near chance and the test
 asks for what does not depend on it: the fp32 labels vary (both classes predicted, many reviews near
 the boundary) and the smoothquant graph's member logits are far closer to fp32 than those of the
 per-tensor graph of every weight (recipe ``all``). The bench numbers on a

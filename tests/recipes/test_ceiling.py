@@ -55,7 +55,7 @@ def test_ceiling_end_to_end_tiny(tmp_path):
     from conftest import tiny_bert_config, write_tiny_tokenizer
     from hydra_hf import metrics
     from hydra_hf.evaluation import EnsemblePredictor, load_classifier, make_loader, predict
-    from test_recipes import _reviews
+    from test_demo_smoke import _reviews
 
     base = tmp_path / "base"
     torch.manual_seed(0)

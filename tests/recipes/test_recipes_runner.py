@@ -11,7 +11,7 @@ import pytest
 
 from hydra_hf.recipes import Stage, StageRunner
 
-RECIPES = Path(__file__).resolve().parents[1] / "src" / "hydra_hf" / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "src" / "hydra_hf" / "recipes"
 
 
 def _write(path: Path, text: str) -> str:

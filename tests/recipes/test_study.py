@@ -176,7 +176,7 @@ def test_study_reads_validation_splits_only_and_the_script_builds_it(tmp_path):
     import argparse
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("study_text", Path(__file__).resolve().parents[1] / "examples" / "study_text.py")
+    spec = importlib.util.spec_from_file_location("study_text", Path(__file__).resolve().parents[2] / "examples" / "study_text.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     parser = argparse.ArgumentParser()
@@ -238,7 +238,7 @@ def test_selection_data_heldout_rows_and_pooled_kinds(tmp_path):
     from conftest import write_tiny_tokenizer
     from transformers import AutoTokenizer
 
-    from test_recipes import _reviews
+    from test_demo_smoke import _reviews
 
     train = _reviews(40, 0)
     train["text"] = [f"row{i} {t}" for i, t in enumerate(train["text"])]
@@ -272,7 +272,7 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     from hydra_hf.assemble import convert_checkpoint
     from hydra_hf.evaluation import ModelPredictor, make_loader, predict
     from hydra_hf.masks import HeadMasks
-    from test_recipes import _reviews
+    from test_demo_smoke import _reviews
 
     single = tmp_path / "single"
     torch.manual_seed(0)
@@ -420,7 +420,7 @@ def test_first_step_scores_match_the_search_and_selection_noise(tmp_path):
     from hydra_hf.data import make_text_loader, resolve_dataset
     from hydra_hf.pruning import Budget, load_pruning_target
     from hydra_hf.pruning.circuits import circuit_prune
-    from test_recipes import _reviews
+    from test_demo_smoke import _reviews
 
     single = tmp_path / "single"
     torch.manual_seed(0)

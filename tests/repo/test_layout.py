@@ -18,7 +18,7 @@ import ast
 from functools import cache
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "hydra_hf"
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hydra_hf"
 
 # Optional heavy dependencies that may be imported inside a function (an extra installs them, or they
 # are slow to import and used by few calls).

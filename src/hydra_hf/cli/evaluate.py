@@ -18,7 +18,7 @@ from ..metrics import OOD_SCORES, SEQUENCE_SCORES
 logger = logging.getLogger(__name__)
 
 # hydra_hf.data.TEMPLATE_SETS, named here: building the parser (every command does) imports no open_clip;
-# tests/test_evaluate_zero_shot.py compares the two
+# tests/evaluation/test_evaluate_zero_shot.py compares the two
 TEMPLATE_SET_NAMES = ("openai", "simple", "default")
 
 
