@@ -21,8 +21,8 @@ of the plain reference (full model per candidate through HeadGates) for a few ca
 from __future__ import annotations
 
 import argparse
-import json
 import importlib.util
+import json
 import logging
 import time
 from pathlib import Path

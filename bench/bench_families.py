@@ -34,7 +34,15 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import COLUMNS, add_timing_args, compare_contenders, pin_bench_threads, random_kept_heads, summary_lines, table  # noqa: E402
+from _common import (  # noqa: E402
+    COLUMNS,
+    add_timing_args,
+    compare_contenders,
+    pin_bench_threads,
+    random_kept_heads,
+    summary_lines,
+    table,
+)
 
 from hydra_hf.families import get_family  # noqa: E402
 

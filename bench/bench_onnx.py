@@ -33,7 +33,14 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_threads_argument, count_parameters, interleaved_medians, pin_bench_threads, random_kept_heads, table  # noqa: E402
+from _common import (  # noqa: E402
+    add_threads_argument,
+    count_parameters,
+    interleaved_medians,
+    pin_bench_threads,
+    random_kept_heads,
+    table,
+)
 
 from hydra_hf.onnx.export import OnnxGraph, dynamic_shapes, export_module  # noqa: E402
 from hydra_hf.onnx.graph import quantize_int8  # noqa: E402

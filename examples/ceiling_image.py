@@ -74,17 +74,24 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 from hydra_hf import convert_checkpoint, metrics
-from hydra_hf.finetune.baselines import all_heads_masks
-from hydra_hf.recipes.ceiling import ceiling_table, render_ceiling
 from hydra_hf.cli import run_script
 from hydra_hf.cost import relative_cost
-from hydra_hf.evaluation import EnsemblePredictor, MCDropoutPredictor, ModelPredictor, Predictions, make_loader, predict
+from hydra_hf.evaluation import (
+    EnsemblePredictor,
+    MCDropoutPredictor,
+    ModelPredictor,
+    Predictions,
+    make_loader,
+    predict,
+)
 from hydra_hf.finetune import FinetuneConfig, MemberTrainer, finetune_members, make_accelerator, prepare_run
+from hydra_hf.finetune.baselines import all_heads_masks
 from hydra_hf.finetune.checkpoint import claim_work_dir
 from hydra_hf.masks import HeadMasks
 from hydra_hf.outputs import prepare_owned_folder, write_output_file
 from hydra_hf.pruning import build_members
 from hydra_hf.pruning.budget import Budget
+from hydra_hf.recipes.ceiling import ceiling_table, render_ceiling
 from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 logger = logging.getLogger("ceiling_image")

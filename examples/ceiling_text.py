@@ -16,11 +16,11 @@ import json
 import logging
 from pathlib import Path
 
-from hydra_hf.recipes.ceiling import ceiling_numbers, ceiling_table, render_ceiling
 from hydra_hf.cli import run_script
 from hydra_hf.outputs import write_text_atomic
-from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
+from hydra_hf.recipes.ceiling import ceiling_numbers, ceiling_table, render_ceiling
 from hydra_hf.recipes.study import Candidate, TextStudy
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 # Hydra recipes the ceiling can add (they select without OOD data, so every OOD kind stays unseen)
 HYDRA = {

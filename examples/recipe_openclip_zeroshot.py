@@ -45,8 +45,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hydra_hf.cli import run_script
 from hydra_hf import data as hydra_data
+from hydra_hf.cli import run_script
+from hydra_hf.data import read_templates  # the template sets `hydra-hf evaluate --templates` reads
 from hydra_hf.pruning import Budget
 from hydra_hf.recipes import (
     TOWER_CHOICES,
@@ -58,7 +59,6 @@ from hydra_hf.recipes import (
     save_open_clip_folder,
 )
 from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
-from hydra_hf.data import read_templates  # the template sets `hydra-hf evaluate --templates` reads
 
 MODEL_NAME = "ViT-B-32"
 PRETRAINED = "laion2b_s34b_b79k"

@@ -27,14 +27,14 @@ from typing import Any
 
 from scipy import stats
 
-from hydra_hf.recipes.ceiling import ceiling_numbers
 from hydra_hf.cli import run_script
 from hydra_hf.cost import relative_cost
 from hydra_hf.masks import HeadMasks
 from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig
 from hydra_hf.outputs import write_text_atomic
-from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
+from hydra_hf.recipes.ceiling import ceiling_numbers
 from hydra_hf.recipes.study import ANY_FOLD, Candidate, TextStudy
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 _spec = importlib.util.spec_from_file_location("ceiling_text", Path(__file__).with_name("ceiling_text.py"))
 ceiling_text = importlib.util.module_from_spec(_spec)

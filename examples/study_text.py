@@ -27,7 +27,6 @@ from pathlib import Path
 from hydra_hf.cli import run_script
 from hydra_hf.errors import HydraInputError, HydraOutputError
 from hydra_hf.outputs import MARKER, is_owned
-from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 from hydra_hf.recipes.study import (
     DEFAULT_CANDIDATES,
     TextStudy,
@@ -40,6 +39,7 @@ from hydra_hf.recipes.study import (
     selection_noise,
     study_data,
 )
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 
 def _shard(text: str) -> tuple[int, int]:

@@ -89,12 +89,11 @@ def test_save_to_disk_folders_and_image_folder(tmp_path):
 
 
 def test_text_loader_dynamic_padding_and_shuffle():
-    from transformers import BertTokenizer
-
-    from conftest import write_tiny_tokenizer
-
     import tempfile
     from pathlib import Path
+
+    from conftest import write_tiny_tokenizer
+    from transformers import BertTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         write_tiny_tokenizer(Path(tmp))

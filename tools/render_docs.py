@@ -27,8 +27,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # render with this checkout's hydra_hf, installed or not
 
-from hydra_hf.outputs import write_text_atomic  # noqa: E402
 from hydra_hf.evaluation.report import render_markdown_table  # noqa: E402
+from hydra_hf.outputs import write_text_atomic  # noqa: E402
 
 DOCUMENTS = ("README.md", "docs/*.md")
 """Where regions are looked for (globs from the repository root)."""

@@ -18,8 +18,11 @@ from pathlib import Path
 from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, PreTrainedModel
 
 from .families import families, family_of_config, get_family
-from .modeling.configuration_hydra import HYDRA_PIPELINES, PIPELINE_MODULE
-from .modeling.configuration_hydra import custom_pipelines_for  # noqa: F401  (re-exported: hub reads it here)
+from .modeling.configuration_hydra import (
+    HYDRA_PIPELINES,
+    PIPELINE_MODULE,
+    custom_pipelines_for,  # noqa: F401  (re-exported: hub reads it here)
+)
 from .outputs import check_output, write_output_folder
 
 logger = logging.getLogger(__name__)

@@ -458,7 +458,7 @@ def test_model_card_states_the_guarantee_in_words(hydra_folder, tmp_path):
     assert "Calibrated decisions" in text and "`prediction_set`" in text
     assert "at least 90% (alpha = 0.1)" in text and "n = 500 labelled examples" in text
     assert "marginal" in text and "exchangeable with the calibration data" in text
-    assert f"error rate among answered inputs like the calibration data is at most 0.3" in text
+    assert "error rate among answered inputs like the calibration data is at most 0.3" in text
     config["calibration"] = {"method": "lac", "alpha": "ten", "n": 5, "q_hat": 0.3}  # unreadable: no claim, no crash
     (folder / "config.json").write_text(json.dumps(config))
     assert "Calibrated decisions" not in build_model_card(folder, None, repo_id="org/hydra-tiny").text

@@ -8,9 +8,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-import hydra_hf_cli
 import pytest
 
+import hydra_hf_cli
 from hydra_hf import __version__
 from hydra_hf.cli import COMMANDS, build_parser
 

@@ -19,9 +19,9 @@ import transformers
 from _family_specs import WORDS, wordpiece
 
 from hydra_hf.cli import main as cli_main
-from hydra_hf.hub.card import model_kind
 from hydra_hf.evaluation.causal_lm import evaluate_causal_lm
 from hydra_hf.evaluation.loading import load_causal_lm
+from hydra_hf.hub.card import model_kind
 from hydra_hf.masks import HeadMasks, load_masks
 from hydra_hf.pruning.budget import Budget
 from hydra_hf.pruning.circuits import circuit_prune

@@ -9,7 +9,6 @@ import json
 import os
 from pathlib import Path
 
-import pytest
 import torch
 from _hostile import assert_one_line_error, run_cli
 from _tiny_decoders import save_gpt2
@@ -30,9 +29,9 @@ from transformers import (
 
 from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.cli import LONG_COMMANDS, build_parser
+from hydra_hf.evaluation.zero_shot import load_zero_shot_model
 from hydra_hf.families import get_family
 from hydra_hf.masks import HeadMasks
-from hydra_hf.evaluation.zero_shot import load_zero_shot_model
 
 SIZE = 32
 

@@ -588,8 +588,8 @@ def test_study_names_a_truncated_record_and_the_fix(tmp_path):
 
 def test_study_removes_a_killed_shards_work_folder(tmp_path, monkeypatch):
     """Issue 25 item 9: a killed shard's work/process<PID>/ stayed forever; a live shard's is kept."""
-    from hydra_hf.recipes import study as st
     from hydra_hf.outputs import prepare_owned_folder
+    from hydra_hf.recipes import study as st
 
     folder = prepare_owned_folder(tmp_path / "study", command="study", overwrite=False)
     dead = subprocess.Popen(["true"])

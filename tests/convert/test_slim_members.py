@@ -23,7 +23,11 @@ from hydra_hf.families import get_family
 from hydra_hf.masks import HeadMasks
 from hydra_hf.pruning.gates import HeadGates, zero_head_columns_
 from hydra_hf.pruning.neurons import (
-    mlp_shapes, neuron_gates, select_neurons, taylor_neuron_scores, zero_removed_neurons_,
+    mlp_shapes,
+    neuron_gates,
+    select_neurons,
+    taylor_neuron_scores,
+    zero_removed_neurons_,
 )
 
 ATOL = 1e-5
@@ -315,9 +319,9 @@ def test_slim_folder_remote_code_resave_pipeline_onnx_int8_and_push(tiny_bert_di
     re-saved there and loads again; its pipeline answers; ONNX fp32 == PyTorch, int8 close; push --dry-run's
     fresh-process check passes; the card states the compute."""
     import pandas as pd
+    from conftest import run_fresh_python
     from transformers import AutoTokenizer
 
-    from conftest import run_fresh_python
     from hydra_hf.cli import main
     from hydra_hf.onnx import OnnxHydraModel
     from hydra_hf.onnx.export import export_onnx

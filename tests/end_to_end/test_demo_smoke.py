@@ -31,9 +31,8 @@ def _reviews(n: int, seed: int) -> pd.DataFrame:
 
 
 def test_text_pipeline_smoke(tmp_path, tiny_bert_dir, monkeypatch):
-    from transformers import BertForSequenceClassification
-
     from conftest import tiny_bert_config, write_tiny_tokenizer
+    from transformers import BertForSequenceClassification
 
     base = tmp_path / "base"
     torch.manual_seed(0)

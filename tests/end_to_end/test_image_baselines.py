@@ -12,7 +12,6 @@ import torch
 from transformers import ViTConfig
 
 from hydra_hf import convert_checkpoint
-from hydra_hf.cost import relative_cost
 from hydra_hf.evaluation import ModelPredictor, Predictions, predict
 from hydra_hf.finetune.trainer import _decay_groups
 from hydra_hf.masks import HeadMasks

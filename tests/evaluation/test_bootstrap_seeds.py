@@ -8,9 +8,7 @@ import pytest
 import torch
 
 from hydra_hf import metrics
-
-from hydra_hf.evaluation import report
-from hydra_hf.evaluation import EvaluationResult, Predictions, compare_predictions, write_evaluation_report
+from hydra_hf.evaluation import EvaluationResult, Predictions, compare_predictions, report, write_evaluation_report
 from hydra_hf.evaluation.report import aggregate_seed_reports, write_report
 
 

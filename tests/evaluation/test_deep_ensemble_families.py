@@ -8,17 +8,16 @@ refuses a Hydra folder in one line before loading anything.
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 from _family_specs import SPECS, inputs
 from _hostile import assert_one_line_error, run_cli
 from _tiny_decoders import save_gpt2, save_llama, write_data, write_masks
 from torch import nn
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.evaluation import HeadsEnsemblePredictor, classifier_layer
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 ATOL = 1e-5
 

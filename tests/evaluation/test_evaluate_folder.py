@@ -8,11 +8,12 @@ import dataclasses
 import json
 
 import pytest
+from test_hostile_inputs import world  # noqa: F401  (a fixture: a tiny BERT, its Hydra folder, id.csv, ood.csv)
 
-from hydra_hf.cli import evaluate as cli_evaluate, main
+from hydra_hf.cli import evaluate as cli_evaluate
+from hydra_hf.cli import main
 from hydra_hf.evaluation.folder import EvaluationSpec, evaluate_folder
 from hydra_hf.evaluation.loading import folder_kind
-from test_hostile_inputs import world  # noqa: F401  (a fixture: a tiny BERT, its Hydra folder, id.csv, ood.csv)
 
 
 def _parser_defaults() -> dict:
@@ -41,7 +42,7 @@ def _without_latency(value):
     return value
 
 
-def test_evaluate_folder_writes_the_report_the_command_writes(world, tmp_path, capsys):
+def test_evaluate_folder_writes_the_report_the_command_writes(world, tmp_path, capsys):  # noqa: F811
     assert folder_kind(world / "hydra") == folder_kind(world / "base") == "classifier"
     spec = EvaluationSpec(model=str(world / "hydra"), id_data=str(world / "id.csv"), ood_data=[f"rev={world / 'ood.csv'}"],
                           report=str(tmp_path / "library"), baseline=[f"Single={world / 'base'}"], bootstrap=20)
@@ -59,7 +60,7 @@ def test_evaluate_folder_writes_the_report_the_command_writes(world, tmp_path, c
     assert sorted(p.name for p in (tmp_path / "library").iterdir()) == sorted(p.name for p in (tmp_path / "command").iterdir())
 
 
-def test_evaluate_folder_checks_the_spec_before_loading(world, tmp_path):
+def test_evaluate_folder_checks_the_spec_before_loading(world, tmp_path):  # noqa: F811
     spec = EvaluationSpec(model=str(world / "hydra"), id_data=str(world / "id.csv"), ood_data=[str(world / "ood.csv")],
                           report=str(tmp_path / "r"), temperature_scaling=True)
     with pytest.raises(ValueError, match=r"^--temperature-scaling needs --val-data"):

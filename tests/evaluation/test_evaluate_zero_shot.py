@@ -15,12 +15,12 @@ from test_prune_cli_vision import OC_CFG, _image_folder, save_hf_clip
 
 from hydra_hf import evaluation as ev
 from hydra_hf import metrics
+from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.cli import main
 from hydra_hf.cli.evaluate import TEMPLATE_SET_NAMES
-from hydra_hf.assemble import convert_checkpoint
+from hydra_hf.data import TEMPLATE_SETS, read_templates
 from hydra_hf.families import get_family
 from hydra_hf.masks import HeadMasks
-from hydra_hf.data import TEMPLATE_SETS, read_templates
 
 FOLDER_CLASSES = ["bird", "cat", "dog"]  # the image folder's sub-folders (sorted)
 CLIP_MASKS = HeadMasks(towers={  # hf CLIP: vision 2 layers x 4 heads, text 2 layers x 2 heads; member 1 keeps 0 in a layer

@@ -10,8 +10,8 @@ import torch
 from transformers import BertForSequenceClassification
 
 from hydra_hf import evaluation as ev
-from hydra_hf.cli import main as cli_main
 from hydra_hf.assemble import convert_checkpoint
+from hydra_hf.cli import main as cli_main
 from hydra_hf.masks import HeadMasks
 
 KEPT = [[[0, 1], [2, 3], [1]], [[1, 2, 3], [0], []], [[0], [0, 1, 2, 3], [0, 2]]]

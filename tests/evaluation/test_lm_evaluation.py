@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from hydra_hf import metrics as M
 from hydra_hf.evaluation import causal_lm as LE
 from hydra_hf.metrics import causal_lm as LM
-from hydra_hf import metrics as M
 
 
 def _entropy(p: list[float]) -> float:

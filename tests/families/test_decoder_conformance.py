@@ -44,8 +44,8 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.families import get_family
 from hydra_hf.masks import HeadMasks
-from hydra_hf.pruning.neurons import mlp_shapes
 from hydra_hf.modeling.hydra_layers import HydraMemberLinear
+from hydra_hf.pruning.neurons import mlp_shapes
 
 ATOL = 1e-5
 H, V, PAD, BOS, EOS = 4, 99, 0, 1, 2

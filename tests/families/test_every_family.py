@@ -22,8 +22,8 @@ import torch
 from _family_specs import SPECS, TEXT_SPECS, FamilySpec, inputs, perturbed
 from conftest import REPO, run_fresh_python
 
-from hydra_hf.cli import main as cli_main
 from hydra_hf.assemble import convert_checkpoint
+from hydra_hf.cli import main as cli_main
 from hydra_hf.families import detect_family, get_family
 from hydra_hf.masks import HeadMasks
 from hydra_hf.pruning.gates import zero_head_columns_

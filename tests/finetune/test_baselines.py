@@ -91,7 +91,12 @@ def _stock(folder: Path):
 # ------------------------------------------------------------------------------ EnsemblePredictor
 def test_ensemble_predictor_is_the_mean_of_the_members_softmaxes(setup):
     from hydra_hf.evaluation import (
-        EnsemblePredictor, ModelPredictor, Predictions, evaluate_predictors, interleaved_latency_ms, predict,
+        EnsemblePredictor,
+        ModelPredictor,
+        Predictions,
+        evaluate_predictors,
+        interleaved_latency_ms,
+        predict,
     )
 
     models = []
@@ -136,8 +141,8 @@ def test_ensemble_predictor_is_the_mean_of_the_members_softmaxes(setup):
 
 # ---------------------------------------------------------------------------------- deep ensembles
 def test_deep_ensemble_members_differ_and_member0_is_the_single_model(setup, tmp_path):
-    from hydra_hf.finetune.baselines import all_heads_masks, train_deep_ensemble
     from hydra_hf.finetune import finetune_members
+    from hydra_hf.finetune.baselines import all_heads_masks, train_deep_ensemble
 
     config = _config()
     finetune_members(setup["model"], all_heads_masks(setup["model"]), setup["train"], setup["eval"], tmp_path / "single",
@@ -249,8 +254,8 @@ def test_lora_ensemble_from_a_bare_encoder(setup, tmp_path):
 
 
 def test_missing_peft_is_a_one_line_error(setup, tmp_path, monkeypatch):
-    from hydra_hf.finetune.baselines import train_lora
     from hydra_hf.errors import HydraInputError
+    from hydra_hf.finetune.baselines import train_lora
 
     monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` raises ImportError
     with pytest.raises(HydraInputError) as info:

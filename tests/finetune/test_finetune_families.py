@@ -31,9 +31,9 @@ def data(tmp_path_factory):
 
 @pytest.mark.parametrize("spec", NEW, ids=[s.name for s in NEW])
 def test_family_members_finetune_and_fuse(spec, data, tmp_path):
-    import hydra_hf  # noqa: F401
     from transformers import AutoModelForImageClassification, AutoModelForSequenceClassification
 
+    import hydra_hf  # noqa: F401
     from hydra_hf.finetune import finetune_members, image_recipe, text_recipe
 
     base = tmp_path / "base"

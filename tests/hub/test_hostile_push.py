@@ -34,9 +34,8 @@ def world(tmp_path_factory) -> Path:
     from transformers import BertForSequenceClassification
 
     from hydra_hf import metrics
-
-    from hydra_hf.evaluation import plots, report
     from hydra_hf.assemble import convert_checkpoint
+    from hydra_hf.evaluation import plots, report
     from hydra_hf.masks import HeadMasks
 
     root = tmp_path_factory.mktemp("hostile-push")
@@ -346,7 +345,7 @@ def test_validation_runs_on_a_private_copy_in_an_isolated_process(sandbox, monke
     rc, _, err = _push(sandbox)
     assert rc == 0, err
     probe, args = seen["probe"], seen["args"]
-    assert not any(str(sandbox) in a for a in args) and not str(sandbox) in probe["cwd"]
+    assert not any(str(sandbox) in a for a in args) and str(sandbox) not in probe["cwd"]
     assert probe["flags"] == 1 and not any(str(sandbox) in p for p in probe["path"])
     env = probe["env"]
     assert "HF_TOKEN" not in env and "PYTHONPATH" not in env and env["HF_HUB_OFFLINE"] == "1"

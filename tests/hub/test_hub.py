@@ -20,13 +20,13 @@ from transformers import BertForSequenceClassification
 
 import hydra_hf.hub as hub
 from hydra_hf import metrics
-from hydra_hf.evaluation import report
+from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.cli import main as cli_main
 from hydra_hf.errors import HydraUnsafeError
-from hydra_hf.assemble import convert_checkpoint
-from hydra_hf.saving import SHIPPED
+from hydra_hf.evaluation import report
 from hydra_hf.masks import HeadMasks
 from hydra_hf.outputs import MARKER
+from hydra_hf.saving import SHIPPED
 
 KEPT = [[[0, 1], [2, 3], [1]], [[1, 2, 3], [0], []], [[0], [0, 1, 2, 3], [0, 2]]]
 

@@ -15,9 +15,8 @@ from huggingface_hub import ModelCard
 from transformers import BertForSequenceClassification
 
 from hydra_hf import metrics
-
-from hydra_hf.evaluation import plots, report
 from hydra_hf.assemble import convert_checkpoint
+from hydra_hf.evaluation import plots, report
 from hydra_hf.hub import KINDS, build_model_card, card_template_path, select_model_row, stage_repository
 from hydra_hf.masks import HeadMasks
 

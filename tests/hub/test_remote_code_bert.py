@@ -10,10 +10,10 @@ import torch
 from conftest import REPO, minilm_dir, run_fresh_python, write_masks, zero_removed_heads
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, BertForSequenceClassification, BertModel
 
-from hydra_hf.cli import main as cli_main
 from hydra_hf.assemble import convert_checkpoint
-from hydra_hf.saving import SHIPPED
+from hydra_hf.cli import main as cli_main
 from hydra_hf.masks import HeadMasks
+from hydra_hf.saving import SHIPPED
 
 KEPT = [[[0, 1], [2, 3], [1]], [[1, 2, 3], [0], []], [[0], [0, 1, 2, 3], [0, 2]]]
 SENTENCES = ["the movie was very good", "a boring plot and awful actor", "i was not fun"]

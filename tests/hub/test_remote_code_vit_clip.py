@@ -12,8 +12,8 @@ from PIL import Image
 from test_modeling_clip import OPEN_CLIP_CFG, TEXT_KEPT, VISION_KEPT, save_open_clip, tiny_open_clip, two_tower_masks
 from test_modeling_vit import UNEQUAL, hf_vit_dir, save_timm, tiny_timm_vit  # noqa: F401  (hf_vit_dir: fixture)
 
-from hydra_hf.cli import main as cli_main
 from hydra_hf.assemble import convert_checkpoint, detect_arch
+from hydra_hf.cli import main as cli_main
 from hydra_hf.masks import HeadMasks
 
 LABELS = ["a cat", "a dog", "a diagram"]
@@ -115,8 +115,9 @@ def test_clip_fresh_process_remote_code_and_zero_shot_pipeline(tmp_path):
 
 
 def test_local_registration_loads_without_remote_code(hf_vit_dir, tmp_path):  # noqa: F811
-    import hydra_hf  # noqa: F401  (registers the Auto classes)
     from transformers import AutoModel, AutoModelForImageClassification, AutoModelForZeroShotImageClassification
+
+    import hydra_hf  # noqa: F401  (registers the Auto classes)
 
     out = tmp_path / "vit"
     model = convert_checkpoint(HeadMasks(kept_heads=UNEQUAL, num_heads=4), base=hf_vit_dir, output_dir=out)
@@ -146,8 +147,8 @@ def test_cli_converts_every_layout(hf_vit_dir, tmp_path, capsys):  # noqa: F811
     two_tower_masks().save(clip_masks)
     timm_dir = save_timm(tiny_timm_vit(), tmp_path / "timm")
     oc_dir = save_open_clip(tiny_open_clip(), tmp_path / "oc")
-    from transformers import CLIPModel
     from test_modeling_clip import tiny_clip_config
+    from transformers import CLIPModel
 
     CLIPModel(tiny_clip_config()).save_pretrained(tmp_path / "hf-clip")
     cases = [(hf_vit_dir, vit_masks, "vit"), (timm_dir, vit_masks, "timm_vit"), (tmp_path / "hf-clip", clip_masks, "clip"),

@@ -362,9 +362,9 @@ def test_ood_scores_are_a_registry_the_cli_and_study_read():
     import argparse
 
     from hydra_hf import metrics
-    from hydra_hf.recipes import study
     from hydra_hf.cli import evaluate as cli_evaluate
     from hydra_hf.evaluation import Predictions
+    from hydra_hf.recipes import study
 
     assert list(metrics.OOD_SCORES) == list(metrics.OOD_SCORE_NAMES) == ["msp", "entropy", "mutual_information", "energy"]
     assert study.SINGLE_SCORES == ("msp", "entropy", "energy") and set(study.OOD_SCORES) == set(metrics.OOD_SCORES)

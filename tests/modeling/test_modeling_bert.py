@@ -11,7 +11,7 @@ from conftest import tiny_bert_config, write_masks, zero_removed_heads
 from transformers import BertForSequenceClassification
 
 from hydra_hf.assemble import convert_checkpoint
-from hydra_hf.convert import fuse_bert, bert_member_from_state_dict, unfuse_bert
+from hydra_hf.convert import bert_member_from_state_dict, fuse_bert, unfuse_bert
 from hydra_hf.masks import HeadMasks
 from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig
 from hydra_hf.modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification, HydraEnsembleModel

@@ -327,10 +327,10 @@ def test_readers_check_key_counts_and_shapes(family, overrides, change, message)
 def test_other_task_heads_are_refused(family, overrides, arch, tmp_path):
     """A token-classification / QA checkpoint is never converted into a sequence classifier: one line
     naming its architecture."""
+    import json
+
     from hydra_hf.assemble import convert_checkpoint
     from hydra_hf.masks import HeadMasks
-
-    import json
 
     family.stock(**overrides).save_pretrained(tmp_path / "ckpt")
     config_file = tmp_path / "ckpt" / "config.json"
@@ -381,8 +381,7 @@ def csv_files(tmp_path_factory):
 def test_registry_detects_and_gates_equal_zeroed_reference(stock_dirs, case):
     """The registry finds the family from the folder; its pruning adapter's gates (W_O column blocks
     scaled by 0/1) give exactly the zeroed-W_O reference."""
-    from hydra_hf.families import detect_family
-    from hydra_hf.families import get_adapter
+    from hydra_hf.families import detect_family, get_adapter
     from hydra_hf.pruning.gates import HeadGates
 
     family, overrides = CASES[case]
@@ -412,8 +411,8 @@ def test_prune_convert_remote_code_and_pipeline(stock_dirs, csv_files, tmp_path)
     from conftest import run_fresh_python
     from transformers import AutoTokenizer
 
-    from hydra_hf.cli import main
     from hydra_hf.assemble import convert_checkpoint
+    from hydra_hf.cli import main
     from hydra_hf.masks import HeadMasks
 
     id_csv, ood_csv = csv_files

@@ -13,7 +13,6 @@ from transformers import AutoTokenizer, BertForSequenceClassification
 
 from hydra_hf import metrics
 from hydra_hf.assemble import convert_checkpoint
-from hydra_hf.saving import save_hydra_model
 from hydra_hf.evaluation import fit_uncertainty_threshold
 from hydra_hf.masks import HeadMasks
 from hydra_hf.modeling.pipeline_hydra import (
@@ -22,6 +21,7 @@ from hydra_hf.modeling.pipeline_hydra import (
     resolve_threshold,
     uncertainty_from_member_logits,
 )
+from hydra_hf.saving import save_hydra_model
 
 KEPT = [[[0, 1], [2, 3], [1]], [[1, 2, 3], [0], []], [[0], [0, 1, 2, 3], [0, 2]]]
 TEXTS = ["the movie was very good", "a boring plot and awful actor", "i was not fun", "great fun", "bad"]

@@ -33,7 +33,6 @@ from transformers import (
 )
 
 import hydra_hf  # noqa: F401  (registration: the hydra_hf-imported side of every test)
-from hydra_hf.saving import SHIPPED, save_hydra_model
 from hydra_hf.modeling.configuration_hydra import (
     HydraEnsembleCLIPConfig,
     HydraEnsembleConfig,
@@ -43,6 +42,7 @@ from hydra_hf.modeling.configuration_hydra import (
 from hydra_hf.modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification
 from hydra_hf.modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
 from hydra_hf.modeling.modeling_hydra_vit import HydraEnsembleForImageClassification
+from hydra_hf.saving import SHIPPED, save_hydra_model
 
 ATOL = 1e-5
 FAMILIES = ("bert", "vit", "clip")
@@ -179,7 +179,7 @@ def trainer_saves(model, family, inputs, processor, out_dir):
     trainer.save_model(str(out_dir / "save_model"))
     return [out_dir / "checkpoints" / "checkpoint-1", out_dir / "save_model"]
 '''
-exec(TRAINER_SAVES)  # defines trainer_saves
+exec(TRAINER_SAVES)  # defines trainer_saves (the same code runs in the fresh process below)
 
 PREPROCESSOR_LOADER = {"bert": "AutoTokenizer", "vit": "AutoImageProcessor", "clip": "AutoProcessor"}
 
@@ -264,7 +264,8 @@ def test_every_save_path_keeps_the_code(family, folders, tmp_path):
     assert type(model).__module__.startswith("hydra_hf.modeling.")
     local = tmp_path / "local"
     model.save_pretrained(local / "save_pretrained")
-    local_saved = [local / "save_pretrained", *trainer_saves(model, family, inputs, loader.from_pretrained(root / "d0"), local)]
+    saves = trainer_saves(model, family, inputs, loader.from_pretrained(root / "d0"), local)  # noqa: F821 (exec above)
+    local_saved = [local / "save_pretrained", *saves]
 
     # remote code: transformers_modules.* classes, in a process where hydra_hf cannot be imported
     remote = tmp_path / "remote"

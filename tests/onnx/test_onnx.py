@@ -21,19 +21,21 @@ from test_transformers_workflows import _perturb, save_preprocessor
 from transformers import CLIPConfig, ViTConfig
 
 from hydra_hf.cli import main
-from hydra_hf.saving import save_hydra_model
 from hydra_hf.hub.audit import PACKAGED_CODE_DIR, check_shipped_code
 from hydra_hf.modeling.configuration_hydra import HydraEnsembleCLIPConfig, HydraEnsembleConfig, HydraEnsembleViTConfig
 from hydra_hf.modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification
 from hydra_hf.modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
 from hydra_hf.modeling.modeling_hydra_vit import HydraEnsembleForImageClassification
+from hydra_hf.saving import save_hydra_model
 
 pytest.importorskip("onnxruntime")  # a guard only: tools/bootstrap.sh installs the onnx extra
 pytest.importorskip("onnxscript")
 
 from hydra_hf.onnx import OnnxHydraModel, pipeline  # noqa: E402
-from hydra_hf.onnx.export import export_onnx  # noqa: E402
-from hydra_hf.onnx.export import load_hydra_folder  # noqa: E402
+from hydra_hf.onnx.export import (
+    export_onnx,  # noqa: E402
+    load_hydra_folder,  # noqa: E402
+)
 
 ATOL = 1e-4
 FAMILIES = ("bert", "vit", "clip")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _tiny_models import SIGNAL_HEAD, image_batches, planted_bert, signal_batches, text_batches, tiny_bert, tiny_vit
 from sklearn.metrics import roc_auc_score
 
-from _tiny_models import SIGNAL_HEAD, image_batches, planted_bert, signal_batches, text_batches, tiny_bert, tiny_vit
 from hydra_hf.pruning import (
     Budget,
     CachedBertEvaluator,
@@ -222,9 +222,9 @@ def test_prune_members_runs_hydra_circ_in_lockstep(monkeypatch):
 def test_pruning_methods_are_a_registry(monkeypatch):
     """Issue 27 item 4: a pruning method is an object registered by name; adding one is a function and a
     registration, and prune_members, parse_methods, the OOD check and `prune --help` pick it up."""
-    import datasets
-
     import argparse
+
+    import datasets
 
     from hydra_hf.cli import prune as cli_prune
     from hydra_hf.pruning import PRUNING_METHODS, PruningMethod, prune_members, register_pruning_method, uses_ood

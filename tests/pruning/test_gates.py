@@ -6,8 +6,8 @@ import copy
 
 import pytest
 import torch
-
 from _tiny_models import image_batches, text_batches, tiny_bert, tiny_hf_clip, tiny_open_clip, tiny_timm_vit, tiny_vit
+
 from hydra_hf.families import get_adapter
 from hydra_hf.pruning.gates import HeadGates, zero_head_columns_
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 
+import datasets
 import pytest
 import torch
+from _tiny_models import text_batches, tiny_bert, tiny_open_clip
 from sklearn.metrics import roc_auc_score
 from transformers import CLIPConfig, CLIPModel
 
-import datasets
-from _tiny_models import text_batches, tiny_bert, tiny_open_clip
 from hydra_hf.masks import HeadMasks
 from hydra_hf.pruning import Budget, HeadGates, circuit_prune, get_adapter, prune_members, taylor_prune
 from hydra_hf.pruning import taylor as taylor_module

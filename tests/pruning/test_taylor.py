@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from _tiny_models import (
+    SIGNAL_HEAD,
+    image_batches,
+    planted_bert,
+    signal_batches,
+    text_batches,
+    tiny_bert,
+    tiny_timm_vit,
+    tiny_vit,
+)
 
-from _tiny_models import SIGNAL_HEAD, image_batches, planted_bert, signal_batches, text_batches, tiny_bert, tiny_timm_vit, tiny_vit
 from hydra_hf.pruning import Budget, get_adapter, select_top, taylor_prune, taylor_scores
 from hydra_hf.pruning.gates import zero_head_columns_
 

@@ -50,12 +50,12 @@ def test_ceiling_table_by_hand():
 def test_ceiling_end_to_end_tiny(tmp_path):
     """Two seeds of a tiny model: Singles trained into the study's folders, the Deep Ensemble's AUROC
     recomputed from the two Singles, a Taylor Hydra row per seed; a re-run resumes from the cache."""
+    from conftest import tiny_bert_config, write_tiny_tokenizer
+    from test_demo_smoke import _reviews
     from transformers import BertForSequenceClassification
 
-    from conftest import tiny_bert_config, write_tiny_tokenizer
     from hydra_hf import metrics
     from hydra_hf.evaluation import EnsemblePredictor, load_classifier, make_loader, predict
-    from test_demo_smoke import _reviews
 
     base = tmp_path / "base"
     torch.manual_seed(0)

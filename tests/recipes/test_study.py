@@ -236,9 +236,8 @@ def test_pooled_selection_transfers_to_the_folds_own_kind(tmp_path):
 def test_selection_data_heldout_rows_and_pooled_kinds(tmp_path):
     """selection='heldout' reads the training rows no model trains on; pooled OOD data leaves the fold's kind out."""
     from conftest import write_tiny_tokenizer
-    from transformers import AutoTokenizer
-
     from test_demo_smoke import _reviews
+    from transformers import AutoTokenizer
 
     train = _reviews(40, 0)
     train["text"] = [f"row{i} {t}" for i, t in enumerate(train["text"])]
@@ -264,15 +263,15 @@ def test_selection_data_heldout_rows_and_pooled_kinds(tmp_path):
 def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     """Two OOD kinds, a CircAvg and a Taylor candidate without fine-tuning and one with 2 steps: every
     cell is written, no test split is read, and a cell's AUROC equals a direct recomputation."""
+    from conftest import tiny_bert_config, write_tiny_tokenizer
+    from test_demo_smoke import _reviews
     from transformers import AutoTokenizer, BertForSequenceClassification
 
-    from conftest import tiny_bert_config, write_tiny_tokenizer
     from hydra_hf import data as data_mod
     from hydra_hf import metrics
     from hydra_hf.assemble import convert_checkpoint
     from hydra_hf.evaluation import ModelPredictor, make_loader, predict
     from hydra_hf.masks import HeadMasks
-    from test_demo_smoke import _reviews
 
     single = tmp_path / "single"
     torch.manual_seed(0)
@@ -414,13 +413,13 @@ def test_compare_selections_by_hand():
 def test_first_step_scores_match_the_search_and_selection_noise(tmp_path):
     """The scores the noise study ranks are the circuit search's: its first step (k heads at once)
     removes exactly their top k; the noise study on two disjoint draws runs and stays in range."""
+    from conftest import tiny_bert_config, write_tiny_tokenizer
+    from test_demo_smoke import _reviews
     from transformers import BertForSequenceClassification
 
-    from conftest import tiny_bert_config, write_tiny_tokenizer
     from hydra_hf.data import make_text_loader, resolve_dataset
     from hydra_hf.pruning import Budget, load_pruning_target
     from hydra_hf.pruning.circuits import circuit_prune
-    from test_demo_smoke import _reviews
 
     single = tmp_path / "single"
     torch.manual_seed(0)

@@ -19,15 +19,14 @@ from typing import Any
 import torch
 
 from .. import evaluation as ev
-from ..data import resolve_dataset
+from ..data import read_templates, resolve_dataset, zero_shot_class_names, zero_shot_data
 from ..errors import HydraInputError
 from ..evaluation.loading import load_causal_lm, zero_shot_family
-from ..modeling.pipeline_hydra import RANDOMIZED_METHODS, ZERO_SHOT_TEMPLATE, calibrated_member_probs
+from ..evaluation.zero_shot import load_zero_shot_model
 from ..families import is_causal_lm_folder
+from ..modeling.pipeline_hydra import RANDOMIZED_METHODS, ZERO_SHOT_TEMPLATE, calibrated_member_probs
 from ..outputs import MARKER, check_output, read_json, regular_files, write_output_folder, write_text_atomic
 from ..version import __version__
-from ..data import read_templates, zero_shot_class_names, zero_shot_data
-from ..evaluation.zero_shot import load_zero_shot_model
 from .conformal import check_alpha, fit_conformal
 from .generation import GENERATION_SCORES, fit_generation_abstention
 from .selective import fit_selective

@@ -15,8 +15,8 @@ import torch
 
 from .. import metrics
 from ..errors import HydraInputError
-from ..modeling.pipeline_hydra import calibrated_decisions, calibrated_member_probs
 from ..evaluation.plots import risk_coverage_diagram
+from ..modeling.pipeline_hydra import calibrated_decisions, calibrated_member_probs
 from .fit import fit_calibration
 
 __all__ = ["DEFAULTS", "decision_metrics", "fit_for_report", "render_decisions", "risk_coverage_figure"]

@@ -9,8 +9,8 @@ import logging
 from pathlib import Path
 
 from ..errors import HydraInputError
-from ..outputs import check_output, read_json, write_output_folder
 from ..evaluation.report import aggregate_seed_reports, check_seed_report, summarize_seed_comparisons, write_report
+from ..outputs import check_output, read_json, write_output_folder
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import finite_float
 from ..calibration import calibrate_folder, guarantee_text
 from ..calibration.conformal import CONFORMAL_METHODS
 from ..calibration.selective import SELECTIVE_SCORES
+from . import finite_float
 
 
 def _risk(value: str) -> float | None:

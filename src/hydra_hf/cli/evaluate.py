@@ -9,11 +9,11 @@ import argparse
 import dataclasses
 import logging
 
-from . import finite_float
 from .. import distributed
 from ..evaluation.folder import EvaluationSpec, evaluate_folder
 from ..evaluation.report import render_markdown_table
 from ..metrics import OOD_SCORES, SEQUENCE_SCORES
+from . import finite_float
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,13 @@ same metric code. The names below are the package's public face (``from hydra_hf
 ModelPredictor, make_loader, predict``)."""
 
 from ..data import zero_shot_prompts
-from .loading import check_deep_ensemble_model, fit_tokenizer_to_model, load_classifier, make_loader, max_text_positions
+from .loading import (
+    check_deep_ensemble_model,
+    fit_tokenizer_to_model,
+    load_classifier,
+    make_loader,
+    max_text_positions,
+)
 from .predictors import (
     EnsemblePredictor,
     HeadsEnsemblePredictor,

@@ -38,7 +38,8 @@ from ..data import check_data_spec, parse_spec, read_templates, resolve_dataset,
 from ..families import is_causal_lm_folder
 from ..metrics import OOD_SCORES, SEQUENCE_SCORES
 from ..outputs import check_output, read_json, write_output_folder
-from . import loading, predictors as pr
+from . import loading
+from . import predictors as pr
 from .causal_lm import evaluate_causal_lm, write_causal_lm_report
 from .report import write_evaluation_report
 from .run import EvaluationResult, compare_predictions, evaluate_predictors

@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import plots
 from ..errors import HydraInputError, HydraTypeError
 from ..outputs import write_text_atomic
+from . import plots
 from .run import EvaluationResult
 
 logger = logging.getLogger(__name__)

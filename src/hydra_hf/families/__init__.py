@@ -28,6 +28,7 @@ from .base import (
     register_family,
 )
 from .decoder import CAUSAL_LM_SUFFIXES, is_causal_lm_config, is_causal_lm_folder
+
 # Built-in families, in detection order (the first whose detect() accepts a folder wins).
 
 __all__ = [

@@ -51,7 +51,6 @@ import torch
 from torch import nn
 
 
-
 @dataclass
 class AttentionLayer:
     """One self-attention layer, seen from the pruning code.

@@ -35,6 +35,9 @@ from transformers import AutoConfig, AutoModelForImageClassification, AutoModelF
 
 from ..convert import read_config
 from ..errors import HydraInputError
+from ..masks import HeadMasks
+from ..outputs import prepare_owned_folder, write_output_folder
+from ..saving import copy_preprocessor
 from . import (
     COMMAND,
     RESUME_FREE,
@@ -46,9 +49,6 @@ from . import (
     make_accelerator,
     prepare_run,
 )
-from ..masks import HeadMasks
-from ..outputs import prepare_owned_folder, write_output_folder
-from ..saving import copy_preprocessor
 
 logger = logging.getLogger(__name__)
 

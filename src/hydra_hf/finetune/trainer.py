@@ -26,8 +26,8 @@ from ..data import make_image_loader, make_text_loader
 from ..modeling.hydra_attention import HydraSelfAttention
 from ..modeling.hydra_layers import HydraLayerNorm
 from ..modeling.modeling_hydra_llama import HydraRMSNorm
-from ..reproducibility import seed_worker
 from ..progress import progress_bars
+from ..reproducibility import seed_worker
 from .checkpoint import Checkpoints
 from .run import FinetuneRun
 

@@ -20,12 +20,13 @@ from typing import Any
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, constants
 from huggingface_hub.utils import validate_repo_id
 
-from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY, guarantee_text
+from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY
+from ..calibration.fit import guarantee_text
 from ..cost import DEFAULT_TOKENS, relative_cost
+from ..evaluation.report import mean_std_rows, render_comparisons, render_markdown_table
 from ..families import family_of_config
 from ..modeling.configuration_hydra import custom_pipelines_for
 from ..outputs import resolve_inside
-from ..evaluation.report import mean_std_rows, render_comparisons, render_markdown_table
 from .common import HubError, read_config, towers
 
 logger = logging.getLogger(__name__)

@@ -38,9 +38,9 @@ from typing import Any
 from safetensors import safe_open
 
 from ..errors import HydraTypeError, HydraUnsafeError, one_line
+from ..evaluation.plots import heads_heatmap
 from ..modeling.configuration_hydra import custom_pipelines_for
 from ..outputs import regular_files, resolve_inside, write_output_folder
-from ..evaluation.plots import heads_heatmap
 from ..saving import MODELING_DIR, PIPELINE_FILE
 from .audit import (
     check_packaged,

@@ -20,7 +20,14 @@ from typing import Literal
 
 import torch
 
-from .classification import ArrayLike, as_member_probs, energy_score, msp, negative_entropy, negative_mutual_information
+from .classification import (
+    ArrayLike,
+    as_member_probs,
+    energy_score,
+    msp,
+    negative_entropy,
+    negative_mutual_information,
+)
 
 __all__ = [
     "OOD_SCORES",

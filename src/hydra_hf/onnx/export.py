@@ -32,14 +32,19 @@ from ..convert.io import checkpoint_dir, from_pretrained, read_config
 from ..data import parse_spec, resolve_dataset
 from ..errors import HydraInputError
 from ..evaluation import zero_shot_prompts
-from ..saving import copy_preprocessor
+from ..evaluation.onnx_check import (
+    OnnxZeroShotPredictor,
+    quantization_report,
+    report_markdown,
+    write_quantization_report,
+)
 from ..families import family_of_config
 from ..hub.audit import PACKAGED_CODE_DIR, packaged_code, sibling_imports
 from ..outputs import check_output, write_output_folder
+from ..saving import copy_preprocessor
 from ..version import __version__
 from .graph import quiet_exporter
 from .int8 import calibration_feeds, resolve_recipe
-from ..evaluation.onnx_check import OnnxZeroShotPredictor, quantization_report, report_markdown, write_quantization_report
 from .runtime import EXPORT_FORMAT, EXPORT_METADATA, INSTALL_HINT, OnnxHydraModel, load_preprocessor, require_onnx
 
 logger = logging.getLogger(__name__)

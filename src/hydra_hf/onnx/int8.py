@@ -145,7 +145,6 @@ def batched_weight_products(graph: Any) -> list[str]:
     """MatMul / Gemm nodes whose weight is not one constant matrix (a computed tensor, or a stacked
     ``(M, in, out)`` weight such as the members' poolers and classifiers): ONNX Runtime's per-channel
     int8 product takes one scale per column of a 2-D weight only."""
-    from onnx import numpy_helper  # the onnx extra: pip install hydra-hf[onnx]
 
     inits = {i.name: i for i in graph.initializer}
     out = []

@@ -44,8 +44,8 @@ from ..masks import HeadMasks
 from .budget import Budget
 from .diversity import parse_methods, prune_members
 from .layout import HeadLayout
-from .neurons import check_mlp_keep
 from .lm import causal_lm_adapter, lm_batches
+from .neurons import check_mlp_keep
 
 logger = logging.getLogger(__name__)
 

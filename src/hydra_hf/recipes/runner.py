@@ -22,12 +22,13 @@ from typing import Any
 
 from torch import nn
 
-from .. import evaluation as ev, hub
-from ..finetune.baselines import all_heads_masks
+from .. import evaluation as ev
+from .. import hub
+from ..evaluation.report import render_markdown_table
 from ..finetune import finetune_members
+from ..finetune.baselines import all_heads_masks
 from ..masks import HeadMasks
 from ..outputs import prepare_owned_folder
-from ..evaluation.report import render_markdown_table
 
 logger = logging.getLogger(__name__)
 

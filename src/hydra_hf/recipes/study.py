@@ -58,11 +58,11 @@ from ..finetune.baselines import all_heads_masks
 from ..masks import HeadMasks
 from ..outputs import prepare_owned_folder, remove_dead_process_folders, write_text_atomic
 from ..pruning import build_members, load_pruning_target
-from ..pruning.neurons import check_mlp_keep
 from ..pruning.budget import Budget
 from ..pruning.circuits import make_evaluator
 from ..pruning.diversity import parse_methods, uses_ood
 from ..pruning.layout import HeadLayout
+from ..pruning.neurons import check_mlp_keep
 from .text import packaged_minilm
 
 logger = logging.getLogger(__name__)

@@ -44,11 +44,11 @@ from transformers import AutoTokenizer
 
 from .. import evaluation as ev
 from ..assemble import convert_checkpoint
-from ..finetune.baselines import train_deep_ensemble, train_lora_ensemble
 from ..data import resolve_dataset
 from ..errors import HydraInputError
 from ..evaluation import load_classifier
 from ..finetune import text_recipe
+from ..finetune.baselines import train_deep_ensemble, train_lora_ensemble
 from ..hub import fresh_check
 from ..masks import HeadMasks
 from ..onnx import require_onnx

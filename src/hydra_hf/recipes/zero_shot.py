@@ -40,7 +40,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from .. import evaluation as ev, metrics
+from .. import evaluation as ev
+from .. import metrics
 from ..assemble import convert_checkpoint
 from ..convert.open_clip import CONFIG_NAME as OPEN_CLIP_CONFIG
 from ..data import make_image_loader, resolve_dataset
