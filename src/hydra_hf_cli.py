@@ -19,7 +19,8 @@ from importlib import metadata
 
 PROG = "hydra-hf"
 DESCRIPTION = (
-    "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, calibrate, evaluate, aggregate, export, "
+    "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, calibrate, evaluate, aggregate, "
+    "export, "
     "push."
 )
 # Sub-commands, in the order `hydra-hf --help` lists them, with the one line it shows for each (the

@@ -132,7 +132,9 @@ def test_randomized_q_hat_and_sets_equal_torch_uncertainty_fed_the_same_u(method
     probs = torch.softmax(member_logits.double(), -1).mean(1)  # (700, 6)
     cal, test = probs[:500], probs[500:]
     n, alpha = 500, 0.1
-    ours = fit_conformal(cal, labels[:500], alpha, method, penalty=0.05, regularization_rank=2, randomized=True, seed=3)
+    ours = fit_conformal(
+        cal, labels[:500], alpha, method, penalty=0.05, regularization_rank=2, randomized=True, seed=3
+    )
     assert ours.to_dict()["randomized"] is True and ours.to_dict()["seed"] == 3
     # torch-uncertainty draws its U with torch.rand: (n,) at fit time, (N, C) for the sets (one U per class);
     # fed our U, one per input, repeated over the classes
@@ -199,7 +201,9 @@ def test_randomized_aps_fixes_the_over_coverage_of_deterministic_aps_on_two_clas
 def test_binomial_p_value_equals_scipy():
     stats = pytest.importorskip("scipy.stats")
     for errors, answered, risk in ((0, 45, 0.05), (3, 100, 0.1), (40, 200, 0.2), (7, 7, 0.5), (12, 500, 0.05)):
-        assert binomial_p_value(errors, answered, risk) == pytest.approx(stats.binom.cdf(errors, answered, risk), rel=1e-9)
+        assert binomial_p_value(errors, answered, risk) == pytest.approx(
+            stats.binom.cdf(errors, answered, risk), rel=1e-9
+        )
     assert binomial_p_value(0, 0, 0.1) == 1.0
 
 
@@ -280,8 +284,13 @@ def _digest(folder) -> dict[str, str]:
 def _one_line_error(args, capsys) -> str:
     capsys.readouterr()  # what earlier steps printed
     code = cli_main(args)
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "it/s]" not in line and "examples/s]" not in line]
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("hydra-hf calibrate: error: "), lines  # progress bars aside
+    lines = [
+        line
+        for line in capsys.readouterr().err.splitlines()
+        if line.strip() and "it/s]" not in line and "examples/s]" not in line
+    ]
+    # progress bars aside
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("hydra-hf calibrate: error: "), lines
     return lines[0]
 
 
@@ -340,7 +349,9 @@ def test_calibrate_cli_bad_input_is_one_line_and_writes_nothing(hydra_folder, tm
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]  # no temporary folder left
 
 
-def test_randomized_calibration_is_stored_and_the_pipeline_draws_the_same_u_alone_or_batched(hydra_folder, tmp_path, capsys):
+def test_randomized_calibration_is_stored_and_the_pipeline_draws_the_same_u_alone_or_batched(
+    hydra_folder, tmp_path, capsys
+):
     from transformers import pipeline
 
     from hydra_hf.calibration import guarantee_text
@@ -395,9 +406,12 @@ def test_fresh_process_pipeline_returns_the_stored_decisions(hydra_folder, tmp_p
         import json
         from transformers import pipeline
         pipe = pipeline("hydra-text-classification", model={str(out)!r}, trust_remote_code=True)
-        print(json.dumps([{{k: r[k] for k in ("prediction_set", "abstain", "abstain_score")}} for r in pipe({texts!r})]))
+        keys = ("prediction_set", "abstain", "abstain_score")
+        print(json.dumps([{{k: r[k] for k in keys}} for r in pipe({texts!r})]))
     """
-    got = json.loads(run_fresh_python(code, env={"HF_MODULES_CACHE": str(tmp_path / "modules")}).strip().splitlines()[-1])
+    got = json.loads(
+        run_fresh_python(code, env={"HF_MODULES_CACHE": str(tmp_path / "modules")}).strip().splitlines()[-1]
+    )
     model, tokenizer, _ = ev.load_classifier(out)
     labels = [model.config.id2label[c] for c in range(3)]
     with torch.no_grad():
@@ -408,7 +422,9 @@ def test_fresh_process_pipeline_returns_the_stored_decisions(hydra_folder, tmp_p
         expected = sorted((c for c in range(3) if decided["prediction_set"][i, c]), key=lambda c: -float(probs[i, c]))
         assert result["prediction_set"] == [labels[c] for c in expected]
         assert result["abstain"] == bool(decided["abstain"][i])
-        assert result["abstain_score"]["threshold"] == stored["threshold"] and result["abstain_score"]["score"] == "msp"
+        assert (
+            result["abstain_score"]["threshold"] == stored["threshold"] and result["abstain_score"]["score"] == "msp"
+        )
         assert result["abstain_score"]["value"] == pytest.approx(float(decided["abstain_value"][i]), abs=1e-6)
     assert {len(r["prediction_set"]) for r in got} != {1}  # the sets vary: the decisions are not trivial
     assert any(r["abstain"] for r in got) and not all(r["abstain"] for r in got)
@@ -477,7 +493,9 @@ def test_evaluate_reports_the_decisions_of_a_calibrated_folder_and_its_baseline(
                      "--report", str(report), "--bootstrap", "50"]) == 0
     data = json.loads((report / "report.json").read_text())
     decisions = data["decisions"]
-    assert [r["source"] for r in decisions["Hydra"]] == ["stored", "val"] and [r["source"] for r in decisions["Single"]] == ["val"]
+    assert [r["source"] for r in decisions["Hydra"]] == ["stored", "val"] and [
+        r["source"] for r in decisions["Single"]
+    ] == ["val"]
     assert [r["alpha"] for r in decisions["Hydra"]] == [0.2, 0.1]
     stored = json.loads((out / "config.json").read_text())["calibration"]
     model, tokenizer, _ = ev.load_classifier(out)
@@ -487,7 +505,9 @@ def test_evaluate_reports_the_decisions_of_a_calibrated_folder_and_its_baseline(
     decided = calibrated_decisions(member_logits, stored)
     labels = torch.tensor(frame.label.values)
     row = decisions["Hydra"][0]
-    assert row["coverage"] == pytest.approx(float(decided["prediction_set"][torch.arange(200), labels].double().mean()), abs=1e-9)
+    assert row["coverage"] == pytest.approx(
+        float(decided["prediction_set"][torch.arange(200), labels].double().mean()), abs=1e-9
+    )
     assert row["set_size"] == pytest.approx(float(decided["prediction_set"].sum(1).double().mean()), abs=1e-9)
     assert row["answered"] == pytest.approx(float((~decided["abstain"]).double().mean()), abs=1e-9)
     assert row["coverage_ci"]["ci_low"] <= row["coverage"] <= row["coverage_ci"]["ci_high"]
@@ -542,8 +562,19 @@ def test_calibrate_refuses_an_occupied_output_before_any_work(hydra_folder, tmp_
     err = _one_line_error(["calibrate", str(hydra_folder), "--data", str(data), "--output", str(tmp_path / "taken"),
                            "--risk", "none"], capsys)
     assert "not empty" in err and (tmp_path / "taken" / "notes.txt").read_text() == "mine"
-    err = _one_line_error(["calibrate", str(hydra_folder), "--data", str(data), "--output", str(hydra_folder / "inside"),
-                           "--risk", "none"], capsys)
+    err = _one_line_error(
+        [
+            "calibrate",
+            str(hydra_folder),
+            "--data",
+            str(data),
+            "--output",
+            str(hydra_folder / "inside"),
+            "--risk",
+            "none",
+        ],
+        capsys,
+    )
     assert "inside the input folder" in err
 
 
@@ -559,8 +590,12 @@ def test_causal_lm_abstention_thresholds_are_stored_and_used_by_generate_with_un
     assert cli_main(["convert", "--base", str(base), "--masks", str(write_decoder_masks(tmp_path / "masks.json")),
                      "--output", str(tmp_path / "hydra")]) == 0
     rng = torch.Generator().manual_seed(0)
-    texts = list(dict.fromkeys(" ".join(LM_WORDS[int(i)] for i in torch.randint(len(LM_WORDS), (int(n),), generator=rng))
-                               for n in torch.randint(3, 9, (400,), generator=rng)))
+    texts = list(
+        dict.fromkeys(
+            " ".join(LM_WORDS[int(i)] for i in torch.randint(len(LM_WORDS), (int(n),), generator=rng))
+            for n in torch.randint(3, 9, (400,), generator=rng)
+        )
+    )
     pd.DataFrame({"text": texts[:150]}).to_csv(tmp_path / "texts.csv", index=False)
     out = tmp_path / "calibrated"
     assert cli_main(["calibrate", str(tmp_path / "hydra"), "--data", str(tmp_path / "texts.csv"), "--output", str(out),
@@ -639,7 +674,9 @@ def test_image_folder_is_calibrated_on_an_image_folder_and_its_pipeline_decides(
         member_logits = model(**processor([Image.open(f) for f in files], return_tensors="pt")).member_logits
     decided = calibrated_decisions(member_logits, stored)
     for i, result in enumerate(results):
-        assert set(result["prediction_set"]) == {model.config.id2label[c] for c in range(3) if decided["prediction_set"][i, c]}
+        assert set(result["prediction_set"]) == {
+            model.config.id2label[c] for c in range(3) if decided["prediction_set"][i, c]
+        }
 
 
 def test_zero_shot_folder_is_calibrated_for_its_classes_and_template(tmp_path):
@@ -651,14 +688,18 @@ def test_zero_shot_folder_is_calibrated_for_its_classes_and_template(tmp_path):
 
     cfg = {**OPEN_CLIP_CFG, "text_cfg": {**OPEN_CLIP_CFG["text_cfg"], "vocab_size": 49408, "context_length": 16}}
     out = tmp_path / "clip-hydra"
-    convert_checkpoint(two_tower_masks(), base=save_open_clip(tiny_open_clip(cfg=cfg), tmp_path / "oc", cfg), output_dir=out)
+    convert_checkpoint(
+        two_tower_masks(), base=save_open_clip(tiny_open_clip(cfg=cfg), tmp_path / "oc", cfg), output_dir=out
+    )
     classes = ("cat", "dog", "diagram")
     g = torch.Generator().manual_seed(0)
     images = tmp_path / "images"
     for name in classes:
         (images / name).mkdir(parents=True)
         for i in range(15):
-            Image.fromarray((torch.rand(20, 24, 3, generator=g) * 255).to(torch.uint8).numpy()).save(images / name / f"{i}.png")
+            Image.fromarray((torch.rand(20, 24, 3, generator=g) * 255).to(torch.uint8).numpy()).save(
+                images / name / f"{i}.png"
+            )
     calibrated = tmp_path / "calibrated"
     assert cli_main(["calibrate", str(out), "--data", str(images), "--output", str(calibrated), "--alpha", "0.3",
                      "--risk", "none"]) == 0
@@ -670,21 +711,38 @@ def test_zero_shot_folder_is_calibrated_for_its_classes_and_template(tmp_path):
     zero_shot = load_zero_shot_model(calibrated)
     predictor = zero_shot.predictor(stored["class_names"], stored["templates"])
     with torch.no_grad():
-        member_logits = predictor.member_logits({"pixel_values": torch.stack([zero_shot.transform(Image.open(f)) for f in files])})
+        member_logits = predictor.member_logits(
+            {"pixel_values": torch.stack([zero_shot.transform(Image.open(f)) for f in files])}
+        )
     decided = calibrated_decisions(member_logits, stored)
     for i, result in enumerate(results):
-        assert set(result["prediction_set"]) == {stored["class_names"][c] for c in range(3) if decided["prediction_set"][i, c]}
-    assert "prediction_set" not in pipe(files[0], candidate_labels=["cat", "dog", "diagram"])  # another order: no claim
+        assert set(result["prediction_set"]) == {
+            stored["class_names"][c] for c in range(3) if decided["prediction_set"][i, c]
+        }
+    # another order: no claim
+    assert "prediction_set" not in pipe(files[0], candidate_labels=["cat", "dog", "diagram"])
     assert "prediction_set" not in pipe(files[0], candidate_labels=stored["class_names"], hypothesis_template="a {}")
     (tmp_path / "ood" / "noise").mkdir(parents=True)
     for i in range(4):
-        Image.fromarray((torch.rand(20, 24, 3, generator=g) * 64).to(torch.uint8).numpy()).save(tmp_path / "ood" / "noise" / f"{i}.png")
-    base = ["evaluate", "--model", str(calibrated), "--id-data", str(images), "--ood-data", f"noise={tmp_path / 'ood'}",
-            "--bootstrap", "0"]
+        Image.fromarray((torch.rand(20, 24, 3, generator=g) * 64).to(torch.uint8).numpy()).save(
+            tmp_path / "ood" / "noise" / f"{i}.png"
+        )
+    base = [
+        "evaluate",
+        "--model",
+        str(calibrated),
+        "--id-data",
+        str(images),
+        "--ood-data",
+        f"noise={tmp_path / 'ood'}",
+        "--bootstrap",
+        "0",
+    ]
     assert cli_main([*base, "--templates", "This is a photo of {}.", "--report", str(tmp_path / "same")]) == 0
     decisions = json.loads((tmp_path / "same" / "report.json").read_text())["decisions"]["Hydra"]
     assert [row["source"] for row in decisions] == ["stored"] and decisions[0]["n_calibration"] == 45
-    assert cli_main([*base, "--report", str(tmp_path / "other")]) == 0  # another template: the guarantee does not apply
+    # another template: the guarantee does not apply
+    assert cli_main([*base, "--report", str(tmp_path / "other")]) == 0
     assert "decisions" not in json.loads((tmp_path / "other" / "report.json").read_text())
 
 
@@ -704,7 +762,11 @@ def test_calibration_study_scores_the_other_half_of_each_seeds_split():
         test, labels["test"] = synthetic(400, seed=20, members=3 if name == "hydra" else 1, classes=2)
         val, labels["validation"] = synthetic(100, seed=21, members=3 if name == "hydra" else 1, classes=2)
         noise = torch.randn(500, 1, 2, generator=torch.Generator().manual_seed(k)) * 0.3  # the models differ
-        logits[name] = {"test": test + noise[:400], "validation": val + noise[400:], "ood/noise": torch.randn(50, test.shape[1], 2)}
+        logits[name] = {
+            "test": test + noise[:400],
+            "validation": val + noise[400:],
+            "ood/noise": torch.randn(50, test.shape[1], 2),
+        }
     cached = {"logits": logits, "labels": labels}
     cal, scored = study.split_halves(400, 1)
     assert sorted(torch.cat([cal, scored]).tolist()) == list(range(400)) and len(cal) == 200
@@ -715,7 +777,9 @@ def test_calibration_study_scores_the_other_half_of_each_seeds_split():
     probs = torch.softmax(ensemble.double(), -1).mean(1)
     fit = fit_conformal(probs[cal], labels["test"][cal], 0.1, "aps", randomized=True, seed=1)
     sets = prediction_sets(probs[scored], fit)
-    assert row["coverage"] == pytest.approx(float(sets[torch.arange(200), labels["test"][scored]].double().mean()), abs=1e-12)
+    assert row["coverage"] == pytest.approx(
+        float(sets[torch.arange(200), labels["test"][scored]].double().mean()), abs=1e-12
+    )
     single = next(r for r in out["sets"] if r["model"] == "Single" and r["method"] == "LAC")
     assert single["coverage"] != row["coverage"] or single["set_size"] != row["set_size"]  # the Single of seed 1 alone
     assert len(out["abstention"]) == 4 and all(r["risk"] == 0.2 for r in out["abstention"])

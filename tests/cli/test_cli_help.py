@@ -45,7 +45,9 @@ def test_the_console_script_answers_version_and_help_without_importing_torch():
             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
             "print('imported:', sorted(m for m in ('torch', 'transformers', 'hydra_hf') if m in sys.modules))")
     for flag, expected in (("--version", f"hydra-hf {__version__}"), ("--help", "usage: hydra-hf")):
-        out = subprocess.run([sys.executable, "-c", code, flag], capture_output=True, text=True, timeout=120, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", code, flag], capture_output=True, text=True, timeout=120, check=True
+        ).stdout
         assert expected in out and out.strip().endswith("imported: []"), out
 
 

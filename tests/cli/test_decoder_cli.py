@@ -35,7 +35,7 @@ MAX_LENGTH, BATCH = 16, 4
 def _config(vocab: int, **extra):
     return transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                     num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
-                                    pad_token_id=0, tie_word_embeddings=False, initializer_range=0.1, **extra)  # fmt: skip
+                                    pad_token_id=0, tie_word_embeddings=False, initializer_range=0.1, **extra)
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +90,12 @@ def test_prune_causal_lm_taylor_equals_the_library(files, tmp_path, capsys):
     next-token batches of every ID text (no subset, no sampling)."""
     root, texts, _, _ = files
     common = ["--model", root / "lm", "--method", "taylor", "--heads-per-layer", 2, "--id-data", root / "id.jsonl",
-              "--max-length", MAX_LENGTH, "--batch-size", BATCH, "--no-progress"]  # fmt: skip
+              "--max-length", MAX_LENGTH, "--batch-size", BATCH, "--no-progress"]
     _run(["prune", *common, "--members", 2, "--seed", 3, "--output", tmp_path / "two.json"], capsys)
     two = load_masks(tmp_path / "two.json")
     library = build_members(load_pruning_target(root / "lm"), method="taylor", budget=Budget(heads_per_layer=2),
                             id_data=str(root / "id.jsonl"), members=2, seed=3, max_length=MAX_LENGTH,
-                            batch_size=BATCH, progress=False)  # fmt: skip
+                            batch_size=BATCH, progress=False)
     assert _kept(two) == _kept(library)
     assert all(len(layer) == 2 for member in two.kept_heads for layer in member)
     assert two.metadata["task"] == "causal_lm" and "num_labels" not in two.metadata
@@ -114,17 +114,19 @@ def test_prune_causal_lm_circuit_avg_then_convert(files, tmp_path, capsys):
     root, texts, _, ood_texts = files
     _run(["prune", "--model", root / "lm", "--method", "circuit-avg", "--members", 1, "--remove", 2,
           "--id-data", root / "id.jsonl", "--ood-data", root / "ood.jsonl", "--max-length", MAX_LENGTH,
-          "--batch-size", BATCH, "--no-progress", "--output", tmp_path / "masks.json"], capsys)  # fmt: skip
+          "--batch-size", BATCH, "--no-progress", "--output", tmp_path / "masks.json"], capsys)
     masks = load_masks(tmp_path / "masks.json")
     target = load_pruning_target(root / "lm")
     tok = target.tokenizer
     direct = circuit_prune(target.adapter, lm_batches(tok, texts, max_length=MAX_LENGTH, batch_size=BATCH),
                            lm_batches(tok, ood_texts, max_length=MAX_LENGTH, batch_size=BATCH), Budget(remove=2),
-                           score="avg", progress=False)  # fmt: skip
+                           score="avg", progress=False)
     assert _kept(masks)[0] == _kept_from_gates(direct.gates)
     assert sum(len(h) for h in masks.kept_heads[0]) == 8 - 2
 
-    _run(["convert", "--base", root / "lm", "--masks", tmp_path / "masks.json", "--output", tmp_path / "hydra"], capsys)
+    _run(
+        ["convert", "--base", root / "lm", "--masks", tmp_path / "masks.json", "--output", tmp_path / "hydra"], capsys
+    )
     config = json.loads((tmp_path / "hydra" / "config.json").read_text())
     assert config["architectures"] == ["HydraEnsembleLlamaForCausalLM"]
     assert config["kept_heads"] == masks.kept_heads
@@ -134,8 +136,10 @@ def test_prune_causal_lm_circuit_avg_then_convert(files, tmp_path, capsys):
 def test_prune_causal_lm_misuse_is_one_line(files, tmp_path, capsys):
     root, _, _, _ = files
     base = ["prune", "--model", root / "lm", "--method", "taylor", "--members", 1, "--heads-per-layer", 2,
-            "--id-data", root / "id.jsonl", "--output", tmp_path / "m.json"]  # fmt: skip
-    assert "--label-column 'label' does not apply to the causal LM" in _error([*base, "--label-column", "label"], capsys)
+            "--id-data", root / "id.jsonl", "--output", tmp_path / "m.json"]
+    assert "--label-column 'label' does not apply to the causal LM" in _error(
+        [*base, "--label-column", "label"], capsys
+    )
     assert "--num-labels 2 does not apply to the causal LM" in _error([*base, "--num-labels", 2], capsys)
     assert "needs at least 2 tokens" in _error([*base, "--max-length", 1], capsys)
     ood = [*base[:4], "circuit-ood", *base[5:]]
@@ -160,17 +164,36 @@ def test_evaluate_causal_lm_report_equals_evaluate_causal_lm(files, tmp_path, ca
     """The report of a Hydra causal LM and its single base: every number from evaluate_causal_lm."""
     root, texts, _, ood_texts = files
     HeadMasks([[[0, 1], [2, 3]], [[1, 2], [0, 3]]], num_heads=4).save(tmp_path / "masks.json")
-    _run(["convert", "--base", root / "lm", "--masks", tmp_path / "masks.json", "--output", tmp_path / "hydra"], capsys)
-    out = _run(["evaluate", "--model", tmp_path / "hydra", "--baseline", f"Single={root / 'lm'}",
-                "--id-data", root / "id.jsonl", "--ood-data", f"Letters={root / 'ood.jsonl'}", "--max-length", MAX_LENGTH,
-                "--batch-size", BATCH, "--report", tmp_path / "report"], capsys)  # fmt: skip
+    _run(
+        ["convert", "--base", root / "lm", "--masks", tmp_path / "masks.json", "--output", tmp_path / "hydra"], capsys
+    )
+    out = _run(
+        [
+            "evaluate",
+            "--model",
+            tmp_path / "hydra",
+            "--baseline",
+            f"Single={root / 'lm'}",
+            "--id-data",
+            root / "id.jsonl",
+            "--ood-data",
+            f"Letters={root / 'ood.jsonl'}",
+            "--max-length",
+            MAX_LENGTH,
+            "--batch-size",
+            BATCH,
+            "--report",
+            tmp_path / "report",
+        ],
+        capsys,
+    )
     assert "Hydra: perplexity" in out
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     rows = {row["method"]: row for row in report["rows"]}
     for name, folder in (("Hydra", tmp_path / "hydra"), ("Single", root / "lm")):
         model, tokenizer = load_causal_lm(folder)
         expected = evaluate_causal_lm(model, texts, {"Letters": ood_texts}, tokenizer=tokenizer, max_length=MAX_LENGTH,
-                                      batch_size=BATCH, progress=False)  # fmt: skip
+                                      batch_size=BATCH, progress=False)
         for key in ("perplexity", "nll", "accuracy", "ece", "mutual_information"):
             assert rows[name][key] == pytest.approx(expected[key], rel=1e-9, abs=1e-12), (name, key)
         for key in ("auroc", "fpr95"):
@@ -178,14 +201,25 @@ def test_evaluate_causal_lm_report_equals_evaluate_causal_lm(files, tmp_path, ca
         assert rows[name]["members"] == (2 if name == "Hydra" else 1)
         assert report["causal_lm"][name]["ood"]["Letters"]["scores"]["likelihood"]["auroc"] == pytest.approx(
             expected["ood"]["Letters"]["scores"]["likelihood"]["auroc"])
-    assert rows["Hydra"]["mutual_information"] > 0 and rows["Single"]["mutual_information"] == pytest.approx(0, abs=1e-7)
+    assert rows["Hydra"]["mutual_information"] > 0 and rows["Single"]["mutual_information"] == pytest.approx(
+        0, abs=1e-7
+    )
     markdown = (tmp_path / "report" / "report.md").read_text()
     assert "PPL ↓" in markdown and "Letters AUROC ↑" in markdown and "likelihood AUROC ↑" in markdown
     assert report["task"] == "causal_lm" and report["settings"]["id_data"] == str(root / "id.jsonl")
 
     # classifier options and non-LM baselines are one line each
-    base = ["evaluate", "--model", tmp_path / "hydra", "--id-data", root / "id.jsonl", "--ood-data", root / "ood.jsonl",
-            "--report", tmp_path / "r2"]  # fmt: skip
+    base = [
+        "evaluate",
+        "--model",
+        tmp_path / "hydra",
+        "--id-data",
+        root / "id.jsonl",
+        "--ood-data",
+        root / "ood.jsonl",
+        "--report",
+        tmp_path / "r2",
+    ]
     assert "--temperature-scaling does not apply" in _error([*base, "--temperature-scaling", "--val-data",
                                                             root / "id.jsonl"], capsys)
     assert "is not a causal LM folder" in _error([*base, "--baseline", f"C={root / 'cls'}"], capsys)
@@ -193,7 +227,7 @@ def test_evaluate_causal_lm_report_equals_evaluate_causal_lm(files, tmp_path, ca
 
     # ------------------------------------------------------------------------------ push --dry-run: the card
     out = _run(["push", tmp_path / "hydra", "--repo-id", "org/hydra-tiny-llama", "--report", tmp_path / "report",
-                "--dry-run", "--staging", tmp_path / "staged"], capsys)  # fmt: skip
+                "--dry-run", "--staging", tmp_path / "staged"], capsys)
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["validated"]["auto_class"] == "AutoModelForCausalLM"
     assert summary["validated"]["pipeline"] == "HydraTextGenerationPipeline"
@@ -211,13 +245,15 @@ def test_decoder_classifier_prune_convert_evaluate(files, tmp_path, capsys):
     the report's accuracy equals the converted model's on the ID texts, computed here."""
     root, texts, labels, _ = files
     _run(["prune", "--model", root / "cls", "--method", "taylor", "--members", 2, "--heads-per-layer", 3,
-          "--id-data", root / "id.jsonl", "--no-progress", "--output", tmp_path / "masks.json"], capsys)  # fmt: skip
+          "--id-data", root / "id.jsonl", "--no-progress", "--output", tmp_path / "masks.json"], capsys)
     masks = load_masks(tmp_path / "masks.json")
     assert masks.metadata["num_labels"] == 2 and all(len(h) == 3 for m in masks.kept_heads for h in m)
-    _run(["convert", "--base", root / "cls", "--masks", tmp_path / "masks.json", "--output", tmp_path / "hydra"], capsys)
+    _run(
+        ["convert", "--base", root / "cls", "--masks", tmp_path / "masks.json", "--output", tmp_path / "hydra"], capsys
+    )
     assert model_kind(json.loads((tmp_path / "hydra" / "config.json").read_text())) == "text"
     _run(["evaluate", "--model", tmp_path / "hydra", "--id-data", root / "id.jsonl", "--ood-data", root / "ood.jsonl",
-          "--bootstrap", 0, "--report", tmp_path / "report"], capsys)  # fmt: skip
+          "--bootstrap", 0, "--report", tmp_path / "report"], capsys)
     row = json.loads((tmp_path / "report" / "report.json").read_text())["rows"][0]
     model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hydra").eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hydra")
@@ -235,25 +271,31 @@ def test_gpt2_causal_lm_prune_and_evaluate_a_stock_model(files, tmp_path, capsys
     tokenizer = transformers.AutoTokenizer.from_pretrained(root / "lm")
     torch.manual_seed(2)
     config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=len(tokenizer.get_vocab()) + 2,
-                                     n_positions=64, pad_token_id=0, initializer_range=0.2)  # fmt: skip
+                                     n_positions=64, pad_token_id=0, initializer_range=0.2)
     transformers.GPT2LMHeadModel(config).eval().save_pretrained(tmp_path / "gpt2")
     tokenizer.save_pretrained(tmp_path / "gpt2")
     _run(["prune", "--model", tmp_path / "gpt2", "--method", "circuit-acc", "--members", 1, "--heads-per-layer", 3,
           "--id-data", root / "id.jsonl", "--max-length", MAX_LENGTH, "--batch-size", BATCH, "--no-progress",
-          "--output", tmp_path / "masks.json"], capsys)  # fmt: skip
+          "--output", tmp_path / "masks.json"], capsys)
     target = load_pruning_target(tmp_path / "gpt2")
-    direct = circuit_prune(target.adapter, lm_batches(target.tokenizer, texts, max_length=MAX_LENGTH, batch_size=BATCH),
-                           None, Budget(heads_per_layer=3), score="acc", progress=False)  # fmt: skip
+    direct = circuit_prune(
+        target.adapter,
+        lm_batches(target.tokenizer, texts, max_length=MAX_LENGTH, batch_size=BATCH),
+        None,
+        Budget(heads_per_layer=3),
+        score="acc",
+        progress=False,
+    )
     assert _kept(load_masks(tmp_path / "masks.json"))[0] == _kept_from_gates(direct.gates)
 
     _run(["evaluate", "--model", tmp_path / "gpt2", "--name", "GPT-2", "--id-data", root / "id.jsonl", "--ood-data",
           root / "ood.jsonl", "--score", "likelihood", "--max-length", MAX_LENGTH, "--report", tmp_path / "report"],
-         capsys)  # fmt: skip
+         capsys)
     (row,) = json.loads((tmp_path / "report" / "report.json").read_text())["rows"]
     model, tok = load_causal_lm(tmp_path / "gpt2")
     name = str(root / "ood.jsonl")  # an unnamed --ood-data is named by its spec, as for classifiers
     expected = evaluate_causal_lm(model, texts, {name: ood_texts}, tokenizer=tok, max_length=MAX_LENGTH,
-                                  batch_size=32, progress=False)  # fmt: skip
+                                  batch_size=32, progress=False)
     assert (row["method"], row["members"]) == ("GPT-2", 1)
     assert row["perplexity"] == pytest.approx(expected["perplexity"], rel=1e-9)
     assert row[f"{name}/auroc"] == pytest.approx(expected["ood"][name]["scores"]["likelihood"]["auroc"])

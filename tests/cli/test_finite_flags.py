@@ -41,7 +41,7 @@ def test_every_float_flag_refuses_non_finite_values():
     flags = _float_flags()
     names = {(c, f) for c, f, _ in flags}
     assert {("prune", "--temperature"), ("prune", "--data-fraction"), ("finetune", "--member-perturb"),
-            ("finetune", "--learning-rate")} <= names, names  # fmt: skip
+            ("finetune", "--learning-rate")} <= names, names
     for command, flag, parse in flags:
         for text in ("nan", "NaN", "inf", "-inf", "1e999"):
             with pytest.raises(argparse.ArgumentTypeError, match="not a finite number"):

@@ -54,7 +54,7 @@ def _siglip(folder: Path, positions: int = 16) -> SiglipModel:
                          intermediate_size=64, max_position_embeddings=positions),
         vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                            image_size=SIZE, patch_size=8),
-    )).eval()  # fmt: skip
+    )).eval()
     model.save_pretrained(folder)
     SiglipImageProcessor(size={"height": SIZE, "width": SIZE}).save_pretrained(folder)
     write_tiny_tokenizer(folder)
@@ -69,7 +69,7 @@ def test_siglip_prompts_are_padded_to_the_text_towers_positions(tmp_path):
     images = _image_folder(tmp_path / "images")
     code, _, err = run_cli(["prune", "--model", str(folder), "--method", "taylor", "--members", "1",
                             "--heads-per-layer", "2", "--id-data", str(images), "--class-names", "cat,dog",
-                            "--no-progress", "--output", str(tmp_path / "masks.json")])  # fmt: skip
+                            "--no-progress", "--output", str(tmp_path / "masks.json")])
     assert code == 0, err
     assert json.loads((tmp_path / "masks.json").read_text())["format"] == "hydra-head-masks"
     family = get_family("siglip")
@@ -100,7 +100,7 @@ def test_prune_checks_its_data_before_loading_the_model_and_reads_a_txt_file(tmp
         data[missing] = str(tmp_path / "missing.jsonl")
         code, _, err = run_cli(["prune", "--model", str(broken), "--method", "circuit-avg", "--members", "1",
                                 "--heads-per-layer", "2", "--id-data", data["--id-data"], "--ood-data",
-                                data["--ood-data"], "--output", str(tmp_path / "m.json")])  # fmt: skip
+                                data["--ood-data"], "--output", str(tmp_path / "m.json")])
         assert code == 2 and "missing.jsonl' does not exist" in assert_one_line_error(err)
     texts = ["the movie was good fun", "a plot it was boring", "bad actor awful film", "great fun the movie"] * 2
     (tmp_path / "texts.txt").write_text("\n".join(texts) + "\n")
@@ -109,7 +109,7 @@ def test_prune_checks_its_data_before_loading_the_model_and_reads_a_txt_file(tmp
     for suffix in ("txt", "jsonl"):
         code, _, err = run_cli(["prune", "--model", str(base), "--method", "taylor", "--members", "1",
                                 "--heads-per-layer", "2", "--id-data", str(tmp_path / f"texts.{suffix}"),
-                                "--no-progress", "--output", str(tmp_path / f"{suffix}.json")])  # fmt: skip
+                                "--no-progress", "--output", str(tmp_path / f"{suffix}.json")])
         assert code == 0, err
         kept[suffix] = json.loads((tmp_path / f"{suffix}.json").read_text())["members"][0]["kept_heads"]
     assert kept["txt"] == kept["jsonl"]
@@ -122,14 +122,14 @@ def test_evaluate_names_a_missing_model_before_anything_else(tmp_path):
     images = _image_folder(tmp_path / "images")
     common = ["--id-data", str(images), "--ood-data", str(images), "--report", str(tmp_path / "report")]
     code, _, err = run_cli(["evaluate", "--model", str(tmp_path / "missing"), "--baseline",
-                            f"Single={tmp_path / 'siglip'}", *common])  # fmt: skip
+                            f"Single={tmp_path / 'siglip'}", *common])
     line = assert_one_line_error(err)
     assert code == 2 and "--model" in line and "missing' does not exist" in line and "classifier" not in line
     code, _, err = run_cli(["evaluate", "--model", str(tmp_path / "siglip"), "--baseline",
-                            f"Other={tmp_path / 'gone'}", *common])  # fmt: skip
+                            f"Other={tmp_path / 'gone'}", *common])
     assert code == 2 and "--baseline Other=" in assert_one_line_error(err) and "gone' does not exist" in err
     code, _, err = run_cli(["evaluate", "--model", str(tmp_path / "siglip"), "--id-data", str(images), "--ood-data",
-                            f"far={tmp_path / 'nothing.jsonl'}", "--report", str(tmp_path / "report")])  # fmt: skip
+                            f"far={tmp_path / 'nothing.jsonl'}", "--report", str(tmp_path / "report")])
     assert code == 2 and "nothing.jsonl' does not exist" in assert_one_line_error(err)
     assert not (tmp_path / "report").exists()
 
@@ -179,14 +179,28 @@ def test_no_progress_on_every_long_command(tmp_path):
     masks = tmp_path / "masks.json"
     masks.write_text(json.dumps({"format": "hydra-head-masks", "version": 1, "num_layers": 2, "num_heads": 4,
                                  "members": [{"kept_heads": [[0, 1], [2]]}, {"kept_heads": [[2, 3], [0, 1]]}]}))
-    (tmp_path / "id.jsonl").write_text("\n".join(json.dumps({"text": "the movie was good fun " * (i + 1)}) for i in range(4)))
+    (tmp_path / "id.jsonl").write_text(
+        "\n".join(json.dumps({"text": "the movie was good fun " * (i + 1)}) for i in range(4))
+    )
     bars = {}
     for flag in ([], ["--no-progress"]):
         out = tmp_path / f"hydra{len(flag)}"
         code, _, err = run_cli(["convert", "--base", str(base), "--masks", str(masks), "--output", str(out), *flag])
         assert code == 0, err
-        code, _, err2 = run_cli(["evaluate", "--model", str(out), "--id-data", str(tmp_path / "id.jsonl"), "--ood-data",
-                                 str(tmp_path / "id.jsonl"), "--report", str(tmp_path / f"report{len(flag)}"), *flag])
+        code, _, err2 = run_cli(
+            [
+                "evaluate",
+                "--model",
+                str(out),
+                "--id-data",
+                str(tmp_path / "id.jsonl"),
+                "--ood-data",
+                str(tmp_path / "id.jsonl"),
+                "--report",
+                str(tmp_path / f"report{len(flag)}"),
+                *flag,
+            ]
+        )
         assert code == 0, err2
         bars[bool(flag)] = [line for line in (err + err2).splitlines() if "%|" in line]
     assert bars[False] and not bars[True], bars[True]
@@ -205,7 +219,8 @@ def _close(a, b) -> bool:
 
 def test_the_image_pipelines_batch(tmp_path):
     """hydra-image-classification and hydra-zero-shot-image-classification with batch_size=2 give the results
-    of one image at a time (the text pipelines: tests/modeling/test_pipeline_uncertainty.py, tests/modeling/test_decoder_edges.py)."""
+    of one image at a time (the text pipelines: tests/modeling/test_pipeline_uncertainty.py,
+    tests/modeling/test_decoder_edges.py)."""
     torch.manual_seed(0)
     vit = ViTForImageClassification(ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                               intermediate_size=64, image_size=16, patch_size=8, num_labels=3))
@@ -214,13 +229,21 @@ def test_the_image_pipelines_batch(tmp_path):
     kept = [[[0, 1], [2]], [[2, 3], [0, 1]]]
     convert_checkpoint(HeadMasks(kept_heads=kept, num_heads=4), base=tmp_path / "vit", output_dir=tmp_path / "hvit")
     g = torch.Generator().manual_seed(1)
-    images = [Image.fromarray(torch.randint(0, 256, (16, 16, 3), generator=g, dtype=torch.uint8).numpy()) for _ in range(3)]
+    images = [
+        Image.fromarray(torch.randint(0, 256, (16, 16, 3), generator=g, dtype=torch.uint8).numpy()) for _ in range(3)
+    ]
     pipe = pipeline("hydra-image-classification", model=str(tmp_path / "hvit"), trust_remote_code=True)
     assert _close(pipe(images), pipe(images, batch_size=2))
     tower = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
-    CLIPModel(CLIPConfig(text_config=dict(vocab_size=99, max_position_embeddings=32, **tower),
-                         vision_config=dict(image_size=16, patch_size=8, **tower))).eval().save_pretrained(tmp_path / "clip")
-    CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}).save_pretrained(tmp_path / "clip")
+    CLIPModel(
+        CLIPConfig(
+            text_config=dict(vocab_size=99, max_position_embeddings=32, **tower),
+            vision_config=dict(image_size=16, patch_size=8, **tower),
+        )
+    ).eval().save_pretrained(tmp_path / "clip")
+    CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}).save_pretrained(
+        tmp_path / "clip"
+    )
     write_tiny_tokenizer(tmp_path / "clip")
     towers = {t: HeadMasks(kept_heads=kept, num_heads=4) for t in ("vision", "text")}
     convert_checkpoint(HeadMasks(towers=towers), base=tmp_path / "clip", output_dir=tmp_path / "hclip")

@@ -148,17 +148,31 @@ def _make_evil(folder: Path) -> None:
 INPUT_CASES = {
     "shard index leaves the folder": (lambda f: _shard_index(f, "../other/model.safetensors"), "leads outside"),
     "shard index names an absolute path": (lambda f: _shard_index(f, "/etc/passwd"), "absolute path"),
-    "shard index is not JSON": (lambda f: (_shard_index(f, "model-00001.safetensors"),
-                                           (f / "model.safetensors.index.json").write_text("{oops")), "not valid JSON"),
-    "shard index without weight_map": (lambda f: (_shard_index(f, "model-00001.safetensors"),
-                                                  (f / "model.safetensors.index.json").write_text("{}")), "weight_map"),
+    "shard index is not JSON": (
+        lambda f: (
+            _shard_index(f, "model-00001.safetensors"),
+            (f / "model.safetensors.index.json").write_text("{oops"),
+        ),
+        "not valid JSON",
+    ),
+    "shard index without weight_map": (
+        lambda f: (_shard_index(f, "model-00001.safetensors"), (f / "model.safetensors.index.json").write_text("{}")),
+        "weight_map",
+    ),
     "weights are a symlink out of the folder": (
-        lambda f: ((f.parent / "outside.safetensors").write_bytes((f / "model.safetensors").read_bytes()),
-                   (f / "model.safetensors").unlink(), os.symlink(f.parent / "outside.safetensors", f / "model.safetensors")),
-        "leads outside"),
+        lambda f: (
+            (f.parent / "outside.safetensors").write_bytes((f / "model.safetensors").read_bytes()),
+            (f / "model.safetensors").unlink(),
+            os.symlink(f.parent / "outside.safetensors", f / "model.safetensors"),
+        ),
+        "leads outside",
+    ),
     "pickle-only .bin": (_pickle_only_bin, "weights_only=True"),
     "truncated safetensors": (lambda f: _truncate(f / "model.safetensors"), "not a readable safetensors"),
-    "text in model.safetensors": (lambda f: (f / "model.safetensors").write_text("not weights"), "not a readable safetensors"),
+    "text in model.safetensors": (
+        lambda f: (f / "model.safetensors").write_text("not weights"),
+        "not a readable safetensors",
+    ),
     "config is not JSON": (lambda f: (f / "config.json").write_text("{"), "not valid JSON"),
     "no weights": (lambda f: (f / "model.safetensors").unlink(), "holds no weights"),
 }
@@ -187,7 +201,10 @@ def test_convert_never_runs_code_shipped_in_the_base(sandbox):
 
 
 MASK_CASES = {
-    "num_heads is a string": ({"num_heads": "4"}, "'num_heads' must be an integer, got str '4'; write 4 without quotes"),
+    "num_heads is a string": (
+        {"num_heads": "4"},
+        "'num_heads' must be an integer, got str '4'; write 4 without quotes",
+    ),
     "num_layers is a string": ({"num_layers": "3"}, "'num_layers' must be an integer"),
     "num_heads is a float": ({"num_heads": 4.0}, "'num_heads' must be an integer, got float"),
     "num_layers is zero": ({"num_layers": 0}, "must be at least 1"),
@@ -216,7 +233,9 @@ def test_convert_refuses_bad_masks_fields(sandbox, case):
     assert tree_digest(sandbox) == before
 
 
-@pytest.mark.parametrize("content", [b"", b"\x00\xff\xfe garbage", b"[1, 2", b"null"], ids=["empty", "binary", "truncated", "null"])
+@pytest.mark.parametrize(
+    "content", [b"", b"\x00\xff\xfe garbage", b"[1, 2", b"null"], ids=["empty", "binary", "truncated", "null"]
+)
 def test_convert_refuses_broken_masks_files(sandbox, content):
     (sandbox / "bad.json").write_bytes(content)
     before = tree_digest(sandbox)
@@ -301,8 +320,22 @@ def test_a_live_writers_lock_is_respected(sandbox):
 
 # ---------------------------------------------------------------------------------- evaluate
 def _evaluate(root: Path, *extra: str, model: str = "hydra", report: str = "report"):
-    return run_cli(["evaluate", "--model", str(root / model), "--id-data", str(root / "id.csv"),
-                    "--ood-data", f"rev={root / 'ood.csv'}", "--report", str(root / report), "--batch-size", "8", *extra])
+    return run_cli(
+        [
+            "evaluate",
+            "--model",
+            str(root / model),
+            "--id-data",
+            str(root / "id.csv"),
+            "--ood-data",
+            f"rev={root / 'ood.csv'}",
+            "--report",
+            str(root / report),
+            "--batch-size",
+            "8",
+            *extra,
+        ]
+    )
 
 
 def test_evaluate_never_runs_a_baselines_code_without_trust(sandbox):
@@ -360,7 +393,9 @@ def test_evaluate_checks_the_report_folder_before_any_work(sandbox, case, monkey
     import shutil
 
     shutil.copytree(sandbox / "hydra", sandbox / "hydra_copy")
-    monkeypatch.setattr(loading, "load_classifier", lambda *a, **k: pytest.fail("loaded a model before checking --report"))
+    monkeypatch.setattr(
+        loading, "load_classifier", lambda *a, **k: pytest.fail("loaded a model before checking --report")
+    )
     before = tree_digest(sandbox)
     rc, _, err = _evaluate(sandbox, *(["--overwrite"] if overwrite else []), report=report)
     assert rc == 2 and words in assert_one_line_error(err)
@@ -474,7 +509,9 @@ def test_convert_and_export_refuse_non_finite_weights(sandbox, value):
     before = tree_digest(sandbox)
     rc, _, err = _convert(sandbox, base="poisoned")
     assert rc == 2 and "not finite" in assert_one_line_error(err)
-    rc, _, err = run_cli(["export", str(sandbox / "hydra_poisoned"), "--format", "onnx", "--output", str(sandbox / "onnx")])
+    rc, _, err = run_cli(
+        ["export", str(sandbox / "hydra_poisoned"), "--format", "onnx", "--output", str(sandbox / "onnx")]
+    )
     assert rc == 2 and "not finite" in assert_one_line_error(err)
     assert tree_digest(sandbox) == before
 
@@ -518,11 +555,15 @@ def test_a_dead_writers_lock_is_taken_over_by_one_writer_only(tmp_path):
         assert len(winners) == 1, got
         assert all(kind == "HydraOutputError" for kind, _ in got if kind != "won"), got
         assert (out / "who").read_text() == str(winners[0])
-        assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(f".out{trial}.")], "locks or temporaries left"
+        assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(f".out{trial}.")], (
+            "locks or temporaries left"
+        )
 
 
 def test_evaluate_refuses_a_folder_without_tokenizer_files(sandbox):
-    """Issue 25 item 5: transformers built an empty-vocabulary tokenizer (every word [UNK]) and a report was written."""
+    """Without tokenizer files transformers builds an empty-vocabulary tokenizer (every word [UNK]): refused
+    before a report is written."""
+
     def strip(folder: Path) -> None:
         for f in folder.iterdir():
             if f.name.startswith(("tokenizer", "vocab", "special_tokens")):
@@ -546,7 +587,10 @@ def test_evaluate_caps_max_length_at_the_models_positions(sandbox):
                           "--report", str(sandbox / "report"), "--batch-size", "4", "--max-length", "128",
                           "--bootstrap", "0"])
     assert rc == 0, err[-2000:]
-    assert {r["method"] for r in json.loads((sandbox / "report" / "report.json").read_text())["rows"]} >= {"Hydra", "Single"}
+    assert {r["method"] for r in json.loads((sandbox / "report" / "report.json").read_text())["rows"]} >= {
+        "Hydra",
+        "Single",
+    }
 
 
 # ---------------------------------------------------------------------------------- the study
@@ -560,7 +604,7 @@ def _study_table(folder: Path) -> tuple[int, str]:
 
 
 def test_study_table_only_never_replaces_a_users_files(tmp_path):
-    """Issue 25 item 3: --table-only overwrote decision.md / summary.json in a folder with a study.json but no marker."""
+    """--table-only never overwrites decision.md / summary.json in a folder with a study.json but no marker."""
     folder = tmp_path / "mine"
     folder.mkdir()
     (folder / "study.json").write_text(json.dumps({"settings": {}}))
@@ -642,10 +686,21 @@ AGGREGATE_CASES = {
     "Infinity": (_edit(text_edit=lambda t: t.replace("0.84", "Infinity", 1)), "Infinity is not JSON"),
     "NaN": (_edit(text_edit=lambda t: t.replace("0.84", "NaN", 1)), "NaN is not JSON"),
     "1e999": (_edit(text_edit=lambda t: t.replace("0.84", "1e999", 1)), "not a finite number"),
-    "1e308 overflows the mean": (lambda f: [_edit(data_edit=lambda d: d["rows"][0].update(accuracy=1e308))(g)
-                                            for g in (f, f.parent.parent / "r0" / "report.json")], "no finite mean"),
-    "the same numbers twice": (lambda f: f.write_text((f.parent.parent / "r0" / "report.json").read_text()), "same numbers"),
-    "another model under the same name": (_edit(data_edit=lambda d: d["rows"][0].update(params_m=33.4)), "other models"),
+    "1e308 overflows the mean": (
+        lambda f: [
+            _edit(data_edit=lambda d: d["rows"][0].update(accuracy=1e308))(g)
+            for g in (f, f.parent.parent / "r0" / "report.json")
+        ],
+        "no finite mean",
+    ),
+    "the same numbers twice": (
+        lambda f: f.write_text((f.parent.parent / "r0" / "report.json").read_text()),
+        "same numbers",
+    ),
+    "another model under the same name": (
+        _edit(data_edit=lambda d: d["rows"][0].update(params_m=33.4)),
+        "other models",
+    ),
     "other data": (_edit(data_edit=lambda d: d["settings"].update(id_data="other.csv")), "different id_data"),
 }
 
@@ -783,9 +838,22 @@ def test_an_unwritable_output_is_refused_before_any_work(sandbox, monkeypatch):
     """Issue 25 item 7: a read-only --report was found only after the whole evaluation ran."""
     from hydra_hf.evaluation import loading
 
-    monkeypatch.setattr(loading, "load_classifier", lambda *a, **k: pytest.fail("loaded a model before checking --report"))
-    rc, _, err = run_cli(["evaluate", "--model", str(sandbox / "hydra"), "--id-data", str(sandbox / "id.csv"),
-                          "--ood-data", str(sandbox / "ood.csv"), "--report", str(_read_only_folder() / "hydra" / "report")])
+    monkeypatch.setattr(
+        loading, "load_classifier", lambda *a, **k: pytest.fail("loaded a model before checking --report")
+    )
+    rc, _, err = run_cli(
+        [
+            "evaluate",
+            "--model",
+            str(sandbox / "hydra"),
+            "--id-data",
+            str(sandbox / "id.csv"),
+            "--ood-data",
+            str(sandbox / "ood.csv"),
+            "--report",
+            str(_read_only_folder() / "hydra" / "report"),
+        ]
+    )
     assert rc == 2 and "is not writable" in assert_one_line_error(err)
 
 
@@ -831,7 +899,9 @@ def test_an_output_inside_an_input_folder_is_refused(sandbox):
     rc, _, err = _evaluate(sandbox, report="hydra/report")
     assert rc == 2 and "lies inside the input folder" in assert_one_line_error(err)
     pytest.importorskip("onnxscript")
-    rc, _, err = run_cli(["export", str(sandbox / "hydra"), "--format", "onnx", "--output", str(sandbox / "hydra" / "onnx")])
+    rc, _, err = run_cli(
+        ["export", str(sandbox / "hydra"), "--format", "onnx", "--output", str(sandbox / "hydra" / "onnx")]
+    )
     assert rc == 2 and "lies inside the input folder" in assert_one_line_error(err)
     assert tree_digest(sandbox) == before
 

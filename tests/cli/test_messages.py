@@ -25,9 +25,15 @@ DATA = {
     # file name: (bytes, words in the message)
     "latin1.csv": (b"text,label\ncaf\xe9 good,1\nbad,0\n", "is not UTF-8 text (byte 14"),
     "latin1.jsonl": (b'{"text": "good", "label": 1}\n{"text": "caf\xe9", "label": 0}\n', "is not UTF-8 text (byte 42"),
-    "number.jsonl": (b'{"text": "good", "label": 1}\n{"text": "ok", "label": 1}\n{"text": 5, "label": 0}\n', "line 3: the text ('text') is 5, not a string"),
+    "number.jsonl": (
+        b'{"text": "good", "label": 1}\n{"text": "ok", "label": 1}\n{"text": 5, "label": 0}\n',
+        "line 3: the text ('text') is 5, not a string",
+    ),
     "null.jsonl": (b'{"text": "good", "label": 1}\n{"text": null, "label": 0}\n', "line 2: the text ('text') is null"),
-    "list.jsonl": (b'{"text": "good", "label": 1}\n{"text": ["a", "b"], "label": 0}\n', 'line 2: the text (\'text\') is ["a", "b"]'),
+    "list.jsonl": (
+        b'{"text": "good", "label": 1}\n{"text": ["a", "b"], "label": 0}\n',
+        'line 2: the text (\'text\') is ["a", "b"]',
+    ),
     "all numbers.jsonl": (b'{"text": 5, "label": 1}\n{"text": 7, "label": 0}\n', "line 1: the text ('text') is 5"),
     "malformed.jsonl": (b'{"text": "good", "label": 1}\n{"text": "x", "label": 0\n', "line 2: not JSON"),
     "array line.jsonl": (b'{"text": "good", "label": 1}\n["x", 0]\n', "line 2: a JSON list, not an object"),

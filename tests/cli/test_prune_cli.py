@@ -19,21 +19,36 @@ WORDS = "the a movie film good bad great awful plot actor fun boring i it was is
 def data_files(tmp_path):
     g = torch.Generator().manual_seed(0)
     def texts(n, offset):
-        return [" ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (int(torch.randint(2, 9, (1,), generator=g)),), generator=g)) + f" {offset + k}" for k in range(n)]
-    pd.DataFrame({"review": texts(24, 0), "stars": [k % 3 for k in range(24)]}).to_csv(tmp_path / "id.csv", index=False)
+        return [
+            " ".join(
+                WORDS[int(i)]
+                for i in torch.randint(0, len(WORDS), (int(torch.randint(2, 9, (1,), generator=g)),), generator=g)
+            )
+            + f" {offset + k}"
+            for k in range(n)
+        ]
+
+    pd.DataFrame({"review": texts(24, 0), "stars": [k % 3 for k in range(24)]}).to_csv(
+        tmp_path / "id.csv", index=False
+    )
     pd.DataFrame({"text": texts(24, 1000)}).to_csv(tmp_path / "ood.csv", index=False)
     return tmp_path / "id.csv", tmp_path / "ood.csv"
 
 
 def _prune(model_dir, id_csv, out, *extra):
     return main(["prune", "--model", str(model_dir), "--id-data", str(id_csv), "--text-column", "review",
-                 "--label-column", "stars", "--output", str(out), "--no-progress", "--batch-size", "8", *extra])  # fmt: skip
+                 "--label-column", "stars", "--output", str(out), "--no-progress", "--batch-size", "8", *extra])
 
 
 def test_taylor_members_seeds_and_metadata(tiny_bert_dir, data_files, tmp_path, capsys):
     id_csv, _ = data_files
     out = tmp_path / "masks.json"
-    assert _prune(tiny_bert_dir, id_csv, out, "--method", "taylor", "--members", "3", "--heads-per-layer", "2", "--seed", "5") == 0
+    assert (
+        _prune(
+            tiny_bert_dir, id_csv, out, "--method", "taylor", "--members", "3", "--heads-per-layer", "2", "--seed", "5"
+        )
+        == 0
+    )
     masks = HeadMasks.load(out)
     assert masks.num_members == 3 and all(len(h) == 2 for m in masks.kept_heads for h in m)
     assert len({json.dumps(k) for k in masks.kept_heads}) > 1, "seeds must give different members"
@@ -43,7 +58,22 @@ def test_taylor_members_seeds_and_metadata(tiny_bert_dir, data_files, tmp_path, 
     assert len(masks.metadata["pairwise_jaccard"]) == 3
     assert "pairwise Jaccard" in capsys.readouterr().out
     again = tmp_path / "again.json"
-    assert _prune(tiny_bert_dir, id_csv, again, "--method", "taylor", "--members", "3", "--heads-per-layer", "2", "--seed", "5") == 0
+    assert (
+        _prune(
+            tiny_bert_dir,
+            id_csv,
+            again,
+            "--method",
+            "taylor",
+            "--members",
+            "3",
+            "--heads-per-layer",
+            "2",
+            "--seed",
+            "5",
+        )
+        == 0
+    )
     assert HeadMasks.load(again).kept_heads == masks.kept_heads
 
 
@@ -53,7 +83,7 @@ def test_circuit_criteria_members_and_include(tiny_bert_dir, data_files, tmp_pat
     HeadMasks(kept_heads=[[[0, 1, 2, 3], [0], [1, 2]]], num_heads=4).save(user)
     out = tmp_path / "masks.json"
     rc = _prune(tiny_bert_dir, id_csv, out, "--method", "circuit-acc,circuit-ood,circuit-avg", "--members", "3",
-                "--remove", "4", "--ood-data", str(ood_csv), "--ood-text-column", "text", "--include-masks", str(user))  # fmt: skip
+                "--remove", "4", "--ood-data", str(ood_csv), "--ood-text-column", "text", "--include-masks", str(user))
     assert rc == 0
     masks = HeadMasks.load(out)
     assert [m["method"] for m in masks.member_metadata[:3]] == ["circuit-acc", "circuit-ood", "circuit-avg"]
@@ -100,7 +130,9 @@ def test_a_masked_lm_checkpoint_is_one_line_naming_num_labels(tmp_path, data_fil
     assert len(err) == 1 and "--num-labels N" in err[0] and "BertForMaskedLM" in err[0], captured.err
     assert "config.num_labels" not in captured.err and "LOAD REPORT" not in captured.out + captured.err
     assert not out.exists()
-    assert _prune(folder, id_csv, out, "--method", "taylor", "--members", "2", "--remove", "2", "--num-labels", "3") == 0
+    assert (
+        _prune(folder, id_csv, out, "--method", "taylor", "--members", "2", "--remove", "2", "--num-labels", "3") == 0
+    )
     captured = capfd.readouterr()
     assert "LOAD REPORT" not in captured.out + captured.err and "not sharded" not in captured.err
     assert "no trained classification head: pruning with a new one of 3 classes" in caplog.text
@@ -124,8 +156,27 @@ def test_bad_data(tiny_bert_dir, tmp_path, capsys):
     ]
     for name, extra, message in cases:
         out = tmp_path / "m.json"
-        rc = main(["prune", "--model", str(tiny_bert_dir), "--id-data", str(tmp_path / name), "--text-column", "review",
-                   "--label-column", "stars", *extra, "--method", "taylor", "--remove", "2", "--output", str(out), "--no-progress"])  # fmt: skip
+        rc = main(
+            [
+                "prune",
+                "--model",
+                str(tiny_bert_dir),
+                "--id-data",
+                str(tmp_path / name),
+                "--text-column",
+                "review",
+                "--label-column",
+                "stars",
+                *extra,
+                "--method",
+                "taylor",
+                "--remove",
+                "2",
+                "--output",
+                str(out),
+                "--no-progress",
+            ]
+        )
         assert rc == 2 and message in capsys.readouterr().err and not out.exists()
 
 
@@ -150,5 +201,8 @@ def test_masks_convert_into_a_model_matching_its_reference(tiny_bert_dir, data_f
             for m in range(masks.num_members):
                 hg.set(masks.gates(m))
                 ref = stock(input_ids=ids, attention_mask=attention).logits
-                assert torch.allclose(member_logits[:, m], ref, atol=1e-5), (m, (member_logits[:, m] - ref).abs().max())
+                assert torch.allclose(member_logits[:, m], ref, atol=1e-5), (
+                    m,
+                    (member_logits[:, m] - ref).abs().max(),
+                )
     assert not torch.allclose(member_logits[:, 0], member_logits[:, 1], atol=1e-4)

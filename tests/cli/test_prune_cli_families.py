@@ -20,8 +20,13 @@ def data_files(tmp_path_factory):
     g = torch.Generator().manual_seed(0)
 
     def texts(n: int) -> list[str]:
-        return [" ".join(WORDS[int(i)] for i in torch.randint(0, len(WORDS), (int(torch.randint(2, 7, (1,), generator=g)),), generator=g))
-                for _ in range(n)]  # fmt: skip
+        return [
+            " ".join(
+                WORDS[int(i)]
+                for i in torch.randint(0, len(WORDS), (int(torch.randint(2, 7, (1,), generator=g)),), generator=g)
+            )
+            for _ in range(n)
+        ]
 
     pd.DataFrame({"text": texts(16), "label": [k % 3 for k in range(16)]}).to_csv(root / "id.csv", index=False)
     pd.DataFrame({"text": texts(16)}).to_csv(root / "ood.csv", index=False)
@@ -37,7 +42,7 @@ def test_taylor_and_circuit_members_convert(spec, data_files, tmp_path, capsys):
     masks_file = tmp_path / "masks.json"
     rc = main(["prune", "--model", str(folder), "--id-data", str(id_csv), "--ood-data", str(ood_csv),
                "--method", "taylor,circuit-avg", "--members", "2", "--heads-per-layer", "2", "--seed", "3",
-               "--batch-size", "8", "--no-progress", "--output", str(masks_file)])  # fmt: skip
+               "--batch-size", "8", "--no-progress", "--output", str(masks_file)])
     assert rc == 0, capsys.readouterr().err
     masks = HeadMasks.load(masks_file)
     assert [m["method"] for m in masks.member_metadata] == ["taylor", "circuit-avg"]

@@ -31,7 +31,7 @@ def _image_folder(root, classes, per_class: int, seed: int):
 def images(tmp_path):
     """ID: an image folder with the classes in another order than CLASSES (matched by name); OOD: two folders."""
     return (_image_folder(tmp_path / "id", ["bird", "cat", "dog"], 4, 0),
-            _image_folder(tmp_path / "ood", ["x", "y"], 6, 1))  # fmt: skip
+            _image_folder(tmp_path / "ood", ["x", "y"], 6, 1))
 
 
 @pytest.fixture
@@ -48,12 +48,27 @@ def save_hf_clip(folder):
     tokenizer = clip_tokenizer_from_open_clip(16)
     torch.manual_seed(0)
     config = CLIPConfig(
-        text_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, vocab_size=49408,
-                         max_position_embeddings=16, eos_token_id=49407, bos_token_id=49406, pad_token_id=49407),
-        vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                           image_size=16, patch_size=8),
+        text_config=dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            vocab_size=49408,
+            max_position_embeddings=16,
+            eos_token_id=49407,
+            bos_token_id=49406,
+            pad_token_id=49407,
+        ),
+        vision_config=dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            image_size=16,
+            patch_size=8,
+        ),
         projection_dim=16,
-    )  # fmt: skip
+    )
     perturb(CLIPModel(config).eval(), scale=0.15).save_pretrained(folder)
     image_processor = CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16})
     CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(folder)
@@ -87,7 +102,7 @@ def test_hf_clip_joint_circuits_end_to_end(hf_clip_dir, images, tmp_path, capsys
     out = tmp_path / "masks.json"
     rc = _prune(out, "--model", str(hf_clip_dir), "--class-names", ",".join(CLASSES), "--id-data", str(id_dir),
                 "--ood-data", str(ood_dir), "--method", "circuit-avg,random", "--members", "2", "--remove", "3",
-                "--heads-per-step", "3")  # fmt: skip
+                "--heads-per-step", "3")
     assert rc == 0, capsys.readouterr().err
     masks = load_masks(out)
     assert masks.named and set(masks.towers) == {"vision", "text"}
@@ -99,7 +114,7 @@ def test_hf_clip_joint_circuits_end_to_end(hf_clip_dir, images, tmp_path, capsys
     assert "all towers" in capsys.readouterr().out
     converted = tmp_path / "hydra-clip"
     assert main(["convert", "--base", str(hf_clip_dir), "--masks", str(out), "--towers", "vision", "text",
-                 "--output", str(converted)]) == 0  # fmt: skip
+                 "--output", str(converted)]) == 0
     config = json.loads((converted / "config.json").read_text())
     assert config["vision_kept_heads"] == masks.towers["vision"].kept_heads
 
@@ -119,8 +134,25 @@ def test_hf_clip_one_tower_and_class_names_file(hf_clip_dir, images, tmp_path):
     names = tmp_path / "classes.txt"
     names.write_text("\n".join(CLASSES) + "\n")
     out = tmp_path / "text.json"
-    rc = _prune(out, "--model", str(hf_clip_dir), "--class-names", str(names), "--prompt-template", "an image of {}",
-                "--id-data", str(id_dir), "--method", "taylor", "--members", "2", "--heads-per-layer", "1", "--tower", "text")  # fmt: skip
+    rc = _prune(
+        out,
+        "--model",
+        str(hf_clip_dir),
+        "--class-names",
+        str(names),
+        "--prompt-template",
+        "an image of {}",
+        "--id-data",
+        str(id_dir),
+        "--method",
+        "taylor",
+        "--members",
+        "2",
+        "--heads-per-layer",
+        "1",
+        "--tower",
+        "text",
+    )
     assert rc == 0
     masks = load_masks(out)
     assert list(masks.towers) == ["text"] and all(len(h) == 1 for m in masks.towers["text"].kept_heads for h in m)
@@ -132,7 +164,7 @@ def test_open_clip_end_to_end(open_clip_dir, images, tmp_path):
     out = tmp_path / "oc.json"
     rc = _prune(out, "--open-clip", str(open_clip_dir / "open_clip_config.json"), "--checkpoint", str(open_clip_dir),
                 "--class-names", ",".join(CLASSES), "--id-data", str(id_dir), "--method", "taylor",
-                "--members", "2", "--remove", "5")  # fmt: skip
+                "--members", "2", "--remove", "5")
     assert rc == 0
     masks = load_masks(out)
     assert masks.named and set(masks.towers) == {"vision", "text"}
@@ -145,7 +177,7 @@ def test_timm_end_to_end(timm_dir, images, tmp_path):
     id_dir, _ = images
     out = tmp_path / "timm.json"
     rc = _prune(out, "--timm", "vit_tiny_patch16_224", "--checkpoint", str(timm_dir), "--id-data", str(id_dir),
-                "--method", "taylor,random", "--members", "2", "--heads-per-layer", "2")  # fmt: skip
+                "--method", "taylor,random", "--members", "2", "--heads-per-layer", "2")
     assert rc == 0
     masks = HeadMasks.load(out)
     assert masks.num_layers == 2 and all(len(h) == 2 for m in masks.kept_heads for h in m)
@@ -170,7 +202,9 @@ def test_hf_clip_errors_leave_no_output(hf_clip_dir, images, tmp_path, capsys, c
     if case == "no-class-names":  # and ID data that does not name its classes (an image folder does)
         args.pop("class-names")
         id_dir = tmp_path / "id.csv"
-        id_dir.write_text("image,label\n" + "".join(f"{p},{i % 3}\n" for i, p in enumerate(sorted(images[0].rglob("*.png")))))
+        id_dir.write_text(
+            "image,label\n" + "".join(f"{p},{i % 3}\n" for i, p in enumerate(sorted(images[0].rglob("*.png"))))
+        )
     elif case == "count-mismatch":
         args["class-names"] = "lion,tiger"
     elif case == "unknown-tower":
@@ -181,7 +215,9 @@ def test_hf_clip_errors_leave_no_output(hf_clip_dir, images, tmp_path, capsys, c
         extra = ["--prompt-template", "a photo"]
     flags = [x for k, v in args.items() for x in (f"--{k}", v)]
     out = tmp_path / "m.json"
-    assert _prune(out, "--model", str(hf_clip_dir), "--id-data", str(id_dir), "--method", "taylor", *flags, *extra) == 2
+    assert (
+        _prune(out, "--model", str(hf_clip_dir), "--id-data", str(id_dir), "--method", "taylor", *flags, *extra) == 2
+    )
     last = capsys.readouterr().err.strip().splitlines()[-1]  # (transformers may print a loading bar first)
     assert last.startswith("hydra-hf prune: error: ") and message in last, last
     assert not out.exists() and not (tmp_path / "m.json.tmp").exists()
@@ -193,10 +229,10 @@ def test_label_values_outside_the_class_names(hf_clip_dir, tmp_path, capsys):
     g = torch.Generator().manual_seed(0)
     pics = [Image.fromarray((torch.rand(16, 16, 3, generator=g) * 255).to(torch.uint8).numpy()) for _ in range(4)]
     datasets.Dataset.from_dict({"img": pics, "y": [0, 1, 2, 3]}, features=datasets.Features(
-        {"img": datasets.Image(), "y": datasets.Value("int64")})).save_to_disk(str(tmp_path / "data"))  # fmt: skip
+        {"img": datasets.Image(), "y": datasets.Value("int64")})).save_to_disk(str(tmp_path / "data"))
     out = tmp_path / "m.json"
     rc = _prune(out, "--model", str(hf_clip_dir), "--id-data", str(tmp_path / "data"), "--image-column", "img",
-                "--label-column", "y", "--class-names", ",".join(CLASSES), "--method", "taylor", "--remove", "1")  # fmt: skip
+                "--label-column", "y", "--class-names", ",".join(CLASSES), "--method", "taylor", "--remove", "1")
     assert rc == 2 and "label values [3] but --class-names gives 3 classes" in capsys.readouterr().err
     assert not out.exists()
 
@@ -205,12 +241,21 @@ def test_open_clip_and_timm_errors(open_clip_dir, timm_dir, images, tmp_path, ca
     id_dir, _ = images
     out = tmp_path / "m.json"
     cases = [
-        (["--open-clip", "ViT-B-32", "--checkpoint", str(tmp_path / "nope.safetensors"), "--class-names", "a,b"], "does not exist"),
+        (
+            ["--open-clip", "ViT-B-32", "--checkpoint", str(tmp_path / "nope.safetensors"), "--class-names", "a,b"],
+            "does not exist",
+        ),
         (["--open-clip", "ViT-B-32"], "needs --checkpoint"),
         (["--timm", "vit_tiny_patch16_224", "--checkpoint", str(timm_dir), "--tower", "joint"], "only ['vision']"),
         (["--timm", "vit_tiny_patch16_224", "--checkpoint", str(open_clip_dir)], "no classifier"),
-        (["--open-clip", "not-a-model", "--checkpoint", str(open_clip_dir), "--class-names", "a,b"], "not an open_clip model name"),
-        (["--open-clip", "ViT-B-16", "--checkpoint", str(open_clip_dir), "--class-names", "a,b"], "does not fit the model: missing"),
+        (
+            ["--open-clip", "not-a-model", "--checkpoint", str(open_clip_dir), "--class-names", "a,b"],
+            "not an open_clip model name",
+        ),
+        (
+            ["--open-clip", "ViT-B-16", "--checkpoint", str(open_clip_dir), "--class-names", "a,b"],
+            "does not fit the model: missing",
+        ),
     ]
     for extra, message in cases:
         rc = _prune(out, *extra, "--id-data", str(id_dir), "--method", "random", "--remove", "1")

@@ -50,7 +50,9 @@ def split_neurons(inner: int, members: int = 3, layers: int = 2) -> list[list[li
     return [[list(range(m, inner, members))[: inner // members] for _ in range(layers)] for m in range(members)]
 
 
-def reference(spec: FamilySpec, model: torch.nn.Module, heads: list[list[int]], neurons: list[list[int]]) -> torch.nn.Module:
+def reference(
+    spec: FamilySpec, model: torch.nn.Module, heads: list[list[int]], neurons: list[list[int]]
+) -> torch.nn.Module:
     """A copy of a stock model with the removed heads' W_O column blocks and removed neurons' columns zeroed."""
     ref = copy.deepcopy(model)
     family = get_family(spec.name)
@@ -153,8 +155,11 @@ def test_neuron_taylor_scores_are_the_gates_gradients(tiny_bert_dir):
     model = BertForSequenceClassification.from_pretrained(tiny_bert_dir).eval()
     family = get_family("bert")
     g = torch.Generator().manual_seed(0)
-    batch = {"input_ids": torch.randint(5, 60, (4, 7), generator=g), "attention_mask": torch.ones(4, 7, dtype=torch.long),
-             "labels": torch.tensor([0, 1, 2, 0])}  # fmt: skip
+    batch = {
+        "input_ids": torch.randint(5, 60, (4, 7), generator=g),
+        "attention_mask": torch.ones(4, 7, dtype=torch.long),
+        "labels": torch.tensor([0, 1, 2, 0]),
+    }
     adapter = family.adapter(model)
     heads = {"text": torch.tensor([[1.0, 0, 1, 1], [0, 1, 1, 1], [1, 1, 0, 1]])}  # member heads off
     scores = taylor_neuron_scores(adapter, family, [batch], head_gates=heads)["text"]  # (L, I)
@@ -166,7 +171,9 @@ def test_neuron_taylor_scores_are_the_gates_gradients(tiny_bert_dir):
         with HeadGates(model, adapter=adapter) as hg, neuron_gates(model, family, gates), torch.no_grad():
             hg.set(heads)
             model.double()
-            out = torch.nn.functional.cross_entropy(model(**{k: v for k, v in batch.items() if k != "labels"}).logits, batch["labels"])
+            out = torch.nn.functional.cross_entropy(
+                model(**{k: v for k, v in batch.items() if k != "labels"}).logits, batch["labels"]
+            )
             model.float()
         return float(out)
 
@@ -190,7 +197,7 @@ def test_prune_mlp_keep_end_to_end(tiny_bert_dir, tmp_path):
     pd.DataFrame({"text": texts, "label": [k % 3 for k in range(24)]}).to_csv(tmp_path / "id.csv", index=False)
     out = tmp_path / "masks.json"
     args = ["prune", "--model", str(tiny_bert_dir), "--id-data", str(tmp_path / "id.csv"), "--output", str(out),
-            "--no-progress", "--batch-size", "8", "--method", "taylor", "--members", "3", "--heads-per-layer", "2"]  # fmt: skip
+            "--no-progress", "--batch-size", "8", "--method", "taylor", "--members", "3", "--heads-per-layer", "2"]
     assert main([*args, "--mlp-keep", "0.34", "--mlp-spread"]) == 0
     raw = json.loads(out.read_text())
     assert raw["version"] == 2 and raw["intermediate_size"] == 64 and raw["mlp_keep"] == 0.34
@@ -202,7 +209,10 @@ def test_prune_mlp_keep_end_to_end(tiny_bert_dir, tmp_path):
         assert set().union(*(set(neurons[m][layer]) for m in range(3))) == set(range(64))  # spread: all covered
     model = convert_checkpoint(out, base=tiny_bert_dir)
     stock = BertForSequenceClassification.from_pretrained(tiny_bert_dir).eval()
-    batch = {"input_ids": torch.randint(5, 60, (3, 7), generator=g), "attention_mask": torch.ones(3, 7, dtype=torch.long)}
+    batch = {
+        "input_ids": torch.randint(5, 60, (3, 7), generator=g),
+        "attention_mask": torch.ones(3, 7, dtype=torch.long),
+    }
     with torch.no_grad():
         got = model(**batch).member_logits
     for m in range(3):
@@ -223,7 +233,7 @@ def test_prune_mlp_keep_end_to_end(tiny_bert_dir, tmp_path):
 # ------------------------------------------------------------------------------------ masks format
 def _slim_file(**changes) -> dict:
     data = {"format": "hydra-head-masks", "version": 2, "num_layers": 2, "num_heads": 4, "intermediate_size": 8,
-            "members": [{"kept_heads": [[0], [1, 2]], "kept_neurons": [[0, 5], []]}, {"kept_heads": [[3], []]}]}  # fmt: skip
+            "members": [{"kept_heads": [[0], [1, 2]], "kept_neurons": [[0, 5], []]}, {"kept_heads": [[3], []]}]}
     data.update(changes)
     return data
 
@@ -263,11 +273,17 @@ def test_bad_slim_masks_are_one_line(changes, message):
 
 def test_two_tower_masks_with_neurons_round_trip():
     data = {
-        "format": "hydra-head-masks", "version": 2,
-        "towers": {"vision": {"num_layers": 1, "num_heads": 2, "intermediate_size": 4}, "text": {"num_layers": 1, "num_heads": 2}},
-        "members": [{"kept_heads": {"vision": [[0]], "text": [[1]]}, "kept_neurons": {"vision": [[1, 3]]}},
-                    {"kept_heads": {"vision": [[1]], "text": [[0, 1]]}}],
-    }  # fmt: skip
+        "format": "hydra-head-masks",
+        "version": 2,
+        "towers": {
+            "vision": {"num_layers": 1, "num_heads": 2, "intermediate_size": 4},
+            "text": {"num_layers": 1, "num_heads": 2},
+        },
+        "members": [
+            {"kept_heads": {"vision": [[0]], "text": [[1]]}, "kept_neurons": {"vision": [[1, 3]]}},
+            {"kept_heads": {"vision": [[1]], "text": [[0, 1]]}},
+        ],
+    }
     masks = HeadMasks.from_dict(data)
     assert masks.kept_neurons("vision") == [[[1, 3]], [[0, 1, 2, 3]]] and masks.kept_neurons("text") is None
     assert masks.to_dict() == data
@@ -285,11 +301,11 @@ def test_slim_decoder_members_equal_their_references_and_generate(family, tmp_pa
     if family == "llama":
         config = transformers.LlamaConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                           num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
-                                          pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+                                          pad_token_id=0, bos_token_id=1, eos_token_id=2)
         stock = transformers.LlamaForCausalLM(config).eval()
     else:
         config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=99, n_positions=64,
-                                         pad_token_id=0, bos_token_id=1, eos_token_id=2)  # fmt: skip
+                                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
         stock = transformers.GPT2LMHeadModel(config).eval()
     stock.save_pretrained(tmp_path / "stock")
     fam = get_family(family)
@@ -328,7 +344,7 @@ def test_slim_folder_remote_code_resave_pipeline_onnx_int8_and_push(tiny_bert_di
 
     neurons = split_neurons(64, layers=3)
     masks = HeadMasks(kept_heads=[[[0, 1], [2], [1, 2, 3]], [[2, 3], [0, 1], []], [[0], [3], [0]]], num_heads=H,
-                      kept_neurons=neurons, intermediate_size=64)  # fmt: skip
+                      kept_neurons=neurons, intermediate_size=64)
     folder = tmp_path / "slim"
     model = convert_checkpoint(masks, base=tiny_bert_dir, output_dir=folder)
     config = json.loads((folder / "config.json").read_text())
@@ -348,11 +364,13 @@ def test_slim_folder_remote_code_resave_pipeline_onnx_int8_and_push(tiny_bert_di
             first = model(**batch).member_logits
         model.save_pretrained({str(tmp_path / "resaved")!r})
         tok.save_pretrained({str(tmp_path / "resaved")!r})
-        again = AutoModelForSequenceClassification.from_pretrained({str(tmp_path / "resaved")!r}, trust_remote_code=True).eval()
+        resaved = {str(tmp_path / "resaved")!r}
+        again = AutoModelForSequenceClassification.from_pretrained(resaved, trust_remote_code=True).eval()
         with torch.no_grad():
             second = again(**batch).member_logits
         pipe = pipeline(model={str(tmp_path / "resaved")!r}, trust_remote_code=True)
-        print("RESULT " + json.dumps({{"first": first.tolist(), "second": second.tolist(), "pipe": pipe("the movie was good")}}))
+        result = {{"first": first.tolist(), "second": second.tolist(), "pipe": pipe("the movie was good")}}
+        print("RESULT " + json.dumps(result))
     """)
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert lines, out[-2000:]
@@ -369,7 +387,9 @@ def test_slim_folder_remote_code_resave_pipeline_onnx_int8_and_push(tiny_bert_di
     torch.testing.assert_close(fp32(**batch).member_logits, expected, atol=1e-4, rtol=0)
     assert float((int8(**batch).member_logits - expected).abs().max()) < 0.3
 
-    assert main(["push", str(folder), "--repo-id", "org/slim", "--dry-run", "--staging", str(tmp_path / "staged")]) == 0
+    assert (
+        main(["push", str(folder), "--repo-id", "org/slim", "--dry-run", "--staging", str(tmp_path / "staged")]) == 0
+    )
     card = (tmp_path / "staged" / "README.md").read_text()
     assert "MLP neurons kept" in card and "x the base model's multiply-adds" in card
 
@@ -381,7 +401,11 @@ def test_slim_members_fine_tuned_apart_average_over_the_members_that_keep_a_neur
 
     spec = SPECS[0]  # bert
     base = spec.stock()
-    neurons = [[list(range(0, 40)), list(range(64))], [list(range(20, 64)), list(range(10))], [[5], list(range(30, 64))]]
+    neurons = [
+        [list(range(0, 40)), list(range(64))],
+        [list(range(20, 64)), list(range(10))],
+        [[5], list(range(30, 64))],
+    ]
     members = []
     for seed, kept in zip((1, 2, 3), neurons):  # each checkpoint as a slim member exports it: removed neurons zero
         member = perturbed(base, seed)

@@ -38,7 +38,11 @@ def test_testbed_splits_are_disjoint_and_sized(ci, tmp_path):
         assert set(ds["label"]) <= set(range(5)) and len(set(ds["label"])) == 5
         assert np.asarray(ds[0]["image"]).shape == (28, 28, 3)
     pix = {name: _pixels(ds) for name, ds in splits.items()}
-    assert not pix["train"] & pix["validation"] and not pix["train"] & pix["score"] and not pix["validation"] & pix["score"]
+    assert (
+        not pix["train"] & pix["validation"]
+        and not pix["train"] & pix["score"]
+        and not pix["validation"] & pix["score"]
+    )
     near = ci._load(tmp_path, "ood_digits_5-9_score")
     assert not _pixels(near) & (pix["train"] | pix["score"])
     for kind in ci.KINDS:  # the selection pool never holds a scored image

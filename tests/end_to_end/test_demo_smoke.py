@@ -83,7 +83,10 @@ def test_text_pipeline_smoke(tmp_path, tiny_bert_dir, monkeypatch):
     # issue 23: every extra score is a Hydra row and a Single row under that same score
     extra_hydra, extra_single = rows[f"{methods[0]} [energy]"], rows["Single [energy]"]
     assert extra_hydra["ood_score"] == extra_single["ood_score"] == "energy"
-    assert extra_single["accuracy"] == rows["Single"]["accuracy"] and extra_hydra["accuracy"] == rows[methods[0]]["accuracy"]
+    assert (
+        extra_single["accuracy"] == rows["Single"]["accuracy"]
+        and extra_hydra["accuracy"] == rows[methods[0]]["accuracy"]
+    )
     assert set(result.report["comparisons"]) == {f"{methods[0]} − Single", f"{methods[0]} − Deep Ensemble (M=2)"}
     assert result.report["comparisons"][f"{methods[0]} − Single"]["a.auroc"]["verdict"] in ("better", "worse", "tie")
     card = (out / "hub" / "README.md").read_text()

@@ -57,7 +57,7 @@ def test_minilm_members_beat_75_percent_on_rotten_tomatoes(tmp_path):
     config = text_recipe(
         learning_rate=LR, batch_size=BATCH, max_length=MAX_LENGTH, num_epochs=1, max_steps=STEPS,
         mlp_fusion="per_member", log_every_steps=20,
-    )  # fmt: skip
+    )
     start = time.perf_counter()
     out = finetune_members(base, masks, "rotten_tomatoes:train", None, tmp_path / "hydra-rt", config)
     train_s = time.perf_counter() - start
@@ -79,7 +79,7 @@ def test_minilm_members_beat_75_percent_on_rotten_tomatoes(tmp_path):
     print(json.dumps({
         "members_test_accuracy": [round(a, 4) for a in member_acc], "ensemble_test_accuracy": round(ensemble_acc, 4),
         "majority_rate": round(majority, 4), "test_examples": len(labels), "train_seconds": round(train_s, 1),
-    }))  # fmt: skip
+    }))
     assert all(a > 0.75 for a in member_acc), member_acc
     # members keep different heads and have their own seeds: their predictions are not all the same
     assert (member_logits.argmax(-1) != member_logits[:, :1].argmax(-1)).any()

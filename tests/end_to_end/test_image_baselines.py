@@ -99,11 +99,14 @@ def test_estimators_are_independent_sub_networks(ci):
 def test_prediction_is_the_mean_of_the_estimators_softmaxes(ci):
     model = _packed(ci)
     g = torch.Generator().manual_seed(2)
-    batches = [{"pixel_values": torch.randn(6, 3, 8, 8, generator=g), "labels": torch.randint(0, CLASSES, (6,), generator=g)}
-               for _ in range(2)]
+    batches = [
+        {"pixel_values": torch.randn(6, 3, 8, 8, generator=g), "labels": torch.randint(0, CLASSES, (6,), generator=g)}
+        for _ in range(2)
+    ]
     preds = predict(ModelPredictor(model), batches)
     with torch.no_grad():
-        logits = torch.cat([model(pixel_values=b["pixel_values"]).member_logits for b in batches]).double()  # (N, M, C)
+        # (N, M, C)
+        logits = torch.cat([model(pixel_values=b["pixel_values"]).member_logits for b in batches]).double()
     labels = torch.cat([b["labels"] for b in batches])
     mean_softmax = logits.softmax(-1).mean(1)  # (N, C)
     torch.testing.assert_close(preds.probs, mean_softmax, atol=1e-6, rtol=0)

@@ -49,11 +49,20 @@ def test_paired_bootstrap_matches_a_hand_computed_percentile_interval():
     b = torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0])
     got = metrics.paired_bootstrap(lambda i: float(a[i].mean() - b[i].mean()), (8,), n_boot=500, seed=7)
     g = torch.Generator().manual_seed(7)
-    draws = torch.tensor([float(a[i].mean() - b[i].mean()) for i in (torch.randint(0, 8, (8,), generator=g) for _ in range(500))],
-                         dtype=torch.float64)
+    draws = torch.tensor(
+        [float(a[i].mean() - b[i].mean()) for i in (torch.randint(0, 8, (8,), generator=g) for _ in range(500))],
+        dtype=torch.float64,
+    )
     low, high = torch.quantile(draws, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
-    assert got["difference"] == pytest.approx(0.375) and got["ci_low"] == pytest.approx(low) and got["ci_high"] == pytest.approx(high)
-    assert metrics.bootstrap_verdict({"difference": -0.1, "ci_low": -0.2, "ci_high": -0.01}, higher_is_better=False) == "better"
+    assert (
+        got["difference"] == pytest.approx(0.375)
+        and got["ci_low"] == pytest.approx(low)
+        and got["ci_high"] == pytest.approx(high)
+    )
+    assert (
+        metrics.bootstrap_verdict({"difference": -0.1, "ci_low": -0.2, "ci_high": -0.01}, higher_is_better=False)
+        == "better"
+    )
     with pytest.raises(ValueError, match="n_boot"):
         metrics.paired_bootstrap(lambda i: 0.0, (8,), n_boot=3)
 
@@ -65,7 +74,10 @@ def test_report_shows_the_comparison_table(tmp_path):
     write_evaluation_report(result, tmp_path, comparisons=comparisons)
     md = (tmp_path / "report.md").read_text()
     assert "## Paired differences" in md and "| accuracy | +" in md and "better" in md
-    assert json.loads((tmp_path / "report.json").read_text())["comparisons"]["Hydra − Single"]["nll"]["verdict"] == "better"
+    assert (
+        json.loads((tmp_path / "report.json").read_text())["comparisons"]["Hydra − Single"]["nll"]["verdict"]
+        == "better"
+    )
 
 
 def test_seed_aggregate_means_stds_and_rendering(tmp_path):
@@ -92,10 +104,28 @@ def test_aggregate_command_writes_mean_std_and_each_seeds_intervals(tmp_path, ca
     rows = lambda acc: [{"method": "Hydra", "accuracy": acc, "ece": 0.02, "o": {"auroc": acc - 0.1}},  # noqa: E731
                         {"method": "Single", "accuracy": 0.80, "ece": 0.03, "o": {"auroc": 0.7}}]
     for seed, acc in ((0, 0.82), (1, 0.84)):
-        interval = {"difference": acc - 0.8, "ci_low": -0.01, "ci_high": 0.05, "level": 0.95, "n_boot": 100, "verdict": "tie"}
+        interval = {
+            "difference": acc - 0.8,
+            "ci_low": -0.01,
+            "ci_high": 0.05,
+            "level": 0.95,
+            "n_boot": 100,
+            "verdict": "tie",
+        }
         report.write_report({"rows": rows(acc), "settings": {"seed": seed},
                              "comparisons": {"Hydra − Single": {"accuracy": interval}}}, tmp_path / f"r{seed}")
-    assert main(["aggregate", str(tmp_path / "r0"), str(tmp_path / "r1" / "report.json"), "--output", str(tmp_path / "agg")]) == 0
+    assert (
+        main(
+            [
+                "aggregate",
+                str(tmp_path / "r0"),
+                str(tmp_path / "r1" / "report.json"),
+                "--output",
+                str(tmp_path / "agg"),
+            ]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "agg" / "report.json").read_text())
     assert data["seeds"] == 2 and data["rows"][0]["accuracy"] == pytest.approx(0.83)
     assert data["rows_std"][0]["accuracy"] == pytest.approx(0.0141421, abs=1e-6)
@@ -114,7 +144,12 @@ def test_aggregate_command_writes_mean_std_and_each_seeds_intervals(tmp_path, ca
     bad["comparisons"]["Hydra − Single"]["accuracy"]["difference"] = "n/a"  # an edited report
     (tmp_path / "edited").mkdir()
     (tmp_path / "edited" / "report.json").write_text(json.dumps(bad))
-    for args in ([str(tmp_path / "r0"), str(tmp_path / "edited")], [str(tmp_path / "r0"), str(tmp_path / "other")], [str(tmp_path / "r0")], [str(tmp_path / "r0"), str(tmp_path / "nope")]):
+    for args in (
+        [str(tmp_path / "r0"), str(tmp_path / "edited")],
+        [str(tmp_path / "r0"), str(tmp_path / "other")],
+        [str(tmp_path / "r0")],
+        [str(tmp_path / "r0"), str(tmp_path / "nope")],
+    ):
         assert main(["aggregate", *args, "--output", str(tmp_path / "bad")]) == 2
         err = "\n".join(line for line in capsys.readouterr().err.splitlines() if " INFO " not in line).strip()
         assert err and "\n" not in err

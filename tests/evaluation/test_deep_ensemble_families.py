@@ -60,13 +60,13 @@ def test_evaluate_deep_ensemble_on_roberta_and_refusals(tmp_path):
     train, evaluation = write_data(tmp_path)
     code, out, err = run_cli(["evaluate", "--model", str(tmp_path / "roberta"), "--name", "Single", "--deep-ensemble",
                               "Single", "--train-data", train, "--id-data", evaluation, "--ood-data", train,
-                              "--bootstrap", "0", "--report", str(tmp_path / "report")])  # fmt: skip
+                              "--bootstrap", "0", "--report", str(tmp_path / "report")])
     assert code == 0, err
     assert "Deep Ensembles (D)" in (tmp_path / "report" / "report.md").read_text()
     # a Hydra folder as NAME: one line, before any model is loaded
     base = save_llama(tmp_path / "llama", pad=True)
     convert_checkpoint(write_masks(tmp_path / "masks.json"), base=base, output_dir=tmp_path / "hydra")
     code, _, err = run_cli(["evaluate", "--model", str(tmp_path / "hydra"), "--deep-ensemble", "Hydra", "--train-data",
-                            train, "--id-data", evaluation, "--ood-data", train, "--report", str(tmp_path / "r2")])  # fmt: skip
+                            train, "--id-data", evaluation, "--ood-data", train, "--report", str(tmp_path / "r2")])
     assert code == 2 and "is a Hydra Ensemble" in assert_one_line_error(err) and "Loading" not in err
     assert not (tmp_path / "r2").exists()

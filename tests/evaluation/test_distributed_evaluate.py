@@ -105,7 +105,9 @@ def test_mc_dropout_seeds_follow_the_batch_position(tiny_bert_dir):
     from hydra_hf.evaluation import MCDropoutPredictor
 
     model = BertForSequenceClassification.from_pretrained(tiny_bert_dir, hidden_dropout_prob=0.3)
-    batches = [{"input_ids": torch.randint(5, 90, (2, 6), generator=torch.Generator().manual_seed(i % 3))} for i in range(4)]
+    batches = [
+        {"input_ids": torch.randint(5, 90, (2, 6), generator=torch.Generator().manual_seed(i % 3))} for i in range(4)
+    ]
     whole = MCDropoutPredictor(model, samples=3)
     whole.begin_pass(0, 4)
     expected = [whole.member_logits(b) for b in batches]

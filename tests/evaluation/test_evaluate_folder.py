@@ -44,8 +44,14 @@ def _without_latency(value):
 
 def test_evaluate_folder_writes_the_report_the_command_writes(world, tmp_path, capsys):  # noqa: F811
     assert folder_kind(world / "hydra") == folder_kind(world / "base") == "classifier"
-    spec = EvaluationSpec(model=str(world / "hydra"), id_data=str(world / "id.csv"), ood_data=[f"rev={world / 'ood.csv'}"],
-                          report=str(tmp_path / "library"), baseline=[f"Single={world / 'base'}"], bootstrap=20)
+    spec = EvaluationSpec(
+        model=str(world / "hydra"),
+        id_data=str(world / "id.csv"),
+        ood_data=[f"rev={world / 'ood.csv'}"],
+        report=str(tmp_path / "library"),
+        baseline=[f"Single={world / 'base'}"],
+        bootstrap=20,
+    )
     done = evaluate_folder(spec)
     assert done.kind == "classifier" and done.report == tmp_path / "library" and spec.batch_size is None  # not mutated
     rows = {row["method"]: row for row in done.result.rows}
@@ -57,7 +63,9 @@ def test_evaluate_folder_writes_the_report_the_command_writes(world, tmp_path, c
     command = json.loads((tmp_path / "command" / "report.json").read_text())
     assert _without_latency(library) == _without_latency(command)
     assert library["rows"][0]["accuracy"] == rows["Hydra"]["accuracy"]
-    assert sorted(p.name for p in (tmp_path / "library").iterdir()) == sorted(p.name for p in (tmp_path / "command").iterdir())
+    assert sorted(p.name for p in (tmp_path / "library").iterdir()) == sorted(
+        p.name for p in (tmp_path / "command").iterdir()
+    )
 
 
 def test_evaluate_folder_checks_the_spec_before_loading(world, tmp_path):  # noqa: F811

@@ -23,10 +23,11 @@ from hydra_hf.families import get_family
 from hydra_hf.masks import HeadMasks
 
 FOLDER_CLASSES = ["bird", "cat", "dog"]  # the image folder's sub-folders (sorted)
-CLIP_MASKS = HeadMasks(towers={  # hf CLIP: vision 2 layers x 4 heads, text 2 layers x 2 heads; member 1 keeps 0 in a layer
+# hf CLIP: vision 2 layers x 4 heads, text 2 layers x 2 heads; member 1 keeps 0 in a layer
+CLIP_MASKS = HeadMasks(towers={
     "vision": HeadMasks(kept_heads=[[[0, 1], [2, 3]], [[1, 2, 3], []], [[3], [0, 1, 2]]], num_heads=4),
     "text": HeadMasks(kept_heads=[[[0], [1]], [[1], [0, 1]], [[0, 1], [0]]], num_heads=2),
-})  # fmt: skip
+})
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +57,12 @@ def recompute(folder, family: str, names: list[str], templates: list[str], files
     model = AutoModel.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     kwargs = get_family(family).prompt_tokenizer_kwargs  # SigLIP pads to 64 tokens, as its pipeline does
-    predictor = ev.ZeroShotPredictor(model, names, templates, tokenizer=lambda t: tokenizer(t, return_tensors="pt", **kwargs))
+    predictor = ev.ZeroShotPredictor(
+        model, names, templates, tokenizer=lambda t: tokenizer(t, return_tensors="pt", **kwargs)
+    )
     processor = AutoImageProcessor.from_pretrained(pixels_from or folder)
-    pixels = processor([Image.open(f).convert("RGB") for f in files], return_tensors="pt")["pixel_values"]  # (N, 3, S, S)
+    # (N, 3, S, S)
+    pixels = processor([Image.open(f).convert("RGB") for f in files], return_tensors="pt")["pixel_values"]
     with torch.no_grad():
         return predictor.member_logits({"pixel_values": pixels})
 
@@ -73,7 +77,7 @@ def expected_row(member_logits: torch.Tensor, labels: torch.Tensor, ood_logits: 
     ood = ood_logits.double().softmax(-1).mean(1)
     return {"accuracy": float((probs.argmax(-1) == labels).double().mean()),
             "nll": float(-probs[torch.arange(len(labels)), labels].log().mean()),
-            "auroc": metrics.ood_auroc(probs.max(-1).values, ood.max(-1).values)}  # fmt: skip
+            "auroc": metrics.ood_auroc(probs.max(-1).values, ood.max(-1).values)}
 
 
 @pytest.mark.parametrize("family", ["clip", "siglip"])
@@ -93,7 +97,7 @@ def test_report_equals_zero_shot_predictor(folders, data, tmp_path, family):
     report = tmp_path / "report"
     rc = main(["evaluate", "--model", str(hydra), "--baseline", f"Single={base}", "--id-data", str(id_dir),
                "--ood-data", f"noise={ood_dir}", "--batch-size", "5", "--bootstrap", "0", "--report", str(report),
-               *extra])  # fmt: skip
+               *extra])
     assert rc == 0
     assert {"report.json", "report.md", "reliability.png", "ood_scores.png"} <= {p.name for p in report.iterdir()}
     got = {row["method"]: row for row in json.loads((report / "report.json").read_text())["rows"]}
@@ -121,7 +125,7 @@ def test_open_clip_single_beside_its_hydra(tmp_path, data):
     id_dir, ood_dir = data
     report = tmp_path / "report"
     assert main(["evaluate", "--model", str(hydra), "--baseline", f"Single={base}", "--id-data", str(id_dir),
-                 "--ood-data", str(ood_dir), "--bootstrap", "0", "--report", str(report)]) == 0  # fmt: skip
+                 "--ood-data", str(ood_dir), "--bootstrap", "0", "--report", str(report)]) == 0
     got = {row["method"]: row for row in json.loads((report / "report.json").read_text())["rows"]}
 
     files, labels = files_and_labels(id_dir, FOLDER_CLASSES)
@@ -133,7 +137,9 @@ def test_open_clip_single_beside_its_hydra(tmp_path, data):
     pixels = processor([Image.open(f).convert("RGB") for f in files], return_tensors="pt")["pixel_values"]
     with torch.no_grad():
         probs = single.member_logits({"pixel_values": pixels}).double().softmax(-1).mean(1)  # (N, C)
-    assert got["Single"]["nll"] == pytest.approx(float(-probs[torch.arange(len(labels)), labels].log().mean()), abs=1e-5)
+    assert got["Single"]["nll"] == pytest.approx(
+        float(-probs[torch.arange(len(labels)), labels].log().mean()), abs=1e-5
+    )
     assert got["Single"]["accuracy"] == pytest.approx(float((probs.argmax(-1) == labels).double().mean()), abs=1e-9)
     assert got["Hydra"]["members"] == 3
 
@@ -152,7 +158,7 @@ def test_a_data_set_split_with_class_names(folders, data, tmp_path):
     report = tmp_path / "report"
     assert main(["evaluate", "--model", str(hydra), "--id-data", f"{tmp_path / 'ds'}:test", "--label-column", "class",
                  "--class-names", ",".join(names), "--ood-data", str(ood_dir), "--bootstrap", "0",
-                 "--report", str(report)]) == 0  # fmt: skip
+                 "--report", str(report)]) == 0
     (row,) = json.loads((report / "report.json").read_text())["rows"]
     templates = ["a photo of a {}."]
     want = expected_row(recompute(hydra, "clip", names, templates, files), labels,
@@ -187,8 +193,10 @@ def test_bad_input_is_one_line(folders, data, tmp_path, capsys, case, message):
         import datasets
 
         files, labels = files_and_labels(id_dir, FOLDER_CLASSES)
-        datasets.Dataset.from_dict({"image": [str(f) for f in files], "label": labels.tolist()}, features=datasets.Features(
-            {"image": datasets.Image(), "label": datasets.Value("int64")})).save_to_disk(str(tmp_path / "ds"))  # fmt: skip
+        datasets.Dataset.from_dict(
+            {"image": [str(f) for f in files], "label": labels.tolist()},
+            features=datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")}),
+        ).save_to_disk(str(tmp_path / "ds"))
         id_data = str(tmp_path / "ds")
     elif case == "mc-dropout":
         extra = ["--mc-dropout", "Hydra"]
@@ -205,7 +213,7 @@ def test_bad_input_is_one_line(folders, data, tmp_path, capsys, case, message):
         hydra = tmp_path / "onnx"
     report = tmp_path / "report"
     rc = main(["evaluate", "--model", str(hydra), "--id-data", id_data, "--ood-data", str(ood_dir), "--report",
-               str(report), *extra])  # fmt: skip
+               str(report), *extra])
     assert rc == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("hydra-hf evaluate: error: ") and message in last, last

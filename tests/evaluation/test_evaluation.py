@@ -20,7 +20,12 @@ WORDS = "the a movie film good bad great awful plot actor fun boring i it was is
 
 def _texts(n: int, seed: int) -> list[str]:
     g = torch.Generator().manual_seed(seed)
-    return [" ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (int(torch.randint(3, 9, (1,), generator=g)),), generator=g)) for _ in range(n)]
+    return [
+        " ".join(
+            WORDS[i] for i in torch.randint(0, len(WORDS), (int(torch.randint(3, 9, (1,), generator=g)),), generator=g)
+        )
+        for _ in range(n)
+    ]
 
 
 @pytest.fixture
@@ -149,7 +154,9 @@ def test_a_row_can_use_its_own_ood_score(tmp_path):
                                   metrics.ood_score("mutual_information", member_probs=pa[20:]))["auroc"]
     assert rows["Hydra"]["o"]["auroc"] == pytest.approx(expected)
     pb = torch.softmax(b.double(), -1).mean(1)
-    assert rows["Single"]["o"]["auroc"] == pytest.approx(metrics.ood_report(metrics.msp(pb[:20]), metrics.msp(pb[20:]))["auroc"])
+    assert rows["Single"]["o"]["auroc"] == pytest.approx(
+        metrics.ood_report(metrics.msp(pb[:20]), metrics.msp(pb[20:]))["auroc"]
+    )
     diff = ev.compare_predictions(result, "Hydra", "Single", n_boot=50)["o.auroc"]["difference"]
     assert diff == pytest.approx(rows["Hydra"]["o"]["auroc"] - rows["Single"]["o"]["auroc"])
     ev.write_evaluation_report(result, tmp_path / "r")

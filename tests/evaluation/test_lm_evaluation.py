@@ -54,7 +54,9 @@ def test_two_members_by_hand() -> None:
     mean = [0.55, 0.45]
     assert float(tokens["predictive_entropy"]) == pytest.approx(_entropy(mean), abs=1e-12)
     assert float(tokens["expected_entropy"]) == pytest.approx((_entropy(p1) + _entropy(p2)) / 2, abs=1e-12)
-    assert float(tokens["mutual_information"]) == pytest.approx(_entropy(mean) - (_entropy(p1) + _entropy(p2)) / 2, abs=1e-12)
+    assert float(tokens["mutual_information"]) == pytest.approx(
+        _entropy(mean) - (_entropy(p1) + _entropy(p2)) / 2, abs=1e-12
+    )
     assert float(tokens["nll"]) == pytest.approx(-math.log(0.45), abs=1e-12)
     assert float(tokens["msp"]) == pytest.approx(0.55, abs=1e-12)
     assert tokens["prediction"].tolist() == [[0]] and not bool(tokens["correct"])
@@ -117,7 +119,9 @@ def test_sequence_means_and_scores_by_hand() -> None:
     row = 1  # 3 valid tokens
     assert float(scores["msp"][row]) == pytest.approx(float(tokens["msp"][row, :3].mean()))
     assert float(scores["entropy"][row]) == pytest.approx(-float(tokens["predictive_entropy"][row, :3].mean()))
-    assert float(scores["mutual_information"][row]) == pytest.approx(-float(tokens["mutual_information"][row, :3].mean()))
+    assert float(scores["mutual_information"][row]) == pytest.approx(
+        -float(tokens["mutual_information"][row, :3].mean())
+    )
     assert float(scores["likelihood"][row]) == pytest.approx(-float(tokens["nll"][row, :3].mean()))
     assert math.isnan(float(scores["msp"][2]))
     assert "mutual_information" not in LM.sequence_scores(tokens, 1)
@@ -182,7 +186,10 @@ def test_tokenize_texts_right_pads_with_eos() -> None:
 # ------------------------------------------------------------------------------------ end to end
 def _sequences(seed: int, n: int, low: int, high: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(low, high, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist() for _ in range(n)]
+    return [
+        torch.randint(low, high, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
 
 
 def _direct_token_nll(model: nn.Module, sequences: list[list[int]]) -> torch.Tensor:
@@ -248,7 +255,10 @@ def test_evaluate_causal_lm_on_a_fake_three_member_model_equals_a_direct_computa
     def direct(sequences):
         """Per sequence: the members' probabilities (T-1, M, V) of each next token, float64."""
         with torch.no_grad():
-            return [model(torch.tensor([s])).member_logits[0, :, :-1].double().softmax(-1).transpose(0, 1) for s in sequences]
+            return [
+                model(torch.tensor([s])).member_logits[0, :, :-1].double().softmax(-1).transpose(0, 1)
+                for s in sequences
+            ]
 
     id_probs, ood_probs = direct(id_data), direct(ood_data)
     flat = torch.cat(id_probs)  # (N_tokens, M, V)

@@ -1,4 +1,5 @@
-"""Tests for hydra_hf.evaluation.plots (PNG files, atomic writes) and hydra_hf.evaluation.report (tables, report files)."""
+"""Tests for hydra_hf.evaluation.plots (PNG files, atomic writes) and hydra_hf.evaluation.report (tables, report
+files)."""
 
 from __future__ import annotations
 
@@ -201,5 +202,7 @@ def test_write_report_invalid_writes_nothing(tmp_path) -> None:  # noqa: ANN001
 
 def test_params_of_a_tiny_model_are_not_zero() -> None:
     """``params (M)`` keeps 3 significant digits: a 12k-parameter test model is 0.0123, not 0.0 (issue 24 item 9)."""
-    table = report.render_markdown_table([{"method": "tiny", "params_m": 0.0123}, {"method": "base", "params_m": 109.48}])
+    table = report.render_markdown_table(
+        [{"method": "tiny", "params_m": 0.0123}, {"method": "base", "params_m": 109.48}]
+    )
     assert table.splitlines()[2].endswith("| 0.0123 |") and table.splitlines()[3].endswith("| 109 |")

@@ -56,7 +56,7 @@ def tiny_hf_clip(seed: int = 0):
         vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                            image_size=16, patch_size=8),
         projection_dim=16,
-    )  # fmt: skip
+    )
     return CLIPModel(cfg).eval()
 
 
@@ -131,8 +131,11 @@ def test_open_clip_matches_hand_computation():
 def test_templates_average_normalised_embeddings():
     """class embedding = normalise(sum_k normalise(e_k)) = normalise(mean of the one-template embeddings)."""
     model = perturb(tiny_open_clip())
-    per_template = [ev.ZeroShotPredictor(model, NAMES, [t], tokenizer=open_clip_tokenizer).class_embeddings() for t in TEMPLATES]
-    averaged = ev.ZeroShotPredictor(model, NAMES, TEMPLATES, tokenizer=open_clip_tokenizer).class_embeddings()  # (C, 1, P)
+    per_template = [
+        ev.ZeroShotPredictor(model, NAMES, [t], tokenizer=open_clip_tokenizer).class_embeddings() for t in TEMPLATES
+    ]
+    # (C, 1, P)
+    averaged = ev.ZeroShotPredictor(model, NAMES, TEMPLATES, tokenizer=open_clip_tokenizer).class_embeddings()
     torch.testing.assert_close(averaged, F.normalize(sum(per_template), dim=-1), atol=ATOL, rtol=0)
     torch.testing.assert_close(averaged.norm(dim=-1), torch.ones(3, 1), atol=ATOL, rtol=0)
     assert (averaged - per_template[0]).abs().max() > 1e-3  # the templates really change the embedding
@@ -189,7 +192,9 @@ def test_hydra_clip_is_the_mean_of_its_members(hydra_and_stock):
     preds = ev.predict(ev.ZeroShotPredictor(hydra, NAMES, TEMPLATES, tokenizer=hf_tokenizer), batches())
     assert preds.member_logits.shape == (6, 3, 3)
     members = [
-        ev.predict(ev.ZeroShotPredictor(_zero_removed(stock, v, t), NAMES, TEMPLATES, tokenizer=hf_tokenizer), batches()).probs
+        ev.predict(
+            ev.ZeroShotPredictor(_zero_removed(stock, v, t), NAMES, TEMPLATES, tokenizer=hf_tokenizer), batches()
+        ).probs
         for v, t in zip(VISION_KEPT, TEXT_KEPT)
     ]  # each (N, C)
     for m, probs in enumerate(members):

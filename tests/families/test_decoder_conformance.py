@@ -1,5 +1,6 @@
 """The contract of transformers' models (what ``ModelTesterMixin`` / ``GenerationTesterMixin`` check and what
-users rely on), for the decoder families, as tests/families/test_every_family_conformance.py checks it for the encoders:
+users rely on), for the decoder families, as tests/families/test_every_family_conformance.py checks it for the
+encoders:
 
 - families: ``llama`` (grouped-query attention, 2 key/value heads for 4 query heads; tied embeddings),
   ``qwen3`` (``head_dim`` 12 != hidden / heads, per-head q/k norms, GQA), ``mistral`` (a 4-token sliding
@@ -57,7 +58,7 @@ LAYOUTS = {
 }
 LLAMA_SIZES = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=48,
                    max_position_embeddings=64, initializer_range=0.2, attention_dropout=0.1, pad_token_id=PAD,
-                   bos_token_id=BOS, eos_token_id=EOS)  # fmt: skip
+                   bos_token_id=BOS, eos_token_id=EOS)
 FAMILIES = {
     # name: (config class, settings, causal-LM class, classifier class)
     "llama": ("LlamaConfig", dict(num_key_value_heads=2, tie_word_embeddings=True), "LlamaForCausalLM",
@@ -69,7 +70,7 @@ FAMILIES = {
     "gpt2": ("GPT2Config", dict(n_embd=32, n_layer=2, n_head=H, vocab_size=V, n_positions=64, initializer_range=0.2,
                                 pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS),
              "GPT2LMHeadModel", "GPT2ForSequenceClassification"),
-}  # fmt: skip
+}
 TASKS = ("causal_lm", "classifier")
 # a base setting every family has that a user may override at load time
 DROPOUT_KEY = {"gpt2": "attn_pdrop"}
@@ -77,7 +78,7 @@ DROPOUT_KEY = {"gpt2": "attn_pdrop"}
 CASES = [
     pytest.param(family, task, layout, id=f"{family}-{task}-{layout}")
     for family in FAMILIES for task in TASKS for layout in LAYOUTS
-]  # fmt: skip
+]
 LM_CASES = [c for c in CASES if c.values[1] == "causal_lm"]
 
 
@@ -123,8 +124,10 @@ def store(tmp_path_factory):
                 stock = stock_model(family, task, 0)
                 inner = mlp_shapes(stock, get_family(family))["text"][1]
                 neurons = [[list(range(0, inner, 2)), list(range(inner // 3))], [list(range(1, inner, 3)), []],
-                           [[], [0, inner - 1]]]  # fmt: skip
-                masks = HeadMasks(kept_heads=LAYOUTS[layout], num_heads=H, kept_neurons=neurons, intermediate_size=inner)
+                           [[], [0, inner - 1]]]
+                masks = HeadMasks(
+                    kept_heads=LAYOUTS[layout], num_heads=H, kept_neurons=neurons, intermediate_size=inner
+                )
             torch.manual_seed(0)
             if layout in ("unequal", "slim"):
                 folders = [stock_folder(family, task, seed) for seed in range(len(LAYOUTS[layout]))]
@@ -478,7 +481,7 @@ def test_generation_config_defaults_from_the_base(family, store, tmp_path):
     base.generation_config.update(eos_token_id=[EOS, 7], do_sample=True, temperature=0.6, top_k=5)
     base.save_pretrained(tmp_path / "base")
     convert_checkpoint(HeadMasks(kept_heads=LAYOUTS["uniform"], num_heads=H), base=tmp_path / "base",
-                       output_dir=tmp_path / "hydra")  # fmt: skip
+                       output_dir=tmp_path / "hydra")
     loaded = type(model).from_pretrained(tmp_path / "hydra")
     generation = loaded.generation_config
     settings = (generation.eos_token_id, generation.do_sample, generation.temperature, generation.top_k)
@@ -496,10 +499,10 @@ def test_trainer_runs_a_step(family, task, store, tmp_path):
     batch = _inputs()
     labels = _labels(task, batch)
     rows = [{"input_ids": batch["input_ids"][i], "attention_mask": batch["attention_mask"][i], "labels": labels[i]}
-            for i in range(3)]  # fmt: skip
+            for i in range(3)]
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=3, report_to=[],
                              use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True,
-                             activation_checkpointing=True, learning_rate=1e-2)  # fmt: skip
+                             activation_checkpointing=True, learning_rate=1e-2)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     result = Trainer(model=model, args=args, train_dataset=rows).train()
     assert torch.isfinite(torch.tensor(result.training_loss))
@@ -530,7 +533,7 @@ def test_trainer_gradient_accumulation_equals_one_batch(family, task, store, tmp
         args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=size,
                                  gradient_accumulation_steps=steps, report_to=[], use_cpu=True, save_strategy="no",
                                  logging_strategy="no", disable_tqdm=True, optim="sgd", learning_rate=0.1,
-                                 max_grad_norm=0.0)  # fmt: skip
+                                 max_grad_norm=0.0)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         Trainer(model=model, args=args, train_dataset=rows).train()
         updates[steps] = {n: p.detach() - before[n] for n, p in model.named_parameters()}
@@ -597,7 +600,7 @@ def test_the_cache_is_named_cache_in_and_out(family, task, layout, store):
     batch = _inputs()
     head = {k: v[:, :6] for k, v in batch.items()}
     tail = {"input_ids": batch["input_ids"][:, 6:], "position_ids": batch["position_ids"][:, 6:],
-            "attention_mask": batch["attention_mask"]}  # fmt: skip
+            "attention_mask": batch["attention_mask"]}
     with torch.no_grad():
         first = model(**head, use_cache=True)
         assert "cache" in first.keys() and "past_key_values" not in first.keys()

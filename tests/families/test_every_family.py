@@ -120,7 +120,9 @@ def test_gradients_equal_the_references(spec, stock_dirs):
     """The mean member loss's gradient: every kept W_O block is its reference's; the shared input
     embedding's is the sum of the references' (each scaled by 1/M)."""
     stock = spec.stock()
-    model = convert_checkpoint(HeadMasks(kept_heads=UNEQUAL, num_heads=H), base=stock_dirs[spec.name], mlp_fusion="per_member")
+    model = convert_checkpoint(
+        HeadMasks(kept_heads=UNEQUAL, num_heads=H), base=stock_dirs[spec.name], mlp_fusion="per_member"
+    )
     batch, labels = inputs(spec, stock), torch.tensor([0, 2, 1])
     model(**batch, labels=labels).loss.backward()
     dk, M = 8, len(UNEQUAL)
@@ -193,13 +195,17 @@ def test_unsupported_task_heads_are_refused(spec, stock_dirs, tmp_path, capsys):
 def test_unknown_model_type_and_wrong_arch_are_refused(stock_dirs, tmp_path, capsys):
     folder = tmp_path / "gpt"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}))
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]})
+    )
     masks = tmp_path / "m.json"
     HeadMasks(kept_heads=ALL, num_heads=H).save(masks)
     assert cli_main(["convert", "--base", str(folder), "--masks", str(masks), "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "model_type='t5'" in err
-    assert all(name in err for name in ("bert", "roberta", "xlm_roberta", "electra", "distilbert", "albert", "open_clip"))
+    assert all(
+        name in err for name in ("bert", "roberta", "xlm_roberta", "electra", "distilbert", "albert", "open_clip")
+    )
     # prune refuses a task head it would otherwise re-initialise, before reading any data (the data file is only
     # checked to exist before a model loads; its one row is never read)
     (tmp_path / "none.csv").write_text("text,label\nunread,0\n")
@@ -208,9 +214,11 @@ def test_unknown_model_type_and_wrong_arch_are_refused(stock_dirs, tmp_path, cap
     config = json.loads((stock_dirs["bert"] / "config.json").read_text())
     (head / "config.json").write_text(json.dumps({**config, "architectures": ["BertForTokenClassification"]}))
     assert cli_main(["prune", "--model", str(head), "--id-data", str(tmp_path / "none.csv"), "--heads-per-layer", "2",
-                     "--output", str(tmp_path / "masks.json")]) == 2  # fmt: skip
+                     "--output", str(tmp_path / "masks.json")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "BertForTokenClassification" in err and not (tmp_path / "masks.json").exists()
+    assert (
+        len(err.splitlines()) == 1 and "BertForTokenClassification" in err and not (tmp_path / "masks.json").exists()
+    )
     # forcing another family onto a detected one says what the folder is
     args = ["convert", "--base", str(stock_dirs["roberta"]), "--masks", str(masks), "--output", str(tmp_path / "o")]
     assert cli_main([*args, "--arch", "bert"]) == 2
@@ -223,7 +231,13 @@ def test_unknown_model_type_and_wrong_arch_are_refused(stock_dirs, tmp_path, cap
 def test_shipped_files_import_no_other_family():
     """Each family ships its own modeling file, importing only shared siblings and, for a family with
     its own config file (DeBERTa-v2, ModernBERT), that file."""
-    shared = {"configuration_hydra.py", "hydra_attention.py", "hydra_layers.py", "hydra_skeletons.py", "pipeline_hydra.py"}
+    shared = {
+        "configuration_hydra.py",
+        "hydra_attention.py",
+        "hydra_layers.py",
+        "hydra_skeletons.py",
+        "pipeline_hydra.py",
+    }
     for spec in SPECS:
         family = get_family(spec.name)
         own = set(family.shipped_files) - shared - {family.modeling_file}
@@ -243,7 +257,9 @@ def test_fresh_process_remote_code_and_pipeline(stock_dirs, tmp_path):
     expected = {}
     for spec in TEXT_SPECS:
         out = tmp_path / spec.name
-        model = convert_checkpoint(HeadMasks(kept_heads=UNEQUAL, num_heads=H), base=stock_dirs[spec.name], output_dir=out)
+        model = convert_checkpoint(
+            HeadMasks(kept_heads=UNEQUAL, num_heads=H), base=stock_dirs[spec.name], output_dir=out
+        )
         config = json.loads((out / "config.json").read_text())
         family = get_family(spec.name)
         assert config["auto_map"] == family.auto_map and (out / family.modeling_file).is_file()
@@ -257,7 +273,8 @@ def test_fresh_process_remote_code_and_pipeline(stock_dirs, tmp_path):
         result = {{}}
         for name, folder in {json.dumps({k: v[0] for k, v in expected.items()})}.items():
             model = AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True).eval()
-            enc = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)({SENTENCES!r}, padding=True, return_tensors="pt")
+            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+            enc = tokenizer({SENTENCES!r}, padding=True, return_tensors="pt")
             with torch.no_grad():
                 out = model(**enc)
             pipe = pipeline("text-classification", model=folder, trust_remote_code=True, top_k=None)

@@ -72,8 +72,10 @@ def store(tmp_path_factory):
             if layout == "slim":
                 inner = _mlp_width(spec)
                 neurons = [[list(range(0, inner, 2)), list(range(inner // 3))], [list(range(1, inner, 3)), []],
-                           [[], [0, inner - 1]]]  # fmt: skip
-                masks = HeadMasks(kept_heads=LAYOUTS[layout], num_heads=H, kept_neurons=neurons, intermediate_size=inner)
+                           [[], [0, inner - 1]]]
+                masks = HeadMasks(
+                    kept_heads=LAYOUTS[layout], num_heads=H, kept_neurons=neurons, intermediate_size=inner
+                )
             model = convert_checkpoint(masks, base=stock_dirs[spec.name], mlp_fusion=fusion).eval()
             _perturb(model)
             folder = root / f"hydra-{spec.name}-{layout}"
@@ -171,7 +173,9 @@ def test_config_given_the_bases_labels_equals_its_saved_copy(spec, store, tmp_pa
     model, _ = store(spec, "single")
     labels = {k: v for k, v in spec.stock_config().to_dict().items() if k in ("id2label", "label2id")}
     assert set(labels) == {"id2label", "label2id"}
-    config = type(model.config).from_dict({**model.config.to_dict(), "base_config": {**model.config.base_config, **labels}})
+    config = type(model.config).from_dict(
+        {**model.config.to_dict(), "base_config": {**model.config.base_config, **labels}}
+    )
     config.save_pretrained(tmp_path)
     loaded = type(model.config).from_pretrained(tmp_path)
     assert loaded.to_dict() == config.to_dict()
@@ -267,7 +271,10 @@ def test_padding_and_batching_do_not_change_a_row(spec, layout, store):
         for i in range(together.shape[0]):
             if spec.text:
                 n = int(batch["attention_mask"][i].sum())
-                alone = {"input_ids": batch["input_ids"][i : i + 1, :n], "attention_mask": batch["attention_mask"][i : i + 1, :n]}
+                alone = {
+                    "input_ids": batch["input_ids"][i : i + 1, :n],
+                    "attention_mask": batch["attention_mask"][i : i + 1, :n],
+                }
             else:
                 alone = {"pixel_values": batch["pixel_values"][i : i + 1]}
             torch.testing.assert_close(model(**alone).member_logits[0], together[i], atol=ATOL, rtol=0)
@@ -403,17 +410,33 @@ def _two_tower(name: str) -> nn.Module:
     from hydra_hf.modeling.modeling_hydra_siglip import HydraEnsembleSiglipModel
 
     towers = dict(
-        text_config=dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                         max_position_embeddings=16),
-        vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                           image_size=16, patch_size=8),
-    )  # fmt: skip
+        text_config=dict(
+            vocab_size=99,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=16,
+        ),
+        vision_config=dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            image_size=16,
+            patch_size=8,
+        ),
+    )
     kept = dict(vision_kept_heads=[[[0, 1], [2]], [[3], []]], text_kept_heads=[[[0], [1, 2]], [[1, 2, 3], [0]]])
     torch.manual_seed(0)
     if name == "clip":
-        model = HydraEnsembleCLIPModel(HydraEnsembleCLIPConfig(base_config=CLIPConfig(**towers, projection_dim=16).to_dict(), **kept))
+        model = HydraEnsembleCLIPModel(
+            HydraEnsembleCLIPConfig(base_config=CLIPConfig(**towers, projection_dim=16).to_dict(), **kept)
+        )
     else:
-        model = HydraEnsembleSiglipModel(HydraEnsembleSiglipConfig(base_config=SiglipConfig(**towers).to_dict(), **kept))
+        model = HydraEnsembleSiglipModel(
+            HydraEnsembleSiglipConfig(base_config=SiglipConfig(**towers).to_dict(), **kept)
+        )
     _perturb(model)
     return model.eval()
 
@@ -426,8 +449,11 @@ def test_two_tower_checkpointing_gradients_and_config(name):
     from hydra_hf.modeling.hydra_layers import HydraSelfAttention
 
     g = torch.Generator().manual_seed(0)
-    batch = {"input_ids": torch.randint(5, 60, (3, 7), generator=g), "attention_mask": torch.ones(3, 7, dtype=torch.long),
-             "pixel_values": torch.randn(2, 3, 16, 16, generator=g)}  # fmt: skip
+    batch = {
+        "input_ids": torch.randint(5, 60, (3, 7), generator=g),
+        "attention_mask": torch.ones(3, 7, dtype=torch.long),
+        "pixel_values": torch.randn(2, 3, 16, 16, generator=g),
+    }
     calls = {}
     for checkpointing in (False, True):
         model = _two_tower(name).train()
@@ -475,7 +501,7 @@ def test_trainer_gradient_accumulation_equals_one_batch(name, layout, store, tmp
         args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=size,
                                  gradient_accumulation_steps=steps, report_to=[], use_cpu=True, save_strategy="no",
                                  logging_strategy="no", disable_tqdm=True, optim="sgd", learning_rate=0.1,
-                                 max_grad_norm=0.0)  # fmt: skip
+                                 max_grad_norm=0.0)
         before = {n: p.detach().clone() for n, p in model.named_parameters()}
         Trainer(model=model, args=args, train_dataset=rows).train()
         updates[steps] = {n: p.detach() - before[n] for n, p in model.named_parameters()}

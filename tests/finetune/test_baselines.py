@@ -79,7 +79,9 @@ def _batch(model_dir: Path) -> dict[str, torch.Tensor]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    return dict(tok(["the movie was great fun", "awful boring plot", "it was a film"], padding=True, return_tensors="pt"))
+    return dict(
+        tok(["the movie was great fun", "awful boring plot", "it was a film"], padding=True, return_tensors="pt")
+    )
 
 
 def _stock(folder: Path):
@@ -145,8 +147,15 @@ def test_deep_ensemble_members_differ_and_member0_is_the_single_model(setup, tmp
     from hydra_hf.finetune.baselines import all_heads_masks, train_deep_ensemble
 
     config = _config()
-    finetune_members(setup["model"], all_heads_masks(setup["model"]), setup["train"], setup["eval"], tmp_path / "single",
-                     config, work_dir=tmp_path / "single.work")
+    finetune_members(
+        setup["model"],
+        all_heads_masks(setup["model"]),
+        setup["train"],
+        setup["eval"],
+        tmp_path / "single",
+        config,
+        work_dir=tmp_path / "single.work",
+    )
     single = tmp_path / "single.work" / "member_0" / "model"
     folders = train_deep_ensemble(setup["model"], setup["train"], setup["eval"], tmp_path / "de", config, members=2)
     assert folders == [tmp_path / "de" / f"member_{m}" / "model" for m in range(2)]
@@ -173,8 +182,15 @@ def test_deep_ensemble_members_differ_and_member0_is_the_single_model(setup, tmp
         train_deep_ensemble(setup["model"], setup["train"], setup["eval"], tmp_path / "de3", _config(seed=5),
                             members=2, reuse_member0=single)
     with pytest.raises(ValueError, match="other settings"):
-        train_deep_ensemble(setup["model"], setup["train"], setup["eval"], tmp_path / "de4", _config(learning_rate=1e-3),
-                            members=2, reuse_member0=single)
+        train_deep_ensemble(
+            setup["model"],
+            setup["train"],
+            setup["eval"],
+            tmp_path / "de4",
+            _config(learning_rate=1e-3),
+            members=2,
+            reuse_member0=single,
+        )
 
 
 # ------------------------------------------------------------------------------------------- LoRA

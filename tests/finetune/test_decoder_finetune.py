@@ -48,7 +48,7 @@ def data(tmp_path_factory):
 
 def _config(**overrides):
     values = dict(learning_rate=3e-3, batch_size=8, eval_batch_size=8, num_epochs=3, log_every_steps=1,
-                  mlp_fusion="per_member", early_stopping_patience=None, warmup_ratio=0.0)  # fmt: skip
+                  mlp_fusion="per_member", early_stopping_patience=None, warmup_ratio=0.0)
     values.update(overrides)
     return text_recipe(**values)
 
@@ -88,7 +88,9 @@ def test_llama_gqa_classifier_members_finetune_and_fuse(data, tmp_path):
         for side in ("right", "left"):
             batch = _texts(out, side)
             with torch.no_grad():
-                torch.testing.assert_close(fused(**batch).member_logits[:, m], stock(**batch).logits, atol=1e-5, rtol=0)
+                torch.testing.assert_close(
+                    fused(**batch).member_logits[:, m], stock(**batch).logits, atol=1e-5, rtol=0
+                )
     assert fused.config.kept_heads == MASKS
 
 
@@ -97,7 +99,9 @@ def test_gpt2_causal_lm_members_train_on_next_tokens(data, tmp_path):
     GPT2LMHeadModel (tied head), fuse into the Hydra causal LM; the logged validation NLL is the exported
     member's own next-token NLL on the validation texts; wte/wpe stay bit-identical."""
     base = save_gpt2(tmp_path / "gpt2lm", head="LMHeadModel")
-    out = finetune_members(base, data["masks"], data["train"], data["eval"], tmp_path / "out", _config(learning_rate=1e-2))
+    out = finetune_members(
+        base, data["masks"], data["train"], data["eval"], tmp_path / "out", _config(learning_rate=1e-2)
+    )
     fused = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(fused).__name__ == "HydraEnsembleGPT2ForCausalLM"
     base_state = load_file(base / "model.safetensors")
@@ -159,12 +163,14 @@ def test_two_processes_match_one_process(kind, data, tmp_path):
     base = save_gpt2(tmp_path / "gpt2lm", head="LMHeadModel") if lm else save_llama(tmp_path / "llama")
     flags = ["finetune", "--model", str(base), "--masks", str(data["masks"]), "--train-data", data["train"],
              "--eval-data", data["eval"], "--batch-size", "8", "--eval-batch-size", "8", "--num-epochs", "1",
-             "--learning-rate", "3e-3", "--log-every-steps", "1", "--mlp-fusion", "per_member"]  # fmt: skip
+             "--learning-rate", "3e-3", "--log-every-steps", "1", "--mlp-fusion", "per_member"]
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(free_port()), "-m", "hydra_hf.cli"]  # fmt: skip
+              "--main_process_port", str(free_port()), "-m", "hydra_hf.cli"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([*launch, *flags, "--output", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [*launch, *flags, "--output", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert main([*flags, "--output", str(tmp_path / "one")]) == 0
     a, b = load_file(tmp_path / "one" / "model.safetensors"), load_file(tmp_path / "two" / "model.safetensors")
@@ -178,7 +184,10 @@ def test_two_processes_match_one_process(kind, data, tmp_path):
         assert not torch.allclose(member[key], base_state[key], atol=1e-4)
     else:
         assert not torch.allclose(a["score.weight"][0], base_state["score.weight"], atol=1e-4)
-    logs = [[json.loads(x) for x in (tmp_path / f"{n}.work" / "log.jsonl").read_text().splitlines()] for n in ("one", "two")]
+    logs = [
+        [json.loads(x) for x in (tmp_path / f"{n}.work" / "log.jsonl").read_text().splitlines()]
+        for n in ("one", "two")
+    ]
     assert len(logs[0]) == len(logs[1]) == 2
     for x, y in zip(*logs):
         assert x["eval_examples"] == y["eval_examples"] == 9

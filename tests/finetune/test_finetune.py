@@ -103,14 +103,27 @@ def test_recipes_and_config_file(tmp_path):
     from hydra_hf.finetune import FinetuneConfig, image_recipe, text_recipe
 
     text = text_recipe()
-    assert (text.optimizer, text.learning_rate, text.weight_decay, text.warmup_ratio, text.scheduler) == ("adamw", 1e-5, 0.01, 0.1, "linear")
-    assert (text.max_grad_norm, text.max_length, text.num_epochs, text.early_stopping_patience, text.freeze_embeddings) == (1.0, 128, 7, 2, True)
+    assert (text.optimizer, text.learning_rate, text.weight_decay, text.warmup_ratio, text.scheduler) == (
+        "adamw",
+        1e-5,
+        0.01,
+        0.1,
+        "linear",
+    )
+    assert (
+        text.max_grad_norm,
+        text.max_length,
+        text.num_epochs,
+        text.early_stopping_patience,
+        text.freeze_embeddings,
+    ) == (1.0, 128, 7, 2, True)
     image = image_recipe()
     assert (image.optimizer, image.momentum, image.scheduler, image.label_smoothing) == ("sgd", 0.9, "cosine", 0.1)
 
     (tmp_path / "c.yaml").write_text("recipe: image\nlearning_rate: 0.003\nmax_steps: 10\n")
     cfg = FinetuneConfig.from_file(tmp_path / "c.yaml", max_steps=20)
-    assert (cfg.optimizer, cfg.learning_rate, cfg.max_steps) == ("sgd", 0.003, 20)  # file over recipe, override over file
+    # file over recipe, override over file
+    assert (cfg.optimizer, cfg.learning_rate, cfg.max_steps) == ("sgd", 0.003, 20)
     (tmp_path / "c.json").write_text(json.dumps({"learning_rte": 1e-4}))
     with pytest.raises(ValueError, match="unknown settings \\['learning_rte'\\]"):
         FinetuneConfig.from_file(tmp_path / "c.json")
@@ -133,7 +146,7 @@ def test_members_finetune_and_fuse_exactly(setup, tmp_path):
     out = finetune_members(
         setup["model"], setup["masks"], setup["train"], setup["eval"], tmp_path / "out",
         _config(mlp_fusion="per_member", num_epochs=3),
-    )  # fmt: skip
+    )
     work = tmp_path / "out.work"
     base = load_file(setup["model"] / "model.safetensors")
     fused = AutoModelForSequenceClassification.from_pretrained(out).eval()
@@ -156,7 +169,9 @@ def test_members_finetune_and_fuse_exactly(setup, tmp_path):
             stock = _stock(folder)(**batch).logits
         torch.testing.assert_close(member_logits[:, m], stock, atol=1e-5, rtol=1e-5)
     fused_state = load_file(out / "model.safetensors")
-    assert torch.equal(fused_state["hydra.embeddings.word_embeddings.weight"], base["bert.embeddings.word_embeddings.weight"])
+    assert torch.equal(
+        fused_state["hydra.embeddings.word_embeddings.weight"], base["bert.embeddings.word_embeddings.weight"]
+    )
     assert [meta["finetune"]["seed"] for meta in fused.config.member_metadata] == [0, 1]
     assert json.loads((out / "finetune_summary.json").read_text())["mode"] == "members"
 
@@ -184,7 +199,9 @@ def test_average_mlp_fusion_is_members_with_averaged_mlp(setup, tmp_path):
     from hydra_hf.assemble import convert_checkpoint
     from hydra_hf.finetune import finetune_members
 
-    out = finetune_members(setup["model"], setup["masks"], setup["train"], None, tmp_path / "out", _config(num_epochs=1))
+    out = finetune_members(
+        setup["model"], setup["masks"], setup["train"], None, tmp_path / "out", _config(num_epochs=1)
+    )
     folders = [tmp_path / "out.work" / f"member_{m}" / "model" for m in range(2)]
     fused = convert_checkpoint(setup["masks"], members=folders, mlp_fusion="average")  # what finetune_members wrote
     saved = load_file(out / "model.safetensors")
@@ -216,20 +233,27 @@ def test_resume_after_interruption_matches_uninterrupted_run(setup, tmp_path):
 
     part = tmp_path / "part"
     with pytest.raises(TrainingInterrupted):
-        finetune_members(setup["model"], setup["twins"], setup["train"], setup["eval"], part, config, step_callback=interrupt)
+        finetune_members(
+            setup["model"], setup["twins"], setup["train"], setup["eval"], part, config, step_callback=interrupt
+        )
     assert not part.exists()  # nothing half-written
     state = json.loads((tmp_path / "part.work" / "member_1" / "checkpoint" / "trainer_state.json").read_text())
     assert (state["epoch"], state["batches_in_epoch"], state["global_step"]) == (1, 2, 4)
     with pytest.raises(FileExistsError, match="--resume"):
         finetune_members(setup["model"], setup["twins"], setup["train"], setup["eval"], part, config)
-    resumed = finetune_members(setup["model"], setup["twins"], setup["train"], setup["eval"], part, config, resume=True)
+    resumed = finetune_members(
+        setup["model"], setup["twins"], setup["train"], setup["eval"], part, config, resume=True
+    )
 
     a, b = load_file(full / "model.safetensors"), load_file(resumed / "model.safetensors")
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(b[key], a[key], atol=1e-6, rtol=0, msg=key)
     for m in range(2):
-        infos = [json.loads((w / f"member_{m}" / "model" / "finetune_member.json").read_text()) for w in (tmp_path / "full.work", tmp_path / "part.work")]
+        infos = [
+            json.loads((w / f"member_{m}" / "model" / "finetune_member.json").read_text())
+            for w in (tmp_path / "full.work", tmp_path / "part.work")
+        ]
         assert infos[0]["history"] == infos[1]["history"]  # train loss (the interrupted epoch's too) and eval
     assert (tmp_path / "full.work" / "log.jsonl").read_text() == (tmp_path / "part.work" / "log.jsonl").read_text()
     m0 = load_file(tmp_path / "full.work" / "member_0" / "model" / "model.safetensors")
@@ -255,12 +279,14 @@ def test_accelerate_launch_two_processes_match_one_process(setup, tmp_path):
     masks = write_masks(tmp_path / "odd.json", ODD_MASKS, 4)
     flags = ["finetune", "--model", str(setup["model_nodrop"]), "--masks", str(masks), "--train-data", setup["train"],
              "--eval-data", setup["eval"], "--batch-size", "8", "--eval-batch-size", "8", "--num-epochs", "2",
-             "--learning-rate", "2e-3", "--max-grad-norm", "0.5", "--log-every-steps", "1"]  # fmt: skip
+             "--learning-rate", "2e-3", "--max-grad-norm", "0.5", "--log-every-steps", "1"]
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-              "--main_process_port", str(free_port()), "-m", "hydra_hf.cli"]  # fmt: skip
+              "--main_process_port", str(free_port()), "-m", "hydra_hf.cli"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two ranks on the CI's two cores
-    done = subprocess.run([*launch, *flags, "--output", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [*launch, *flags, "--output", str(tmp_path / "two")], env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert main([*flags, "--output", str(tmp_path / "one")]) == 0
 
@@ -287,9 +313,11 @@ def test_fused_training_is_members_in_lockstep(setup, tmp_path):
     from hydra_hf.finetune import finetune_fused, finetune_members
     from hydra_hf.masks import HeadMasks
 
-    common = dict(optimizer="sgd", momentum=0.0, weight_decay=0.0, max_grad_norm=None, num_epochs=1, mlp_fusion="per_member")
+    common = dict(
+        optimizer="sgd", momentum=0.0, weight_decay=0.0, max_grad_norm=None, num_epochs=1, mlp_fusion="per_member"
+    )
     fused_out = finetune_fused(setup["model_nodrop"], setup["masks"], setup["train"], None, tmp_path / "fused",
-                               _config(learning_rate=0.2, **common))  # fmt: skip
+                               _config(learning_rate=0.2, **common))
     fused = load_file(fused_out / "model.safetensors")
     assert json.loads((fused_out / "finetune_summary.json").read_text())["mode"] == "fused"
     masks = HeadMasks.load(setup["masks"])
@@ -297,7 +325,7 @@ def test_fused_training_is_members_in_lockstep(setup, tmp_path):
     for m in range(2):
         one = HeadMasks(kept_heads=[masks.kept_heads[m]], num_heads=4)  # seed + 0: the fused run's batch order
         out = finetune_members(setup["model_nodrop"], one, setup["train"], None, tmp_path / f"alone{m}",
-                               _config(learning_rate=0.1, **common))  # fmt: skip
+                               _config(learning_rate=0.1, **common))
         alone.append(tmp_path / f"alone{m}.work" / "member_0" / "model")
     from hydra_hf.assemble import convert_checkpoint
 
@@ -332,8 +360,11 @@ def test_bad_inputs_fail_early_and_write_nothing(setup, tmp_path):
     assert [p.name for p in existing.iterdir()] == ["keep.txt"] and (existing / "keep.txt").read_text() == "mine"
     with pytest.raises(ValueError, match="labels \\[3\\] outside the model's 3 classes"):
         pd.DataFrame({"text": ["good film", "bad film"], "label": [0, 3]}).to_csv(tmp_path / "bad.csv", index=False)
-        finetune_members(setup["model"], setup["masks"], str(tmp_path / "bad.csv"), None, tmp_path / "o4", _config(batch_size=2))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "exists", "nocol.csv", "other.json"]  # no work dirs
+        finetune_members(
+            setup["model"], setup["masks"], str(tmp_path / "bad.csv"), None, tmp_path / "o4", _config(batch_size=2)
+        )
+    # no work dirs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "exists", "nocol.csv", "other.json"]
 
 
 def test_cli_finetune(setup, tmp_path, capsys):
@@ -342,12 +373,17 @@ def test_cli_finetune(setup, tmp_path, capsys):
     (tmp_path / "settings.json").write_text(json.dumps({"learning_rate": 1e-3, "batch_size": 8, "num_epochs": 3}))
     argv = ["finetune", "--model", str(setup["model"]), "--masks", str(setup["masks"]), "--train-data", setup["train"],
             "--output", str(tmp_path / "out"), "--config", str(tmp_path / "settings.json"), "--num-epochs", "1",
-            "--max-steps", "2", "--early-stopping-patience", "none", "--no-freeze-embeddings"]  # fmt: skip
+            "--max-steps", "2", "--early-stopping-patience", "none", "--no-freeze-embeddings"]
     assert main(argv) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed == {"output": str(tmp_path / "out"), "mode": "members"}
     saved = json.loads((tmp_path / "out.work" / "finetune_config.json").read_text())
-    assert (saved["learning_rate"], saved["num_epochs"], saved["max_steps"], saved["freeze_embeddings"]) == (1e-3, 1, 2, False)
+    assert (saved["learning_rate"], saved["num_epochs"], saved["max_steps"], saved["freeze_embeddings"]) == (
+        1e-3,
+        1,
+        2,
+        False,
+    )
     assert saved["early_stopping_patience"] is None
     info = json.loads((tmp_path / "out.work" / "member_0" / "model" / "finetune_member.json").read_text())
     assert info["steps"] == 2
@@ -374,7 +410,7 @@ def test_vit_members_with_the_image_recipe(tmp_path):
 
     torch.manual_seed(0)
     config = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=16,
-                       patch_size=8, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+                       patch_size=8, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     base = tmp_path / "tiny-vit"
     ViTForImageClassification(config).save_pretrained(base)
     ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(base)
@@ -387,7 +423,9 @@ def test_vit_members_with_the_image_recipe(tmp_path):
     masks = write_masks(tmp_path / "masks.json", [[[0, 1], [2, 3]], [[1, 2], [0, 3]]], 4)
     recipe = default_recipe(base)
     assert (recipe.optimizer, recipe.scheduler, recipe.label_smoothing) == ("sgd", "cosine", 0.1)
-    cfg = dataclasses.replace(recipe, learning_rate=0.05, batch_size=8, eval_batch_size=8, num_epochs=2, mlp_fusion="per_member")
+    cfg = dataclasses.replace(
+        recipe, learning_rate=0.05, batch_size=8, eval_batch_size=8, num_epochs=2, mlp_fusion="per_member"
+    )
     images = str(tmp_path / "images")
     out = finetune_members(base, masks, images, images, tmp_path / "out", cfg)
 

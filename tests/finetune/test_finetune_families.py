@@ -55,7 +55,9 @@ def test_family_members_finetune_and_fuse(spec, data, tmp_path):
     if spec.text:
         from transformers import AutoTokenizer
 
-        batch = dict(AutoTokenizer.from_pretrained(base)(["the movie was fun", "awful plot"], padding=True, return_tensors="pt"))
+        batch = dict(
+            AutoTokenizer.from_pretrained(base)(["the movie was fun", "awful plot"], padding=True, return_tensors="pt")
+        )
     else:
         batch = {"pixel_values": torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))}
     with torch.no_grad():
@@ -96,7 +98,9 @@ def test_distilled_deit_members_finetune_with_both_heads(data, tmp_path):
     with torch.no_grad():
         member_logits = fused(**batch).member_logits  # (B, M, C)
         for m in range(2):
-            stock = DeiTForImageClassificationWithTeacher.from_pretrained(tmp_path / "out.work" / f"member_{m}" / "model")
+            stock = DeiTForImageClassificationWithTeacher.from_pretrained(
+                tmp_path / "out.work" / f"member_{m}" / "model"
+            )
             torch.testing.assert_close(member_logits[:, m], stock.eval()(**batch).logits, atol=1e-5, rtol=1e-5)
 
 
@@ -112,5 +116,7 @@ def test_a_text_classifier_checkpoint_keeps_its_head(name, data, tmp_path):
     spec.stock().save_pretrained(base)
     spec.tokenizer().save_pretrained(base)
     masks = write_masks(tmp_path / "masks.json", [[[0, 1], [2]], [[3], [0, 1]]], 4)
-    run = _prepare_run(base, masks, str(data / "text.csv"), None, tmp_path / "out", text_recipe(batch_size=4), None, False, None)
+    run = _prepare_run(
+        base, masks, str(data / "text.csv"), None, tmp_path / "out", text_recipe(batch_size=4), None, False, None
+    )
     assert run.base_has_classifier and run.num_labels == 3

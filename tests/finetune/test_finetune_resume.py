@@ -30,7 +30,9 @@ from test_finetune import _save_tiny_bert, _write_data, fresh_accelerate_state  
 
 KILL_STEP = 4  # mid epoch 1 (6 steps per epoch)
 INTERRUPT_STEP = 8  # mid epoch 2
-SETTINGS = dict(learning_rate=2e-3, batch_size=8, eval_batch_size=8, num_epochs=2, log_every_steps=1, save_every_steps=1)
+SETTINGS = dict(
+    learning_rate=2e-3, batch_size=8, eval_batch_size=8, num_epochs=2, log_every_steps=1, save_every_steps=1
+)
 
 
 def _config():
@@ -41,7 +43,7 @@ def _config():
 
 def _flags(setup: dict, output: Path, *extra: str) -> list[str]:
     args = ["finetune", "--model", str(setup["model"]), "--masks", str(setup["masks"]), "--train-data", setup["train"],
-            "--output", str(output)]  # fmt: skip
+            "--output", str(output)]
     for name, value in SETTINGS.items():
         args += ["--" + name.replace("_", "-"), str(value)]
     return args + list(extra)
@@ -85,7 +87,7 @@ def setup(tmp_path_factory):
     setup = {
         "root": root, "model": _save_tiny_bert(root / "tiny-bert"), "train": str(train),
         "masks": write_masks(root / "masks.json", [[[0, 1], [], [0, 3]]], 4),  # no head in layer 1
-    }  # fmt: skip
+    }
     finetune_members(setup["model"], setup["masks"], setup["train"], None, root / "full", _config())
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
@@ -95,7 +97,9 @@ def setup(tmp_path_factory):
             raise TrainingInterrupted("simulated crash")
 
     with pytest.raises(TrainingInterrupted):
-        finetune_members(setup["model"], setup["masks"], setup["train"], None, root / "part", _config(), step_callback=interrupt)
+        finetune_members(
+            setup["model"], setup["masks"], setup["train"], None, root / "part", _config(), step_callback=interrupt
+        )
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     return setup

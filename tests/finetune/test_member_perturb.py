@@ -25,7 +25,7 @@ from hydra_hf.masks import HeadMasks
 KEPT = [[[0, 2], [1, 2, 3]]]  # one member, 2 layers of 4 heads
 # every family fine-tuning supports: the encoder suite's and the decoders (classifier and causal LM)
 DECODERS = [("llama", "ForSequenceClassification"), ("llama", "ForCausalLM"), ("gpt2", "ForSequenceClassification"),
-            ("gpt2", "LMHeadModel")]  # fmt: skip
+            ("gpt2", "LMHeadModel")]
 CASES = [(s.name, None) for s in SPECS] + DECODERS
 
 

@@ -142,9 +142,17 @@ HOSTILE: dict[str, tuple[Callable[[Path], None], list[str], str]] = {
     # name: (damage, extra flags, words in the message)
     # --- row 1: symlinks leaving the folder, files that are not what their name says
     "symlinked vocab.txt to a file outside": (_symlink("vocab.txt", "outside/passwd"), [], "is a symlink to"),
-    "symlinked leak.safetensors to a file outside": (_symlink("leak.safetensors", "outside/passwd"), [], "is a symlink to"),
+    "symlinked leak.safetensors to a file outside": (
+        _symlink("leak.safetensors", "outside/passwd"),
+        [],
+        "is a symlink to",
+    ),
     "symlinked config.json to a file outside": (_symlink("config.json", "outside/passwd"), [], "outside"),
-    "symlinked shipped module to a file outside": (_symlink("modeling_hydra_bert.py", "outside/export.py"), [], "is a symlink to"),
+    "symlinked shipped module to a file outside": (
+        _symlink("modeling_hydra_bert.py", "outside/export.py"),
+        [],
+        "is a symlink to",
+    ),
     "symlinked folder inside the model folder": (_symlink("sub", "outside"), [], "symlink"),
     "a text file named .safetensors": (_fake_weights, [], "leak.safetensors is not a valid safetensors file"),
     "truncated model.safetensors": (_truncated_weights, [], "model.safetensors is not a valid safetensors file"),
@@ -156,29 +164,66 @@ HOSTILE: dict[str, tuple[Callable[[Path], None], list[str], str]] = {
     "auto_map code of another repository": (_auto_map(lambda sb: "evil/repo--modeling.Foo"), [], "another repository"),
     "auto_map not a string": (_auto_map(lambda sb: 5), [], "auto_map must map"),
     "custom_pipelines impl ../pipe.X": (
-        lambda sb: _edit_json(sb / "model" / "config.json", lambda c: c["custom_pipelines"]["hydra-text-classification"]
-                              .__setitem__("impl", "../outside/pipe.X")), [], "is not 'module.Class'"),
+        lambda sb: _edit_json(
+            sb / "model" / "config.json",
+            lambda c: c["custom_pipelines"]["hydra-text-classification"].__setitem__("impl", "../outside/pipe.X"),
+        ),
+        [],
+        "is not 'module.Class'",
+    ),
     # --- row 6: the AST audit, the second line: reached only for code the user vouches for (the payload
     # would write the canary if it ever ran; without the flag the content allow-list refuses it first)
     "import os as _o": (_shipped("import os as _o\n_o.system('touch {canary}')"), FOREIGN, "imports os"),
-    "from-import of subprocess": (_shipped("from subprocess import run\nrun(['touch', '{canary}'])"), FOREIGN, "imports subprocess"),
-    "importlib.import_module": (_shipped("import importlib\nimportlib.import_module('subprocess')"), FOREIGN, "imports importlib"),
+    "from-import of subprocess": (
+        _shipped("from subprocess import run\nrun(['touch', '{canary}'])"),
+        FOREIGN,
+        "imports subprocess",
+    ),
+    "importlib.import_module": (
+        _shipped("import importlib\nimportlib.import_module('subprocess')"),
+        FOREIGN,
+        "imports importlib",
+    ),
     "__import__": (_shipped("__import__('os').system('touch {canary}')"), FOREIGN, "uses __import__"),
     "eval": (_shipped("eval(\"__import__('os').system('touch {canary}')\")"), FOREIGN, "uses eval"),
     "exec": (_shipped("exec(\"import os; os.system('touch {canary}')\")"), FOREIGN, "uses exec"),
-    "getattr(__builtins__, ...)": (_shipped("getattr(__builtins__, 'exec')('import os')"), FOREIGN, "uses __builtins__"),
+    "getattr(__builtins__, ...)": (
+        _shipped("getattr(__builtins__, 'exec')('import os')"),
+        FOREIGN,
+        "uses __builtins__",
+    ),
     "open()": (_shipped("open('{canary}', 'w').write('ran')"), FOREIGN, "uses open"),
     "torch.os re-export": (_shipped("torch.os.system('touch {canary}')"), FOREIGN, "the attribute .os"),
-    "computed getattr": (_shipped("getattr(torch, 'o' + 's').system('touch {canary}')"), FOREIGN, "not a plain literal"),
+    "computed getattr": (
+        _shipped("getattr(torch, 'o' + 's').system('touch {canary}')"),
+        FOREIGN,
+        "not a plain literal",
+    ),
     "__subclasses__ walk": (_shipped("().__class__.__base__.__subclasses__()"), FOREIGN, "the attribute .__base__"),
     "torch.load pickle": (_shipped("torch.load('{canary}', weights_only=False)"), FOREIGN, "the attribute .load"),
     "string annotation": (_shipped("def f(x: \"__import__('os')\"):\n    pass"), FOREIGN, "uses __import__"),
     "sibling file with os": (_sibling_helper, FOREIGN, "helper.py:1: imports os"),
-    "relative import out of the folder": (_shipped("from ..export import Foo"), FOREIGN, "not a file shipped beside it"),
-    "pipeline file with subprocess": (_shipped("import subprocess", file="pipeline_hydra.py"), FOREIGN, "pipeline_hydra.py"),
+    "relative import out of the folder": (
+        _shipped("from ..export import Foo"),
+        FOREIGN,
+        "not a file shipped beside it",
+    ),
+    "pipeline file with subprocess": (
+        _shipped("import subprocess", file="pipeline_hydra.py"),
+        FOREIGN,
+        "pipeline_hydra.py",
+    ),
     # --- row 14: report figures
-    "report figure absolute path": (_report(lambda r: r.__setitem__("figures", {"x": "/etc/passwd.png"})), [], "absolute path"),
-    "report figure ../outside": (_report(lambda r: r.__setitem__("figures", {"x": "../outside/stolen.png"})), [], "leads outside"),
+    "report figure absolute path": (
+        _report(lambda r: r.__setitem__("figures", {"x": "/etc/passwd.png"})),
+        [],
+        "absolute path",
+    ),
+    "report figure ../outside": (
+        _report(lambda r: r.__setitem__("figures", {"x": "../outside/stolen.png"})),
+        [],
+        "leads outside",
+    ),
     "report folder symlink outside": (_report_symlink, [], "is a symlink to"),
     "report .png that is not a PNG": (_not_a_png, [], "is not a PNG image"),
     "report figures of the wrong type": (_report(lambda r: r.__setitem__("figures", 5)), [], "'figures' must be"),
@@ -188,8 +233,10 @@ HOSTILE: dict[str, tuple[Callable[[Path], None], list[str], str]] = {
     "config.json is a list": (lambda sb: (sb / "model" / "config.json").write_text("[]"), [], "holds a list"),
     "config.json is not JSON": (lambda sb: (sb / "model" / "config.json").write_text("{"), [], "is not valid JSON"),
     "kept_heads of the wrong type": (
-        lambda sb: _edit_json(sb / "model" / "config.json", lambda c: c.__setitem__("kept_heads", "x")), [],
-        "is not a valid HydraEnsembleConfig"),
+        lambda sb: _edit_json(sb / "model" / "config.json", lambda c: c.__setitem__("kept_heads", "x")),
+        [],
+        "is not a valid HydraEnsembleConfig",
+    ),
 }
 
 
@@ -213,11 +260,16 @@ def test_push_refuses_hostile_folders(sandbox, case):
 TAMPERINGS = {
     "collect_env.run (from-import alias)": "from torch.utils.collect_env import run as _r\n_r('touch {canary}')",
     "collect_env.run (module attribute)": "import torch.utils.collect_env as _c\n_c.run('touch {canary}')",
-    "fx exec with source": "import torch.fx.graph_module as _g\n_g._exec_with_source(\"import os\\nos.system('touch {canary}')\", {{}})",
-    "benchmark Timer stmt": "import torch.utils.benchmark as _b\n_b.Timer(stmt=\"import os; os.system('touch {canary}')\").timeit(1)",
-    "dataclasses._create_fn": "import dataclasses as _d\n_d._create_fn('f', [], ['import os', \"os.system('touch {canary}')\"])()",
-    "direct_transformers_import": "from transformers.utils.import_utils import direct_transformers_import as _i\n_i('{canary}')",
-    "torch.distributed.run.main": "import torch.distributed.run as _run\n_run.main(['--no-python', 'touch', '{canary}'])",
+    "fx exec with source":
+        "import torch.fx.graph_module as _g\n_g._exec_with_source(\"import os\\nos.system('touch {canary}')\", {{}})",
+    "benchmark Timer stmt":
+        "import torch.utils.benchmark as _b\n_b.Timer(stmt=\"import os; os.system('touch {canary}')\").timeit(1)",
+    "dataclasses._create_fn":
+        "import dataclasses as _d\n_d._create_fn('f', [], ['import os', \"os.system('touch {canary}')\"])()",
+    "direct_transformers_import":
+        "from transformers.utils.import_utils import direct_transformers_import as _i\n_i('{canary}')",
+    "torch.distributed.run.main":
+        "import torch.distributed.run as _run\n_run.main(['--no-python', 'touch', '{canary}'])",
     "import-time monkeypatch": "import torch as _t\n_t.nn.functional.softmax = lambda *a, **k: None",
     "import-time global seed": "import torch as _t\n_t.manual_seed(1234)",
     "a changed computation": "import torch as _t\n_t.set_default_dtype(_t.float64)",
@@ -365,8 +417,11 @@ def test_one_fresh_interpreter_check_in_the_sources():
     """The model-folder checks of push and the recipes all run hub/fresh_check.py: no other source
     file starts an interpreter that blocks hydra_hf."""
     src = Path(__file__).resolve().parents[2] / "src" / "hydra_hf"
-    blockers = sorted(p.relative_to(src).as_posix() for p in src.rglob("*.py")
-                      if "sys.modules[\"hydra_hf\"] = None" in p.read_text() or "sys.modules['hydra_hf'] = None" in p.read_text())
+    blockers = sorted(
+        p.relative_to(src).as_posix()
+        for p in src.rglob("*.py")
+        if "sys.modules[\"hydra_hf\"] = None" in p.read_text() or "sys.modules['hydra_hf'] = None" in p.read_text()
+    )
     assert blockers == ["hub/fresh_check.py"]
     spawners = sorted(p.relative_to(src).as_posix() for p in src.rglob("*.py") if "subprocess.run(" in p.read_text())
     assert "hub/validate.py" in spawners and not [s for s in spawners if s.startswith("recipes")]
@@ -391,7 +446,11 @@ def test_a_folder_saved_again_by_transformers_is_still_ours(sandbox):
         shutil.copyfile(sandbox / "model" / name, sandbox / "resaved" / name)
     shipped = sorted(p.name for p in (sandbox / "resaved").glob("*.py"))
     assert shipped == [
-        "configuration_hydra.py", "hydra_attention.py", "hydra_layers.py", "hydra_skeletons.py", "modeling_hydra_bert.py",
+        "configuration_hydra.py",
+        "hydra_attention.py",
+        "hydra_layers.py",
+        "hydra_skeletons.py",
+        "modeling_hydra_bert.py",
         "pipeline_hydra.py",
     ]
     rc, out, err = _push(sandbox, model="resaved")

@@ -46,7 +46,9 @@ def assets(tmp_path_factory):
     probs = torch.softmax(torch.randn(40, 3, generator=g), -1)
     labels = torch.randint(0, 3, (40,), generator=g)
     rows = [{"method": "Hydra (M=3)", **metrics.calibration_report(probs, labels)}]
-    report.write_report({"rows": rows, "title": "tiny", "settings": {"id_data": "rotten_tomatoes:test"}}, root / "report")
+    report.write_report(
+        {"rows": rows, "title": "tiny", "settings": {"id_data": "rotten_tomatoes:test"}}, root / "report"
+    )
     return model_dir, root / "report"
 
 
@@ -118,7 +120,9 @@ def test_push_uploads_the_staged_folder_in_one_commit(assets, monkeypatch):
     ("missing_repo", "does not exist or your token cannot write to it"),
     ("rejected", "HTTP 403"),
 ])
-def test_push_failures_are_one_line_and_leave_everything_intact(assets, tmp_path, monkeypatch, capsys, failure, message):
+def test_push_failures_are_one_line_and_leave_everything_intact(
+    assets, tmp_path, monkeypatch, capsys, failure, message
+):
     model_dir, _ = assets
     before = hub.folder_digest(model_dir)
     monkeypatch.setattr(hub.publish, "validate_staged", lambda folder, **kw: {})
@@ -174,7 +178,9 @@ def test_bad_inputs_fail_before_any_upload(assets, tmp_path, capsys):
     err = _error(["push", str(model_dir), "--repo-id", "org/x", "--dry-run", "--staging", str(busy)], capsys)
     assert "is not empty" in err and (busy / "old.txt").read_text() == "stray"
     # --overwrite replaces only a staging folder an earlier push wrote: never this one
-    err = _error(["push", str(model_dir), "--repo-id", "org/x", "--dry-run", "--staging", str(busy), "--overwrite"], capsys)
+    err = _error(
+        ["push", str(model_dir), "--repo-id", "org/x", "--dry-run", "--staging", str(busy), "--overwrite"], capsys
+    )
     assert "was not written by `hydra-hf push`" in err and (busy / "old.txt").read_text() == "stray"
 
 

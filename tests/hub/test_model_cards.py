@@ -68,9 +68,15 @@ def _as_kind(model_dir, tmp_path, kind):
 def test_card_renders_parses_and_claims_only_report_numbers(assets, tmp_path, kind):
     model_dir, report_dir = assets
     folder = model_dir if kind == "text" else _as_kind(model_dir, tmp_path, kind)
-    card = build_model_card(folder, report_dir, repo_id="org/hydra-tiny", revision="abc123",
-                            base_model="google-bert/bert-base-uncased", license="apache-2.0",
-                            report_links={"report": "evaluation/report.md", "reliability": "evaluation/reliability.png"})
+    card = build_model_card(
+        folder,
+        report_dir,
+        repo_id="org/hydra-tiny",
+        revision="abc123",
+        base_model="google-bert/bert-base-uncased",
+        license="apache-2.0",
+        report_links={"report": "evaluation/report.md", "reliability": "evaluation/reliability.png"},
+    )
     card.save(tmp_path / "README.md")
     loaded = ModelCard.load(tmp_path / "README.md")
     data = loaded.data
@@ -118,7 +124,9 @@ def test_card_is_robust_to_partial_reports(assets, tmp_path):
     card = build_model_card(model_dir, partial, repo_id="org/x")
     card.save(tmp_path / "a.md")
     data = ModelCard.load(tmp_path / "a.md").data
-    assert [(r.metric_type, r.metric_value, r.dataset_name) for r in data.eval_results] == [("accuracy", 0.875, "rotten_tomatoes")]
+    assert [(r.metric_type, r.metric_value, r.dataset_name) for r in data.eval_results] == [
+        ("accuracy", 0.875, "rotten_tomatoes")
+    ]
     # no data set recorded: the table stays, the metadata claims nothing, the card says why
     card = build_model_card(model_dir, {"rows": partial["rows"]}, repo_id="org/x")
     card.save(tmp_path / "a2.md")
@@ -190,7 +198,9 @@ def test_card_names_the_data_set_the_report_settings_record(assets, tmp_path, sp
                    "settings": {"id_data": spec, "ood_data": ["guardian"], "score": "msp"}}
     build_model_card(model_dir, report_data, repo_id="org/x").save(tmp_path / "README.md")
     loaded = ModelCard.load(tmp_path / "README.md")
-    assert [(r.dataset_name, r.dataset_type, r.dataset_split) for r in loaded.data.eval_results] == [(name, dtype, split)]
+    assert [(r.dataset_name, r.dataset_type, r.dataset_split) for r in loaded.data.eval_results] == [
+        (name, dtype, split)
+    ]
     assert f"Evaluated on **{name}**" in loaded.text and "/home/someone" not in loaded.text
     assert "evaluation data set" not in loaded.text.split("## Model details")[0]  # nothing "not recorded" about it
 
@@ -218,7 +228,10 @@ def test_card_takes_base_model_and_license_from_the_sources(assets, tmp_path):
     build_model_card(folder, None, repo_id="org/x").save(tmp_path / "c.md")
     card = ModelCard.load(tmp_path / "c.md")
     assert card.data.base_model is None and card.data.license is None
-    assert "the local checkpoint `my-local-base` (its Hub id is not recorded)" in card.text and str(tmp_path) not in card.text
+    assert (
+        "the local checkpoint `my-local-base` (its Hub id is not recorded)" in card.text
+        and str(tmp_path) not in card.text
+    )
     not_recorded = [line for line in card.text.splitlines() if line.startswith("> **Not recorded:**")]
     assert len(not_recorded) == 1 and "the license" in not_recorded[0] and "--base-model" not in not_recorded[0]
     # the flag names a local base folder: the user pointed there, so its card's license is used
@@ -256,10 +269,26 @@ def test_card_shows_seed_spread_and_paired_intervals_with_ties(assets, tmp_path,
     second = json.loads(json.dumps(base))
     second["rows"][1]["accuracy"] = base["rows"][1]["accuracy"] + 0.02
     agg = report.aggregate_seed_reports([base, second])
-    agg["comparisons"] = {"Hydra (M=3) − single model": {
-        "accuracy": {"difference": 0.012, "ci_low": -0.004, "ci_high": 0.03, "level": 0.95, "n_boot": 1000, "verdict": "tie"},
-        "svhn.auroc": {"difference": 0.05, "ci_low": 0.02, "ci_high": 0.08, "level": 0.95, "n_boot": 1000, "verdict": "better"},
-    }}
+    agg["comparisons"] = {
+        "Hydra (M=3) − single model": {
+            "accuracy": {
+                "difference": 0.012,
+                "ci_low": -0.004,
+                "ci_high": 0.03,
+                "level": 0.95,
+                "n_boot": 1000,
+                "verdict": "tie",
+            },
+            "svhn.auroc": {
+                "difference": 0.05,
+                "ci_low": 0.02,
+                "ci_high": 0.08,
+                "level": 0.95,
+                "n_boot": 1000,
+                "verdict": "better",
+            },
+        }
+    }
     text = build_model_card(folder, agg, repo_id="org/hydra-tiny").text
     mean, std = base["rows"][1]["accuracy"] + 0.01, (2 * 0.01**2) ** 0.5
     assert f"{mean:.4f} ± {std:.4f}" in text

@@ -120,7 +120,9 @@ def test_real_minilm_matches_reference(tmp_path):
         for m in range(3):
             ref = zero_removed_heads(base, kept[m])
             ref_out = ref(**enc)
-            torch.testing.assert_close(out_enc.member_last_hidden_state[:, m], ref_out.last_hidden_state, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(
+                out_enc.member_last_hidden_state[:, m], ref_out.last_hidden_state, atol=1e-5, rtol=1e-5
+            )
             torch.testing.assert_close(out_enc.member_pooler_output[:, m], ref_out.pooler_output, atol=1e-5, rtol=0)
         full = base(**enc).last_hidden_state
         assert (out_enc.member_last_hidden_state[:, 0] - full).abs().max() > 1e-2  # pruning changes the encoder
@@ -129,11 +131,14 @@ def test_real_minilm_matches_reference(tmp_path):
         import json, torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
         m = AutoModelForSequenceClassification.from_pretrained({str(out)!r}, trust_remote_code=True).eval()
-        enc = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)({texts!r}, padding=True, return_tensors="pt")
+        tokenizer = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
+        enc = tokenizer({texts!r}, padding=True, return_tensors="pt")
         with torch.no_grad():
             print(json.dumps(m(**enc).logits.tolist()))
     """
-    got = json.loads(run_fresh_python(code, env={"HF_MODULES_CACHE": str(tmp_path / "modules")}).strip().splitlines()[-1])
+    got = json.loads(
+        run_fresh_python(code, env={"HF_MODULES_CACHE": str(tmp_path / "modules")}).strip().splitlines()[-1]
+    )
     torch.testing.assert_close(torch.tensor(got), expected, atol=1e-5, rtol=0)
 
 
@@ -149,13 +154,19 @@ def test_cli_convert_success(tiny_bert_dir, tmp_path, capsys):
     assert (out / "model.safetensors").is_file()
     # members path: three copies of the base are three (identical) members
     out2 = tmp_path / "cli-members"
-    assert cli_main(["convert", "--members", *[str(tiny_bert_dir)] * 3, "--masks", str(masks), "--output", str(out2)]) == 0
+    assert (
+        cli_main(["convert", "--members", *[str(tiny_bert_dir)] * 3, "--masks", str(masks), "--output", str(out2)])
+        == 0
+    )
 
 
 def test_cli_convert_of_one_member_says_it_gives_no_uncertainty(tiny_bert_dir, tmp_path, caplog):
     masks = write_masks(tmp_path / "masks.json", KEPT[:1], 4)
     with caplog.at_level("WARNING", logger="hydra_hf.cli.convert"):
-        assert cli_main(["convert", "--base", str(tiny_bert_dir), "--masks", str(masks), "--output", str(tmp_path / "o")]) == 0
+        assert (
+            cli_main(["convert", "--base", str(tiny_bert_dir), "--masks", str(masks), "--output", str(tmp_path / "o")])
+            == 0
+        )
     assert "1 member" in caplog.text and "no ensemble uncertainty" in caplog.text
 
 

@@ -37,7 +37,10 @@ def test_vit_fresh_process_remote_code_and_pipeline(hf_vit_dir, tmp_path):  # no
             "modeling_hydra_vit.py", "preprocessor_config.json"} <= files
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "hydra_ensemble_vit"
-    assert config["auto_map"]["AutoModelForImageClassification"] == "modeling_hydra_vit.HydraEnsembleForImageClassification"
+    assert (
+        config["auto_map"]["AutoModelForImageClassification"]
+        == "modeling_hydra_vit.HydraEnsembleForImageClassification"
+    )
     image = _image(tmp_path / "img.png")
     inputs = AutoImageProcessor.from_pretrained(out)(Image.open(image), return_tensors="pt")
     with torch.no_grad():
@@ -48,7 +51,8 @@ def test_vit_fresh_process_remote_code_and_pipeline(hf_vit_dir, tmp_path):  # no
         from transformers import AutoImageProcessor, AutoModel, AutoModelForImageClassification, pipeline
         out = {str(out)!r}
         model = AutoModelForImageClassification.from_pretrained(out, trust_remote_code=True).eval()
-        inputs = AutoImageProcessor.from_pretrained(out, trust_remote_code=True)(Image.open({image!r}), return_tensors="pt")
+        processor = AutoImageProcessor.from_pretrained(out, trust_remote_code=True)
+        inputs = processor(Image.open({image!r}), return_tensors="pt")
         with torch.no_grad():
             res = model(**inputs)
         encoder = AutoModel.from_pretrained(out, trust_remote_code=True)
@@ -81,7 +85,9 @@ def test_clip_fresh_process_remote_code_and_zero_shot_pipeline(tmp_path):
     out = tmp_path / "clip-hydra"
     model = convert_checkpoint(two_tower_masks(), base=folder, output_dir=out)
     config = json.loads((out / "config.json").read_text())
-    assert config["auto_map"]["AutoModelForZeroShotImageClassification"] == "modeling_hydra_clip.HydraEnsembleCLIPModel"
+    assert (
+        config["auto_map"]["AutoModelForZeroShotImageClassification"] == "modeling_hydra_clip.HydraEnsembleCLIPModel"
+    )
     processor = AutoProcessor.from_pretrained(out)
     texts = [f"This is a photo of {c}." for c in LABELS]  # the pipeline's default hypothesis template
     assert processor.tokenizer(texts[0])["input_ids"] == [t for t in open_clip.tokenize(texts[0], 16)[0].tolist() if t]
@@ -151,8 +157,12 @@ def test_cli_converts_every_layout(hf_vit_dir, tmp_path, capsys):  # noqa: F811
     from transformers import CLIPModel
 
     CLIPModel(tiny_clip_config()).save_pretrained(tmp_path / "hf-clip")
-    cases = [(hf_vit_dir, vit_masks, "vit"), (timm_dir, vit_masks, "timm_vit"), (tmp_path / "hf-clip", clip_masks, "clip"),
-             (oc_dir, clip_masks, "open_clip")]
+    cases = [
+        (hf_vit_dir, vit_masks, "vit"),
+        (timm_dir, vit_masks, "timm_vit"),
+        (tmp_path / "hf-clip", clip_masks, "clip"),
+        (oc_dir, clip_masks, "open_clip"),
+    ]
     for folder, masks, arch in cases:
         assert detect_arch(folder) == arch
         out = tmp_path / f"out-{arch}"
@@ -202,7 +212,9 @@ def test_cli_bad_inputs_leave_no_output(hf_vit_dir, tmp_path, capsys):  # noqa: 
 
 @pytest.mark.parametrize("tower", ["vision", "text"])
 def test_masks_that_prune_one_tower_load(tmp_path, tower):
-    masks = two_tower_masks(vision=VISION_KEPT if tower == "vision" else None, text=TEXT_KEPT if tower == "text" else None)
+    masks = two_tower_masks(
+        vision=VISION_KEPT if tower == "vision" else None, text=TEXT_KEPT if tower == "text" else None
+    )
     masks.save(tmp_path / "m.json")
     from hydra_hf.masks import load_masks
 

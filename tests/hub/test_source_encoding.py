@@ -36,7 +36,8 @@ CODECS = {"raw_unicode_escape": b"\\u000a", "utf-7": b"+AAo-"}
 
 
 def cookie_attack(pristine: bytes, codec: str, canary: Path) -> bytes:
-    """``pristine`` under a ``coding: CODEC`` line, plus a comment line that CODEC turns into a call writing ``canary``."""
+    """``pristine`` under a ``coding: CODEC`` line, plus a comment line that CODEC turns into a call writing
+    ``canary``."""
     payload = f"import pathlib; pathlib.Path({str(canary)!r}).write_text('ran')".encode()
     return b"# -*- coding: " + codec.encode() + b" -*-\n" + pristine + b"\n# " + CODECS[codec] + payload + b"\n"
 
@@ -136,7 +137,9 @@ def test_our_files_are_staged_as_hydra_hf_bytes(folders, tmp_path):
     model = tmp_path / "model"
     shutil.copytree(folders["llama"], model)
     layers = model / "hydra_layers.py"
-    layers.write_bytes(b"\xef\xbb\xbf# -*- coding: utf-8 -*-\n# reviewed\n" + layers.read_bytes().replace(b"\n", b"\r\n"))
+    layers.write_bytes(
+        b"\xef\xbb\xbf# -*- coding: utf-8 -*-\n# reviewed\n" + layers.read_bytes().replace(b"\n", b"\r\n")
+    )
     assert python_source(layers.read_bytes(), layers.name) != (MODELING_DIR / layers.name).read_text()
     assert "hydra_layers.py" in check_shipped_code(model)
     rc, out, err = _push(model, tmp_path / "staging")
@@ -173,14 +176,20 @@ JSON_CASES = {
     # name: (damage, words in the message)
     "tokenizer_config.json naming loader code, then auto_map again": (
         _json_edit("tokenizer_config.json", '"auto_map": {"AutoTokenizer": ["tok.Evil", null]}, "auto_map": null, '),
-        "'auto_map' appears twice"),
+        "'auto_map' appears twice",
+    ),
     "config.json with a key twice": (_json_edit("config.json", '"num_members": 7, '), "'num_members' appears twice"),
     "config.json with NaN": (_json_edit("config.json", '"user_value": NaN, '), "NaN is not JSON"),
-    "config.json with a 5000-digit integer": (_json_edit("config.json", '"user_value": ' + "9" * 5000 + ", "), "not valid JSON"),
+    "config.json with a 5000-digit integer": (
+        _json_edit("config.json", '"user_value": ' + "9" * 5000 + ", "),
+        "not valid JSON",
+    ),
     "model.safetensors.index.json with a key twice": (
         lambda model: (model / "model.safetensors.index.json").write_text(
-            '{"weight_map": {"x": "../outside.safetensors"}, "weight_map": {"x": "model.safetensors"}}'),
-        "'weight_map' appears twice"),
+            '{"weight_map": {"x": "../outside.safetensors"}, "weight_map": {"x": "model.safetensors"}}'
+        ),
+        "'weight_map' appears twice",
+    ),
 }
 
 

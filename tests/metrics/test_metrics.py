@@ -366,12 +366,16 @@ def test_ood_scores_are_a_registry_the_cli_and_study_read():
     from hydra_hf.evaluation import Predictions
     from hydra_hf.recipes import study
 
-    assert list(metrics.OOD_SCORES) == list(metrics.OOD_SCORE_NAMES) == ["msp", "entropy", "mutual_information", "energy"]
+    assert (
+        list(metrics.OOD_SCORES) == list(metrics.OOD_SCORE_NAMES) == ["msp", "entropy", "mutual_information", "energy"]
+    )
     assert study.SINGLE_SCORES == ("msp", "entropy", "energy") and set(study.OOD_SCORES) == set(metrics.OOD_SCORES)
     member_logits = torch.tensor([[[2.0, 0.0], [1.0, 0.5]], [[0.1, 0.0], [0.0, 3.0]]])  # (N=2, M=2, C=2)
     preds = Predictions(member_logits, None)
     torch.testing.assert_close(preds.ood_scores("energy"), torch.logsumexp(member_logits.double().mean(1), -1))
-    score = metrics.OODScore("max_logit", "logits", lambda logits, t: torch.as_tensor(logits).amax(-1), True, "largest logit")
+    score = metrics.OODScore(
+        "max_logit", "logits", lambda logits, t: torch.as_tensor(logits).amax(-1), True, "largest logit"
+    )
     try:
         metrics.register_ood_score(score)
         torch.testing.assert_close(preds.ood_scores("max_logit"), member_logits.double().mean(1).amax(-1))
@@ -403,8 +407,12 @@ def test_one_score_registry_by_level() -> None:
     per_token = causal_lm.token_scores(tokens, num_members=2)
     torch.testing.assert_close(per_token["likelihood"], -tokens["nll"])
     sequences = causal_lm.sequence_scores(tokens, num_members=2)
-    for name, (quantity, sign) in {"msp": ("msp", 1), "entropy": ("predictive_entropy", -1),
-                                   "mutual_information": ("mutual_information", -1), "likelihood": ("nll", -1)}.items():
+    for name, (quantity, sign) in {
+        "msp": ("msp", 1),
+        "entropy": ("predictive_entropy", -1),
+        "mutual_information": ("mutual_information", -1),
+        "likelihood": ("nll", -1),
+    }.items():
         expected = torch.stack([sign * tokens[quantity][b][mask[b]].double().mean() for b in range(3)])
         torch.testing.assert_close(sequences[name], expected)
     assert "mutual_information" not in causal_lm.sequence_scores(tokens, num_members=1)

@@ -27,19 +27,25 @@ def test_pipeline_entropies_and_mutual_information_equal_the_library(seed: int) 
     member_probs = torch.softmax(member_logits, dim=-1)
     probs = member_probs.mean(dim=1)
     torch.testing.assert_close(shipped["predictive_entropy"], uncertainty.entropy(probs), rtol=0, atol=1e-12)
-    torch.testing.assert_close(shipped["expected_entropy"], uncertainty.entropy(member_probs).mean(dim=1), rtol=0, atol=1e-12)
+    torch.testing.assert_close(
+        shipped["expected_entropy"], uncertainty.entropy(member_probs).mean(dim=1), rtol=0, atol=1e-12
+    )
     mi = uncertainty.ensemble_mutual_information(member_probs)
     torch.testing.assert_close(shipped["mutual_information"], mi, rtol=0, atol=1e-12)
     assert float(mi.min()) >= 0 and float(mi.max()) > 0.05  # the members disagree on some inputs
     for score, expected in (("entropy", uncertainty.entropy(probs)), ("mi", mi)):
-        torch.testing.assert_close(pipeline_hydra.selective_uncertainty(member_probs, score), expected, rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            pipeline_hydra.selective_uncertainty(member_probs, score), expected, rtol=0, atol=1e-12
+        )
 
 
 def test_entropy_counts_zero_probabilities_as_zero() -> None:
     probs = torch.tensor([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]], dtype=torch.float64)
     torch.testing.assert_close(uncertainty.entropy(probs), torch.tensor([0.0, math.log(2)], dtype=torch.float64))
     log_probs = torch.log(probs)  # -inf where a probability is 0
-    torch.testing.assert_close(uncertainty.entropy_of_log_probs(log_probs), torch.tensor([0.0, math.log(2)], dtype=torch.float64))
+    torch.testing.assert_close(
+        uncertainty.entropy_of_log_probs(log_probs), torch.tensor([0.0, math.log(2)], dtype=torch.float64)
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1])

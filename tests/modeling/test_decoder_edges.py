@@ -47,7 +47,7 @@ def _lm(folder):
     (transformers.LlamaConfig(max_position_embeddings=40), 40),
     (transformers.BertConfig(max_position_embeddings=72), 72),
     (transformers.RobertaConfig(max_position_embeddings=66, pad_token_id=1), 64),  # less the padding offset
-], ids=["gpt2", "llama", "bert", "roberta"])  # fmt: skip
+], ids=["gpt2", "llama", "bert", "roberta"])
 def test_max_text_positions_reads_the_name_each_config_class_gives_it(config, limit):
     assert max_text_positions(config) == limit
 
@@ -61,7 +61,7 @@ def test_evaluate_gpt2_causal_lm_truncates_texts_to_its_positions(folders, tmp_p
     (tmp_path / "id.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in texts))
     (tmp_path / "ood.jsonl").write_text("\n".join(json.dumps({"text": t}) for t in ood))
     code = cli_main(["evaluate", "--model", str(folder), "--id-data", str(tmp_path / "id.jsonl"), "--ood-data",
-                     f"ood={tmp_path / 'ood.jsonl'}", "--report", str(tmp_path / "report")])  # fmt: skip
+                     f"ood={tmp_path / 'ood.jsonl'}", "--report", str(tmp_path / "report")])
     assert code == 0, capsys.readouterr().err
     (row,) = json.loads((tmp_path / "report" / "report.json").read_text())["rows"]
     model, tokenizer = load_causal_lm(folder)
@@ -80,12 +80,12 @@ def test_prune_and_evaluate_a_decoder_classifier_whose_tokenizer_has_no_pad_toke
     base = save(tmp_path / "base")  # no pad token in the tokenizer or the config
     train, evaluation = write_data(tmp_path)
     args = ["prune", "--model", base, "--method", "taylor", "--members", 2, "--heads-per-layer", 3, "--id-data", train,
-            "--no-progress", "--output", tmp_path / "masks.json"]  # fmt: skip
+            "--no-progress", "--output", tmp_path / "masks.json"]
     assert cli_main([str(a) for a in args]) == 0, capsys.readouterr().err
     args = ["convert", "--base", base, "--masks", tmp_path / "masks.json", "--output", tmp_path / "hydra"]
     assert cli_main([str(a) for a in args]) == 0, capsys.readouterr().err
     args = ["evaluate", "--model", tmp_path / "hydra", "--id-data", evaluation, "--ood-data", train, "--bootstrap", 0,
-            "--report", tmp_path / "report"]  # fmt: skip
+            "--report", tmp_path / "report"]
     assert cli_main([str(a) for a in args]) == 0, capsys.readouterr().err
     row = json.loads((tmp_path / "report" / "report.json").read_text())["rows"][0]
     model = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hydra").eval()
@@ -94,7 +94,9 @@ def test_prune_and_evaluate_a_decoder_classifier_whose_tokenizer_has_no_pad_toke
     frame = pd.read_csv(evaluation)
     with torch.no_grad():
         predicted = [int(model(**tokenizer(t, return_tensors="pt")).logits.argmax(-1)) for t in frame["text"]]
-    assert row["accuracy"] == pytest.approx(float((torch.tensor(predicted) == torch.tensor(frame["label"])).float().mean()))
+    assert row["accuracy"] == pytest.approx(
+        float((torch.tensor(predicted) == torch.tensor(frame["label"])).float().mean())
+    )
 
 
 # ------------------------------------------------------------------ item: generation and the pipeline
@@ -110,14 +112,14 @@ def test_generate_with_uncertainty_returns_several_sequences_per_padded_prompt(f
     tokenizer = transformers.AutoTokenizer.from_pretrained(folders[family])
     enc = tokenizer(PROMPTS, return_tensors="pt", padding=True)
     out = model.generate_with_uncertainty(**enc, num_beams=2, num_return_sequences=2, max_new_tokens=4,
-                                          do_sample=False)  # fmt: skip
+                                          do_sample=False)
     assert out.sequences.shape[0] == 2 * len(PROMPTS)
     P = enc["input_ids"].shape[1]
     for row, pads in enumerate(sum(([p, p] for p in _left_pads(enc["attention_mask"])), [])):
         alone = model.score_generated(out.sequences[row : row + 1, pads:], P - pads)
         torch.testing.assert_close(out.token_entropy[row : row + 1], alone.token_entropy, atol=ATOL, rtol=0)
         torch.testing.assert_close(out.token_mutual_information[row : row + 1], alone.token_mutual_information,
-                                   atol=ATOL, rtol=0)  # fmt: skip
+                                   atol=ATOL, rtol=0)
     assert min(_left_pads(enc["attention_mask"])) == 0 < max(_left_pads(enc["attention_mask"]))  # padded rows too
     with pytest.raises(ValueError, match="repeat_interleave"):  # the mask of the prompts, not of the sequences
         model.score_generated(out.sequences, P, enc["attention_mask"])
@@ -162,22 +164,24 @@ def test_aggregate_reads_seeds_of_a_llama_recipe_whose_parameter_counts_differ(t
     base = save_llama(tmp_path / "base", pad=True)
     train, evaluation = write_data(tmp_path)
     seeds = {"a": [[[0, 1], [0, 1]], [[2, 3], [2, 3]]], "b": [[[0, 2], [1, 3]], [[1, 2], [0, 3]]],
-             "other": [[[0, 1, 2], [0, 1, 2]], [[1, 2, 3], [0, 2, 3]]]}  # fmt: skip
+             "other": [[[0, 1, 2], [0, 1, 2]], [[1, 2, 3], [0, 2, 3]]]}
     rows = {}
     for seed, kept in seeds.items():
         write_masks(tmp_path / f"{seed}.json", kept=kept)
         convert_checkpoint(tmp_path / f"{seed}.json", base=base, output_dir=tmp_path / seed)
         args = ["evaluate", "--model", tmp_path / seed, "--id-data", evaluation, "--ood-data", train, "--bootstrap", 0,
-                "--report", tmp_path / f"report-{seed}"]  # fmt: skip
+                "--report", tmp_path / f"report-{seed}"]
         assert cli_main([str(a) for a in args]) == 0, capsys.readouterr().err
         (rows[seed],) = json.loads((tmp_path / f"report-{seed}" / "report.json").read_text())["rows"]
     assert rows["a"]["params_m"] != rows["b"]["params_m"] and rows["a"]["recipe"] == rows["b"]["recipe"]
     capsys.readouterr()
-    code = cli_main(["aggregate", str(tmp_path / "report-a"), str(tmp_path / "report-b"), "--output", str(tmp_path / "agg")])
+    code = cli_main(
+        ["aggregate", str(tmp_path / "report-a"), str(tmp_path / "report-b"), "--output", str(tmp_path / "agg")]
+    )
     assert code == 0, capsys.readouterr().err
     (mean,) = json.loads((tmp_path / "agg" / "report.json").read_text())["rows"]
     assert mean["accuracy"] == pytest.approx((rows["a"]["accuracy"] + rows["b"]["accuracy"]) / 2)
     code = cli_main(["aggregate", str(tmp_path / "report-a"), str(tmp_path / "report-other"), "--output",
-                     str(tmp_path / "agg2")])  # fmt: skip
+                     str(tmp_path / "agg2")])
     err = capsys.readouterr().err
     assert code == 2 and "other models under one name" in err and "keeping 12 heads" in err

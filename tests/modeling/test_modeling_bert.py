@@ -239,7 +239,10 @@ def test_regression_and_multilabel_heads(tiny_bert_dir):
     out = model(**_batch(2), labels=torch.tensor([0.5, -1.0]))
     torch.testing.assert_close(out.logits, out.member_logits.mean(1))
     cfg = HydraEnsembleConfig(
-        base_config=tiny_bert_config().to_dict(), kept_heads=UNIFORM, num_labels=3, problem_type="multi_label_classification"
+        base_config=tiny_bert_config().to_dict(),
+        kept_heads=UNIFORM,
+        num_labels=3,
+        problem_type="multi_label_classification",
     )
     model = HydraEnsembleForSequenceClassification(cfg).eval()
     out = model(**_batch(2), labels=torch.tensor([[1.0, 0, 1], [0, 0, 1]]))

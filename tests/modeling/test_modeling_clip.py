@@ -233,7 +233,9 @@ def test_open_clip_quick_gelu_and_one_tower(tmp_path):
             ref = zero_removed_open_clip(stock, VISION_KEPT[m], [[0, 1, 2, 3]] * 2)
             image = ref.encode_image(x, normalize=True)
             torch.testing.assert_close(out.member_image_embeds[:, m], image, atol=ATOL, rtol=0)
-            torch.testing.assert_close(out.member_text_embeds[:, m], stock.encode_text(ids, normalize=True), atol=ATOL, rtol=0)
+            torch.testing.assert_close(
+                out.member_text_embeds[:, m], stock.encode_text(ids, normalize=True), atol=ATOL, rtol=0
+            )
         torch.testing.assert_close(out.text_embeds, stock.encode_text(ids, normalize=True), atol=ATOL, rtol=0)
 
 
@@ -245,7 +247,9 @@ def test_masks_are_not_ignored(hf_clip_dir):
     with torch.no_grad():
         expected = stock(input_ids=ids, pixel_values=x, attention_mask=mask).logits_per_image
         full_out = convert_checkpoint(full, base=hf_clip_dir)(input_ids=ids, pixel_values=x, attention_mask=mask)
-        pruned = convert_checkpoint(two_tower_masks(), base=hf_clip_dir)(input_ids=ids, pixel_values=x, attention_mask=mask)
+        pruned = convert_checkpoint(two_tower_masks(), base=hf_clip_dir)(
+            input_ids=ids, pixel_values=x, attention_mask=mask
+        )
     for m in range(3):
         torch.testing.assert_close(full_out.member_logits_per_image[:, m], expected, atol=ATOL, rtol=0)
         assert (pruned.member_logits_per_image[:, m] - expected).abs().max() > 1e-3
@@ -267,7 +271,10 @@ def test_unfuse_clip_and_contrastive_loss(hf_clip_dir):
     for m in range(3):
         logits = out.member_logits_per_image[:, m]  # (B, N)
         target = torch.arange(3)
-        losses.append((torch.nn.functional.cross_entropy(logits, target) + torch.nn.functional.cross_entropy(logits.T, target)) / 2)
+        losses.append(
+            (torch.nn.functional.cross_entropy(logits, target) + torch.nn.functional.cross_entropy(logits.T, target))
+            / 2
+        )
     torch.testing.assert_close(out.loss, sum(losses) / 3)
 
 
@@ -316,14 +323,16 @@ def test_unknown_open_clip_layouts_are_refused(tmp_path):
 
 # ------------------------------------------------------------------------------------ slim members
 VISION_NEURONS = [[list(range(0, 64, 2)), [], list(range(10))], [list(range(1, 64, 3)), list(range(64)), [63]],
-                  [[5], list(range(32, 64)), list(range(0, 64, 4))]]  # fmt: skip
+                  [[5], list(range(32, 64)), list(range(0, 64, 4))]]
 TEXT_NEURONS = [[list(range(20)), [0, 63]], [[], list(range(1, 64, 2))], [list(range(40, 64)), list(range(64))]]
 
 
 def slim_two_tower_masks(text: bool = True) -> HeadMasks:
-    towers = {"vision": HeadMasks(kept_heads=VISION_KEPT, num_heads=H, kept_neurons=VISION_NEURONS, intermediate_size=64)}
+    towers = {
+        "vision": HeadMasks(kept_heads=VISION_KEPT, num_heads=H, kept_neurons=VISION_NEURONS, intermediate_size=64)
+    }
     towers["text"] = (HeadMasks(kept_heads=TEXT_KEPT, num_heads=H, kept_neurons=TEXT_NEURONS, intermediate_size=64)
-                      if text else HeadMasks(kept_heads=TEXT_KEPT, num_heads=H))  # fmt: skip
+                      if text else HeadMasks(kept_heads=TEXT_KEPT, num_heads=H))
     return HeadMasks(towers=towers)
 
 
@@ -357,5 +366,5 @@ def test_slim_two_tower_members_match_their_references(hf_clip_dir, open_clip_di
             kept = {"vision": VISION_NEURONS[m], **({"text": TEXT_NEURONS[m]} if text_slim else {})}
             zero_removed_neurons_(ref, family, kept)
             refs.append(ref(input_ids=ids, pixel_values=x).logits_per_image if source == "hf_clip"
-                        else ref.get_logits(x, ids)[0])  # fmt: skip
+                        else ref.get_logits(x, ids)[0])
         _check_zero_shot(model(input_ids=ids, pixel_values=x), torch.stack(refs, dim=1))

@@ -38,20 +38,20 @@ UNEQUAL = [  # 3 members x 3 layers, unequal widths, member 1 keeps no head in l
     [[0], [0, 1, 2, 3], [0, 2]],
 ]
 TINY = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, vocab_size=99, max_position_embeddings=64,
-            num_labels=3, initializer_range=0.2, pad_token_id=0)  # fmt: skip
+            num_labels=3, initializer_range=0.2, pad_token_id=0)
 # DeBERTa-v3 layout: log-bucketed relative positions (8 buckets < 13 tokens), LayerNorm on the table,
 # position projections shared with Q/K, no absolute positions, no token types
 DEBERTA_V3 = dict(intermediate_size=64, relative_attention=True, position_buckets=8, max_relative_positions=64,
                   norm_rel_ebd="layer_norm", share_att_key=True, pos_att_type="p2c|c2p", position_biased_input=False,
-                  type_vocab_size=0)  # fmt: skip
+                  type_vocab_size=0)
 # DeBERTa-v2 variants: own pos_key_proj / pos_query_proj, clamped (un-bucketed) positions, absolute
 # positions and token types, the convolution after layer 0 (xlarge / xxlarge)
 DEBERTA_V2 = dict(intermediate_size=64, relative_attention=True, max_relative_positions=6, share_att_key=False,
                   pos_att_type="p2c|c2p", position_biased_input=True, type_vocab_size=2, conv_kernel_size=3,
-                  conv_act="gelu")  # fmt: skip
+                  conv_act="gelu")
 # ModernBERT: a 4-token window (each token sees +-2) in layer 1, global layers 0 and 2, no biases
 MODERNBERT = dict(intermediate_size=48, local_attention=4, global_attn_every_n_layers=2, bos_token_id=2,
-                  eos_token_id=3, cls_token_id=2, sep_token_id=3)  # fmt: skip
+                  eos_token_id=3, cls_token_id=2, sep_token_id=3)
 
 
 @dataclass
@@ -98,7 +98,10 @@ class Family:
         members = [self.reader(s.state_dict(), s.config.to_dict(), source=f"member {i}") for i, s in enumerate(stocks)]
         state = self.fuse(members * (3 if len(members) == 1 else 1), kept, mlp_fusion)
         config = self.hydra_config(
-            base_config=base_config_dict(stocks[0].config.to_dict()), kept_heads=kept, mlp_fusion=mlp_fusion, num_labels=3
+            base_config=base_config_dict(stocks[0].config.to_dict()),
+            kept_heads=kept,
+            mlp_fusion=mlp_fusion,
+            num_labels=3,
         )
         model = self.hydra_model(config).eval()
         model.load_state_dict(state, strict=True)
@@ -109,12 +112,12 @@ DEBERTA = Family(
     DebertaV2ForSequenceClassification, DebertaV2Config, deberta_v2_member_from_state_dict, fuse_deberta_v2,
     unfuse_deberta_v2, HydraEnsembleDebertaV2Config, HydraEnsembleDebertaV2ForSequenceClassification, "deberta",
     ("eager",),  # transformers' DeBERTa-v2 has its own attention only
-)  # fmt: skip
+)
 MODERN = Family(
     ModernBertForSequenceClassification, ModernBertConfig, modernbert_member_from_state_dict, fuse_modernbert,
     unfuse_modernbert, HydraEnsembleModernBertConfig, HydraEnsembleModernBertForSequenceClassification, "model",
     ("eager", "sdpa"),
-)  # fmt: skip
+)
 CASES = {
     "deberta_v3": (DEBERTA, DEBERTA_V3),
     "deberta_v2": (DEBERTA, DEBERTA_V2),
@@ -300,7 +303,9 @@ def test_attention_maps_are_the_members_heads():
                 ref = family.zeroed(stock, UNIFORM[m])(**batch, output_attentions=True).attentions
                 for layer in range(3):
                     start, heads = 2 * m, UNIFORM[m][layer]
-                    torch.testing.assert_close(maps[layer][:, start : start + 2], ref[layer][:, heads], atol=1e-6, rtol=0)
+                    torch.testing.assert_close(
+                        maps[layer][:, start : start + 2], ref[layer][:, heads], atol=1e-6, rtol=0
+                    )
 
 
 @pytest.mark.parametrize(
@@ -419,11 +424,14 @@ def test_prune_convert_remote_code_and_pipeline(stock_dirs, csv_files, tmp_path)
     expected, outs = {}, {}
     for case in END_TO_END:
         common = ["prune", "--model", str(stock_dirs[case]), "--id-data", str(id_csv), "--text-column", "review",
-                  "--label-column", "stars", "--no-progress", "--batch-size", "8"]  # fmt: skip
+                  "--label-column", "stars", "--no-progress", "--batch-size", "8"]
         taylor, circuit = tmp_path / f"{case}-taylor.json", tmp_path / f"{case}-circuit.json"
-        assert main([*common, "--output", str(taylor), "--method", "taylor", "--members", "2", "--heads-per-layer", "2"]) == 0
+        assert (
+            main([*common, "--output", str(taylor), "--method", "taylor", "--members", "2", "--heads-per-layer", "2"])
+            == 0
+        )
         assert main([*common, "--output", str(circuit), "--method", "circuit-avg", "--members", "1", "--remove", "2",
-                     "--ood-data", str(ood_csv), "--ood-text-column", "text"]) == 0  # fmt: skip
+                     "--ood-data", str(ood_csv), "--ood-text-column", "text"]) == 0
         assert all(len(h) == 2 for m in HeadMasks.load(taylor).kept_heads for h in m)
         masks = HeadMasks.load(circuit)
         assert masks.num_members == 1 and masks.num_kept(0) == 10
@@ -442,7 +450,8 @@ def test_prune_convert_remote_code_and_pipeline(stock_dirs, csv_files, tmp_path)
         result = {{}}
         for case, out in {outs!r}.items():
             model = AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=True).eval()
-            enc = AutoTokenizer.from_pretrained(out, trust_remote_code=True)({SENTENCES!r}, padding=True, return_tensors="pt")
+            tokenizer = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+            enc = tokenizer({SENTENCES!r}, padding=True, return_tensors="pt")
             with torch.no_grad():
                 logits = model(**enc).logits
             pipe = pipeline("text-classification", model=out, trust_remote_code=True, top_k=None)
@@ -461,7 +470,9 @@ def test_prune_convert_remote_code_and_pipeline(stock_dirs, csv_files, tmp_path)
         torch.testing.assert_close(torch.tensor(got["logits"]), expected[case], atol=ATOL, rtol=0)
         mean_probs = torch.softmax(expected[case], -1)  # logits = log of the members' mean softmax
         for i, scores in enumerate(got["scores"]):
-            torch.testing.assert_close(torch.tensor([scores[l] for l in got["labels"]]), mean_probs[i], atol=ATOL, rtol=0)
+            torch.testing.assert_close(
+                torch.tensor([scores[l] for l in got["labels"]]), mean_probs[i], atol=ATOL, rtol=0
+            )
 
 
 def test_pretrained_masked_lm_checkpoints_convert(tmp_path):

@@ -39,7 +39,7 @@ from hydra_hf.pruning.gates import zero_head_columns_
 ATOL = 1e-5
 H, DK, SIZE = 4, 8, 32
 VISION = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=H, image_size=SIZE, patch_size=8, num_labels=3,
-              id2label={0: "cat", 1: "dog", 2: "bird"})  # fmt: skip
+              id2label={0: "cat", 1: "dog", 2: "bird"})
 UNEQUAL = [[[0, 1], [2, 3]], [[1, 2, 3], []], [[0], [0, 1, 2, 3]]]  # member 1 keeps no head in layer 1
 UNIFORM = [[[0, 1], [2, 3]], [[1, 3], [0, 1]]]  # equal widths: members folded into the attention batch
 ALL = [[[0, 1, 2, 3]] * 2] * 2
@@ -79,55 +79,124 @@ def _siglip():
                          intermediate_size=64, max_position_embeddings=64),
         vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64,
                            image_size=SIZE, patch_size=8),
-    ))  # fmt: skip
+    ))
 
 
 def _size_processor(cls):
     return lambda: cls(size={"height": SIZE, "width": SIZE}, do_center_crop=False) if cls is not SiglipImageProcessor \
-        else cls(size={"height": SIZE, "width": SIZE})  # fmt: skip
+        else cls(size={"height": SIZE, "width": SIZE})
 
 
 EMB = ("embeddings.",)
 VARIANTS = {
-    "deit": Variant("deit", _deit(DeiTForImageClassification), _size_processor(DeiTImageProcessor),
-                    (("classifier.weight", "classifier.weight", "member"),
-                     ("hydra.layernorm.weight", "deit.layernorm.weight", "member"),
-                     ("hydra.embeddings.patch_embeddings.projection.weight", "deit.embeddings.patch_embeddings.projection.weight", "shared"),
-                     ("hydra.embeddings.distillation_token", "deit.embeddings.distillation_token", "shared"),
-                     ("hydra.layers.0.attention.o_weight", "deit.layers.0.attention.o_proj.weight", "o_rows")), EMB),
-    "deit_distilled": Variant("deit", _deit(DeiTForImageClassificationWithTeacher), _size_processor(DeiTImageProcessor),
-                              (("cls_classifier.weight", "cls_classifier.weight", "member"),
-                               ("distillation_classifier.weight", "distillation_classifier.weight", "member"),
-                               ("hydra.embeddings.distillation_token", "deit.embeddings.distillation_token", "shared")), EMB),
-    "beit": Variant("beit", _beit(use_relative_position_bias=True, use_shared_relative_position_bias=True,
-                                  use_absolute_position_embeddings=True, layer_scale_init_value=0.5),
-                    _size_processor(BeitImageProcessor),
-                    (("hydra.layers.1.lambda_1", "beit.layers.1.lambda_1", "member"),
-                     ("hydra.pooler_layernorm.weight", "beit.pooler.layernorm.weight", "member"),
-                     ("hydra.shared_relative_position_bias_table", "beit.shared_position_bias.relative_position_bias_table", "member"),
-                     ("hydra.layers.0.relative_position_bias_table", "beit.layers.0.relative_position_bias.relative_position_bias_table", "columns"),
-                     ("hydra.layers.0.attention.o_weight", "beit.layers.0.attention.o_proj.weight", "o_rows")), EMB),
-    "beit_cls": Variant("beit", _beit(use_relative_position_bias=True, use_mean_pooling=False, layer_scale_init_value=0.0),
-                        _size_processor(BeitImageProcessor),
-                        (("hydra.layernorm.weight", "beit.layernorm.weight", "member"),), EMB),
-    "dinov2": Variant("dinov2", _dinov2(), _size_processor(DeiTImageProcessor),
-                      (("hydra.layers.0.lambda_2", "dinov2.encoder.layer.0.layer_scale2.lambda1", "member"),
-                       ("classifier.weight", "classifier.weight", "member"),
-                       ("hydra.embeddings.cls_token", "dinov2.embeddings.cls_token", "shared")), EMB),
-    "dinov2_swiglu": Variant("dinov2", _dinov2(use_swiglu_ffn=True), _size_processor(DeiTImageProcessor),
-                             (("hydra.layers.1.lambda_1", "dinov2.encoder.layer.1.layer_scale1.lambda1", "member"),), EMB),
-    "dinov2_registers": Variant("dinov2", _dinov2(registers=True), _size_processor(DeiTImageProcessor),
-                                (("hydra.embeddings.register_tokens", "dinov2_with_registers.embeddings.register_tokens", "shared"),
-                                 ("classifier.weight", "classifier.weight", "member")), EMB),
-    "siglip": Variant("siglip", _siglip, _size_processor(SiglipImageProcessor),
-                      (("logit_bias", "logit_bias", "member"),
-                       ("vision_model.head.probe", "vision_model.head.probe", "member"),
-                       ("vision_model.head.in_proj_weight", "vision_model.head.attention.in_proj_weight", "member"),
-                       ("text_model.head.weight", "text_model.head.weight", "member"),
-                       ("text_model.embeddings.token_embedding.weight", "text_model.embeddings.token_embedding.weight", "shared"),
-                       ("vision_model.layers.1.attention.o_weight", "vision_model.encoder.layers.1.self_attn.out_proj.weight", "o_rows")),
-                      EMB),
-}  # fmt: skip
+    "deit": Variant(
+        "deit",
+        _deit(DeiTForImageClassification),
+        _size_processor(DeiTImageProcessor),
+        (
+            ("classifier.weight", "classifier.weight", "member"),
+            ("hydra.layernorm.weight", "deit.layernorm.weight", "member"),
+            (
+                "hydra.embeddings.patch_embeddings.projection.weight",
+                "deit.embeddings.patch_embeddings.projection.weight",
+                "shared",
+            ),
+            ("hydra.embeddings.distillation_token", "deit.embeddings.distillation_token", "shared"),
+            ("hydra.layers.0.attention.o_weight", "deit.layers.0.attention.o_proj.weight", "o_rows"),
+        ),
+        EMB,
+    ),
+    "deit_distilled": Variant(
+        "deit",
+        _deit(DeiTForImageClassificationWithTeacher),
+        _size_processor(DeiTImageProcessor),
+        (
+            ("cls_classifier.weight", "cls_classifier.weight", "member"),
+            ("distillation_classifier.weight", "distillation_classifier.weight", "member"),
+            ("hydra.embeddings.distillation_token", "deit.embeddings.distillation_token", "shared"),
+        ),
+        EMB,
+    ),
+    "beit": Variant(
+        "beit",
+        _beit(
+            use_relative_position_bias=True,
+            use_shared_relative_position_bias=True,
+            use_absolute_position_embeddings=True,
+            layer_scale_init_value=0.5,
+        ),
+        _size_processor(BeitImageProcessor),
+        (
+            ("hydra.layers.1.lambda_1", "beit.layers.1.lambda_1", "member"),
+            ("hydra.pooler_layernorm.weight", "beit.pooler.layernorm.weight", "member"),
+            (
+                "hydra.shared_relative_position_bias_table",
+                "beit.shared_position_bias.relative_position_bias_table",
+                "member",
+            ),
+            (
+                "hydra.layers.0.relative_position_bias_table",
+                "beit.layers.0.relative_position_bias.relative_position_bias_table",
+                "columns",
+            ),
+            ("hydra.layers.0.attention.o_weight", "beit.layers.0.attention.o_proj.weight", "o_rows"),
+        ),
+        EMB,
+    ),
+    "beit_cls": Variant(
+        "beit",
+        _beit(use_relative_position_bias=True, use_mean_pooling=False, layer_scale_init_value=0.0),
+        _size_processor(BeitImageProcessor),
+        (("hydra.layernorm.weight", "beit.layernorm.weight", "member"),),
+        EMB,
+    ),
+    "dinov2": Variant(
+        "dinov2",
+        _dinov2(),
+        _size_processor(DeiTImageProcessor),
+        (
+            ("hydra.layers.0.lambda_2", "dinov2.encoder.layer.0.layer_scale2.lambda1", "member"),
+            ("classifier.weight", "classifier.weight", "member"),
+            ("hydra.embeddings.cls_token", "dinov2.embeddings.cls_token", "shared"),
+        ),
+        EMB,
+    ),
+    "dinov2_swiglu": Variant(
+        "dinov2",
+        _dinov2(use_swiglu_ffn=True),
+        _size_processor(DeiTImageProcessor),
+        (("hydra.layers.1.lambda_1", "dinov2.encoder.layer.1.layer_scale1.lambda1", "member"),),
+        EMB,
+    ),
+    "dinov2_registers": Variant(
+        "dinov2",
+        _dinov2(registers=True),
+        _size_processor(DeiTImageProcessor),
+        (
+            ("hydra.embeddings.register_tokens", "dinov2_with_registers.embeddings.register_tokens", "shared"),
+            ("classifier.weight", "classifier.weight", "member"),
+        ),
+        EMB,
+    ),
+    "siglip": Variant(
+        "siglip",
+        _siglip,
+        _size_processor(SiglipImageProcessor),
+        (
+            ("logit_bias", "logit_bias", "member"),
+            ("vision_model.head.probe", "vision_model.head.probe", "member"),
+            ("vision_model.head.in_proj_weight", "vision_model.head.attention.in_proj_weight", "member"),
+            ("text_model.head.weight", "text_model.head.weight", "member"),
+            ("text_model.embeddings.token_embedding.weight", "text_model.embeddings.token_embedding.weight", "shared"),
+            (
+                "vision_model.layers.1.attention.o_weight",
+                "vision_model.encoder.layers.1.self_attn.out_proj.weight",
+                "o_rows",
+            ),
+        ),
+        EMB,
+    ),
+}
 IMAGE_VARIANTS = [v for v in VARIANTS if v != "siglip"]
 
 
@@ -163,7 +232,9 @@ def masks_for(variant: str, kept) -> HeadMasks:
     if variant != "siglip":
         return HeadMasks(kept_heads=kept, num_heads=H)
     text = TEXT_UNEQUAL if kept is UNEQUAL else kept
-    return HeadMasks(towers={"vision": HeadMasks(kept_heads=kept, num_heads=H), "text": HeadMasks(kept_heads=text, num_heads=H)})
+    return HeadMasks(
+        towers={"vision": HeadMasks(kept_heads=kept, num_heads=H), "text": HeadMasks(kept_heads=text, num_heads=H)}
+    )
 
 
 def kept_per_tower(variant: str, masks) -> list[dict[str, list[list[int]]]]:
@@ -321,11 +392,18 @@ def test_gradients_equal_the_references(folders, variant):
             for m in range(M):
                 heads = kept[m][tower][layer]
                 if kind == "columns":
-                    torch.testing.assert_close(grad[:, offset : offset + len(heads)], ref_grads[m][:, heads] / M, atol=ATOL, rtol=0)
+                    torch.testing.assert_close(
+                        grad[:, offset : offset + len(heads)], ref_grads[m][:, heads] / M, atol=ATOL, rtol=0
+                    )
                 else:
-                    cols = torch.cat([torch.arange(h * DK, (h + 1) * DK) for h in heads]) if heads else torch.zeros(0, dtype=torch.long)
-                    torch.testing.assert_close(grad[offset * DK : (offset + len(heads)) * DK], ref_grads[m][:, cols].T / M,
-                                               atol=ATOL, rtol=0)
+                    cols = (
+                        torch.cat([torch.arange(h * DK, (h + 1) * DK) for h in heads])
+                        if heads
+                        else torch.zeros(0, dtype=torch.long)
+                    )
+                    torch.testing.assert_close(
+                        grad[offset * DK : (offset + len(heads)) * DK], ref_grads[m][:, cols].T / M, atol=ATOL, rtol=0
+                    )
                 offset += len(heads)
         assert grad.abs().sum() > 0, fused_name
         checked += 1
@@ -372,11 +450,18 @@ def test_beit_bias_and_layer_scale_matter(folders):
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda: __import__("transformers").DeiTForMaskedImageModeling(DeiTConfig(**VISION, intermediate_size=64)),
-         "is a DeiTForMaskedImageModeling checkpoint"),
-        (lambda: __import__("transformers").BeitForMaskedImageModeling(BeitConfig(**VISION, intermediate_size=64)),
-         "is a BeitForMaskedImageModeling checkpoint"),
-        (lambda: __import__("transformers").SiglipForImageClassification(_siglip().config), "is a SiglipForImageClassification"),
+        (
+            lambda: __import__("transformers").DeiTForMaskedImageModeling(DeiTConfig(**VISION, intermediate_size=64)),
+            "is a DeiTForMaskedImageModeling checkpoint",
+        ),
+        (
+            lambda: __import__("transformers").BeitForMaskedImageModeling(BeitConfig(**VISION, intermediate_size=64)),
+            "is a BeitForMaskedImageModeling checkpoint",
+        ),
+        (
+            lambda: __import__("transformers").SiglipForImageClassification(_siglip().config),
+            "is a SiglipForImageClassification",
+        ),
     ],
     ids=["deit-mim", "beit-mim", "siglip-classifier"],
 )
@@ -387,7 +472,20 @@ def test_other_task_heads_are_refused_in_one_line(tmp_path, capsys, make, messag
     masks = HeadMasks(kept_heads=UNIFORM, num_heads=H)
     masks.save(tmp_path / "m.json")
     capsys.readouterr()  # the progress bar of save_pretrained
-    assert main(["convert", "--base", str(tmp_path / "base"), "--masks", str(tmp_path / "m.json"), "--output", str(tmp_path / "out")]) == 2
+    assert (
+        main(
+            [
+                "convert",
+                "--base",
+                str(tmp_path / "base"),
+                "--masks",
+                str(tmp_path / "m.json"),
+                "--output",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not (tmp_path / "out").exists()
@@ -412,7 +510,7 @@ def test_bare_encoders_get_new_classifiers(tmp_path, name):
 
     cls, config = {"deit": (DeiTModel, DeiTConfig(**VISION, intermediate_size=64)),
                    "beit": (BeitModel, BeitConfig(**VISION, intermediate_size=64, use_relative_position_bias=True)),
-                   "dinov2": (Dinov2Model, Dinov2Config(**VISION, mlp_ratio=2))}[name]  # fmt: skip
+                   "dinov2": (Dinov2Model, Dinov2Config(**VISION, mlp_ratio=2))}[name]
     torch.manual_seed(0)
     encoder = perturb(cls(config), 0)
     encoder.save_pretrained(tmp_path / "enc")
@@ -432,7 +530,9 @@ def image_folder(root: Path, classes: list[str], per_class: int, seed: int) -> P
     for c in classes:
         (root / c).mkdir(parents=True)
         for i in range(per_class):
-            Image.fromarray((torch.rand(SIZE, SIZE, 3, generator=g) * 255).to(torch.uint8).numpy()).save(root / c / f"{i}.png")
+            Image.fromarray((torch.rand(SIZE, SIZE, 3, generator=g) * 255).to(torch.uint8).numpy()).save(
+                root / c / f"{i}.png"
+            )
     return root
 
 
@@ -447,7 +547,8 @@ out = {}
 for name, job in jobs.items():
     pipe = pipeline(job["task"], model=job["folder"], trust_remote_code=True)
     model = pipe.model  # loaded by the task's Auto class from the folder's auto_map
-    assert type(model).__name__ == job["cls"] and type(model).__module__.startswith("transformers_modules"), type(model)
+    assert type(model).__name__ == job["cls"], type(model)
+    assert type(model).__module__.startswith("transformers_modules"), type(model)
     with torch.no_grad():
         if job["task"] == "zero-shot-image-classification":
             logits = model(**inputs).logits_per_image
@@ -474,7 +575,9 @@ def test_cli_convert_remote_code_and_pipelines(folders, tmp_path):
     from hydra_hf.cli import main
 
     image_file = tmp_path / "image.png"
-    Image.fromarray((torch.rand(40, 40, 3, generator=torch.Generator().manual_seed(9)) * 255).to(torch.uint8).numpy()).save(image_file)
+    Image.fromarray(
+        (torch.rand(40, 40, 3, generator=torch.Generator().manual_seed(9)) * 255).to(torch.uint8).numpy()
+    ).save(image_file)
     torch.save(INPUTS, tmp_path / "inputs.pt")
     jobs, expected = {}, {}
     for variant in VARIANTS:
@@ -482,10 +585,14 @@ def test_cli_convert_remote_code_and_pipelines(folders, tmp_path):
         masks_file = tmp_path / f"{variant}.json"
         masks.save(masks_file)
         out = tmp_path / f"hydra-{variant}"
-        assert main(["convert", "--base", str(folders[variant]), "--masks", str(masks_file), "--output", str(out)]) == 0
+        assert (
+            main(["convert", "--base", str(folders[variant]), "--masks", str(masks_file), "--output", str(out)]) == 0
+        )
         family = get_family(VARIANTS[variant].family)
         assert set(family.shipped_files) <= {p.name for p in out.iterdir()}
-        assert not any(f.startswith("modeling_hydra_") and f != family.modeling_file for f in (p.name for p in out.iterdir()))
+        assert not any(
+            f.startswith("modeling_hydra_") and f != family.modeling_file for f in (p.name for p in out.iterdir())
+        )
         config = json.loads((out / "config.json").read_text())
         assert config["auto_map"] == family.auto_map
         assert bool(config.get("custom_pipelines")) is family.uncertainty_pipelines
@@ -500,7 +607,11 @@ def test_cli_convert_remote_code_and_pipelines(folders, tmp_path):
             logits = run(model, variant)[1]
             if variant == "siglip":
                 prompts = [f"This is a photo of {c}." for c in ("cat", "dog", "bird")]
-                text = dict(AutoTokenizer.from_pretrained(out)(prompts, return_tensors="pt", padding="max_length", max_length=64, truncation=True))
+                text = dict(
+                    AutoTokenizer.from_pretrained(out)(
+                        prompts, return_tensors="pt", padding="max_length", max_length=64, truncation=True
+                    )
+                )
                 text.pop("token_type_ids", None)
                 member = torch.stack([r(pixel_values=pixel_values, **text).logits_per_image for r in refs], 1)
                 names = ["cat", "dog", "bird"]
@@ -533,7 +644,7 @@ def test_prune_taylor_and_circuits_then_convert(folders, tmp_path, family):
     extra = ["--class-names", "cat,dog,bird"] if family == "siglip" else []
     rc = main(["prune", "--model", str(folders[variant]), "--id-data", str(id_dir), "--ood-data", str(ood_dir),
                "--method", "taylor,circuit-avg", "--members", "2", "--remove", "3", "--heads-per-step", "3",
-               "--batch-size", "8", "--no-progress", "--output", str(out), *extra])  # fmt: skip
+               "--batch-size", "8", "--no-progress", "--output", str(out), *extra])
     assert rc == 0
     masks = load_masks(out)
     assert [m["method"] for m in masks.member_metadata] == ["taylor", "circuit-avg"]
@@ -549,5 +660,9 @@ def test_prune_taylor_and_circuits_then_convert(folders, tmp_path, family):
 
 
 def test_members_with_different_heads_are_refused(folders):
-    with pytest.raises(ValueError, match=r"members differ in \['classifier.bias', 'classifier.weight', 'cls_classifier"):
-        convert_checkpoint(masks_for("deit", UNEQUAL), members=[folders["deit"], folders["deit_distilled"], folders["deit"]])
+    with pytest.raises(
+        ValueError, match=r"members differ in \['classifier.bias', 'classifier.weight', 'cls_classifier"
+    ):
+        convert_checkpoint(
+            masks_for("deit", UNEQUAL), members=[folders["deit"], folders["deit_distilled"], folders["deit"]]
+        )

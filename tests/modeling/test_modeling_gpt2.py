@@ -33,7 +33,7 @@ ATOL = 1e-5
 
 def gpt2_config(**kw) -> GPT2Config:
     args = dict(n_embd=32, n_layer=L, n_head=H, vocab_size=V, n_positions=64, initializer_range=0.2, resid_pdrop=0.0,
-                embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=PAD, bos_token_id=1, eos_token_id=2)  # fmt: skip
+                embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=PAD, bos_token_id=1, eos_token_id=2)
     args.update(kw)
     return GPT2Config(**args)
 
@@ -74,7 +74,7 @@ def fused(stocks, kept, mlp_fusion: str, impl: str = "eager", task: str = "causa
     base = stocks[0].config.to_dict()
     labels = {"num_labels": stocks[0].config.num_labels} if task != "causal_lm" else {}
     config = HydraEnsembleGPT2Config(base_config=base, kept_heads=kept, mlp_fusion=mlp_fusion,
-                                     lm_head_fusion=lm_head_fusion, **labels)  # fmt: skip
+                                     lm_head_fusion=lm_head_fusion, **labels)
     config._attn_implementation = impl
     cls = HydraEnsembleGPT2ForCausalLM if task == "causal_lm" else HydraEnsembleGPT2ForSequenceClassification
     model = cls(config).eval()
@@ -125,12 +125,14 @@ def test_causal_lm_equals_stock_with_removed_heads_zeroed_with_and_without_cache
         torch.testing.assert_close(out.logits[valid], mean[valid], atol=ATOL, rtol=0)
         # the cache: a prefix, then the continuation (two tokens, then one), one DynamicCache for all members
         cache = DynamicCache(config=stocks[0].config)
-        first = model(input_ids=ids[:, :6], attention_mask=mask[:, :6], position_ids=pos[:, :6], cache=cache, use_cache=True)
+        first = model(
+            input_ids=ids[:, :6], attention_mask=mask[:, :6], position_ids=pos[:, :6], cache=cache, use_cache=True
+        )
         assert first.cache is cache and cache.get_seq_length() == 6
         second = model(input_ids=ids[:, 6:8], attention_mask=mask[:, :8], position_ids=pos[:, 6:8], cache=cache,
-                       use_cache=True)  # fmt: skip
+                       use_cache=True)
         third = model(input_ids=ids[:, 8:], attention_mask=mask, position_ids=pos[:, 8:], cache=cache,
-                      use_cache=True, logits_to_keep=1)  # fmt: skip
+                      use_cache=True, logits_to_keep=1)
         assert cache.get_seq_length() == 9 and third.member_logits.shape == (3, len(KEPT), 1, V)
         stepped = torch.cat([first.member_logits, second.member_logits, third.member_logits], dim=2)
         full = out.member_logits
@@ -142,7 +144,9 @@ def test_causal_lm_equals_stock_with_removed_heads_zeroed_with_and_without_cache
         labels = ids.masked_fill(mask == 0, -100)
         loss = model(input_ids=ids, attention_mask=mask, position_ids=pos, labels=labels).loss
         ce = torch.nn.functional.cross_entropy
-        want = torch.stack([ce(out.member_logits[:, m, :-1].reshape(-1, V), labels[:, 1:].reshape(-1)) for m in range(3)])
+        want = torch.stack(
+            [ce(out.member_logits[:, m, :-1].reshape(-1, V), labels[:, 1:].reshape(-1)) for m in range(3)]
+        )
         torch.testing.assert_close(loss, want.mean(), atol=ATOL, rtol=0)
 
 
@@ -162,8 +166,12 @@ def test_a_layer_without_any_head_and_scaling_options():
             if impl == "eager":
                 assert [tuple(a.shape) for a in out.attentions] == [(2, 3, 7, 7), (2, 0, 7, 7), (2, 5, 7, 7)]
             cache = DynamicCache(config=stocks[0].config)
-            model(input_ids=ids[:, :4], attention_mask=mask[:, :4], position_ids=pos[:, :4], cache=cache, use_cache=True)
-            rest = model(input_ids=ids[:, 4:], attention_mask=mask, position_ids=pos[:, 4:], cache=cache, use_cache=True)
+            model(
+                input_ids=ids[:, :4], attention_mask=mask[:, :4], position_ids=pos[:, :4], cache=cache, use_cache=True
+            )
+            rest = model(
+                input_ids=ids[:, 4:], attention_mask=mask, position_ids=pos[:, 4:], cache=cache, use_cache=True
+            )
             assert cache.get_seq_length() == 7 and cache.layers[1].keys.shape == (2, 0, 7, 8)
             torch.testing.assert_close(rest.member_logits[:, :, -1], out.member_logits[:, :, -1], atol=ATOL, rtol=0)
 
@@ -186,7 +194,7 @@ def test_one_member_generate_equals_stock_token_for_token():
         # the base's end-of-sequence and padding tokens are the generation config's
         assert (model.generation_config.eos_token_id, model.generation_config.pad_token_id) == (2, PAD)
         assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False),
-                           base.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False))  # fmt: skip
+                           base.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False))
     assert torch.equal(scored.sequences, greedy)
     assert scored.token_entropy.shape == (2, 8) and float(scored.token_mutual_information.abs().max()) < 1e-5
 
@@ -196,9 +204,11 @@ def test_ensemble_generate_with_uncertainty_runs_on_the_shared_cache():
     model, _ = fused(stocks, KEPT, "per_member", "sdpa")
     ids, mask, _ = batch(3, lengths=(5, 3), total=5)
     with torch.no_grad():
-        beams = model.generate(ids, attention_mask=mask, max_new_tokens=4, num_beams=2, do_sample=False, pad_token_id=PAD)
+        beams = model.generate(
+            ids, attention_mask=mask, max_new_tokens=4, num_beams=2, do_sample=False, pad_token_id=PAD
+        )
         out = model.generate_with_uncertainty(ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
-                                              pad_token_id=PAD, eos_token_id=None)  # fmt: skip
+                                              pad_token_id=PAD, eos_token_id=None)
     assert beams.shape == (2, 9)
     assert out.member_top_tokens.shape == (2, 6, 3) and bool((out.token_mutual_information > 0).any())
     # greedy decoding picks the ensemble's most likely token: its probability is the step's largest
@@ -250,7 +260,7 @@ def test_sequence_classification_member_wise(left):
         one.load_state_dict(sd, strict=True)
         with torch.no_grad():
             torch.testing.assert_close(one(input_ids=ids, attention_mask=mask).logits, out.member_logits[:, m],
-                                       atol=ATOL, rtol=0)  # fmt: skip
+                                       atol=ATOL, rtol=0)
 
 
 def test_save_pretrained_and_remote_code_round_trip(tmp_path):
@@ -276,7 +286,7 @@ def test_save_pretrained_and_remote_code_round_trip(tmp_path):
         assert local.config.kept_heads == KEPT and local.config.lm_head_fusion == lm_head_fusion
         with torch.no_grad():
             torch.testing.assert_close(local(input_ids=ids, attention_mask=mask, position_ids=pos).member_logits, want,
-                                       atol=ATOL, rtol=0)  # fmt: skip
+                                       atol=ATOL, rtol=0)
         if lm_head_fusion == "shared":
             assert local.lm_head.weight.data_ptr() == local.hydra.wte.weight.data_ptr()
         torch.save({"ids": ids, "mask": mask, "pos": pos, "want": want}, folder / "case.pt")
@@ -289,11 +299,14 @@ def test_save_pretrained_and_remote_code_round_trip(tmp_path):
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
         with torch.no_grad():
             got = model(input_ids=case["ids"], attention_mask=case["mask"], position_ids=case["pos"]).member_logits
-            seq = model.generate(case["ids"], attention_mask=case["mask"], max_new_tokens=3, do_sample=False, pad_token_id=0)
+            seq = model.generate(case["ids"], attention_mask=case["mask"], max_new_tokens=3, do_sample=False,
+                                 pad_token_id=0)
         out[name] = [type(model).__module__, float((got - case["want"]).abs().max()), list(seq.shape)]
     print(json.dumps(out))
     """
-    result = json.loads(run_fresh_python(code, env={"HF_MODULES_CACHE": str(tmp_path / "modules")}).strip().splitlines()[-1])
+    result = json.loads(
+        run_fresh_python(code, env={"HF_MODULES_CACHE": str(tmp_path / "modules")}).strip().splitlines()[-1]
+    )
     for name, (module, diff, shape) in result.items():
         assert module.startswith("transformers_modules") and module.endswith("modeling_hydra_gpt2"), name
         assert diff <= ATOL and shape == [3, 12], name
@@ -332,7 +345,7 @@ def test_family_converts_a_folder_and_the_output_loads(tmp_path, head):
     assert detect_family(tmp_path / "base") is family
     out = tmp_path / "hydra"
     model = convert_checkpoint(HeadMasks(kept_heads=KEPT, num_heads=H), base=tmp_path / "base", output_dir=out,
-                               mlp_fusion="per_member")  # fmt: skip
+                               mlp_fusion="per_member")
     assert sorted(p.name for p in out.glob("*.py")) == sorted(family.shipped_files)
     auto = AutoModelForCausalLM if head == "causal_lm" else AutoModelForSequenceClassification
     loaded = auto.from_pretrained(out, trust_remote_code=True).eval()

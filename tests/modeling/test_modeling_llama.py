@@ -48,7 +48,7 @@ def stock(kind: str, head: str = "ForCausalLM", seed: int = 0, **extra) -> torch
     torch.manual_seed(seed)
     sizes = dict(vocab_size=V, hidden_size=32, num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=HKV,
                  intermediate_size=48, max_position_embeddings=64, pad_token_id=0, tie_word_embeddings=False,
-                 initializer_range=0.1)  # fmt: skip
+                 initializer_range=0.1)
     config = cls(**{**sizes, **special, **extra})
     return getattr(transformers, f"{PREFIX[kind]}{head}")(config).eval()
 
@@ -81,8 +81,14 @@ def fused(members: list[torch.nn.Module], kept, mlp_fusion="average", task="caus
     canon = [decoder_member_from_state_dict(m.state_dict(), base) for m in members]
     heads = "per_member" if len(members) > 1 and task == "causal_lm" else "shared"
     state = fuse_decoder(canon, kept, mlp_fusion, shared="first", task=task, lm_head_fusion=heads)
-    config = HydraEnsembleLlamaConfig(base_model_type=base["model_type"], base_config=base, kept_heads=kept,
-                                      mlp_fusion=mlp_fusion, lm_head_fusion=heads, num_labels=members[0].config.num_labels)  # fmt: skip
+    config = HydraEnsembleLlamaConfig(
+        base_model_type=base["model_type"],
+        base_config=base,
+        kept_heads=kept,
+        mlp_fusion=mlp_fusion,
+        lm_head_fusion=heads,
+        num_labels=members[0].config.num_labels,
+    )
     cls = HydraEnsembleLlamaForCausalLM if task == "causal_lm" else HydraEnsembleLlamaForSequenceClassification
     model = cls(config)
     model.load_state_dict(state, strict=True)
@@ -165,7 +171,7 @@ def test_equal_widths_fold_the_members_into_the_batch_axis(kind, monkeypatch):
     monkeypatch.setattr(HydraSelfAttention, "attend", recorded)
     with torch.no_grad():
         got = {impl: fused(members, EQUAL, "per_member", impl=impl)(input_ids=ids, attention_mask=mask).member_logits
-               for impl in ("sdpa", "eager")}  # fmt: skip
+               for impl in ("sdpa", "eager")}
         dk = 12 if kind == "qwen3" else 8
         assert shapes == [(3 * 3, 3, 8, dk), (3 * 3, 2, 8, dk), (3, 9, 8, dk), (3, 6, 8, dk)]  # (M*B, k, T, dk) folded
         for m, member in enumerate(members):
@@ -179,7 +185,8 @@ def test_equal_widths_fold_the_members_into_the_batch_axis(kind, monkeypatch):
         for t in (6, 7):
             out = model(input_ids=ids[:, t : t + 1], attention_mask=mask[:, : t + 1], cache=out.cache, use_cache=True)
             steps.append(out.member_logits)
-    assert shapes[4:] == [(9, 3, 6, dk), (9, 2, 6, dk)] + [(3, 9, 1, dk), (3, 6, 1, dk)] * 2  # prefill folded, steps not
+    # prefill folded, steps not
+    assert shapes[4:] == [(9, 3, 6, dk), (9, 2, 6, dk)] + [(3, 9, 1, dk), (3, 6, 1, dk)] * 2
     torch.testing.assert_close(torch.cat(steps, dim=2)[real], got["sdpa"][real], atol=ATOL, rtol=0)
 
 
@@ -198,9 +205,11 @@ def test_cache_holds_each_members_kept_key_value_heads():
     assert fused_heads == 9 and 3 * L * HKV == 12  # 0.75 of three separate caches
     saved = json.loads(model.config.to_json_string())
     assert saved["kept_kv_heads"] == kv
-    with pytest.raises(ValueError, match=r"^kept_kv_heads\[1\]\[0\]=\[1\] but member 1's query heads \[1\] read key/value heads \[0\]"):
+    with pytest.raises(
+        ValueError, match=r"^kept_kv_heads\[1\]\[0\]=\[1\] but member 1's query heads \[1\] read key/value heads \[0\]"
+    ):
         HydraEnsembleLlamaConfig(base_config=model.config.base_config, kept_heads=UNEQUAL,
-                                 kept_kv_heads=[kv[0], [[1], []], kv[2]])  # fmt: skip
+                                 kept_kv_heads=[kv[0], [[1], []], kv[2]])
 
 
 @pytest.mark.parametrize("kind", ["llama", "mistral", "qwen3"])
@@ -235,8 +244,12 @@ def test_generate_with_uncertainty_matches_the_decoding_steps():
             live = out.generated_mask[:, t].bool()  # rows still generating
             assert torch.equal(token[live], out.sequences[live, 6 + t])
             torch.testing.assert_close(out.token_entropy[live, t], u["entropy"][live], atol=1e-5, rtol=0)
-            torch.testing.assert_close(out.token_mutual_information[live, t], u["mutual_information"][live], atol=1e-5, rtol=0)
-            torch.testing.assert_close(out.token_probability[live, t], u["log_probs"].max(-1).values.exp()[live], atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                out.token_mutual_information[live, t], u["mutual_information"][live], atol=1e-5, rtol=0
+            )
+            torch.testing.assert_close(
+                out.token_probability[live, t], u["log_probs"].max(-1).values.exp()[live], atol=1e-5, rtol=0
+            )
             assert torch.equal(out.member_top_tokens[live, t], u["member_top"][live])
             assert not out.token_entropy[~live, t].any()
             seq, m = torch.cat([seq, token[:, None]], 1), torch.cat([m, torch.ones_like(token)[:, None]], 1)
@@ -246,7 +259,12 @@ def test_generate_with_uncertainty_matches_the_decoding_steps():
     assert (out.token_mutual_information[w.bool()] > 0).all()  # different members disagree
     # identical members: no disagreement
     same = fused([stock("llama")] * 3, [[list(range(H))] * L] * 3)
-    assert same.generate_with_uncertainty(ids, mask, max_new_tokens=3, pad_token_id=0).token_mutual_information.abs().max() < 1e-5
+    assert (
+        same.generate_with_uncertainty(ids, mask, max_new_tokens=3, pad_token_id=0)
+        .token_mutual_information.abs()
+        .max()
+        < 1e-5
+    )
 
 
 def test_hand_computed_uncertainty():
@@ -255,7 +273,9 @@ def test_hand_computed_uncertainty():
     u = token_uncertainty(logits)
     h = lambda p: -sum(x * torch.tensor(x).log() for x in p)  # noqa: E731
     torch.testing.assert_close(u["entropy"][0], h([0.55, 0.45]), atol=1e-6, rtol=0)
-    torch.testing.assert_close(u["mutual_information"][0], h([0.55, 0.45]) - (h([0.9, 0.1]) + h([0.2, 0.8])) / 2, atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        u["mutual_information"][0], h([0.55, 0.45]) - (h([0.9, 0.1]) + h([0.2, 0.8])) / 2, atol=1e-6, rtol=0
+    )
     assert u["member_top"].tolist() == [[0, 1]]
 
 
@@ -285,7 +305,7 @@ def test_unfuse_round_trip():
             member = stock("qwen3")
             member.load_state_dict(sd, strict=True)
             torch.testing.assert_close(member(input_ids=ids, attention_mask=mask).logits[mask.bool()],
-                                       out[:, m][mask.bool()], atol=ATOL, rtol=0)  # fmt: skip
+                                       out[:, m][mask.bool()], atol=ATOL, rtol=0)
 
 
 def test_taylor_pruned_lm_converts_and_loads_as_remote_code(tmp_path):
@@ -296,11 +316,11 @@ def test_taylor_pruned_lm_converts_and_loads_as_remote_code(tmp_path):
     base.save_pretrained(tmp_path / "base")
     g = torch.Generator().manual_seed(0)
     batches = lm_batches_from_ids([torch.randint(1, V, (10,), generator=g).tolist() for _ in range(8)],
-                                  max_length=10, batch_size=4)  # fmt: skip
+                                  max_length=10, batch_size=4)
     kept = []
     for seed in range(3):
         result = taylor_prune(causal_lm_adapter(base), batches, Budget(heads_per_layer=2), seed=seed, temperature=1.0,
-                              progress=False)  # fmt: skip
+                              progress=False)
         kept.append([[h for h in range(H) if result.gates[layer, h] > 0.5] for layer in range(L)])
     assert all(len(layer) == 2 for member in kept for layer in member)
     model = convert_checkpoint(HeadMasks(kept, num_heads=H), base=tmp_path / "base", output_dir=tmp_path / "hydra")
@@ -311,7 +331,7 @@ def test_taylor_pruned_lm_converts_and_loads_as_remote_code(tmp_path):
         for m in range(3):
             ref = zeroed(base, kept[m])(input_ids=ids, attention_mask=mask).logits
             torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).member_logits[:, m][mask.bool()],
-                                       ref[mask.bool()], atol=ATOL, rtol=0)  # fmt: skip
+                                       ref[mask.bool()], atol=ATOL, rtol=0)
     local = model.generate_with_uncertainty(ids, mask, max_new_tokens=4, pad_token_id=0)
     torch.save({"ids": ids, "mask": mask}, tmp_path / "inputs.pt")
     code = f"""
@@ -324,7 +344,9 @@ def test_taylor_pruned_lm_converts_and_loads_as_remote_code(tmp_path):
     print(json.dumps({{"module": type(model).__module__, "sequences": out.sequences.tolist(),
                       "mi": out.token_mutual_information.tolist()}}))
     """
-    remote = json.loads(run_fresh_python(code, env={"HF_MODULES_CACHE": str(tmp_path / "modules")}).strip().splitlines()[-1])
+    remote = json.loads(
+        run_fresh_python(code, env={"HF_MODULES_CACHE": str(tmp_path / "modules")}).strip().splitlines()[-1]
+    )
     assert remote["module"].startswith("transformers_modules")
     assert remote["sequences"] == local.sequences.tolist()
     torch.testing.assert_close(torch.tensor(remote["mi"]), local.token_mutual_information, atol=1e-6, rtol=0)
@@ -345,25 +367,32 @@ def test_text_generation_pipeline_adds_uncertainty(tmp_path):
     assert type(pipe).__name__ == "HydraTextGenerationPipeline"
     record = pipe("the movie was good", max_new_tokens=5, do_sample=False)[0]
     ids = tokenizer("the movie was good", return_tensors="pt")
-    direct = pipe.model.generate_with_uncertainty(ids["input_ids"], ids["attention_mask"], max_new_tokens=5, do_sample=False)
+    direct = pipe.model.generate_with_uncertainty(
+        ids["input_ids"], ids["attention_mask"], max_new_tokens=5, do_sample=False
+    )
     assert record["generated_token_ids"] == direct.sequences[0, ids["input_ids"].shape[1]:].tolist()
     assert record["generated_text"].startswith("the movie was good")
     for key in ("token_entropy", "token_mutual_information", "token_probability"):
         torch.testing.assert_close(torch.tensor(record[key]), getattr(direct, key)[0], atol=1e-6, rtol=0)
     assert record["member_top_tokens"] == direct.member_top_tokens[0].tolist()
-    assert record["sequence_mutual_information"] == pytest.approx(float(direct.sequence_mutual_information[0]), abs=1e-6)
+    assert record["sequence_mutual_information"] == pytest.approx(
+        float(direct.sequence_mutual_information[0]), abs=1e-6
+    )
     code = f"""
     import json, sys, transformers
-    pipe = transformers.pipeline(model={str(tmp_path / "hydra")!r}, task="hydra-text-generation", trust_remote_code=True)
+    pipe = transformers.pipeline(model={str(tmp_path / "hydra")!r}, task="hydra-text-generation",
+                                 trust_remote_code=True)
     record = pipe("the movie was good", max_new_tokens=5, do_sample=False)[0]
     assert sys.modules.get("hydra_hf") is None
     print(json.dumps({{"cls": type(pipe).__name__, "record": record}}))
     """
-    remote = json.loads(run_fresh_python(code, env={"HF_MODULES_CACHE": str(tmp_path / "modules")}).strip().splitlines()[-1])
+    remote = json.loads(
+        run_fresh_python(code, env={"HF_MODULES_CACHE": str(tmp_path / "modules")}).strip().splitlines()[-1]
+    )
     assert remote["cls"] == "HydraTextGenerationPipeline"
     assert remote["record"]["generated_token_ids"] == record["generated_token_ids"]
     torch.testing.assert_close(torch.tensor(remote["record"]["token_mutual_information"]),
-                               torch.tensor(record["token_mutual_information"]), atol=1e-6, rtol=0)  # fmt: skip
+                               torch.tensor(record["token_mutual_information"]), atol=1e-6, rtol=0)
 
 
 def test_small_products_are_padded_to_four_rows_with_the_same_values():
@@ -404,7 +433,10 @@ def test_masks_record_and_check_the_key_value_heads(tmp_path):
     assert model.config.kept_kv_heads == [m["kept_kv_heads"] for m in data["members"]]
     bad = json.loads(path.read_text())
     bad["members"][1]["kept_kv_heads"] = [[1], []]  # query head 1 reads key/value head 0
-    with pytest.raises(HydraInputError, match=r"members\[1\]\.kept_kv_heads\[0\]=\[1\] but its query heads \[1\] read key/value heads \[0\]"):
+    with pytest.raises(
+        HydraInputError,
+        match=r"members\[1\]\.kept_kv_heads\[0\]=\[1\] but its query heads \[1\] read key/value heads \[0\]",
+    ):
         HeadMasks.from_dict(bad)
     other = json.loads(path.read_text())
     other["num_key_value_heads"] = 4

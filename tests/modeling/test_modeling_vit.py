@@ -132,7 +132,9 @@ def test_timm_vit_matches_reference(timm_vit_dir, attn):
 def test_timm_mid_size_members(tmp_path):
     """A mid-size timm ViT (d=192, 4 layers x 6 heads, 64px / 8px patches = 65 tokens), three members
     fine-tuned differently, 4 of 6 heads each, one MLP per member: exact per member."""
-    members = [tiny_timm_vit(seed, img_size=64, embed_dim=192, depth=4, num_heads=6, num_classes=10) for seed in (0, 1, 2)]
+    members = [
+        tiny_timm_vit(seed, img_size=64, embed_dim=192, depth=4, num_heads=6, num_classes=10) for seed in (0, 1, 2)
+    ]
     with torch.no_grad():  # members share the embeddings (a Hydra shares them)
         for m in members[1:]:
             for name in ("cls_token", "pos_embed", "patch_embed.proj.weight", "patch_embed.proj.bias"):
@@ -228,7 +230,11 @@ def test_unfuse_vit_gives_stock_members(hf_vit_dir, tmp_path, names):
         else:  # written as a stock checkpoint folder, loaded by from_pretrained
             folder = tmp_path / f"member{m}"
             ViTForImageClassification(tiny_vit_config()).save_pretrained(folder)
-            save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+            save_file(
+                {k: v.contiguous() for k, v in sd.items()},
+                str(folder / "model.safetensors"),
+                metadata={"format": "pt"},
+            )
             stock = ViTForImageClassification.from_pretrained(folder).eval()
         with torch.no_grad():
             torch.testing.assert_close(stock(x).logits, fused[:, m], atol=ATOL, rtol=0)

@@ -133,7 +133,9 @@ def test_fit_uncertainty_threshold_quantile_rule_is_saved_and_used(hydra, tmp_pa
         assert saved["custom_pipelines"]["hydra-text-classification"]["impl"] == (
             "pipeline_hydra.HydraTextClassificationPipeline")
         res = HydraTextClassificationPipeline(model=model, tokenizer=tok)(TEXTS)
-        assert [r["flagged"] for r in res] == [r["uncertainty"]["mutual_information"] > threshold["value"] for r in res]
+        assert [r["flagged"] for r in res] == [
+            r["uncertainty"]["mutual_information"] > threshold["value"] for r in res
+        ]
     finally:
         del model.config.uncertainty_threshold
 
@@ -227,5 +229,9 @@ def test_zero_shot_pipeline_numbers_equal_metrics_module(tmp_path):
         from PIL import Image
     except ImportError:
         return
-    full = pipe(Image.fromarray(image.permute(1, 2, 0).numpy()), candidate_labels=candidates, hypothesis_template="the {} movie")
+    full = pipe(
+        Image.fromarray(image.permute(1, 2, 0).numpy()),
+        candidate_labels=candidates,
+        hypothesis_template="the {} movie",
+    )
     assert full["uncertainty"] == pytest.approx(result["uncertainty"], abs=1e-6)

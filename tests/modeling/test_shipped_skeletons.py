@@ -92,8 +92,16 @@ def _siglip(folder: Path) -> tuple[Path, HeadMasks]:
 
 def _llama(folder: Path) -> tuple[Path, HeadMasks]:
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                      intermediate_size=64, vocab_size=99, pad_token_id=0, num_labels=3)  # fmt: skip
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=99,
+        pad_token_id=0,
+        num_labels=3,
+    )
     _perturbed(transformers.LlamaForSequenceClassification(config)).save_pretrained(folder)
     return folder, HeadMasks(kept_heads=UNEQUAL, num_heads=H)
 
@@ -101,7 +109,7 @@ def _llama(folder: Path) -> tuple[Path, HeadMasks]:
 def _gpt2(folder: Path) -> tuple[Path, HeadMasks]:
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=99, n_positions=64, pad_token_id=0,
-                                     bos_token_id=1, eos_token_id=2, num_labels=3)  # fmt: skip
+                                     bos_token_id=1, eos_token_id=2, num_labels=3)
     _perturbed(transformers.GPT2ForSequenceClassification(config)).save_pretrained(folder)
     return folder, HeadMasks(kept_heads=UNEQUAL, num_heads=H)
 
@@ -202,7 +210,8 @@ def test_every_family_loads_as_remote_code_without_hydra_hf(written, tmp_path):
     for name, (folder, _, _) in written.items():
         family = get_family(name)
         assert sorted(p.name for p in folder.glob("*.py")) == sorted(family.shipped_files), name
-        for shared in {"hydra_attention.py", "hydra_layers.py", "hydra_skeletons.py"} & set(family.shipped_files):  # travel along
+        # travel along
+        for shared in {"hydra_attention.py", "hydra_layers.py", "hydra_skeletons.py"} & set(family.shipped_files):
             assert (folder / shared).read_text() == (REPO / "src" / "hydra_hf" / "modeling" / shared).read_text()
         inputs = str(folder.parent / f"inputs-{name}.pt")
         cases[name] = (str(folder), family.task_auto_class, inputs, str(tmp_path / f"resaved-{name}"))
@@ -233,7 +242,7 @@ def test_folders_written_by_older_trees_load_and_agree(written, tmp_path, tree):
         pytest.skip(f"the git history with commit {commit} is not available")
     cases, old_sources = {}, {}
     written = {name: w for name, w in written.items() if name in families} if families else {
-        name: w for name, w in written.items() if name not in FAMILIES_SINCE}  # fmt: skip
+        name: w for name, w in written.items() if name not in FAMILIES_SINCE}
     for name, (folder, batch, expected) in written.items():
         family = get_family(name)
         old = tmp_path / f"old-{name}"

@@ -73,7 +73,8 @@ def test_one_member_of_every_head_gives_the_stock_encoder_outputs(spec, tmp_path
         assert a.shape == b.shape
         torch.testing.assert_close(a[keep], b[keep], atol=ATOL, rtol=0)
     with torch.no_grad():
-        as_tuple = model.hydra(**batch, return_dict=False)  # transformers' order: last_hidden_state, pooler_output, ...
+        # transformers' order: last_hidden_state, pooler_output, ...
+        as_tuple = model.hydra(**batch, return_dict=False)
     torch.testing.assert_close(as_tuple[0][keep], theirs.last_hidden_state[keep], atol=ATOL, rtol=0)
     if ours.pooler_output is not None:
         torch.testing.assert_close(as_tuple[1], theirs.pooler_output, atol=ATOL, rtol=0)
@@ -101,11 +102,26 @@ def test_members_streams_under_their_own_names_and_their_mean_in_the_standard_fi
 # ------------------------------------------------------------------------------------ CLIP, SigLIP
 def _two_tower(name: str, folder):
     towers = dict(
-        text_config=dict(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64,
-                         max_position_embeddings=12, eos_token_id=59, bos_token_id=58, pad_token_id=59),
-        vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64,
-                           image_size=16, patch_size=8),
-    )  # fmt: skip
+        text_config=dict(
+            vocab_size=60,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=H,
+            intermediate_size=64,
+            max_position_embeddings=12,
+            eos_token_id=59,
+            bos_token_id=58,
+            pad_token_id=59,
+        ),
+        vision_config=dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=H,
+            intermediate_size=64,
+            image_size=16,
+            patch_size=8,
+        ),
+    )
     torch.manual_seed(0)
     if name == "clip":
         stock = transformers.CLIPModel(transformers.CLIPConfig(**towers, projection_dim=24))
@@ -123,16 +139,21 @@ def test_two_tower_outputs_have_the_towers_shapes(name, members, tmp_path):
     masks = HeadMasks(towers={t: HeadMasks(kept_heads=kept, num_heads=H) for t in ("vision", "text")})
     model = convert_checkpoint(masks, base=tmp_path / "stock").eval()
     g = torch.Generator().manual_seed(0)
-    batch = {"input_ids": torch.randint(1, 58, (3, 7), generator=g), "pixel_values": torch.randn(2, 3, 16, 16, generator=g)}
+    batch = {
+        "input_ids": torch.randint(1, 58, (3, 7), generator=g),
+        "pixel_values": torch.randn(2, 3, 16, 16, generator=g),
+    }
     with torch.no_grad():
         ours = model(**batch, output_hidden_states=True)
         # the stock towers (transformers 5's CLIPModel puts the projected embeddings in its pooler_output)
         theirs = {"text_model_output": stock.text_model(batch["input_ids"], output_hidden_states=True),
-                  "vision_model_output": stock.vision_model(batch["pixel_values"], output_hidden_states=True)}  # fmt: skip
+                  "vision_model_output": stock.vision_model(batch["pixel_values"], output_hidden_states=True)}
     for tower in ("text_model_output", "vision_model_output"):
         a, b = getattr(ours, tower), theirs[tower]
         _assert_standard_fields(a, tied=False)
-        assert a.last_hidden_state.shape == b.last_hidden_state.shape and a.pooler_output.shape == b.pooler_output.shape
+        assert (
+            a.last_hidden_state.shape == b.last_hidden_state.shape and a.pooler_output.shape == b.pooler_output.shape
+        )
         assert [h.shape for h in a.hidden_states] == [h.shape for h in b.hidden_states]
         if members == 1:
             torch.testing.assert_close(a.last_hidden_state, b.last_hidden_state, atol=ATOL, rtol=0)
@@ -148,7 +169,9 @@ DECODERS = {"llama": (save_llama, "ForCausalLM", "model"), "gpt2": (save_gpt2, "
 def _decoder(family: str, kept, folder):
     save, head, body = DECODERS[family]
     save(folder / "stock", head=head, pad=True)
-    stock = getattr(transformers, f"{'Llama' if family == 'llama' else 'GPT2'}{head}").from_pretrained(folder / "stock")
+    stock = getattr(transformers, f"{'Llama' if family == 'llama' else 'GPT2'}{head}").from_pretrained(
+        folder / "stock"
+    )
     model = convert_checkpoint(HeadMasks(kept_heads=kept, num_heads=H), base=folder / "stock").eval()
     return stock.eval(), getattr(stock, body), model
 
@@ -172,7 +195,7 @@ def test_decoder_outputs_and_generate_dict_outputs_have_transformers_shapes(fami
         for a, b in zip(ours.hidden_states, theirs.hidden_states):
             torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
         kwargs = dict(max_new_tokens=3, do_sample=False, return_dict_in_generate=True, output_hidden_states=True,
-                      pad_token_id=1)  # fmt: skip
+                      pad_token_id=1)
         want = stock.generate(ids, **kwargs)
         for model in (one, three):
             got = model.generate(ids, **kwargs)
@@ -190,7 +213,7 @@ def test_feature_extraction_pipeline_gives_one_row_per_text(tiny_bert_dir, tmp_p
     text, the members' mean of the last hidden states."""
     out = tmp_path / "hydra"
     model = convert_checkpoint(HeadMasks(kept_heads=[[[0, 1], [2], [1, 3]], [[3], [0, 1], []]], num_heads=H),
-                               base=tiny_bert_dir, output_dir=out).eval()  # fmt: skip
+                               base=tiny_bert_dir, output_dir=out).eval()
     enc = transformers.AutoTokenizer.from_pretrained(out)("the movie was very good", return_tensors="pt")
     with torch.no_grad():
         expected = model.hydra(**enc).member_last_hidden_state.mean(dim=1)  # (1, T, d)
@@ -200,7 +223,9 @@ def test_feature_extraction_pipeline_gives_one_row_per_text(tiny_bert_dir, tmp_p
         pipe = pipeline("feature-extraction", model={str(out)!r}, trust_remote_code=True)
         print(json.dumps(pipe("the movie was very good")))
     """
-    got = json.loads(run_fresh_python(code, env={"HF_MODULES_CACHE": str(tmp_path / "modules")}).strip().splitlines()[-1])
+    got = json.loads(
+        run_fresh_python(code, env={"HF_MODULES_CACHE": str(tmp_path / "modules")}).strip().splitlines()[-1]
+    )
     assert torch.tensor(got).shape == expected.shape == (1, enc["input_ids"].shape[1], 32)
     torch.testing.assert_close(torch.tensor(got), expected, atol=1e-5, rtol=0)
 
@@ -228,7 +253,8 @@ def test_sentence_transformers_reads_a_hydra_of_all_minilm(tmp_path):
         for name, folder in {json.dumps({k: str(v) for k, v in folders.items()})}.items():
             st = SentenceTransformer(folder, device="cpu", trust_remote_code=True)
             out[name] = st.encode({TEXTS!r}, convert_to_tensor=True).tolist()
-        out["stock"] = SentenceTransformer({str(base)!r}, device="cpu").encode({TEXTS!r}, convert_to_tensor=True).tolist()
+        stock = SentenceTransformer({str(base)!r}, device="cpu")
+        out["stock"] = stock.encode({TEXTS!r}, convert_to_tensor=True).tolist()
         print(json.dumps(out))
     """
     env = {"HF_MODULES_CACHE": str(tmp_path / "modules")}

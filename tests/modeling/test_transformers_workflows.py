@@ -51,7 +51,11 @@ TEXT_KEPT = [[[0, 1], []], [[3], [0, 1]], [[0, 2], [1, 2, 3]]]
 SENTENCES = ["the movie was very good", "bad", "a boring plot and awful actor"]
 LABELS = [2, 0, 1]
 # The Auto class a user loads each family with, and the inputs its model takes.
-AUTO_CLASS = {"bert": "AutoModelForSequenceClassification", "vit": "AutoModelForImageClassification", "clip": "AutoModel"}
+AUTO_CLASS = {
+    "bert": "AutoModelForSequenceClassification",
+    "vit": "AutoModelForImageClassification",
+    "clip": "AutoModel",
+}
 OUTPUT_KEY = {"bert": "logits", "vit": "logits", "clip": "logits_per_image"}
 
 
@@ -81,8 +85,15 @@ def tiny_hydra(family: str, seed: int = 0, kept=KEPT):
         config = HydraEnsembleConfig(base_config=tiny_bert_config().to_dict(), kept_heads=kept, num_labels=3)
         model = HydraEnsembleForSequenceClassification(config)
     elif family == "vit":
-        base = ViTConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, image_size=16,
-                         patch_size=8, initializer_range=0.2)  # dropout 0.1 (the ViT defaults are 0)
+        base = ViTConfig(
+            hidden_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=64,
+            image_size=16,
+            patch_size=8,
+            initializer_range=0.2,
+        )  # dropout 0.1 (the ViT defaults are 0)
         base.hidden_dropout_prob = base.attention_probs_dropout_prob = 0.1
         config = HydraEnsembleViTConfig(base_config=base.to_dict(), kept_heads=kept, num_labels=3,
                                         id2label={0: "cat", 1: "dog", 2: "bird"})
@@ -120,7 +131,9 @@ def make_inputs(family: str, folder: Path) -> dict[str, torch.Tensor]:
     if family == "vit":
         return {"pixel_values": pixels}
     tok = AutoTokenizer.from_pretrained(folder)
-    enc = dict(tok(SENTENCES if family == "bert" else ["a cat", "a dog is here", "x"], padding=True, return_tensors="pt"))
+    enc = dict(
+        tok(SENTENCES if family == "bert" else ["a cat", "a dog is here", "x"], padding=True, return_tensors="pt")
+    )
     assert (enc["attention_mask"] == 0).any()
     return enc if family == "bert" else {**enc, "pixel_values": pixels}
 
@@ -169,7 +182,9 @@ def trainer_saves(model, family, inputs, processor, out_dir):
     rows = [{k: v[i] for k, v in inputs.items()} for i in range(n)]
     if family != "clip":
         rows = [{**row, "labels": torch.tensor(label)} for row, label in zip(rows, [2, 0, 1])]
-    collate = default_data_collator if family != "clip" else (lambda f: {**default_data_collator(f), "return_loss": True})
+    collate = default_data_collator
+    if family == "clip":
+        collate = lambda f: {**default_data_collator(f), "return_loss": True}  # noqa: E731
     args = TrainingArguments(
         output_dir=str(out_dir / "checkpoints"), max_steps=1, save_strategy="steps", save_steps=1,
         learning_rate=0.0, per_device_train_batch_size=n, report_to=[], use_cpu=True, disable_tqdm=True,
@@ -229,7 +244,10 @@ for folder in {folders!r}:
     with torch.no_grad():
         logits = model(**inputs)[{key!r}]
     pipe = pipeline(model=folder, trust_remote_code=True)  # the task: config.custom_pipelines
-    pred = pipe(image, candidate_labels=["cat", "dog"]) if {family!r} == "clip" else pipe(image if {family!r} == "vit" else "good")
+    if {family!r} == "clip":
+        pred = pipe(image, candidate_labels=["cat", "dog"])
+    else:
+        pred = pipe(image if {family!r} == "vit" else "good")
     result[folder] = {{"logits": logits.tolist(), "pipeline": type(pipe).__name__, "keys": sorted(pred)}}
 assert sys.modules.get("hydra_hf") is None
 print(json.dumps(result))
@@ -239,7 +257,12 @@ print(json.dumps(result))
 def _with_preprocessor(folder: Path, source: Path) -> Path:
     """What a user does next to ``model.save_pretrained``: save the tokenizer / processor too."""
     for f in source.iterdir():
-        if f.is_file() and not f.name.endswith((".py", ".safetensors")) and f.name not in ("config.json",) and not f.name.startswith("."):
+        if (
+            f.is_file()
+            and not f.name.endswith((".py", ".safetensors"))
+            and f.name not in ("config.json",)
+            and not f.name.startswith(".")
+        ):
             if not (folder / f.name).exists():
                 shutil.copyfile(f, folder / f.name)
     return folder
@@ -270,9 +293,18 @@ def test_every_save_path_keeps_the_code(family, folders, tmp_path):
     # remote code: transformers_modules.* classes, in a process where hydra_hf cannot be imported
     remote = tmp_path / "remote"
     modules = {"HF_MODULES_CACHE": str(tmp_path / "modules")}
-    run_fresh_python(REMOTE_SAVES.format(auto=AUTO_CLASS[family], loader=PREPROCESSOR_LOADER[family], src=str(root / "d0"),
-                                         out=str(remote), family=family, inputs=str(root / "inputs.safetensors"),
-                                         trainer_saves=TRAINER_SAVES), env=modules)
+    run_fresh_python(
+        REMOTE_SAVES.format(
+            auto=AUTO_CLASS[family],
+            loader=PREPROCESSOR_LOADER[family],
+            src=str(root / "d0"),
+            out=str(remote),
+            family=family,
+            inputs=str(root / "inputs.safetensors"),
+            trainer_saves=TRAINER_SAVES,
+        ),
+        env=modules,
+    )
     remote_saved = [remote / "save_pretrained", remote / "push_to_hub", remote / "checkpoints" / "checkpoint-1",
                     remote / "save_model"]
 
@@ -280,9 +312,16 @@ def test_every_save_path_keeps_the_code(family, folders, tmp_path):
     for folder in saved:
         check_saved_folder(folder, family)
         _with_preprocessor(folder, root / "d0")
-    stdout = run_fresh_python(REMOTE_LOADS.format(auto=AUTO_CLASS[family], inputs=str(root / "inputs.safetensors"),
-                                                  folders=[str(f) for f in saved], key=OUTPUT_KEY[family], family=family),
-                              env=modules)
+    stdout = run_fresh_python(
+        REMOTE_LOADS.format(
+            auto=AUTO_CLASS[family],
+            inputs=str(root / "inputs.safetensors"),
+            folders=[str(f) for f in saved],
+            key=OUTPUT_KEY[family],
+            family=family,
+        ),
+        env=modules,
+    )
     result = json.loads(stdout.strip().splitlines()[-1])
     for folder in saved:
         got = result[str(folder)]
@@ -305,7 +344,11 @@ def test_push_to_hub_with_hydra_hf_imported_stages_a_complete_repository(folders
 def test_config_names_every_head_and_pipeline_by_default():
     """A config built from scratch (no auto_map given) names the family's classes and pipeline; entries
     given explicitly (code kept in another repository) win."""
-    for family, cls in (("bert", HydraEnsembleConfig), ("vit", HydraEnsembleViTConfig), ("clip", HydraEnsembleCLIPConfig)):
+    for family, cls in (
+        ("bert", HydraEnsembleConfig),
+        ("vit", HydraEnsembleViTConfig),
+        ("clip", HydraEnsembleCLIPConfig),
+    ):
         config = tiny_hydra(family).config
         assert isinstance(config, cls) and config.auto_map == SHIPPED[family]["auto_map"]
         assert config.to_dict()["custom_pipelines"] == custom_pipelines_for(config.auto_map)
@@ -428,7 +471,9 @@ def test_trainer_gradient_checkpointing_gives_the_same_gradients(family, folders
         model = tiny_hydra(family).train()
         counter = _count_attention_calls(model)
         capture = _GradCapture()
-        args = _args(tmp_path, max_steps=1, gradient_checkpointing=checkpointing, max_grad_norm=0.0, learning_rate=1e-3)
+        args = _args(
+            tmp_path, max_steps=1, gradient_checkpointing=checkpointing, max_grad_norm=0.0, learning_rate=1e-3
+        )
         trainer = Trainer(model=model, args=args, train_dataset=_dataset(family, folders),
                           data_collator=_collator(family), callbacks=[capture])
         trainer.train()

@@ -50,7 +50,10 @@ def test_decoder_classifier_exports_and_equals_pytorch(family, tmp_path):
     assert meta["family"] == family and meta["num_members"] == 2 and meta["num_labels"] == 3
     assert meta["inputs"]["input_ids"]["shape"] == ["batch", "sequence"] and "token_type_ids" not in meta["inputs"]
     assert meta["verification"]["max_abs_diff_fp32"] <= 1e-4
-    assert meta["verification"]["inputs"][1]["padded_rows"] == 2 and meta["verification"]["inputs"][1]["padding_side"] == "left"
+    assert (
+        meta["verification"]["inputs"][1]["padded_rows"] == 2
+        and meta["verification"]["inputs"][1]["padding_side"] == "left"
+    )
     if int8:
         assert meta["default_file"] == "model_int8.onnx"
         assert meta["files"]["model_int8.onnx"]["quantized_operators"]["MatMulInteger"] > 0
@@ -80,7 +83,9 @@ def test_causal_lm_and_padless_classifier_are_refused(tmp_path):
     """A causal-LM folder: one line naming PyTorch generate() as the way to run it; a decoder classifier without
     pad_token_id: one line naming the fix. Nothing is written."""
     lm = _hydra(tmp_path, save_gpt2, "lm", head="LMHeadModel")
-    with pytest.raises(HydraInputError, match=r"is a causal LM \(HydraEnsembleGPT2ForCausalLM\); .*AutoModelForCausalLM") as info:
+    with pytest.raises(
+        HydraInputError, match=r"is a causal LM \(HydraEnsembleGPT2ForCausalLM\); .*AutoModelForCausalLM"
+    ) as info:
         export_onnx(lm, tmp_path / "o1")
     assert "\n" not in str(info.value)
     padless = _hydra(tmp_path, save_llama, "padless")

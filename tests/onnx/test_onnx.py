@@ -53,8 +53,15 @@ def tiny_hydra(family: str, seed: int = 0):
                                      num_labels=3)
         model = HydraEnsembleForSequenceClassification(config)
     elif family == "vit":
-        base = ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=16,
-                         patch_size=8, initializer_range=0.2)
+        base = ViTConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            image_size=16,
+            patch_size=8,
+            initializer_range=0.2,
+        )
         config = HydraEnsembleViTConfig(base_config=base.to_dict(), kept_heads=KEPT, num_labels=3,
                                         id2label={0: "cat", 1: "dog", 2: "bird"})
         model = HydraEnsembleForImageClassification(config)
@@ -90,9 +97,24 @@ def exported(tmp_path_factory) -> dict[str, Path]:
     texts = _texts(60, seed=0)
     pd.DataFrame({"text": texts, "label": [i % 3 for i in range(60)]}).to_csv(root / "id.csv", index=False)
     pd.DataFrame({"text": [t[::-1] for t in _texts(30, seed=1)]}).to_csv(root / "ood.csv", index=False)
-    rc = main(["export", str(root / "hydra-bert"), "--format", "onnx", "--output", str(root / "onnx-bert"),
-               "--quantize", "int8", "--calibration-data", str(root / "id.csv"), "--ood-data", f"rev={root / 'ood.csv'}",
-               "--batch-size", "16"])
+    rc = main(
+        [
+            "export",
+            str(root / "hydra-bert"),
+            "--format",
+            "onnx",
+            "--output",
+            str(root / "onnx-bert"),
+            "--quantize",
+            "int8",
+            "--calibration-data",
+            str(root / "id.csv"),
+            "--ood-data",
+            f"rev={root / 'ood.csv'}",
+            "--batch-size",
+            "16",
+        ]
+    )
     assert rc == 0
     for family in ("vit", "clip"):
         export_onnx(root / f"hydra-{family}", root / f"onnx-{family}")
@@ -130,7 +152,9 @@ def test_fp32_graph_equals_pytorch_at_other_batch_sizes_and_lengths(family, expo
     model, _, _ = load_hydra_folder(exported["root"] / f"hydra-{family}")
     onnx_model = OnnxHydraModel.from_pretrained(folder, file_name="model.onnx")
     axes = {i.name: i.shape for i in onnx_model.session.get_inputs()}
-    assert all(isinstance(d, str) for name, shape in axes.items() for d in shape[: 1 if name == "pixel_values" else 2]), axes
+    assert all(
+        isinstance(d, str) for name, shape in axes.items() for d in shape[: 1 if name == "pixel_values" else 2]
+    ), axes
     logits_key, member_key = KEYS[family]
     for batch, seq, images, seed in ((3, 9, 1, 1), (6, 17, 4, 2)):
         inputs = _inputs(family, batch, seq, images, seed)
@@ -171,8 +195,10 @@ def test_export_folder_has_config_preprocessor_card_and_no_code(exported):
         assert needle in card, needle
     clip = json.loads((exported["clip"] / "hydra_onnx.json").read_text())
     assert set(clip["outputs"]) == {"logits_per_image", "member_logits_per_image"}
-    assert clip["inputs"]["pixel_values"]["shape"][0] == "images" and clip["inputs"]["input_ids"]["shape"] == ["texts", "sequence"]
-
+    assert clip["inputs"]["pixel_values"]["shape"][0] == "images" and clip["inputs"]["input_ids"]["shape"] == [
+        "texts",
+        "sequence",
+    ]
 
 
 def test_export_folder_opens_with_autoconfig_in_a_fresh_process_without_hydra_hf(exported):
@@ -300,7 +326,9 @@ def _pytorch_pipeline(family: str, root: Path):
     if family == "bert":
         return hf_pipeline("hydra-text-classification", model=model, tokenizer=AutoTokenizer.from_pretrained(folder))
     if family == "vit":
-        return hf_pipeline("hydra-image-classification", model=model, image_processor=AutoImageProcessor.from_pretrained(folder))
+        return hf_pipeline(
+            "hydra-image-classification", model=model, image_processor=AutoImageProcessor.from_pretrained(folder)
+        )
     processor = AutoProcessor.from_pretrained(folder)
     return hf_pipeline("hydra-zero-shot-image-classification", model=model, tokenizer=processor.tokenizer,
                        image_processor=processor.image_processor)
@@ -341,11 +369,15 @@ def _fails(capsys, argv: list[str], needle: str) -> None:
 def test_bad_inputs_are_one_line_errors_without_output(exported, tiny_bert_dir, tmp_path, capsys):
     root, out = exported["root"], tmp_path / "out"
     hydra = str(root / "hydra-bert")
-    _fails(capsys, ["export", str(tiny_bert_dir), "--format", "onnx", "--output", str(out)], "not a Hydra Ensemble folder")
+    _fails(
+        capsys, ["export", str(tiny_bert_dir), "--format", "onnx", "--output", str(out)], "not a Hydra Ensemble folder"
+    )
     _fails(capsys, ["export", str(tmp_path / "nope"), "--format", "onnx", "--output", str(out)], "does not exist")
     _fails(capsys, ["export", hydra, "--format", "tflite", "--output", str(out)], "--format 'tflite' is not supported")
     _fails(capsys, ["export", hydra, "--format", "onnx", "--quantize", "int4", "--output", str(out)], "int8")
-    _fails(capsys, ["export", hydra, "--format", "onnx", "--quantize", "int8", "--output", str(out)], "--calibration-data")
+    _fails(
+        capsys, ["export", hydra, "--format", "onnx", "--quantize", "int8", "--output", str(out)], "--calibration-data"
+    )
     _fails(capsys, ["export", hydra, "--format", "onnx", "--quantize", "int8", "--calibration-data",
                     str(tmp_path / "missing.csv"), "--output", str(out)], "missing.csv")
     _fails(capsys, ["export", hydra, "--format", "onnx", "--opset", "13", "--output", str(out)], "opset")
@@ -371,9 +403,10 @@ def test_without_the_onnx_packages_hydra_hf_works_and_export_says_what_to_instal
         sys.modules[name] = None
     import hydra_hf, hydra_hf.onnx
     from hydra_hf.cli import main
-    for argv in (["export", {str(exported['root'] / 'hydra-bert')!r}, "--format", "onnx", "--output", {str(tmp_path / 'out')!r}],
-                 ["evaluate", "--model", {str(exported['bert'])!r}, "--id-data", {str(exported['root'] / 'id.csv')!r}, "--ood-data", {str(exported['root'] / 'ood.csv')!r},
-                  "--report", {str(tmp_path / 'r')!r}]):
+    root = {str(exported['root'])!r}
+    for argv in (["export", root + "/hydra-bert", "--format", "onnx", "--output", {str(tmp_path / 'out')!r}],
+                 ["evaluate", "--model", {str(exported['bert'])!r}, "--id-data", root + "/id.csv",
+                  "--ood-data", root + "/ood.csv", "--report", {str(tmp_path / 'r')!r}]):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             rc = main(argv)
@@ -407,12 +440,32 @@ def test_clip_int8_with_a_zero_shot_report_on_class_prompts(exported, tmp_path):
     root = exported["root"]
     ident = _image_folder(tmp_path / "id", ("cat", "dog", "bird"), 6, seed=0)
     ood = _image_folder(tmp_path / "ood" / "x", ("noise",), 8, seed=1).parent / "x"
-    rc = main(["export", str(root / "hydra-clip"), "--format", "onnx", "--output", str(tmp_path / "onnx"), "--quantize", "int8",
-               "--calibration-data", str(ident), "--ood-data", f"noise={ood}", "--class-template", "a photo of a {}.",
-               "--batch-size", "8"])
+    rc = main(
+        [
+            "export",
+            str(root / "hydra-clip"),
+            "--format",
+            "onnx",
+            "--output",
+            str(tmp_path / "onnx"),
+            "--quantize",
+            "int8",
+            "--calibration-data",
+            str(ident),
+            "--ood-data",
+            f"noise={ood}",
+            "--class-template",
+            "a photo of a {}.",
+            "--batch-size",
+            "8",
+        ]
+    )
     assert rc == 0
     report = json.loads((tmp_path / "onnx" / "quantization_report.json").read_text())
-    assert report["settings"]["class_names"] == ["bird", "cat", "dog"] and report["num_examples"] == {"calibration": 18, "noise": 8}
+    assert report["settings"]["class_names"] == ["bird", "cat", "dog"] and report["num_examples"] == {
+        "calibration": 18,
+        "noise": 8,
+    }
     assert set(report["models"]["int8"]["ood_auroc"]["noise"]) == {"msp", "mutual_information"}
     assert "Zero-shot classes" in (tmp_path / "onnx" / "quantization_report.md").read_text()
     from transformers import AutoProcessor
@@ -424,15 +477,51 @@ def test_clip_int8_with_a_zero_shot_report_on_class_prompts(exported, tmp_path):
     torch_preds = ev.predict(ev.ZeroShotPredictor(model, ["bird", "cat", "dog"], ["a photo of a {}."],
                                                   tokenizer=processor.tokenizer), loader)
     fp32 = OnnxHydraModel.from_pretrained(tmp_path / "onnx" / "model.onnx")
-    onnx_preds = ev.predict(OnnxZeroShotPredictor(fp32, ["bird", "cat", "dog"], ["a photo of a {}."], processor.tokenizer), loader)
+    onnx_preds = ev.predict(
+        OnnxZeroShotPredictor(fp32, ["bird", "cat", "dog"], ["a photo of a {}."], processor.tokenizer), loader
+    )
     assert torch.allclose(onnx_preds.member_logits, torch_preds.member_logits.float(), atol=1e-4)
-    assert report["models"]["fp32"]["nll"] == pytest.approx(metrics.nll(torch_preds.probs, torch_preds.labels), abs=1e-4)
-    assert report["models"]["fp32"]["accuracy"] == pytest.approx(float((torch_preds.probs.argmax(-1) == torch_preds.labels).double().mean()))
+    assert report["models"]["fp32"]["nll"] == pytest.approx(
+        metrics.nll(torch_preds.probs, torch_preds.labels), abs=1e-4
+    )
+    assert report["models"]["fp32"]["accuracy"] == pytest.approx(
+        float((torch_preds.probs.argmax(-1) == torch_preds.labels).double().mean())
+    )
     # a calibration set without class names is one line, and nothing is written
-    pd.DataFrame({"image": [str(next(ident.glob("cat/*.png")))] * 3, "label": [0, 1, 2]}).to_csv(tmp_path / "ints.csv", index=False)
-    rc = main(["export", str(root / "hydra-clip"), "--format", "onnx", "--output", str(tmp_path / "bad"), "--quantize", "int8",
-               "--calibration-data", str(tmp_path / "ints.csv"), "--image-column", "image"])
+    pd.DataFrame({"image": [str(next(ident.glob("cat/*.png")))] * 3, "label": [0, 1, 2]}).to_csv(
+        tmp_path / "ints.csv", index=False
+    )
+    rc = main(
+        [
+            "export",
+            str(root / "hydra-clip"),
+            "--format",
+            "onnx",
+            "--output",
+            str(tmp_path / "bad"),
+            "--quantize",
+            "int8",
+            "--calibration-data",
+            str(tmp_path / "ints.csv"),
+            "--image-column",
+            "image",
+        ]
+    )
     assert rc == 2 and not (tmp_path / "bad").exists()
-    rc = main(["export", str(root / "hydra-clip"), "--format", "onnx", "--output", str(tmp_path / "bad"), "--quantize", "int8",
-               "--calibration-data", str(ident), "--class-template", "a photo"])
+    rc = main(
+        [
+            "export",
+            str(root / "hydra-clip"),
+            "--format",
+            "onnx",
+            "--output",
+            str(tmp_path / "bad"),
+            "--quantize",
+            "int8",
+            "--calibration-data",
+            str(ident),
+            "--class-template",
+            "a photo",
+        ]
+    )
     assert rc == 2 and not (tmp_path / "bad").exists()

@@ -54,8 +54,10 @@ def minilm_hydra(tmp_path_factory):
     tokenizer = AutoTokenizer.from_pretrained(base)
     tokenizer.save_pretrained(root / "minilm-2")
     rng = np.random.default_rng(0)
-    masks = HeadMasks(kept_heads=[[sorted(rng.choice(12, 6, replace=False).tolist()) for _ in range(2)] for _ in range(2)],
-                      num_heads=12)
+    masks = HeadMasks(
+        kept_heads=[[sorted(rng.choice(12, 6, replace=False).tolist()) for _ in range(2)] for _ in range(2)],
+        num_heads=12,
+    )
     model = convert_checkpoint(masks, base=root / "minilm-2", num_labels=2, id2label={0: "rotten", 1: "fresh"}, seed=0)
     model.eval()
     # the seeded heads predict one class for every review (the pooled features hardly vary): centre each
@@ -90,7 +92,9 @@ def test_smoothquant_int8_is_closer_to_fp32_than_per_tensor_int8_on_real_weights
     from hydra_hf.onnx import OnnxHydraModel
 
     texts = list(resolve_dataset("rotten_tomatoes:validation", max_samples=256)["text"])
-    tokens = AutoTokenizer.from_pretrained(out)(texts, padding=True, truncation=True, max_length=MAX_LENGTH, return_tensors="pt")
+    tokens = AutoTokenizer.from_pretrained(out)(
+        texts, padding=True, truncation=True, max_length=MAX_LENGTH, return_tensors="pt"
+    )
     predicted = OnnxHydraModel.from_pretrained(out / "model.onnx")(**tokens).logits.argmax(-1)  # (N,)
     assert 0.1 < float(predicted.float().mean()) < 0.9, "both classes predicted: agreeing on labels is not trivial"
     counts = meta["files"]["model_int8.onnx"]["quantized_operators"]
@@ -132,8 +136,11 @@ def test_folding_and_smoothing_alone_compute_the_fp32_function(minilm_hydra, tmp
     input_of = {n.name: n.input[0] for n in graph.node if n.name in products}  # product -> its input tensor
     inputs = sorted(set(input_of.values()))
     rng = np.random.default_rng(0)
-    feed = {"input_ids": rng.integers(1000, 20000, (4, 16)).astype(np.int64), "attention_mask": np.ones((4, 16), np.int64),
-            "token_type_ids": np.zeros((4, 16), np.int64)}
+    feed = {
+        "input_ids": rng.integers(1000, 20000, (4, 16)).astype(np.int64),
+        "attention_mask": np.ones((4, 16), np.int64),
+        "token_type_ids": np.zeros((4, 16), np.int64),
+    }
     names = [i.name for i in ort.InferenceSession(str(folded)).get_inputs()]
     feed = {k: v for k, v in feed.items() if k in names}
     amax = q8.activation_amax(folded, inputs, [feed])

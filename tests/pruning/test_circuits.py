@@ -30,7 +30,12 @@ def test_auroc_matches_sklearn_with_ties():
 def test_planted_signal_head_is_kept(score):
     model = planted_bert()
     result = circuit_prune(
-        get_adapter(model), signal_batches(96, 5), signal_batches(96, 6, ood=True), Budget(remove=7), score=score, progress=False
+        get_adapter(model),
+        signal_batches(96, 5),
+        signal_batches(96, 6, ood=True),
+        Budget(remove=7),
+        score=score,
+        progress=False,
     )
     assert result.gates.nonzero().tolist() == [list(SIGNAL_HEAD)]
     assert SIGNAL_HEAD not in result.removal_order
@@ -57,9 +62,14 @@ def test_cached_evaluator_matches_plain_scores():
     gates = torch.ones(3, 4)
     gates[1, 2] = gates[0, 0] = 0
     candidates = [(l, h) for l in range(3) for h in range(4) if gates[l, h] > 0]
-    plain, cached = GatedEvaluator(adapter, id_b, ood_b), CachedBertEvaluator(adapter, id_b, ood_b, bucket_size=16, max_rows=1000)
+    plain, cached = (
+        GatedEvaluator(adapter, id_b, ood_b),
+        CachedBertEvaluator(adapter, id_b, ood_b, bucket_size=16, max_rows=1000),
+    )
     for score in ("acc", "ood", "avg"):
-        assert torch.allclose(plain.evaluate(gates, candidates, score), cached.evaluate(gates, candidates, score), atol=1e-12)
+        assert torch.allclose(
+            plain.evaluate(gates, candidates, score), cached.evaluate(gates, candidates, score), atol=1e-12
+        )
     assert cached.score_of(gates, "avg") == pytest.approx(plain.score_of(gates, "avg"))
 
 
@@ -101,7 +111,13 @@ def _evaluators(model, **kwargs):
     adapter = get_adapter(model)
     id_b, ood_b = text_batches(48, 21, batch_size=16), text_batches(48, 22, batch_size=16)
     fp32 = CachedBertEvaluator(adapter, id_b, ood_b, precision="fp32")
-    return adapter, id_b, ood_b, fp32, {p: CachedBertEvaluator(adapter, id_b, ood_b, precision=p, **kwargs) for p in ("bf16", "screened")}
+    return (
+        adapter,
+        id_b,
+        ood_b,
+        fp32,
+        {p: CachedBertEvaluator(adapter, id_b, ood_b, precision=p, **kwargs) for p in ("bf16", "screened")},
+    )
 
 
 def test_screened_scores_are_float32_where_it_matters():
@@ -146,7 +162,9 @@ def test_screened_greedy_equals_plain_algorithm_1(score):
     model = tiny_bert(layers=3, seed=4)
     id_b, ood_b = text_batches(32, 11, batch_size=16), text_batches(32, 12, batch_size=16)
     reference = reference_circuit_ranking(model, id_b, ood_b, n_remove=5, score=score)
-    screened = circuit_prune(get_adapter(model), id_b, ood_b, Budget(remove=5), score=score, precision="screened", progress=False)
+    screened = circuit_prune(
+        get_adapter(model), id_b, ood_b, Budget(remove=5), score=score, precision="screened", progress=False
+    )
     assert screened.removal_order == reference
     with pytest.raises(ValueError, match="circuit precision"):
         circuit_prune(get_adapter(model), id_b, ood_b, Budget(remove=1), precision="double", progress=False)
@@ -201,7 +219,9 @@ def test_prune_members_runs_hydra_circ_in_lockstep(monkeypatch):
     model = tiny_bert(layers=2, seed=7)
     adapter = get_adapter(model)
     id_b, ood_b = text_batches(24, 3, batch_size=12), text_batches(24, 4, batch_size=12)
-    id_data = datasets.Dataset.from_dict({"text": ["x"] * 24, "label": torch.cat([b["labels"] for b in id_b]).tolist()})
+    id_data = datasets.Dataset.from_dict(
+        {"text": ["x"] * 24, "label": torch.cat([b["labels"] for b in id_b]).tolist()}
+    )
     ood_data = datasets.Dataset.from_dict({"text": ["y"] * 24})
     batches = {id(id_data): id_b, id(ood_data): ood_b}
     calls = []
@@ -239,7 +259,9 @@ def test_pruning_methods_are_a_registry(monkeypatch):
         gates[:, : ctx.budget.heads_per_layer] = 1
         return PruneResult(gates=gates, scores=torch.zeros(2, 4), removal_order=[], metadata={"seed": member_seed})
 
-    monkeypatch.setitem(PRUNING_METHODS, "first", PruningMethod("first", keep_first_heads, needs_labels=False, help="x"))
+    monkeypatch.setitem(
+        PRUNING_METHODS, "first", PruningMethod("first", keep_first_heads, needs_labels=False, help="x")
+    )
     assert parse_methods("first,taylor") == ["first", "taylor"]
     parser = argparse.ArgumentParser()
     cli_prune.add_parser(parser.add_subparsers())

@@ -48,7 +48,7 @@ from hydra_hf.pruning.taylor import taylor_prune, taylor_scores
 
 V = 64
 COMMON = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-              max_position_embeddings=64, initializer_range=0.2, pad_token_id=0)  # fmt: skip
+              max_position_embeddings=64, initializer_range=0.2, pad_token_id=0)
 
 
 def tiny_llama(cls=LlamaForCausalLM, seed=0, **kw):
@@ -74,7 +74,7 @@ def tiny_qwen3(seed=0):  # head_dim 16: H * head_dim = 64 != hidden 32; GQA 4 ->
 def tiny_gpt2(cls=GPT2LMHeadModel, seed=0, **kw):
     torch.manual_seed(seed)
     cfg = GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=V, n_positions=64, initializer_range=0.2,
-                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0, **kw)  # fmt: skip
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, pad_token_id=0, **kw)
     return cls(cfg).eval()
 
 
@@ -274,7 +274,7 @@ def test_taylor_weight_scores_by_hand_gpt2_conv1d():
     imp = (w * g).abs().detach()
     hand = torch.stack([
         torch.stack([imp[:, p * 32 + h * 8 : p * 32 + (h + 1) * 8].mean() for p in range(3)]).mean() for h in range(4)
-    ])  # fmt: skip
+    ])
     torch.testing.assert_close(scores[0], hand, rtol=1e-5, atol=1e-9)
 
 

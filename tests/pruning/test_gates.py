@@ -14,7 +14,7 @@ from hydra_hf.pruning.gates import HeadGates, zero_head_columns_
 
 def _clip_text(model):
     return {"input_ids": torch.randint(1, 40, (3, 6), generator=torch.Generator().manual_seed(0)),
-            "attention_mask": torch.ones(3, 6, dtype=torch.long)}  # fmt: skip
+            "attention_mask": torch.ones(3, 6, dtype=torch.long)}
 
 
 def _outputs(kind, model):
@@ -34,7 +34,13 @@ def _outputs(kind, model):
         return model.encode_image(pixels) @ model.encode_text(tokens).T
 
 
-BUILDERS = {"bert": tiny_bert, "vit": tiny_vit, "timm": tiny_timm_vit, "hf_clip": tiny_hf_clip, "open_clip": tiny_open_clip}
+BUILDERS = {
+    "bert": tiny_bert,
+    "vit": tiny_vit,
+    "timm": tiny_timm_vit,
+    "hf_clip": tiny_hf_clip,
+    "open_clip": tiny_open_clip,
+}
 
 
 def _random_mask(adapter, seed=0):

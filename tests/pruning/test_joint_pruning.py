@@ -30,7 +30,7 @@ def clip_config() -> CLIPConfig:
         vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                            image_size=16, patch_size=8),
         projection_dim=16,
-    )  # fmt: skip
+    )
 
 
 def clip_model(seed: int = 0) -> CLIPModel:
@@ -45,7 +45,13 @@ def clip_model(seed: int = 0) -> CLIPModel:
 
 def prompts() -> dict[str, torch.Tensor]:
     """C tokenized class prompts ``(C, T)``, each ending with the end-of-text token."""
-    ids = torch.tensor([[VOCAB - 2, 5, 6, VOCAB - 1, VOCAB - 1], [VOCAB - 2, 7, 8, 9, VOCAB - 1], [VOCAB - 2, 10, VOCAB - 1, VOCAB - 1, VOCAB - 1]])
+    ids = torch.tensor(
+        [
+            [VOCAB - 2, 5, 6, VOCAB - 1, VOCAB - 1],
+            [VOCAB - 2, 7, 8, 9, VOCAB - 1],
+            [VOCAB - 2, 10, VOCAB - 1, VOCAB - 1, VOCAB - 1],
+        ]
+    )
     mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
     return {"input_ids": ids, "attention_mask": mask}
 
@@ -58,13 +64,16 @@ def images(n: int, seed: int, batch_size: int = 12) -> list[dict[str, torch.Tens
     g = torch.Generator().manual_seed(seed)
     pixels = torch.randn(n, 3, 16, 16, generator=g)
     labels = torch.randint(0, C, (n,), generator=g)
-    return [{"pixel_values": pixels[i : i + batch_size], "labels": labels[i : i + batch_size]} for i in range(0, n, batch_size)]
+    return [
+        {"pixel_values": pixels[i : i + batch_size], "labels": labels[i : i + batch_size]}
+        for i in range(0, n, batch_size)
+    ]
 
 
 def image_dataset(n: int, seed: int) -> datasets.Dataset:
     g = torch.Generator().manual_seed(seed)
     return datasets.Dataset.from_dict({"pixels": torch.randn(n, 3, 16, 16, generator=g).tolist(),
-                                       "label": torch.randint(0, C, (n,), generator=g).tolist()})  # fmt: skip
+                                       "label": torch.randint(0, C, (n,), generator=g).tolist()})
 
 
 def make_batches(dataset: datasets.Dataset, seed: int) -> list[dict[str, torch.Tensor]]:
@@ -136,7 +145,9 @@ def test_joint_budgets_cover_both_towers():
     adapter = clip_adapter()
     id_b, ood_b = images(12, 3), images(12, 4)
     # K per layer applies to every layer of each tower (vision keeps 1 of 4, text 1 of 2)
-    res = circuit_prune(adapter, id_b, ood_b, Budget(heads_per_layer=1), score="acc", tower="joint", heads_per_step=4, progress=False)
+    res = circuit_prune(
+        adapter, id_b, ood_b, Budget(heads_per_layer=1), score="acc", tower="joint", heads_per_step=4, progress=False
+    )
     assert (res.gates["vision"].sum(dim=1) == 1).all() and (res.gates["text"].sum(dim=1) == 1).all()
     assert len(res.removal_order) == 2 * 3 + 2 * 1
     # more heads than the vision tower has: the text tower must give some
@@ -150,8 +161,12 @@ def test_joint_budgets_cover_both_towers():
 
 def test_open_clip_joint_circuits():
     model = tiny_open_clip()
-    adapter = get_adapter(model, class_text_inputs=torch.randint(5, 40, (C, 8), generator=torch.Generator().manual_seed(0)))
-    res = circuit_prune(adapter, images(12, 5), None, Budget(remove=2), score="acc", tower="joint", heads_per_step=2, progress=False)
+    adapter = get_adapter(
+        model, class_text_inputs=torch.randint(5, 40, (C, 8), generator=torch.Generator().manual_seed(0))
+    )
+    res = circuit_prune(
+        adapter, images(12, 5), None, Budget(remove=2), score="acc", tower="joint", heads_per_step=2, progress=False
+    )
     assert sum(int((g == 0).sum()) for g in res.gates.values()) == 2
     assert all(len(p) == 3 and p[0] in ("vision", "text") for p in res.removal_order)
 
@@ -176,8 +191,14 @@ def test_taylor_cross_tower_ranking_is_per_layer_normalised(monkeypatch):
     def rms(x):
         return x / x.pow(2).mean(dim=1, keepdim=True).sqrt()
 
-    flat = [(float(v), ("vision", l, h)) for (l, h), v in zip([(l, h) for l in range(2) for h in range(4)], rms(raw_v).flatten())]
-    flat += [(float(v), ("text", l, h)) for (l, h), v in zip([(l, h) for l in range(2) for h in range(2)], rms(raw_t).flatten())]
+    flat = [
+        (float(v), ("vision", l, h))
+        for (l, h), v in zip([(l, h) for l in range(2) for h in range(4)], rms(raw_v).flatten())
+    ]
+    flat += [
+        (float(v), ("text", l, h))
+        for (l, h), v in zip([(l, h) for l in range(2) for h in range(2)], rms(raw_t).flatten())
+    ]
     expected = {name for _, name in sorted(flat)[:3]}
     big, small = prune_with(1e6), prune_with(1e-6)
     assert set(big.removal_order) == expected == set(small.removal_order)
@@ -199,8 +220,16 @@ def test_taylor_joint_scores_match_single_tower_scores():
 # ------------------------------------------------------------------------------- members and seeds
 def test_joint_members_seeds_metadata_and_jaccard():
     adapter = clip_adapter()
-    kwargs = dict(methods="taylor,random", budget=Budget(remove=4), make_batches=make_batches, id_data=image_dataset(24, 0),
-                  members=3, seed=7, tower="joint", progress=False)  # fmt: skip
+    kwargs = dict(
+        methods="taylor,random",
+        budget=Budget(remove=4),
+        make_batches=make_batches,
+        id_data=image_dataset(24, 0),
+        members=3,
+        seed=7,
+        tower="joint",
+        progress=False,
+    )
     masks = prune_members(adapter, **kwargs)
     assert masks.named and set(masks.towers) == {"vision", "text"}
     assert masks.towers["vision"].num_heads == 4 and masks.towers["text"].num_heads == 2
@@ -213,8 +242,10 @@ def test_joint_members_seeds_metadata_and_jaccard():
     assert len(meta["ranking"]) == 4 and all(len(p) == 3 and p[0] in ("vision", "text") for p in meta["ranking"])
     assert masks.member_metadata[1]["method"] == "random" and masks.member_metadata[1]["seed"] == 8
     # Jaccard over the union of the kept (tower, layer, head) of both towers
-    sets = [{(t, l, h) for t in ("vision", "text") for l, heads in enumerate(masks.towers[t].kept_heads[m]) for h in heads}
-            for m in range(3)]  # fmt: skip
+    sets = [
+        {(t, l, h) for t in ("vision", "text") for l, heads in enumerate(masks.towers[t].kept_heads[m]) for h in heads}
+        for m in range(3)
+    ]
     expected = len(sets[0] & sets[2]) / len(sets[0] | sets[2])
     assert masks.metadata["pairwise_jaccard"][0][2] == pytest.approx(expected, abs=1e-4)
     assert masks.metadata["tower"] == "joint" and masks.metadata["budget"] == {"heads_per_layer": None, "remove": 4}
@@ -231,7 +262,7 @@ def test_joint_masks_convert_into_a_matching_hydra_clip(tmp_path):
     stock.save_pretrained(tmp_path / "clip")
     adapter = get_adapter(stock, class_text_inputs=prompts())
     masks = prune_members(adapter, methods="taylor-gate,random", budget=Budget(remove=5), make_batches=make_batches,
-                          id_data=image_dataset(12, 1), members=2, seed=0, tower="joint", progress=False)  # fmt: skip
+                          id_data=image_dataset(12, 1), members=2, seed=0, tower="joint", progress=False)
     masks.save(tmp_path / "masks.json")
     hydra = convert_checkpoint(tmp_path / "masks.json", base=tmp_path / "clip", towers=["vision", "text"]).eval()
     x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(9))
@@ -257,10 +288,12 @@ def test_joint_errors():
     with pytest.raises(ValueError, match="larger than the 12 heads of both towers"):
         taylor_prune(adapter, images(4, 0), Budget(remove=13), tower="joint", progress=False)
     with pytest.raises(ValueError, match="K <= 2"):
-        circuit_prune(adapter, images(4, 0), None, Budget(heads_per_layer=3), score="acc", tower="joint", progress=False)
+        circuit_prune(
+            adapter, images(4, 0), None, Budget(heads_per_layer=3), score="acc", tower="joint", progress=False
+        )
     with pytest.raises(ValueError, match="unknown tower 'audio'"):
         taylor_prune(adapter, images(4, 0), Budget(remove=1), tower="audio", progress=False)
     single = HeadMasks(kept_heads=[[[0], [1]]], num_heads=4)
     with pytest.raises(ValueError, match="two-tower masks"):
         prune_members(adapter, methods="random", budget=Budget(remove=1), make_batches=make_batches,
-                      id_data=image_dataset(4, 0), members=1, tower="joint", include=single)  # fmt: skip
+                      id_data=image_dataset(4, 0), members=1, tower="joint", include=single)

@@ -29,7 +29,9 @@ def test_planted_signal_head_ranks_first_and_irrelevant_heads_last(criterion):
     others = torch.ones_like(scores, dtype=torch.bool)
     others[SIGNAL_HEAD] = False
     assert torch.all(scores[others] < scores[SIGNAL_HEAD] * 1e-3)
-    result = taylor_prune(adapter, signal_batches(64, 3), Budget(heads_per_layer=1), criterion=criterion, progress=False)
+    result = taylor_prune(
+        adapter, signal_batches(64, 3), Budget(heads_per_layer=1), criterion=criterion, progress=False
+    )
     assert result.gates[SIGNAL_HEAD] == 1
     assert result.gates.sum() == 2
 
@@ -85,14 +87,20 @@ def test_global_budget_and_sampling_seeds():
     a = taylor_prune(adapter, batches, Budget(heads_per_layer=2), seed=0, temperature=1.0, progress=False)
     b = taylor_prune(adapter, batches, Budget(heads_per_layer=2), seed=0, temperature=1.0, progress=False)
     assert torch.equal(a.gates, b.gates)
-    others = [taylor_prune(adapter, batches, Budget(heads_per_layer=2), seed=s, temperature=1.0, progress=False).gates for s in range(1, 6)]
+    others = [
+        taylor_prune(adapter, batches, Budget(heads_per_layer=2), seed=s, temperature=1.0, progress=False).gates
+        for s in range(1, 6)
+    ]
     assert any(not torch.equal(a.gates, g) for g in others)
 
 
 def test_select_top_ties_and_temperature():
     assert select_top(torch.tensor([1.0, 3.0, 3.0, 0.5]), 2).tolist() == [1, 2]
     g = torch.Generator().manual_seed(0)
-    picks = {tuple(sorted(select_top(torch.tensor([1.0, 1.0, 1.0, 1.0]), 2, temperature=1.0, generator=g).tolist())) for _ in range(20)}
+    picks = {
+        tuple(sorted(select_top(torch.tensor([1.0, 1.0, 1.0, 1.0]), 2, temperature=1.0, generator=g).tolist()))
+        for _ in range(20)
+    }
     assert len(picks) > 1
     with pytest.raises(ValueError, match="temperature"):
         select_top(torch.ones(3), 1, temperature=-1)

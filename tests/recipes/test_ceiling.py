@@ -19,11 +19,21 @@ def _numbers(acc, ece, aurocs, mi=None):
 
 
 def test_ceiling_table_by_hand():
-    s0 = _numbers(0.80, 0.05, {"a": {"msp": 0.60, "entropy": 0.62, "energy": 0.58}, "b": {"msp": 0.70, "entropy": 0.69, "energy": 0.75}})
-    s1 = _numbers(0.82, 0.07, {"a": {"msp": 0.64, "entropy": 0.61, "energy": 0.60}, "b": {"msp": 0.72, "entropy": 0.70, "energy": 0.71}})
+    s0 = _numbers(
+        0.80,
+        0.05,
+        {"a": {"msp": 0.60, "entropy": 0.62, "energy": 0.58}, "b": {"msp": 0.70, "entropy": 0.69, "energy": 0.75}},
+    )
+    s1 = _numbers(
+        0.82,
+        0.07,
+        {"a": {"msp": 0.64, "entropy": 0.61, "energy": 0.60}, "b": {"msp": 0.72, "entropy": 0.70, "energy": 0.71}},
+    )
     de = _numbers(0.83, 0.04, {k: {"msp": v, "entropy": v, "energy": v, "mutual_information": v - 0.1}
                                for k, v in {"a": 0.66, "b": 0.74}.items()}, mi=0.02)
-    table = ceiling.ceiling_table({"kinds": ["a", "b"], "seeds": [0, 1], "single": {"0": s0, "1": s1}, "deep_ensemble": de})
+    table = ceiling.ceiling_table(
+        {"kinds": ["a", "b"], "seeds": [0, 1], "single": {"0": s0, "1": s1}, "deep_ensemble": de}
+    )
     rows = {(r["model"], r["score"]): r for r in table["rows"]}
     single = rows[("Single", "msp")]
     assert single["auroc"]["a"] == pytest.approx(0.62) and single["auroc_std"]["a"] == pytest.approx(0.04 / 2**0.5)
@@ -65,10 +75,19 @@ def test_ceiling_end_to_end_tiny(tmp_path):
     _reviews(72, 1).to_csv(tmp_path / "validation.csv", index=False)
     for kind, words in (("a", "x y z"), ("b", "q r s")):
         pd.DataFrame({"text": [f"{words} {i % 7}" for i in range(20)]}).to_csv(tmp_path / f"{kind}.csv", index=False)
-    s = st.TextStudy(base_model=str(base), train_data=str(tmp_path / "train.csv"), heldout_data=str(tmp_path / "train.csv"),
-                     id_validation=str(tmp_path / "validation.csv"),
-                     ood_validation={k: str(tmp_path / f"{k}.csv") for k in "ab"}, finetune_eval=8, max_score_samples=40,
-                     max_length=16, batch_size=8, max_train_samples=64, single_steps=2)
+    s = st.TextStudy(
+        base_model=str(base),
+        train_data=str(tmp_path / "train.csv"),
+        heldout_data=str(tmp_path / "train.csv"),
+        id_validation=str(tmp_path / "validation.csv"),
+        ood_validation={k: str(tmp_path / f"{k}.csv") for k in "ab"},
+        finetune_eval=8,
+        max_score_samples=40,
+        max_length=16,
+        batch_size=8,
+        max_train_samples=64,
+        single_steps=2,
+    )
     hydra = st.Candidate("taylor k2", method="taylor", remove=None, heads_per_layer=2, samples=16, members=2,
                          member_steps=0, selection="heldout")
     out = tmp_path / "study"
@@ -83,7 +102,9 @@ def test_ceiling_end_to_end_tiny(tmp_path):
     ood = resolve_dataset(str(tmp_path / "b.csv"), label_column=None)
     p_id = predict(EnsemblePredictor(models), make_loader(ident, tok, "text", 64, 16))
     p_ood = predict(EnsemblePredictor(models), make_loader(ood, tok, "text", 64, 16))
-    expected = metrics.ood_report(p_id.ood_scores("mutual_information"), p_ood.ood_scores("mutual_information"))["auroc"]
+    expected = metrics.ood_report(p_id.ood_scores("mutual_information"), p_ood.ood_scores("mutual_information"))[
+        "auroc"
+    ]
     assert numbers["deep_ensemble"]["ood"]["b"]["mutual_information"] == pytest.approx(expected, abs=1e-9)
     masks = json.loads(next((out / "masks" / "seed1").glob("taylor-K2-*heldout*.json")).read_text())
     assert all(len(h) == 2 for m in masks["members"] for h in m["kept_heads"])

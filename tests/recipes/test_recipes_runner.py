@@ -69,7 +69,9 @@ def test_setting_modules_import_no_private_name_from_a_sibling():
             if isinstance(node, ast.ImportFrom) and node.level == 1:  # from .x import ...
                 offenders += [f"{path.name}: {a.name}" for a in node.names if a.name.startswith("_")]
     assert offenders == []
-    assert not (RECIPES.parent / "recipes_image.py").exists() and not (RECIPES.parent / "recipes_zero_shot.py").exists()
+    assert (
+        not (RECIPES.parent / "recipes_image.py").exists() and not (RECIPES.parent / "recipes_zero_shot.py").exists()
+    )
 
 
 def test_every_public_recipe_name_imports_from_the_package():

@@ -30,7 +30,9 @@ def _check_report(result, out: Path, ood_sets: list[str]) -> None:
     report = json.loads((run / "report" / "report.json").read_text())
     assert sorted(report["ood_sets"]) == sorted(ood_sets)
     methods = [row["method"] for row in report["rows"]]
-    assert methods[0].startswith("Hydra") and "Single" in methods and "Single + TS" in methods and "MC Dropout" in methods
+    assert (
+        methods[0].startswith("Hydra") and "Single" in methods and "Single + TS" in methods and "MC Dropout" in methods
+    )
     assert any(m.startswith("Deep Ensembles") for m in methods)
     for row in report["rows"]:
         for key in ("accuracy", "nll", "ece", "brier"):
@@ -65,9 +67,15 @@ def test_sst2_bert_smoke(tmp_path):
     import datasets
 
     sst2 = datasets.load_from_disk(str(out / "data" / "sst2"))
-    assert sorted(sst2) == ["test", "train", "validation"] and len(sst2["test"]) == 32 and len(sst2["validation"]) == 32
+    assert (
+        sorted(sst2) == ["test", "train", "validation"] and len(sst2["test"]) == 32 and len(sst2["validation"]) == 32
+    )
     settings = result.report["settings"]
-    assert settings["early_stopping_patience"] == 2 and settings["max_length"] == 16 and settings["labels"] == ["negative", "positive"]
+    assert (
+        settings["early_stopping_patience"] == 2
+        and settings["max_length"] == 16
+        and settings["labels"] == ["negative", "positive"]
+    )
 
 
 def test_cifar100_vit_smoke(tmp_path):
@@ -123,13 +131,24 @@ def test_vit_pooled_features_feed_the_classifier():
     from hydra_hf.evaluation import pooled_features
 
     torch.manual_seed(0)
-    model = ViTForImageClassification(ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                                intermediate_size=64, image_size=16, patch_size=8, num_labels=3)).eval()
+    model = ViTForImageClassification(
+        ViTConfig(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            image_size=16,
+            patch_size=8,
+            num_labels=3,
+        )
+    ).eval()
     batch = {"pixel_values": torch.randn(2, 3, 16, 16), "labels": torch.tensor([0, 1])}
     with torch.no_grad():
         feats = pooled_features(model, batch)  # (B, d)
         assert feats.shape == (2, 32)
-        torch.testing.assert_close(model.classifier(feats), model(pixel_values=batch["pixel_values"]).logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            model.classifier(feats), model(pixel_values=batch["pixel_values"]).logits, atol=1e-5, rtol=0
+        )
 
 
 def test_openclip_zeroshot_smoke(tmp_path):
@@ -166,7 +185,9 @@ def test_openclip_zeroshot_smoke(tmp_path):
     assert hydra_config["vision_kept_heads"] == [k["vision"] for k in kept]
     assert hydra_config["text_kept_heads"] == [k["text"] for k in kept]
     # the Hub folder reloads in a fresh process (no hydra_hf) with the same member probabilities
-    assert result.hub_check["predictions"]["max_abs_prob_diff"] < 1e-4 and result.hub_check["predictions"]["members"] == 3
+    assert (
+        result.hub_check["predictions"]["max_abs_prob_diff"] < 1e-4 and result.hub_check["predictions"]["members"] == 3
+    )
     assert result.hub_check["validate"]["pipeline"] is not None
 
 

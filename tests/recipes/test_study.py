@@ -28,7 +28,11 @@ def _write_cell(out, seed, cand, fold, aurocs, acc=0.80, ece=0.05, fusion="avera
 def _write_single(out, seed, aurocs, acc=0.80, ece=0.05):
     f = out / "cells" / f"seed{seed}" / "single.json"
     f.parent.mkdir(parents=True, exist_ok=True)
-    f.write_text(json.dumps({"seed": seed, "numbers": {"accuracy": acc, "ece": ece, "ood": {k: {"msp": v} for k, v in aurocs.items()}}}))
+    f.write_text(
+        json.dumps(
+            {"seed": seed, "numbers": {"accuracy": acc, "ece": ece, "ood": {k: {"msp": v} for k, v in aurocs.items()}}}
+        )
+    )
 
 
 def test_leave_one_kind_out_gain_and_decision(tmp_path):
@@ -38,7 +42,8 @@ def test_leave_one_kind_out_gain_and_decision(tmp_path):
     circ = st.Candidate("circ", method="circuit-avg")
     taylor = st.Candidate("taylor", method="taylor")
     worse = st.Candidate("accurate-less", method="circuit-ood")
-    # fold a selected on a: scored on b, c. Gains: fold a (0.05 + 0.10) / 2; fold b (0.0 + 0.10) / 2; fold c (0.0 + 0.05) / 2
+    # fold a selected on a: scored on b, c. Gains: fold a (0.05 + 0.10) / 2; fold b (0.0 + 0.10) / 2;
+    # fold c (0.0 + 0.05) / 2
     _write_cell(tmp_path, 0, circ, "a", {"a": 0.99, "b": 0.65, "c": 0.60})
     _write_cell(tmp_path, 0, circ, "b", {"a": 0.70, "b": 0.99, "c": 0.60})
     _write_cell(tmp_path, 0, circ, "c", {"a": 0.70, "b": 0.65, "c": 0.99})
@@ -56,7 +61,9 @@ def test_leave_one_kind_out_gain_and_decision(tmp_path):
     assert r["selected_kind_gain"] == pytest.approx((0.29 + 0.39 + 0.49) / 3)
     # a selection without OOD data has no selected kind: its "own-kind" gain is its mean over all kinds
     assert rows[("taylor", "msp")]["selected_kind_gain"] == pytest.approx(0.02)
-    assert r["gain_a"] == pytest.approx(0.0) and r["gain_b"] == pytest.approx(0.05) and r["gain_c"] == pytest.approx(0.10)
+    assert (
+        r["gain_a"] == pytest.approx(0.0) and r["gain_b"] == pytest.approx(0.05) and r["gain_c"] == pytest.approx(0.10)
+    )
     assert rows[("taylor", "msp")]["gain"] == pytest.approx(0.02)
     assert rows[("accurate-less", "msp")]["accuracy_diff"] == pytest.approx(-0.02)
     assert r["disagreement_id"] == pytest.approx(0.05) and r["disagreement_ood"] == pytest.approx(0.1)
@@ -113,8 +120,11 @@ def test_rows_on_fewer_seeds_are_provisional(tmp_path):
             _write_cell(tmp_path, seed, mixed, fold, {"a": 0.9, "b": 0.9}, acc=0.70, fusion="average")
             cell = st._cell_file(tmp_path, seed, mixed, fold)
             data = json.loads(cell.read_text())
-            data["fusions"]["per_member"] = {**data["fusions"]["average"], "accuracy": 0.80,
-                                             "ood": {k: {sc: 0.51 for sc in v} for k, v in data["fusions"]["average"]["ood"].items()}}
+            data["fusions"]["per_member"] = {
+                **data["fusions"]["average"],
+                "accuracy": 0.80,
+                "ood": {k: {sc: 0.51 for sc in v} for k, v in data["fusions"]["average"]["ood"].items()},
+            }
             cell.write_text(json.dumps(data))
     summary = st.collect(tmp_path, s, [replicated, lucky, weak, mixed])
     short = st.render_decision_table(summary, s, best_per_candidate=True, preamble=False)
@@ -138,7 +148,9 @@ def test_screening_replicates_only_candidates_close_to_the_best(tmp_path):
     s = st.TextStudy(ood_validation={"a": "x", "b": "y"}, replicate_margin=0.01)
     for seed in (0, 1):
         _write_single(tmp_path, seed, {"a": 0.5, "b": 0.5})
-    best, close, done, far, inaccurate = (st.Candidate(n, method="taylor") for n in ("best", "close", "done", "far", "inaccurate"))
+    best, close, done, far, inaccurate = (
+        st.Candidate(n, method="taylor") for n in ("best", "close", "done", "far", "inaccurate")
+    )
     for c, gain in ((best, 0.05), (close, 0.045), (done, 0.042), (far, 0.035), (inaccurate, 0.09)):
         _write_cell(tmp_path, 0, c, st.ANY_FOLD, {"a": 0.5 + gain, "b": 0.5 + gain},
                     acc=0.70 if c is inaccurate else 0.80)
@@ -159,11 +171,15 @@ def test_screening_replicates_only_candidates_close_to_the_best(tmp_path):
 def test_study_reads_validation_splits_only_and_the_script_builds_it(tmp_path):
     """A test split named anywhere in the study's data is refused (it would leak into the choice); the
     script's data arguments build the TextStudy; bad ones are one-line errors."""
-    for bad in ({"id_validation": "rotten_tomatoes:test"}, {"ood_validation": {"a": "x:validation", "b": "agnews:test"}},
-                {"ood_validation": {"a": "x", "b": str(tmp_path / "ood_test.csv")}}):
+    for bad in (
+        {"id_validation": "rotten_tomatoes:test"},
+        {"ood_validation": {"a": "x:validation", "b": "agnews:test"}},
+        {"ood_validation": {"a": "x", "b": str(tmp_path / "ood_test.csv")}},
+    ):
         with pytest.raises(ValueError, match="names a test split"):
             st.TextStudy(**bad)
-    st.TextStudy(ood_validation={"contest": "contest_data:validation", "b": "latest_news:validation"})  # not a test split
+    # not a test split
+    st.TextStudy(ood_validation={"contest": "contest_data:validation", "b": "latest_news:validation"})
     with pytest.raises(Exception, match="needs at least 2"):
         st.run_study(st.TextStudy(ood_validation={"a": "x"}), tmp_path / "study")
     assert not (tmp_path / "study").exists()
@@ -176,14 +192,32 @@ def test_study_reads_validation_splits_only_and_the_script_builds_it(tmp_path):
     import argparse
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("study_text", Path(__file__).resolve().parents[2] / "examples" / "study_text.py")
+    spec = importlib.util.spec_from_file_location(
+        "study_text", Path(__file__).resolve().parents[2] / "examples" / "study_text.py"
+    )
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     parser = argparse.ArgumentParser()
     script.add_data_arguments(parser)
-    args = parser.parse_args(["--base-model", "bert-dir", "--train-data", "sst2:train", "--id-validation", "sst2:validation",
-                              "--ood", "agnews=ag:validation", "--ood", "trec=trec:validation", "--labels", "neg", "pos",
-                              "--max-length", "64"])
+    args = parser.parse_args(
+        [
+            "--base-model",
+            "bert-dir",
+            "--train-data",
+            "sst2:train",
+            "--id-validation",
+            "sst2:validation",
+            "--ood",
+            "agnews=ag:validation",
+            "--ood",
+            "trec=trec:validation",
+            "--labels",
+            "neg",
+            "pos",
+            "--max-length",
+            "64",
+        ]
+    )
     s = script.study_from_args(args)
     assert (s.base_model, s.train_data, s.id_validation, s.labels, s.max_length) == \
         ("bert-dir", "sst2:train", "sst2:validation", ("neg", "pos"), 64)
@@ -308,7 +342,9 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     assert not (tmp_path / "study").exists()  # nothing written
     summary = st.run_study(s, tmp_path / "study", candidates=cands, singles={0: single})
     assert read and not [spec for spec in read if spec.endswith("test") or Path(spec.split(":")[0]).stem == "test"]
-    files = sorted(p.relative_to(tmp_path / "study" / "cells").as_posix() for p in (tmp_path / "study" / "cells").rglob("*.json"))
+    files = sorted(
+        p.relative_to(tmp_path / "study" / "cells").as_posix() for p in (tmp_path / "study" / "cells").rglob("*.json")
+    )
     assert files == ["seed0/circ/a.json", "seed0/circ/b.json", "seed0/circ_ft/a.json", "seed0/circ_ft/b.json",
                      "seed0/single.json", "seed0/slim/any.json", "seed0/taylor/any.json"]
     assert {r["candidate"] for r in summary["rows"]} == {"circ", "taylor", "circ ft", "slim"}
@@ -351,9 +387,13 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     # other settings or a changed candidate under the same name: refused, nothing written
     before_json = (tmp_path / "study" / "study.json").read_text()
     with pytest.raises(HydraInputError, match="holds cells run with max_length=16, not 32"):
-        st.run_study(dataclasses.replace(s, max_length=32), tmp_path / "study", candidates=cands[:1], singles={0: single})
+        st.run_study(
+            dataclasses.replace(s, max_length=32), tmp_path / "study", candidates=cands[:1], singles={0: single}
+        )
     with pytest.raises(HydraInputError, match="another candidate named 'circ'"):
-        st.run_study(s, tmp_path / "study", candidates=[dataclasses.replace(cands[0], samples=16)], singles={0: single})
+        st.run_study(
+            s, tmp_path / "study", candidates=[dataclasses.replace(cands[0], samples=16)], singles={0: single}
+        )
     assert (tmp_path / "study" / "study.json").read_text() == before_json
     st.run_study(dataclasses.replace(s, replicate_margin=0.5, max_accuracy_drop=0.5), tmp_path / "study",
                  candidates=cands[:1], singles={0: single})  # decision settings may change
@@ -395,7 +435,9 @@ def test_study_records_are_written_atomically(tmp_path, monkeypatch):
     monkeypatch.setattr(st.os, "replace", broken)
     with pytest.raises(OSError, match="disk full"):
         st._write_json(path, {"writer": "new"})
-    assert json.loads(path.read_text())["writer"] == 299 and sorted(p.name for p in tmp_path.iterdir()) == ["study.json"]
+    assert json.loads(path.read_text())["writer"] == 299 and sorted(p.name for p in tmp_path.iterdir()) == [
+        "study.json"
+    ]
 
 
 def test_compare_selections_by_hand():
@@ -468,8 +510,22 @@ def test_msp_is_the_headline_and_other_scores_compare_with_the_same_score(tmp_pa
                "mutual_information_mean": 0.01, "disagreement_mean": 0.1} for k in "ab"}
     cell = tmp_path / "cells" / "seed0" / "d" / "any.json"
     cell.parent.mkdir(parents=True)
-    cell.write_text(json.dumps({"fusions": {"average": {"accuracy": 0.8, "ece": 0.05, "nll": 0.4,
-                                                        "mutual_information": 0.005, "disagreement": 0.05, "ood": ood}}}))
+    cell.write_text(
+        json.dumps(
+            {
+                "fusions": {
+                    "average": {
+                        "accuracy": 0.8,
+                        "ece": 0.05,
+                        "nll": 0.4,
+                        "mutual_information": 0.005,
+                        "disagreement": 0.05,
+                        "ood": ood,
+                    }
+                }
+            }
+        )
+    )
     summary = st.collect(tmp_path, s, [c, better])
     assert st.decide(summary, s)["candidate"] == "c"  # d's energy row (+0.25) is not an MSP row
     assert st.decide(summary, dataclasses.replace(s, headline_score=None))["score"] == "energy"

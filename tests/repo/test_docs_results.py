@@ -27,21 +27,32 @@ spec.loader.exec_module(render_docs)
 def _row(method: str, acc: float, score: str, latency: float, params: float) -> dict:
     ood = {name: {"auroc": 0.6 + i / 100 + acc / 1000, "fpr95": 0.9} for i, name in enumerate(("guardian", "debates"))}
     return {"method": method, "accuracy": acc, "nll": 0.41912, "ece": 0.03291, "brier": 0.3, **ood, "ood_score": score,
-            "latency_ms": latency, "params_m": params, "members": 3}  # fmt: skip
+            "latency_ms": latency, "params_m": params, "members": 3}
 
 
 def _interval(difference: float, low: float, high: float, verdict: str) -> dict:
-    return {"difference": difference, "ci_low": low, "ci_high": high, "level": 0.95, "n_boot": 1000, "verdict": verdict}
+    return {
+        "difference": difference,
+        "ci_low": low,
+        "ci_high": high,
+        "level": 0.95,
+        "n_boot": 1000,
+        "verdict": verdict,
+    }
 
 
-COMPARISON = {"accuracy": _interval(-0.00392, -0.01961, 0.01021, "tie"), "nll": _interval(-0.0015, -0.0144, 0.0109, "tie"),
-              "ece": _interval(0.01161, -0.0079, 0.027, "tie"), "brier": _interval(0.0, -0.1, 0.1, "tie"),
-              "debates.auroc": _interval(-0.0262, -0.0415, -0.011, "worse"),
-              "guardian.auroc": _interval(0.05151, 0.0326, 0.0722, "better")}  # fmt: skip
+COMPARISON = {
+    "accuracy": _interval(-0.00392, -0.01961, 0.01021, "tie"),
+    "nll": _interval(-0.0015, -0.0144, 0.0109, "tie"),
+    "ece": _interval(0.01161, -0.0079, 0.027, "tie"),
+    "brier": _interval(0.0, -0.1, 0.1, "tie"),
+    "debates.auroc": _interval(-0.0262, -0.0415, -0.011, "worse"),
+    "guardian.auroc": _interval(0.05151, 0.0326, 0.0722, "better"),
+}
 RESULTS = {"command": "python examples/demo.py", "threads": {"torch_threads": 2},
            "report": {"rows": [_row("Hydra (taylor, M=3)", 0.80251, "msp", 1139.4, 24.84),
                                _row("Single", 0.80643, "energy", 423.6, 22.71)],
-                      "comparisons": {"Hydra (taylor, M=3) − Single": COMPARISON}}}  # fmt: skip
+                      "comparisons": {"Hydra (taylor, M=3) − Single": COMPARISON}}}
 TABLE = """\
 | Method | Acc ↑ | NLL ↓ | ECE ↓ | guardian AUROC ↑ | debates AUROC ↑ | OOD score | latency (ms) | params (M) |
 |:---|---:|---:|---:|---:|---:|---:|---:|---:|
@@ -108,7 +119,9 @@ def test_the_views_read_the_report_the_evaluation_writes(tmp_path):
     oods = {"zeta": [{"index": torch.arange(20, 40)}], "alpha": [{"index": torch.arange(40, 60)}]}  # not sorted
     predictors = {"Hydra (taylor, M=3)": _Fixed(hydra), "Single": _Fixed(single)}
     result = ev.evaluate_predictors(predictors, id_batches, oods, latency_batch={"index": torch.arange(0, 20)})
-    comparisons = {"Hydra (taylor, M=3) − Single": ev.compare_predictions(result, "Hydra (taylor, M=3)", "Single", n_boot=50)}
+    comparisons = {
+        "Hydra (taylor, M=3) − Single": ev.compare_predictions(result, "Hydra (taylor, M=3)", "Single", n_boot=50)
+    }
     ev.write_evaluation_report(result, tmp_path, comparisons=comparisons)
     results = {"report": json.loads((tmp_path / "report.json").read_text())}
 
@@ -121,7 +134,13 @@ def test_the_views_read_the_report_the_evaluation_writes(tmp_path):
     assert "–" not in lines[2] + lines[3]  # every column found in the rows
 
     versus = render_docs.VIEWS["hydra-vs-single"](results).splitlines()
-    assert [line.split(" | ")[0] for line in versus[2:]] == ["| accuracy", "| ECE", "| NLL", "| zeta AUROC", "| alpha AUROC"]
+    assert [line.split(" | ")[0] for line in versus[2:]] == [
+        "| accuracy",
+        "| ECE",
+        "| NLL",
+        "| zeta AUROC",
+        "| alpha AUROC",
+    ]
     accuracy = comparisons["Hydra (taylor, M=3) − Single"]["accuracy"]["difference"]
     assert versus[2].split(" | ")[1] == f"{accuracy:+.4f}".replace("-", "−")
 
@@ -133,7 +152,7 @@ def test_common_tests_view_marks_expected_and_unexpected_failures():
                            "single": {"passed": 104, "failed": 0, "skipped": 60}},
                "failures": [{"layout": "unequal", "test": "test_attention_outputs", "expected": True},
                             {"layout": "uniform", "test": "test_a", "expected": True},
-                            {"layout": "uniform", "test": "test_b", "expected": False}]}  # fmt: skip
+                            {"layout": "uniform", "test": "test_b", "expected": False}]}
     assert render_docs.VIEWS["transformers-common-tests"](results).splitlines()[2:] == [
         "| layout | passed | failed | skipped |", "|---|---|---|---|", "| unequal | 103 | 1 (expected) | 60 |",
         "| uniform | 102 | 2 (1 unexpected) | 60 |", "| single | 104 | 0 | 60 |",
@@ -146,7 +165,10 @@ def test_common_tests_view_marks_expected_and_unexpected_failures():
         (lambda t, root: (root / "docs" / "results" / "run.json").unlink(), "run.json is missing"),
         (lambda t, root: t.write_text(t.read_text().replace("view=methods", "view=nope")), "unknown view 'nope'"),
         (lambda t, root: t.write_text(t.read_text().replace(CLOSE, "")), "unmatched or malformed"),
-        (lambda t, root: (root / "docs" / "results" / "run.json").write_text('{"rows": []}'), "does not hold what view"),
+        (
+            lambda t, root: (root / "docs" / "results" / "run.json").write_text('{"rows": []}'),
+            "does not hold what view",
+        ),
     ],
 )
 def test_the_check_names_a_broken_region(tmp_path, damage, message):
@@ -159,9 +181,23 @@ def test_the_check_names_a_broken_region(tmp_path, damage, message):
 def test_slim_views_render_their_results_files():
     """The two slim-members views (bench/bench_slim.py's rows, examples/slim_pareto.py's Pareto) put every number
     of the file into the table, formatted, and the targets / decisions below it."""
-    bench = {"threads": {"torch_threads": 2, "interop_threads": 1}, "seq_len": 128, "targets": ["bert batch 8: x = 1.05 (target <= 1.3: met)"],
-             "rows": [{"geometry": "bert", "batch": 8, "model": "eager slim Hydra (3)", "latency_ms": 512.345,
-                       "x Single": 1.047, "x Deep Ensemble": 0.351, "compute_x": 1.0, "params_M": 113.2}]}  # fmt: skip
+    bench = {
+        "threads": {"torch_threads": 2, "interop_threads": 1},
+        "seq_len": 128,
+        "targets": ["bert batch 8: x = 1.05 (target <= 1.3: met)"],
+        "rows": [
+            {
+                "geometry": "bert",
+                "batch": 8,
+                "model": "eager slim Hydra (3)",
+                "latency_ms": 512.345,
+                "x Single": 1.047,
+                "x Deep Ensemble": 0.351,
+                "compute_x": 1.0,
+                "params_M": 113.2,
+            }
+        ],
+    }
     text = render_docs.VIEWS["bench-slim"](bench)
     assert "| bert | 8 | eager slim Hydra (3) | 512.3 | 1.05 | 0.35 | 1.00 | 113.2 |" in text
     assert text.startswith("2 threads, T = 128") and "- bert batch 8: x = 1.05 (target <= 1.3: met)" in text
@@ -169,7 +205,7 @@ def test_slim_views_render_their_results_files():
               "rows": [{"label": "slim Hydra", "compute_x": 1.21, "params_x": 1.05, "gain": 3.14, "gain_std": 1.2,
                         "accuracy": 95.5, "accuracy_std": 0.4, "ece": 0.021, "nll": 0.15}],
               "decisions": [{"a": "slim", "b": "taylor", "difference": -0.52, "difference_std": 0.9, "seeds": 3,
-                             "p": 0.41, "decided": False}]}  # fmt: skip
+                             "p": 0.41, "decided": False}]}
     text = render_docs.VIEWS["slim-pareto"](pareto)
     assert "| slim Hydra | 1.21 | 1.05 | +3.1 ± 1.2 | 95.5 ± 0.4 | 0.021 | 0.150 |" in text
     assert "| slim - taylor | -0.52 ± 0.90 | 3 | 0.410 | no |" in text and "- slim: met" in text
@@ -186,10 +222,20 @@ def test_calibration_view_puts_one_value_per_seed_in_every_cell():
         return {"model": "Hydra", "seed": seed, "risk": 0.05, "answered": None if error is None else 0.074,
                 "selective_error": error, "aurc": 0.0783, "ood_refused": {"guardian": None if error is None else 1.0}}
 
-    results = {"seeds": [1, 0], "ood_kinds": ["guardian"], "n_test": 1276, "alpha": 0.1, "delta": 0.1, "risks": [0.05],
-               "sets": [sets(0, 0.9012), sets(1, 0.928)], "abstention": [abstain(0, 0.021), abstain(1, None)],
-               "splits": [{"model": "Hydra", "method": "LAC", "splits": 200, "mean": 0.90171, "std": 0.0164, "in_band": 0.77}],
-               "must": ["LAC: missed"]}  # fmt: skip
+    results = {
+        "seeds": [1, 0],
+        "ood_kinds": ["guardian"],
+        "n_test": 1276,
+        "alpha": 0.1,
+        "delta": 0.1,
+        "risks": [0.05],
+        "sets": [sets(0, 0.9012), sets(1, 0.928)],
+        "abstention": [abstain(0, 0.021), abstain(1, None)],
+        "splits": [
+            {"model": "Hydra", "method": "LAC", "splits": 200, "mean": 0.90171, "std": 0.0164, "in_band": 0.77}
+        ],
+        "must": ["LAC: missed"],
+    }
     text = render_docs.VIEWS["calibration"](results)
     assert "| Hydra | LAC | 0.928 / 0.901 | 1.21 / 1.21 | 47 / 47 |" in text
     assert "| Hydra | 0.05 | – / 7.4 | – / 2.1 | 0.078 / 0.078 | – / 100 |" in text

@@ -25,7 +25,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hydra_hf"
 LAZY_ALLOWED = frozenset({
     "onnx", "onnxruntime", "onnxscript", "open_clip", "timm", "peft", "matplotlib", "torchao", "scattertext",
     "mlxtend", "skimage",
-})  # fmt: skip
+})
 
 # The floors, lowest first: a module may import from its own floor and the floors below. A module is
 # on the floor of the longest prefix that names it. The package root (hydra_hf/__init__.py: registration
@@ -36,7 +36,8 @@ FLOORS: list[tuple[str, ...]] = [
      "hydra_hf.distributed", "hydra_hf.reproducibility", "hydra_hf.progress"),
     ("hydra_hf.masks",),
     ("hydra_hf.convert",),  # readers and the build helpers: no family, no stage
-    ("hydra_hf.families", "hydra_hf.cost"),  # the registry, the head adapters, one module per family; cost from a config
+    # the registry, the head adapters, one module per family; cost from a config
+    ("hydra_hf.families", "hydra_hf.cost"),
     ("hydra_hf.pruning",),  # gates, Taylor, circuits, members: adapters from the registry
     ("hydra_hf.saving", "hydra_hf.assemble"),  # the stages that write and assemble a Hydra folder
     ("hydra_hf.finetune",),  # the members, the Single and the trained baselines (Deep Ensembles, LoRA)

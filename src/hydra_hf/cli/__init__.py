@@ -28,7 +28,8 @@ from ..version import __version__
 
 PROG = "hydra-hf"
 DESCRIPTION = (
-    "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, calibrate, evaluate, aggregate, export, "
+    "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, calibrate, evaluate, aggregate, "
+    "export, "
     "push."
 )
 # Sub-command modules, in the order `hydra-hf --help` lists them. The console script (hydra_hf_cli, outside
