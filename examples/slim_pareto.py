@@ -30,8 +30,8 @@ from hydra_hf.masks import HeadMasks
 from hydra_hf.modeling.configuration_hydra import HydraEnsembleViTConfig
 from hydra_hf.outputs import write_text_atomic
 
-# the pairs the docs compare: (a, b): is a's mean OOD gain different from b's, seed by seed? (a table: kept as
-# written by a formatter)
+# the pairs the docs compare: (a, b): is a's mean OOD gain different from b's, seed by seed? (a table, hence
+# fmt: skip)
 PAIRS = (("slim per_member", "taylor per_member"), ("slim average", "taylor average"),
          ("slim_half per_member", "taylor per_member"), ("slim per_member", "Single"),
          ("slim per_member", "Packed-Ensembles"), ("slim average", "Packed-Ensembles"),
