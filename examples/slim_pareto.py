@@ -30,12 +30,11 @@ from hydra_hf.masks import HeadMasks
 from hydra_hf.modeling.configuration_hydra import HydraEnsembleViTConfig
 from hydra_hf.outputs import write_text_atomic
 
-# the pairs the docs compare: (a, b): is a's mean OOD gain different from b's, seed by seed? (a table, hence
-# fmt: skip)
+# the pairs the docs compare: (a, b): is a's mean OOD gain different from b's, seed by seed?
 PAIRS = (("slim per_member", "taylor per_member"), ("slim average", "taylor average"),
          ("slim_half per_member", "taylor per_member"), ("slim per_member", "Single"),
          ("slim per_member", "Packed-Ensembles"), ("slim average", "Packed-Ensembles"),
-         ("taylor per_member", "Packed-Ensembles"), ("Packed-Ensembles", "Single"), ("MC Dropout", "Single"))  # fmt: skip
+         ("taylor per_member", "Packed-Ensembles"), ("Packed-Ensembles", "Single"), ("MC Dropout", "Single"))
 LABELS = {"taylor": "Hydra (Taylor)", "slim": "slim Hydra (33 % MLP)", "slim_half": "slim Hydra (50 % MLP)"}
 # ceiling_image.py --baselines: the key in ceiling.json, the row's name
 BASELINES = {"packed": "Packed-Ensembles", "mc_dropout": "MC Dropout"}
