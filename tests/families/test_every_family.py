@@ -1,4 +1,7 @@
-"""One equivalence suite for every family (``_family_specs.SPECS``), numbers not shapes:
+"""The family tester: one equivalence suite run over every registered family, numbers not shapes. A family is
+a line of ``_family_specs.SPECS``; the families whose models are built otherwise (two towers, decoders, timm and
+open_clip checkpoints) have suites of their own, named in ``OWN_SUITES``, and a test fails when a registered
+family is in neither. For each family of ``SPECS``:
 
 - every member keeping every head == the stock model (fp32, eager and sdpa, padded batches);
 - members with unequal heads (one keeps 0 heads in a layer), each from its own checkpoint == the stock
@@ -20,11 +23,11 @@ import json
 import pytest
 import torch
 from _family_specs import SPECS, TEXT_SPECS, FamilySpec, inputs, perturbed
-from conftest import REPO, run_fresh_python
+from conftest import REPO, TESTS, run_fresh_python
 
 from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.cli import main as cli_main
-from hydra_hf.families import detect_family, get_family
+from hydra_hf.families import detect_family, family_names, get_family
 from hydra_hf.masks import HeadMasks
 from hydra_hf.pruning.gates import zero_head_columns_
 
@@ -34,6 +37,15 @@ ALL = [[[0, 1, 2, 3]] * 2] * 2
 UNEQUAL = [[[0, 1], [2, 3]], [[1, 2, 3], []], [[0], [0, 1, 2, 3]]]  # member 1 keeps no head in layer 1
 SENTENCES = ["the movie was very good", "a boring plot and awful actor", "i was not fun"]
 ids = [s.name for s in SPECS]
+# registered families outside SPECS -> the file that checks their fused models against their references
+OWN_SUITES = {
+    "clip": "modeling/test_modeling_clip.py",
+    "open_clip": "modeling/test_modeling_clip.py",
+    "timm_vit": "modeling/test_modeling_vit.py",
+    "siglip": "modeling/test_modeling_deit_beit_dinov2_siglip.py",
+    "llama": "modeling/test_modeling_llama.py",
+    "gpt2": "modeling/test_modeling_gpt2.py",
+}
 
 
 def _reference(spec: FamilySpec, model: torch.nn.Module, kept: list[list[int]]) -> torch.nn.Module:
@@ -65,6 +77,15 @@ def stock_dirs(tmp_path_factory):
             spec.tokenizer().save_pretrained(folder)
         out[spec.name] = folder
     return out
+
+
+def test_every_registered_family_is_tested():
+    """A new family fails here until it has its line in ``_family_specs.SPECS`` (or a suite of its own)."""
+    untested = set(family_names()) - {s.name for s in SPECS} - set(OWN_SUITES)
+    assert not untested, f"registered families without a test: {sorted(untested)}; add them to _family_specs.SPECS"
+    assert not {s.name for s in SPECS} & set(OWN_SUITES)
+    for name, file in OWN_SUITES.items():
+        assert name in family_names() and (TESTS / file).is_file(), (name, file)
 
 
 # --------------------------------------------------------------------------------- equivalence
