@@ -406,8 +406,8 @@ def test_fresh_process_pipeline_returns_the_stored_decisions(hydra_folder, tmp_p
         import json
         from transformers import pipeline
         pipe = pipeline("hydra-text-classification", model={str(out)!r}, trust_remote_code=True)
-        keys = ("prediction_set", "abstain", "abstain_score")
-        print(json.dumps([{{k: r[k] for k in keys}} for r in pipe({texts!r})]))
+        results = pipe({texts!r})
+        print(json.dumps([{{k: r[k] for k in ("prediction_set", "abstain", "abstain_score")}} for r in results]))
     """
     got = json.loads(
         run_fresh_python(code, env={"HF_MODULES_CACHE": str(tmp_path / "modules")}).strip().splitlines()[-1]
