@@ -9,7 +9,7 @@ export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 # in collection order (tests/conftest.py starts the minutes-long training test first)
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo docs docs-check test bench study clean
+.PHONY: setup demo docs docs-check test lint bench study clean
 
 setup:
 	@./tools/bootstrap.sh
@@ -34,6 +34,10 @@ study: setup
 
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 $(PYTEST_ARGS)
+
+# the lint `make test` runs too (tests/repo/test_lint.py; settings in pyproject.toml [tool.ruff])
+lint: setup
+	$(PY) -m ruff check src tests examples bench tools
 
 bench: setup
 	$(PY) bench/bench_bert.py
