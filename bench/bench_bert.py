@@ -25,7 +25,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from _common import (
     COLUMNS,
     add_timing_args,
     compare_contenders,
@@ -35,8 +35,8 @@ from _common import (  # noqa: E402
     table,
 )
 
-from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig  # noqa: E402
-from hydra_hf.modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification  # noqa: E402
+from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig
+from hydra_hf.modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification
 
 logger = logging.getLogger("bench_bert")
 

@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_threads_argument, interleaved_medians, pin_bench_threads, random_kept_heads, table  # noqa: E402
+from _common import add_threads_argument, interleaved_medians, pin_bench_threads, random_kept_heads, table
 
 logger = logging.getLogger("bench_cost")
 

@@ -49,11 +49,11 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_threads_argument, pin_bench_threads, random_kept_heads, table  # noqa: E402
+from _common import add_threads_argument, pin_bench_threads, random_kept_heads, table
 
-from hydra_hf.convert.hf_llama import decoder_member_from_state_dict, fuse_decoder, unfuse_decoder  # noqa: E402
-from hydra_hf.modeling.configuration_hydra_llama import HydraEnsembleLlamaConfig  # noqa: E402
-from hydra_hf.modeling.modeling_hydra_llama import HydraEnsembleLlamaForCausalLM  # noqa: E402
+from hydra_hf.convert.hf_llama import decoder_member_from_state_dict, fuse_decoder, unfuse_decoder
+from hydra_hf.modeling.configuration_hydra_llama import HydraEnsembleLlamaConfig
+from hydra_hf.modeling.modeling_hydra_llama import HydraEnsembleLlamaForCausalLM
 
 logger = logging.getLogger("bench_decoder")
 

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from _common import (
     COLUMNS,
     add_timing_args,
     compare_contenders,
@@ -44,7 +44,7 @@ from _common import (  # noqa: E402
     table,
 )
 
-from hydra_hf.families import get_family  # noqa: E402
+from hydra_hf.families import get_family
 
 logger = logging.getLogger("bench_families")
 

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from _common import (
     add_threads_argument,
     count_parameters,
     interleaved_medians,
@@ -42,9 +42,9 @@ from _common import (  # noqa: E402
     table,
 )
 
-from hydra_hf.onnx.export import OnnxGraph, dynamic_shapes, export_module  # noqa: E402
-from hydra_hf.onnx.graph import quantize_int8  # noqa: E402
-from hydra_hf.onnx.int8 import INT8_RECIPES  # noqa: E402
+from hydra_hf.onnx.export import OnnxGraph, dynamic_shapes, export_module
+from hydra_hf.onnx.graph import quantize_int8
+from hydra_hf.onnx.int8 import INT8_RECIPES
 
 logger = logging.getLogger("bench_onnx")
 

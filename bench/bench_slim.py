@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_threads_argument, count_parameters, interleaved_medians, pin_bench_threads, table  # noqa: E402
-from bench_onnx import build, export_pair, make_inputs, session  # noqa: E402
+from _common import add_threads_argument, count_parameters, interleaved_medians, pin_bench_threads, table
+from bench_onnx import build, export_pair, make_inputs, session
 
-from hydra_hf.cost import relative_cost  # noqa: E402
+from hydra_hf.cost import relative_cost
 
 logger = logging.getLogger("bench_slim")
 

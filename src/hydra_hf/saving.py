@@ -21,7 +21,7 @@ from .families import families, family_of_config, get_family
 from .modeling.configuration_hydra import (
     HYDRA_PIPELINES,
     PIPELINE_MODULE,
-    custom_pipelines_for,  # noqa: F401  (re-exported: hub reads it here)
+    custom_pipelines_for,
 )
 from .outputs import check_output, write_output_folder
 

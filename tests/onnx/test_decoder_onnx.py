@@ -20,8 +20,8 @@ from hydra_hf.masks import HeadMasks
 pytest.importorskip("onnxruntime")  # a guard only: tools/bootstrap.sh installs the onnx extra
 pytest.importorskip("onnxscript")
 
-from hydra_hf.onnx import OnnxHydraModel, pipeline  # noqa: E402
-from hydra_hf.onnx.export import export_onnx  # noqa: E402
+from hydra_hf.onnx import OnnxHydraModel, pipeline
+from hydra_hf.onnx.export import export_onnx
 
 TEXTS = ["the movie was great fun", "awful boring plot", "it", "a film", "the actor was bad and the plot boring"]
 

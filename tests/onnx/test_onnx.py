@@ -31,10 +31,10 @@ from hydra_hf.saving import save_hydra_model
 pytest.importorskip("onnxruntime")  # a guard only: tools/bootstrap.sh installs the onnx extra
 pytest.importorskip("onnxscript")
 
-from hydra_hf.onnx import OnnxHydraModel, pipeline  # noqa: E402
+from hydra_hf.onnx import OnnxHydraModel, pipeline
 from hydra_hf.onnx.export import (
-    export_onnx,  # noqa: E402
-    load_hydra_folder,  # noqa: E402
+    export_onnx,
+    load_hydra_folder,
 )
 
 ATOL = 1e-4

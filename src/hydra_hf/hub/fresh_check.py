@@ -38,15 +38,15 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 if __name__ == "__main__":  # run as the check (importing this module changes nothing)
     sys.modules["hydra_hf"] = None  # a Hub user who never installed hydra_hf
 
-import argparse  # noqa: E402
-import importlib.util  # noqa: E402
-import inspect  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
+import argparse
+import importlib.util
+import inspect
+import json
+import os
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers import AutoConfig, pipeline  # noqa: E402
+import torch
+import transformers
+from transformers import AutoConfig, pipeline
 
 AUTO_ORDER = ("AutoModelForSequenceClassification", "AutoModelForImageClassification",
               "AutoModelForZeroShotImageClassification", "AutoModel")
