@@ -148,8 +148,7 @@ def main() -> None:
             )
         print(
             f"[{precision}] exact greedy (k=1) CircAvg, remove {args.remove}/72: {seconds:.1f} s ({seconds / 60:.1f} "
-            "min) wall, "
-            f"{n_evals} evaluations, {n_evals / seconds:.2f} evaluations/s{extra}"
+            f"min) wall, {n_evals} evaluations, {n_evals / seconds:.2f} evaluations/s{extra}"
         )
         hist = result.metadata["score_history"]
         print(
@@ -164,8 +163,7 @@ def main() -> None:
             same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             print(
                 f"{precision} vs fp32: time ratio {run['seconds'] / runs['fp32']['seconds']:.2f}; removal order "
-                "identical for the "
-                f"first {same} of {len(a)} removals; kept heads "
+                f"identical for the first {same} of {len(a)} removals; kept heads "
                 f"{'identical' if sorted(map(tuple, a)) == sorted(map(tuple, b)) else 'differ'}"
             )
     if "fp32" in runs:

@@ -266,8 +266,7 @@ def main() -> None:
     for row in out["splits"]:
         print(
             f"{row['splits']} splits {row['model']:<20} {row['method']:<15} coverage {row['mean']:.4f} ± "
-            f"{row['std']:.4f}, "
-            f"in band {row['in_band']:.0%}"
+            f"{row['std']:.4f}, in band {row['in_band']:.0%}"
         )
     print("\n".join(out["must"]))
     if args.results:
@@ -285,8 +284,8 @@ def main() -> None:
             "n_test": int(labels["test"].numel()),
             "n_validation": int(labels["validation"].numel()),
             "split": "torch.randperm(n_test) seeded with the seed: the first half calibrates, the second is scored",
-            "randomization": "randomised APS: U per input = splitmix64 hash of the seed and its probabilities rounded "
-            "to "
+            "randomization": "randomised APS: U per input = splitmix64 hash of the seed "
+            "and its probabilities rounded to "
             "4 decimals (hydra_hf.modeling.pipeline_hydra.conformal_noise); the seed = the split seed",
             "models": {
                 "Hydra": "outputs/demo/hydra (3 Taylor members, seed 0)",

@@ -43,8 +43,8 @@ def main() -> None:
     parser.add_argument(
         "--lora",
         action="store_true",
-        help="also train LoRA-Single and LoRA-Ensemble (needs hydra-hf[peft]; ~8 more minutes on 2 cores: 6 to train, "
-        "2 to evaluate)",
+        help="also train LoRA-Single and LoRA-Ensemble (needs hydra-hf[peft]; ~8 more "
+        "minutes on 2 cores: 6 to train, 2 to evaluate)",
     )
     parser.add_argument(
         "--mixed-precision",

@@ -243,8 +243,8 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     parser.add_argument("--members", type=int, default=3)
     add_budget_arguments(parser, heads_per_layer=PAPER_HEADS_PER_LAYER)
     parser.add_argument("--method", default=HYDRA_CIRC,
-                        help="member criteria, one per member, comma-separated (hydra_hf.pruning.METHODS); default: "
-                        "Hydra (Circ)")
+                        help="member criteria, one per member, comma-separated "
+                        "(hydra_hf.pruning.METHODS); default: Hydra (Circ)")
     parser.add_argument("--max-ood", type=int, default=2000, help="texts per OOD split")
     parser.add_argument("--seed", type=int, default=0)
     add_threads_argument(parser)

@@ -85,8 +85,8 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
         "--base-model",
         default=None,
         metavar="DIR",
-        help="pretrained BERT-like checkpoint folder the Singles are fine-tuned from (default: the packaged "
-        "all-MiniLM-L6-v2)",
+        help="pretrained BERT-like checkpoint folder the Singles are fine-tuned from "
+        "(default: the packaged all-MiniLM-L6-v2)",
     )
     group.add_argument(
         "--train-data", default=None, metavar="DATA", help="labelled training data (default rotten_tomatoes:train)"

@@ -20,8 +20,7 @@ from importlib import metadata
 PROG = "hydra-hf"
 DESCRIPTION = (
     "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, calibrate, evaluate, aggregate, "
-    "export, "
-    "push."
+    "export, push."
 )
 # Sub-commands, in the order `hydra-hf --help` lists them, with the one line it shows for each (the
 # `help=` of each command's `add_parser` in hydra_hf/cli/<command>.py).

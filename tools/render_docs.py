@@ -205,8 +205,8 @@ def _slim_text_table(results: Mapping[str, Any]) -> str:
     for r in results["rows"]:
         gains = " | ".join(f"{r['gain_per_kind'][k][0]:+.1f} ± {r['gain_per_kind'][k][1]:.1f}" for k in kinds)
         lines.append(
-            f"| {r['label']} | {r['compute_x']:.2f} | {gains} | {r['accuracy']:.1f} ± {r['accuracy_std']:.1f} | "
-            f"{r['ece']:.3f} |"
+            f"| {r['label']} | {r['compute_x']:.2f} | {gains} | {r['accuracy']:.1f} ± "
+            f"{r['accuracy_std']:.1f} | {r['ece']:.3f} |"
         )
     lines += ["", f"| slim - reference, per kind (seed by seed) | difference | p (paired t) | decided | within "
                   f"{results['bar_points']:g} point |", "|:---|---:|---:|:---|:---|"]

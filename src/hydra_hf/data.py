@@ -766,8 +766,8 @@ def zero_shot_labels(dataset: datasets.Dataset, names: list[str], source: str) -
     bad = sorted({int(v) for v in labels if not 0 <= int(v) < len(names)})
     if bad:
         raise ValueError(
-            f"{source} has label values {bad[:5]} but --class-names gives {len(names)} classes (labels "
-            f"0..{len(names) - 1}); "
+            f"{source} has label values {bad[:5]} but --class-names gives {len(names)} "
+            f"classes (labels 0..{len(names) - 1}); "
             "give one class name per label value, in label order"
         )
     return dataset

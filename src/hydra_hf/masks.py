@@ -115,8 +115,8 @@ def _checked_neurons(
     validated against the MLP width ``intermediate_size``."""
     if isinstance(intermediate_size, bool) or not isinstance(intermediate_size, int) or intermediate_size < 1:
         raise HydraInputError(
-            f"{where}: the masks need the MLP width {INNER_KEY!r} (a positive integer) beside kept_neurons, got "
-            f"{intermediate_size!r}"
+            f"{where}: the masks need the MLP width {INNER_KEY!r} (a positive integer) beside "
+            f"kept_neurons, got {intermediate_size!r}"
         )
     if not isinstance(kept_neurons, (list, tuple)) or len(kept_neurons) != num_members:
         raise HydraInputError(
@@ -628,8 +628,8 @@ class HeadMasks:
             for i, n in enumerate(given):
                 if n is not None and not isinstance(n, dict):
                     raise HydraInputError(
-                        f"{source}: members[{i}].{NEURONS_KEY} must map towers to their layer lists, got "
-                        f"{type(n).__name__}"
+                        f"{source}: members[{i}].{NEURONS_KEY} must map towers to their "
+                        f"layer lists, got {type(n).__name__}"
                     )
                 extra = [t for t in (n or {}) if t not in towers]
                 if extra:

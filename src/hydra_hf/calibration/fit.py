@@ -221,8 +221,8 @@ def calibrate_folder(
                               "calibrate a folder written by `hydra-hf convert` or `hydra-hf finetune`")
     if config_data.get(CONFIG_KEY) is not None and not overwrite:
         raise HydraInputError(
-            f"{str(folder)!r} is already calibrated (config.json has {CONFIG_KEY!r}); pass --overwrite "
-            "to replace its calibration"
+            f"{str(folder)!r} is already calibrated (config.json has {CONFIG_KEY!r}); pass --overwrite to replace its "
+            "calibration"
         )
     check_output(output, command="calibrate", overwrite=overwrite, inputs=[folder])  # before any work
     if is_causal_lm_folder(folder):

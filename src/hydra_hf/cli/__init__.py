@@ -29,8 +29,7 @@ from ..version import __version__
 PROG = "hydra-hf"
 DESCRIPTION = (
     "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, calibrate, evaluate, aggregate, "
-    "export, "
-    "push."
+    "export, push."
 )
 # Sub-command modules, in the order `hydra-hf --help` lists them. The console script (hydra_hf_cli, outside
 # the package so that `--help` and `--version` need no torch) prints a copy of this top level;

@@ -45,8 +45,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="fit conformal prediction sets and a risk-controlled abstention threshold into a copy of a folder",
         description="Copy a Hydra classifier folder (text or image) to --output with calibrated decisions in its "
         "config.json: split conformal prediction sets at level 1 - alpha and an abstention threshold that keeps the "
-        "error among answered inputs at most --risk with confidence 1 - --delta (Learn then Test). The input folder "
-        "is never changed.",
+        "error among answered inputs at most --risk with confidence 1 - --delta (Learn then "
+        "Test). The input folder is never changed.",
     )
     p.add_argument("folder", help="the Hydra classifier folder to calibrate (left unchanged)")
     p.add_argument(
@@ -57,8 +57,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--output", required=True, help="the new, calibrated folder (must not exist or be empty)")
     p.add_argument("--alpha", type=finite_float, default=0.1,
-                   help="miscoverage of the prediction sets, in (0, 1): the sets hold the label with probability >= "
-                   "1 - alpha (default 0.1)")
+                   help="miscoverage of the prediction sets, in (0, 1): the sets hold the label with "
+                   "probability >= 1 - alpha (default 0.1)")
     p.add_argument("--method", choices=CONFORMAL_METHODS, default="lac",
                    help="conformal score: lac (1 - p_y), aps (adaptive sets), raps (regularised APS); deterministic, "
                    "no random tie-breaking, unless --randomized (default lac)")

@@ -47,8 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace --output if it holds an earlier `hydra-hf convert` output (never another folder, never an "
-        "input)",
+        help="replace --output if it holds an earlier `hydra-hf convert` output "
+        "(never another folder, never an input)",
     )
     p.set_defaults(func=run)
 

@@ -32,9 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         required=True,
-        help="model folder to evaluate (Hydra or any classifier; a `hydra-hf export --format onnx` folder, or "
-        "a .onnx file in one, runs on ONNX Runtime; a CLIP / SigLIP folder classifies zero-shot: see "
-        "--class-names, --templates)",
+        help="model folder to evaluate (Hydra or any classifier; a `hydra-hf export --format onnx` folder, or a "
+        ".onnx file in one, runs on ONNX Runtime; a CLIP / SigLIP folder classifies zero-shot: see --class-names, "
+        "--templates)",
     )
     p.add_argument("--name", default="Hydra", help="name of --model in the report")
     p.add_argument("--baseline", action="append", default=[], metavar="NAME=DIR",

@@ -76,8 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--train-data",
         required=True,
-        help="training data: NAME[:SPLIT] (e.g. rotten_tomatoes:train), a csv/jsonl/parquet file or a save_to_disk "
-        "folder",
+        help="training data: NAME[:SPLIT] (e.g. rotten_tomatoes:train), a "
+        "csv/jsonl/parquet file or a save_to_disk folder",
     )
     p.add_argument("--eval-data", default=None, help="validation data for early stopping (same forms as --train-data)")
     p.add_argument(
@@ -100,17 +100,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--resume",
         action="store_true",
         help="continue an interrupted run from its last checkpoint in --work-dir, exactly (the same weights "
-        "and loss history as without the interruption); a checkpoint without its RNG or trainer state "
-        "is an error",
+        "and loss history as without the interruption); a checkpoint without "
+        "its RNG or trainer state is an error",
     )
     p.add_argument("--resume-partial", action="store_true",
                    help="--resume, and go on with a warning when a checkpoint lacks random_states_*.pkl (dropout then "
-                        "differs from an uninterrupted run) or trainer_state.json (that member is retrained from its "
-                        "first step)")
+                        "differs from an uninterrupted run) or trainer_state.json (that "
+                        "member is retrained from its first step)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --output and empty --work-dir, but only folders an earlier `hydra-hf finetune` wrote "
-                        "(they hold its .hydra_hf_output.json marker); any other non-empty folder is an error and is "
-                        "never deleted")
+                        "(they hold its .hydra_hf_output.json marker); any other non-empty "
+                        "folder is an error and is never deleted")
     p.add_argument(
         "--recipe",
         choices=["text", "image"],

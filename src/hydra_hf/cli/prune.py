@@ -160,8 +160,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing --output file if it is a masks file (never any other file)")
     p.add_argument("--trust-remote-code", action="store_true",
-                   help="allow a --model folder that ships its own Python code (auto_map); off by default because "
-                   "loading runs that code")
+                   help="allow a --model folder that ships its own Python code (auto_map); off by "
+                   "default because loading runs that code")
     p.add_argument("--output", required=True, help="masks file to write (JSON)")
     p.set_defaults(func=run)
     return p

@@ -162,22 +162,22 @@ def _prepare(batch: Any, name: str, device: torch.device) -> tuple[torch.Tensor,
         input_ids, attention_mask = batch["input_ids"], batch.get("attention_mask")
     else:
         raise TypeError(
-            f"{name}: a batch must be a (B, T) token-id tensor or a mapping with 'input_ids', got "
-            f"{type(batch).__name__}"
+            f"{name}: a batch must be a (B, T) token-id tensor or a mapping with "
+            f"'input_ids', got {type(batch).__name__}"
         )
     input_ids = torch.as_tensor(input_ids)
     if input_ids.ndim != 2 or input_ids.is_floating_point():
         raise ValueError(
-            f"{name}: input_ids must be a (B, T) integer tensor, got {input_ids.dtype} of shape "
-            f"{tuple(input_ids.shape)}"
+            f"{name}: input_ids must be a (B, T) integer tensor, got "
+            f"{input_ids.dtype} of shape {tuple(input_ids.shape)}"
         )
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     attention_mask = torch.as_tensor(attention_mask)
     if attention_mask.shape != input_ids.shape:
         raise ValueError(
-            f"{name}: attention_mask has shape {tuple(attention_mask.shape)} but input_ids has "
-            f"{tuple(input_ids.shape)}"
+            f"{name}: attention_mask has shape {tuple(attention_mask.shape)} but "
+            f"input_ids has {tuple(input_ids.shape)}"
         )
     return input_ids.to(device=device, dtype=torch.int64), attention_mask.to(device=device, dtype=torch.int64)
 
@@ -433,9 +433,9 @@ def write_causal_lm_report(
         "Causal LM: perplexity = exp(mean next-token NLL, nats) over every valid ID token; Acc is next-token "
         "accuracy of the members' mean distribution, ECE its per-token calibration (top token, "
         f"{next(iter(reports.values())).get('n_bins', 15)} equal-width bins); MI is the mean per-token mutual "
-        "information (member disagreement; one model has none). OOD detection is per sequence: a sequence's score "
-        f"is the mean over its tokens (here `{score}`; higher = more in-distribution), ID the positive class. "
-        "Brier and aECE do not apply."
+        "information (member disagreement; one model has none). OOD detection is per sequence: a sequence's score is "
+        f"the mean over its tokens (here `{score}`; higher = more in-distribution), ID the positive class. Brier and "
+        "aECE do not apply."
     )
     if ood_sets:
         notes += "\n\nAUROC of every sequence score:\n\n" + _scores_table(reports, ood_sets)

@@ -329,8 +329,8 @@ def _evaluate_causal_lm(spec: EvaluationSpec, models: dict[str, str]) -> FolderE
     for name, path in models.items():
         if name != spec.name and not is_causal_lm_folder(path):
             raise ValueError(
-                f"--baseline {name}={path} is not a causal LM folder (...ForCausalLM); {what} is compared "
-                "with causal LMs only"
+                f"--baseline {name}={path} is not a causal LM folder (...ForCausalLM); {what} is compared with causal "
+                "LMs only"
             )
     check_output(spec.report, command="evaluate", overwrite=spec.overwrite, inputs=list(models.values()))
 
@@ -378,8 +378,8 @@ DECISIONS_NOTE = (
     "and alpha, the empirical coverage of the sets and their mean size on the ID test data (95 % bootstrap intervals "
     "in brackets), the abstention score and threshold, the share answered and the accuracy among answered inputs, "
     "the AURC when ranking by that score, and per OOD set the share refused / given a set of more than one label / "
-    "either. 'stored': the folder's own calibration; 'val': fitted on --val-data. risk_coverage.png: the "
-    "risk-coverage curves."
+    "either. 'stored': the folder's own calibration; 'val': fitted on --val-data. "
+    "risk_coverage.png: the risk-coverage curves."
 )
 
 

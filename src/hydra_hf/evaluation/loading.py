@@ -212,8 +212,7 @@ def zero_shot_family(path: str | os.PathLike) -> Family | None:
         if family is not None and family.task == ZERO_SHOT_TASK:
             raise HydraInputError(
                 f"{str(path)!r} is an ONNX export of a zero-shot {family.name} model; hydra-hf evaluate runs "
-                "zero-shot "
-                "models from their PyTorch folder: give the Hydra folder it was exported from"
+                "zero-shot models from their PyTorch folder: give the Hydra folder it was exported from"
             )
         return None
     if not folder.is_dir():

@@ -457,8 +457,8 @@ def render_seed_comparisons(summary: Mapping[str, Mapping[str, Mapping[str, Any]
         parts.append("| metric | difference | better | tie | worse |\n|:---|---:|---:|---:|---:|")
         for metric, row in rows.items():
             parts.append(
-                f"| {metric} | {row['mean']:+.4f} ± {row['std']:.4f} | {row['better']} | {row['tie']} | "
-                f"{row['worse']} |"
+                f"| {metric} | {row['mean']:+.4f} ± {row['std']:.4f} | "
+                f"{row['better']} | {row['tie']} | {row['worse']} |"
             )
         parts.append("")
     return "\n".join(parts) + "\n"

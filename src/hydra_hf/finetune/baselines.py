@@ -88,15 +88,13 @@ def _check_reusable(single: Path, config: FinetuneConfig) -> None:
     if not (single / "config.json").is_file() or not info_file.is_file():
         raise HydraInputError(
             f"reuse_member0={str(single)!r} is not a fine-tuned member folder (no config.json / "
-            "finetune_member.json); "
-            "pass the Single model's `<work_dir>/member_0/model`"
+            "finetune_member.json); pass the Single model's `<work_dir>/member_0/model`"
         )
     info = json.loads(info_file.read_text())
     if info.get("seed") != config.seed:
         raise HydraInputError(
             f"reuse_member0={str(single)!r} was trained with seed {info.get('seed')}, but member 0 of this deep "
-            "ensemble "
-            f"has seed config.seed={config.seed}; use the same seed or train every member"
+            f"ensemble has seed config.seed={config.seed}; use the same seed or train every member"
         )
     if masks_file.is_file():
         masks = HeadMasks.load(masks_file)

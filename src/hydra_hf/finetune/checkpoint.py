@@ -216,8 +216,8 @@ class Checkpoints:
     def damaged(self, file: Path, exc: BaseException) -> HydraInputError:
         """The error for a checkpoint ``file`` that ``exc`` showed damaged, saying how to go on."""
         return HydraInputError(
-            f"{self.tag}: the resume checkpoint file {str(file)!r} is damaged ({type(exc).__name__}: "
-            f"{one_line(exc)}); "
+            f"{self.tag}: the resume checkpoint file {str(file)!r} is damaged "
+            f"({type(exc).__name__}: {one_line(exc)}); "
             f"delete {str(self.checkpoint)!r} and pass --resume-partial to retrain this member from its first step, "
             "or start the run over with --overwrite"
         )

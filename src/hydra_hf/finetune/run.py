@@ -55,8 +55,7 @@ def _arch_support(arch: str) -> _ArchSupport:
     if family.task not in ("text-classification", "image-classification"):
         raise HydraInputError(
             f"fine-tuning trains text and image classifiers and decoder LMs; {family.name} is a {family.task} model "
-            "(zero-shot "
-            "Hydra members need no training: prune and convert them)"
+            "(zero-shot Hydra members need no training: prune and convert them)"
         )
 
     def stock_model(cfg: dict[str, Any], hydra_config: Any) -> nn.Module:
@@ -100,8 +99,7 @@ def _decoder_padding(processor: Any, model_dir: Path) -> tuple[int, str]:
     processor.pad_token = processor.eos_token
     return processor.eos_token_id, (
         f"has no pad token: it pads with its end-of-sequence token {processor.eos_token!r} (id "
-        f"{processor.eos_token_id}), "
-        "saved as the pad token with the outputs"
+        f"{processor.eos_token_id}), saved as the pad token with the outputs"
     )
 
 

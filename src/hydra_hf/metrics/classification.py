@@ -389,8 +389,8 @@ def _two_sided(scores_id: ArrayLike, scores_ood: ArrayLike) -> tuple[torch.Tenso
         t = _as_tensor(x, name)
         if t.numel() == 0:
             raise ValueError(
-                f"{name} is empty, so there is one class only; OOD metrics need at least one ID and "
-                f"one OOD sample"
+                f"{name} is empty, so there is one class only; OOD metrics need "
+                f"at least one ID and one OOD sample"
             )
     return _scores(scores_id, "scores_id"), _scores(scores_ood, "scores_ood")
 

@@ -223,8 +223,8 @@ def load_hydra_folder(path: str | os.PathLike) -> tuple[nn.Module, Any, dict[str
     if causal:
         raise HydraInputError(
             f"{str(folder)!r} is a causal LM ({causal[0]}); ONNX export covers classifiers only (no past key values): "
-            "run it with PyTorch (AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True), its "
-            "generate())"
+            "run it with PyTorch (AutoModelForCausalLM.from_pretrained(folder, "
+            "trust_remote_code=True), its generate())"
         )
     model = from_pretrained(family.model_class(), folder, remedy=(
         "hydra-hf export never runs a folder's code (it loads Hydra folders with its own classes): remove those "
@@ -332,8 +332,7 @@ def export_onnx(
     if quantize is not None and not calibration_data:
         raise HydraInputError(
             "--quantize int8 needs --calibration-data (labelled in-distribution data, e.g. "
-            "rotten_tomatoes:validation) "
-            "to measure the int8 model against the fp32 one"
+            "rotten_tomatoes:validation) to measure the int8 model against the fp32 one"
         )
     for key in ("batch_size", "max_length", "max_samples"):
         value = (data_options or {}).get(key)
@@ -359,8 +358,8 @@ def export_onnx(
     if decoder and model.config.pad_token_id is None:
         raise HydraInputError(
             f"{str(folder)!r} is a decoder classifier without pad_token_id, so it cannot pool padded batches; set "
-            "pad_token_id in its config.json (e.g. the tokenizer's eos id, as `hydra-hf finetune` does) and export "
-            "again"
+            "pad_token_id in its config.json (e.g. the tokenizer's eos id, as "
+            "`hydra-hf finetune` does) and export again"
         )
     example = example_inputs(model.config, names, batch=2, seq=8, images=3, seed=0)
     # a decoder's batches are often padded on the left: the check covers both sides
@@ -500,8 +499,7 @@ def _report_loaders(model, preprocessor, modality, calibration_data, ood_data, o
         if not names:
             raise HydraInputError(
                 f"--calibration-data {calibration_data!r} has integer labels without class names; a zero-shot model "
-                "needs "
-                "them for its prompts: give an image folder with one sub-folder per class"
+                "needs them for its prompts: give an image folder with one sub-folder per class"
             )
         class_names = list(names)
     id_loader = loader(id_data)
@@ -576,10 +574,10 @@ def export_card(metadata: dict[str, Any], report: dict[str, Any] | None) -> str:
         q = metadata["quantization"]
         quant = (
             f"recipe `{q.get('recipe', 'keep-fc2')}`, `{q['method']}`: {q['weight_type']} weights on "
-            f"{', '.join(q['op_types'])} "
-            f"({metadata['files'][INT8_FILE]['quantized_operators']['MatMulInteger']} MatMulInteger nodes; "
-            f"{q.get('kept_fp32_products', 0)} products kept in fp32: {q.get('kept_fp32', 'none')}), "
-            f"{q['activations']}. `{INT8_FILE}` is the folder's default graph; `{FP32_FILE}` is kept for comparison."
+            f"{', '.join(q['op_types'])} ({metadata['files'][INT8_FILE]['quantized_operators']['MatMulInteger']} "
+            f"MatMulInteger nodes; {q.get('kept_fp32_products', 0)} products kept in fp32: "
+            f"{q.get('kept_fp32', 'none')}), {q['activations']}. `{INT8_FILE}` is the folder's default graph; "
+            f"`{FP32_FILE}` is kept for comparison."
         )
     lines = [
         f"# Hydra Ensemble ({metadata['family']}, {metadata['num_members']} members) — ONNX export",

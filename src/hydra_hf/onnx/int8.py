@@ -266,12 +266,12 @@ register_recipe(
     Int8Recipe(
         "smoothquant",
         smoothquant_int8,
-        "default: constants folded (every member's projections quantisable), fc2's activation outliers migrated into "
-        "its "
+        "default: constants folded (every member's projections quantisable), fc2's "
+        "activation outliers migrated into its "
         "weights (SmoothQuant, alpha calibrated on --calibration-data), per-channel int8 weights on every product",
         method="fold constants + SmoothQuant (fc2) + onnxruntime.quantization.quantize_dynamic(per_channel=True)",
-        activations="uint8, one range per tensor per batch at run time; fc2's input divided per channel by the "
-        "SmoothQuant scales",
+        activations="uint8, one range per tensor per batch at run time; fc2's input divided "
+        "per channel by the SmoothQuant scales",
     )
 )
 def _per_tensor(keep_mlp_output_fp32: bool) -> Callable[..., dict[str, Any]]:
@@ -295,8 +295,8 @@ register_recipe(
     Int8Recipe(
         "all",
         _per_tensor(False),
-        "every constant weight per-tensor int8, fc2 included, no smoothing (changed 5.5 percent of the demo model's "
-        "labels)",
+        "every constant weight per-tensor int8, fc2 included, no smoothing (changed "
+        "5.5 percent of the demo model's labels)",
         method="onnxruntime.quantization.quantize_dynamic",
         activations="uint8, quantised per batch at run time",
     )

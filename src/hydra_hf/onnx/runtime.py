@@ -132,8 +132,7 @@ def _check_labels(session: Any, config: Any, metadata: dict[str, Any], file: Pat
         if isinstance(classes, int) and isinstance(num_labels, int) and classes != num_labels:
             raise HydraInputError(
                 f"{str(file)!r} returns {classes} classes in {out.name!r} but {str(file.parent / 'config.json')!r} "
-                "names "
-                f"{num_labels} labels; re-run `hydra-hf export` (or restore the exported config.json)"
+                f"names {num_labels} labels; re-run `hydra-hf export` (or restore the exported config.json)"
             )
 
 

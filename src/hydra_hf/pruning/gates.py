@@ -120,8 +120,8 @@ class HeadGates:
             value = torch.as_tensor(value, dtype=target.dtype)
             if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(
-                    f"gates for tower {name!r} must have shape {tuple(target.shape)} (layers, heads), "
-                    f"got {tuple(value.shape)}"
+                    f"gates for tower {name!r} must have shape {tuple(target.shape)} "
+                    f"(layers, heads), got {tuple(value.shape)}"
                 )
             with torch.no_grad():
                 target.copy_(value.to(target.device))

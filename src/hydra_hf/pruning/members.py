@@ -101,8 +101,7 @@ def check_classifier_head(folder: Path, family: Any, num_labels: int | None) -> 
         raise HydraInputError(
             f"{str(folder)!r} has no trained classification head ({what} checkpoint: none of "
             f"{list(family.classifier_keys)} in its weights); pass --num-labels N, the classes of --id-data, to prune "
-            "it "
-            "with a new head, or prune a fine-tuned classifier"
+            "it with a new head, or prune a fine-tuned classifier"
         )
     logger.info("%s has no trained classification head: pruning with a new one of %d classes (--num-labels)",
                 folder, num_labels)

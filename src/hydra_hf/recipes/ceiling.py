@@ -156,8 +156,8 @@ def render_ceiling(table: Mapping[str, Any], *, title: str = "Ceiling table") ->
                      + f" | {r['accuracy']:.4f} | {r['ece']:.4f} |")
     lines += [
         "",
-        "Gain over the mean Single (AUROC points × 100): MSP against the Singles' MSP / against each Single's "
-        "best own score per kind.",
+        "Gain over the mean Single (AUROC points × 100): MSP against the Singles' MSP / "
+        "against each Single's best own score per kind.",
         "",
         "| model | score | " + " | ".join(kinds) + " | mean |",
         "|" + "---|" * (3 + len(kinds)),

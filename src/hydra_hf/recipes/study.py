@@ -862,8 +862,8 @@ def selection_noise(
     for n in sizes:
         if 2 * n > len(id_pool) or 2 * n > len(ood_pool):
             raise ValueError(
-                f"selection_noise: size {n} needs 2 x {n} texts per pool; the ID pool has {len(id_pool)}, "
-                f"{kind!r} has {len(ood_pool)}"
+                f"selection_noise: size {n} needs 2 x {n} texts per pool; the ID pool has {len(id_pool)}, {kind!r} "
+                f"has {len(ood_pool)}"
             )
         stats: dict[str, dict[str, list[float]]] = {}
         for r in range(repeats):
@@ -891,8 +891,8 @@ def selection_noise(
 def render_selection_noise(rows: Sequence[Mapping[str, Any]]) -> str:
     """Markdown table of :func:`selection_noise`'s rows."""
     lines = [
-        "| OOD kind | n (ID + OOD each) | score | Spearman (set A vs B) | top-k Jaccard | noise std | spread std | "
-        "spread / noise |",
+        "| OOD kind | n (ID + OOD each) | score | Spearman (set A vs B) | top-k Jaccard | "
+        "noise std | spread std | spread / noise |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

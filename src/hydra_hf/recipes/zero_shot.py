@@ -287,8 +287,8 @@ def evaluate_zero_shot(p: ZeroShotPipeline, hydra_dir: Path, member_dir: Path, v
         "embeddings cached (the image tower only); parameters count both towers.",
         f"Zero-shot: {len(p.class_names)} classes x {len(p.templates)} prompt templates (CLIP's prompt ensemble); no "
         "model was trained. Members were selected, and temperatures fitted, on the ID validation split only.",
-        "Deep Ensembles and MC Dropout are not applicable zero-shot (no trained copies to ensemble; the model has no "
-        "dropout).",
+        "Deep Ensembles and MC Dropout are not applicable zero-shot (no trained copies "
+        "to ensemble; the model has no dropout).",
     ]
     if p.report_notes:
         notes.append(p.report_notes)
