@@ -7,6 +7,8 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from collections import Counter
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -18,4 +20,7 @@ PATHS = ("src", "tests", "examples", "bench", "tools")
 def test_ruff_check_passes():
     command = [sys.executable, "-m", "ruff", "check", "--no-cache", "--output-format", "concise", *PATHS]
     proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode == 0, f"`ruff check {' '.join(PATHS)}` finds:\n{proc.stdout}{proc.stderr}"
+    findings = [line.split(":")[0] for line in proc.stdout.splitlines() if line.split(":")[0].endswith(".py")]
+    per_folder = Counter(str(Path(file).parent) for file in findings)  # folder -> findings
+    folders = ", ".join(f"{folder}: {n}" for folder, n in sorted(per_folder.items()))
+    assert proc.returncode == 0, f"`ruff check {' '.join(PATHS)}` finds ({folders}):\n{proc.stdout}{proc.stderr}"
