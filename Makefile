@@ -9,7 +9,7 @@ export TRANSFORMERS_NO_ADVISORY_WARNINGS ?= 1
 # in collection order (tests/conftest.py starts the minutes-long training test first)
 TEST_WORKERS ?= 2
 
-.PHONY: setup demo docs docs-check test bench study clean
+.PHONY: setup demo docs docs-check test lint bench study clean
 
 setup:
 	@./tools/bootstrap.sh
@@ -19,7 +19,7 @@ demo: setup
 	$(PY) examples/demo.py --output outputs/demo --results docs/results/demo.json
 
 # re-render the result tables of README.md and docs/*.md from their results files (tools/render_docs.py);
-# docs-check changes nothing and fails where a table differs from its file (tests/test_docs_results.py runs it)
+# docs-check changes nothing and fails where a table differs from its file (tests/repo/test_docs_results.py runs it)
 docs: setup
 	$(PY) tools/render_docs.py
 
@@ -34,6 +34,10 @@ study: setup
 
 test: setup
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=30 $(PYTEST_ARGS)
+
+# the lint `make test` runs too (tests/repo/test_lint.py; settings in pyproject.toml [tool.ruff])
+lint: setup
+	$(PY) -m ruff check src tests examples bench tools
 
 bench: setup
 	$(PY) bench/bench_bert.py

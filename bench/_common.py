@@ -126,12 +126,20 @@ def compare_contenders(models: dict, inputs_for_batch: Callable[[int], dict], ba
         for name, group in models.items():
             macs = count_matmul_macs(fns[name])
             gflops = 2 * macs / (ms[name] * 1e-3) / 1e9
-            rows.append({
-                "batch": batch, "model": NAMES[name], "latency_ms": ms[name],
-                "x Single": ms[name] / ms["single"], "x Deep": ms[name] / ms["deep"], "x Naive": ms[name] / ms["naive"],
-                "params_M": group_parameters(group) / 1e6, "GMACs": macs / 1e9, "GFLOP/s": gflops,
-                "% of matmul peak": 100 * gflops / peak,
-            })
+            rows.append(
+                {
+                    "batch": batch,
+                    "model": NAMES[name],
+                    "latency_ms": ms[name],
+                    "x Single": ms[name] / ms["single"],
+                    "x Deep": ms[name] / ms["deep"],
+                    "x Naive": ms[name] / ms["naive"],
+                    "params_M": group_parameters(group) / 1e6,
+                    "GMACs": macs / 1e9,
+                    "GFLOP/s": gflops,
+                    "% of matmul peak": 100 * gflops / peak,
+                }
+            )
     return rows
 
 

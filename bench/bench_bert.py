@@ -25,10 +25,18 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import COLUMNS, add_timing_args, compare_contenders, pin_bench_threads, random_kept_heads, summary_lines, table  # noqa: E402
+from _common import (
+    COLUMNS,
+    add_timing_args,
+    compare_contenders,
+    pin_bench_threads,
+    random_kept_heads,
+    summary_lines,
+    table,
+)
 
-from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig  # noqa: E402
-from hydra_hf.modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification  # noqa: E402
+from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig
+from hydra_hf.modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification
 
 logger = logging.getLogger("bench_bert")
 

@@ -21,8 +21,8 @@ of the plain reference (full model per candidate through HeadGates) for a few ca
 from __future__ import annotations
 
 import argparse
-import json
 import importlib.util
+import json
 import logging
 import time
 from pathlib import Path
@@ -118,28 +118,43 @@ def main() -> None:
     ood_batches = list(make_text_loader(ood_data, tokenizer, batch_size=64, max_length=args.max_length))
     tokens = sum(int(b["attention_mask"].sum()) for b in id_batches + ood_batches)
     print(f"model: all-MiniLM-L6-v2 + {args.head} 2-class head; threads: {torch.get_num_threads()}")
-    print(f"data: {len(id_data)} ID + {len(ood_data)} OOD texts, {tokens / (len(id_data) + len(ood_data)):.1f} tokens/text")
+    print(
+        f"data: {len(id_data)} ID + {len(ood_data)} OOD texts, {tokens / (len(id_data) + len(ood_data)):.1f} "
+        "tokens/text"
+    )
 
     adapter = get_adapter(model)
     runs: dict[str, dict] = {}
     for precision in args.precisions.split(","):
         t0 = time.perf_counter()
         evaluator = make_evaluator(adapter, id_batches, ood_batches, precision=precision)
-        result = circuit_prune(adapter, id_batches, ood_batches, Budget(remove=args.remove), score="avg", evaluator=evaluator)
+        result = circuit_prune(
+            adapter, id_batches, ood_batches, Budget(remove=args.remove), score="avg", evaluator=evaluator
+        )
         seconds = time.perf_counter() - t0
         n_evals = result.metadata["evaluations"]
-        runs[precision] = {"seconds": seconds, "ranking": [list(p) for p in result.removal_order], "history": result.metadata["score_history"]}
+        runs[precision] = {
+            "seconds": seconds,
+            "ranking": [list(p) for p in result.removal_order],
+            "history": result.metadata["score_history"],
+        }
         extra = ""
         if precision == "screened":
             stats = evaluator.stats
-            extra = (f"; {stats['confirmed']} of {stats['screened']} candidates re-scored in fp32 "
-                     f"({stats['confirmed'] / max(stats['screened'], 1):.1%}), largest bf16 error seen {evaluator.max_error:.2e}")
+            extra = (
+                f"; {stats['confirmed']} of {stats['screened']} candidates re-scored in fp32 "
+                f"({stats['confirmed'] / max(stats['screened'], 1):.1%}), largest bf16 error seen "
+                f"{evaluator.max_error:.2e}"
+            )
         print(
-            f"[{precision}] exact greedy (k=1) CircAvg, remove {args.remove}/72: {seconds:.1f} s ({seconds / 60:.1f} min) wall, "
-            f"{n_evals} evaluations, {n_evals / seconds:.2f} evaluations/s{extra}"
+            f"[{precision}] exact greedy (k=1) CircAvg, remove {args.remove}/72: {seconds:.1f} s ({seconds / 60:.1f} "
+            f"min) wall, {n_evals} evaluations, {n_evals / seconds:.2f} evaluations/s{extra}"
         )
         hist = result.metadata["score_history"]
-        print(f"[{precision}] S_avg: {hist[0]:.4f} (unpruned) -> {hist[-1]:.4f} (after {args.remove} removals); first removed {result.removal_order[:6]}")
+        print(
+            f"[{precision}] S_avg: {hist[0]:.4f} (unpruned) -> {hist[-1]:.4f} (after {args.remove} removals); first "
+            f"removed {result.removal_order[:6]}"
+        )
     if "fp32" in runs:
         for precision, run in runs.items():
             if precision == "fp32":
@@ -147,8 +162,9 @@ def main() -> None:
             a, b = runs["fp32"]["ranking"], run["ranking"]
             same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
             print(
-                f"{precision} vs fp32: time ratio {run['seconds'] / runs['fp32']['seconds']:.2f}; removal order identical for the "
-                f"first {same} of {len(a)} removals; kept heads {'identical' if sorted(map(tuple, a)) == sorted(map(tuple, b)) else 'differ'}"
+                f"{precision} vs fp32: time ratio {run['seconds'] / runs['fp32']['seconds']:.2f}; removal order "
+                f"identical for the first {same} of {len(a)} removals; kept heads "
+                f"{'identical' if sorted(map(tuple, a)) == sorted(map(tuple, b)) else 'differ'}"
             )
     if "fp32" in runs:
         tflop = search_matmul_tflop(runs["fp32"]["ranking"], tokens)
@@ -156,7 +172,8 @@ def main() -> None:
         floor_s = tflop * 1e3 / peak
         print(
             f"fp32 lower bound: the search's matrix products are {tflop:.1f} TFLOP = {floor_s / 60:.1f} min at this "
-            f"machine's fp32 GEMM peak ({peak:.0f} GFLOP/s); the fp32 run reached {floor_s / runs['fp32']['seconds']:.0%} of it"
+            f"machine's fp32 GEMM peak ({peak:.0f} GFLOP/s); the fp32 run reached "
+            f"{floor_s / runs['fp32']['seconds']:.0%} of it"
         )
     if args.save_ranking:
         Path(args.save_ranking).write_text(json.dumps(runs))

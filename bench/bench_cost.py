@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_threads_argument, interleaved_medians, pin_bench_threads, random_kept_heads, table  # noqa: E402
+from _common import add_threads_argument, interleaved_medians, pin_bench_threads, random_kept_heads, table
 
 logger = logging.getLogger("bench_cost")
 
@@ -162,7 +162,10 @@ def hooked(model: torch.nn.Module, sync) -> tuple[dict, list]:
     for name, module in model.named_modules():
         component = component_of(name)
         if component is not None:
-            handles += [module.register_forward_pre_hook(pre(name)), module.register_forward_hook(post(name, component))]
+            handles += [
+                module.register_forward_pre_hook(pre(name)),
+                module.register_forward_hook(post(name, component)),
+            ]
     return state, handles
 
 
@@ -242,9 +245,18 @@ def run_geometry(geometry: str, args, device: str, dtype: torch.dtype) -> tuple[
             lines.append(f"{geometry} batch {batch}: max |compiled - eager| logits = {diff:.2e}; graph breaks so far: "
                          f"{breaks} {dict(counters['graph_break']) if breaks else ''}")
             for name, label in (("single", "Single"), ("hydra", f"Hydra ({members})")):
-                rows.append({"geometry": geometry, "batch": batch, "model": label, "component": "total",
-                             "ms": total[name], "% of model": 100.0, "GMACs": float("nan"),
-                             "x Single per member": total[name] / members / total["single"] if name == "hydra" else 1.0})
+                rows.append(
+                    {
+                        "geometry": geometry,
+                        "batch": batch,
+                        "model": label,
+                        "component": "total",
+                        "ms": total[name],
+                        "% of model": 100.0,
+                        "GMACs": float("nan"),
+                        "x Single per member": total[name] / members / total["single"] if name == "hydra" else 1.0,
+                    }
+                )
             continue
         parts = breakdown(models, inputs, args.rounds * args.repeats, sync)
         if device.startswith("cuda") and dtype == torch.bfloat16 and batch == 4 and geometry in ("bert", "vit"):
@@ -268,7 +280,9 @@ def run_geometry(geometry: str, args, device: str, dtype: torch.dtype) -> tuple[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--geometries", nargs="+", choices=["minilm", "bert", "vit"], default=["minilm", "bert", "vit"])
+    parser.add_argument(
+        "--geometries", nargs="+", choices=["minilm", "bert", "vit"], default=["minilm", "bert", "vit"]
+    )
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--seq-len", type=int, default=128, help="text tokens per example (default 128)")
     parser.add_argument("--layers", type=int, default=None, help="encoder layers of bert / vit (default: 12)")
@@ -278,9 +292,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--compile", default=None, choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
-                        help="time both models under torch.compile with this mode (totals only, no breakdown)")
-    parser.add_argument("--quick", action="store_true", help="smoke test: bert and vit with 2 layers, T = 16, one round")
+    parser.add_argument(
+        "--compile",
+        default=None,
+        choices=["default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+        help="time both models under torch.compile with this mode (totals only, no breakdown)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke test: bert and vit with 2 layers, T = 16, one round"
+    )
     parser.add_argument("--json", default=None, help="also write the thread settings and the rows to this JSON file")
     add_threads_argument(parser)
     args = parser.parse_args()

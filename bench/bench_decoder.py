@@ -49,11 +49,11 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_threads_argument, pin_bench_threads, random_kept_heads, table  # noqa: E402
+from _common import add_threads_argument, pin_bench_threads, random_kept_heads, table
 
-from hydra_hf.convert.hf_llama import decoder_member_from_state_dict, fuse_decoder, unfuse_decoder  # noqa: E402
-from hydra_hf.modeling.configuration_hydra_llama import HydraEnsembleLlamaConfig  # noqa: E402
-from hydra_hf.modeling.modeling_hydra_llama import HydraEnsembleLlamaForCausalLM  # noqa: E402
+from hydra_hf.convert.hf_llama import decoder_member_from_state_dict, fuse_decoder, unfuse_decoder
+from hydra_hf.modeling.configuration_hydra_llama import HydraEnsembleLlamaConfig
+from hydra_hf.modeling.modeling_hydra_llama import HydraEnsembleLlamaForCausalLM
 
 logger = logging.getLogger("bench_decoder")
 
@@ -62,7 +62,7 @@ NAMES = {"stock": "Stock (1)", "fused": "Hydra fused (3)", "sequential": "Sequen
 COLUMNS = ["batch", "model", "prefill_ms", "prefill tok/s", "prefill x Stock", "prefill x Seq", "decode_ms",
            "decode tok/s", "decode x Stock", "decode x Seq", "cache_MB", "cache x Stock", "cache x Seq", "params_M"]
 QUICK = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 160,
-         "vocab_size": 1000, "prompt_len": 16, "new_tokens": 4, "rounds": 1, "warmup": 1}  # fmt: skip
+         "vocab_size": 1000, "prompt_len": 16, "new_tokens": 4, "rounds": 1, "warmup": 1}
 
 
 # ------------------------------------------------------------------ models
@@ -73,7 +73,7 @@ def base_config(args: argparse.Namespace):
         num_attention_heads=args.num_heads, num_key_value_heads=args.num_kv_heads,
         intermediate_size=args.intermediate_size, head_dim=args.hidden_size // args.num_heads,
         max_position_embeddings=max(2048, args.prompt_len + args.new_tokens + 8), tie_word_embeddings=False,
-    )  # fmt: skip
+    )
 
 
 def kv_group_heads(members: int, layers: int, heads: int, kv_heads: int, keep: int, seed: int) -> list:
@@ -86,7 +86,7 @@ def kv_group_heads(members: int, layers: int, heads: int, kv_heads: int, keep: i
         [sorted(h for kv in torch.randperm(kv_heads, generator=g)[: keep // group].tolist()
                 for h in range(kv * group, (kv + 1) * group)) for _ in range(layers)]
         for _ in range(members)
-    ]  # fmt: skip
+    ]
 
 
 def fused_from_stock(stock, kept: list, mlp_fusion: str, attn: str) -> HydraEnsembleLlamaForCausalLM:
@@ -97,7 +97,7 @@ def fused_from_stock(stock, kept: list, mlp_fusion: str, attn: str) -> HydraEnse
     hydra_config = HydraEnsembleLlamaConfig(
         base_model_type=stock.config.model_type, base_config=config, kept_heads=kept, mlp_fusion=mlp_fusion,
         lm_head_fusion="shared",
-    )  # fmt: skip
+    )
     fused = HydraEnsembleLlamaForCausalLM(hydra_config)
     fused.load_state_dict(state, strict=True)
     fused.set_attn_implementation(attn)
@@ -169,7 +169,7 @@ def greedy(group, ids: torch.Tensor, new_tokens: int, sync) -> dict:
     sync()
     t2 = time.perf_counter()
     return {"prefill_s": t1 - t0, "decode_s": t2 - t1, "tokens": torch.cat(tokens, dim=1),
-            "cache_bytes": sum(cache_bytes(c) for c in caches)}  # fmt: skip
+            "cache_bytes": sum(cache_bytes(c) for c in caches)}
 
 
 def measure(models: dict, batch: int, args: argparse.Namespace) -> dict:
@@ -191,7 +191,7 @@ def measure(models: dict, batch: int, args: argparse.Namespace) -> dict:
                 last[name] = run
     return {name: {"prefill_s": statistics.median(s["prefill_s"]), "decode_s": statistics.median(s["decode_s"]),
                    "cache_bytes": last[name]["cache_bytes"], "tokens": last[name]["tokens"]}
-            for name, s in samples.items()}  # fmt: skip
+            for name, s in samples.items()}
 
 
 # ------------------------------------------------------------------ checks: the same computation
@@ -203,7 +203,7 @@ def check(models: dict, kept: list, args: argparse.Namespace) -> dict:
     L, H = args.num_layers, args.num_heads
     one = fused_from_stock(stock, [[list(range(H))] * L], args.mlp_fusion, args.attn).to(args.device)
     gen = {"max_new_tokens": args.new_tokens, "min_new_tokens": args.new_tokens, "do_sample": False,
-           "pad_token_id": 0, "attention_mask": torch.ones_like(ids)}  # fmt: skip
+           "pad_token_id": 0, "attention_mask": torch.ones_like(ids)}
     with torch.inference_mode():
         want = stock.generate(ids, **gen)
         got = one.generate(ids, **gen)
@@ -211,11 +211,11 @@ def check(models: dict, kept: list, args: argparse.Namespace) -> dict:
             raise AssertionError(f"1-member fused greedy tokens differ from the stock model's:\n{got}\n{want}")
         member_logits = fused(input_ids=ids, use_cache=False).member_logits  # (B, M, P, V)
         diff = max((member_logits[:, m] - member(input_ids=ids, use_cache=False).logits).abs().max().item()
-                   for m, member in enumerate(sequential))  # fmt: skip
+                   for m, member in enumerate(sequential))
     if diff > 1e-4:
         raise AssertionError(f"fused member logits differ from the sequential members' by {diff:.3g} (> 1e-4)")
     logger.info("check: 1-member fused generate() == stock generate() (%d tokens x 2 rows); fused M=%d member "
-                "logits vs sequential members: max |diff| %.2g", args.new_tokens, len(kept), diff)  # fmt: skip
+                "logits vs sequential members: max |diff| %.2g", args.new_tokens, len(kept), diff)
     return {"one_member_greedy_equal": True, "member_logits_max_abs_diff": diff}
 
 
@@ -235,7 +235,7 @@ def rows_for(batch: int, results: dict, models: dict, args: argparse.Namespace) 
             "decode x Stock": r["decode_s"] / ref_s["decode_s"], "decode x Seq": r["decode_s"] / ref_q["decode_s"],
             "cache_MB": r["cache_bytes"] / 2**20, "cache x Stock": r["cache_bytes"] / ref_s["cache_bytes"],
             "cache x Seq": r["cache_bytes"] / ref_q["cache_bytes"], "params_M": params / 1e6,
-        })  # fmt: skip
+        })
     return rows
 
 
@@ -273,7 +273,7 @@ def main() -> None:
                 "torch %s, %d threads, device %s, load %.2f", args.family, args.hidden_size, args.num_layers,
                 args.num_heads, args.num_kv_heads, args.intermediate_size, args.vocab_size, args.members,
                 args.num_heads // 2, args.num_heads, args.selection, args.mlp_fusion, args.prompt_len, args.new_tokens,
-                torch.__version__, torch.get_num_threads(), args.device, os.getloadavg()[0])  # fmt: skip
+                torch.__version__, torch.get_num_threads(), args.device, os.getloadavg()[0])
     models, kept = build(args)
     checks = check(models, kept, args)
     rows, agreement = [], {}
@@ -290,11 +290,18 @@ def main() -> None:
         print(f"batch {batch}: Hydra/Sequential prefill {f['prefill x Seq']:.2f}, decode {f['decode x Seq']:.2f}, "
               f"cache {f['cache x Seq']:.2f}; Hydra/Stock prefill {f['prefill x Stock']:.2f}, decode "
               f"{f['decode x Stock']:.2f}, cache {f['cache x Stock']:.2f}; greedy tokens fused == sequential: "
-              f"{100 * agreement[batch]:.0f} %")  # fmt: skip
+              f"{100 * agreement[batch]:.0f} %")
     if args.json:
-        out = {"args": vars(args), "threads": threads, "kept_heads": kept, "kept_kv_heads": models["fused"].config.kept_kv_heads,
-               "checks": checks, "greedy_agreement_fused_vs_sequential": agreement, "rows": rows,
-               "load_after": os.getloadavg()[0]}  # fmt: skip
+        out = {
+            "args": vars(args),
+            "threads": threads,
+            "kept_heads": kept,
+            "kept_kv_heads": models["fused"].config.kept_kv_heads,
+            "checks": checks,
+            "greedy_agreement_fused_vs_sequential": agreement,
+            "rows": rows,
+            "load_after": os.getloadavg()[0],
+        }
         Path(args.json).write_text(json.dumps(out, indent=2))
 
 

@@ -34,9 +34,17 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import COLUMNS, add_timing_args, compare_contenders, pin_bench_threads, random_kept_heads, summary_lines, table  # noqa: E402
+from _common import (
+    COLUMNS,
+    add_timing_args,
+    compare_contenders,
+    pin_bench_threads,
+    random_kept_heads,
+    summary_lines,
+    table,
+)
 
-from hydra_hf.families import get_family  # noqa: E402
+from hydra_hf.families import get_family
 
 logger = logging.getLogger("bench_families")
 
@@ -46,11 +54,11 @@ GEOMETRIES: dict[str, tuple[dict[str, Any], int]] = {
         "model_type": "roberta", "vocab_size": 50265, "hidden_size": 768, "num_hidden_layers": 12,
         "num_attention_heads": 12, "intermediate_size": 3072, "max_position_embeddings": 514,
         "type_vocab_size": 1, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2, "layer_norm_eps": 1e-5,
-    }, 2),  # fmt: skip
+    }, 2),
     "deit": ({
         "model_type": "deit", "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
         "intermediate_size": 3072, "image_size": 224, "patch_size": 16, "num_channels": 3,
-    }, 1000),  # fmt: skip
+    }, 1000),
 }
 
 
@@ -105,7 +113,7 @@ def main() -> None:
     threads = pin_bench_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logger.info("family %s, torch %s, %d threads, device %s", args.family, torch.__version__, torch.get_num_threads(),
-                args.device)  # fmt: skip
+                args.device)
     models = build(args.family, keep=args.keep, device=args.device)
     rows = compare_contenders(models, inputs_for(args.family, args.seq_len, args.device), args.batch_sizes,
                               device=args.device, rounds=args.rounds, repeats=args.repeats, warmup=args.warmup)

@@ -33,11 +33,18 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_threads_argument, count_parameters, interleaved_medians, pin_bench_threads, random_kept_heads, table  # noqa: E402
+from _common import (
+    add_threads_argument,
+    count_parameters,
+    interleaved_medians,
+    pin_bench_threads,
+    random_kept_heads,
+    table,
+)
 
-from hydra_hf.onnx.export import OnnxGraph, dynamic_shapes, export_module  # noqa: E402
-from hydra_hf.onnx.graph import quantize_int8  # noqa: E402
-from hydra_hf.onnx.int8 import INT8_RECIPES  # noqa: E402
+from hydra_hf.onnx.export import OnnxGraph, dynamic_shapes, export_module
+from hydra_hf.onnx.graph import quantize_int8
+from hydra_hf.onnx.int8 import INT8_RECIPES
 
 logger = logging.getLogger("bench_onnx")
 
@@ -133,12 +140,27 @@ def run_geometry(geometry: str, args, folder: Path) -> list[dict]:
     for name, keys in (("single", ("logits",)), ("hydra", ("logits", "member_logits"))):
         logger.info("%s: exporting %s to ONNX (fp32, then int8)", geometry, name)
         files[name] = export_pair(models[name], keys, modality, folder, f"{geometry}-{name}", args.seq_len)
-    sessions = {f"ONNX fp32 {label}": session(files[name][0], threads) for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))}
-    sessions |= {f"ONNX int8 {label}": session(files[name][1], threads) for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))}
-    sessions |= {f"ONNX int8-keep-fc2 {label}": session(files[name][2], threads) for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))}
-    sessions |= {f"ONNX int8-all {label}": session(files[name][3], threads) for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))}
-    sizes = {f"ONNX {kind} {label}": files[name][i] for i, kind in ((0, "fp32"), (1, "int8"), (2, "int8-keep-fc2"), (3, "int8-all"))
-             for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))}
+    sessions = {
+        f"ONNX fp32 {label}": session(files[name][0], threads)
+        for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))
+    }
+    sessions |= {
+        f"ONNX int8 {label}": session(files[name][1], threads)
+        for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))
+    }
+    sessions |= {
+        f"ONNX int8-keep-fc2 {label}": session(files[name][2], threads)
+        for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))
+    }
+    sessions |= {
+        f"ONNX int8-all {label}": session(files[name][3], threads)
+        for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))
+    }
+    sizes = {
+        f"ONNX {kind} {label}": files[name][i]
+        for i, kind in ((0, "fp32"), (1, "int8"), (2, "int8-keep-fc2"), (3, "int8-all"))
+        for name, label in (("single", "Single"), ("hydra", "Hydra (3)"))
+    }
     rows = []
     for batch in args.batch_sizes:
         inputs = make_inputs(modality, batch, args.seq_len)
@@ -195,8 +217,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke test: BERT only, 2 layers, T = 32, batch 1 and 2, one round (numbers mean nothing)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke test: BERT only, 2 layers, T = 32, batch 1 and 2, one round (numbers mean nothing)",
+    )
     parser.add_argument("--json", default=None, help="also write the thread settings and the rows to this JSON file")
     add_threads_argument(parser)
     args = parser.parse_args()

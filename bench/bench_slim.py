@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_threads_argument, count_parameters, interleaved_medians, pin_bench_threads, table  # noqa: E402
-from bench_onnx import build, export_pair, make_inputs, session  # noqa: E402
+from _common import add_threads_argument, count_parameters, interleaved_medians, pin_bench_threads, table
+from bench_onnx import build, export_pair, make_inputs, session
 
-from hydra_hf.cost import relative_cost  # noqa: E402
+from hydra_hf.cost import relative_cost
 
 logger = logging.getLogger("bench_slim")
 
@@ -54,7 +54,9 @@ def slim_hydra(paper: torch.nn.Module, members: int = 3) -> torch.nn.Module:
     inner = config.base_config["intermediate_size"]
     heads = [[list(range(m * H // members, (m + 1) * H // members))] * L for m in range(members)]
     neurons = [[list(range(m * inner // members, (m + 1) * inner // members))] * L for m in range(members)]
-    cfg = type(config)(base_config=config.base_config, kept_heads=heads, kept_neurons=neurons, num_labels=config.num_labels)
+    cfg = type(config)(
+        base_config=config.base_config, kept_heads=heads, kept_neurons=neurons, num_labels=config.num_labels
+    )
     torch.manual_seed(1)
     model = type(paper)(cfg).eval()
     model.set_attn_implementation("sdpa")
@@ -67,10 +69,16 @@ def run_geometry(geometry: str, args: argparse.Namespace, folder: Path) -> list[
     threads = torch.get_num_threads()
     sessions, files = {}, {}
     if not args.no_onnx:
-        for name, label, keys in (("single", "Single", ("logits",)), ("slim", "slim Hydra (3)", ("logits", "member_logits"))):
+        for name, label, keys in (
+            ("single", "Single", ("logits",)),
+            ("slim", "slim Hydra (3)", ("logits", "member_logits")),
+        ):
             logger.info("%s: exporting %s to ONNX (fp32, then int8)", geometry, name)
             fp32, int8, _, _ = export_pair(models[name], keys, modality, folder, f"{geometry}-{name}", args.seq_len)
-            sessions[f"ONNX fp32 {label}"], sessions[f"ONNX int8 {label}"] = session(fp32, threads), session(int8, threads)
+            sessions[f"ONNX fp32 {label}"], sessions[f"ONNX int8 {label}"] = (
+                session(fp32, threads),
+                session(int8, threads),
+            )
             files[f"ONNX fp32 {label}"], files[f"ONNX int8 {label}"] = fp32, int8
     params = {
         "eager Single": count_parameters(models["single"]),
@@ -103,13 +111,19 @@ def run_geometry(geometry: str, args: argparse.Namespace, folder: Path) -> list[
         ms = interleaved_medians(fns, rounds=args.rounds, repeats=args.repeats, warmup=args.warmup)
         for name, value in ms.items():
             eager_name = "eager slim Hydra (3)" if "slim" in name else "eager Single"
-            rows.append({
-                "geometry": geometry, "batch": batch, "model": name, "latency_ms": value,
-                "x Single": value / ms["eager Single" if name.startswith("eager") else name.replace("slim Hydra (3)", "Single")],
-                "x Deep Ensemble": value / ms["eager Deep Ensemble (3)"],
-                "compute_x": compute.get(name, compute[eager_name]),
-                "params_M": params.get(name, params[eager_name]) / 1e6,
-            })
+            rows.append(
+                {
+                    "geometry": geometry,
+                    "batch": batch,
+                    "model": name,
+                    "latency_ms": value,
+                    "x Single": value
+                    / ms["eager Single" if name.startswith("eager") else name.replace("slim Hydra (3)", "Single")],
+                    "x Deep Ensemble": value / ms["eager Deep Ensemble (3)"],
+                    "compute_x": compute.get(name, compute[eager_name]),
+                    "params_M": params.get(name, params[eager_name]) / 1e6,
+                }
+            )
     return rows
 
 

@@ -26,7 +26,7 @@ import torch
 from transformers import ViTConfig, ViTForImageClassification
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from _common import (
     COLUMNS,
     NAMES,
     add_timing_args,
@@ -38,8 +38,8 @@ from _common import (  # noqa: E402
     table,
 )
 
-from hydra_hf.modeling.configuration_hydra import HydraEnsembleViTConfig  # noqa: E402
-from hydra_hf.modeling.modeling_hydra_vit import HydraEnsembleForImageClassification  # noqa: E402
+from hydra_hf.modeling.configuration_hydra import HydraEnsembleViTConfig
+from hydra_hf.modeling.modeling_hydra_vit import HydraEnsembleForImageClassification
 
 logger = logging.getLogger("bench_vit")
 

@@ -94,18 +94,37 @@ def check_clip(tmp: Path) -> dict:
 
     eos = 49
     cfg = CLIPConfig(
-        text_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=H, intermediate_size=64,
-                         vocab_size=50, max_position_embeddings=12, eos_token_id=eos, bos_token_id=48, pad_token_id=eos),
-        vision_config=dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=H, intermediate_size=64,
-                           image_size=16, patch_size=8),
+        text_config=dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=H,
+            intermediate_size=64,
+            vocab_size=50,
+            max_position_embeddings=12,
+            eos_token_id=eos,
+            bos_token_id=48,
+            pad_token_id=eos,
+        ),
+        vision_config=dict(
+            hidden_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=H,
+            intermediate_size=64,
+            image_size=16,
+            patch_size=8,
+        ),
         projection_dim=24,
-    )  # fmt: skip
+    )
     torch.manual_seed(0)
     CLIPModel(cfg).eval().save_pretrained(tmp / "clip")
-    masks = HeadMasks(towers={
-        "vision": HeadMasks(kept_heads=[[[0, 1], [2, 3], [1]], [[1, 2, 3], [0], []], [[0], [0, 1, 2, 3], [0, 2]]], num_heads=H),
-        "text": HeadMasks(kept_heads=[[[0, 1], []], [[3], [0, 1]], [[0, 2], [1, 2, 3]]], num_heads=H),
-    })  # fmt: skip
+    masks = HeadMasks(
+        towers={
+            "vision": HeadMasks(
+                kept_heads=[[[0, 1], [2, 3], [1]], [[1, 2, 3], [0], []], [[0], [0, 1, 2, 3], [0, 2]]], num_heads=H
+            ),
+            "text": HeadMasks(kept_heads=[[[0, 1], []], [[3], [0, 1]], [[0, 2], [1, 2, 3]]], num_heads=H),
+        }
+    )
     cpu = convert_checkpoint(masks, base=tmp / "clip")
     ids = torch.full((2, 12), eos)
     ids[0, :5] = torch.tensor([48, 5, 6, 7, eos])

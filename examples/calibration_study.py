@@ -147,9 +147,19 @@ def study(cached: dict[str, Any], seeds: list[int], risks: list[float], delta: f
                             "randomized": randomized, "seed": seed}
                 record = fit_for_report(logits["test"][cal], labels[cal], ALPHA, settings, temperature=temperature)
                 got = decision_metrics(record, logits["test"][scored], labels[scored], oods)
-                sets.append({"model": model, "seed": seed, "method": label, "q_hat": record["q_hat"],
-                             "n_calibration": record["n"], "n_scored": int(scored.numel()), "coverage": got["coverage"],
-                             "set_size": got["set_size"], "ood_set_gt1": {k: v["set_gt1"] for k, v in got["ood"].items()}})
+                sets.append(
+                    {
+                        "model": model,
+                        "seed": seed,
+                        "method": label,
+                        "q_hat": record["q_hat"],
+                        "n_calibration": record["n"],
+                        "n_scored": int(scored.numel()),
+                        "coverage": got["coverage"],
+                        "set_size": got["set_size"],
+                        "ood_set_gt1": {k: v["set_gt1"] for k, v in got["ood"].items()},
+                    }
+                )
             for risk in risks:  # the abstention does not depend on the sets: fitted once per risk
                 settings = {"method": "lac", "score": "msp", "risk": risk, "delta": delta}
                 record = fit_for_report(logits["test"][cal], labels[cal], ALPHA, settings, temperature=temperature)
@@ -181,8 +191,17 @@ def coverage_over_splits(cached: dict[str, Any], splits: int) -> list[dict[str, 
                 covered = sets[torch.arange(scored.numel()), labels[scored]].double().mean()
                 values.setdefault((model, label), []).append(float(covered))
     low, high = COVERAGE_BAND
-    return [{"model": model, "method": label, "splits": splits, "mean": statistics.fmean(v), "std": statistics.stdev(v),
-             "in_band": sum(low <= c <= high for c in v) / len(v)} for (model, label), v in values.items()]
+    return [
+        {
+            "model": model,
+            "method": label,
+            "splits": splits,
+            "mean": statistics.fmean(v),
+            "std": statistics.stdev(v),
+            "in_band": sum(low <= c <= high for c in v) / len(v),
+        }
+        for (model, label), v in values.items()
+    ]
 
 
 def must_lines(sets: list[dict[str, Any]], abstention: list[dict[str, Any]], risks: list[float]) -> list[str]:
@@ -211,10 +230,17 @@ def must_lines(sets: list[dict[str, Any]], abstention: list[dict[str, Any]], ris
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--demo", default="outputs/demo", help="the demo's output folder (read only; default outputs/demo)")
-    parser.add_argument("--cache", default="outputs/calibration_study/logits.pt",
-                        help="the models' logits, written once and reused (default outputs/calibration_study/logits.pt)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="split seeds, each in 0, 1, 2 (default 0 1 2)")
+    parser.add_argument(
+        "--demo", default="outputs/demo", help="the demo's output folder (read only; default outputs/demo)"
+    )
+    parser.add_argument(
+        "--cache",
+        default="outputs/calibration_study/logits.pt",
+        help="the models' logits, written once and reused (default outputs/calibration_study/logits.pt)",
+    )
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[0, 1, 2], help="split seeds, each in 0, 1, 2 (default 0 1 2)"
+    )
     parser.add_argument("--risks", type=float, nargs="+", default=[0.05, 0.1],
                         help="target errors among answered inputs, one abstention per target (default 0.05 0.1)")
     parser.add_argument("--splits", type=int, default=200,
@@ -238,22 +264,35 @@ def main() -> None:
         print(f"seed {row['seed']} {row['model']:<20} risk {row['risk']:g} answered {row['answered'] or 0:.3f} "
               f"error {error} AURC {row['aurc']:.4f}")
     for row in out["splits"]:
-        print(f"{row['splits']} splits {row['model']:<20} {row['method']:<15} coverage {row['mean']:.4f} ± {row['std']:.4f}, "
-              f"in band {row['in_band']:.0%}")
+        print(
+            f"{row['splits']} splits {row['model']:<20} {row['method']:<15} coverage {row['mean']:.4f} ± "
+            f"{row['std']:.4f}, in band {row['in_band']:.0%}"
+        )
     print("\n".join(out["must"]))
     if args.results:
         labels = cached["labels"]
         results = {
-            "command": shlex.join(["python", "examples/calibration_study.py", *sys.argv[1:]]), "threads": threads,
-            "logits_threads": cached["threads"], "torch": torch.__version__, "alpha": ALPHA, "risks": args.risks, "delta": args.delta, "score": "msp",
-            "seeds": args.seeds, "n_test": int(labels["test"].numel()), "n_validation": int(labels["validation"].numel()),
+            "command": shlex.join(["python", "examples/calibration_study.py", *sys.argv[1:]]),
+            "threads": threads,
+            "logits_threads": cached["threads"],
+            "torch": torch.__version__,
+            "alpha": ALPHA,
+            "risks": args.risks,
+            "delta": args.delta,
+            "score": "msp",
+            "seeds": args.seeds,
+            "n_test": int(labels["test"].numel()),
+            "n_validation": int(labels["validation"].numel()),
             "split": "torch.randperm(n_test) seeded with the seed: the first half calibrates, the second is scored",
-            "randomization": "randomised APS: U per input = splitmix64 hash of the seed and its probabilities rounded to "
-                             "4 decimals (hydra_hf.modeling.pipeline_hydra.conformal_noise); the seed = the split seed",
-            "models": {"Hydra": "outputs/demo/hydra (3 Taylor members, seed 0)",
-                       "Single": "the Single trained with the split's seed (0: single, 1 and 2: deep_ensemble/member_s)",
-                       "Single + TS": "that Single, temperature fitted (NLL) on the first 400 validation reviews",
-                       "Deep Ensemble (M=3)": "the three Singles (seeds 0, 1, 2)"},
+            "randomization": "randomised APS: U per input = splitmix64 hash of the seed "
+            "and its probabilities rounded to "
+            "4 decimals (hydra_hf.modeling.pipeline_hydra.conformal_noise); the seed = the split seed",
+            "models": {
+                "Hydra": "outputs/demo/hydra (3 Taylor members, seed 0)",
+                "Single": "the Single trained with the split's seed (0: single, 1 and 2: deep_ensemble/member_s)",
+                "Single + TS": "that Single, temperature fitted (NLL) on the first 400 validation reviews",
+                "Deep Ensemble (M=3)": "the three Singles (seeds 0, 1, 2)",
+            },
             **out,
         }
         Path(args.results).parent.mkdir(parents=True, exist_ok=True)

@@ -74,17 +74,24 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
 from hydra_hf import convert_checkpoint, metrics
-from hydra_hf.finetune.baselines import all_heads_masks
-from hydra_hf.recipes.ceiling import ceiling_table, render_ceiling
 from hydra_hf.cli import run_script
 from hydra_hf.cost import relative_cost
-from hydra_hf.evaluation import EnsemblePredictor, MCDropoutPredictor, ModelPredictor, Predictions, make_loader, predict
+from hydra_hf.evaluation import (
+    EnsemblePredictor,
+    MCDropoutPredictor,
+    ModelPredictor,
+    Predictions,
+    make_loader,
+    predict,
+)
 from hydra_hf.finetune import FinetuneConfig, MemberTrainer, finetune_members, make_accelerator, prepare_run
+from hydra_hf.finetune.baselines import all_heads_masks
 from hydra_hf.finetune.checkpoint import claim_work_dir
 from hydra_hf.masks import HeadMasks
 from hydra_hf.outputs import prepare_owned_folder, write_output_file
 from hydra_hf.pruning import build_members
 from hydra_hf.pruning.budget import Budget
+from hydra_hf.recipes.ceiling import ceiling_table, render_ceiling
 from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 logger = logging.getLogger("ceiling_image")
@@ -177,8 +184,12 @@ def build_testbed(folder: Path, *, n_select: int = 300, n_score: int = 500) -> d
     for kind, images in kinds.items():
         safe = kind.replace(" ", "_")
         feats = datasets.Features({"image": datasets.Image()})
-        datasets.Dataset.from_dict({"image": images[:n_select]}, features=feats).save_to_disk(str(folder / f"ood_{safe}_select"))
-        datasets.Dataset.from_dict({"image": images[n_select:]}, features=feats).save_to_disk(str(folder / f"ood_{safe}_score"))
+        datasets.Dataset.from_dict({"image": images[:n_select]}, features=feats).save_to_disk(
+            str(folder / f"ood_{safe}_select")
+        )
+        datasets.Dataset.from_dict({"image": images[n_select:]}, features=feats).save_to_disk(
+            str(folder / f"ood_{safe}_score")
+        )
     info = {"id": {k: len(v) for k, v in splits.items()}, "ood": {k: [n_select, n_score] for k in kinds}}
     (folder / "done").write_text(json.dumps(info))
     return info
@@ -262,19 +273,25 @@ def train_hydra(out: Path, data: Path, single: Path, seed: int, recipe: str, fol
         finetune_members(single, masks, _load(data, "id_train"), _load(data, "id_validation"), work / "fused", config,
                          work_dir=work / "members", overwrite=True, fuse=False)
     jaccard = masks.metadata.get("pairwise_jaccard")
-    return {f: convert_checkpoint(masks, members=folders, mlp_fusion=f).eval() for f in ("average", "per_member")}, jaccard
+    return {
+        f: convert_checkpoint(masks, members=folders, mlp_fusion=f).eval() for f in ("average", "per_member")
+    }, jaccard
 
 
 # ------------------------------------------------------------------------------ baselines (--baselines)
 # Packed-Ensembles (Laurent et al. 2023): M estimators packed side by side in one model of width alpha x the
 # Single's, each estimator's linear layers split into gamma groups; alpha and gamma chosen for about one Single's
-# multiply-adds per image (counted: PACKED_COMPUTE below, and tests/test_image_baselines.py).
+# multiply-adds per image (counted: PACKED_COMPUTE below, and tests/end_to_end/test_image_baselines.py).
 PACKED = dict(num_estimators=3, alpha=2.25, gamma=2)
 MC_DROPOUT_SAMPLES = 10  # T forward passes of the Single with its dropout (p = 0.1) on: T x a Single's compute
 BASELINES = ("packed", "mc_dropout")
 BASELINE_LABELS = {"packed": "Packed-Ensembles", "mc_dropout": "MC Dropout"}
-BASELINE_NOTES = {"packed": "M = {num_estimators}, alpha {alpha}, gamma {gamma}, trained from scratch as the Single".format(**PACKED),
-                  "mc_dropout": f"T = {MC_DROPOUT_SAMPLES} passes of the seed's Single, hidden dropout 0.1 on"}
+BASELINE_NOTES = {
+    "packed": "M = {num_estimators}, alpha {alpha}, gamma {gamma}, trained from scratch as the Single".format(
+        **PACKED
+    ),
+    "mc_dropout": f"T = {MC_DROPOUT_SAMPLES} passes of the seed's Single, hidden dropout 0.1 on",
+}
 
 
 def _packed_linear(in_features: int, out_features: int, alpha: float, num_estimators: int, gamma: int,
@@ -383,7 +400,8 @@ class PackedViT(nn.Module):
         for layer in self.layers:
             x = layer(x)
         logits = self.classifier(self.norm(x)[:, 0])  # (M*B, C), estimator-major
-        return SimpleNamespace(member_logits=logits.unflatten(0, (self.num_estimators, B)).transpose(0, 1))  # (B, M, C)
+        # (B, M, C)
+        return SimpleNamespace(member_logits=logits.unflatten(0, (self.num_estimators, B)).transpose(0, 1))
 
 
 def counted_macs(forward, *args: Any, **kwargs: Any) -> float:
@@ -490,7 +508,9 @@ def numbers_of(preds: dict[str, Predictions]) -> dict[str, Any]:
     return out
 
 
-def paired_auroc(a: dict[str, Predictions], b: dict[str, Predictions], kind: str, score: str = "msp") -> dict[str, float]:
+def paired_auroc(
+    a: dict[str, Predictions], b: dict[str, Predictions], kind: str, score: str = "msp"
+) -> dict[str, float]:
     """Paired bootstrap interval of AUROC(a) - AUROC(b) on ``kind`` (the same resampled images for both)."""
     ia, oa = a["id"].ood_scores(score), a[kind].ood_scores(score)
     ib, ob = b["id"].ood_scores(score), b[kind].ood_scores(score)
@@ -534,18 +554,26 @@ def main(argv: list[str] | None = None) -> int:
     processor = ViTImageProcessor.from_pretrained(singles[args.seeds[0]])
     loaders = {"id": make_loader(_load(data, "id_score"), processor, "image", batch_size=128)}
     for kind in KINDS:
-        loaders[kind] = make_loader(_load(data, f"ood_{kind.replace(' ', '_')}_score"), processor, "image", batch_size=128)
+        loaders[kind] = make_loader(
+            _load(data, f"ood_{kind.replace(' ', '_')}_score"), processor, "image", batch_size=128
+        )
 
     models = {seed: ViTForImageClassification.from_pretrained(path).eval() for seed, path in singles.items()}
     preds: dict[str, Any] = {"single": {}, "hydra": {}}
     for seed, model in models.items():
         preds["single"][seed] = _logits(out / "logits" / f"single_seed{seed}.pt", ModelPredictor(model), loaders)
     de_name = "deep_ensemble_seeds" + "-".join(map(str, args.seeds))
-    preds["deep_ensemble"] = _logits(out / "logits" / f"{de_name}.pt", EnsemblePredictor(list(models.values())), loaders)
+    preds["deep_ensemble"] = _logits(
+        out / "logits" / f"{de_name}.pt", EnsemblePredictor(list(models.values())), loaders
+    )
     numbers = {"kinds": list(KINDS), "seeds": list(args.seeds),
                "single": {str(s): numbers_of(p) for s, p in preds["single"].items()},
                "deep_ensemble": numbers_of(preds["deep_ensemble"])}
-    report = [render_ceiling(ceiling_table(numbers), title="Ceiling: MNIST 0-4, tiny ViT from scratch (Singles, Deep Ensemble)")]
+    report = [
+        render_ceiling(
+            ceiling_table(numbers), title="Ceiling: MNIST 0-4, tiny ViT from scratch (Singles, Deep Ensemble)"
+        )
+    ]
     for name in args.baselines:
         numbers[name] = {}
         for seed in args.seeds:
@@ -571,8 +599,18 @@ def main(argv: list[str] | None = None) -> int:
         for seed in recipe_seeds:
             per_fold: dict[str, dict[str, Predictions]] = {}
             for fold in folds:
-                fused, jaccard = train_hydra(out, data, singles[seed], seed, recipe, fold, args.keep, args.member_epochs,
-                                             args.circ_ood_per_kind, args.circ_heads_per_step)
+                fused, jaccard = train_hydra(
+                    out,
+                    data,
+                    singles[seed],
+                    seed,
+                    recipe,
+                    fold,
+                    args.keep,
+                    args.member_epochs,
+                    args.circ_ood_per_kind,
+                    args.circ_heads_per_step,
+                )
                 extra.setdefault(f"jaccard_{recipe}", {})[f"{seed}/{fold}"] = jaccard
                 for fusion, model in fused.items():
                     compute_models.setdefault(f"hydra_{recipe}_{fusion}", model)
@@ -592,13 +630,19 @@ def main(argv: list[str] | None = None) -> int:
             table_in = {**numbers, "hydra": numbers[f"hydra_{recipe}_{fusion}"]}
             title = f"Hydra ({recipe}, keep {args.keep}/8 per layer, {fusion} MLP)"
             report.append(render_ceiling(ceiling_table(table_in), title=title))
-            report.append(_interval_table(preds, recipe, fusion, [s for s in args.seeds if (recipe, fusion, s) in preds["hydra"]]))
+            report.append(
+                _interval_table(
+                    preds, recipe, fusion, [s for s in args.seeds if (recipe, fusion, s) in preds["hydra"]]
+                )
+            )
     if args.baselines:  # every model's multiply-adds per image by one counter (the Hydra rows beside their masks')
         numbers["compute"] = baseline_compute(testbed_config(), compute_models)
         report.append("## Multiply-adds per image (x the Single's; FLOP counter, eager attention)\n\n"
                       + "\n".join(f"- {k}: {v}" for k, v in numbers["compute"].items()) + "\n")
     extra_md = "\n".join(f"- {k}: " + ", ".join(f"{kk}: {v}" for kk, v in d.items()) for k, d in extra.items())
-    text = "\n".join(report) + ("\n## Member diversity (pairwise Jaccard of kept heads)\n\n" + extra_md + "\n" if extra else "")
+    text = "\n".join(report) + (
+        "\n## Member diversity (pairwise Jaccard of kept heads)\n\n" + extra_md + "\n" if extra else ""
+    )
     (out / "ceiling.md").write_text(text)
     (out / "ceiling.json").write_text(json.dumps(numbers, indent=1, default=str))
     logger.info("wrote %s\n%s", out / "ceiling.md", text)
@@ -628,7 +672,9 @@ def _interval_table(preds: dict[str, Any], recipe: str, fusion: str, seeds: list
             for ref in (preds["deep_ensemble"], preds["single"][seed]):
                 iv = paired_auroc(h, ref, kind)
                 star = "*" if not iv["ci_low"] <= 0 <= iv["ci_high"] else ""
-                parts.append(f"{100 * iv['difference']:+.1f} [{100 * iv['ci_low']:+.1f}, {100 * iv['ci_high']:+.1f}]{star}")
+                parts.append(
+                    f"{100 * iv['difference']:+.1f} [{100 * iv['ci_low']:+.1f}, {100 * iv['ci_high']:+.1f}]{star}"
+                )
             cells.append(" / ".join(parts))
         lines.append(f"| {seed} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -16,11 +16,11 @@ import json
 import logging
 from pathlib import Path
 
-from hydra_hf.recipes.ceiling import ceiling_numbers, ceiling_table, render_ceiling
 from hydra_hf.cli import run_script
 from hydra_hf.outputs import write_text_atomic
-from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
+from hydra_hf.recipes.ceiling import ceiling_numbers, ceiling_table, render_ceiling
 from hydra_hf.recipes.study import Candidate, TextStudy
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 # Hydra recipes the ceiling can add (they select without OOD data, so every OOD kind stays unseen)
 HYDRA = {
@@ -42,7 +42,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--hydra", choices=sorted(HYDRA), default=None, help="add a Hydra recipe's rows")
     add_threads_argument(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
     print(describe_threads(threads))
     out = Path(args.output)

@@ -40,11 +40,19 @@ def main() -> None:
     parser.add_argument("--output", default="outputs/demo", help="output folder (default outputs/demo)")
     parser.add_argument("--resume", action="store_true", help="keep the stages already finished in --output")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lora", action="store_true",
-                        help="also train LoRA-Single and LoRA-Ensemble (needs hydra-hf[peft]; ~8 more minutes on 2 cores: 6 to train, 2 to evaluate)")
-    parser.add_argument("--mixed-precision", choices=["auto", "no", "bf16"], default=None,
-                        help="training precision (default: bf16 on a CPU with native bf16 products, e.g. "
-                             "AVX512-BF16 / AMX, where it trains 1.6x faster; else auto: bf16 on a GPU, fp32 on a CPU)")
+    parser.add_argument(
+        "--lora",
+        action="store_true",
+        help="also train LoRA-Single and LoRA-Ensemble (needs hydra-hf[peft]; ~8 more "
+        "minutes on 2 cores: 6 to train, 2 to evaluate)",
+    )
+    parser.add_argument(
+        "--mixed-precision",
+        choices=["auto", "no", "bf16"],
+        default=None,
+        help="training precision (default: bf16 on a CPU with native bf16 products, e.g. "
+        "AVX512-BF16 / AMX, where it trains 1.6x faster; else auto: bf16 on a GPU, fp32 on a CPU)",
+    )
     add_threads_argument(parser)
     parser.add_argument("--results", default=None,
                         help="also write the results file the README's table is rendered from (make demo: "
@@ -52,7 +60,9 @@ def main() -> None:
     args = parser.parse_args()
     threads = pin_threads(args.threads)
     print(describe_threads(threads))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     start = time.perf_counter()
     precision = args.mixed_precision or ("bf16" if cpu_has_native_bf16() and not torch.cuda.is_available() else "auto")
     result = run_text_pipeline(TextPipeline(seed=args.seed, lora_baselines=args.lora, mixed_precision=precision),

@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     add_threads_argument(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
     print(describe_threads(threads))
     logging.getLogger("accelerate").setLevel(logging.WARNING)  # one line per checkpoint file is too chatty

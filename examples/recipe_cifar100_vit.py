@@ -3,9 +3,9 @@
 Budget (the paper's): **3 members, each keeping 10 of the 12 heads in every
 one of ViT-B/16's 12 blocks** (24 of 144 heads removed per member; ``Budget(heads_per_layer=10)``,
 ``--heads-per-layer 10``; the paper keeps about 10 per block on CIFAR-100 and 8 on ImageNet: run
-``--heads-per-layer 8`` for the ImageNet setting; not 10 heads removed in total). Members by Taylor importance, pruned layer by layer with the gradients recomputed
-after each layer (paper D.1.1), seeds ``seed, seed+1, seed+2`` (each member scores heads on its own
-seeded 80 % of the validation images and samples its kept heads from the ranking).
+``--heads-per-layer 8`` for the ImageNet setting; not 10 heads removed in total). Members by Taylor importance, pruned
+layer by layer with the gradients recomputed after each layer (paper D.1.1), seeds ``seed, seed+1, seed+2`` (each
+member scores heads on its own seeded 80 % of the validation images and samples its kept heads from the ranking).
 
 Base model: Hugging Face ``google/vit-base-patch16-224-in21k`` (ImageNet-21k ViT-B/16) with a new
 100-class classifier. Hydra's fine-tuning trains Hugging Face ViT folders, not timm ones, so the
@@ -76,8 +76,12 @@ def prepare_data(data_dir: Path, load: Loader = datasets.load_dataset, *, max_oo
         def standard(ds):
             return ds.select_columns([image_col, label_col]).rename_columns({image_col: "image", label_col: "label"})
 
-        parts = standard(raw["train"]).train_test_split(test_size=validation_size, seed=seed, stratify_by_column="label")
-        datasets.DatasetDict(train=parts["train"], validation=parts["test"], test=standard(raw["test"])).save_to_disk(str(id_dir))
+        parts = standard(raw["train"]).train_test_split(
+            test_size=validation_size, seed=seed, stratify_by_column="label"
+        )
+        datasets.DatasetDict(train=parts["train"], validation=parts["test"], test=standard(raw["test"])).save_to_disk(
+            str(id_dir)
+        )
     names = datasets.load_from_disk(str(id_dir))["train"].features["label"].names
     specs: dict[str, Any] = {"train_data": f"{id_dir}:train", "validation_data": f"{id_dir}:validation",
                              "test_data": f"{id_dir}:test", "ood_test_data": {}}
@@ -92,7 +96,9 @@ def prepare_data(data_dir: Path, load: Loader = datasets.load_dataset, *, max_oo
     return specs, list(names)
 
 
-def prepare_base(folder: Path, labels: list[str], model_id: str = BASE_MODEL, dropout: float = 0.1, seed: int = 0) -> Path:
+def prepare_base(
+    folder: Path, labels: list[str], model_id: str = BASE_MODEL, dropout: float = 0.1, seed: int = 0
+) -> Path:
     """ViT-B/16 (ImageNet-21k) with a new classifier for ``labels`` (seeded) and its image processor."""
     import torch
     from transformers import ViTForImageClassification, ViTImageProcessor
@@ -107,8 +113,17 @@ def prepare_base(folder: Path, labels: list[str], model_id: str = BASE_MODEL, dr
     return folder
 
 
-def paper_pipeline(base: Path, specs: dict[str, Any], *, members: int = 3, heads_per_layer: int | None = PAPER_HEADS_PER_LAYER,
-                   remove: int | None = None, seed: int = 0, method: str = "taylor", **overrides: Any) -> ImagePipeline:
+def paper_pipeline(
+    base: Path,
+    specs: dict[str, Any],
+    *,
+    members: int = 3,
+    heads_per_layer: int | None = PAPER_HEADS_PER_LAYER,
+    remove: int | None = None,
+    seed: int = 0,
+    method: str = "taylor",
+    **overrides: Any,
+) -> ImagePipeline:
     """The paper's CIFAR-100 settings as an :class:`ImagePipeline`; ``overrides`` replace any field.
 
     The budget is per block (``heads_per_layer``) unless ``remove`` is given (then ``heads_per_layer``
@@ -120,7 +135,7 @@ def paper_pipeline(base: Path, specs: dict[str, Any], *, members: int = 3, heads
         report_title=f"Hydra Ensembles of ViT-B/16 on CIFAR-100 ({members} members, {budget.describe()})",
         report_notes="Members were selected on the CIFAR-100 validation split carved from train only; the test "
         "split and the OOD test sets were never used for any choice.",
-    )  # fmt: skip
+    )
     values.update(overrides)
     return ImagePipeline(**values)
 
@@ -149,11 +164,17 @@ def smoke_loader(path: str, config: str | None = None) -> datasets.DatasetDict:
     digits = load_digits()
     keep = np.flatnonzero(digits.target < SMOKE_CLASSES)
     if path == ID_SET[0]:
-        features = datasets.Features({"img": datasets.Image(),
-                                      "fine_label": datasets.ClassLabel(names=[f"digit_{i}" for i in range(SMOKE_CLASSES)])})
+        features = datasets.Features(
+            {
+                "img": datasets.Image(),
+                "fine_label": datasets.ClassLabel(names=[f"digit_{i}" for i in range(SMOKE_CLASSES)]),
+            }
+        )
         tr, te = keep[:120], keep[120:150]
         make = lambda idx: datasets.Dataset.from_dict(  # noqa: E731
-            {"img": _digit_images(digits.images[idx], SMOKE_SIZE), "fine_label": digits.target[idx].tolist()}, features=features)
+            {"img": _digit_images(digits.images[idx], SMOKE_SIZE), "fine_label": digits.target[idx].tolist()},
+            features=features,
+        )
         return datasets.DatasetDict(train=make(tr), test=make(te))
     _, _, column, split = next(v for v in OOD_SETS.values() if v[0] == path)
     rng = np.random.default_rng(len(path))
@@ -162,9 +183,12 @@ def smoke_loader(path: str, config: str | None = None) -> datasets.DatasetDict:
     else:  # uniform noise
         from PIL import Image
 
-        images = [Image.fromarray(rng.integers(0, 256, (SMOKE_SIZE, SMOKE_SIZE, 3), dtype=np.uint8)) for _ in range(20)]
-    return datasets.DatasetDict({split: datasets.Dataset.from_dict({column: images},
-                                                                   features=datasets.Features({column: datasets.Image()}))})
+        images = [
+            Image.fromarray(rng.integers(0, 256, (SMOKE_SIZE, SMOKE_SIZE, 3), dtype=np.uint8)) for _ in range(20)
+        ]
+    return datasets.DatasetDict(
+        {split: datasets.Dataset.from_dict({column: images}, features=datasets.Features({column: datasets.Image()}))}
+    )
 
 
 def smoke_base(folder: Path, labels: list[str], seed: int = 0) -> Path:
@@ -186,7 +210,7 @@ SMOKE_OVERRIDES: dict[str, Any] = dict(
     prune_samples=24, batch_size=16, learning_rate=0.05, member_learning_rate=0.05, single_steps=6,
     member_steps=4, num_epochs=1, early_stopping_patience=None, max_test_samples=30, max_ood_samples=20,
     eval_batch_size=32, mc_samples=3, ensemble_heads=2,
-)  # fmt: skip
+)
 
 
 def main(argv: list[str] | None = None) -> PipelineResult:
@@ -203,7 +227,9 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     parser.add_argument("--seed", type=int, default=0)
     add_threads_argument(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
     print(describe_threads(threads))
     out = Path(args.output)
@@ -212,7 +238,10 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     if args.smoke:
         specs, labels = prepare_data(data_dir, smoke_loader, max_ood=args.max_ood, seed=args.seed, validation_size=30)
         base = smoke_base(out / "base", labels, seed=args.seed)
-        overrides = {**SMOKE_OVERRIDES, **budget_arguments(args, smoke_heads_per_layer=SMOKE_HEADS_PER_LAYER, smoke_remove=3)}
+        overrides = {
+            **SMOKE_OVERRIDES,
+            **budget_arguments(args, smoke_heads_per_layer=SMOKE_HEADS_PER_LAYER, smoke_remove=3),
+        }
     else:
         specs, labels = prepare_data(data_dir, max_ood=args.max_ood, seed=args.seed)
         base = prepare_base(out / "base", labels, dropout=args.dropout, seed=args.seed)

@@ -45,8 +45,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hydra_hf.cli import run_script
 from hydra_hf import data as hydra_data
+from hydra_hf.cli import run_script
+from hydra_hf.data import read_templates  # the template sets `hydra-hf evaluate --templates` reads
 from hydra_hf.pruning import Budget
 from hydra_hf.recipes import (
     TOWER_CHOICES,
@@ -58,7 +59,6 @@ from hydra_hf.recipes import (
     save_open_clip_folder,
 )
 from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
-from hydra_hf.data import read_templates  # the template sets `hydra-hf evaluate --templates` reads
 
 MODEL_NAME = "ViT-B-32"
 PRETRAINED = "laion2b_s34b_b79k"
@@ -81,7 +81,9 @@ def read_class_names(spec: str) -> list[str]:
 
         return list(IMAGENET_CLASSNAMES)
     if not Path(spec).is_file():
-        raise SystemExit(f"--class-names {spec!r}: give 'imagenet' or a file with one class name per line (or a JSON list)")
+        raise SystemExit(
+            f"--class-names {spec!r}: give 'imagenet' or a file with one class name per line (or a JSON list)"
+        )
     try:
         return hydra_data.read_class_names(spec)
     except ValueError as err:
@@ -123,7 +125,9 @@ def smoke_data(data_dir: Path, per_class: int = 24, ood_images: int = 24, seed: 
         for c in range(len(SMOKE_CLASSES)):
             (id_dir / f"c{c}").mkdir(parents=True, exist_ok=True)
             for i, im in enumerate(digits.images[digits.target == c][:per_class]):  # (8, 8) in 0..16
-                gray = Image.fromarray((im * (255 / 16)).astype("uint8")).resize((SMOKE_SIZE, SMOKE_SIZE), Image.BILINEAR)
+                gray = Image.fromarray((im * (255 / 16)).astype("uint8")).resize(
+                    (SMOKE_SIZE, SMOKE_SIZE), Image.BILINEAR
+                )
                 gray.convert("RGB").save(id_dir / f"c{c}" / f"{i:03d}.png")
         rng = np.random.default_rng(seed)
         (photos_dir / "photos").mkdir(parents=True, exist_ok=True)
@@ -131,12 +135,19 @@ def smoke_data(data_dir: Path, per_class: int = 24, ood_images: int = 24, seed: 
         for i in range(ood_images):
             photo = photos[i % len(photos)]
             y, x = rng.integers(0, photo.shape[0] - 96), rng.integers(0, photo.shape[1] - 96)
-            Image.fromarray(photo[y : y + 96, x : x + 96]).resize((SMOKE_SIZE, SMOKE_SIZE)).save(photos_dir / "photos" / f"{i:03d}.png")
-        noise = [Image.fromarray(rng.integers(0, 256, (SMOKE_SIZE, SMOKE_SIZE, 3), dtype=np.uint8)) for _ in range(ood_images)]
-        datasets.Dataset.from_dict({"image": noise}, features=datasets.Features({"image": datasets.Image()})).save_to_disk(str(noise_dir))
+            Image.fromarray(photo[y : y + 96, x : x + 96]).resize((SMOKE_SIZE, SMOKE_SIZE)).save(
+                photos_dir / "photos" / f"{i:03d}.png"
+            )
+        noise = [
+            Image.fromarray(rng.integers(0, 256, (SMOKE_SIZE, SMOKE_SIZE, 3), dtype=np.uint8))
+            for _ in range(ood_images)
+        ]
+        datasets.Dataset.from_dict(
+            {"image": noise}, features=datasets.Features({"image": datasets.Image()})
+        ).save_to_disk(str(noise_dir))
         names_file.write_text("\n".join(SMOKE_CLASSES) + "\n")
     return {"id_data": str(id_dir), "class_names": str(names_file),
-            "ood": {"photos": str(photos_dir), "noise": str(noise_dir)}}  # fmt: skip
+            "ood": {"photos": str(photos_dir), "noise": str(noise_dir)}}
 
 
 def smoke_base(folder: Path, seed: int = 0) -> Path:
@@ -152,22 +163,30 @@ def smoke_base(folder: Path, seed: int = 0) -> Path:
 
 SMOKE_OVERRIDES: dict[str, Any] = dict(
     validation_size=32, prune_samples=32, max_test_samples=48, max_ood_samples=24, eval_batch_size=32,
-)  # fmt: skip
+)
 
 
 def main(argv: list[str] | None = None) -> PipelineResult:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", default="outputs/openclip-zeroshot", help="output folder")
-    parser.add_argument("--smoke", action="store_true", help="tiny local open_clip model and generated images, offline")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny local open_clip model and generated images, offline"
+    )
     parser.add_argument("--resume", action="store_true", help="keep the stages already finished in --output")
     parser.add_argument("--model", default=MODEL_NAME, help="open_clip model name")
     parser.add_argument("--pretrained", default=PRETRAINED, help="open_clip pretrained tag")
     parser.add_argument("--id-data", help="labelled ID test images: image folder or FOLDER[:SPLIT]")
-    parser.add_argument("--class-names", default="imagenet", help="'imagenet' or a file (one name per line / JSON list)")
+    parser.add_argument(
+        "--class-names", default="imagenet", help="'imagenet' or a file (one name per line / JSON list)"
+    )
     parser.add_argument("--templates", default="openai", help="'openai', 'simple' or a file (one template per line)")
     parser.add_argument("--validation-data", default=None, help="labelled ID images for selection and temperatures")
-    parser.add_argument("--validation-size", type=int, default=5000, help="carved from --id-data without --validation-data")
-    parser.add_argument("--ood", action="append", default=[], metavar="NAME=SPEC", help="an OOD image set (repeatable)")
+    parser.add_argument(
+        "--validation-size", type=int, default=5000, help="carved from --id-data without --validation-data"
+    )
+    parser.add_argument(
+        "--ood", action="append", default=[], metavar="NAME=SPEC", help="an OOD image set (repeatable)"
+    )
     parser.add_argument("--members", type=int, default=3)
     add_budget_arguments(parser, remove=24)  # --remove counts both towers' heads with --tower joint
     parser.add_argument("--tower", choices=TOWER_CHOICES, default="joint")
@@ -181,7 +200,9 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     parser.add_argument("--seed", type=int, default=0)
     add_threads_argument(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
     print(describe_threads(threads))
     out = Path(args.output)
@@ -191,27 +212,48 @@ def main(argv: list[str] | None = None) -> PipelineResult:
         data = smoke_data(out / "data", seed=args.seed)
         base = smoke_base(out / "base", seed=args.seed)
         args.id_data, args.class_names, ood = data["id_data"], data["class_names"], data["ood"]
-        overrides = {**SMOKE_OVERRIDES, **budget_arguments(args, smoke_heads_per_layer=2, smoke_remove=4), "device": "cpu"}
+        overrides = {
+            **SMOKE_OVERRIDES,
+            **budget_arguments(args, smoke_heads_per_layer=2, smoke_remove=4),
+            "device": "cpu",
+        }
         title = "Hydra Ensembles of a tiny random OpenCLIP model, zero-shot (smoke run)"
     else:
         if not args.id_data or not args.ood:
             raise SystemExit("give --id-data (labelled ID test images) and at least one --ood NAME=SPEC (or --smoke)")
         ood = parse_ood(args.ood)
         base = prepare_base(out / "base", args.model, args.pretrained)
-        overrides = {**budget_arguments(args), "validation_size": args.validation_size, "prune_samples": args.prune_samples,
-                     "max_test_samples": args.max_test, "max_ood_samples": args.max_ood, "eval_batch_size": args.batch_size,
-                     "device": args.device}  # fmt: skip
+        overrides = {
+            **budget_arguments(args),
+            "validation_size": args.validation_size,
+            "prune_samples": args.prune_samples,
+            "max_test_samples": args.max_test,
+            "max_ood_samples": args.max_ood,
+            "eval_batch_size": args.batch_size,
+            "device": args.device,
+        }
         title = f"Hydra Ensembles of OpenCLIP {args.model} ({args.pretrained}), zero-shot"
     p = ZeroShotPipeline(
-        base_model=str(base), test_data=args.id_data, class_names=tuple(read_class_names(args.class_names)),
-        templates=tuple(read_templates(args.templates)), validation_data=args.validation_data,
-        ood_test_data=ood, members=args.members, method=args.method, tower=args.tower, seed=args.seed,
+        base_model=str(base),
+        test_data=args.id_data,
+        class_names=tuple(read_class_names(args.class_names)),
+        templates=tuple(read_templates(args.templates)),
+        validation_data=args.validation_data,
+        ood_test_data=ood,
+        members=args.members,
+        method=args.method,
+        tower=args.tower,
+        seed=args.seed,
         max_validation_samples=args.max_validation,
         report_title=f"{title}: {args.members} members, "
-                     f"{Budget(heads_per_layer=overrides['heads_per_layer'], remove=overrides['remove']).describe()} ({args.tower})",
-        hub_base_model=None if args.smoke else HUB_IDS.get(args.pretrained), **overrides,
-    )  # fmt: skip
-    result = run_zero_shot_pipeline(p, out / "run", resume=args.resume, repo_id="your-org/hydra-openclip-vit-b32-zero-shot")
+        f"{Budget(heads_per_layer=overrides['heads_per_layer'], remove=overrides['remove']).describe()} "
+        f"({args.tower})",
+        hub_base_model=None if args.smoke else HUB_IDS.get(args.pretrained),
+        **overrides,
+    )
+    result = run_zero_shot_pipeline(
+        p, out / "run", resume=args.resume, repo_id="your-org/hydra-openclip-vit-b32-zero-shot"
+    )
     print(result.summary(time.perf_counter() - start))
     return result
 

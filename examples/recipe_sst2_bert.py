@@ -89,7 +89,9 @@ def prepare_data(data_dir: Path, load: Loader = datasets.load_dataset, *, max_oo
         parts = train.train_test_split(test_size=validation_size, seed=seed, stratify_by_column="label")
         datasets.DatasetDict(train=parts["train"], validation=parts["test"], test=test).save_to_disk(str(sst2_dir))
     specs: dict[str, Any] = {
-        "train_data": f"{sst2_dir}:train", "validation_data": f"{sst2_dir}:validation", "test_data": f"{sst2_dir}:test",
+        "train_data": f"{sst2_dir}:train",
+        "validation_data": f"{sst2_dir}:validation",
+        "test_data": f"{sst2_dir}:test",
         "ood_test_data": {},
     }
     for name, (hub_id, config, column, test_split, val_split) in OOD_SETS.items():
@@ -118,14 +120,27 @@ def prepare_base(folder: Path, model_id: str = BASE_MODEL, seed: int = 0) -> Pat
     if not (folder / "config.json").is_file():
         torch.manual_seed(seed)
         model = BertForSequenceClassification.from_pretrained(
-            model_id, num_labels=len(LABELS), id2label=dict(enumerate(LABELS)), label2id={l: i for i, l in enumerate(LABELS)})
+            model_id,
+            num_labels=len(LABELS),
+            id2label=dict(enumerate(LABELS)),
+            label2id={l: i for i, l in enumerate(LABELS)},
+        )
         model.save_pretrained(folder)
         AutoTokenizer.from_pretrained(model_id).save_pretrained(folder)
     return folder
 
 
-def paper_pipeline(base: Path, specs: dict[str, Any], *, members: int = 3, heads_per_layer: int | None = PAPER_HEADS_PER_LAYER,
-                   remove: int | None = None, seed: int = 0, method: str = HYDRA_CIRC, **overrides: Any) -> TextPipeline:
+def paper_pipeline(
+    base: Path,
+    specs: dict[str, Any],
+    *,
+    members: int = 3,
+    heads_per_layer: int | None = PAPER_HEADS_PER_LAYER,
+    remove: int | None = None,
+    seed: int = 0,
+    method: str = HYDRA_CIRC,
+    **overrides: Any,
+) -> TextPipeline:
     """The paper's SST-2 settings as a :class:`TextPipeline`; ``overrides`` replace any field.
 
     The budget is per layer (``heads_per_layer``) unless ``remove`` is given (then ``heads_per_layer``
@@ -143,7 +158,7 @@ def paper_pipeline(base: Path, specs: dict[str, Any], *, members: int = 3, heads
         report_notes=f"Members were selected on the SST-2 validation split carved from train and the {OOD_VALIDATION} "
         "OOD validation texts (its train split) only; the test split (GLUE validation) and the OOD test sets were "
         "never used for any choice.",
-    )  # fmt: skip
+    )
     values.update(overrides)
     return TextPipeline(**values)
 
@@ -165,8 +180,13 @@ def _smoke_sentences(n: int, seed: int) -> dict[str, list]:
 def smoke_loader(path: str, name: str | None = None) -> datasets.DatasetDict:
     """Tiny offline stand-ins with the same splits and columns as the Hub data sets."""
     if path == "glue":  # GLUE's schema: sentence, label (ClassLabel), idx
-        features = datasets.Features({"sentence": datasets.Value("string"), "label": datasets.ClassLabel(names=list(LABELS)),
-                                      "idx": datasets.Value("int32")})
+        features = datasets.Features(
+            {
+                "sentence": datasets.Value("string"),
+                "label": datasets.ClassLabel(names=list(LABELS)),
+                "idx": datasets.Value("int32"),
+            }
+        )
         return datasets.DatasetDict({s: datasets.Dataset.from_dict(_smoke_sentences(n, k), features=features)
                                      for k, (s, n) in enumerate((("train", 128), ("validation", 32), ("test", 32)))})
     hub_id, _, column, test_split, val_split = next(v for v in OOD_SETS.values() if v[0] == path)
@@ -183,7 +203,18 @@ def smoke_base(folder: Path, seed: int = 0) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *POS, *NEG, *NEUTRAL, *letters, *(f"##{c}" for c in letters)]
+    vocab = [
+        "[PAD]",
+        "[UNK]",
+        "[CLS]",
+        "[SEP]",
+        "[MASK]",
+        *POS,
+        *NEG,
+        *NEUTRAL,
+        *letters,
+        *(f"##{c}" for c in letters),
+    ]
     (folder / "vocab.txt").write_text("\n".join(vocab) + "\n")
     BertTokenizer(str(folder / "vocab.txt")).save_pretrained(str(folder))
     torch.manual_seed(seed)
@@ -199,7 +230,7 @@ SMOKE_OVERRIDES: dict[str, Any] = dict(
     heads_per_step=2, prune_samples=16, max_length=16, batch_size=16, learning_rate=1e-3,
     member_learning_rate=1e-3, single_steps=6, member_steps=4, num_epochs=1, max_train_samples=96,
     max_validation_samples=32, max_test_samples=32, max_ood_samples=24, mc_samples=3, ensemble_heads=2,
-)  # fmt: skip
+)
 
 
 # ------------------------------------------------------------------------------------------- main
@@ -212,13 +243,15 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     parser.add_argument("--members", type=int, default=3)
     add_budget_arguments(parser, heads_per_layer=PAPER_HEADS_PER_LAYER)
     parser.add_argument("--method", default=HYDRA_CIRC,
-                        help="member criteria, one per member, comma-separated (hydra_hf.pruning.METHODS); default: "
-                        "Hydra (Circ)")
+                        help="member criteria, one per member, comma-separated "
+                        "(hydra_hf.pruning.METHODS); default: Hydra (Circ)")
     parser.add_argument("--max-ood", type=int, default=2000, help="texts per OOD split")
     parser.add_argument("--seed", type=int, default=0)
     add_threads_argument(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
     print(describe_threads(threads))
     out = Path(args.output)
@@ -227,7 +260,10 @@ def main(argv: list[str] | None = None) -> PipelineResult:
     if args.smoke:
         specs = prepare_data(data_dir, smoke_loader, max_ood=args.max_ood, seed=args.seed, validation_size=32)
         base = smoke_base(out / "base", seed=args.seed)
-        overrides = {**SMOKE_OVERRIDES, **budget_arguments(args, smoke_heads_per_layer=SMOKE_HEADS_PER_LAYER, smoke_remove=4)}
+        overrides = {
+            **SMOKE_OVERRIDES,
+            **budget_arguments(args, smoke_heads_per_layer=SMOKE_HEADS_PER_LAYER, smoke_remove=4),
+        }
     else:
         specs = prepare_data(data_dir, max_ood=args.max_ood, seed=args.seed)
         base = prepare_base(out / "base", seed=args.seed)

@@ -37,7 +37,7 @@ PAIRS = (("slim per_member", "taylor per_member"), ("slim average", "taylor aver
          ("taylor per_member", "Packed-Ensembles"), ("Packed-Ensembles", "Single"), ("MC Dropout", "Single"),
          ("taylor per_member", "Single"), ("taylor_far per_member", "taylor per_member"),
          ("taylor_sp per_member", "taylor per_member"), ("taylor_far per_member", "Single"),
-         ("taylor_sp per_member", "Single"))  # fmt: skip
+         ("taylor_sp per_member", "Single"))
 LABELS = {"taylor": "Hydra (Taylor)", "slim": "slim Hydra (33 % MLP)", "slim_half": "slim Hydra (50 % MLP)",
           "taylor_far": "Hydra (Taylor, members trained further apart)",
           "taylor_sp": "Hydra (Taylor, members shrunk and perturbed)"}
@@ -52,7 +52,9 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 def _compute(ceiling: Path, recipe: str, seeds: list[str]) -> dict[str, float]:
     """Multiply-adds and parameters of a recipe's fused model relative to the Single, from its masks (seed 0's:
     every seed keeps the same numbers of heads and neurons)."""
-    single = json.loads((ceiling / f"single_seed{seeds[0]}" / "work" / "member_0" / "model" / "config.json").read_text())
+    single = json.loads(
+        (ceiling / f"single_seed{seeds[0]}" / "work" / "member_0" / "model" / "config.json").read_text()
+    )
     masks = HeadMasks.load(ceiling / f"hydra_{recipe}_seed{seeds[0]}_any" / "masks.json")
     base = {k: v for k, v in single.items() if k not in ("architectures", "id2label", "label2id")}
     config = HydraEnsembleViTConfig(base_config=base, kept_heads=masks.kept_heads,
@@ -79,7 +81,11 @@ def pareto(ceiling: Path) -> dict[str, Any]:
     for key, per_seed in numbers.items():
         if not key.startswith("hydra_"):
             continue
-        recipe, fusion = key[len("hydra_"):].rsplit("_", 1) if not key.endswith("per_member") else (key[len("hydra_"):-len("_per_member")], "per_member")
+        recipe, fusion = (
+            key[len("hydra_") :].rsplit("_", 1)
+            if not key.endswith("per_member")
+            else (key[len("hydra_") : -len("_per_member")], "per_member")
+        )
         cost = _compute(ceiling, recipe, seeds)
         models[f"{recipe} {fusion}"] = {
             "label": f"{LABELS.get(recipe, recipe)}, {fusion.replace('_', '-')} MLP", "compute_x": cost["macs_ratio"],
@@ -111,8 +117,16 @@ def pareto(ceiling: Path) -> dict[str, Any]:
             continue
         common = [s for s in models[a]["per_seed"] if s in models[b]["per_seed"]]
         diff = [models[a]["per_seed"][s]["gain"] - models[b]["per_seed"][s]["gain"] for s in common]
-        p = float(stats.ttest_rel([models[a]["per_seed"][s]["gain"] for s in common],
-                                  [models[b]["per_seed"][s]["gain"] for s in common]).pvalue) if len(common) > 1 else 1.0
+        p = (
+            float(
+                stats.ttest_rel(
+                    [models[a]["per_seed"][s]["gain"] for s in common],
+                    [models[b]["per_seed"][s]["gain"] for s in common],
+                ).pvalue
+            )
+            if len(common) > 1
+            else 1.0
+        )
         decisions.append({"a": a, "b": b, "seeds": len(common), "difference": statistics.fmean(diff),
                           "difference_std": _mean_std(diff)[1], "p": p, "decided": p < 0.05})
     return {"command": "python examples/slim_pareto.py --ceiling " + str(ceiling), "kinds": kinds, "seeds": seeds,
@@ -134,7 +148,9 @@ def _must(rows: list[dict[str, Any]]) -> list[str]:
             "accuracy within 0.5 points": r["accuracy"] >= single["accuracy"] - 0.5,
             "ECE <= the Single's": r["ece"] <= single["ece"],
         }
-        verdict = "met" if all(checks.values()) else "not met (" + ", ".join(k for k, ok in checks.items() if not ok) + ")"
+        verdict = (
+            "met" if all(checks.values()) else "not met (" + ", ".join(k for k, ok in checks.items() if not ok) + ")"
+        )
         lines.append(f"{r['label']}: {verdict}")
     return lines
 
@@ -175,8 +191,10 @@ def main() -> int:
     for line in results["must"]:
         print(line)
     for d in results["decisions"]:
-        print(f"{d['a']} - {d['b']}: {d['difference']:+.2f} ± {d['difference_std']:.2f} points over {d['seeds']} seeds, "
-              f"p = {d['p']:.3f} ({'decided' if d['decided'] else 'not decided'})")
+        print(
+            f"{d['a']} - {d['b']}: {d['difference']:+.2f} ± {d['difference_std']:.2f} points over {d['seeds']} seeds, "
+            f"p = {d['p']:.3f} ({'decided' if d['decided'] else 'not decided'})"
+        )
     return 0
 
 

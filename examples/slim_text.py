@@ -27,14 +27,14 @@ from typing import Any
 
 from scipy import stats
 
-from hydra_hf.recipes.ceiling import ceiling_numbers
 from hydra_hf.cli import run_script
 from hydra_hf.cost import relative_cost
 from hydra_hf.masks import HeadMasks
 from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig
 from hydra_hf.outputs import write_text_atomic
-from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
+from hydra_hf.recipes.ceiling import ceiling_numbers
 from hydra_hf.recipes.study import ANY_FOLD, Candidate, TextStudy
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 _spec = importlib.util.spec_from_file_location("ceiling_text", Path(__file__).with_name("ceiling_text.py"))
 ceiling_text = importlib.util.module_from_spec(_spec)
@@ -53,8 +53,9 @@ def compute_of(out: Path, candidate: Candidate, seed: int, tokens: int) -> dict[
     base = single.get("base_config", single)  # a Single is saved stock or as a one-member Hydra
     base = {k: v for k, v in base.items() if k not in ("architectures", "id2label", "label2id")}
     masks = HeadMasks.load(out / "masks" / f"seed{seed}" / f"{candidate.selection_key(ANY_FOLD)}.json")
-    config = HydraEnsembleConfig(base_config=base, kept_heads=masks.kept_heads, kept_neurons=masks.kept_neurons() or None,
-                                 num_labels=2)
+    config = HydraEnsembleConfig(
+        base_config=base, kept_heads=masks.kept_heads, kept_neurons=masks.kept_neurons() or None, num_labels=2
+    )
     return relative_cost(config, tokens)
 
 
@@ -78,8 +79,12 @@ def slim_text(out: Path, seeds: list[int], recipes: list[str], reference: str) -
     }
     for recipe, numbers in per_recipe.items():
         cost = compute_of(out, HYDRA[recipe], seeds[0], s.max_length)
-        models[recipe] = {"label": HYDRA[recipe].name, "compute_x": cost["macs_ratio"], "params_x": cost["params_ratio"],
-                          "per_seed": {seed: values(numbers["hydra"][seed]) for seed in keys}}
+        models[recipe] = {
+            "label": HYDRA[recipe].name,
+            "compute_x": cost["macs_ratio"],
+            "params_x": cost["params_ratio"],
+            "per_seed": {seed: values(numbers["hydra"][seed]) for seed in keys},
+        }
     rows = []
     for name, model in models.items():
         per_seed = list(model["per_seed"].values())
@@ -114,12 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hydra", nargs="+", choices=sorted(HYDRA), default=["taylor-k6", "slim-k4"])
     parser.add_argument("--reference", choices=sorted(HYDRA), default="taylor-k6",
                         help="the Hydra recipe every slim recipe is held against, kind by kind")
-    parser.add_argument("--results", default=None, help="write the results file here (e.g. docs/results/slim_text.json)")
+    parser.add_argument(
+        "--results", default=None, help="write the results file here (e.g. docs/results/slim_text.json)"
+    )
     add_threads_argument(parser)
     args = parser.parse_args(argv)
     if args.reference not in args.hydra:
         parser.error(f"--reference {args.reference} must be one of the --hydra recipes {args.hydra}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
     print(describe_threads(threads))
     results = {"threads": threads, **slim_text(Path(args.output), args.seeds, args.hydra, args.reference)}

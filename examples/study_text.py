@@ -1,7 +1,7 @@
 """The selection protocol on the embedded text data (`make study`): which Hydra recipe transfers to
 OOD text that nobody selected on? Validation splits only, leave-one-OOD-kind-out (see
-`hydra_hf.recipes.study`). Prints the decision table and writes it to OUTPUT/decision.md (and the bars to decision.png: one row
-per candidate; decision_all_rows.png: every row).
+`hydra_hf.recipes.study`). Prints the decision table and writes it to OUTPUT/decision.md (and the bars to decision.png:
+one row per candidate; decision_all_rows.png: every row).
 
     python examples/study_text.py --output outputs/study --seeds 0 1 2 --screen   # what `make study` runs
     python examples/study_text.py --output outputs/study --seeds 0 1 2            # every candidate on every seed
@@ -27,7 +27,6 @@ from pathlib import Path
 from hydra_hf.cli import run_script
 from hydra_hf.errors import HydraInputError, HydraOutputError
 from hydra_hf.outputs import MARKER, is_owned
-from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 from hydra_hf.recipes.study import (
     DEFAULT_CANDIDATES,
     TextStudy,
@@ -40,6 +39,7 @@ from hydra_hf.recipes.study import (
     selection_noise,
     study_data,
 )
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -81,12 +81,23 @@ def _ood(text: str) -> tuple[str, str]:
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     """The study's data and model (default: the embedded demo's); data specs as `hydra-hf` takes them."""
     group = parser.add_argument_group("data and model (default: the embedded demo's)")
-    group.add_argument("--base-model", default=None, metavar="DIR",
-                       help="pretrained BERT-like checkpoint folder the Singles are fine-tuned from (default: the packaged all-MiniLM-L6-v2)")
-    group.add_argument("--train-data", default=None, metavar="DATA", help="labelled training data (default rotten_tomatoes:train)")
-    group.add_argument("--id-validation", default=None, metavar="DATA",
-                       help="labelled ID validation data: the first --finetune-eval examples are the fine-tuning "
-                            "evaluation set and the selection pool, the rest score the recipes (default rotten_tomatoes:validation)")
+    group.add_argument(
+        "--base-model",
+        default=None,
+        metavar="DIR",
+        help="pretrained BERT-like checkpoint folder the Singles are fine-tuned from "
+        "(default: the packaged all-MiniLM-L6-v2)",
+    )
+    group.add_argument(
+        "--train-data", default=None, metavar="DATA", help="labelled training data (default rotten_tomatoes:train)"
+    )
+    group.add_argument(
+        "--id-validation",
+        default=None,
+        metavar="DATA",
+        help="labelled ID validation data: the first --finetune-eval examples are the fine-tuning "
+        "evaluation set and the selection pool, the rest score the recipes (default rotten_tomatoes:validation)",
+    )
     group.add_argument("--ood", action="append", type=_ood, default=[], metavar="KIND=DATA",
                        help="an OOD kind's *validation* data, repeatable (default: the four embedded kinds); "
                             "keep its test split out of the study")
@@ -109,35 +120,57 @@ def study_from_args(args: argparse.Namespace) -> TextStudy:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--output", default="outputs/study", help="study folder (default outputs/study); re-running resumes")
+    parser.add_argument(
+        "--output", default="outputs/study", help="study folder (default outputs/study); re-running resumes"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="pipeline seeds (default 0)")
-    parser.add_argument("--single", action="append", default=[], metavar="SEED=DIR", type=_single,
-                        help="reuse a fine-tuned Single checkpoint for a seed (e.g. 0=outputs/demo/single.work/member_0/model)")
-    parser.add_argument("--shard", type=_shard, default=(0, 1), help="I/N: run every N-th cell starting at I (default 0/1)")
+    parser.add_argument(
+        "--single",
+        action="append",
+        default=[],
+        metavar="SEED=DIR",
+        type=_single,
+        help="reuse a fine-tuned Single checkpoint for a seed (e.g. 0=outputs/demo/single.work/member_0/model)",
+    )
+    parser.add_argument(
+        "--shard", type=_shard, default=(0, 1), help="I/N: run every N-th cell starting at I (default 0/1)"
+    )
     parser.add_argument("--candidates", nargs="+", type=_candidate, default=None, metavar="INDEX",
                         help="indices into the default grid to run (default: all); the table lists what is finished")
-    parser.add_argument("--screen", action="store_true",
-                        help="two-stage protocol: every candidate on the first seed, then the other seeds only for the "
-                             "candidates within TextStudy.replicate_margin of the best on the first seed (with --shard: "
-                             "run it again once every process has finished, to replicate what the others screened)")
+    parser.add_argument(
+        "--screen",
+        action="store_true",
+        help="two-stage protocol: every candidate on the first seed, then the other seeds only for the "
+        "candidates within TextStudy.replicate_margin of the best on the first seed (with --shard: "
+        "run it again once every process has finished, to replicate what the others screened)",
+    )
     parser.add_argument("--table-only", action="store_true", help="print the table of the finished cells and exit")
     parser.add_argument("--selection-noise", action="store_true",
                         help="measure instead how reproducible the circuit search's first step is on two disjoint "
                              "selection sets (the first seed's Single; writes OUTPUT/selection_noise.md)")
     parser.add_argument("--noise-sizes", type=int, nargs="+", default=[48, 96, 192], metavar="N",
                         help="selection-set sizes for --selection-noise (default 48 96 192)")
-    parser.add_argument("--noise-kinds", nargs="+", default=None, metavar="KIND",
-                        help="OOD kinds for --selection-noise (default: all); sizes a kind's pool cannot hold are skipped")
+    parser.add_argument(
+        "--noise-kinds",
+        nargs="+",
+        default=None,
+        metavar="KIND",
+        help="OOD kinds for --selection-noise (default: all); sizes a kind's pool cannot hold are skipped",
+    )
     parser.add_argument("--noise-repeats", type=int, default=3, metavar="R",
                         help="random pairs of disjoint selection sets per size for --selection-noise (default 3)")
     add_data_arguments(parser)
     add_threads_argument(parser)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
     print(describe_threads(threads))
     study = study_from_args(args)
-    candidates = DEFAULT_CANDIDATES if args.candidates is None else tuple(DEFAULT_CANDIDATES[i] for i in args.candidates)
+    candidates = (
+        DEFAULT_CANDIDATES if args.candidates is None else tuple(DEFAULT_CANDIDATES[i] for i in args.candidates)
+    )
     singles = dict(args.single)
     out = Path(args.output)
     if args.selection_noise:
@@ -167,9 +200,11 @@ def main() -> None:
             raise HydraInputError(f"no study in {str(out)!r} (no study.json); give the folder a study ran in, "
                                   "or drop --table-only to run one")
         if not is_owned(out, "study"):  # decision.md / summary.json below would replace the user's files
-            raise HydraOutputError(f"{str(out)!r} holds a study.json but was not created by the study (no {MARKER} "
-                                   "marker), so its decision.md / summary.json are not ours to replace; give the folder "
-                                   "that study_text.py --output created")
+            raise HydraOutputError(
+                f"{str(out)!r} holds a study.json but was not created by the study (no {MARKER} "
+                "marker), so its decision.md / summary.json are not ours to replace; give the folder "
+                "that study_text.py --output created"
+            )
         summary = collect(out, study, DEFAULT_CANDIDATES)
     else:
         run_study(study, out, candidates=candidates, seeds=args.seeds, singles=singles, shard=args.shard,
@@ -182,7 +217,9 @@ def main() -> None:
     if summary["rows"]:
         plot_decision(summary, study, out / "decision.png", best_per_candidate=True)
         plot_decision(summary, study, out / "decision_all_rows.png")
-    (out / "summary.json").write_text(json.dumps({"summary": summary, "choice": decide(summary, study), "threads": threads}, indent=2) + "\n")
+    (out / "summary.json").write_text(
+        json.dumps({"summary": summary, "choice": decide(summary, study), "threads": threads}, indent=2) + "\n"
+    )
     print(table)
 
 

@@ -5,7 +5,7 @@ This module sits outside the ``hydra_hf`` package on purpose: importing anything
 runs ``hydra_hf/__init__.py``, which registers the Hydra classes with transformers' Auto classes and
 so imports transformers and torch (about 6 s on a 2-core machine). The top-level help and the version
 need neither. This module keeps a copy of the top level that :mod:`hydra_hf.cli` builds (its
-description, flags and the one line of each command), and ``tests/test_cli_help.py`` checks that the
+description, flags and the one line of each command), and ``tests/cli/test_cli_help.py`` checks that the
 help printed here equals the full parser's, so :data:`COMMANDS` cannot drift from the commands' own
 ``help=``. Only this module imports the other (:func:`main` hands every command to
 :func:`hydra_hf.cli.main`, imported there: it costs torch).
@@ -19,8 +19,8 @@ from importlib import metadata
 
 PROG = "hydra-hf"
 DESCRIPTION = (
-    "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, calibrate, evaluate, aggregate, export, "
-    "push."
+    "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, calibrate, evaluate, aggregate, "
+    "export, push."
 )
 # Sub-commands, in the order `hydra-hf --help` lists them, with the one line it shows for each (the
 # `help=` of each command's `add_parser` in hydra_hf/cli/<command>.py).

@@ -1,4 +1,4 @@
-"""One line per family: how to build its tiny stock model and tokenizer (for tests/test_families.py).
+"""One line per family: how to build its tiny stock model and tokenizer (for tests/families/test_every_family.py).
 
 Adding a family to the shared equivalence suite is adding its line to ``SPECS``.
 """
@@ -17,7 +17,7 @@ WORDS = "the a movie film good bad great awful plot actor fun boring i it was is
 LETTERS = [chr(c) for c in range(ord("a"), ord("z") + 1)]
 VOCAB = 99
 SIZES = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=VOCAB,
-             max_position_embeddings=64, initializer_range=0.2)  # fmt: skip
+             max_position_embeddings=64, initializer_range=0.2)
 
 
 # ----------------------------------------------------------------------------------- tokenizers
@@ -44,7 +44,9 @@ def unigram(cls: str, specials: tuple[str, ...] = ("<s>", "<pad>", "</s>", "<unk
 
     def make() -> Any:
         pieces = [(s, 0.0) for s in specials] + [(f"▁{w}", -1.0) for w in WORDS] + [(c, -2.0) for c in LETTERS]
-        return getattr(transformers, cls)(vocab=[*pieces, ("▁", -3.0), ("<mask>" if "<s>" in specials else "[MASK]", 0.0)])
+        return getattr(transformers, cls)(
+            vocab=[*pieces, ("▁", -3.0), ("<mask>" if "<s>" in specials else "[MASK]", 0.0)]
+        )
 
     return make
 
@@ -52,10 +54,10 @@ def unigram(cls: str, specials: tuple[str, ...] = ("<s>", "<pad>", "</s>", "<unk
 # DeBERTa-v3's layout: log-bucketed relative positions (8 buckets), the table's LayerNorm, position
 # projections shared with Q/K, no absolute positions, no token types
 DEBERTA_V3 = dict(relative_attention=True, position_buckets=8, norm_rel_ebd="layer_norm", share_att_key=True,
-                  pos_att_type="p2c|c2p", position_biased_input=False, type_vocab_size=0)  # fmt: skip
+                  pos_att_type="p2c|c2p", position_biased_input=False, type_vocab_size=0)
 # ModernBERT: layer 1 attends within a 4-token window (+-2 tokens); [PAD] = 0 as the WordPiece vocabulary
 MODERNBERT = dict(local_attention=4, global_attn_every_n_layers=2, pad_token_id=0, bos_token_id=2, eos_token_id=3,
-                  cls_token_id=2, sep_token_id=3)  # fmt: skip
+                  cls_token_id=2, sep_token_id=3)
 
 
 # ---------------------------------------------------------------------------------------- specs
@@ -87,10 +89,10 @@ class FamilySpec:
         sizes = dict(SIZES)
         if self.name == "distilbert":  # DistilBERT names its sizes differently
             sizes = dict(dim=32, n_layers=2, n_heads=4, hidden_dim=64, vocab_size=VOCAB, max_position_embeddings=64,
-                         initializer_range=0.2)  # fmt: skip
+                         initializer_range=0.2)
         if not self.text:
             sizes = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-                         image_size=16, patch_size=8, initializer_range=0.2)  # fmt: skip
+                         image_size=16, patch_size=8, initializer_range=0.2)
         return getattr(transformers, f"{self.prefix}Config")(**sizes, **self.config, num_labels=num_labels)
 
     def stock(self, seed: int = 0, head: str | None = None) -> torch.nn.Module:
@@ -105,21 +107,53 @@ SPECS = [
     FamilySpec("roberta", "Roberta", byte_bpe, "ForMaskedLM", "ForQuestionAnswering"),
     FamilySpec("xlm_roberta", "XLMRoberta", unigram("XLMRobertaTokenizer"), "ForMaskedLM", "ForMultipleChoice"),
     FamilySpec("camembert", "Camembert", unigram("CamembertTokenizer"), "ForMaskedLM", "ForTokenClassification"),
-    FamilySpec("electra", "Electra", wordpiece("ElectraTokenizer"), "ForPreTraining", "ForTokenClassification", {"embedding_size": 16}),
+    FamilySpec(
+        "electra",
+        "Electra",
+        wordpiece("ElectraTokenizer"),
+        "ForPreTraining",
+        "ForTokenClassification",
+        {"embedding_size": 16},
+    ),
     FamilySpec("distilbert", "DistilBert", wordpiece("DistilBertTokenizer"), "ForMaskedLM", "ForQuestionAnswering"),
-    FamilySpec("albert", "Albert", unigram("AlbertTokenizer", ("<pad>", "<unk>", "[CLS]", "[SEP]")), "ForPreTraining", "ForTokenClassification", {"embedding_size": 16}),
-    FamilySpec("deberta_v2", "DebertaV2", unigram("DebertaV2Tokenizer", ("[PAD]", "[CLS]", "[SEP]", "[UNK]")), "ForMaskedLM", "ForTokenClassification", DEBERTA_V3),
-    FamilySpec("modernbert", "ModernBert", wordpiece("BertTokenizer"), "ForMaskedLM", "ForTokenClassification", MODERNBERT),
+    FamilySpec(
+        "albert",
+        "Albert",
+        unigram("AlbertTokenizer", ("<pad>", "<unk>", "[CLS]", "[SEP]")),
+        "ForPreTraining",
+        "ForTokenClassification",
+        {"embedding_size": 16},
+    ),
+    FamilySpec(
+        "deberta_v2",
+        "DebertaV2",
+        unigram("DebertaV2Tokenizer", ("[PAD]", "[CLS]", "[SEP]", "[UNK]")),
+        "ForMaskedLM",
+        "ForTokenClassification",
+        DEBERTA_V3,
+    ),
+    FamilySpec(
+        "modernbert", "ModernBert", wordpiece("BertTokenizer"), "ForMaskedLM", "ForTokenClassification", MODERNBERT
+    ),
     FamilySpec("vit", "ViT", None, "Model", "ForDepthEstimation"),
     FamilySpec("deit", "DeiT", None, "Model", "ForMaskedImageModeling"),
-    FamilySpec("beit", "Beit", None, "Model", "ForSemanticSegmentation", {"use_relative_position_bias": True, "layer_scale_init_value": 0.5}),
+    FamilySpec(
+        "beit",
+        "Beit",
+        None,
+        "Model",
+        "ForSemanticSegmentation",
+        {"use_relative_position_bias": True, "layer_scale_init_value": 0.5},
+    ),
     FamilySpec("dinov2", "Dinov2", None, "Model", "Backbone"),
 ]
 TEXT_SPECS = [s for s in SPECS if s.text]
 
 
 # --------------------------------------------------------------------------------------- helpers
-def inputs(spec: FamilySpec, model: torch.nn.Module, batch: int = 3, seq: int = 9, seed: int = 7) -> dict[str, torch.Tensor]:
+def inputs(
+    spec: FamilySpec, model: torch.nn.Module, batch: int = 3, seq: int = 9, seed: int = 7
+) -> dict[str, torch.Tensor]:
     """A padded batch (rows of different lengths, padded with the model's pad token: a Hydra model's is its
     base's, RoBERTa's is 1) for a text model, or images for a vision model."""
     g = torch.Generator().manual_seed(seed)

@@ -51,7 +51,11 @@ def write_data(folder: Path, n_train: int = 24, n_eval: int = 9) -> tuple[str, s
 
 
 def save_llama(
-    folder: Path, head: str = "ForSequenceClassification", padding_side: str = "right", seed: int = 0, pad: bool = False
+    folder: Path,
+    head: str = "ForSequenceClassification",
+    padding_side: str = "right",
+    seed: int = 0,
+    pad: bool = False,
 ) -> Path:
     """A tiny Llama (4 query heads, 2 key/value heads) with no pad token in its config or tokenizer."""
     tok = tokenizer(padding_side, pad)
@@ -60,14 +64,18 @@ def save_llama(
         vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=48, max_position_embeddings=64, num_labels=3, eos_token_id=EOS, bos_token_id=None,
         pad_token_id=EOS if pad else None, initializer_range=0.1, tie_word_embeddings=False,
-    )  # fmt: skip
+    )
     getattr(transformers, f"Llama{head}")(config).save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
 
 
 def save_gpt2(
-    folder: Path, head: str = "ForSequenceClassification", padding_side: str = "right", seed: int = 0, pad: bool = False
+    folder: Path,
+    head: str = "ForSequenceClassification",
+    padding_side: str = "right",
+    seed: int = 0,
+    pad: bool = False,
 ) -> Path:
     """A tiny GPT-2 (4 heads, dropout off) with no pad token; ``head="LMHeadModel"``: the causal LM (tied head)."""
     tok = tokenizer(padding_side, pad)
@@ -75,7 +83,7 @@ def save_gpt2(
     config = transformers.GPT2Config(
         vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=64, num_labels=3, eos_token_id=EOS,
         bos_token_id=EOS, pad_token_id=EOS if pad else None, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-    )  # fmt: skip
+    )
     getattr(transformers, f"GPT2{head}")(config).save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
@@ -85,5 +93,5 @@ def write_masks(path: Path, kept=MASKS, num_heads: int = 4) -> Path:
     path.write_text(json.dumps({
         "format": "hydra-head-masks", "version": 1, "num_layers": len(kept[0]), "num_heads": num_heads,
         "members": [{"kept_heads": k} for k in kept],
-    }))  # fmt: skip
+    }))
     return path

@@ -19,7 +19,7 @@ def tiny_bert(num_labels: int = 3, layers: int = 2, heads: int = 4, seed: int = 
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=layers, num_attention_heads=heads, intermediate_size=64,
         max_position_embeddings=32, num_labels=num_labels, initializer_range=0.2,
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-    )  # fmt: skip
+    )
     return BertForSequenceClassification(cfg).eval()
 
 
@@ -30,7 +30,7 @@ def tiny_vit(num_labels: int = 3, seed: int = 0) -> nn.Module:
     cfg = ViTConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=16,
         patch_size=8, num_labels=num_labels, initializer_range=0.2,
-    )  # fmt: skip
+    )
     return ViTForImageClassification(cfg).eval()
 
 
@@ -44,7 +44,7 @@ def tiny_hf_clip(seed: int = 0) -> nn.Module:
         vision_config=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                            image_size=16, patch_size=8),
         projection_dim=16,
-    )  # fmt: skip
+    )
     return CLIPModel(cfg).eval()
 
 
@@ -52,7 +52,9 @@ def tiny_timm_vit(num_labels: int = 3, seed: int = 0) -> nn.Module:
     from timm.models.vision_transformer import VisionTransformer
 
     torch.manual_seed(seed)
-    return VisionTransformer(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=num_labels).eval()
+    return VisionTransformer(
+        img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=num_labels
+    ).eval()
 
 
 def tiny_open_clip(seed: int = 0) -> nn.Module:
@@ -67,7 +69,9 @@ def tiny_open_clip(seed: int = 0) -> nn.Module:
     ).eval()
 
 
-def text_batches(n: int, seed: int, *, num_labels: int = 3, batch_size: int = 8, first_token: int | None = None) -> list[dict[str, torch.Tensor]]:
+def text_batches(
+    n: int, seed: int, *, num_labels: int = 3, batch_size: int = 8, first_token: int | None = None
+) -> list[dict[str, torch.Tensor]]:
     """Random token batches with ragged lengths (padding) and random labels."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(5, VOCAB, (n, SEQ), generator=g)
@@ -93,7 +97,10 @@ def image_batches(n: int, seed: int, *, num_labels: int = 3, batch_size: int = 8
     g = torch.Generator().manual_seed(seed)
     pixels = torch.randn(n, 3, 16, 16, generator=g)
     labels = torch.randint(0, num_labels, (n,), generator=g)
-    return [{"pixel_values": pixels[i : i + batch_size], "labels": labels[i : i + batch_size]} for i in range(0, n, batch_size)]
+    return [
+        {"pixel_values": pixels[i : i + batch_size], "labels": labels[i : i + batch_size]}
+        for i in range(0, n, batch_size)
+    ]
 
 
 # ----------------------------------------------------------------------------- planted structure
@@ -116,7 +123,7 @@ def signal_batches(n: int, seed: int, *, ood: bool = False, batch_size: int = 16
     out = []
     for i in range(0, n, batch_size):
         batch = {"input_ids": ids[i : i + batch_size], "attention_mask": mask[i : i + batch_size],
-                 "token_type_ids": torch.zeros_like(ids[i : i + batch_size])}  # fmt: skip
+                 "token_type_ids": torch.zeros_like(ids[i : i + batch_size])}
         if not ood:
             batch["labels"] = labels[i : i + batch_size]
         out.append(batch)
@@ -139,7 +146,9 @@ def _planted_state() -> dict[str, torch.Tensor]:
         hg.set(only)
         for _ in range(12):
             for b in batches:
-                loss = nn.functional.cross_entropy(model(**{k: v for k, v in b.items() if k != "labels"}).logits, b["labels"])
+                loss = nn.functional.cross_entropy(
+                    model(**{k: v for k, v in b.items() if k != "labels"}).logits, b["labels"]
+                )
                 opt.zero_grad()
                 loss.backward()
                 opt.step()

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import textwrap
 from pathlib import Path
@@ -28,7 +29,16 @@ os.environ.setdefault("HF_MODULES_CACHE", _MODULES_CACHE)
 # one thread: the tiny test models run several times faster than with two (thread start-up dominates)
 torch.set_num_threads(1)
 
-REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+# tests/ mirrors src/hydra_hf/ in folders without __init__.py: pytest imports every test module by its base name
+# (its default "prepend" import mode), so base names are unique across the folders. The helpers here
+# (_family_specs.py, _tiny_models.py ...) are importable from every test as this folder is on sys.path; a few
+# tests import builders or fixtures from a test module of another folder (``from test_modeling_clip import
+# save_open_clip``), so every test folder is on sys.path too.
+for _folder in sorted(TESTS.iterdir()):
+    if _folder.is_dir() and any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 
 def minilm_dir() -> Path | None:

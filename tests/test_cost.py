@@ -24,7 +24,9 @@ def _counted_macs(model: torch.nn.Module, **inputs) -> float:
 @pytest.fixture
 def bert_dir(tmp_path):
     torch.manual_seed(0)
-    config = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, vocab_size=99)
+    config = BertConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, vocab_size=99
+    )
     BertModel(config).eval().save_pretrained(tmp_path / "bert")
     return tmp_path / "bert"
 
@@ -37,7 +39,11 @@ def test_multiply_adds_match_the_flop_counter(bert_dir, slim):
     # eager attention: its matrix products are what the counter sees (CPU SDPA kernels are not counted)
     stock = BertModel.from_pretrained(bert_dir, attn_implementation="eager").eval()
     kept = [[[0, 1], [2]], [[2, 3], [0, 1, 3]], [[1], []]]
-    neurons = [[list(range(0, 256, 3)), list(range(100))], [list(range(1, 256, 3)), []], [list(range(64)), list(range(256))]]
+    neurons = [
+        [list(range(0, 256, 3)), list(range(100))],
+        [list(range(1, 256, 3)), []],
+        [list(range(64)), list(range(256))],
+    ]
     masks = HeadMasks(kept_heads=kept, num_heads=4, kept_neurons=neurons if slim else None, intermediate_size=256)
     hydra = convert_checkpoint(masks, base=bert_dir).eval()
     hydra.set_attn_implementation("eager")
@@ -63,5 +69,7 @@ def test_bert_base_shapes_split_between_three_members():
     cost = relative_cost(slim)
     assert cost["macs_ratio"] == pytest.approx(1.0, abs=1e-9)  # the members' work adds up to one model's
     assert cost["params_ratio"] <= 1.1
-    paper = HydraEnsembleConfig(base_config=base, kept_heads=[[list(range(6 * (m % 2), 6 * (m % 2) + 6))] * 12 for m in range(3)])
+    paper = HydraEnsembleConfig(
+        base_config=base, kept_heads=[[list(range(6 * (m % 2), 6 * (m % 2) + 6))] * 12 for m in range(3)]
+    )
     assert relative_cost(paper)["macs_ratio"] == pytest.approx(2.5, abs=0.1)

@@ -46,14 +46,22 @@ def test_resolve_spec_forms_and_errors(tmp_path):
 
 
 def test_local_files_columns_labels_and_cleaning(tmp_path):
-    frame = pd.DataFrame({"review": [" good  film ", "bad", "", "good film", "meh"], "y": ["pos", "neg", "pos", "pos", "neg"]})
+    frame = pd.DataFrame(
+        {"review": [" good  film ", "bad", "", "good film", "meh"], "y": ["pos", "neg", "pos", "pos", "neg"]}
+    )
     frame.to_csv(tmp_path / "a.csv", index=False)
     with open(tmp_path / "a.jsonl", "w") as f:
         for r, y in zip(frame["review"], frame["y"]):
             f.write(json.dumps({"review": r, "y": y}) + "\n")
     frame.to_parquet(tmp_path / "a.parquet")
     for suffix in ("csv", "jsonl", "parquet"):
-        d = resolve_dataset(str(tmp_path / f"a.{suffix}"), text_column="review", label_column="y", label2id={"neg": 0, "pos": 1}, num_labels=2)
+        d = resolve_dataset(
+            str(tmp_path / f"a.{suffix}"),
+            text_column="review",
+            label_column="y",
+            label2id={"neg": 0, "pos": 1},
+            num_labels=2,
+        )
         assert d["text"] == ["good film", "bad", "meh"]  # stripped, empty and duplicate dropped
         assert d["label"] == [1, 0, 0]
     with pytest.raises(ValueError, match=r"no text column 'text'; its columns are \['review', 'y'\]"):
@@ -61,7 +69,13 @@ def test_local_files_columns_labels_and_cleaning(tmp_path):
     with pytest.raises(ValueError, match="no label column 'stars'"):
         resolve_dataset(str(tmp_path / "a.csv"), text_column="review", label_column="stars")
     with pytest.raises(ValueError, match="outside the model's 2 classes"):
-        resolve_dataset(str(tmp_path / "a.csv"), text_column="review", label_column="y", label2id={"neg": 0, "pos": 2}, num_labels=2)
+        resolve_dataset(
+            str(tmp_path / "a.csv"),
+            text_column="review",
+            label_column="y",
+            label2id={"neg": 0, "pos": 2},
+            num_labels=2,
+        )
     with pytest.raises(ValueError, match="string labels"):
         resolve_dataset(str(tmp_path / "a.csv"), text_column="review", label_column="y")
     pd.DataFrame({"text": ["", " "], "label": [0, 1]}).to_csv(tmp_path / "empty.csv", index=False)
@@ -89,22 +103,25 @@ def test_save_to_disk_folders_and_image_folder(tmp_path):
 
 
 def test_text_loader_dynamic_padding_and_shuffle():
-    from transformers import BertTokenizer
-
-    from conftest import write_tiny_tokenizer
-
     import tempfile
     from pathlib import Path
+
+    from conftest import write_tiny_tokenizer
+    from transformers import BertTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         write_tiny_tokenizer(Path(tmp))
         tok = BertTokenizer.from_pretrained(tmp)
-    data = datasets.Dataset.from_dict({"text": ["a", "the movie was very good and fun", "bad", "it"], "label": [0, 1, 0, 1]})
+    data = datasets.Dataset.from_dict(
+        {"text": ["a", "the movie was very good and fun", "bad", "it"], "label": [0, 1, 0, 1]}
+    )
     batches = list(make_text_loader(data, tok, batch_size=2, max_length=6))
     assert set(batches[0]) == {"input_ids", "attention_mask", "token_type_ids", "labels"}
     assert batches[0]["input_ids"].shape[1] == 6 and batches[1]["input_ids"].shape[1] < 6  # padded per batch
     assert batches[0]["labels"].tolist() == [0, 1]
-    order = lambda seed: torch.cat([b["labels"] for b in make_text_loader(data, tok, 1, 8, shuffle=True, seed=seed)]).tolist()  # noqa: E731
+    order = lambda seed: torch.cat(  # noqa: E731
+        [b["labels"] for b in make_text_loader(data, tok, 1, 8, shuffle=True, seed=seed)]
+    ).tolist()
     assert order(3) == order(3)
     unlabelled = datasets.Dataset.from_dict({"text": ["a"]})
     assert "labels" not in next(iter(make_text_loader(unlabelled, tok, 1, 8)))

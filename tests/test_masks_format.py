@@ -55,7 +55,9 @@ def test_two_tower_file_reads_as_named_towers():
 
 def test_built_in_code_writes_the_same_bytes(tmp_path):
     one = HeadMasks.load(DATA / "masks_v1_one_tower.json")
-    rebuilt = HeadMasks(kept_heads=one.kept_heads, num_heads=4, member_metadata=one.member_metadata, metadata=one.metadata)
+    rebuilt = HeadMasks(
+        kept_heads=one.kept_heads, num_heads=4, member_metadata=one.member_metadata, metadata=one.metadata
+    )
     rebuilt.save(tmp_path / "one.json")
     assert (tmp_path / "one.json").read_bytes() == (DATA / "masks_v1_one_tower.json").read_bytes()
     two = HeadMasks.load(DATA / "masks_v1_two_towers.json")

@@ -49,7 +49,8 @@ TRAIN = textwrap.dedent(
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 3, 256)
     images = [Image.fromarray((rng.random((28, 28, 3)) * 80 + 60 * c).astype(np.uint8)) for c in labels]
-    data = datasets.Dataset.from_dict({"image": images, "label": labels.tolist()}).cast_column("image", datasets.Image())
+    data = datasets.Dataset.from_dict({"image": images, "label": labels.tolist()})
+    data = data.cast_column("image", datasets.Image())
     torch.manual_seed(0)
     config = ViTConfig(image_size=28, patch_size=4, num_channels=3, hidden_size=64, num_hidden_layers=2,
                        num_attention_heads=4, intermediate_size=128, hidden_dropout_prob=0.1, num_labels=3)
@@ -73,7 +74,7 @@ def _train(tmp_path: Path, name: str, mode: str, threads: str) -> tuple[dict[str
     env = {k: v for k, v in os.environ.items() if k not in THREAD_ENV_VARS}
     env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONPATH=str(REPO / "src"))
     proc = subprocess.run([sys.executable, str(script), str(out), mode], env=env, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+                          timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     weights = load_file(out / "work" / "member_0" / "model" / "model.safetensors")
     return weights, json.loads((out / "threads.json").read_text())["torch"]
@@ -113,14 +114,16 @@ def test_pin_threads_sets_and_reports_every_setting(monkeypatch):
         line = describe_threads(settings)
         assert line.startswith("threads pinned: torch 1, interop ") and "OMP/MKL 1/1" in line
         child = subprocess.run([sys.executable, "-c", "import os; print(os.environ['OMP_NUM_THREADS'])"],
-                               capture_output=True, text=True, check=True)  # fmt: skip
+                               capture_output=True, text=True, check=True)
         assert child.stdout.strip() == "1"  # child processes inherit the pinned count
     finally:
         torch.set_num_threads(before[0])
         torch.use_deterministic_algorithms(before[1])
 
 
-@pytest.mark.parametrize("bad, error", [(0, ValueError), (-2, ValueError), ("2", TypeError), (2.0, TypeError), (True, TypeError)])
+@pytest.mark.parametrize(
+    "bad, error", [(0, ValueError), (-2, ValueError), ("2", TypeError), (2.0, TypeError), (True, TypeError)]
+)
 def test_pin_threads_rejects_a_bad_count_in_one_line(bad, error):
     with pytest.raises(error, match="num_threads") as info:
         pin_threads(bad)

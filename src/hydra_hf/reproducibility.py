@@ -24,7 +24,14 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["DEFAULT_THREADS", "THREAD_ENV_VARS", "add_threads_argument", "describe_threads", "pin_threads", "seed_worker"]
+__all__ = [
+    "DEFAULT_THREADS",
+    "THREAD_ENV_VARS",
+    "add_threads_argument",
+    "describe_threads",
+    "pin_threads",
+    "seed_worker",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +39,7 @@ DEFAULT_THREADS = 2
 """The torch intra-op thread count the scripts pin by default (the reference machine has 2 cores)."""
 
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
-                   "VECLIB_MAXIMUM_THREADS")  # fmt: skip
+                   "VECLIB_MAXIMUM_THREADS")
 """Thread counts of the BLAS / OpenMP runtimes, read when a process starts: set for child processes."""
 
 
@@ -44,7 +51,9 @@ def _positive_int(value: Any, name: str) -> int:
     return value
 
 
-def pin_threads(num_threads: int = DEFAULT_THREADS, *, interop_threads: int = 1, deterministic: bool = True) -> dict[str, Any]:
+def pin_threads(
+    num_threads: int = DEFAULT_THREADS, *, interop_threads: int = 1, deterministic: bool = True
+) -> dict[str, Any]:
     """Fix the thread counts and kernel choices that make a run differ between machines of one kind.
 
     Sets torch's intra-op threads to ``num_threads`` and its inter-op threads to ``interop_threads``
@@ -100,16 +109,22 @@ def pin_threads(num_threads: int = DEFAULT_THREADS, *, interop_threads: int = 1,
 def describe_threads(settings: dict[str, Any]) -> str:
     """One line for a script's output: ``threads pinned: torch 2, interop 1, OMP/MKL 2, ...``."""
     env = settings["env"]
-    return (f"threads pinned: torch {settings['torch_threads']}, interop {settings['interop_threads']}, "
-            f"OMP/MKL {env['OMP_NUM_THREADS']}/{env['MKL_NUM_THREADS']}, tokenizers parallelism "
-            f"{env['TOKENIZERS_PARALLELISM']}, deterministic algorithms {'on' if settings['deterministic'] else 'off'}")  # fmt: skip
+    return (
+        f"threads pinned: torch {settings['torch_threads']}, interop {settings['interop_threads']}, "
+        f"OMP/MKL {env['OMP_NUM_THREADS']}/{env['MKL_NUM_THREADS']}, tokenizers parallelism "
+        f"{env['TOKENIZERS_PARALLELISM']}, deterministic algorithms {'on' if settings['deterministic'] else 'off'}"
+    )
 
 
 def add_threads_argument(parser: argparse.ArgumentParser, default: int = DEFAULT_THREADS) -> None:
     """``--threads N``: the fixed torch thread count a script pins (:func:`pin_threads`)."""
-    parser.add_argument("--threads", type=int, default=default,
-                        help=f"torch threads, pinned whatever the environment or the machine says (default {default}): "
-                             "float reductions depend on the count")  # fmt: skip
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=default,
+        help=f"torch threads, pinned whatever the environment or the machine says (default {default}): "
+        "float reductions depend on the count",
+    )
 
 
 def seed_worker(worker_id: int) -> None:

@@ -18,8 +18,11 @@ from pathlib import Path
 from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, PreTrainedModel
 
 from .families import families, family_of_config, get_family
-from .modeling.configuration_hydra import HYDRA_PIPELINES, PIPELINE_MODULE
-from .modeling.configuration_hydra import custom_pipelines_for  # noqa: F401  (re-exported: hub reads it here)
+from .modeling.configuration_hydra import (
+    HYDRA_PIPELINES,
+    PIPELINE_MODULE,
+    custom_pipelines_for,
+)
 from .outputs import check_output, write_output_folder
 
 logger = logging.getLogger(__name__)
@@ -73,7 +76,11 @@ def copy_preprocessor(source: str | os.PathLike, folder: Path) -> list[str]:
     Returns what was copied; logs a warning (and copies nothing) when ``source`` has none.
     """
     copied = []
-    for kind, loader in (("processor", AutoProcessor), ("tokenizer", AutoTokenizer), ("image processor", AutoImageProcessor)):
+    for kind, loader in (
+        ("processor", AutoProcessor),
+        ("tokenizer", AutoTokenizer),
+        ("image processor", AutoImageProcessor),
+    ):
         try:
             obj = loader.from_pretrained(str(source))
         except Exception as exc:  # no such files in the source folder
@@ -119,7 +126,9 @@ def save_hydra_model(
 
     def write(tmp: Path) -> None:
         model.config.auto_map = dict(family.auto_map)
-        model.config.custom_pipelines = custom_pipelines_for(model.config.auto_map) if family.uncertainty_pipelines else {}
+        model.config.custom_pipelines = (
+            custom_pipelines_for(model.config.auto_map) if family.uncertainty_pipelines else {}
+        )
         # save_pretrained writes the code the model runs (its module and the sibling files it imports, as
         # for any remote-code model); the copy only fills in a file it may lack (a class never registered
         # for an auto class, e.g. one imported from a folder by hand)

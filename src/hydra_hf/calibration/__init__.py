@@ -8,6 +8,19 @@ from .fit import CONFIG_KEY, calibrate_folder, data_sha256, fit_calibration, gua
 from .generation import fit_generation_abstention
 from .selective import SelectiveFit, binomial_p_value, fit_selective
 
-__all__ = ["CONFIG_KEY", "ConformalFit", "SelectiveFit", "binomial_p_value", "calibrate_folder", "conformal_quantile",
-           "data_sha256", "fit_calibration", "fit_conformal", "fit_generation_abstention", "fit_selective", "guarantee_text", "min_calibration_size",
-           "prediction_sets"]
+__all__ = [
+    "CONFIG_KEY",
+    "ConformalFit",
+    "SelectiveFit",
+    "binomial_p_value",
+    "calibrate_folder",
+    "conformal_quantile",
+    "data_sha256",
+    "fit_calibration",
+    "fit_conformal",
+    "fit_generation_abstention",
+    "fit_selective",
+    "guarantee_text",
+    "min_calibration_size",
+    "prediction_sets",
+]

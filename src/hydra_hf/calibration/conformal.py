@@ -116,12 +116,18 @@ def fit_conformal(
     if method == "raps":
         if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not 0 <= penalty < math.inf:
             raise HydraInputError(f"RAPS penalty must be a finite number >= 0, got {penalty!r}; e.g. 0.1")
-        if isinstance(regularization_rank, bool) or not isinstance(regularization_rank, int) or regularization_rank < 1:
+        if (
+            isinstance(regularization_rank, bool)
+            or not isinstance(regularization_rank, int)
+            or regularization_rank < 1
+        ):
             raise HydraInputError(f"RAPS regularization rank must be an integer >= 1, got {regularization_rank!r}")
     else:
         penalty, regularization_rank = 0.0, 1
     if probs.dim() != 2 or labels.shape != probs.shape[:1]:
-        raise HydraInputError(f"probs must be (n, C) and labels (n,), got {tuple(probs.shape)} and {tuple(labels.shape)}")
+        raise HydraInputError(
+            f"probs must be (n, C) and labels (n,), got {tuple(probs.shape)} and {tuple(labels.shape)}"
+        )
     fit = ConformalFit(method, alpha, 0.0, int(labels.numel()), float(penalty), int(regularization_rank),
                        bool(randomized), int(seed) if randomized else None)
     scores = conformal_scores(probs.double(), method, fit.penalty, fit.regularization_rank, fit.noise(probs))  # (n, C)

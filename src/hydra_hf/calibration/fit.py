@@ -19,15 +19,14 @@ from typing import Any
 import torch
 
 from .. import evaluation as ev
-from ..data import resolve_dataset
+from ..data import read_templates, resolve_dataset, zero_shot_class_names, zero_shot_data
 from ..errors import HydraInputError
 from ..evaluation.loading import load_causal_lm, zero_shot_family
-from ..modeling.pipeline_hydra import RANDOMIZED_METHODS, ZERO_SHOT_TEMPLATE, calibrated_member_probs
+from ..evaluation.zero_shot import load_zero_shot_model
 from ..families import is_causal_lm_folder
+from ..modeling.pipeline_hydra import RANDOMIZED_METHODS, ZERO_SHOT_TEMPLATE, calibrated_member_probs
 from ..outputs import MARKER, check_output, read_json, regular_files, write_output_folder, write_text_atomic
 from ..version import __version__
-from ..data import read_templates, zero_shot_class_names, zero_shot_data
-from ..evaluation.zero_shot import load_zero_shot_model
 from .conformal import check_alpha, fit_conformal
 from .generation import GENERATION_SCORES, fit_generation_abstention
 from .selective import fit_selective
@@ -91,7 +90,11 @@ def fit_calibration(
         member_logits, labels = member_logits[rest], labels[rest]
         temperature = t
     elif temperature is not None:
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
+        if (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, (int, float))
+            or not 0 < temperature < math.inf
+        ):
             raise HydraInputError(f"temperature must be a positive number or 'fit', got {temperature!r}")
     record["temperature"] = float(temperature) if temperature is not None else 1.0
     member_probs = calibrated_member_probs(member_logits, record)  # (n, M, C) float64
@@ -134,17 +137,21 @@ def guarantee_text(calibration: dict[str, Any]) -> str:
     """The guarantee of a stored calibration, in words (for the model card and reports)."""
     alpha, n = calibration["alpha"], calibration["n"]
     if calibration.get("task") == "causal_lm":
-        return (f"`generate_with_uncertainty` marks a sequence `sequence_abstain` when its mean {calibration['score']} "
-                f"exceeds {calibration['sequence_threshold']:.4g}, and a token `token_abstain` above "
-                f"{calibration['token_threshold']:.4g}; fitted on n = {n} in-distribution texts so that at most "
-                f"{alpha:.0%} of texts like them (exchangeable with them) are refused, marginally (the token threshold "
-                "has no such guarantee: about the same share of their tokens). On the model's own generations the "
-                "thresholds are reference levels, not guarantees.")
-    text = (f"Prediction sets ({calibration['method'].upper()}, split conformal, q_hat = {calibration['q_hat']:.4g}) hold "
-            f"the true label with probability at least {1 - alpha:.0%} (alpha = {alpha:g}), fitted on n = {n} labelled "
-            "examples. The coverage is marginal (on average over inputs, not for each input or each class) and holds "
-            "only for inputs exchangeable with the calibration data (the same distribution); it says nothing about "
-            "out-of-distribution inputs.")
+        return (
+            f"`generate_with_uncertainty` marks a sequence `sequence_abstain` when its mean {calibration['score']} "
+            f"exceeds {calibration['sequence_threshold']:.4g}, and a token `token_abstain` above "
+            f"{calibration['token_threshold']:.4g}; fitted on n = {n} in-distribution texts so that at most "
+            f"{alpha:.0%} of texts like them (exchangeable with them) are refused, marginally (the token threshold "
+            "has no such guarantee: about the same share of their tokens). On the model's own generations the "
+            "thresholds are reference levels, not guarantees."
+        )
+    text = (
+        f"Prediction sets ({calibration['method'].upper()}, split conformal, q_hat = {calibration['q_hat']:.4g}) hold "
+        f"the true label with probability at least {1 - alpha:.0%} (alpha = {alpha:g}), fitted on n = {n} labelled "
+        "examples. The coverage is marginal (on average over inputs, not for each input or each class) and holds "
+        "only for inputs exchangeable with the calibration data (the same distribution); it says nothing about "
+        "out-of-distribution inputs."
+    )
     if calibration.get("randomized"):
         text += (f" The sets are randomised (Romano et al. 2020): an input's score subtracts U times its probability, "
                  f"U uniform in [0, 1) and drawn from the input itself (a hash of seed {calibration['seed']} and its "
@@ -153,10 +160,12 @@ def guarantee_text(calibration: dict[str, Any]) -> str:
     elif calibration["method"] in ("aps", "raps"):
         text += " The sets are deterministic (no random tie-breaking): their coverage may exceed the level."
     if calibration.get("threshold") is not None:
-        text += (f" The model abstains when {calibration['score']} uncertainty exceeds {calibration['threshold']:.4g}; "
-                 f"with confidence {1 - calibration['delta']:.0%} the error rate among answered inputs like the "
-                 f"calibration data is at most {calibration['risk']:g} (Learn then Test, Angelopoulos et al. 2021); "
-                 f"it answered {calibration['answered_fraction']:.1%} of the calibration inputs.")
+        text += (
+            f" The model abstains when {calibration['score']} uncertainty exceeds {calibration['threshold']:.4g}; "
+            f"with confidence {1 - calibration['delta']:.0%} the error rate among answered inputs like the "
+            f"calibration data is at most {calibration['risk']:g} (Learn then Test, Angelopoulos et al. 2021); "
+            f"it answered {calibration['answered_fraction']:.1%} of the calibration inputs."
+        )
     return text
 
 
@@ -211,13 +220,17 @@ def calibrate_folder(
         raise HydraInputError(f"{str(folder)!r} is not a Hydra Ensemble folder (config.json names no members); "
                               "calibrate a folder written by `hydra-hf convert` or `hydra-hf finetune`")
     if config_data.get(CONFIG_KEY) is not None and not overwrite:
-        raise HydraInputError(f"{str(folder)!r} is already calibrated (config.json has {CONFIG_KEY!r}); pass --overwrite "
-                              "to replace its calibration")
+        raise HydraInputError(
+            f"{str(folder)!r} is already calibrated (config.json has {CONFIG_KEY!r}); pass --overwrite to replace its "
+            "calibration"
+        )
     check_output(output, command="calibrate", overwrite=overwrite, inputs=[folder])  # before any work
     if is_causal_lm_folder(folder):
         score = score or "mi"
         if score not in GENERATION_SCORES:
-            raise HydraInputError(f"--score {score!r} does not apply to a causal LM; use one of {', '.join(GENERATION_SCORES)}")
+            raise HydraInputError(
+                f"--score {score!r} does not apply to a causal LM; use one of {', '.join(GENERATION_SCORES)}"
+            )
         if temperature is not None or randomized:
             flag = "--temperature" if temperature is not None else "--randomized"
             raise HydraInputError(f"{flag} does not apply to a causal LM's abstention thresholds; drop it")
@@ -259,13 +272,26 @@ def calibrate_folder(
     dataset = resolve_dataset(
         data, text_column=text_column if modality == "text" else None, label_column=label_column,
         image_column=image_column if modality == "image" else None, label2id=model.config.label2id,
-        num_labels=model.config.num_labels, require_labels=True, max_samples=max_samples)  # fmt: skip
-    predictions = ev.predict(ev.ModelPredictor(model),
-                             ev.make_loader(dataset, preprocessor, modality, batch_size=batch_size, max_length=max_length),
-                             desc="calibration")
-    calibration = fit_calibration(predictions.member_logits, predictions.labels, alpha=alpha, method=method, score=score,
-                                  risk=risk, delta=delta, temperature=temperature, penalty=penalty,
-                                  regularization_rank=regularization_rank, randomized=randomized, seed=seed)
+        num_labels=model.config.num_labels, require_labels=True, max_samples=max_samples)
+    predictions = ev.predict(
+        ev.ModelPredictor(model),
+        ev.make_loader(dataset, preprocessor, modality, batch_size=batch_size, max_length=max_length),
+        desc="calibration",
+    )
+    calibration = fit_calibration(
+        predictions.member_logits,
+        predictions.labels,
+        alpha=alpha,
+        method=method,
+        score=score,
+        risk=risk,
+        delta=delta,
+        temperature=temperature,
+        penalty=penalty,
+        regularization_rank=regularization_rank,
+        randomized=randomized,
+        seed=seed,
+    )
     calibration.update({"data": data, "data_sha256": data_sha256(dataset), "hydra_hf_version": __version__})
     if "temperature_part" in calibration:
         calibration["n_total"] = int(predictions.labels.numel())

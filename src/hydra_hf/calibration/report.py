@@ -15,8 +15,8 @@ import torch
 
 from .. import metrics
 from ..errors import HydraInputError
-from ..modeling.pipeline_hydra import calibrated_decisions, calibrated_member_probs
 from ..evaluation.plots import risk_coverage_diagram
+from ..modeling.pipeline_hydra import calibrated_decisions, calibrated_member_probs
 from .fit import fit_calibration
 
 __all__ = ["DEFAULTS", "decision_metrics", "fit_for_report", "render_decisions", "risk_coverage_figure"]
@@ -32,9 +32,16 @@ def fit_for_report(member_logits: torch.Tensor, labels: torch.Tensor, alpha: flo
     """A calibration fitted on validation outputs with ``settings`` (method, score, risk, delta,
     randomized, seed; the model's own probabilities, or divided by ``temperature``). A threshold that
     cannot be certified leaves ``threshold`` None and the reason in ``selective_error``."""
-    kwargs = dict(alpha=alpha, method=settings["method"], score=settings["score"], temperature=temperature,
-                  penalty=float(settings.get("penalty", 0.1)), regularization_rank=int(settings.get("regularization_rank", 1)),
-                  randomized=bool(settings.get("randomized", False)), seed=int(settings.get("seed", 0)))
+    kwargs = dict(
+        alpha=alpha,
+        method=settings["method"],
+        score=settings["score"],
+        temperature=temperature,
+        penalty=float(settings.get("penalty", 0.1)),
+        regularization_rank=int(settings.get("regularization_rank", 1)),
+        randomized=bool(settings.get("randomized", False)),
+        seed=int(settings.get("seed", 0)),
+    )
     try:
         return fit_calibration(member_logits, labels, risk=settings["risk"], delta=settings["delta"], **kwargs)
     except HydraInputError as exc:
@@ -108,8 +115,11 @@ def decision_metrics(
         ood = calibrated_decisions(logits, record)
         big = ood["prediction_set"].sum(dim=-1) > 1
         refused = ood["abstain"] if ood["abstain"] is not None else torch.zeros_like(big)
-        out["ood"][name] = {"refused": float(refused.double().mean()) if ood["abstain"] is not None else None,
-                            "set_gt1": float(big.double().mean()), "refused_or_set_gt1": float((refused | big).double().mean())}
+        out["ood"][name] = {
+            "refused": float(refused.double().mean()) if ood["abstain"] is not None else None,
+            "set_gt1": float(big.double().mean()),
+            "refused_or_set_gt1": float((refused | big).double().mean()),
+        }
     return out
 
 
@@ -128,16 +138,32 @@ def render_decisions(decisions: Mapping[str, Sequence[Mapping[str, Any]]]) -> st
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, rows in decisions.items():
         for row in rows:
-            size = f"{row['set_size']:.3f}" + (f" [{row['set_size_ci']['ci_low']:.3f}, {row['set_size_ci']['ci_high']:.3f}]"
-                                               if row.get("set_size_ci") else "")
+            size = f"{row['set_size']:.3f}" + (
+                f" [{row['set_size_ci']['ci_low']:.3f}, {row['set_size_ci']['ci_high']:.3f}]"
+                if row.get("set_size_ci")
+                else ""
+            )
             method = row["method"] + (" (randomised)" if row.get("randomized") else "")
-            cells = [f"{name} ({row.get('source', 'val')})", f"{row['alpha']:g}", method, str(row["n_calibration"]), _pct(row["coverage"], row.get("coverage_ci")),
-                     size, str(row["score"]), "–" if row["threshold"] is None else f"{row['threshold']:.4g}",
-                     _pct(row["answered"]), _pct(row["selective_accuracy"], row.get("selective_accuracy_ci")),
-                     f"{row['aurc']:.4f}"]
+            cells = [
+                f"{name} ({row.get('source', 'val')})",
+                f"{row['alpha']:g}",
+                method,
+                str(row["n_calibration"]),
+                _pct(row["coverage"], row.get("coverage_ci")),
+                size,
+                str(row["score"]),
+                "–" if row["threshold"] is None else f"{row['threshold']:.4g}",
+                _pct(row["answered"]),
+                _pct(row["selective_accuracy"], row.get("selective_accuracy_ci")),
+                f"{row['aurc']:.4f}",
+            ]
             for o in ood_names:
                 d = row["ood"].get(o)
-                cells.append("–" if d is None else f"{_pct(d['refused'])} / {_pct(d['set_gt1'])} / {_pct(d['refused_or_set_gt1'])}")
+                cells.append(
+                    "–"
+                    if d is None
+                    else f"{_pct(d['refused'])} / {_pct(d['set_gt1'])} / {_pct(d['refused_or_set_gt1'])}"
+                )
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

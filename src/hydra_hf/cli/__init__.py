@@ -28,12 +28,12 @@ from ..version import __version__
 
 PROG = "hydra-hf"
 DESCRIPTION = (
-    "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, calibrate, evaluate, aggregate, export, "
-    "push."
+    "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, calibrate, evaluate, aggregate, "
+    "export, push."
 )
 # Sub-command modules, in the order `hydra-hf --help` lists them. The console script (hydra_hf_cli, outside
 # the package so that `--help` and `--version` need no torch) prints a copy of this top level;
-# tests/test_cli_help.py checks that the two helps are equal.
+# tests/cli/test_cli_help.py checks that the two helps are equal.
 COMMANDS = ("prune", "convert", "finetune", "calibrate", "evaluate", "aggregate", "export", "push")
 # the commands that load models or data: each takes --no-progress
 LONG_COMMANDS = ("prune", "convert", "finetune", "evaluate", "export", "push")

@@ -9,8 +9,8 @@ import logging
 from pathlib import Path
 
 from ..errors import HydraInputError
-from ..outputs import check_output, read_json, write_output_folder
 from ..evaluation.report import aggregate_seed_reports, check_seed_report, summarize_seed_comparisons, write_report
+from ..outputs import check_output, read_json, write_output_folder
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,9 @@ def _read(spec: str) -> dict:
     path = Path(spec)
     file = path / "report.json" if path.is_dir() else path
     if file.is_symlink() or not (file.exists() or path.is_dir()):
-        raise HydraInputError(f"{spec!r} is not a report folder or report.json; pass what `hydra-hf evaluate --report` wrote")
+        raise HydraInputError(
+            f"{spec!r} is not a report folder or report.json; pass what `hydra-hf evaluate --report` wrote"
+        )
     data = read_json(file, what="report", fix="pass the report.json that `hydra-hf evaluate` wrote, unedited")
     return check_seed_report(data, repr(str(file)))
 
@@ -68,5 +70,9 @@ def run(args: argparse.Namespace) -> int:
     aggregate["sources"] = [str(s) for s in args.reports]
     out = write_output_folder(args.output, lambda tmp: write_report(aggregate, tmp), command="aggregate",
                               overwrite=args.overwrite, inputs=args.reports)
-    print(json.dumps({"output": str(out), "seeds": aggregate["seeds"], "methods": [r["method"] for r in aggregate["rows"]]}))
+    print(
+        json.dumps(
+            {"output": str(out), "seeds": aggregate["seeds"], "methods": [r["method"] for r in aggregate["rows"]]}
+        )
+    )
     return 0

@@ -28,8 +28,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", required=True, help="output folder (must not exist or be empty, unless --overwrite)")
     p.add_argument("--mlp-fusion", choices=["average", "per_member"], default="average",
                    help="average the members' MLPs (paper, default) or keep one MLP per member (exact, larger)")
-    p.add_argument("--shared-weights", choices=["error", "average", "first"], default="error",
-                   help="when members' shared parts (embeddings) differ: fail (default), average them, or take the first")
+    p.add_argument(
+        "--shared-weights",
+        choices=["error", "average", "first"],
+        default="error",
+        help="when members' shared parts (embeddings) differ: fail (default), average them, or take the first",
+    )
 
     p.add_argument("--arch", default=None, metavar="FAMILY",
                    help="force the base architecture family instead of detecting it: one of "
@@ -40,7 +44,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-labels", type=int, default=None, help="classes of a classifier built from a bare encoder")
     p.add_argument("--labels", default=None, help="comma-separated class names for a bare encoder (e.g. neg,pos)")
     p.add_argument("--seed", type=int, default=0, help="seed for newly initialised per-member classifiers")
-    p.add_argument("--overwrite", action="store_true", help="replace --output if it holds an earlier `hydra-hf convert` output (never another folder, never an input)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace --output if it holds an earlier `hydra-hf convert` output "
+        "(never another folder, never an input)",
+    )
     p.set_defaults(func=run)
 
 

@@ -9,16 +9,16 @@ import argparse
 import dataclasses
 import logging
 
-from . import finite_float
 from .. import distributed
 from ..evaluation.folder import EvaluationSpec, evaluate_folder
 from ..evaluation.report import render_markdown_table
 from ..metrics import OOD_SCORES, SEQUENCE_SCORES
+from . import finite_float
 
 logger = logging.getLogger(__name__)
 
 # hydra_hf.data.TEMPLATE_SETS, named here: building the parser (every command does) imports no open_clip;
-# tests/test_evaluate_zero_shot.py compares the two
+# tests/evaluation/test_evaluate_zero_shot.py compares the two
 TEMPLATE_SET_NAMES = ("openai", "simple", "default")
 
 
@@ -29,10 +29,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Evaluate a model (and baselines) on labelled ID data and one or more OOD sets; write a "
         "report folder (report.json, report.md, reliability.png, ood_scores.png).",
     )
-    p.add_argument("--model", required=True,
-                   help="model folder to evaluate (Hydra or any classifier; a `hydra-hf export --format onnx` folder, or "
-                   "a .onnx file in one, runs on ONNX Runtime; a CLIP / SigLIP folder classifies zero-shot: see "
-                   "--class-names, --templates)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="model folder to evaluate (Hydra or any classifier; a `hydra-hf export --format onnx` folder, or a "
+        ".onnx file in one, runs on ONNX Runtime; a CLIP / SigLIP folder classifies zero-shot: see --class-names, "
+        "--templates)",
+    )
     p.add_argument("--name", default="Hydra", help="name of --model in the report")
     p.add_argument("--baseline", action="append", default=[], metavar="NAME=DIR",
                    help="another model folder (or ONNX export) to compare with (repeatable), e.g. Single=runs/single; "
@@ -40,9 +43,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mc-dropout", action="append", default=[], metavar="NAME",
                    help="add MC Dropout of the model NAME (repeatable)")
     p.add_argument("--mc-samples", type=int, default=10, help="MC Dropout samples (default 10)")
-    p.add_argument("--deep-ensemble", default=None, metavar="NAME",
-                   help="add Deep Ensembles (D): 3 classifier heads trained on NAME's frozen features (needs --train-data; "
-                   "NAME: a single stock classifier of any family)")
+    p.add_argument(
+        "--deep-ensemble",
+        default=None,
+        metavar="NAME",
+        help="add Deep Ensembles (D): 3 classifier heads trained on NAME's frozen features (needs --train-data; "
+        "NAME: a single stock classifier of any family)",
+    )
     p.add_argument("--ensemble-size", type=int, default=3, help="heads of Deep Ensembles (D) (default 3)")
     p.add_argument("--temperature-scaling", action="store_true",
                    help="add a temperature-scaled copy of every model, fitted on --val-data")
@@ -52,13 +59,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="OOD data (repeatable); NAME=SPEC sets the name shown in the report")
     p.add_argument("--val-data", default=None,
                    help="labelled validation data for temperature scaling and for fitting --conformal-alpha sets")
-    p.add_argument("--conformal-alpha", type=finite_float, action="append", default=[], metavar="ALPHA",
-                   help="fit split conformal sets at level 1 - ALPHA and an abstention threshold on --val-data for every "
-                   "model (repeatable), and report coverage, mean set size, selective accuracy, AURC and the OOD inputs "
-                   "refused or given several labels; a folder calibrated by `hydra-hf calibrate` reports its stored "
-                   "decisions without it (its baselines are fitted alike when --val-data is given)")
+    p.add_argument(
+        "--conformal-alpha",
+        type=finite_float,
+        action="append",
+        default=[],
+        metavar="ALPHA",
+        help="fit split conformal sets at level 1 - ALPHA and an abstention threshold on --val-data for every "
+        "model (repeatable), and report coverage, mean set size, selective accuracy, AURC and the OOD inputs "
+        "refused or given several labels; a folder calibrated by `hydra-hf calibrate` reports its stored "
+        "decisions without it (its baselines are fitted alike when --val-data is given)",
+    )
     p.add_argument("--train-data", default=None, help="labelled training data for Deep Ensembles (D) heads")
-    p.add_argument("--text-column", default="text", help="column holding the text of csv/jsonl/parquet data (default: text)")
+    p.add_argument(
+        "--text-column", default="text", help="column holding the text of csv/jsonl/parquet data (default: text)"
+    )
     p.add_argument("--label-column", default="label",
                    help="column holding the integer class (or class name) of labelled data (default: label)")
     p.add_argument("--image-column", default=None,
@@ -70,16 +85,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"zero-shot models: the prompt templates of every class (CLIP's prompt ensemble): "
                    f"{' / '.join(TEMPLATE_SET_NAMES)}, a file with one template per line, or one template with {{}} "
                    "(default: 'a photo of a {}.')")
-    p.add_argument("--score", default="msp", choices=[*OOD_SCORES, *(s for s in SEQUENCE_SCORES if s not in OOD_SCORES)],
-                   help="OOD score (higher = more in-distribution; the paper uses msp): "
-                   + "; ".join(f"{s.name}: {s.help}" for s in OOD_SCORES.values())
-                   + "; causal LMs: the mean over a sequence's tokens of msp, entropy or mutual_information, or "
-                   "likelihood (the mean token log-likelihood)")
+    p.add_argument(
+        "--score",
+        default="msp",
+        choices=[*OOD_SCORES, *(s for s in SEQUENCE_SCORES if s not in OOD_SCORES)],
+        help="OOD score (higher = more in-distribution; the paper uses msp): "
+        + "; ".join(f"{s.name}: {s.help}" for s in OOD_SCORES.values())
+        + "; causal LMs: the mean over a sequence's tokens of msp, entropy or mutual_information, or "
+        "likelihood (the mean token log-likelihood)",
+    )
     p.add_argument("--max-samples", type=int, default=None, help="cap every data set at this many examples")
     p.add_argument("--batch-size", type=int, default=None,
                    help="examples per forward pass; also the batch of the latency column (default 32; causal LMs 8: "
                    "their logits are B x M x T x V)")
-    p.add_argument("--max-length", type=int, default=128, help="text: truncate inputs to this many tokens (default 128)")
+    p.add_argument(
+        "--max-length", type=int, default=128, help="text: truncate inputs to this many tokens (default 128)"
+    )
     p.add_argument("--compare", action="append", default=[], metavar="A=B",
                    help="paired bootstrap interval of A minus B for accuracy, NLL, ECE, Brier and every OOD AUROC / "
                    "FPR95 (repeatable; default: --name against the first --baseline)")

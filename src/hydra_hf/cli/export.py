@@ -29,7 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "calibration and OOD detection against the fp32 graph on --calibration-data / --ood-data. Needs the onnx "
         "extra: pip install hydra-hf[onnx].",
     )
-    p.add_argument("model", metavar="DIR", help="the Hydra folder to export (written by `hydra-hf convert` or `finetune`)")
+    p.add_argument(
+        "model", metavar="DIR", help="the Hydra folder to export (written by `hydra-hf convert` or `finetune`)"
+    )
     p.add_argument("--format", required=True, metavar="FORMAT",
                    help=f"export format; supported: {', '.join(FORMATS)}")
     p.add_argument("--output", required=True,
@@ -42,26 +44,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--int8-recipe", default=None, choices=sorted(INT8_RECIPES), metavar="RECIPE",
                    help=f"int8: how the graph is quantised (default {DEFAULT_RECIPE}); "
                    + "; ".join(f"{name}: {r.help}" for name, r in INT8_RECIPES.items()))
-    p.add_argument("--quantize-all", action="store_true",
-                   help="int8: the same as --int8-recipe all (every constant weight per-tensor int8, fc2 unsmoothed; on "
-                   "the demo model it flipped 4x more labels than keep-fc2, docs/deploy.md)")
+    p.add_argument(
+        "--quantize-all",
+        action="store_true",
+        help="int8: the same as --int8-recipe all (every constant weight per-tensor int8, fc2 unsmoothed; on "
+        "the demo model it flipped 4x more labels than keep-fc2, docs/deploy.md)",
+    )
     p.add_argument("--calibration-data", default=None, metavar="SPEC",
                    help="labelled in-distribution data for the quantisation report (file, folder or NAME:SPLIT, as "
                    "`hydra-hf evaluate --id-data` takes it), e.g. rotten_tomatoes:validation")
     p.add_argument("--ood-data", action="append", default=[], metavar="SPEC",
                    help="OOD data for the report's AUROC (repeatable); NAME=SPEC sets the name shown")
-    p.add_argument("--class-template", action="append", default=None, metavar="TEMPLATE",
-                   help="two-tower models (CLIP, SigLIP, open_clip): a prompt template of the report's zero-shot classifier, "
-                   "with {} for the class name (repeatable; default \"a photo of a {}.\"); the classes are "
-                   "--calibration-data's (an image folder with one sub-folder per class)")
-    p.add_argument("--text-column", default="text", help="column holding the text of csv/jsonl/parquet data (default: text)")
+    p.add_argument(
+        "--class-template",
+        action="append",
+        default=None,
+        metavar="TEMPLATE",
+        help="two-tower models (CLIP, SigLIP, open_clip): a prompt template of the report's zero-shot classifier, "
+        "with {} for the class name (repeatable; default \"a photo of a {}.\"); the classes are "
+        "--calibration-data's (an image folder with one sub-folder per class)",
+    )
+    p.add_argument(
+        "--text-column", default="text", help="column holding the text of csv/jsonl/parquet data (default: text)"
+    )
     p.add_argument("--label-column", default="label",
                    help="column holding the integer class (or class name) of labelled data (default: label)")
     p.add_argument("--image-column", default=None,
                    help="column holding images (or image paths) of tabular image data; image folders need none")
     p.add_argument("--max-samples", type=int, default=None, help="cap every report data set at this many examples")
     p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass of the report (default 32)")
-    p.add_argument("--max-length", type=int, default=128, help="text: truncate report inputs to this many tokens (default 128)")
+    p.add_argument(
+        "--max-length", type=int, default=128, help="text: truncate report inputs to this many tokens (default 128)"
+    )
     p.add_argument("--overwrite", action="store_true",
                    help="replace --output if it holds an earlier `hydra-hf export` output (never another folder)")
     p.set_defaults(func=run)

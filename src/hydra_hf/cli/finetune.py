@@ -43,7 +43,12 @@ def _optional(kind: type):
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per ``FinetuneConfig`` field; unset flags stay absent from the namespace."""
-    choices = {"optimizer": OPTIMIZERS, "scheduler": SCHEDULERS, "mixed_precision": MIXED_PRECISION, "mlp_fusion": MLP_FUSIONS}
+    choices = {
+        "optimizer": OPTIMIZERS,
+        "scheduler": SCHEDULERS,
+        "mixed_precision": MIXED_PRECISION,
+        "mlp_fusion": MLP_FUSIONS,
+    }
     group = parser.add_argument_group("training settings (override --recipe and --config)")
     for f in dataclasses.fields(FinetuneConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -61,33 +66,61 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="base checkpoint folder: a text or image classifier of a registered family (its trained head is kept), a bare encoder, or a decoder causal LM (Llama-style, GPT-2: trained on the next-token loss of the text)")
+    p.add_argument(
+        "--model",
+        required=True,
+        help="base checkpoint folder: a text or image classifier of a registered family (its trained head is kept), a "
+        "bare encoder, or a decoder causal LM (Llama-style, GPT-2: trained on the next-token loss of the text)",
+    )
     p.add_argument("--masks", required=True, help="masks JSON file for this base model")
-    p.add_argument("--train-data", required=True, help="training data: NAME[:SPLIT] (e.g. rotten_tomatoes:train), a csv/jsonl/parquet file or a save_to_disk folder")
+    p.add_argument(
+        "--train-data",
+        required=True,
+        help="training data: NAME[:SPLIT] (e.g. rotten_tomatoes:train), a "
+        "csv/jsonl/parquet file or a save_to_disk folder",
+    )
     p.add_argument("--eval-data", default=None, help="validation data for early stopping (same forms as --train-data)")
-    p.add_argument("--output", required=True, help="the fused model folder (must not exist or be empty, unless --overwrite)")
-    p.add_argument("--work-dir", default=None,
-                   help="checkpoints, logs and per-member folders (default: OUTPUT.work); a new or empty folder, or one an "
-                        "earlier `hydra-hf finetune` created; never the model folder, the output, or a folder holding them")
+    p.add_argument(
+        "--output", required=True, help="the fused model folder (must not exist or be empty, unless --overwrite)"
+    )
+    p.add_argument(
+        "--work-dir",
+        default=None,
+        help="checkpoints, logs and per-member folders (default: OUTPUT.work); a new or empty folder, or one an "
+        "earlier `hydra-hf finetune` created; never the model folder, the output, or a folder holding them",
+    )
     p.add_argument("--members", type=int, nargs="+", default=None, metavar="M",
                    help="train only these members (e.g. one launch per GPU sharing --work-dir); fusing waits for all")
-    p.add_argument("--fused", action="store_true",
-                   help="train the fused model directly (loss = mean member cross-entropy) instead of member by member")
-    p.add_argument("--resume", action="store_true",
-                   help="continue an interrupted run from its last checkpoint in --work-dir, exactly (the same weights "
-                        "and loss history as without the interruption); a checkpoint without its RNG or trainer state "
-                        "is an error")
+    p.add_argument(
+        "--fused",
+        action="store_true",
+        help="train the fused model directly (loss = mean member cross-entropy) instead of member by member",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue an interrupted run from its last checkpoint in --work-dir, exactly (the same weights "
+        "and loss history as without the interruption); a checkpoint without "
+        "its RNG or trainer state is an error",
+    )
     p.add_argument("--resume-partial", action="store_true",
                    help="--resume, and go on with a warning when a checkpoint lacks random_states_*.pkl (dropout then "
-                        "differs from an uninterrupted run) or trainer_state.json (that member is retrained from its "
-                        "first step)")
+                        "differs from an uninterrupted run) or trainer_state.json (that "
+                        "member is retrained from its first step)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace --output and empty --work-dir, but only folders an earlier `hydra-hf finetune` wrote "
-                        "(they hold its .hydra_hf_output.json marker); any other non-empty folder is an error and is "
-                        "never deleted")
-    p.add_argument("--recipe", choices=["text", "image"], default=None, help="preset settings (default: the paper's recipe for the base: image for ViT, text otherwise)")
+                        "(they hold its .hydra_hf_output.json marker); any other non-empty "
+                        "folder is an error and is never deleted")
+    p.add_argument(
+        "--recipe",
+        choices=["text", "image"],
+        default=None,
+        help="preset settings (default: the paper's recipe for the base: image for ViT, text otherwise)",
+    )
     p.add_argument("--config", default=None, help="JSON/YAML file of training settings (keys as the flags, with _)")
-    p.add_argument("--labels", default=None, help="comma-separated class names for a bare encoder (e.g. negative,positive)")
+    p.add_argument(
+        "--labels", default=None, help="comma-separated class names for a bare encoder (e.g. negative,positive)"
+    )
     add_config_flags(p)
 
 
@@ -129,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         model_dir=args.model, masks=args.masks, train_data=args.train_data, eval_data=args.eval_data,
         output_dir=args.output, config=config, work_dir=args.work_dir, resume=args.resume,
         resume_partial=args.resume_partial, overwrite=args.overwrite, id2label=id2label,
-    )  # fmt: skip
+    )
     if args.fused:
         if args.members is not None:
             raise ValueError("--members selects members to train one by one; it cannot be combined with --fused")
@@ -138,5 +171,7 @@ def run(args: argparse.Namespace) -> int:
         out = finetune_members(**common, members=args.members)
 
     if PartialState().is_main_process:
-        print(json.dumps({"output": str(out) if out is not None else None, "mode": "fused" if args.fused else "members"}))
+        print(
+            json.dumps({"output": str(out) if out is not None else None, "mode": "fused" if args.fused else "members"})
+        )
     return 0

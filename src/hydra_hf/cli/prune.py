@@ -19,10 +19,10 @@ Models:
   ``save_for_hf`` folder whose ``model_args`` are used). Nothing is downloaded.
 
 CLIP models classify images zero-shot: ``--class-names`` (comma-separated, or a file with one name
-per line, in label order; an image folder as ``--id-data`` names them itself) and ``--prompt-template`` (default ``"a photo of a {}."``) give the class
-prompts; label values must be ``0 .. C-1`` (or the class names themselves; image-folder classes are
-matched by name). ``--tower joint`` (the default for two-tower models) selects every member's heads
-over both towers at once (``--remove N`` counts the heads of both, ``--heads-per-layer K`` applies
+per line, in label order; an image folder as ``--id-data`` names them itself) and ``--prompt-template`` (default ``"a
+photo of a {}."``) give the class prompts; label values must be ``0 .. C-1`` (or the class names themselves;
+image-folder classes are matched by name). ``--tower joint`` (the default for two-tower models) selects every member's
+heads over both towers at once (``--remove N`` counts the heads of both, ``--heads-per-layer K`` applies
 to every layer of each); ``--tower vision`` / ``text`` prunes one tower and keeps the other whole.
 CLIP masks are written in the two-tower format that ``hydra-hf convert`` reads; the file is written
 atomically, never half.
@@ -75,10 +75,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="Hugging Face checkpoint folder: text classifier, ViT classifier or CLIPModel")
-    source.add_argument("--open-clip", metavar="NAME", help="open_clip model name (e.g. ViT-B-32) or local open_clip_config.json; weights from --checkpoint")
-    source.add_argument("--timm", metavar="NAME", help="timm ViT architecture (e.g. vit_base_patch16_224); weights from --checkpoint")
-    p.add_argument("--checkpoint", help="local weights of --open-clip / --timm: a .safetensors/.bin/.pt file or a checkpoint folder")
-    p.add_argument("--class-names", help="CLIP: class names in label order, comma-separated or a file with one per line (default with an image folder as --id-data: its sub-folders)")
+    source.add_argument(
+        "--open-clip",
+        metavar="NAME",
+        help="open_clip model name (e.g. ViT-B-32) or local open_clip_config.json; weights from --checkpoint",
+    )
+    source.add_argument(
+        "--timm", metavar="NAME", help="timm ViT architecture (e.g. vit_base_patch16_224); weights from --checkpoint"
+    )
+    p.add_argument(
+        "--checkpoint",
+        help="local weights of --open-clip / --timm: a .safetensors/.bin/.pt file or a checkpoint folder",
+    )
+    p.add_argument(
+        "--class-names",
+        help="CLIP: class names in label order, comma-separated or a file with one per line (default with an image "
+        "folder as --id-data: its sub-folders)",
+    )
     p.add_argument("--prompt-template", default=None, help='CLIP: prompt of each class (default "a photo of a {}.")')
     p.add_argument("--tower", help="two-tower models: vision, text or joint (default joint: both towers together)")
     p.add_argument(
@@ -95,18 +108,33 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--id-data", required=True, help="labelled ID data: file, save_to_disk folder or NAME[:SPLIT] "
                    "(a causal LM: any texts; the labels are the next tokens)")
     p.add_argument("--ood-data", help="OOD data (needed by circuit-ood and circuit-avg)")
-    p.add_argument("--text-column", default="text", help="column holding the text of csv/jsonl/parquet data (default: text)")
+    p.add_argument(
+        "--text-column", default="text", help="column holding the text of csv/jsonl/parquet data (default: text)"
+    )
     p.add_argument("--ood-text-column", help="text column of --ood-data (default: --text-column)")
-    p.add_argument("--label-column", default=None,
-                   help="column holding the integer class (or class name) of --id-data (default: label; not for causal LMs)")
+    p.add_argument(
+        "--label-column",
+        default=None,
+        help="column holding the integer class (or class name) of --id-data (default: label; not for causal LMs)",
+    )
     p.add_argument("--image-column", help="image column (image data); image folders need none")
     p.add_argument("--max-samples", type=int, help="use at most this many ID (and OOD) examples")
-    p.add_argument("--max-length", type=int, default=128, help="max tokens per text (default 128; a causal LM: per sequence)")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="examples per forward pass while scoring (default 32; causal LMs 8: their logits are B x T x V)")
+    p.add_argument(
+        "--max-length", type=int, default=128, help="max tokens per text (default 128; a causal LM: per sequence)"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="examples per forward pass while scoring (default 32; causal LMs 8: their logits are B x T x V)",
+    )
     p.add_argument("--num-labels", type=int, help="classes of a checkpoint without a trained classifier head")
-    p.add_argument("--temperature", type=finite_float, help="Taylor sampling temperature (default 1 for several members)")
-    p.add_argument("--data-fraction", type=finite_float, help="fraction of the data per member (default 0.8 for several)")
+    p.add_argument(
+        "--temperature", type=finite_float, help="Taylor sampling temperature (default 1 for several members)"
+    )
+    p.add_argument(
+        "--data-fraction", type=finite_float, help="fraction of the data per member (default 0.8 for several)"
+    )
     p.add_argument("--heads-per-step", type=int, default=1, help="circuit heads removed per step (1 = exact greedy)")
     p.add_argument("--taylor-rounds", type=int, default=1, help="recompute rounds of the global Taylor ranking")
     p.add_argument("--mlp-keep", type=finite_float, metavar="F",
@@ -115,7 +143,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "compute); default: whole MLPs, as in the paper")
     p.add_argument("--mlp-spread", action="store_true",
                    help="with --mlp-keep: members prefer the neurons earlier members left (they cover the MLP)")
-    p.add_argument("--include-masks", help="masks file whose members are added to the output unchanged (two-tower for --tower joint)")
+    p.add_argument(
+        "--include-masks",
+        help="masks file whose members are added to the output unchanged (two-tower for --tower joint)",
+    )
     p.add_argument("--no-fast", action="store_true", help="circuits: re-run the full model per candidate")
     p.add_argument(
         "--circuit-precision",
@@ -129,8 +160,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing --output file if it is a masks file (never any other file)")
     p.add_argument("--trust-remote-code", action="store_true",
-                   help="allow a --model folder that ships its own Python code (auto_map); off by default because "
-                   "loading runs that code")
+                   help="allow a --model folder that ships its own Python code (auto_map); off by "
+                   "default because loading runs that code")
     p.add_argument("--output", required=True, help="masks file to write (JSON)")
     p.set_defaults(func=run)
     return p
@@ -142,22 +173,32 @@ TOWERS = ("vision", "text", "joint")
 def _check_source(args: argparse.Namespace) -> None:
     """Cheap argument checks, before anything is loaded."""
     if args.checkpoint and not (args.open_clip or args.timm):
-        raise ValueError("--checkpoint gives the weights of --open-clip / --timm models; a --model folder holds its own")
+        raise ValueError(
+            "--checkpoint gives the weights of --open-clip / --timm models; a --model folder holds its own"
+        )
     if (args.open_clip or args.timm) and not args.checkpoint:
         flag = "--open-clip" if args.open_clip else "--timm"
         raise ValueError(f"{flag} needs --checkpoint PATH: the local weights of the model (nothing is downloaded)")
     if args.checkpoint and not Path(args.checkpoint).exists():
-        raise FileNotFoundError(f"--checkpoint {args.checkpoint!r} does not exist; give the local weights file or folder")
+        raise FileNotFoundError(
+            f"--checkpoint {args.checkpoint!r} does not exist; give the local weights file or folder"
+        )
     if args.model and is_causal_lm_folder(args.model):
         if args.label_column is not None:
-            raise ValueError(f"--label-column {args.label_column!r} does not apply to the causal LM {args.model!r}: its labels "
-                             "are the next tokens of the --id-data texts; drop --label-column")
+            raise ValueError(
+                f"--label-column {args.label_column!r} does not apply to the causal LM {args.model!r}: its labels "
+                "are the next tokens of the --id-data texts; drop --label-column"
+            )
         if args.num_labels is not None:
-            raise ValueError(f"--num-labels {args.num_labels} does not apply to the causal LM {args.model!r} (pruned on "
-                             "next-token prediction); drop --num-labels")
+            raise ValueError(
+                f"--num-labels {args.num_labels} does not apply to the causal LM {args.model!r} (pruned on "
+                "next-token prediction); drop --num-labels"
+            )
         if args.max_length < 2:
-            raise ValueError(f"--max-length {args.max_length}: a causal LM needs at least 2 tokens per sequence (a token "
-                             "and its successor); use e.g. --max-length 128")
+            raise ValueError(
+                f"--max-length {args.max_length}: a causal LM needs at least 2 tokens per sequence (a token "
+                "and its successor); use e.g. --max-length 128"
+            )
     if args.tower is not None and args.tower not in TOWERS:
         raise ValueError(f"unknown --tower {args.tower!r}; choose one of {', '.join(TOWERS)}")
     if args.prompt_template is not None:
@@ -173,7 +214,9 @@ def _hf_config(path: str, trust_remote_code: bool = False) -> Any:
     return from_pretrained(AutoConfig, folder, trust_remote_code=trust_remote_code)
 
 
-def _clip_text_inputs(adapter_kind: str, tokenize: Callable[[list[str]], Any], args: argparse.Namespace) -> tuple[Any, list[str]]:
+def _clip_text_inputs(
+    adapter_kind: str, tokenize: Callable[[list[str]], Any], args: argparse.Namespace
+) -> tuple[Any, list[str]]:
     # --class-names, else the sub-folders of an image folder given as --id-data
     names = zero_shot_class_names(args.class_names, args.id_data, model=f"a CLIP model ({adapter_kind})")
     if not args.class_names:
@@ -203,7 +246,10 @@ def _load_target(args: argparse.Namespace) -> PruningTarget:
             raise ValueError("--num-labels does not apply to a CLIP model; its classes are --class-names")
         model = from_pretrained(AutoModel, folder).eval()  # CLIPModel, SiglipModel, ...
         try:
-            tokenizer, image_processor = AutoTokenizer.from_pretrained(folder), AutoImageProcessor.from_pretrained(folder)
+            tokenizer, image_processor = (
+                AutoTokenizer.from_pretrained(folder),
+                AutoImageProcessor.from_pretrained(folder),
+            )
         except (OSError, ValueError) as exc:
             raise ValueError(
                 f"--model {args.model!r} needs its tokenizer and image processor for zero-shot pruning "
@@ -212,18 +258,26 @@ def _load_target(args: argparse.Namespace) -> PruningTarget:
         prompt_kwargs = family.prompt_tokenizer_kwargs_for(model.config)
         tokenize = lambda p: dict(tokenizer(p, return_tensors="pt", **prompt_kwargs))  # noqa: E731
         tokens, names = _clip_text_inputs(family.name, tokenize, args)
-        adapter = get_adapter(model, class_text_inputs={k: tokens[k] for k in ("input_ids", "attention_mask") if k in tokens})
+        adapter = get_adapter(
+            model, class_text_inputs={k: tokens[k] for k in ("input_ids", "attention_mask") if k in tokens}
+        )
         transform = lambda image: image_processor(image, return_tensors="pt")["pixel_values"][0]  # noqa: E731
         return PruningTarget(adapter, transform, None, len(names), {n: i for i, n in enumerate(names)}, True)
     if args.class_names or args.prompt_template:
-        raise ValueError(f"--class-names / --prompt-template apply to CLIP models; {args.model!r} is a {config.model_type} model, not a CLIP one")
+        raise ValueError(
+            f"--class-names / --prompt-template apply to CLIP models; {args.model!r} is a {config.model_type} model, "
+            "not a CLIP one"
+        )
     return load_pruning_target(folder, num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
 
 
 def run(args: argparse.Namespace) -> int:
     # --- cheap checks first: fail before loading anything heavy
     if uses_ood(args.method) and not args.ood_data:
-        raise ValueError(f"--method {args.method} needs OOD validation data; give --ood-data (e.g. guardian_headlines:ood_validation)")
+        raise ValueError(
+            f"--method {args.method} needs OOD validation data; give --ood-data (e.g. "
+            "guardian_headlines:ood_validation)"
+        )
     budget = Budget(heads_per_layer=args.heads_per_layer, remove=args.remove)
     output = check_output_file(args.output, overwrite=args.overwrite, accept=_is_masks_file, what="--output")
     _check_not_an_input(output, args)
@@ -306,4 +360,6 @@ def _check_not_an_input(output: Path, args: argparse.Namespace) -> None:
     for name in ("model", "checkpoint", "include_masks", "class_names", "id_data", "ood_data"):
         value = getattr(args, name, None)
         if isinstance(value, str) and value and Path(value).exists() and Path(value).resolve() == real:
-            raise HydraUnsafeError(f"--output {str(output)!r} is the --{name.replace('_', '-')} input; choose another file")
+            raise HydraUnsafeError(
+                f"--output {str(output)!r} is the --{name.replace('_', '-')} input; choose another file"
+            )

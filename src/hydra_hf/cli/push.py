@@ -19,7 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "push",
         help="publish a Hydra Ensemble folder to the Hub (model card, validation, one commit)",
         description="Stage DIR as a Hub repository (safetensors only, shipped code that is exactly the code this "
-        "hydra_hf ships unless --trust-foreign-code, and passes the import/name allow-list audit, tokenizer, README.md model card, evaluation report and plots), check that it loads "
+        "hydra_hf ships unless --trust-foreign-code, and passes the import/name allow-list audit, tokenizer, "
+        "README.md model card, evaluation report and plots), check that it loads "
         "with trust_remote_code=True in an isolated fresh process without hydra_hf, then upload it in one "
         "commit. DIR and the report are only read: files are taken only from inside them (symlinks or paths "
         "leading out are refused), hidden files are never uploaded.",

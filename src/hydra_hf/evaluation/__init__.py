@@ -11,7 +11,13 @@ same metric code. The names below are the package's public face (``from hydra_hf
 ModelPredictor, make_loader, predict``)."""
 
 from ..data import zero_shot_prompts
-from .loading import check_deep_ensemble_model, fit_tokenizer_to_model, load_classifier, make_loader, max_text_positions
+from .loading import (
+    check_deep_ensemble_model,
+    fit_tokenizer_to_model,
+    load_classifier,
+    make_loader,
+    max_text_positions,
+)
 from .predictors import (
     EnsemblePredictor,
     HeadsEnsemblePredictor,
@@ -35,10 +41,34 @@ from .run import COMPARED_METRICS, EvaluationResult, compare_predictions, evalua
 from .thresholds import UNCERTAINTY_METRICS, fit_uncertainty_threshold
 
 __all__ = [
-    "COMPARED_METRICS", "EnsemblePredictor", "EvaluationResult", "HeadsEnsemblePredictor", "MCDropoutPredictor",
-    "ModelPredictor", "Predictions", "Predictor", "TemperatureScaledPredictor", "UNCERTAINTY_METRICS",
-    "ZeroShotPredictor", "check_deep_ensemble_model", "classifier_layer", "compare_predictions", "evaluate_predictors",
-    "fit_temperature", "fit_tokenizer_to_model", "fit_uncertainty_threshold", "interleaved_latency_ms", "load_classifier",
-    "make_loader", "max_text_positions", "model_compute_ratio", "pooled_features", "predict", "recipe_of",
-    "reuse_forwards", "train_ensemble_heads", "write_evaluation_report", "zero_shot_prompts",
+    "COMPARED_METRICS",
+    "EnsemblePredictor",
+    "EvaluationResult",
+    "HeadsEnsemblePredictor",
+    "MCDropoutPredictor",
+    "ModelPredictor",
+    "Predictions",
+    "Predictor",
+    "TemperatureScaledPredictor",
+    "UNCERTAINTY_METRICS",
+    "ZeroShotPredictor",
+    "check_deep_ensemble_model",
+    "classifier_layer",
+    "compare_predictions",
+    "evaluate_predictors",
+    "fit_temperature",
+    "fit_tokenizer_to_model",
+    "fit_uncertainty_threshold",
+    "interleaved_latency_ms",
+    "load_classifier",
+    "make_loader",
+    "max_text_positions",
+    "model_compute_ratio",
+    "pooled_features",
+    "predict",
+    "recipe_of",
+    "reuse_forwards",
+    "train_ensemble_heads",
+    "write_evaluation_report",
+    "zero_shot_prompts",
 ]

@@ -56,7 +56,9 @@ logger = logging.getLogger(__name__)
 Batch = Mapping[str, torch.Tensor]
 
 
-def batch_token_ids(sequences: Sequence[Sequence[int]], batch_size: int = 8, pad_token_id: int = 0) -> list[dict[str, torch.Tensor]]:
+def batch_token_ids(
+    sequences: Sequence[Sequence[int]], batch_size: int = 8, pad_token_id: int = 0
+) -> list[dict[str, torch.Tensor]]:
     """Token-id sequences -> right-padded batches, in order.
 
     Shape:
@@ -100,7 +102,9 @@ def _token_ids(tokenizer: Any, texts: Sequence[str], max_length: int) -> list[li
     return [list(ids) for ids in encoded["input_ids"]]
 
 
-def tokenize_texts(tokenizer: Any, texts: Sequence[str], max_length: int = 512, batch_size: int = 8) -> list[dict[str, torch.Tensor]]:
+def tokenize_texts(
+    tokenizer: Any, texts: Sequence[str], max_length: int = 512, batch_size: int = 8
+) -> list[dict[str, torch.Tensor]]:
     """Tokenize ``texts`` (truncated to ``max_length`` tokens, the tokenizer's special tokens added)
     into right-padded batches, in order; the pad id is the tokenizer's pad token, else its EOS.
 
@@ -127,7 +131,10 @@ def _as_batches(data: Any, name: str, tokenizer: Any, max_length: int, batch_siz
     if isinstance(data, Sequence) and len(data) and (isinstance(data[0], str) or _is_token_sequence(data[0])):
         if isinstance(data[0], str):
             if tokenizer is None:
-                raise ValueError(f"{name} is a list of texts but tokenizer is None; pass tokenizer=AutoTokenizer.from_pretrained(...)")
+                raise ValueError(
+                    f"{name} is a list of texts but tokenizer is None; pass "
+                    "tokenizer=AutoTokenizer.from_pretrained(...)"
+                )
             ids, pad = _token_ids(tokenizer, data, max_length), _pad_token_id(tokenizer)
         else:
             if not all(_is_token_sequence(s) for s in data):
@@ -136,8 +143,12 @@ def _as_batches(data: Any, name: str, tokenizer: Any, max_length: int, batch_siz
             pad = _pad_token_id(tokenizer) if tokenizer is not None else 0
         kept = [s for s in ids if len(s) >= 2]
         if len(kept) < len(ids):
-            logger.warning("%s: %d of %d sequences have fewer than 2 tokens (no next-token prediction) and are left out",
-                           name, len(ids) - len(kept), len(ids))
+            logger.warning(
+                "%s: %d of %d sequences have fewer than 2 tokens (no next-token prediction) and are left out",
+                name,
+                len(ids) - len(kept),
+                len(ids),
+            )
         if not kept:
             raise ValueError(f"{name}: no sequence has 2 or more tokens; pass longer texts")
         return batch_token_ids(kept, batch_size, pad)
@@ -150,15 +161,24 @@ def _prepare(batch: Any, name: str, device: torch.device) -> tuple[torch.Tensor,
     elif isinstance(batch, Mapping) and "input_ids" in batch:
         input_ids, attention_mask = batch["input_ids"], batch.get("attention_mask")
     else:
-        raise TypeError(f"{name}: a batch must be a (B, T) token-id tensor or a mapping with 'input_ids', got {type(batch).__name__}")
+        raise TypeError(
+            f"{name}: a batch must be a (B, T) token-id tensor or a mapping with "
+            f"'input_ids', got {type(batch).__name__}"
+        )
     input_ids = torch.as_tensor(input_ids)
     if input_ids.ndim != 2 or input_ids.is_floating_point():
-        raise ValueError(f"{name}: input_ids must be a (B, T) integer tensor, got {input_ids.dtype} of shape {tuple(input_ids.shape)}")
+        raise ValueError(
+            f"{name}: input_ids must be a (B, T) integer tensor, got "
+            f"{input_ids.dtype} of shape {tuple(input_ids.shape)}"
+        )
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     attention_mask = torch.as_tensor(attention_mask)
     if attention_mask.shape != input_ids.shape:
-        raise ValueError(f"{name}: attention_mask has shape {tuple(attention_mask.shape)} but input_ids has {tuple(input_ids.shape)}")
+        raise ValueError(
+            f"{name}: attention_mask has shape {tuple(attention_mask.shape)} but "
+            f"input_ids has {tuple(input_ids.shape)}"
+        )
     return input_ids.to(device=device, dtype=torch.int64), attention_mask.to(device=device, dtype=torch.int64)
 
 
@@ -183,7 +203,10 @@ def causal_lm_member_logits(model: nn.Module, input_ids: torch.Tensor, attention
     if logits is None:
         logits = get("logits")
     if logits is None:
-        raise TypeError(f"the model returned {type(out).__name__} without 'member_logits' or 'logits'; pass a causal LM (…ForCausalLM)")
+        raise TypeError(
+            f"the model returned {type(out).__name__} without 'member_logits' or 'logits'; pass a causal LM "
+            "(…ForCausalLM)"
+        )
     return lm_metrics.as_member_logits(logits)
 
 
@@ -225,8 +248,13 @@ def run_causal_lm(
 def _finite(scores: torch.Tensor, name: str, score: str) -> torch.Tensor:
     kept = scores[torch.isfinite(scores)]
     if kept.numel() < scores.numel():
-        logger.warning("%s: %d of %d sequences have no next-token prediction (fewer than 2 tokens) and are left out of %s",
-                       name, scores.numel() - kept.numel(), scores.numel(), score)
+        logger.warning(
+            "%s: %d of %d sequences have no next-token prediction (fewer than 2 tokens) and are left out of %s",
+            name,
+            scores.numel() - kept.numel(),
+            scores.numel(),
+            score,
+        )
     if kept.numel() == 0:
         raise ValueError(f"{name}: no sequence has 2 or more real tokens; pass longer sequences")
     return kept
@@ -287,7 +315,9 @@ def evaluate_causal_lm(
     runs = {}
     for name, value in [("id", data), *ood.items()]:
         batches = _as_batches(value, name, tokenizer, max_length, batch_size)
-        runs[name] = run_causal_lm(model, batches, name=name, device=device, progress=progress, chunk_elements=chunk_elements)
+        runs[name] = run_causal_lm(
+            model, batches, name=name, device=device, progress=progress, chunk_elements=chunk_elements
+        )
     id_run = runs["id"]
     report: dict[str, Any] = {**id_run.summary(n_bins), "n_bins": n_bins, "ood": {}}
     recipe = recipe_of(model)
@@ -300,11 +330,16 @@ def evaluate_causal_lm(
     for name in ood:
         run = runs[name]
         if run.num_members != id_run.num_members:
-            raise ValueError(f"OOD set {name!r} gave M={run.num_members} members but the ID set M={id_run.num_members}; the model changed")
+            raise ValueError(
+                f"OOD set {name!r} gave M={run.num_members} members but the ID set M={id_run.num_members}; the model "
+                "changed"
+            )
         entry = run.summary(n_bins)
         entry["scores"] = {}
         for score, values in run.sequence_scores().items():
-            entry["scores"][score] = metrics.ood_report(_finite(id_scores[score], "id", score), _finite(values, name, score))
+            entry["scores"][score] = metrics.ood_report(
+                _finite(id_scores[score], "id", score), _finite(values, name, score)
+            )
         logger.info("OOD %s: perplexity %.4g; AUROC %s", name, entry["perplexity"],
                     ", ".join(f"{s} {r['auroc']:.4f}" for s, r in entry["scores"].items()))
         report["ood"][name] = entry
@@ -394,12 +429,14 @@ def write_causal_lm_report(
         raise ValueError("no model report to write; pass {name: evaluate_causal_lm(...)}")
     ood_sets = list(dict.fromkeys(o for report in reports.values() for o in (report.get("ood") or {})))
     clean = {name: {k: v for k, v in report.items() if k != "sequence_scores"} for name, report in reports.items()}
-    notes = ("Causal LM: perplexity = exp(mean next-token NLL, nats) over every valid ID token; Acc is next-token "
-             "accuracy of the members' mean distribution, ECE its per-token calibration (top token, "
-             f"{next(iter(reports.values())).get('n_bins', 15)} equal-width bins); MI is the mean per-token mutual "
-             "information (member disagreement; one model has none). OOD detection is per sequence: a sequence's score "
-             f"is the mean over its tokens (here `{score}`; higher = more in-distribution), ID the positive class. "
-             "Brier and aECE do not apply.")
+    notes = (
+        "Causal LM: perplexity = exp(mean next-token NLL, nats) over every valid ID token; Acc is next-token "
+        "accuracy of the members' mean distribution, ECE its per-token calibration (top token, "
+        f"{next(iter(reports.values())).get('n_bins', 15)} equal-width bins); MI is the mean per-token mutual "
+        "information (member disagreement; one model has none). OOD detection is per sequence: a sequence's score is "
+        f"the mean over its tokens (here `{score}`; higher = more in-distribution), ID the positive class. Brier and "
+        "aECE do not apply."
+    )
     if ood_sets:
         notes += "\n\nAUROC of every sequence score:\n\n" + _scores_table(reports, ood_sets)
     report = {

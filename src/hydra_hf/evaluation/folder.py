@@ -38,7 +38,8 @@ from ..data import check_data_spec, parse_spec, read_templates, resolve_dataset,
 from ..families import is_causal_lm_folder
 from ..metrics import OOD_SCORES, SEQUENCE_SCORES
 from ..outputs import check_output, read_json, write_output_folder
-from . import loading, predictors as pr
+from . import loading
+from . import predictors as pr
 from .causal_lm import evaluate_causal_lm, write_causal_lm_report
 from .report import write_evaluation_report
 from .run import EvaluationResult, compare_predictions, evaluate_predictors
@@ -67,7 +68,8 @@ class EvaluationSpec:
         train_data: labelled training data for Deep Ensembles (D).
         text_column, label_column, image_column: the columns of tabular data.
         class_names, templates: zero-shot models' classes and prompt templates.
-        score: the OOD score (:data:`hydra_hf.metrics.OOD_SCORES`; causal LMs: :data:`~hydra_hf.metrics.SEQUENCE_SCORES`).
+        score: the OOD score (:data:`hydra_hf.metrics.OOD_SCORES`; causal LMs:
+            :data:`~hydra_hf.metrics.SEQUENCE_SCORES`).
         max_samples, batch_size, max_length: data cap; batch (None: 32, causal LMs 8); text truncation.
         compare, bootstrap: pairs ``A=B`` compared by a paired bootstrap with this many resamples (0: none).
         overwrite: replace ``report`` when it holds an earlier evaluation report.
@@ -149,7 +151,9 @@ def _check_models(spec: EvaluationSpec) -> tuple[dict[str, str], list[tuple[str,
         if not 0 < alpha < 1:
             raise ValueError(f"--conformal-alpha {alpha!r} is outside (0, 1); pass e.g. 0.1 for 90% sets")
     if spec.conformal_alpha and not spec.val_data:
-        raise ValueError("--conformal-alpha needs --val-data (labelled data to fit the sets on, held out from the test data)")
+        raise ValueError(
+            "--conformal-alpha needs --val-data (labelled data to fit the sets on, held out from the test data)"
+        )
     if spec.deep_ensemble and not spec.train_data:
         raise ValueError("--deep-ensemble needs --train-data to train its classifier heads")
     models = {spec.name: spec.model}
@@ -163,8 +167,10 @@ def _check_models(spec: EvaluationSpec) -> tuple[dict[str, str], list[tuple[str,
     for name, path in models.items():  # before any message that reads what kind of model a folder is
         if not os.path.exists(path):
             flag = "--model" if name == spec.name else f"--baseline {name}="
-            raise FileNotFoundError(f"{flag}{'' if flag.endswith('=') else ' '}{path!r} does not exist; give a model folder "
-                                    "(hydra-hf convert's output, a stock checkpoint or an ONNX export)")
+            raise FileNotFoundError(
+                f"{flag}{'' if flag.endswith('=') else ' '}{path!r} does not exist; give a model folder "
+                "(hydra-hf convert's output, a stock checkpoint or an ONNX export)"
+            )
     for data in [spec.id_data, *spec.ood_data, spec.train_data, spec.val_data]:  # the data, before any model
         if data:
             check_data_spec(_named(data, "")[1])
@@ -186,8 +192,10 @@ def _check_zero_shot_options(spec: EvaluationSpec, models: dict[str, str], famil
     """Zero-shot options only with a zero-shot --model, classifier options only with a classifier."""
     if family is None:
         if spec.class_names or spec.templates:
-            raise ValueError(f"--class-names / --templates apply to zero-shot CLIP / SigLIP models; --model {spec.model!r} "
-                             "is a classifier with its own classes")
+            raise ValueError(
+                f"--class-names / --templates apply to zero-shot CLIP / SigLIP models; --model {spec.model!r} "
+                "is a classifier with its own classes"
+            )
         for name, path in models.items():
             other = loading.zero_shot_family(path)
             if other is not None:
@@ -212,7 +220,9 @@ def _classifier_setup(spec: EvaluationSpec, models: dict[str, str]) -> _Setup:
     """Predictors and loaders of classifier folders (text or image), each with its own head."""
     if spec.deep_ensemble:
         loading.check_deep_ensemble_model(models[spec.deep_ensemble], spec.deep_ensemble)
-    loaded = {name: loading.load_classifier(path, trust_remote_code=spec.trust_remote_code) for name, path in models.items()}
+    loaded = {
+        name: loading.load_classifier(path, trust_remote_code=spec.trust_remote_code) for name, path in models.items()
+    }
     modalities = {m for _, _, m in loaded.values()}
     if len(modalities) != 1:
         raise ValueError(f"models mix text and image inputs ({sorted(modalities)}); evaluate one modality at a time")
@@ -262,7 +272,7 @@ def _zero_shot_setup(spec: EvaluationSpec, models: dict[str, str], family: str) 
     def data(flag: str, source: str, labelled: bool):
         dataset = resolve_dataset(source, text_column=spec.text_column, image_column=spec.image_column,
                                   label_column=spec.label_column if labelled else None, require_labels=labelled,
-                                  label2id=label2id if labelled else None, max_samples=spec.max_samples)  # fmt: skip
+                                  label2id=label2id if labelled else None, max_samples=spec.max_samples)
         return zero_shot_data(dataset, names, f"{flag} {source!r}", what)
 
     # the data is read before the models: a bad data set fails at once
@@ -273,7 +283,9 @@ def _zero_shot_setup(spec: EvaluationSpec, models: dict[str, str], family: str) 
     for ood_spec in spec.ood_data:
         name, path = _named(ood_spec, parse_spec(ood_spec)[0])
         oods[name] = data("--ood-data", path, False)
-    loaded = {name: load_zero_shot_model(path, trust_remote_code=spec.trust_remote_code) for name, path in models.items()}
+    loaded = {
+        name: load_zero_shot_model(path, trust_remote_code=spec.trust_remote_code) for name, path in models.items()
+    }
     reference = loaded[spec.name]
     for name, model in loaded.items():
         if name != spec.name:
@@ -285,10 +297,12 @@ def _zero_shot_setup(spec: EvaluationSpec, models: dict[str, str], family: str) 
     predictors: dict[str, pr.Predictor] = {name: model.predictor(names, templates) for name, model in loaded.items()}
     shown = ", ".join(templates[:3]) + (", ..." if len(templates) > 3 else "")
     settings = {"class_names": names, "templates": f"{len(templates)} templates: {shown}"}
-    notes = (f"Zero-shot: {len(names)} classes x {len(templates)} prompt templates (CLIP's prompt ensemble). A member's "
-             "class probabilities are the softmax of its scaled image-prompt similarities (SigLIP too: its sigmoid "
-             "scores are not a distribution over the classes, and its logit bias cancels). Latency: the class "
-             "embeddings cached (the image tower only).")
+    notes = (
+        f"Zero-shot: {len(names)} classes x {len(templates)} prompt templates (CLIP's prompt ensemble). A member's "
+        "class probabilities are the softmax of its scaled image-prompt similarities (SigLIP too: its sigmoid "
+        "scores are not a distribution over the classes, and its logit bias cancels). Latency: the class "
+        "embeddings cached (the image tower only)."
+    )
     return _Setup(predictors, loader(id_data), {name: loader(d) for name, d in oods.items()},
                   loader(val_data) if val_data is not None else None, settings, notes)
 
@@ -302,24 +316,32 @@ def _evaluate_causal_lm(spec: EvaluationSpec, models: dict[str, str]) -> FolderE
                         ("--train-data", spec.train_data), ("--class-names", spec.class_names),
                         ("--templates", spec.templates), ("--compare", spec.compare),
                         ("--conformal-alpha", spec.conformal_alpha),
-                        ("--image-column", spec.image_column)):  # fmt: skip
+                        ("--image-column", spec.image_column)):
         if given:
             raise ValueError(f"{flag} does not apply to {what} (a classifier option); drop {flag}")
     if spec.score not in SEQUENCE_SCORES:
         raise ValueError(f"--score {spec.score!r} is not a sequence score of a causal LM; choose one of "
                          f"{', '.join(SEQUENCE_SCORES)}")
     if spec.max_length < 2:
-        raise ValueError(f"--max-length {spec.max_length}: a causal LM needs at least 2 tokens per sequence; use e.g. 128")
+        raise ValueError(
+            f"--max-length {spec.max_length}: a causal LM needs at least 2 tokens per sequence; use e.g. 128"
+        )
     for name, path in models.items():
         if name != spec.name and not is_causal_lm_folder(path):
-            raise ValueError(f"--baseline {name}={path} is not a causal LM folder (...ForCausalLM); {what} is compared "
-                             "with causal LMs only")
+            raise ValueError(
+                f"--baseline {name}={path} is not a causal LM folder (...ForCausalLM); {what} is compared with causal "
+                "LMs only"
+            )
     check_output(spec.report, command="evaluate", overwrite=spec.overwrite, inputs=list(models.values()))
 
     def texts(flag: str, source: str) -> list[str]:
-        dataset = resolve_dataset(source, text_column=spec.text_column, label_column=None, max_samples=spec.max_samples)
+        dataset = resolve_dataset(
+            source, text_column=spec.text_column, label_column=None, max_samples=spec.max_samples
+        )
         if "text" not in dataset.column_names:
-            raise ValueError(f"{flag} {source!r} has columns {dataset.column_names} and no texts; give text data (--text-column)")
+            raise ValueError(
+                f"{flag} {source!r} has columns {dataset.column_names} and no texts; give text data (--text-column)"
+            )
         return list(dataset["text"])
 
     # the data is read before the models: a bad data set fails at once
@@ -356,8 +378,8 @@ DECISIONS_NOTE = (
     "and alpha, the empirical coverage of the sets and their mean size on the ID test data (95 % bootstrap intervals "
     "in brackets), the abstention score and threshold, the share answered and the accuracy among answered inputs, "
     "the AURC when ranking by that score, and per OOD set the share refused / given a set of more than one label / "
-    "either. 'stored': the folder's own calibration; 'val': fitted on --val-data. risk_coverage.png: the "
-    "risk-coverage curves."
+    "either. 'stored': the folder's own calibration; 'val': fitted on --val-data. "
+    "risk_coverage.png: the risk-coverage curves."
 )
 
 
@@ -387,10 +409,19 @@ def _decisions(spec: EvaluationSpec, predictors: Mapping[str, Any], result: Eval
     val_loader = setup.val_loader
     applies = stored is not None and (
         "class_names" not in stored
-        or (stored["class_names"] == setup.settings.get("class_names") and stored.get("templates") == read_templates(spec.templates)))
+        or (
+            stored["class_names"] == setup.settings.get("class_names")
+            and stored.get("templates") == read_templates(spec.templates)
+        )
+    )
     if stored is not None and not applies:
-        logger.warning("the stored calibration of %s was fitted for the classes %s and templates %s, not this "
-                       "evaluation's: its decisions are not reported", spec.model, stored["class_names"], stored.get("templates"))
+        logger.warning(
+            "the stored calibration of %s was fitted for the classes %s and templates %s, not this "
+            "evaluation's: its decisions are not reported",
+            spec.model,
+            stored["class_names"],
+            stored.get("templates"),
+        )
     settings = {**DECISION_DEFAULTS, **{k: stored[k] for k in (*DECISION_DEFAULTS, "penalty", "regularization_rank")
                                         if stored is not None and stored.get(k) is not None}}
     alphas = list(dict.fromkeys(spec.conformal_alpha)) or ([stored["alpha"]] if stored else [])
@@ -426,7 +457,9 @@ def evaluate_folder(spec: EvaluationSpec) -> FolderEvaluation:
     if causal_lm:
         return _evaluate_causal_lm(spec, models)
     if spec.score not in OOD_SCORES:
-        raise ValueError(f"--score {spec.score!r} is for causal LMs; a classifier's OOD scores are {', '.join(OOD_SCORES)}")
+        raise ValueError(
+            f"--score {spec.score!r} is for causal LMs; a classifier's OOD scores are {', '.join(OOD_SCORES)}"
+        )
     found = loading.zero_shot_family(spec.model)  # None: a classifier (or an ONNX export of one)
     family = found.name if found is not None else None
     _check_zero_shot_options(spec, models, family)
@@ -441,8 +474,11 @@ def evaluate_folder(spec: EvaluationSpec) -> FolderEvaluation:
             predictors[f"{name} + TS"] = pr.TemperatureScaledPredictor(predictors[name], t)
     unknown = [n for pair in pairs for n in pair if n not in predictors]
     if unknown:
-        raise ValueError(f"--compare names {unknown[0]!r}, which this run does not evaluate; known: {sorted(predictors)}")
-    first = next(iter(setup.id_loader), None)  # None on a process whose shard is empty: only the main one reports latency
+        raise ValueError(
+            f"--compare names {unknown[0]!r}, which this run does not evaluate; known: {sorted(predictors)}"
+        )
+    # None on a process whose shard is empty: only the main one reports latency
+    first = next(iter(setup.id_loader), None)
     latency_batch = None if first is None else {k: v for k, v in first.items() if k != "labels"}
     result = evaluate_predictors(predictors, setup.id_loader, setup.ood_loaders, score=spec.score,
                                  latency_batch=latency_batch)
@@ -466,6 +502,8 @@ def evaluate_folder(spec: EvaluationSpec) -> FolderEvaluation:
         write_evaluation_report(result, tmp, settings=settings, comparisons=comparisons, notes=notes, extra=extra)
 
     if info.is_main:  # every process holds the same metrics; one writes them
-        write_output_folder(spec.report, write, command="evaluate", overwrite=spec.overwrite, inputs=list(models.values()))
+        write_output_folder(
+            spec.report, write, command="evaluate", overwrite=spec.overwrite, inputs=list(models.values())
+        )
     distributed.barrier()
     return FolderEvaluation("zero_shot" if family is not None else "classifier", Path(spec.report), spec.score, result)

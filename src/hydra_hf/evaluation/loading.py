@@ -37,7 +37,9 @@ def _modality(config: Any) -> str:
         found = [f for f in families() if config.model_type in getattr(f, "model_types", ())]
         modality = found[0].modality if found else ("image" if hasattr(config, "image_size") else "text")
     if modality not in ("text", "image"):
-        raise ValueError(f"{config.model_type!r} is a {modality} (zero-shot) model; evaluate it with ZeroShotPredictor")
+        raise ValueError(
+            f"{config.model_type!r} is a {modality} (zero-shot) model; evaluate it with ZeroShotPredictor"
+        )
     return modality
 
 
@@ -143,7 +145,9 @@ def check_deep_ensemble_model(path: str | os.PathLike, name: str) -> None:
     an ONNX export or a DeiT with a distillation head (two classification layers)."""
     fix = "give the single fine-tuned classifier, e.g. --baseline Single=DIR --deep-ensemble Single"
     if is_onnx_export(path):
-        raise ValueError(f"--deep-ensemble {name}: {str(path)!r} is an ONNX export, whose features cannot be read; {fix}")
+        raise ValueError(
+            f"--deep-ensemble {name}: {str(path)!r} is an ONNX export, whose features cannot be read; {fix}"
+        )
     config = read_config(path)
     if str(config.get("model_type", "")).startswith("hydra_ensemble"):
         raise ValueError(f"--deep-ensemble {name}: {str(path)!r} is a Hydra Ensemble (already M members); {fix}")
@@ -161,14 +165,18 @@ def load_causal_lm(path: str | os.PathLike, *, trust_remote_code: bool = False) 
     folder = checkpoint_dir(path, what="model")
     if not is_causal_lm_folder(folder):
         names = read_config(folder).get("architectures") or []
-        raise HydraInputError(f"{str(folder)!r} is not a causal LM (architectures {names}); give a ...ForCausalLM folder "
-                              "(a Hydra one from hydra-hf convert, or a stock one)")
+        raise HydraInputError(
+            f"{str(folder)!r} is not a causal LM (architectures {names}); give a ...ForCausalLM folder "
+            "(a Hydra one from hydra-hf convert, or a stock one)"
+        )
     model = from_pretrained(AutoModelForCausalLM, folder, trust_remote_code=trust_remote_code).eval()
     try:
         tokenizer = from_pretrained(AutoTokenizer, folder, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise HydraInputError(f"{str(folder)!r} has no tokenizer to read the texts with; save it next to the model "
-                              f"(tokenizer.save_pretrained): {' '.join(str(exc).split()) or type(exc).__name__}") from None
+        raise HydraInputError(
+            f"{str(folder)!r} has no tokenizer to read the texts with; save it next to the model "
+            f"(tokenizer.save_pretrained): {' '.join(str(exc).split()) or type(exc).__name__}"
+        ) from None
     check_tokenizer_fits(tokenizer, model, folder)
     return model, tokenizer
 
@@ -181,8 +189,10 @@ def check_tokenizer_fits(tokenizer: Any, model: nn.Module, folder: str | os.Path
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     top = max(vocab.values(), default=-1)
     if isinstance(rows, int) and top >= rows:
-        raise HydraInputError(f"the tokenizer in {str(os.fspath(folder))!r} has token ids up to {top} but the model has "
-                              f"{rows} token embeddings; save the tokenizer the model was trained with next to it")
+        raise HydraInputError(
+            f"the tokenizer in {str(os.fspath(folder))!r} has token ids up to {top} but the model has "
+            f"{rows} token embeddings; save the tokenizer the model was trained with next to it"
+        )
 
 
 ZERO_SHOT_TASK = "zero-shot-image-classification"
@@ -201,8 +211,8 @@ def zero_shot_family(path: str | os.PathLike) -> Family | None:
         family = _family_or_none(lambda: family_of_config(config))
         if family is not None and family.task == ZERO_SHOT_TASK:
             raise HydraInputError(
-                f"{str(path)!r} is an ONNX export of a zero-shot {family.name} model; hydra-hf evaluate runs zero-shot "
-                "models from their PyTorch folder: give the Hydra folder it was exported from"
+                f"{str(path)!r} is an ONNX export of a zero-shot {family.name} model; hydra-hf evaluate runs "
+                "zero-shot models from their PyTorch folder: give the Hydra folder it was exported from"
             )
         return None
     if not folder.is_dir():

@@ -24,8 +24,11 @@ OOD_SCORES = ("msp", "mutual_information")
 
 
 def _numbers(predictions: Any, ood: Mapping[str, Any]) -> dict[str, Any]:
-    row: dict[str, Any] = {k: v for k, v in metrics.calibration_report(
-        predictions.probs, predictions.labels, predictions.member_probs).items() if k in (*ID_METRICS, "mutual_information")}
+    row: dict[str, Any] = {
+        k: v
+        for k, v in metrics.calibration_report(predictions.probs, predictions.labels, predictions.member_probs).items()
+        if k in (*ID_METRICS, "mutual_information")
+    }
     row["ood_auroc"] = {
         name: {score: metrics.ood_report(predictions.ood_scores(score), preds.ood_scores(score))["auroc"]
                for score in OOD_SCORES}
@@ -47,7 +50,9 @@ class OnnxZeroShotPredictor(Predictor):
         batch["pixel_values"]: ``(B, 3, H, W)`` -> member logits ``(B, M, C)``.
     """
 
-    def __init__(self, model: OnnxHydraModel, class_names: Sequence[str], templates: Sequence[str], tokenizer: Any) -> None:
+    def __init__(
+        self, model: OnnxHydraModel, class_names: Sequence[str], templates: Sequence[str], tokenizer: Any
+    ) -> None:
         super().__init__()
         if not class_names:
             raise HydraInputError("zero-shot classification needs class names (the labelled data's classes)")
@@ -98,7 +103,10 @@ def quantization_report(
     return {
         "title": f"int8 (ONNX Runtime, recipe `{(settings or {}).get('int8_recipe', 'keep-fc2')}`) against fp32",
         "settings": dict(settings or {}),
-        "num_examples": {"calibration": int(a.labels.numel()), **{o: int(p.member_logits.shape[0]) for o, p in a_ood.items()}},
+        "num_examples": {
+            "calibration": int(a.labels.numel()),
+            **{o: int(p.member_logits.shape[0]) for o, p in a_ood.items()},
+        },
         "models": {"fp32": {"file": fp32.file.name, **rows["fp32"]}, "int8": {"file": int8.file.name, **rows["int8"]}},
         "difference_int8_minus_fp32": diff,
         "label_agreement": float((a.probs.argmax(-1) == b.probs.argmax(-1)).double().mean()),
@@ -126,7 +134,11 @@ def report_markdown(report: Mapping[str, Any]) -> str:
         cells += [f"{row['ood_auroc'][o][s]:.4f}" for o in oods for s in OOD_SCORES]
         lines.append("| " + " | ".join(cells) + " |")
     d = report["difference_int8_minus_fp32"]
-    cells = ["int8 − fp32"] + [f"{d[k]:+.4f}" for k in ID_METRICS] + [f"{d['ood_auroc'][o][s]:+.4f}" for o in oods for s in OOD_SCORES]
+    cells = (
+        ["int8 − fp32"]
+        + [f"{d[k]:+.4f}" for k in ID_METRICS]
+        + [f"{d['ood_auroc'][o][s]:+.4f}" for o in oods for s in OOD_SCORES]
+    )
     lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Same ensemble label: {100 * report['label_agreement']:.1f} % of calibration examples; same member "
               f"labels: {100 * report['member_label_agreement']:.1f} %; largest change of a member logit: "

@@ -310,7 +310,8 @@ class TemperatureScaledPredictor(Predictor):
 
 def _as_member_features(features: Any) -> torch.Tensor:
     """``(N, P)`` (one model) or ``(N, M, P)`` (Hydra) projected features -> ``(N, M, P)``."""
-    if not isinstance(features, torch.Tensor):  # transformers 5 CLIPModel: an output with the projection in pooler_output
+    # transformers 5 CLIPModel: an output with the projection in pooler_output
+    if not isinstance(features, torch.Tensor):
         features = features.pooler_output
     return features.unsqueeze(1) if features.dim() == 2 else features
 
@@ -451,7 +452,8 @@ class Predictions:
 
         ``energy`` uses the mean of the member logits (for M = 1, the logits).
         """
-        reads = metrics.OOD_SCORES[score].reads if score in metrics.OOD_SCORES else "probs"  # unknown: ood_score says so
+        # unknown: ood_score says so
+        reads = metrics.OOD_SCORES[score].reads if score in metrics.OOD_SCORES else "probs"
         if reads == "logits":
             return metrics.ood_score(score, logits=self.member_logits.double().mean(dim=1))
         if reads == "member_probs":
@@ -553,7 +555,9 @@ def train_ensemble_heads(
     return heads
 
 
-def interleaved_latency_ms(predictors: list[Predictor], batch: Mapping[str, torch.Tensor], rounds: int = 5) -> list[float]:
+def interleaved_latency_ms(
+    predictors: list[Predictor], batch: Mapping[str, torch.Tensor], rounds: int = 5
+) -> list[float]:
     """Median wall time (ms) of one ``member_logits`` call on ``batch`` per predictor, measured
     round-robin (one call each per round, after a warm-up call) so that changes in machine load hit
     every predictor alike."""

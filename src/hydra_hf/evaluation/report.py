@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import plots
 from ..errors import HydraInputError, HydraTypeError
 from ..outputs import write_text_atomic
+from . import plots
 from .run import EvaluationResult
 
 logger = logging.getLogger(__name__)
@@ -179,7 +179,8 @@ def render_markdown_table(
                 )
             cols.append((str(col[0]), str(col[1]), str(col[2]) if len(col) == 3 else ".4f"))
     cells = [
-        [_format_cell(row.get(key), spec, f"rows[{i}][{key!r}]") for key, _, spec in cols] for i, row in enumerate(flat)
+        [_format_cell(row.get(key), spec, f"rows[{i}][{key!r}]") for key, _, spec in cols]
+        for i, row in enumerate(flat)
     ]
     if bold_best:
         for j, (key, header, _) in enumerate(cols):
@@ -302,7 +303,9 @@ def check_seed_report(data: Any, source: str) -> dict[str, Any]:
     methods = []
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise HydraTypeError(f"{source}: rows[{i}] is a {type(row).__name__}, not an object of column values; {fix}")
+            raise HydraTypeError(
+                f"{source}: rows[{i}] is a {type(row).__name__}, not an object of column values; {fix}"
+            )
         method = row.get("method")
         if not isinstance(method, str) or not method:
             raise HydraInputError(f"{source}: rows[{i}] has no 'method' name; {fix}")
@@ -322,7 +325,9 @@ def check_seed_report(data: Any, source: str) -> dict[str, Any]:
             try:
                 format(0.5, spec)
             except (ValueError, TypeError):
-                raise HydraInputError(f"{source}: column {key!r} has the format {spec!r}, which formats no number; {fix}") from None
+                raise HydraInputError(
+                    f"{source}: column {key!r} has the format {spec!r}, which formats no number; {fix}"
+                ) from None
     comparisons = data.get("comparisons")
     if comparisons is not None:
         if not isinstance(comparisons, dict) or not all(isinstance(c, dict) for c in comparisons.values()):
@@ -335,7 +340,9 @@ def check_seed_report(data: Any, source: str) -> dict[str, Any]:
                     raise HydraTypeError(f"{where} has no numeric 'difference'; {fix}")
                 _finite_number(interval["difference"], f"{where} difference", fix)
                 if interval.get("verdict") not in (*VERDICTS, None):
-                    raise HydraInputError(f"{where}: verdict {interval.get('verdict')!r} is not one of {list(VERDICTS)}; {fix}")
+                    raise HydraInputError(
+                        f"{where}: verdict {interval.get('verdict')!r} is not one of {list(VERDICTS)}; {fix}"
+                    )
     if not isinstance(data.get("settings") or {}, (dict, str)):
         raise HydraTypeError(f"{source}: 'settings' must be an object or a string; {fix}")
     if not isinstance(data.get("ood_sets") or [], list):
@@ -406,7 +413,11 @@ def aggregate_seed_reports(reports: Sequence[Mapping[str, Any]]) -> dict[str, An
         means.append(_unflatten(mean_row))
         stds.append(_unflatten(std_row))
     first = reports[0]
-    out = {key: first[key] for key in ("title", "ood_sets", "ood_score", "ood_scores", "settings", "columns") if key in first}
+    out = {
+        key: first[key]
+        for key in ("title", "ood_sets", "ood_score", "ood_scores", "settings", "columns")
+        if key in first
+    }
     out.update(rows=means, rows_std=stds, seeds=len(reports))
     return out
 
@@ -415,7 +426,11 @@ def summarize_seed_comparisons(reports: Sequence[Mapping[str, Any]]) -> dict[str
     """Each paired comparison (``"A − B"``) over the seeds whose reports carry it: per metric, the mean
     and standard deviation of the differences and how many seeds' intervals said better / tie / worse."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    names = [name for name in (reports[0].get("comparisons") or {}) if all(name in (r.get("comparisons") or {}) for r in reports)]
+    names = [
+        name
+        for name in (reports[0].get("comparisons") or {})
+        if all(name in (r.get("comparisons") or {}) for r in reports)
+    ]
     for name in names:
         for metric in reports[0]["comparisons"][name]:
             rows = [r["comparisons"][name].get(metric) for r in reports]
@@ -424,7 +439,9 @@ def summarize_seed_comparisons(reports: Sequence[Mapping[str, Any]]) -> dict[str
             diffs = np.array([float(row["difference"]) for row in rows])
             verdicts = [row.get("verdict") for row in rows]
             out.setdefault(name, {})[metric] = {
-                "mean": float(diffs.mean()), "std": float(diffs.std(ddof=1)) if len(diffs) > 1 else 0.0, "seeds": len(rows),
+                "mean": float(diffs.mean()),
+                "std": float(diffs.std(ddof=1)) if len(diffs) > 1 else 0.0,
+                "seeds": len(rows),
                 **{v: verdicts.count(v) for v in ("better", "tie", "worse")},
             }
     return out
@@ -439,7 +456,10 @@ def render_seed_comparisons(summary: Mapping[str, Mapping[str, Mapping[str, Any]
                      "intervals said better / tie / worse\n")
         parts.append("| metric | difference | better | tie | worse |\n|:---|---:|---:|---:|---:|")
         for metric, row in rows.items():
-            parts.append(f"| {metric} | {row['mean']:+.4f} ± {row['std']:.4f} | {row['better']} | {row['tie']} | {row['worse']} |")
+            parts.append(
+                f"| {metric} | {row['mean']:+.4f} ± {row['std']:.4f} | "
+                f"{row['better']} | {row['tie']} | {row['worse']} |"
+            )
         parts.append("")
     return "\n".join(parts) + "\n"
 
@@ -455,7 +475,9 @@ def _unflatten(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def mean_std_rows(rows: Sequence[Mapping[str, Any]], rows_std: Sequence[Mapping[str, Any]], spec: str = ".4f") -> list[dict]:
+def mean_std_rows(
+    rows: Sequence[Mapping[str, Any]], rows_std: Sequence[Mapping[str, Any]], spec: str = ".4f"
+) -> list[dict]:
     """Rows whose numbers read ``mean ± std`` (strings), for the Results table of a seed aggregate."""
     out = []
     for mean, std in zip(_flatten_rows(rows), _flatten_rows(rows_std)):
@@ -532,9 +554,11 @@ def write_report(
     )
     if report.get("ood_score"):
         per_row = report.get("ood_scores") or {}
-        parts.append(f"OOD score of every row: `{report['ood_score']}`"
-                     + (" except " + ", ".join(f"**{name}**: `{value}`" for name, value in per_row.items()) if per_row else "")
-                     + ".\n")
+        parts.append(
+            f"OOD score of every row: `{report['ood_score']}`"
+            + (" except " + ", ".join(f"**{name}**: `{value}`" for name, value in per_row.items()) if per_row else "")
+            + ".\n"
+        )
     if report.get("comparison_summary"):
         parts.append(render_seed_comparisons(report["comparison_summary"]))
     if report.get("comparisons"):
@@ -594,7 +618,10 @@ def write_evaluation_report(
         "ood_score": result.score,
         **({"ood_scores": dict(result.scores)} if result.scores else {}),
         "ood_sets": sorted({o for preds in result.ood_predictions.values() for o in preds}),
-        "figures": {"Reliability diagram": os.path.basename(reliability), "OOD score histograms": os.path.basename(histogram)},
+        "figures": {
+            "Reliability diagram": os.path.basename(reliability),
+            "OOD score histograms": os.path.basename(histogram),
+        },
     }
     if settings is not None:
         report["settings"] = settings

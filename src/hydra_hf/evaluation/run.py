@@ -55,7 +55,9 @@ def evaluate_predictors(
     rows, id_preds, ood_preds = [], {}, {}
     with reuse_forwards():  # rows sharing a model (Single, Single + TS, Deep Ensemble member 0) run it once
         for name, predictor in predictors.items():
-            rows.append(_evaluate_row(name, predictor, id_loader, ood_loaders, score, scores, n_bins, id_preds, ood_preds))
+            rows.append(
+                _evaluate_row(name, predictor, id_loader, ood_loaders, score, scores, n_bins, id_preds, ood_preds)
+            )
     if latency_batch is not None:
         for row, ms in zip(rows, interleaved_latency_ms(list(predictors.values()), latency_batch)):
             row["latency_ms"] = ms
@@ -63,15 +65,27 @@ def evaluate_predictors(
                             scores={k: v for k, v in scores.items() if v != score})
 
 
-def _evaluate_row(name: str, predictor: Predictor, id_loader: Iterable, ood_loaders: Mapping[str, Iterable], score: str,
-                  scores: Mapping[str, str], n_bins: int, id_preds: dict, ood_preds: dict) -> dict[str, Any]:
+def _evaluate_row(
+    name: str,
+    predictor: Predictor,
+    id_loader: Iterable,
+    ood_loaders: Mapping[str, Iterable],
+    score: str,
+    scores: Mapping[str, str],
+    n_bins: int,
+    id_preds: dict,
+    ood_preds: dict,
+) -> dict[str, Any]:
     """One row of :func:`evaluate_predictors` (its predictions go into ``id_preds`` / ``ood_preds``)."""
     logger.info("evaluating %s", name)
     preds = predict(predictor, id_loader, desc=f"{name}: ID")
     if preds.labels is None:
         raise ValueError("the in-distribution data has no labels; pass labelled --id-data")
     member_probs = preds.member_probs if preds.member_logits.shape[1] > 1 else None
-    row: dict[str, Any] = {"method": name, **metrics.calibration_report(preds.probs, preds.labels, member_probs, n_bins=n_bins)}
+    row: dict[str, Any] = {
+        "method": name,
+        **metrics.calibration_report(preds.probs, preds.labels, member_probs, n_bins=n_bins),
+    }
     row_score = scores.get(name, score)
     id_scores = preds.ood_scores(row_score)
     ood_preds[name] = {}
@@ -104,11 +118,13 @@ def recipe_of(model: Any) -> str | None:
     config = getattr(model, "config", None)
     if not isinstance(config, PretrainedConfig) and isinstance(model, nn.Module):
         config = next((m.config for m in model.modules() if isinstance(getattr(m, "config", None), PretrainedConfig)),
-                      None)  # fmt: skip
+                      None)
     if not isinstance(config, PretrainedConfig):
         return None
     model_type = getattr(config, "base_model_type", None) or config.model_type
-    shape = [getattr(config, key, None) for key in ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size")]
+    shape = [
+        getattr(config, key, None) for key in ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size")
+    ]
     recipe = f"{model_type}: {shape[0]} layers x {shape[1]} heads, width {shape[2]}, vocabulary {shape[3]}"
     kept = [getattr(config, field, None) or [] for field in _KEPT_HEAD_FIELDS]
     if any(kept):
@@ -122,7 +138,7 @@ def recipe_of(model: Any) -> str | None:
 COMPARED_METRICS: dict[str, tuple[str, bool]] = {
     "accuracy": ("id", True), "nll": ("id", False), "ece": ("id", False), "brier": ("id", False),
     "auroc": ("ood", True), "fpr95": ("ood", False),
-}  # fmt: skip
+}  # fmt: skip  # a table: the in-distribution metrics on one row, the OOD ones on the next
 
 
 def compare_predictions(
@@ -152,11 +168,16 @@ def compare_predictions(
     id_functions = {
         "accuracy": metrics.accuracy, "nll": metrics.nll, "brier": metrics.brier_score,
         "ece": lambda p, y: metrics.ece(p, y, n_bins),
-    }  # fmt: skip
+    }
     out: dict[str, dict[str, Any]] = {}
     for offset, (name, fn) in enumerate(id_functions.items()):
-        interval = metrics.paired_bootstrap(lambda i, fn=fn: fn(pa[i], labels[i]) - fn(pb[i], labels[i]), (len(labels),),
-                                            n_boot=n_boot, seed=seed + offset, level=level)
+        interval = metrics.paired_bootstrap(
+            lambda i, fn=fn: fn(pa[i], labels[i]) - fn(pb[i], labels[i]),
+            (len(labels),),
+            n_boot=n_boot,
+            seed=seed + offset,
+            level=level,
+        )
         out[name] = {**interval, "verdict": metrics.bootstrap_verdict(interval, COMPARED_METRICS[name][1])}
     sa, sb = a.ood_scores(result.score_of(target)), b.ood_scores(result.score_of(reference))
     ood_functions = {"auroc": metrics.ood_auroc, "fpr95": metrics.fpr_at_95_tpr}
@@ -167,5 +188,8 @@ def compare_predictions(
             interval = metrics.paired_bootstrap(
                 lambda i, j, fn=fn: fn(sa[i], oa[j]) - fn(sb[i], ob[j]), (len(sa), len(oa)),
                 n_boot=n_boot, seed=seed + 100 * (k + 1) + offset, level=level)
-            out[f"{ood_name}.{name}"] = {**interval, "verdict": metrics.bootstrap_verdict(interval, COMPARED_METRICS[name][1])}
+            out[f"{ood_name}.{name}"] = {
+                **interval,
+                "verdict": metrics.bootstrap_verdict(interval, COMPARED_METRICS[name][1]),
+            }
     return out

@@ -12,7 +12,6 @@ from transformers import AutoTokenizer
 
 from .. import metrics
 
-
 UNCERTAINTY_METRICS = ("predictive_entropy", "expected_entropy", "mutual_information")
 
 

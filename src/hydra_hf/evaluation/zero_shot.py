@@ -73,7 +73,8 @@ def load_zero_shot_model(path: str | os.PathLike, *, trust_remote_code: bool = F
         model, preprocess, tokenizer = load_open_clip_folder(folder)
         return ZeroShotModel(model, family.name, tokenizer, None, preprocess)
     check_remote_code(folder, trust_remote_code)
-    model = from_pretrained(AutoModel, folder, trust_remote_code=trust_remote_code).eval()  # Hydra*, CLIPModel, SiglipModel
+    # Hydra*, CLIPModel, SiglipModel
+    model = from_pretrained(AutoModel, folder, trust_remote_code=trust_remote_code).eval()
     try:
         tokenizer = from_pretrained(AutoTokenizer, folder, trust_remote_code=trust_remote_code)
         processor = from_pretrained(AutoImageProcessor, folder, trust_remote_code=trust_remote_code)

@@ -7,12 +7,12 @@ adapters (:mod:`.adapters`), which know no family, and below the stages that loo
 (:mod:`hydra_hf.assemble`, :mod:`hydra_hf.saving`, pruning, hub, onnx).
 """
 
-from . import bert, vit, timm_vit, clip, open_clip  # noqa: E402,F401  isort: skip
-from . import roberta, electra, distilbert, albert  # noqa: E402,F401  isort: skip
-from . import deberta_v2, modernbert  # noqa: E402,F401  isort: skip
-from . import llama  # noqa: E402,F401  isort: skip
-from . import gpt2  # noqa: E402,F401  isort: skip
-from . import deit, beit, dinov2, siglip  # noqa: E402,F401  isort: skip
+from . import bert, vit, timm_vit, clip, open_clip  # noqa: F401  isort: skip
+from . import roberta, electra, distilbert, albert  # noqa: F401  isort: skip
+from . import deberta_v2, modernbert  # noqa: F401  isort: skip
+from . import llama  # noqa: F401  isort: skip
+from . import gpt2  # noqa: F401  isort: skip
+from . import deit, beit, dinov2, siglip  # noqa: F401  isort: skip
 from .base import (
     TASKS,
     Built,
@@ -28,6 +28,7 @@ from .base import (
     register_family,
 )
 from .decoder import CAUSAL_LM_SUFFIXES, is_causal_lm_config, is_causal_lm_folder
+
 # Built-in families, in detection order (the first whose detect() accepts a folder wins).
 
 __all__ = [

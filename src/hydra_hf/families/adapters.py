@@ -51,7 +51,6 @@ import torch
 from torch import nn
 
 
-
 @dataclass
 class AttentionLayer:
     """One self-attention layer, seen from the pruning code.
@@ -192,7 +191,12 @@ def find_bert_like_layers(model: nn.Module) -> Any:
     """``encoder.layer`` of a BERT-like model (``attention.self.query`` / ``attention.output.dense``), or None."""
     base = getattr(model, model.base_model_prefix, model) if hasattr(model, "base_model_prefix") else model
     encoder = getattr(base, "encoder", None)
-    if encoder is not None and hasattr(encoder, "layer") and len(encoder.layer) and hasattr(encoder.layer[0], "attention"):
+    if (
+        encoder is not None
+        and hasattr(encoder, "layer")
+        and len(encoder.layer)
+        and hasattr(encoder.layer[0], "attention")
+    ):
         att = encoder.layer[0].attention
         if hasattr(att, "self") and hasattr(att.self, "query") and hasattr(att, "output"):
             return encoder.layer
@@ -224,7 +228,11 @@ def timm_vit_adapter(model: nn.Module) -> ModelAdapter:
     H = model.blocks[0].attn.num_heads
     pairs = [(blk.attn.qkv.weight, blk.attn.proj) for blk in model.blocks]
     return ModelAdapter(
-        "timm_vit", model, {"vision": _fused_qkv_layers(pairs, H)}, lambda m, b: m(b["pixel_values"]), ("pixel_values",)
+        "timm_vit",
+        model,
+        {"vision": _fused_qkv_layers(pairs, H)},
+        lambda m, b: m(b["pixel_values"]),
+        ("pixel_values",),
     )
 
 
@@ -257,8 +265,12 @@ def hf_clip_adapter(model: nn.Module, class_text_inputs: Any) -> ModelAdapter:
     with ``q/k/v/out_proj``); zero-shot logits against ``class_text_inputs``."""
     vis, txt = model.vision_model, model.text_model
     towers = {
-        "vision": _qkv_proj_layers([l.self_attn for l in vis.encoder.layers], "out_proj", model.config.vision_config.num_attention_heads),
-        "text": _qkv_proj_layers([l.self_attn for l in txt.encoder.layers], "out_proj", model.config.text_config.num_attention_heads),
+        "vision": _qkv_proj_layers(
+            [l.self_attn for l in vis.encoder.layers], "out_proj", model.config.vision_config.num_attention_heads
+        ),
+        "text": _qkv_proj_layers(
+            [l.self_attn for l in txt.encoder.layers], "out_proj", model.config.text_config.num_attention_heads
+        ),
     }
 
     def logits_fn(m: nn.Module, inputs: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -279,7 +291,8 @@ def open_clip_adapter(model: nn.Module, class_text_inputs: Any) -> ModelAdapter:
     visual_tf = getattr(model.visual, "transformer", None)
     if visual_tf is not None and isinstance(visual_tf.resblocks[0].attn, nn.MultiheadAttention):
         towers["vision"] = _fused_qkv_layers(
-            [(b.attn.in_proj_weight, b.attn.out_proj) for b in visual_tf.resblocks], visual_tf.resblocks[0].attn.num_heads
+            [(b.attn.in_proj_weight, b.attn.out_proj) for b in visual_tf.resblocks],
+            visual_tf.resblocks[0].attn.num_heads,
         )
     text_tf = getattr(model, "transformer", None)
     if text_tf is not None and isinstance(text_tf.resblocks[0].attn, nn.MultiheadAttention):
@@ -380,7 +393,9 @@ def llama_like_adapter(
     """
     layers = find_llama_like_layers(model)
     if layers is None:
-        raise TypeError(f"cannot find the Llama-like decoder layers (layers[i].self_attn.o_proj) of {type(model).__name__}")
+        raise TypeError(
+            f"cannot find the Llama-like decoder layers (layers[i].self_attn.o_proj) of {type(model).__name__}"
+        )
     cfg = model.config
     H = cfg.num_attention_heads
     H_kv = getattr(cfg, "num_key_value_heads", None) or H

@@ -22,7 +22,7 @@ from .base import register_family
 from .text import HFTextFamily
 
 _EMBEDDINGS = ("word_embeddings.weight", "position_embeddings.weight", "token_type_embeddings.weight",
-               "LayerNorm.weight", "LayerNorm.bias")  # fmt: skip
+               "LayerNorm.weight", "LayerNorm.bias")
 
 
 def layer_group(i: int, config: Mapping[str, Any]) -> int:
@@ -38,9 +38,15 @@ def layout() -> TextLayout:
         prefix="albert.",
         layer=lambda i, config: f"albert.encoder.albert_layer_groups.{layer_group(i, config)}.albert_layers.0.",
         layer_map={
-            "q": "attention.query", "k": "attention.key", "v": "attention.value", "o": "attention.dense",
-            "norm1": "attention.LayerNorm", "fc1": "ffn", "fc2": "ffn_output", "norm2": "full_layer_layer_norm",
-        },  # fmt: skip
+            "q": "attention.query",
+            "k": "attention.key",
+            "v": "attention.value",
+            "o": "attention.dense",
+            "norm1": "attention.LayerNorm",
+            "fc1": "ffn",
+            "fc2": "ffn_output",
+            "norm2": "full_layer_layer_norm",
+        },
         shared={
             **{f"hydra.embeddings.{k}": f"albert.embeddings.{k}" for k in _EMBEDDINGS},
             "hydra.embedding_hidden_mapping_in.weight": "albert.encoder.embedding_hidden_mapping_in.weight",
@@ -51,7 +57,12 @@ def layout() -> TextLayout:
             "classifier": {"classifier.weight": "classifier.weight", "classifier.bias": "classifier.bias"},
         },
         num_labels_key="classifier.weight",
-        ignored=("predictions.", "sop_classifier.", "albert.embeddings.position_ids", "albert.embeddings.token_type_ids"),
+        ignored=(
+            "predictions.",
+            "sop_classifier.",
+            "albert.embeddings.position_ids",
+            "albert.embeddings.token_type_ids",
+        ),
     )
 
 
@@ -112,7 +123,9 @@ class AlbertFamily(HFTextFamily):
         body = getattr(model, "albert", model)
         attention = [group.albert_layers[0].attention for group in body.encoder.albert_layer_groups]
         names = ("query", "key", "value", "dense")
-        return layer_list_adapter(model, "hf_albert", attention, names, model.config.num_attention_heads, self.input_keys)
+        return layer_list_adapter(
+            model, "hf_albert", attention, names, model.config.num_attention_heads, self.input_keys
+        )
 
     def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
         """An untied stock ALBERT (one layer group per layer): a member of the fused model."""

@@ -325,7 +325,9 @@ def family_of_model(model: nn.Module) -> Family | None:
     return None
 
 
-def get_adapter(model: nn.Module, *, class_text_inputs: Mapping[str, torch.Tensor] | torch.Tensor | None = None) -> ModelAdapter:
+def get_adapter(
+    model: nn.Module, *, class_text_inputs: Mapping[str, torch.Tensor] | torch.Tensor | None = None
+) -> ModelAdapter:
     """Build the :class:`ModelAdapter` of a supported model: the registered family that owns it
     (:meth:`hydra_hf.families.Family.owns_model`) builds it.
 

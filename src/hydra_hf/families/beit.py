@@ -39,20 +39,22 @@ class BeitFamily(Family):
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
         model = build_beit(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels,
-                           id2label=id2label, seed=seed, towers=towers)  # fmt: skip
+                           id2label=id2label, seed=seed, towers=towers)
         return Built(model, folders[0])
 
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
         return beit_member_from_state_dict(state, config, source=source)
 
     def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
-        return to_module_names(self.stock_model(hydra_config.base_config, hydra_config.num_labels), unfuse_beit(state, hydra_config))
+        return to_module_names(
+            self.stock_model(hydra_config.base_config, hydra_config.num_labels), unfuse_beit(state, hydra_config)
+        )
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         base = getattr(model, "beit", model)
         return layer_list_adapter(model, "hf_beit", [layer.attention for layer in base.layers],
                                   ("q_proj", "k_proj", "v_proj", "o_proj"), model.config.num_attention_heads,
-                                  ("pixel_values",), "vision")  # fmt: skip
+                                  ("pixel_values",), "vision")
 
     def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
         extra = {"num_labels": num_labels} if num_labels is not None else {}

@@ -37,8 +37,9 @@ class BertFamily(Family):
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        model = build_bert(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels, id2label=id2label,
-                           seed=seed)  # fmt: skip
+        model = build_bert(
+            folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels, id2label=id2label, seed=seed
+        )
         return Built(model, folders[0])
 
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:

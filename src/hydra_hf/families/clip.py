@@ -33,9 +33,17 @@ class CLIPFamily(Family):
         "AutoModelForZeroShotImageClassification": "HydraEnsembleCLIPModel",
     }
     towers = ("vision", "text")
-    mlp_down_proj = {"vision": r"vision_model\.encoder\.layers\.(\d+)\.mlp\.fc2", "text": r"text_model\.encoder\.layers\.(\d+)\.mlp\.fc2"}  # fmt: skip
+    mlp_down_proj = {
+        "vision": r"vision_model\.encoder\.layers\.(\d+)\.mlp\.fc2",
+        "text": r"text_model\.encoder\.layers\.(\d+)\.mlp\.fc2",
+    }
     # convert.hf_clip.SHARED_KEYS: both towers' embeddings, the vision pre-LayerNorm, the logit scale
-    frozen_prefixes = ("vision_model.embeddings.", "vision_model.pre_layrnorm.", "text_model.embeddings.", "logit_scale")
+    frozen_prefixes = (
+        "vision_model.embeddings.",
+        "vision_model.pre_layrnorm.",
+        "text_model.embeddings.",
+        "logit_scale",
+    )
     classifier_keys = ()
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,

@@ -1,4 +1,5 @@
-"""DeBERTa-v2 / DeBERTa-v3: Hugging Face ``deberta-v2`` checkpoints -> ``HydraEnsembleDebertaV2ForSequenceClassification``.
+"""DeBERTa-v2 / DeBERTa-v3: Hugging Face ``deberta-v2`` checkpoints ->
+``HydraEnsembleDebertaV2ForSequenceClassification``.
 
 The reader is :mod:`hydra_hf.convert.hf_deberta_v2`; the shipped model is ``modeling_hydra_deberta_v2.py``
 (post-LN layers with disentangled attention: each kept head brings its rows of the position

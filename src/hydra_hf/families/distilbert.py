@@ -27,12 +27,12 @@ def layout() -> TextLayout:
         layer_map={
             "q": "attention.q_lin", "k": "attention.k_lin", "v": "attention.v_lin", "o": "attention.out_lin",
             "norm1": "sa_layer_norm", "fc1": "ffn.lin1", "fc2": "ffn.lin2", "norm2": "output_layer_norm",
-        },  # fmt: skip
+        },
         shared={f"hydra.embeddings.{k}": f"distilbert.embeddings.{k}" for k in _EMBEDDINGS},
         heads={"classifier": {
             "classifier.dense.weight": "pre_classifier.weight", "classifier.dense.bias": "pre_classifier.bias",
             "classifier.out_proj.weight": "classifier.weight", "classifier.out_proj.bias": "classifier.bias",
-        }},  # fmt: skip
+        }},
         num_labels_key="classifier.out_proj.weight",
         ignored=("vocab_transform.", "vocab_layer_norm.", "vocab_projector.", "distilbert.embeddings.position_ids"),
     )
@@ -61,7 +61,7 @@ class DistilBertFamily(HFTextFamily):
         config = super().full_config(raw)
         # the names every other reader uses (DistilBertConfig maps the first three back onto its own)
         config.update(hidden_size=config["dim"], num_hidden_layers=config["n_layers"],
-                      num_attention_heads=config["n_heads"], intermediate_size=config["hidden_dim"])  # fmt: skip
+                      num_attention_heads=config["n_heads"], intermediate_size=config["hidden_dim"])
         return config
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:

@@ -12,7 +12,7 @@ from .base import register_family
 from .text import HFTextFamily
 
 _EMBEDDINGS = ("word_embeddings.weight", "position_embeddings.weight", "token_type_embeddings.weight",
-               "LayerNorm.weight", "LayerNorm.bias")  # fmt: skip
+               "LayerNorm.weight", "LayerNorm.bias")
 _PROJECT = ("embeddings_project.weight", "embeddings_project.bias")
 _HEAD = ("dense.weight", "dense.bias", "out_proj.weight", "out_proj.bias")
 
@@ -33,7 +33,7 @@ def layout() -> TextLayout:
         num_labels_key="classifier.out_proj.weight",
         # pre-training heads (discriminator / generator); buffers
         ignored=("discriminator_predictions.", "generator_predictions.", "generator_lm_head.",
-                 "electra.embeddings.position_ids", "electra.embeddings.token_type_ids"),  # fmt: skip
+                 "electra.embeddings.position_ids", "electra.embeddings.token_type_ids"),
     )
 
 

@@ -47,7 +47,7 @@ class LlamaFamily(DecoderFamily):
     causal_lm_architectures = tuple(f"{prefix}ForCausalLM" for prefix in PREFIXES.values())
     # the architecture keys of a decoder config (shared by all members)
     shape_keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                  "num_key_value_heads", "intermediate_size", "head_dim")  # fmt: skip
+                  "num_key_value_heads", "intermediate_size", "head_dim")
 
     @property
     def supported_architectures(self) -> tuple[str, ...]:
@@ -56,7 +56,9 @@ class LlamaFamily(DecoderFamily):
     def full_config(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         model_type = raw.get("model_type")
         if model_type not in PREFIXES:
-            raise HydraInputError(f"model_type={model_type!r} is not a Llama-style decoder; expected one of {list(PREFIXES)}")
+            raise HydraInputError(
+                f"model_type={model_type!r} is not a Llama-style decoder; expected one of {list(PREFIXES)}"
+            )
         return full_config(CONFIG_MAPPING[model_type], dict(raw))
 
     def layer_shape(self, base: Mapping[str, Any]) -> tuple[int, int]:

@@ -35,7 +35,7 @@ class ModernBertFamily(CustomTextFamily):
     # the prediction head (dense + LayerNorm) and the classifier: the pre-trained masked-LM head of a
     # base checkpoint is reused as the prediction head, as transformers does
     head_keys = ("head.dense.weight", "head.dense.bias", "head.norm.weight", "head.norm.bias",
-                 "classifier.weight", "classifier.bias")  # fmt: skip
+                 "classifier.weight", "classifier.bias")
     input_keys = ("input_ids", "attention_mask")  # ModernBERT has no token types
     frozen_prefixes = ("hydra.embeddings.",)  # token embeddings and their LayerNorm
 

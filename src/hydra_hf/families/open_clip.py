@@ -19,7 +19,10 @@ from .clip import CLIPFamily
 
 class OpenCLIPFamily(CLIPFamily):
     name = "open_clip"
-    mlp_down_proj = {"vision": r"visual\.transformer\.resblocks\.(\d+)\.mlp\.c_proj", "text": r"^transformer\.resblocks\.(\d+)\.mlp\.c_proj"}  # fmt: skip
+    mlp_down_proj = {
+        "vision": r"visual\.transformer\.resblocks\.(\d+)\.mlp\.c_proj",
+        "text": r"^transformer\.resblocks\.(\d+)\.mlp\.c_proj",
+    }
     aliases = ("openclip",)
     model_types = ()
     hf_class_prefix = None

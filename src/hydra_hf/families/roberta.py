@@ -13,7 +13,7 @@ from .base import register_family
 from .text import HFTextFamily
 
 _EMBEDDINGS = ("word_embeddings.weight", "position_embeddings.weight", "token_type_embeddings.weight",
-               "LayerNorm.weight", "LayerNorm.bias")  # fmt: skip
+               "LayerNorm.weight", "LayerNorm.bias")
 _HEAD = ("dense.weight", "dense.bias", "out_proj.weight", "out_proj.bias")
 
 @functools.cache
@@ -28,7 +28,12 @@ def layout() -> TextLayout:
         heads={"classifier": {f"classifier.{k}": f"classifier.{k}" for k in _HEAD}},
         num_labels_key="classifier.out_proj.weight",
         # a bare RobertaModel's pooler is not part of the sequence classifier; LM heads; buffers
-        ignored=("roberta.pooler.", "lm_head.", "roberta.embeddings.position_ids", "roberta.embeddings.token_type_ids"),
+        ignored=(
+            "roberta.pooler.",
+            "lm_head.",
+            "roberta.embeddings.position_ids",
+            "roberta.embeddings.token_type_ids",
+        ),
     )
 
 

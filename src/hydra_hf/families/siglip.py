@@ -37,7 +37,10 @@ class SiglipFamily(Family):
         "AutoModelForZeroShotImageClassification": "HydraEnsembleSiglipModel",
     }
     towers = ("vision", "text")
-    mlp_down_proj = {"vision": r"vision_model\.encoder\.layers\.(\d+)\.mlp\.fc2", "text": r"text_model\.encoder\.layers\.(\d+)\.mlp\.fc2"}  # fmt: skip
+    mlp_down_proj = {
+        "vision": r"vision_model\.encoder\.layers\.(\d+)\.mlp\.fc2",
+        "text": r"text_model\.encoder\.layers\.(\d+)\.mlp\.fc2",
+    }
     frozen_prefixes = ("vision_model.embeddings.", "text_model.embeddings.")  # convert.hf_siglip.SHARED_KEYS
     classifier_keys = ()
     # SigLIP was trained on prompts padded to 64 tokens (its last token is pooled): as transformers' pipeline

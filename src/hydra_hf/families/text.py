@@ -64,7 +64,9 @@ class HFTextFamily(Family):
     def check_config(self, config: Mapping[str, Any], source: str) -> None:
         """Refuse a configuration variant the fused model does not implement (default: none)."""
         if config.get("is_decoder"):
-            raise HydraInputError(f"{source} is a decoder ({self.name} with is_decoder=True); convert encoder checkpoints")
+            raise HydraInputError(
+                f"{source} is a decoder ({self.name} with is_decoder=True); convert encoder checkpoints"
+            )
         position = config.get("position_embedding_type", "absolute")
         if position not in (None, "absolute"):
             raise HydraInputError(
@@ -88,7 +90,9 @@ class HFTextFamily(Family):
         base = configs[0]
         masks.check_compatible(base["num_hidden_layers"], base["num_attention_heads"], model=repr(str(folders[0])))
         loaded = [self.read_member(read_state_dict(f), c, repr(str(f))) for f, c in zip(folders, configs)]
-        state = fuse_text(loaded * masks.num_members if len(loaded) == 1 else loaded, masks.kept_heads, mlp_fusion, shared)
+        state = fuse_text(
+            loaded * masks.num_members if len(loaded) == 1 else loaded, masks.kept_heads, mlp_fusion, shared
+        )
         layout = self.layout()
         # the labels: the checkpoints' classifier (with its label names) or the caller's
         labels = label_arguments(state, layout.num_labels_key, raw[0], num_labels, id2label)

@@ -31,7 +31,7 @@ class TimmViTFamily(ViTFamily):
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
         model, extra = build_timm_vit(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels,
-                                      id2label=id2label, seed=seed)  # fmt: skip
+                                      id2label=id2label, seed=seed)
         return Built(model, None, extra)
 
     def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:

@@ -35,6 +35,9 @@ from transformers import AutoConfig, AutoModelForImageClassification, AutoModelF
 
 from ..convert import read_config
 from ..errors import HydraInputError
+from ..masks import HeadMasks
+from ..outputs import prepare_owned_folder, write_output_folder
+from ..saving import copy_preprocessor
 from . import (
     COMMAND,
     RESUME_FREE,
@@ -46,9 +49,6 @@ from . import (
     make_accelerator,
     prepare_run,
 )
-from ..masks import HeadMasks
-from ..outputs import prepare_owned_folder, write_output_folder
-from ..saving import copy_preprocessor
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,9 @@ def require_peft() -> Any:
     try:
         import peft  # optional: pip install hydra-hf[peft]
     except ImportError:
-        raise HydraInputError(f"LoRA baselines need the optional package peft, which is not installed; `{PEFT_HINT}`") from None
+        raise HydraInputError(
+            f"LoRA baselines need the optional package peft, which is not installed; `{PEFT_HINT}`"
+        ) from None
     return peft
 
 
@@ -75,7 +77,7 @@ def all_heads_masks(model_dir: str | os.PathLike, members: int = 1) -> HeadMasks
     return HeadMasks(
         kept_heads=[[list(range(H)) for _ in range(L)] for _ in range(members)], num_heads=H,
         metadata={"method": "none (all heads: full models)"},
-    )  # fmt: skip
+    )
 
 
 # ------------------------------------------------------------------------------- deep ensembles
@@ -85,19 +87,21 @@ def _check_reusable(single: Path, config: FinetuneConfig) -> None:
     info_file, masks_file = single / "finetune_member.json", single / "masks.json"
     if not (single / "config.json").is_file() or not info_file.is_file():
         raise HydraInputError(
-            f"reuse_member0={str(single)!r} is not a fine-tuned member folder (no config.json / finetune_member.json); "
-            "pass the Single model's `<work_dir>/member_0/model`"
+            f"reuse_member0={str(single)!r} is not a fine-tuned member folder (no config.json / "
+            "finetune_member.json); pass the Single model's `<work_dir>/member_0/model`"
         )
     info = json.loads(info_file.read_text())
     if info.get("seed") != config.seed:
         raise HydraInputError(
-            f"reuse_member0={str(single)!r} was trained with seed {info.get('seed')}, but member 0 of this deep ensemble "
-            f"has seed config.seed={config.seed}; use the same seed or train every member"
+            f"reuse_member0={str(single)!r} was trained with seed {info.get('seed')}, but member 0 of this deep "
+            f"ensemble has seed config.seed={config.seed}; use the same seed or train every member"
         )
     if masks_file.is_file():
         masks = HeadMasks.load(masks_file)
         if any(len(heads) != masks.num_heads for heads in masks.kept_heads[0]):
-            raise HydraInputError(f"reuse_member0={str(single)!r} is a pruned member; a deep ensemble member keeps every head")
+            raise HydraInputError(
+                f"reuse_member0={str(single)!r} is a pruned member; a deep ensemble member keeps every head"
+            )
     saved_file = single.parent.parent / "finetune_config.json"
     if saved_file.is_file():
         saved, now = json.loads(saved_file.read_text()), config.to_dict()
@@ -162,7 +166,7 @@ def train_deep_ensemble(
     finetune_members(
         base_model_dir, masks, train_data, validation_data, out.with_name(out.name + ".fused"), config,
         members=chosen, work_dir=out, resume=resume, overwrite=overwrite, id2label=id2label, fuse=False,
-    )  # fmt: skip
+    )
     return folders
 
 
@@ -192,7 +196,9 @@ def _task_model(run: Any, seed: int) -> tuple[nn.Module, list[str]]:
     model, info = auto.from_pretrained(str(run.model_dir), output_loading_info=True, **kwargs)
     model.config.problem_type = "single_label_classification"
     backbone = model.base_model_prefix
-    head = [name for name, child in model.named_children() if name != backbone and any(True for _ in child.parameters())]
+    head = [
+        name for name, child in model.named_children() if name != backbone and any(True for _ in child.parameters())
+    ]
     new = sorted({key.rsplit(".", 1)[0] for key in info.get("missing_keys", ()) if key.startswith(backbone + ".")})
     if new:
         logger.info("LoRA: %s are not in the checkpoint (newly initialised): trained in full", new)
@@ -206,7 +212,11 @@ def _check_lora_args(r: int, alpha: float, dropout: float, target_modules: Seque
         raise HydraInputError(f"LoRA alpha must be a positive number, got {alpha!r}")
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise HydraInputError(f"LoRA dropout must be in [0, 1), got {dropout!r}")
-    if isinstance(target_modules, str) or not target_modules or not all(isinstance(t, str) and t for t in target_modules):
+    if (
+        isinstance(target_modules, str)
+        or not target_modules
+        or not all(isinstance(t, str) and t for t in target_modules)
+    ):
         raise HydraInputError(f"target_modules must be a non-empty list of module names, got {target_modules!r}")
 
 
@@ -269,19 +279,21 @@ def train_lora(
         run = prepare_run(
             base_model_dir, all_heads_masks(base_model_dir), train_data, validation_data, output_dir, config, work_dir,
             overwrite, id2label,
-        )  # fmt: skip
+        )
     claim_work_dir(accelerator, run, ["lora"], resume=resume, shared=False)
 
     model, head = _task_model(run, seed)
     lora_config = peft.LoraConfig(
         r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
         modules_to_save=list(modules_to_save) if modules_to_save is not None else head,
-    )  # fmt: skip
+    )
     total = sum(p.numel() for p in model.parameters())  # the stock model's (= the merged model's)
     torch.manual_seed(seed)  # the LoRA A matrices
     peft_model = peft.get_peft_model(model, lora_config)
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
-    logger.info("LoRA seed %d: %d trainable parameters (%.2f %% of %d)", seed, trainable, 100 * trainable / total, total)
+    logger.info(
+        "LoRA seed %d: %d trainable parameters (%.2f %% of %d)", seed, trainable, 100 * trainable / total, total
+    )
     set_seed(seed)
     wrapper = _AsMember(peft_model)
     folder = run.work_dir / "lora"
@@ -290,11 +302,21 @@ def train_lora(
     if accelerator.is_main_process:
         wrapper.load_state_dict(trainer.final_state_dict(), strict=True)
         info = {
-            "config": config.to_dict(), "seed": seed, "r": r, "alpha": alpha, "dropout": dropout,
-            "target_modules": list(target_modules), "modules_to_save": list(lora_config.modules_to_save),
-            "trainable_parameters": trainable, "base_parameters": total, "epochs": state["epoch"], "steps": state["global_step"],
-            "best_eval_accuracy": state["best_metric"], "best_epoch": state["best_epoch"], "history": state["history"],
-        }  # fmt: skip
+            "config": config.to_dict(),
+            "seed": seed,
+            "r": r,
+            "alpha": alpha,
+            "dropout": dropout,
+            "target_modules": list(target_modules),
+            "modules_to_save": list(lora_config.modules_to_save),
+            "trainable_parameters": trainable,
+            "base_parameters": total,
+            "epochs": state["epoch"],
+            "steps": state["global_step"],
+            "best_eval_accuracy": state["best_metric"],
+            "best_epoch": state["best_epoch"],
+            "history": state["history"],
+        }
         batch = next(iter(trainer.data_loader(run.eval if run.eval is not None else run.train, 8)))
         device = next(peft_model.parameters()).device
         _export_lora(run, peft_model.eval(), {k: v.to(device) for k, v in batch.items() if k != "labels"}, info)
@@ -369,7 +391,7 @@ def train_lora_ensemble(
         train_lora(
             base_model_dir, train_data, validation_data, folder, config, seed=config.seed + m,
             work_dir=out / f"member_{m}.work", overwrite=True, id2label=id2label, **lora,
-        )  # fmt: skip
+        )
     return folders
 
 

@@ -84,11 +84,15 @@ def check_resume_flags(resume: bool, resume_partial: bool, overwrite: bool) -> b
     """``resume`` as meant by the flags (``resume_partial`` implies it); contradictions are errors."""
     resume = bool(resume or resume_partial)
     if resume and overwrite:
-        raise HydraInputError("--resume continues the run in the work folder and --overwrite starts it afresh; pass one")
+        raise HydraInputError(
+            "--resume continues the run in the work folder and --overwrite starts it afresh; pass one"
+        )
     return resume
 
 
-def claim_work_dir(accelerator: Accelerator, run: FinetuneRun, names: list[str], *, resume: bool, shared: bool) -> None:
+def claim_work_dir(
+    accelerator: Accelerator, run: FinetuneRun, names: list[str], *, resume: bool, shared: bool
+) -> None:
     """Claim and check the work folder on every process (the main process writes).
 
     Args:
@@ -212,7 +216,8 @@ class Checkpoints:
     def damaged(self, file: Path, exc: BaseException) -> HydraInputError:
         """The error for a checkpoint ``file`` that ``exc`` showed damaged, saying how to go on."""
         return HydraInputError(
-            f"{self.tag}: the resume checkpoint file {str(file)!r} is damaged ({type(exc).__name__}: {one_line(exc)}); "
+            f"{self.tag}: the resume checkpoint file {str(file)!r} is damaged "
+            f"({type(exc).__name__}: {one_line(exc)}); "
             f"delete {str(self.checkpoint)!r} and pass --resume-partial to retrain this member from its first step, "
             "or start the run over with --overwrite"
         )
@@ -241,7 +246,9 @@ class Checkpoints:
                     f"{self.tag}: {str(state_file)!r} is missing, so this member's progress cannot be resumed; "
                     "pass --resume-partial to retrain it from its first step, or --overwrite to start the run over"
                 )
-            logger.warning("%s: %s is missing; --resume-partial: retraining this member from its first step", self.tag, state_file)
+            logger.warning(
+                "%s: %s is missing; --resume-partial: retraining this member from its first step", self.tag, state_file
+            )
             if acc.is_main_process:
                 shutil.rmtree(self.checkpoint, ignore_errors=True)
                 self.best_file.unlink(missing_ok=True)
@@ -277,13 +284,13 @@ class Checkpoints:
             logger.warning(
                 "%s: --resume-partial: resuming at step %d without %s; dropout masks from here on differ from an "
                 "uninterrupted run", self.tag, state["global_step"], ", ".join(missing),
-            )  # fmt: skip
+            )
         if acc.is_main_process:
             self.trim_log(finished_epochs=state["epoch"])
             logger.info(
                 "%s: resuming after epoch %d, %d batches into the next (step %d)",
                 self.tag, state["epoch"], state["batches_in_epoch"], state["global_step"],
-            )  # fmt: skip
+            )
         return state
 
     def check_weights(self, model: nn.Module) -> None:
@@ -342,6 +349,6 @@ class Checkpoints:
             save_file(
                 tensors, str(tmp),
                 metadata={"best_epoch": str(best_epoch)},
-            )  # fmt: skip
+            )
             os.replace(tmp, self.best_next)
         self.accelerator.wait_for_everyone()

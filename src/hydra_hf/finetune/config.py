@@ -34,34 +34,45 @@ class FinetuneConfig:
     # optimisation
     optimizer: str = field(default="adamw", metadata={"help": f"one of {list(OPTIMIZERS)}"})
     learning_rate: float = field(default=1e-5, metadata={"help": "peak learning rate"})
-    weight_decay: float = field(default=0.01, metadata={"help": "decoupled weight decay (never on biases and LayerNorms)"})
+    weight_decay: float = field(
+        default=0.01, metadata={"help": "decoupled weight decay (never on biases and LayerNorms)"}
+    )
     momentum: float = field(default=0.9, metadata={"help": "SGD momentum"})
     adam_beta1: float = field(default=0.9, metadata={"help": "AdamW beta1"})
     adam_beta2: float = field(default=0.999, metadata={"help": "AdamW beta2"})
     adam_epsilon: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
     scheduler: str = field(default="linear", metadata={"help": f"decay after warm-up, one of {list(SCHEDULERS)}"})
-    warmup_ratio: float = field(default=0.1, metadata={"help": "fraction of the optimizer steps spent in linear warm-up"})
+    warmup_ratio: float = field(
+        default=0.1, metadata={"help": "fraction of the optimizer steps spent in linear warm-up"}
+    )
     max_grad_norm: float | None = field(default=1.0, metadata={"help": "gradient clipping norm (none: off)"})
     label_smoothing: float = field(default=0.0, metadata={"help": "label smoothing of the cross-entropy"})
     # schedule
     num_epochs: int = field(default=7, metadata={"help": "maximum epochs per member"})
-    max_steps: int | None = field(default=None, metadata={"help": "stop a member after this many optimizer steps (none: no cap)"})
+    max_steps: int | None = field(
+        default=None, metadata={"help": "stop a member after this many optimizer steps (none: no cap)"}
+    )
     early_stopping_patience: int | None = field(
-        default=2, metadata={"help": "stop after this many evaluations without a better validation accuracy (none: off)"}
+        default=2,
+        metadata={"help": "stop after this many evaluations without a better validation accuracy (none: off)"},
     )
     batch_size: int = field(default=32, metadata={"help": "global batch per forward step, all processes together"})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "forward steps per optimizer step"})
     eval_batch_size: int = field(default=64, metadata={"help": "global evaluation batch"})
     # model and data
     max_length: int = field(default=128, metadata={"help": "maximum tokens per text"})
-    freeze_embeddings: bool = field(default=True, metadata={"help": "freeze the embeddings, so that the members share them"})
-    mlp_fusion: str = field(default="average", metadata={"help": f"MLP of the fused model, one of {list(MLP_FUSIONS)}"})
+    freeze_embeddings: bool = field(
+        default=True, metadata={"help": "freeze the embeddings, so that the members share them"}
+    )
+    mlp_fusion: str = field(
+        default="average", metadata={"help": f"MLP of the fused model, one of {list(MLP_FUSIONS)}"}
+    )
     member_perturb: float = field(
         default=0.0,
         metadata={"help": "shrink and perturb each member before training (Ash & Adams 2020; not in the paper): every "
                           "weight outside the shared embeddings becomes (1 - a) * weight + a * a fresh random "
                           "initialisation drawn with the member's seed; 0: the paper's recipe, 1: from scratch"},
-    )  # fmt: skip
+    )
     num_labels: int | None = field(default=None, metadata={"help": "classes of a bare encoder (none: from the data)"})
     text_column: str = field(default="text", metadata={"help": "text column of the data (text models)"})
     image_column: str = field(default="image", metadata={"help": "image column of the data (image models)"})
@@ -71,7 +82,8 @@ class FinetuneConfig:
     # run
     seed: int = field(default=0, metadata={"help": "member m uses seed + m"})
     mixed_precision: str = field(
-        default="auto", metadata={"help": f"one of {list(MIXED_PRECISION)}; auto: bf16 (else fp16) on a GPU, none on CPU"}
+        default="auto",
+        metadata={"help": f"one of {list(MIXED_PRECISION)}; auto: bf16 (else fp16) on a GPU, none on CPU"},
     )
     save_every_steps: int | None = field(
         default=None, metadata={"help": "also checkpoint every N optimizer steps (always: every epoch)"}
@@ -84,7 +96,9 @@ class FinetuneConfig:
             if getattr(self, name) not in options:
                 raise ValueError(f"{name}={getattr(self, name)!r} is unknown; use one of {list(options)}")
 
-        def number(name: str, *, minimum: float, integer: bool = False, optional: bool = False, strict: bool = False) -> None:
+        def number(
+            name: str, *, minimum: float, integer: bool = False, optional: bool = False, strict: bool = False
+        ) -> None:
             value = getattr(self, name)
             if value is None and optional:
                 return
@@ -110,7 +124,14 @@ class FinetuneConfig:
             if getattr(self, name) >= 1:
                 raise ValueError(f"{name}={getattr(self, name)!r} must be < 1")
         number("max_grad_norm", minimum=0, optional=True, strict=True)
-        for name in ("num_epochs", "batch_size", "gradient_accumulation_steps", "eval_batch_size", "max_length", "log_every_steps"):
+        for name in (
+            "num_epochs",
+            "batch_size",
+            "gradient_accumulation_steps",
+            "eval_batch_size",
+            "max_length",
+            "log_every_steps",
+        ):
             number(name, minimum=1, integer=True)
         for name in ("max_steps", "save_every_steps", "max_train_samples", "max_eval_samples"):
             number(name, minimum=1, integer=True, optional=True)
@@ -119,7 +140,9 @@ class FinetuneConfig:
         number("seed", minimum=0, integer=True)
         number("member_perturb", minimum=0)
         if self.member_perturb > 1:
-            raise ValueError(f"member_perturb={self.member_perturb!r} must be <= 1 (1: members start from a random init)")
+            raise ValueError(
+                f"member_perturb={self.member_perturb!r} must be <= 1 (1: members start from a random init)"
+            )
 
     # ------------------------------------------------------------------------------------ files
     def to_dict(self) -> dict[str, Any]:
@@ -177,7 +200,7 @@ def image_recipe(**overrides: Any) -> FinetuneConfig:
     values: dict[str, Any] = dict(
         optimizer="sgd", learning_rate=0.01, momentum=0.9, weight_decay=0.0, scheduler="cosine",
         warmup_ratio=0.1, label_smoothing=0.1, max_grad_norm=1.0, batch_size=64, num_epochs=7,
-    )  # fmt: skip
+    )
     values.update(overrides)
     return FinetuneConfig(**values)
 

@@ -63,16 +63,27 @@ def shrink_and_perturb_(model: nn.Module, amount: float, seed: int, frozen_prefi
     return model
 
 
-def _export_member(run: FinetuneRun, model: nn.Module, state: dict[str, torch.Tensor], folder: Path, member_masks: HeadMasks, info: dict) -> None:
+def _export_member(
+    run: FinetuneRun,
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    folder: Path,
+    member_masks: HeadMasks,
+    info: dict,
+) -> None:
     """Write a trained one-member Hydra model as a stock checkpoint folder (removed heads zeroed)."""
     stock_state = run.arch.unfuse(state, model.config)[0]
-    cfg = {k: v for k, v in run.base_config.items() if k not in ("id2label", "label2id", "num_labels", "architectures")}
+    cfg = {
+        k: v for k, v in run.base_config.items() if k not in ("id2label", "label2id", "num_labels", "architectures")
+    }
     if run.pad_token_id is not None:
         cfg["pad_token_id"] = run.pad_token_id  # a decoder's padding token (its tokenizer's pad, else its eos)
     if run.causal_lm:
         stock = run.arch.stock_causal_lm(cfg)
     else:
-        cfg.update(id2label={int(k): v for k, v in model.config.id2label.items()}, problem_type="single_label_classification")
+        cfg.update(
+            id2label={int(k): v for k, v in model.config.id2label.items()}, problem_type="single_label_classification"
+        )
         stock = run.arch.stock_model(cfg, model.config)
     stock.load_state_dict(stock_state, strict=not run.causal_lm)
     if run.causal_lm:  # a tied head is the embeddings' tensor: strict loading would name it missing
@@ -192,7 +203,7 @@ def finetune_members(
             info = {
                 "member": m, "seed": seed, "epochs": state["epoch"], "steps": state["global_step"],
                 **_best(run, state), "best_epoch": state["best_epoch"], "history": state["history"],
-            }  # fmt: skip
+            }
             _export_member(run, model, trainer.final_state_dict(), folder / "model", member_masks, info)
             if not run.config.keep_checkpoints:
                 shutil.rmtree(folder / "checkpoint", ignore_errors=True)
@@ -219,18 +230,25 @@ def _fuse_members(run: FinetuneRun) -> None:
     infos = [json.loads((f / "finetune_member.json").read_text()) for f in folders]
     masks = run.masks.select_members(range(run.masks.num_members))  # a copy, slim neurons included
     masks.member_metadata = [
-        {**meta, "finetune": {k: info[k] for k in ("seed", "epochs", "steps", *_best(run, {"best_metric": None}), "best_epoch")}}
+        {
+            **meta,
+            "finetune": {
+                k: info[k] for k in ("seed", "epochs", "steps", *_best(run, {"best_metric": None}), "best_epoch")
+            },
+        }
         for meta, info in zip(run.masks.member_metadata, infos)
     ]
     shared = "error" if run.config.freeze_embeddings else "average"
     if shared == "average":
-        logger.warning("embeddings were fine-tuned per member: the fused model averages them (freeze_embeddings avoids this)")
+        logger.warning(
+            "embeddings were fine-tuned per member: the fused model averages them (freeze_embeddings avoids this)"
+        )
     model = convert_checkpoint(masks, members=folders, mlp_fusion=run.config.mlp_fusion, shared=shared)
     summary = {"mode": "members", "config": run.config.to_dict(), "members": infos}
     save_hydra_model(
         model, run.output_dir, preprocessor_from=folders[0], overwrite=run.overwrite, extra=_summary_writer(summary),
         command=COMMAND, inputs=[*run.inputs, run.work_dir],
-    )  # fmt: skip
+    )
     logger.info("wrote the fused model of %d fine-tuned members to %s", len(folders), run.output_dir)
 
 
@@ -276,11 +294,11 @@ def finetune_fused(
         summary = {
             "mode": "fused", "config": run.config.to_dict(), "epochs": state["epoch"], "steps": state["global_step"],
             **_best(run, state), "best_epoch": state["best_epoch"], "history": state["history"],
-        }  # fmt: skip
+        }
         save_hydra_model(
             model.eval(), run.output_dir, overwrite=run.overwrite, extra=_summary_writer(summary, run),
             command=COMMAND, inputs=[*run.inputs, run.work_dir],
-        )  # fmt: skip
+        )
         if not run.config.keep_checkpoints:
             shutil.rmtree(folder / "checkpoint", ignore_errors=True)
     accelerator.wait_for_everyone()

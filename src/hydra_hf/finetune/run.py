@@ -45,7 +45,8 @@ class _ArchSupport:
     stock_model: Callable[[dict[str, Any], Any], nn.Module]  # (config dict, Hydra config) -> stock task model
     classifier_keys: tuple[str, ...]  # stock tensor names whose presence means a trained classifier
     decoder: bool = False  # a decoder family (Llama-style, GPT-2): last-token classifier or causal LM
-    stock_causal_lm: Callable[[dict[str, Any]], nn.Module] | None = None  # (config dict) -> a decoder's stock causal LM
+    # (config dict) -> a decoder's stock causal LM
+    stock_causal_lm: Callable[[dict[str, Any]], nn.Module] | None = None
 
 
 def _arch_support(arch: str) -> _ArchSupport:
@@ -53,8 +54,8 @@ def _arch_support(arch: str) -> _ArchSupport:
     family = get_family(arch)
     if family.task not in ("text-classification", "image-classification"):
         raise HydraInputError(
-            f"fine-tuning trains text and image classifiers and decoder LMs; {family.name} is a {family.task} model (zero-shot "
-            "Hydra members need no training: prune and convert them)"
+            f"fine-tuning trains text and image classifiers and decoder LMs; {family.name} is a {family.task} model "
+            "(zero-shot Hydra members need no training: prune and convert them)"
         )
 
     def stock_model(cfg: dict[str, Any], hydra_config: Any) -> nn.Module:
@@ -97,8 +98,8 @@ def _decoder_padding(processor: Any, model_dir: Path) -> tuple[int, str]:
         )
     processor.pad_token = processor.eos_token
     return processor.eos_token_id, (
-        f"has no pad token: it pads with its end-of-sequence token {processor.eos_token!r} (id {processor.eos_token_id}), "
-        "saved as the pad token with the outputs"
+        f"has no pad token: it pads with its end-of-sequence token {processor.eos_token!r} (id "
+        f"{processor.eos_token_id}), saved as the pad token with the outputs"
     )
 
 
@@ -182,7 +183,8 @@ def prepare_run(
     masks.check_compatible(  # family's names for the sizes (DistilBERT's n_layers / n_heads)
         sizes.num_hidden_layers, sizes.num_attention_heads, model=f"the model {str(model_dir)!r}"
     )
-    weights = weight_names(model_dir)  # the family names its heads (RoBERTa's classifier.out_proj, DeiT's cls_classifier)
+    # the family names its heads (RoBERTa's classifier.out_proj, DeiT's cls_classifier)
+    weights = weight_names(model_dir)
     has_classifier = any(key in weights for key in arch.classifier_keys)
     what, loader = ("tokenizer", AutoTokenizer) if arch.modality == "text" else ("image processor", AutoImageProcessor)
     try:
@@ -202,14 +204,16 @@ def prepare_run(
                 "classes; drop num_labels / --labels (or start from a sequence classifier)"
             )
         train = _load_text(train_data, config, config.max_train_samples, "training")
-        evaluation = _load_text(eval_data, config, config.max_eval_samples, "evaluation") if eval_data is not None else None
+        evaluation = (
+            _load_text(eval_data, config, config.max_eval_samples, "evaluation") if eval_data is not None else None
+        )
         _check_batch(train, config)
         return FinetuneRun(
             model_dir=model_dir, masks=masks, base_config=base_config, arch=arch, processor=processor, train=train,
             eval=evaluation, num_labels=None, id2label=None, base_has_classifier=False, work_dir=work_dir,
             output_dir=output_dir, config=config, overwrite=overwrite, inputs=inputs, causal_lm=True,
             pad_token_id=pad_token_id, pad_token_set=pad_set,
-        )  # fmt: skip
+        )
     num_labels = None
     if has_classifier:
         saved = base_config.get("id2label") or {}
@@ -232,7 +236,12 @@ def prepare_run(
     if num_labels is None:
         num_labels = max(2, int(max(train["label"])) + 1)
         logger.info("bare encoder: %d classes, from the training labels", num_labels)
-    if id2label is None and not has_classifier and isinstance(train_data, str) and train_data.startswith("rotten_tomatoes"):
+    if (
+        id2label is None
+        and not has_classifier
+        and isinstance(train_data, str)
+        and train_data.startswith("rotten_tomatoes")
+    ):
         id2label = dict(ROTTEN_TOMATOES_LABELS) if num_labels == len(ROTTEN_TOMATOES_LABELS) else None
     evaluation = None
     if eval_data is not None:
@@ -243,7 +252,7 @@ def prepare_run(
         eval=evaluation, num_labels=num_labels, id2label=id2label, base_has_classifier=has_classifier,
         work_dir=work_dir, output_dir=output_dir, config=config, overwrite=overwrite, inputs=inputs,
         pad_token_id=pad_token_id, pad_token_set=pad_set,
-    )  # fmt: skip
+    )
 
 
 def _check_batch(train: Any, config: FinetuneConfig) -> None:
@@ -284,7 +293,7 @@ def _load_data(
             str(data), text_column=config.text_column, label_column=config.label_column, num_labels=num_labels,
             image_column=config.image_column if modality == "image" else None, require_labels=True,
             max_samples=max_samples,
-        )  # fmt: skip
+        )
     if not isinstance(data, datasets.Dataset):
         raise TypeError(f"{what} data must be a dataset spec (str) or a datasets.Dataset, got {type(data).__name__}")
     for name in (column, config.label_column):

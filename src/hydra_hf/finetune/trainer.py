@@ -26,8 +26,8 @@ from ..data import make_image_loader, make_text_loader
 from ..modeling.hydra_attention import HydraSelfAttention
 from ..modeling.hydra_layers import HydraLayerNorm
 from ..modeling.modeling_hydra_llama import HydraRMSNorm
-from ..reproducibility import seed_worker
 from ..progress import progress_bars
+from ..reproducibility import seed_worker
 from .checkpoint import Checkpoints
 from .run import FinetuneRun
 
@@ -52,7 +52,9 @@ def _decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]
     return [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
 
 
-def member_cross_entropy(member_logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+def member_cross_entropy(
+    member_logits: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0
+) -> torch.Tensor:
     """Mean over members of each member's mean cross-entropy.
 
     Shape: ``member_logits (B, M, C)``, ``labels (B,)``.
@@ -77,7 +79,7 @@ class _NextTokenCollator:
         enc = self.tokenizer(
             [row["text"] for row in rows], truncation=True, max_length=self.max_length, padding="longest",
             return_tensors="pt",
-        )  # fmt: skip
+        )
         batch = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
         batch["labels"] = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
         return batch
@@ -94,11 +96,13 @@ def member_next_token_nll(member_logits: torch.Tensor, labels: torch.Tensor) -> 
     nll = F.cross_entropy(
         member_logits[:, :, :-1].float().reshape(-1, V), target[:, None].expand(-1, M, -1).reshape(-1),
         ignore_index=-100, reduction="sum",
-    )  # fmt: skip
+    )
     return nll / M, (target != -100).sum()
 
 
-def next_token_sums(member_logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def next_token_sums(
+    member_logits: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per example: the members' mean next-token NLL summed over the targets, the ensemble's (log of the mean
     softmax) summed NLL, and the number of targets; ``labels`` -100 are not targets.
 
@@ -200,7 +204,7 @@ class MemberTrainer:
             "epoch": 0, "batches_in_epoch": 0, "global_step": 0, "best_metric": None, "best_epoch": None,
             "bad_evaluations": 0, "done": False, "history": [],
             "epoch_loss": None,  # per process [sum of batch losses, batches] of the unfinished epoch
-        }  # fmt: skip
+        }
         self.loss_sum = torch.zeros(2)  # this process's [sum of batch losses, batches] in this epoch
 
     # ------------------------------------------------------------------------------- loaders
@@ -227,7 +231,7 @@ class MemberTrainer:
             self.run.train, batch_size=self.config.batch_size, sampler=self.order,
             drop_last=True, collate_fn=text.collate_fn, generator=torch.Generator().manual_seed(self.seed),
             worker_init_fn=seed_worker,
-        )  # fmt: skip
+        )
         return self.accelerator.prepare(loader)
 
     # ---------------------------------------------------------------------------- optimizer
@@ -237,7 +241,10 @@ class MemberTrainer:
         if c.optimizer == "sgd":
             cls, kwargs = torch.optim.SGD, dict(lr=c.learning_rate, momentum=c.momentum)
         else:
-            cls, kwargs = torch.optim.AdamW, dict(lr=c.learning_rate, betas=(c.adam_beta1, c.adam_beta2), eps=c.adam_epsilon)
+            cls, kwargs = (
+                torch.optim.AdamW,
+                dict(lr=c.learning_rate, betas=(c.adam_beta1, c.adam_beta2), eps=c.adam_epsilon),
+            )
         # the fused kernels make one pass over the weights instead of ~10 (3-4x faster steps on CPU)
         fused = self.accelerator.device.type in ("cpu", "cuda") and self.accelerator.mixed_precision != "fp16"
         return cls(groups, fused=fused or None, **kwargs)
@@ -287,9 +294,12 @@ class MemberTrainer:
         self.model.train()
         member_nll, nll, tokens = torch.cat(sums).double().sum(0)
         return {
-            "nll": float(nll / tokens), "member_nll": float(member_nll / tokens),
-            "perplexity": float(torch.exp(nll / tokens)), "tokens": int(tokens), "examples": int(torch.cat(sums).shape[0]),
-        }  # fmt: skip
+            "nll": float(nll / tokens),
+            "member_nll": float(member_nll / tokens),
+            "perplexity": float(torch.exp(nll / tokens)),
+            "tokens": int(tokens),
+            "examples": int(torch.cat(sums).shape[0]),
+        }
 
     @torch.no_grad()
     def evaluate(self, loader) -> dict[str, Any]:
@@ -307,7 +317,8 @@ class MemberTrainer:
             all_labels.append(labels.cpu())
         self.model.train()
         member_logits, labels = torch.cat(all_logits), torch.cat(all_labels)  # (N, M, C), (N,)
-        log_probs = torch.logsumexp(F.log_softmax(member_logits, -1), dim=1) - math.log(member_logits.shape[1])  # (N, C)
+        # (N, C)
+        log_probs = torch.logsumexp(F.log_softmax(member_logits, -1), dim=1) - math.log(member_logits.shape[1])
         member_acc = (member_logits.argmax(-1) == labels[:, None]).float().mean(0)  # (M,)
         return {
             "accuracy": float((log_probs.argmax(-1) == labels).float().mean()),
@@ -333,7 +344,9 @@ class MemberTrainer:
         optimizer = self._optimizer()
         scheduler = self._scheduler(optimizer)
         self.model, optimizer, scheduler = acc.prepare(self.model, optimizer, scheduler)
-        eval_loader = acc.prepare(self.data_loader(self.run.eval, self.eval_batch_size)) if self.run.eval is not None else None
+        eval_loader = (
+            acc.prepare(self.data_loader(self.run.eval, self.eval_batch_size)) if self.run.eval is not None else None
+        )
         if resume:
             state = self.checkpoints.resume(self.model, resume_partial)
             if state is not None:
@@ -345,7 +358,7 @@ class MemberTrainer:
             total=self.total_steps, initial=s["global_step"], desc=self.tag,
             disable=not (progress_bars() and acc.is_local_main_process),
             dynamic_ncols=True,
-        )  # fmt: skip
+        )
         train_loader = self._train_loader()
         self.model.train()
         with logging_redirect_tqdm():  # epoch log lines go above the progress bar
@@ -354,7 +367,9 @@ class MemberTrainer:
                 skip = s["batches_in_epoch"]
                 loader = acc.skip_first_batches(train_loader, skip) if skip else train_loader
                 # (sum of batch losses, batches) of this process in this epoch, as far as the checkpoint got
-                self.loss_sum = (self.checkpoints.resumed_loss_sum(self.state) if skip else torch.zeros(2)).to(acc.device)
+                self.loss_sum = (self.checkpoints.resumed_loss_sum(self.state) if skip else torch.zeros(2)).to(
+                    acc.device
+                )
                 hit_max = False
                 for batch in loader:
                     with acc.accumulate(self.model):
@@ -379,7 +394,14 @@ class MemberTrainer:
                     if c.save_every_steps and s["global_step"] % c.save_every_steps == 0 and mid_epoch and not hit_max:
                         self.checkpoints.save(self.state, self.loss_sum)
                     if step_callback is not None:
-                        step_callback({"tag": self.tag, "epoch": s["epoch"], "step": s["global_step"], "loss": float(loss.detach())})
+                        step_callback(
+                            {
+                                "tag": self.tag,
+                                "epoch": s["epoch"],
+                                "step": s["global_step"],
+                                "loss": float(loss.detach()),
+                            }
+                        )
                     if hit_max:
                         break
                 self._end_epoch(eval_loader, hit_max)
@@ -393,7 +415,7 @@ class MemberTrainer:
         record: dict[str, Any] = {
             "tag": self.tag, "epoch": s["epoch"] + 1, "step": s["global_step"],
             "train_loss": round(float(total[0] / total[1]), 6) if total[1] > 0 else None,
-        }  # fmt: skip
+        }
         if eval_loader is not None:
             metrics = self.evaluate(eval_loader)
             record.update({f"eval_{k}": v for k, v in metrics.items()})
@@ -406,14 +428,22 @@ class MemberTrainer:
         s["history"].append(record)
         s["epoch"] += 1
         s["batches_in_epoch"] = 0
-        stop = c.early_stopping_patience is not None and eval_loader is not None and s["bad_evaluations"] >= c.early_stopping_patience
+        stop = (
+            c.early_stopping_patience is not None
+            and eval_loader is not None
+            and s["bad_evaluations"] >= c.early_stopping_patience
+        )
         s["done"] = bool(hit_max or stop or s["epoch"] >= c.num_epochs)
         if acc.is_main_process:
-            line = f"{self.tag} epoch {record['epoch']}/{c.num_epochs} step {record['step']}: train loss {record['train_loss']}"
+            line = (
+                f"{self.tag} epoch {record['epoch']}/{c.num_epochs} step {record['step']}: "
+                f"train loss {record['train_loss']}"
+            )
+            best, best_epoch = s["best_metric"], s["best_epoch"]
             if "eval_accuracy" in record:
-                line += f", eval accuracy {record['eval_accuracy']:.4f} (best {s['best_metric']:.4f} at epoch {s['best_epoch']})"
+                line += f", eval accuracy {record['eval_accuracy']:.4f} (best {best:.4f} at epoch {best_epoch})"
             elif "eval_nll" in record:
-                line += f", eval next-token NLL {record['eval_nll']:.4f} (best {-s['best_metric']:.4f} at epoch {s['best_epoch']})"
+                line += f", eval next-token NLL {record['eval_nll']:.4f} (best {-best:.4f} at epoch {best_epoch})"
             if stop:
                 line += f"; early stop ({s['bad_evaluations']} evaluations without improvement)"
             logger.info(line)

@@ -73,18 +73,18 @@ FOREIGN_CODE_FLAG = "--trust-foreign-code"
 ALLOWED_STDLIB = frozenset({
     "__future__", "abc", "collections", "collections.abc", "contextlib", "copy", "dataclasses", "enum",
     "functools", "itertools", "math", "numbers", "typing", "warnings",
-})  # fmt: skip
+})
 ALLOWED_PACKAGES = ("torch", "transformers")
 # Submodules of the allowed packages that load code or pickles, compile extensions, spawn processes or download.
 FORBIDDEN_SUBMODULES = (
     "torch.hub", "torch.utils.cpp_extension", "torch.package", "torch.serialization", "torch.multiprocessing",
     "torch.utils.tensorboard", "transformers.dynamic_module_utils", "transformers.utils.hub", "transformers.commands",
-)  # fmt: skip
+)
 # Builtins (and similar names) that run dynamic code, reach the interpreter's internals or files.
 FORBIDDEN_NAMES = frozenset({
     "eval", "exec", "compile", "__import__", "open", "globals", "locals", "vars", "breakpoint", "input",
     "help", "exit", "quit", "__builtins__", "__loader__", "__spec__", "trust_remote_code",
-})  # fmt: skip
+})
 ATTRIBUTE_BUILTINS = frozenset({"getattr", "setattr", "hasattr", "delattr"})
 # Attribute names never used: modules re-exported by allowed ones, process / file / network /
 # deserialization entry points, code loading, frames and code objects.
@@ -102,12 +102,12 @@ FORBIDDEN_ATTRIBUTES = frozenset({
     # frames and code objects
     "f_globals", "f_locals", "f_builtins", "f_back", "f_code", "gi_frame", "cr_frame", "ag_frame", "tb_frame",
     "tb_next", "co_code", "mro", "trust_remote_code",
-})  # fmt: skip
+})
 ALLOWED_DUNDER_ATTRIBUTES = frozenset({
     "__init__", "__name__", "__qualname__", "__class__", "__doc__", "__module__", "__call__", "__post_init__",
     "__len__", "__iter__", "__getitem__", "__setitem__", "__contains__", "__repr__", "__eq__", "__hash__",
     "__enter__", "__exit__",
-})  # fmt: skip
+})
 # The source encodings shipped code may have (``utf-8-sig``: a UTF-8 byte-order mark).
 UTF8_CODECS = ("utf-8", "utf-8-sig")
 ENCODING_FIX = ("save it as UTF-8 without a coding line naming another encoding, or re-write the folder with "
@@ -210,7 +210,8 @@ class _Auditor(ast.NodeVisitor):
             return None
         options = test.comparators[0]
         if not isinstance(options, (ast.Tuple, ast.List, ast.Set)) or not all(
-            isinstance(e, ast.Constant) and isinstance(e.value, str) and not _bad_attribute(e.value) for e in options.elts
+            isinstance(e, ast.Constant) and isinstance(e.value, str) and not _bad_attribute(e.value)
+            for e in options.elts
         ):
             return None
         return test.left.id, isinstance(test.ops[0], ast.In)
@@ -244,7 +245,9 @@ class _Auditor(ast.NodeVisitor):
             last = arg.values[-1]
             # ends with literal text that is not "_": cannot spell a dunder; holds literal text no
             # forbidden name contains: cannot spell a forbidden name
-            ends_plain = isinstance(last, ast.Constant) and isinstance(last.value, str) and not last.value.endswith("_")
+            ends_plain = (
+                isinstance(last, ast.Constant) and isinstance(last.value, str) and not last.value.endswith("_")
+            )
             distinctive = any(text and not any(text in bad for bad in FORBIDDEN_ATTRIBUTES) for text in literals)
             return ends_plain and distinctive
         return False

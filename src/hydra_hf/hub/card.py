@@ -20,12 +20,13 @@ from typing import Any
 from huggingface_hub import EvalResult, HfApi, ModelCard, ModelCardData, constants
 from huggingface_hub.utils import validate_repo_id
 
-from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY, guarantee_text
+from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY
+from ..calibration.fit import guarantee_text
 from ..cost import DEFAULT_TOKENS, relative_cost
+from ..evaluation.report import mean_std_rows, render_comparisons, render_markdown_table
 from ..families import family_of_config
 from ..modeling.configuration_hydra import custom_pipelines_for
 from ..outputs import resolve_inside
-from ..evaluation.report import mean_std_rows, render_comparisons, render_markdown_table
 from .common import HubError, read_config, towers
 
 logger = logging.getLogger(__name__)
@@ -103,7 +104,9 @@ def card_template_path(kind: str) -> Path:
     for folder in (package / "model_cards", package.parents[1] / "model_cards"):
         if (folder / name).is_file():
             return folder / name
-    raise FileNotFoundError(f"model card template {name} not found next to hydra_hf or in the repository's model_cards/")
+    raise FileNotFoundError(
+        f"model card template {name} not found next to hydra_hf or in the repository's model_cards/"
+    )
 
 
 def model_kind(config: Mapping[str, Any]) -> str:
@@ -141,7 +144,9 @@ def load_report(report: str | os.PathLike | Mapping[str, Any] | None) -> tuple[d
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HubError(f"{path} is not valid JSON ({exc}); rewrite it with hydra_hf.evaluation.report.write_report") from exc
+        raise HubError(
+            f"{path} is not valid JSON ({exc}); rewrite it with hydra_hf.evaluation.report.write_report"
+        ) from exc
     if not isinstance(data, dict):
         raise HubError(f"{path} holds a {type(data).__name__}, expected a report dict with 'rows'")
     return data, path.parent
@@ -259,7 +264,9 @@ def _heads_table(kept_heads: list[list[list[int]]], num_heads: int) -> str:
     header = "| member | " + " | ".join(f"L{l}" for l in range(num_layers)) + " | total |"
     sep = "|:---|" + "---:|" * (num_layers + 1)
     rows = [
-        f"| {m} | " + " | ".join(str(len(h)) for h in member) + f" | {sum(len(h) for h in member)}/{num_layers * num_heads} |"
+        f"| {m} | "
+        + " | ".join(str(len(h)) for h in member)
+        + f" | {sum(len(h) for h in member)}/{num_layers * num_heads} |"
         for m, member in enumerate(kept_heads)
     ]
     return "\n".join([header, sep, *rows])
@@ -500,8 +507,18 @@ def build_model_card(
         license=license,
         library_name="transformers",
         pipeline_tag=task_type,
-        tags=["hydra-ensembles", "ensemble", "uncertainty", "head-pruning", "custom_code",
-              *[t for t in (tags or []) if t not in ("hydra-ensembles", "ensemble", "uncertainty", "head-pruning", "custom_code")]],
+        tags=[
+            "hydra-ensembles",
+            "ensemble",
+            "uncertainty",
+            "head-pruning",
+            "custom_code",
+            *[
+                t
+                for t in (tags or [])
+                if t not in ("hydra-ensembles", "ensemble", "uncertainty", "head-pruning", "custom_code")
+            ],
+        ],
         eval_results=eval_results or None,
     )
     threshold = config.get("uncertainty_threshold")
@@ -556,7 +573,9 @@ def _pipeline_task(config: Mapping[str, Any], kind: str) -> str | None:
     :func:`~hydra_hf.modeling.configuration_hydra.custom_pipelines_for` would add), or None."""
     pipelines = config.get("custom_pipelines") or custom_pipelines_for(config.get("auto_map", {}))
     auto_class = KINDS[kind]["auto_class"]
-    own = [task for task, spec in pipelines.items() if isinstance(spec, Mapping) and auto_class in (spec.get("pt") or [])]
+    own = [
+        task for task, spec in pipelines.items() if isinstance(spec, Mapping) and auto_class in (spec.get("pt") or [])
+    ]
     return own[0] if own else next(iter(pipelines), None)
 
 

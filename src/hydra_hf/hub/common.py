@@ -21,7 +21,7 @@ PREPROCESSOR_FILES = (
     "special_tokens_map.json", "added_tokens.json", "spiece.model", "sentencepiece.bpe.model",
     "tokenizer.model", "preprocessor_config.json", "processor_config.json", "image_processor_config.json",
     "chat_template.jinja", "generation_config.json",
-)  # fmt: skip
+)
 # JSON files among them that could name loader code of their own (an ``auto_map``): never shipped.
 PREPROCESSOR_CONFIGS = ("tokenizer_config.json", "preprocessor_config.json", "processor_config.json",
                         "image_processor_config.json", "generation_config.json")
@@ -81,12 +81,16 @@ def read_config(folder: str | os.PathLike) -> dict[str, Any]:
     """``config.json`` of a Hydra folder, checked by its Hydra config class; one-line errors."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"model folder {str(folder)!r} does not exist; pass a folder written by hydra-hf convert")
+        raise FileNotFoundError(
+            f"model folder {str(folder)!r} does not exist; pass a folder written by hydra-hf convert"
+        )
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{str(folder)!r} has no config.json; pass a folder written by hydra-hf convert")
     if (folder / EXPORT_METADATA).exists():
-        raise HubError(f"{str(folder)!r} is an ONNX export ({EXPORT_METADATA}): push publishes the PyTorch Hydra folder "
-                       "with its remote code; push the folder you exported from (hydra-hf export's input)")
+        raise HubError(
+            f"{str(folder)!r} is an ONNX export ({EXPORT_METADATA}): push publishes the PyTorch Hydra folder "
+            "with its remote code; push the folder you exported from (hydra-hf export's input)"
+        )
     file = resolve_inside(folder, "config.json", what="config.json")
     config = read_hub_json(file, "config.json", "restore the config.json that hydra-hf convert wrote")
     if not isinstance(config, dict):
@@ -105,13 +109,19 @@ def read_config(folder: str | os.PathLike) -> dict[str, Any]:
         raise HubError(f"{file} records no kept heads; write the folder with hydra-hf convert")
     auto_map = config.get("auto_map")
     if not auto_map:
-        raise HubError(f"{file} has no auto_map, so trust_remote_code cannot find the model; re-save it with hydra-hf convert")
+        raise HubError(
+            f"{file} has no auto_map, so trust_remote_code cannot find the model; re-save it with hydra-hf convert"
+        )
     if not isinstance(auto_map, dict) or not all(isinstance(v, str) for v in auto_map.values()):
         raise HydraTypeError(f"{file}: auto_map must map auto classes to 'module.Class' strings, got {auto_map!r}")
     pipelines = config.get("custom_pipelines")
-    if pipelines is not None and (not isinstance(pipelines, dict)
-                                  or not all(isinstance(p, dict) and isinstance(p.get("impl"), str) for p in pipelines.values())):
-        raise HydraTypeError(f"{file}: custom_pipelines must map task names to {{'impl': 'module.Class', ...}}, got {pipelines!r}")
+    if pipelines is not None and (
+        not isinstance(pipelines, dict)
+        or not all(isinstance(p, dict) and isinstance(p.get("impl"), str) for p in pipelines.values())
+    ):
+        raise HydraTypeError(
+            f"{file}: custom_pipelines must map task names to {{'impl': 'module.Class', ...}}, got {pipelines!r}"
+        )
     return config
 
 
@@ -124,7 +134,10 @@ def towers(config: Mapping[str, Any]) -> dict[str, tuple[list[list[list[int]]], 
         found[""] = (config["kept_heads"], base.get("num_attention_heads"))
     for tower in ("vision", "text"):
         if config.get(f"{tower}_kept_heads"):
-            found[tower] = (config[f"{tower}_kept_heads"], (base.get(f"{tower}_config") or {}).get("num_attention_heads"))
+            found[tower] = (
+                config[f"{tower}_kept_heads"],
+                (base.get(f"{tower}_config") or {}).get("num_attention_heads"),
+            )
     out = {}
     for tower, (kept, num_heads) in found.items():
         if not num_heads:  # not recorded: the largest kept index + 1

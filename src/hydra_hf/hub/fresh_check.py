@@ -38,15 +38,15 @@ from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 if __name__ == "__main__":  # run as the check (importing this module changes nothing)
     sys.modules["hydra_hf"] = None  # a Hub user who never installed hydra_hf
 
-import argparse  # noqa: E402
-import importlib.util  # noqa: E402
-import inspect  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
+import argparse
+import importlib.util
+import inspect
+import json
+import os
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers import AutoConfig, pipeline  # noqa: E402
+import torch
+import transformers
+from transformers import AutoConfig, pipeline
 
 AUTO_ORDER = ("AutoModelForSequenceClassification", "AutoModelForImageClassification",
               "AutoModelForZeroShotImageClassification", "AutoModel")
@@ -57,7 +57,9 @@ def check_load(folder: str) -> dict:
     config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
     auto_map = config.auto_map
     architectures = list(getattr(config, "architectures", None) or [])
-    named = {name for name, ref in auto_map.items() if architectures and str(ref).rpartition(".")[2] == architectures[0]}
+    named = {
+        name for name, ref in auto_map.items() if architectures and str(ref).rpartition(".")[2] == architectures[0]
+    }
     auto_name = next((name for name in ("AutoModelForCausalLM", *AUTO_ORDER) if name in named),
                      next(name for name in AUTO_ORDER if name in auto_map))
     model = getattr(transformers, auto_name).from_pretrained(folder, trust_remote_code=True).eval()
@@ -67,7 +69,9 @@ def check_load(folder: str) -> dict:
     params = inspect.signature(model.forward).parameters
     inputs = {}
     if "input_ids" in params and text_cfg.get("vocab_size"):
-        inputs["input_ids"] = torch.randint(0, int(text_cfg["vocab_size"]), (2, 7), generator=torch.Generator().manual_seed(0))
+        inputs["input_ids"] = torch.randint(
+            0, int(text_cfg["vocab_size"]), (2, 7), generator=torch.Generator().manual_seed(0)
+        )
     if "pixel_values" in params and vision_cfg.get("image_size"):
         size, channels = int(vision_cfg["image_size"]), int(vision_cfg.get("num_channels", 3))
         inputs["pixel_values"] = torch.randn(2, channels, size, size, generator=torch.Generator().manual_seed(0))
@@ -105,11 +109,18 @@ def check_load(folder: str) -> dict:
         result = None
         if tasks[0] == "hydra-text-generation":
             record = pipe("hello world", max_new_tokens=3, do_sample=False)[0]
-            for key in ("token_entropy", "token_mutual_information", "sequence_mutual_information", "member_top_tokens"):
+            for key in (
+                "token_entropy",
+                "token_mutual_information",
+                "sequence_mutual_information",
+                "member_top_tokens",
+            ):
                 if key not in record:
                     raise SystemExit(f"the generation pipeline's result has no {key}: {sorted(record)}")
             if any(len(top) != config.num_members for top in record["member_top_tokens"]):
-                raise SystemExit(f"the generation pipeline's result has not {config.num_members} member tokens per step")
+                raise SystemExit(
+                    f"the generation pipeline's result has not {config.num_members} member tokens per step"
+                )
             summary["pipeline_result"] = {k: record[k] for k in ("generated_text", "sequence_mutual_information")}
         elif tasks[0] == "hydra-text-classification":
             result = pipe("hello world")

@@ -61,7 +61,9 @@ def _hub_error(exc: BaseException, repo_id: str, revision: str | None) -> HubErr
                 403: "the token has no write access to this repository"}.get(status, "the Hub rejected the upload")
         return HubError(f"upload to {repo_id} failed (HTTP {status}): {hint}: {one_line(exc)}")
     if isinstance(exc, (ConnectionError, TimeoutError, OSError)) or type(exc).__module__.startswith(_HTTP_MODULES):
-        return HubError(f"cannot reach the Hugging Face Hub ({type(exc).__name__}: {one_line(exc)}); check the network")
+        return HubError(
+            f"cannot reach the Hugging Face Hub ({type(exc).__name__}: {one_line(exc)}); check the network"
+        )
     return HubError(f"upload to {repo_id} failed: {type(exc).__name__}: {one_line(exc)}")
 
 
@@ -241,6 +243,8 @@ def install_push_to_hub(*classes: type) -> None:
     """
     for cls in classes:
         if not cls.__module__.startswith("hydra_hf."):
-            raise TypeError(f"install_push_to_hub is for hydra_hf's own model classes, not {cls.__module__}.{cls.__name__}")
+            raise TypeError(
+                f"install_push_to_hub is for hydra_hf's own model classes, not {cls.__module__}.{cls.__name__}"
+            )
     for cls in classes:
         cls.push_to_hub = hydra_push_to_hub

@@ -38,9 +38,9 @@ from typing import Any
 from safetensors import safe_open
 
 from ..errors import HydraTypeError, HydraUnsafeError, one_line
+from ..evaluation.plots import heads_heatmap
 from ..modeling.configuration_hydra import custom_pipelines_for
 from ..outputs import regular_files, resolve_inside, write_output_folder
-from ..evaluation.plots import heads_heatmap
 from ..saving import MODELING_DIR, PIPELINE_FILE
 from .audit import (
     check_packaged,
@@ -90,7 +90,9 @@ def _module_of(reference: str, where: str) -> str:
 def shipped_modules(config: Mapping[str, Any]) -> list[str]:
     """The module names ``auto_map`` and ``custom_pipelines`` refer to (checked by :func:`_module_of`)."""
     refs = [(f"auto_map[{k!r}]", v) for k, v in (config.get("auto_map") or {}).items()]
-    refs += [(f"custom_pipelines[{k!r}].impl", spec["impl"]) for k, spec in (config.get("custom_pipelines") or {}).items()]
+    refs += [
+        (f"custom_pipelines[{k!r}].impl", spec["impl"]) for k, spec in (config.get("custom_pipelines") or {}).items()
+    ]
     names: list[str] = []
     for where, ref in refs:
         module = _module_of(ref, where)
@@ -148,7 +150,9 @@ def report_figures(report: Mapping[str, Any], report_dir: Path | None) -> list[t
     elif isinstance(figures, list):
         listed = [(Path(p).stem.replace("_", " ") if isinstance(p, str) else "", p) for p in figures]
     else:
-        raise HydraTypeError(f"report.json 'figures' must be a dict (caption -> file) or a list of files, got {figures!r}")
+        raise HydraTypeError(
+            f"report.json 'figures' must be a dict (caption -> file) or a list of files, got {figures!r}"
+        )
     found, seen = [], set()
     for caption, rel in listed:
         if not isinstance(rel, str):
@@ -291,7 +295,9 @@ def stage_into(
         figures_found = report_figures(report_data, report_dir)  # checked before anything is written
         eval_dir = out / "evaluation"
         eval_dir.mkdir()
-        (eval_dir / "report.json").write_text(json.dumps(report_data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (eval_dir / "report.json").write_text(
+            json.dumps(report_data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
         links["report"] = "evaluation/report.json"
         if report_dir is not None and (report_dir / "report.md").is_file():
             _copy(report_dir, "report.md", eval_dir / "report.md", "report.md")

@@ -51,12 +51,23 @@ def isolated_env(home: str | os.PathLike, extra: Mapping[str, str] | None = None
     for sub in ("tmp", "hf", "modules", "cache"):
         (home / sub).mkdir(parents=True, exist_ok=True)
     env = {k: os.environ[k] for k in _INHERITED if k in os.environ}
-    env.update({
-        "HOME": str(home), "TMPDIR": str(home / "tmp"), "XDG_CACHE_HOME": str(home / "cache"),
-        "HF_HOME": str(home / "hf"), "HF_MODULES_CACHE": str(home / "modules"), "MPLCONFIGDIR": str(home / "cache"),
-        "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-        "TOKENIZERS_PARALLELISM": "false", "PYTHONNOUSERSITE": "1", "PYTHONDONTWRITEBYTECODE": "1",
-    })
+    env.update(
+        {
+            "HOME": str(home),
+            "TMPDIR": str(home / "tmp"),
+            "XDG_CACHE_HOME": str(home / "cache"),
+            "HF_HOME": str(home / "hf"),
+            "HF_MODULES_CACHE": str(home / "modules"),
+            "MPLCONFIGDIR": str(home / "cache"),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONNOUSERSITE": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+    )
     env.update(extra or {})
     return env
 
@@ -113,7 +124,9 @@ def fresh_check(
             (root / "inputs").mkdir()
             (root / "inputs" / "inputs.json").write_text(json.dumps(dict(inputs or {})), encoding="utf-8")
             if tensors:
-                save_file({k: v.contiguous().cpu() for k, v in tensors.items()}, str(root / "inputs" / "inputs.safetensors"))
+                save_file(
+                    {k: v.contiguous().cpu() for k, v in tensors.items()}, str(root / "inputs" / "inputs.safetensors")
+                )
             args += ["--inputs", str(root / "inputs" / "inputs.json")]
         try:
             proc = run_isolated(args, home=root / "home", timeout=timeout)
@@ -166,9 +179,9 @@ def validate_staged(folder: str | os.PathLike, *, timeout: float = 300, allow_fo
 
     Static checks: no pickle files; every shipped ``.py`` is the file hydra_hf ships (or, with
     ``allow_foreign_code``, code the user vouches for) and passes the audit
-    (:func:`hydra_hf.hub.audit.check_shipped_code`) -- nothing runs before these pass; ``README.md`` parses with ``ModelCard.load`` and
-    its ``model-index`` is readable. Then :func:`fresh_check` (task ``load``) in an isolated process
-    where ``import hydra_hf`` fails and the Hub is offline: the config and model load with
+    (:func:`hydra_hf.hub.audit.check_shipped_code`) -- nothing runs before these pass; ``README.md`` parses with
+    ``ModelCard.load`` and its ``model-index`` is readable. Then :func:`fresh_check` (task ``load``) in an isolated
+    process where ``import hydra_hf`` fails and the Hub is offline: the config and model load with
     ``trust_remote_code=True``, a forward pass on a dummy input gives finite member logits, and --
     when the folder has the tokenizer / image processor it needs -- the shipped uncertainty pipeline
     (``pipeline(model=folder, trust_remote_code=True)``) builds and runs on a dummy input (the

@@ -61,13 +61,19 @@ def _exp(x: float) -> float:
 
 def _check_logits(member_logits: Any) -> torch.Tensor:
     if not isinstance(member_logits, torch.Tensor):
-        raise TypeError(f"member_logits must be a torch.Tensor, got {type(member_logits).__name__}; wrap it with torch.as_tensor")
+        raise TypeError(
+            f"member_logits must be a torch.Tensor, got {type(member_logits).__name__}; wrap it with torch.as_tensor"
+        )
     if not member_logits.is_floating_point():
-        raise TypeError(f"member_logits must be floating point, got dtype {member_logits.dtype}; pass logits, not token ids")
+        raise TypeError(
+            f"member_logits must be floating point, got dtype {member_logits.dtype}; pass logits, not token ids"
+        )
     if member_logits.ndim == 3:
         return member_logits.unsqueeze(1)  # (B, 1, T, V): one model
     if member_logits.ndim != 4:
-        raise ValueError(f"member_logits must have shape (B, M, T, V) or (B, T, V), got shape {tuple(member_logits.shape)}")
+        raise ValueError(
+            f"member_logits must have shape (B, M, T, V) or (B, T, V), got shape {tuple(member_logits.shape)}"
+        )
     if 0 in member_logits.shape:
         raise ValueError(f"member_logits is empty (shape {tuple(member_logits.shape)}); pass at least one token")
     return member_logits
@@ -81,9 +87,14 @@ def as_member_logits(member_logits: torch.Tensor) -> torch.Tensor:
 def _check_targets(targets: Any, mask: Any, b: int, t: int, v: int) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.dtype == torch.bool:
         kind = targets.dtype if isinstance(targets, torch.Tensor) else type(targets).__name__
-        raise TypeError(f"targets must be an integer torch.Tensor of next-token ids, got {kind}; pass input_ids[:, 1:]")
+        raise TypeError(
+            f"targets must be an integer torch.Tensor of next-token ids, got {kind}; pass input_ids[:, 1:]"
+        )
     if tuple(targets.shape) != (b, t):
-        raise ValueError(f"targets has shape {tuple(targets.shape)} but the logits need (B, T) = ({b}, {t}); shift both with shift_for_next_token")
+        raise ValueError(
+            f"targets has shape {tuple(targets.shape)} but the logits need (B, T) = ({b}, {t}); shift both with "
+            "shift_for_next_token"
+        )
     if mask is None:
         mask = targets >= 0
     elif not isinstance(mask, torch.Tensor) or tuple(mask.shape) != (b, t):
@@ -119,7 +130,9 @@ def shift_for_next_token(
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids, dtype=torch.bool)
     elif tuple(attention_mask.shape) != (b, t):
-        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids has {(b, t)}; they must match")
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids has {(b, t)}; they must match"
+        )
     real = attention_mask.to(torch.bool)
     return logits[:, :, :-1], input_ids[:, 1:], real[:, 1:] & real[:, :-1]
 
@@ -250,7 +263,9 @@ def _valid(values: torch.Tensor, mask: torch.Tensor, what: str) -> torch.Tensor:
         raise ValueError(f"{what} has shape {tuple(values.shape)} but mask has {tuple(mask.shape)}; they must match")
     kept = values[mask.to(torch.bool)]
     if kept.numel() == 0:
-        raise ValueError(f"no valid token to compute {what} on (the mask is all false); pass sequences of at least 2 tokens")
+        raise ValueError(
+            f"no valid token to compute {what} on (the mask is all false); pass sequences of at least 2 tokens"
+        )
     return kept
 
 
@@ -314,7 +329,9 @@ class CausalLMAccumulator:
         self._sequence: dict[str, list[torch.Tensor]] = {k: [] for k in TOKEN_QUANTITIES}
 
     @torch.no_grad()
-    def update(self, member_logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def update(
+        self, member_logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
         """Add one batch; returns its :func:`next_token_uncertainty` dict.
 
         Shape:
@@ -325,7 +342,10 @@ class CausalLMAccumulator:
         if self.num_members is None:
             self.num_members = m
         elif m != self.num_members:
-            raise ValueError(f"this batch has M={m} members but earlier batches had {self.num_members}; evaluate one model per accumulator")
+            raise ValueError(
+                f"this batch has M={m} members but earlier batches had {self.num_members}; evaluate one model per "
+                "accumulator"
+            )
         tokens = next_token_uncertainty(logits, targets, mask, self.chunk_elements)
         valid = tokens["mask"]
         self._confidence.append(tokens["msp"][valid].to("cpu", torch.float64))

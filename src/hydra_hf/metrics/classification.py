@@ -295,10 +295,16 @@ def confidence_bins(
     conf = _scores(confidence, "confidence")
     lo, hi = float(conf.min()), float(conf.max())
     if lo < -PROB_ATOL or hi > 1 + PROB_ATOL:
-        raise ValueError(f"confidence must be probabilities in [0, 1], got values in [{lo:.4g}, {hi:.4g}]; pass max softmax probabilities")
+        raise ValueError(
+            f"confidence must be probabilities in [0, 1], got values in [{lo:.4g}, {hi:.4g}]; pass max softmax "
+            "probabilities"
+        )
     ok = _as_tensor(correct, "correct")
     if ok.shape != conf.shape:
-        raise ValueError(f"correct has shape {tuple(ok.shape)} but confidence has shape {tuple(conf.shape)}; pass one flag per sample")
+        raise ValueError(
+            f"correct has shape {tuple(ok.shape)} but confidence has shape {tuple(conf.shape)}; pass one flag per "
+            "sample"
+        )
     correct = ok.to("cpu", torch.float64)  # (N,)
     n = conf.shape[0]
     if strategy == "uniform":
@@ -383,8 +389,8 @@ def _two_sided(scores_id: ArrayLike, scores_ood: ArrayLike) -> tuple[torch.Tenso
         t = _as_tensor(x, name)
         if t.numel() == 0:
             raise ValueError(
-                f"{name} is empty, so there is one class only; OOD metrics need at least one ID and "
-                f"one OOD sample"
+                f"{name} is empty, so there is one class only; OOD metrics need "
+                f"at least one ID and one OOD sample"
             )
     return _scores(scores_id, "scores_id"), _scores(scores_ood, "scores_ood")
 
@@ -759,8 +765,10 @@ def paired_bootstrap(
         raise ValueError(f"every group needs examples, got sizes {sizes}")
     g = torch.Generator().manual_seed(seed)
     point = float(statistic(*[torch.arange(n) for n in sizes]))
-    draws = torch.tensor([float(statistic(*[torch.randint(0, n, (n,), generator=g) for n in sizes])) for _ in range(n_boot)],
-                         dtype=torch.float64)
+    draws = torch.tensor(
+        [float(statistic(*[torch.randint(0, n, (n,), generator=g) for n in sizes])) for _ in range(n_boot)],
+        dtype=torch.float64,
+    )
     draws = draws[torch.isfinite(draws)]
     alpha = (1 - level) / 2
     low, high = torch.quantile(draws, torch.tensor([alpha, 1 - alpha], dtype=torch.float64)).tolist()

@@ -18,7 +18,9 @@ PROBS_FEATURES = datasets.Features(
 SCORES_FEATURES = datasets.Features({"predictions": datasets.Value("float64"), "references": datasets.Value("int64")})
 
 
-def metric_info(description: str, kwargs_description: str, citation: str, features: datasets.Features) -> evaluate.MetricInfo:
+def metric_info(
+    description: str, kwargs_description: str, citation: str, features: datasets.Features
+) -> evaluate.MetricInfo:
     return evaluate.MetricInfo(
         description=description, citation=citation, inputs_description=kwargs_description, features=features
     )

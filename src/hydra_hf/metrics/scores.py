@@ -20,7 +20,14 @@ from typing import Literal
 
 import torch
 
-from .classification import ArrayLike, as_member_probs, energy_score, msp, negative_entropy, negative_mutual_information
+from .classification import (
+    ArrayLike,
+    as_member_probs,
+    energy_score,
+    msp,
+    negative_entropy,
+    negative_mutual_information,
+)
 
 __all__ = [
     "OOD_SCORES",
@@ -41,7 +48,7 @@ SCORE_LEVELS: tuple[str, ...] = ("example", "sequence", "token")
 
 TOKEN_QUANTITIES: tuple[str, ...] = (
     "nll", "msp", "predictive_entropy", "expected_entropy", "mutual_information", "disagreement",
-)  # fmt: skip
+)
 """The float per-token quantities of :func:`hydra_hf.metrics.causal_lm.next_token_uncertainty`, which
 the token scores read and the sequence scores average."""
 
@@ -93,7 +100,9 @@ def register_ood_score(score: OODScore) -> OODScore:
     if score.level not in SCORES:
         raise ValueError(f"OOD score {score.name!r}: level must be one of {list(SCORE_LEVELS)}, got {score.level!r}")
     if score.level == "example" and score.reads not in _EXAMPLE_INPUTS:
-        raise ValueError(f"OOD score {score.name!r}: reads must be 'probs', 'member_probs' or 'logits', got {score.reads!r}")
+        raise ValueError(
+            f"OOD score {score.name!r}: reads must be 'probs', 'member_probs' or 'logits', got {score.reads!r}"
+        )
     if score.level != "example" and score.reads not in TOKEN_QUANTITIES:
         raise ValueError(f"OOD score {score.name!r}: a {score.level} score reads one of {list(TOKEN_QUANTITIES)}, "
                          f"got {score.reads!r}")
@@ -117,7 +126,13 @@ OOD_SCORE_NAMES: tuple[str, ...] = tuple(OOD_SCORES)
 for _name, _quantity, _sign, _single, _help in (
     ("msp", "msp", 1.0, True, "the top next-token probability"),
     ("entropy", "predictive_entropy", -1.0, True, "negative predictive entropy"),
-    ("mutual_information", "mutual_information", -1.0, False, "negative mutual information (the members' disagreement)"),
+    (
+        "mutual_information",
+        "mutual_information",
+        -1.0,
+        False,
+        "negative mutual information (the members' disagreement)",
+    ),
     ("likelihood", "nll", -1.0, True, "the log-likelihood of the next token"),
 ):
     for _level in ("token", "sequence"):

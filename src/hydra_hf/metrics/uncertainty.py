@@ -4,7 +4,7 @@ logit of a multi-label ensemble's mean sigmoid.
 One copy for hydra_hf (:mod:`hydra_hf.metrics.classification`, :mod:`hydra_hf.metrics.causal_lm`).
 The shipped modeling files keep their own copies (they import only torch and transformers:
 ``pipeline_hydra._entropy`` / ``uncertainty_from_member_logits``, ``hydra_decoder.token_uncertainty``,
-``modeling_hydra_siglip.ensemble_sigmoid_logits``); ``tests/test_uncertainty_copies.py`` holds them
+``modeling_hydra_siglip.ensemble_sigmoid_logits``); ``tests/metrics/test_uncertainty_copies.py`` holds them
 equal to these on random inputs. No input validation here: the public metrics check their inputs.
 """
 

@@ -32,14 +32,19 @@ from ..convert.io import checkpoint_dir, from_pretrained, read_config
 from ..data import parse_spec, resolve_dataset
 from ..errors import HydraInputError
 from ..evaluation import zero_shot_prompts
-from ..saving import copy_preprocessor
+from ..evaluation.onnx_check import (
+    OnnxZeroShotPredictor,
+    quantization_report,
+    report_markdown,
+    write_quantization_report,
+)
 from ..families import family_of_config
 from ..hub.audit import PACKAGED_CODE_DIR, packaged_code, sibling_imports
 from ..outputs import check_output, write_output_folder
+from ..saving import copy_preprocessor
 from ..version import __version__
 from .graph import quiet_exporter
 from .int8 import calibration_feeds, resolve_recipe
-from ..evaluation.onnx_check import OnnxZeroShotPredictor, quantization_report, report_markdown, write_quantization_report
 from .runtime import EXPORT_FORMAT, EXPORT_METADATA, INSTALL_HINT, OnnxHydraModel, load_preprocessor, require_onnx
 
 logger = logging.getLogger(__name__)
@@ -93,7 +98,11 @@ def graph_inputs(model: nn.Module, modality: str, tokenizer: Any | None) -> list
     if modality in ("text", "image-text"):
         names += ["input_ids", "attention_mask"]
         accepted = inspect.signature(model.forward).parameters
-        made = getattr(tokenizer, "model_input_names", ["token_type_ids"]) if tokenizer is not None else ["token_type_ids"]
+        made = (
+            getattr(tokenizer, "model_input_names", ["token_type_ids"])
+            if tokenizer is not None
+            else ["token_type_ids"]
+        )
         if modality == "text" and "token_type_ids" in accepted and "token_type_ids" in made:
             names.append("token_type_ids")
     if modality in ("image", "image-text"):
@@ -205,7 +214,8 @@ def load_hydra_folder(path: str | os.PathLike) -> tuple[nn.Module, Any, dict[str
     model_type = str(config.get("model_type", ""))
     if not model_type.startswith("hydra_ensemble") or not config.get("base_model_type"):
         raise HydraInputError(
-            f"{str(folder)!r} is not a Hydra Ensemble folder (config.json has model_type={config.get('model_type')!r}); "
+            f"{str(folder)!r} is not a Hydra Ensemble folder (config.json has "
+            f"model_type={config.get('model_type')!r}); "
             "export a folder written by `hydra-hf convert` or `hydra-hf finetune`"
         )
     family = family_of_config(config)
@@ -213,7 +223,8 @@ def load_hydra_folder(path: str | os.PathLike) -> tuple[nn.Module, Any, dict[str
     if causal:
         raise HydraInputError(
             f"{str(folder)!r} is a causal LM ({causal[0]}); ONNX export covers classifiers only (no past key values): "
-            "run it with PyTorch (AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True), its generate())"
+            "run it with PyTorch (AutoModelForCausalLM.from_pretrained(folder, "
+            "trust_remote_code=True), its generate())"
         )
     model = from_pretrained(family.model_class(), folder, remedy=(
         "hydra-hf export never runs a folder's code (it loads Hydra folders with its own classes): remove those "
@@ -315,11 +326,13 @@ def export_onnx(
     recipe = resolve_recipe(int8_recipe, keep_mlp_output_fp32)
     ood_data = list(ood_data)
     if quantize is None and (calibration_data or ood_data):
-        raise HydraInputError("--calibration-data and --ood-data feed the quantisation report; pass --quantize int8 too")
+        raise HydraInputError(
+            "--calibration-data and --ood-data feed the quantisation report; pass --quantize int8 too"
+        )
     if quantize is not None and not calibration_data:
         raise HydraInputError(
-            "--quantize int8 needs --calibration-data (labelled in-distribution data, e.g. rotten_tomatoes:validation) "
-            "to measure the int8 model against the fp32 one"
+            "--quantize int8 needs --calibration-data (labelled in-distribution data, e.g. "
+            "rotten_tomatoes:validation) to measure the int8 model against the fp32 one"
         )
     for key in ("batch_size", "max_length", "max_samples"):
         value = (data_options or {}).get(key)
@@ -329,7 +342,9 @@ def export_onnx(
     check_output(output_dir, command=COMMAND, overwrite=overwrite, inputs=inputs)
     templates = list(templates)
     if not templates or not all(isinstance(t, str) and t.count("{}") == 1 for t in templates):
-        raise HydraInputError(f"--class-template {templates!r}: every template needs exactly one {{}} for the class name")
+        raise HydraInputError(
+            f"--class-template {templates!r}: every template needs exactly one {{}} for the class name"
+        )
     model, family, config_data = load_hydra_folder(model_dir)
     folder = Path(model_dir)
     preprocessor = _preprocessor(folder, family.modality)
@@ -343,14 +358,17 @@ def export_onnx(
     if decoder and model.config.pad_token_id is None:
         raise HydraInputError(
             f"{str(folder)!r} is a decoder classifier without pad_token_id, so it cannot pool padded batches; set "
-            "pad_token_id in its config.json (e.g. the tokenizer's eos id, as `hydra-hf finetune` does) and export again"
+            "pad_token_id in its config.json (e.g. the tokenizer's eos id, as "
+            "`hydra-hf finetune` does) and export again"
         )
     example = example_inputs(model.config, names, batch=2, seq=8, images=3, seed=0)
     # a decoder's batches are often padded on the left: the check covers both sides
     other = example_inputs(model.config, names, batch=5, seq=13, images=2, seed=1, left_padding=decoder)
 
     def write(tmp: Path) -> None:
-        logger.info("exporting %s (%s, %d members) to ONNX opset %d", folder, family.name, model.config.num_members, opset)
+        logger.info(
+            "exporting %s (%s, %d members) to ONNX opset %d", folder, family.name, model.config.num_members, opset
+        )
         export_module(OnnxGraph(model, output_keys), example, dynamic_shapes(names, family.modality), output_keys,
                       tmp / FP32_FILE, opset=opset)
         files = {FP32_FILE: {"precision": "fp32", "parameters": count_weights(tmp / FP32_FILE),
@@ -375,29 +393,50 @@ def export_onnx(
             copy_preprocessor(folder, tmp)
         axes = dynamic_shapes(names, family.modality)
         metadata = {
-            "format": EXPORT_FORMAT, "version": 1, "hydra_hf": __version__, "family": family.name,
-            "modality": family.modality, "task": family.task, "num_members": int(model.config.num_members),
-            "num_labels": int(getattr(model.config, "num_labels", 0) or 0) if family.modality != "image-text" else None,
-            "opset": int(opset), "exporter": "torch.onnx.export(dynamo=True)",
+            "format": EXPORT_FORMAT,
+            "version": 1,
+            "hydra_hf": __version__,
+            "family": family.name,
+            "modality": family.modality,
+            "task": family.task,
+            "num_members": int(model.config.num_members),
+            "num_labels": int(getattr(model.config, "num_labels", 0) or 0)
+            if family.modality != "image-text"
+            else None,
+            "opset": int(opset),
+            "exporter": "torch.onnx.export(dynamo=True)",
             "versions": _versions(),
             "inputs": {n: _axes_doc(n, axes[n]) for n in names},
             "outputs": _outputs_doc(output_keys, family.modality, softmax=family.uncertainty_pipelines),
-            "files": files, "default_file": INT8_FILE if quantize == "int8" else FP32_FILE,
-            "quantization": None if quantize is None else {
-                "recipe": recipe.name, "method": recipe.method, "weight_type": "QInt8",
-                "op_types": ["MatMul", "Gemm"], "activations": recipe.activations,
+            "files": files,
+            "default_file": INT8_FILE if quantize == "int8" else FP32_FILE,
+            "quantization": None
+            if quantize is None
+            else {
+                "recipe": recipe.name,
+                "method": recipe.method,
+                "weight_type": "QInt8",
+                "op_types": ["MatMul", "Gemm"],
+                "activations": recipe.activations,
                 "kept_fp32": {"keep-fc2": "MLP output projections (products fed by an activation)", "all": "none"}.get(
-                    recipe.name, "products with a stacked (M, in, out) weight (the members' poolers and classifiers)"),
+                    recipe.name, "products with a stacked (M, in, out) weight (the members' poolers and classifiers)"
+                ),
                 "kept_fp32_products": len(files[INT8_FILE]["quantized_operators"]["kept_fp32"]),
-                **({"smoothquant_alpha": files[INT8_FILE]["quantized_operators"]["alpha"]}
-                   if recipe.name == "smoothquant" else {})},
+                **(
+                    {"smoothquant_alpha": files[INT8_FILE]["quantized_operators"]["alpha"]}
+                    if recipe.name == "smoothquant"
+                    else {}
+                ),
+            },
         }
         (tmp / EXPORT_METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
         # the export's own check: ONNX Runtime == PyTorch on the example and on other sizes (padded)
         fp32 = OnnxHydraModel.from_pretrained(tmp, file_name=FP32_FILE)
         diffs = [compare_with_eager(model, fp32, x, output_keys) for x in (example, other)]
         if not all(math.isfinite(d) and d <= VERIFY_ATOL for d in diffs):  # NaN > atol is False: test each
-            raise RuntimeError(f"the ONNX graph differs from PyTorch by {max(diffs):.2e} (> {VERIFY_ATOL}); please report this")
+            raise RuntimeError(
+                f"the ONNX graph differs from PyTorch by {max(diffs):.2e} (> {VERIFY_ATOL}); please report this"
+            )
         metadata["verification"] = {
             "max_abs_diff_fp32": max(diffs), "atol": VERIFY_ATOL,
             "inputs": [_describe(x) for x in (example, other)],
@@ -433,7 +472,9 @@ def export_onnx(
 
 def _report_loaders(model, preprocessor, modality, calibration_data, ood_data, options):
     if preprocessor is None:
-        raise HydraInputError("the Hydra folder has no tokenizer / image processor, which the quantisation report needs")
+        raise HydraInputError(
+            "the Hydra folder has no tokenizer / image processor, which the quantisation report needs"
+        )
     zero_shot = modality == "image-text"  # images classified against class prompts
     cols = dict(text_column=options.get("text_column", "text") if modality == "text" else None,
                 label_column=options.get("label_column", "label"),
@@ -457,8 +498,8 @@ def _report_loaders(model, preprocessor, modality, calibration_data, ood_data, o
         names = getattr(id_data.features["label"], "names", None)
         if not names:
             raise HydraInputError(
-                f"--calibration-data {calibration_data!r} has integer labels without class names; a zero-shot model needs "
-                "them for its prompts: give an image folder with one sub-folder per class"
+                f"--calibration-data {calibration_data!r} has integer labels without class names; a zero-shot model "
+                "needs them for its prompts: give an image folder with one sub-folder per class"
             )
         class_names = list(names)
     id_loader = loader(id_data)
@@ -474,8 +515,12 @@ def _report_loaders(model, preprocessor, modality, calibration_data, ood_data, o
 
 
 def _axes_doc(name: str, axes: dict[int, Any]) -> dict[str, Any]:
-    dims = {"input_ids": ["{}", "sequence"], "attention_mask": ["{}", "sequence"], "token_type_ids": ["{}", "sequence"],
-            "pixel_values": ["{}", "channels", "height", "width"]}[name]
+    dims = {
+        "input_ids": ["{}", "sequence"],
+        "attention_mask": ["{}", "sequence"],
+        "token_type_ids": ["{}", "sequence"],
+        "pixel_values": ["{}", "channels", "height", "width"],
+    }[name]
     first = axes[0].__name__
     dtype = "float32" if name == "pixel_values" else "int64"
     return {"dtype": dtype, "shape": [d.format(first) for d in dims]}
@@ -527,10 +572,13 @@ def export_card(metadata: dict[str, Any], report: dict[str, Any] | None) -> str:
     quant = "none (fp32)."
     if metadata["quantization"]:
         q = metadata["quantization"]
-        quant = (f"recipe `{q.get('recipe', 'keep-fc2')}`, `{q['method']}`: {q['weight_type']} weights on {', '.join(q['op_types'])} "
-                 f"({metadata['files'][INT8_FILE]['quantized_operators']['MatMulInteger']} MatMulInteger nodes; "
-                 f"{q.get('kept_fp32_products', 0)} products kept in fp32: {q.get('kept_fp32', 'none')}), "
-                 f"{q['activations']}. `{INT8_FILE}` is the folder's default graph; `{FP32_FILE}` is kept for comparison.")
+        quant = (
+            f"recipe `{q.get('recipe', 'keep-fc2')}`, `{q['method']}`: {q['weight_type']} weights on "
+            f"{', '.join(q['op_types'])} ({metadata['files'][INT8_FILE]['quantized_operators']['MatMulInteger']} "
+            f"MatMulInteger nodes; {q.get('kept_fp32_products', 0)} products kept in fp32: "
+            f"{q.get('kept_fp32', 'none')}), {q['activations']}. `{INT8_FILE}` is the folder's default graph; "
+            f"`{FP32_FILE}` is kept for comparison."
+        )
     lines = [
         f"# Hydra Ensemble ({metadata['family']}, {metadata['num_members']} members) — ONNX export",
         "",

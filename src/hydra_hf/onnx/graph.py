@@ -66,7 +66,9 @@ def activation_fed_products(graph: Any, depth: int = 6) -> list[str]:
     return found
 
 
-def quantize_int8(source: str | os.PathLike, target: str | os.PathLike, keep_mlp_output_fp32: bool = True) -> dict[str, Any]:
+def quantize_int8(
+    source: str | os.PathLike, target: str | os.PathLike, keep_mlp_output_fp32: bool = True
+) -> dict[str, Any]:
     """ONNX Runtime dynamic quantisation: int8 (QInt8) weights on every MatMul / Gemm with a constant
     weight, except (by default) the MLP output projections (:func:`activation_fed_products`);
     activations are quantised per batch at run time. Returns counts of the operators and the names of
@@ -76,12 +78,19 @@ def quantize_int8(source: str | os.PathLike, target: str | os.PathLike, keep_mlp
     require_onnx("onnxruntime")
     from onnxruntime.quantization import QuantType, quantize_dynamic  # the onnx extra: pip install hydra-hf[onnx]
 
-    kept = activation_fed_products(onnx.load(str(source), load_external_data=False).graph) if keep_mlp_output_fp32 else []
+    kept = (
+        activation_fed_products(onnx.load(str(source), load_external_data=False).graph) if keep_mlp_output_fp32 else []
+    )
     # the quantiser first rewrites a Gemm as "<name>_MatMul" + Add: exclude both names
     exclude = kept + [f"{name}_MatMul" for name in kept]
     with quiet_exporter():
-        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"],
-                         nodes_to_exclude=exclude)
+        quantize_dynamic(
+            str(source),
+            str(target),
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul", "Gemm"],
+            nodes_to_exclude=exclude,
+        )
     graph = onnx.load(str(target), load_external_data=False).graph
     ops = [node.op_type for node in graph.node]
     counts: dict[str, Any] = {
@@ -90,7 +99,9 @@ def quantize_int8(source: str | os.PathLike, target: str | os.PathLike, keep_mlp
         "kept_fp32": sorted(kept),
     }
     if counts["MatMulInteger"] == 0:
-        raise RuntimeError(f"dynamic quantisation of {str(source)!r} quantised no MatMul: the weights are not constants")
+        raise RuntimeError(
+            f"dynamic quantisation of {str(source)!r} quantised no MatMul: the weights are not constants"
+        )
     names = {node.name for node in graph.node if node.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")}
     leaked = [k for k in kept if any(n.startswith(k + "_") or n.startswith(k + "_MatMul_") for n in names)]
     if leaked:

@@ -145,7 +145,6 @@ def batched_weight_products(graph: Any) -> list[str]:
     """MatMul / Gemm nodes whose weight is not one constant matrix (a computed tensor, or a stacked
     ``(M, in, out)`` weight such as the members' poolers and classifiers): ONNX Runtime's per-channel
     int8 product takes one scale per column of a 2-D weight only."""
-    from onnx import numpy_helper  # the onnx extra: pip install hydra-hf[onnx]
 
     inits = {i.name: i for i in graph.initializer}
     out = []
@@ -180,8 +179,14 @@ def quantize_dynamic_per_channel(source: str | os.PathLike, target: str | os.Pat
 
     excluded = batched_weight_products(onnx.load(str(source), load_external_data=False).graph)
     with quiet_exporter():
-        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul", "Gemm"],
-                         per_channel=True, nodes_to_exclude=excluded + [f"{n}_MatMul" for n in excluded])
+        quantize_dynamic(
+            str(source),
+            str(target),
+            weight_type=QuantType.QInt8,
+            op_types_to_quantize=["MatMul", "Gemm"],
+            per_channel=True,
+            nodes_to_exclude=excluded + [f"{n}_MatMul" for n in excluded],
+        )
     ops = [node.op_type for node in onnx.load(str(target), load_external_data=False).graph.node]
     return {"MatMulInteger": ops.count("MatMulInteger") + ops.count("DynamicQuantizeMatMul"),
             "DynamicQuantizeLinear": ops.count("DynamicQuantizeLinear"),
@@ -189,8 +194,12 @@ def quantize_dynamic_per_channel(source: str | os.PathLike, target: str | os.Pat
             "kept_fp32": sorted(excluded)}
 
 
-def smoothquant_int8(source: str | os.PathLike, target: str | os.PathLike,
-                     calibration: Sequence[Mapping[str, np.ndarray]], alphas: Sequence[float] = ALPHAS) -> dict[str, Any]:
+def smoothquant_int8(
+    source: str | os.PathLike,
+    target: str | os.PathLike,
+    calibration: Sequence[Mapping[str, np.ndarray]],
+    alphas: Sequence[float] = ALPHAS,
+) -> dict[str, Any]:
     """The ``smoothquant`` recipe: fold constants, smooth the products fed by an activation (fc2) with
     the per-channel ``amax`` of their inputs on ``calibration``, quantise every 2-D product dynamically
     with per-channel int8 weights, and keep the ``alpha`` of ``alphas`` whose graph's member logits on
@@ -238,7 +247,9 @@ class Int8Recipe:
     """An int8 recipe registered by name: ``run(source, target, calibration)`` writes the int8 graph and
     returns what it did (operator counts, the products kept fp32, calibrated settings)."""
 
-    def __init__(self, name: str, run: Callable[..., dict[str, Any]], help: str, method: str, activations: str) -> None:
+    def __init__(
+        self, name: str, run: Callable[..., dict[str, Any]], help: str, method: str, activations: str
+    ) -> None:
         self.name, self.run, self.help, self.method, self.activations = name, run, help, method, activations
 
 
@@ -251,17 +262,26 @@ def register_recipe(recipe: Int8Recipe) -> Int8Recipe:
     return recipe
 
 
-register_recipe(Int8Recipe(
-    "smoothquant", smoothquant_int8,
-    "default: constants folded (every member's projections quantisable), fc2's activation outliers migrated into its "
-    "weights (SmoothQuant, alpha calibrated on --calibration-data), per-channel int8 weights on every product",
-    method="fold constants + SmoothQuant (fc2) + onnxruntime.quantization.quantize_dynamic(per_channel=True)",
-    activations="uint8, one range per tensor per batch at run time; fc2's input divided per channel by the SmoothQuant scales",
-))
+register_recipe(
+    Int8Recipe(
+        "smoothquant",
+        smoothquant_int8,
+        "default: constants folded (every member's projections quantisable), fc2's "
+        "activation outliers migrated into its "
+        "weights (SmoothQuant, alpha calibrated on --calibration-data), per-channel int8 weights on every product",
+        method="fold constants + SmoothQuant (fc2) + onnxruntime.quantization.quantize_dynamic(per_channel=True)",
+        activations="uint8, one range per tensor per batch at run time; fc2's input divided "
+        "per channel by the SmoothQuant scales",
+    )
+)
 def _per_tensor(keep_mlp_output_fp32: bool) -> Callable[..., dict[str, Any]]:
     """The earlier recipes: :func:`hydra_hf.onnx.graph.quantize_int8` (no folding, per-tensor weights)."""
     def run(source: str | os.PathLike, target: str | os.PathLike, calibration: Any = None) -> dict[str, Any]:
-        return {**quantize_int8(source, target, keep_mlp_output_fp32), "recipe": "keep-fc2" if keep_mlp_output_fp32 else "all"}
+        return {
+            **quantize_int8(source, target, keep_mlp_output_fp32),
+            "recipe": "keep-fc2" if keep_mlp_output_fp32 else "all",
+        }
+
     return run
 
 
@@ -271,11 +291,16 @@ register_recipe(Int8Recipe(
     "projections left fp32 (not constants in the graph); slower",
     method="onnxruntime.quantization.quantize_dynamic", activations="uint8, quantised per batch at run time",
 ))
-register_recipe(Int8Recipe(
-    "all", _per_tensor(False),
-    "every constant weight per-tensor int8, fc2 included, no smoothing (changed 5.5 percent of the demo model's labels)",
-    method="onnxruntime.quantization.quantize_dynamic", activations="uint8, quantised per batch at run time",
-))
+register_recipe(
+    Int8Recipe(
+        "all",
+        _per_tensor(False),
+        "every constant weight per-tensor int8, fc2 included, no smoothing (changed "
+        "5.5 percent of the demo model's labels)",
+        method="onnxruntime.quantization.quantize_dynamic",
+        activations="uint8, quantised per batch at run time",
+    )
+)
 
 
 def resolve_recipe(name: str | None = None, keep_mlp_output_fp32: bool | None = None) -> Int8Recipe:
@@ -287,15 +312,22 @@ def resolve_recipe(name: str | None = None, keep_mlp_output_fp32: bool | None = 
     """
     legacy = None if keep_mlp_output_fp32 is None else ("keep-fc2" if keep_mlp_output_fp32 else "all")
     if name is not None and legacy is not None and name != legacy:
-        raise HydraInputError(f"--int8-recipe {name!r} and --quantize-all ask for different int8 graphs; pass only one")
+        raise HydraInputError(
+            f"--int8-recipe {name!r} and --quantize-all ask for different int8 graphs; pass only one"
+        )
     name = name or legacy or DEFAULT_RECIPE
     if name not in INT8_RECIPES:
         raise HydraInputError(f"--int8-recipe {name!r} is unknown; use one of {sorted(INT8_RECIPES)}")
     return INT8_RECIPES[name]
 
 
-def calibration_feeds(batches: Iterable[Mapping[str, Any]], input_names: Sequence[str], *,
-                      extra: Mapping[str, np.ndarray] | None = None, max_examples: int = 512) -> list[dict[str, np.ndarray]]:
+def calibration_feeds(
+    batches: Iterable[Mapping[str, Any]],
+    input_names: Sequence[str],
+    *,
+    extra: Mapping[str, np.ndarray] | None = None,
+    max_examples: int = 512,
+) -> list[dict[str, np.ndarray]]:
     """The graph inputs of the first ``max_examples`` examples of ``batches`` (torch tensors or numpy) as
     numpy arrays, each batch completed with ``extra`` (a two-tower graph's class prompts, tokenized)."""
     feeds, seen = [], 0

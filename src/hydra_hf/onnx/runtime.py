@@ -70,7 +70,11 @@ def read_export_metadata(folder: str | os.PathLike) -> dict[str, Any] | None:
     if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
         return None
     files = data.get("files")
-    if not isinstance(files, dict) or not files or not all(isinstance(k, str) and isinstance(v, dict) for k, v in files.items()):
+    if (
+        not isinstance(files, dict)
+        or not files
+        or not all(isinstance(k, str) and isinstance(v, dict) for k, v in files.items())
+    ):
         raise HydraInputError(f"{str(file)!r}: 'files' must map each .onnx file name to its description; "
                               "re-run `hydra-hf export`")
     if not isinstance(data.get("default_file", "model.onnx"), str):
@@ -127,8 +131,8 @@ def _check_labels(session: Any, config: Any, metadata: dict[str, Any], file: Pat
         classes = out.shape[-1] if out.shape else None
         if isinstance(classes, int) and isinstance(num_labels, int) and classes != num_labels:
             raise HydraInputError(
-                f"{str(file)!r} returns {classes} classes in {out.name!r} but {str(file.parent / 'config.json')!r} names "
-                f"{num_labels} labels; re-run `hydra-hf export` (or restore the exported config.json)"
+                f"{str(file)!r} returns {classes} classes in {out.name!r} but {str(file.parent / 'config.json')!r} "
+                f"names {num_labels} labels; re-run `hydra-hf export` (or restore the exported config.json)"
             )
 
 
@@ -209,7 +213,9 @@ class OnnxHydraModel(nn.Module):
             session = ort.InferenceSession(str(file), sess_options=options,
                                            providers=list(providers or ["CPUExecutionProvider"]))
         except Exception as exc:  # onnxruntime raises its own Fail / InvalidGraph types
-            raise HydraInputError(f"ONNX Runtime cannot load {str(file)!r}: {str(exc).strip().splitlines()[0][:200]}") from None
+            raise HydraInputError(
+                f"ONNX Runtime cannot load {str(file)!r}: {str(exc).strip().splitlines()[0][:200]}"
+            ) from None
         _check_labels(session, config, metadata, file)
         logger.info("loaded %s (%s)", file, metadata["files"][file.name].get("precision", "?"))
         return cls(session, config, metadata, file)
@@ -297,7 +303,9 @@ def pipeline(path: str | os.PathLike, *, file_name: str | None = None, **kwargs:
     model = OnnxHydraModel.from_pretrained(path, file_name=file_name)
     family = family_of_config(model.config)
     if not family.uncertainty_pipelines:
-        raise HydraInputError(f"family {family.name!r} has no Hydra uncertainty pipeline (its prediction is not a softmax)")
+        raise HydraInputError(
+            f"family {family.name!r} has no Hydra uncertainty pipeline (its prediction is not a softmax)"
+        )
     task, class_name, _ = HYDRA_PIPELINES[family.task_auto_class]
     processor = load_preprocessor(model.file.parent, family.modality)
     if family.modality == "text":
@@ -307,7 +315,9 @@ def pipeline(path: str | os.PathLike, *, file_name: str | None = None, **kwargs:
     else:  # two towers: the processor's halves
         parts = {"tokenizer": processor.tokenizer, "image_processor": processor.image_processor}
     with _NotSupportedFilter():  # the pipelines list the PyTorch classes they know; this one is called alike
-        return getattr(pipeline_hydra, class_name)(model=model, task=task, device=torch.device("cpu"), **parts, **kwargs)
+        return getattr(pipeline_hydra, class_name)(
+            model=model, task=task, device=torch.device("cpu"), **parts, **kwargs
+        )
 
 
 class _NotSupportedFilter(logging.Filter):

@@ -103,7 +103,11 @@ class _LayerWeights:
             i_b=layer.intermediate.dense.bias.detach(),
             out_w=layer.output.dense.weight.detach(),
             out_b=layer.output.dense.bias.detach(),
-            ln2=(layer.output.LayerNorm.weight.detach(), layer.output.LayerNorm.bias.detach(), layer.output.LayerNorm.eps),
+            ln2=(
+                layer.output.LayerNorm.weight.detach(),
+                layer.output.LayerNorm.bias.detach(),
+                layer.output.LayerNorm.eps,
+            ),
             act=layer.intermediate.intermediate_act_fn,
         )
 
@@ -212,7 +216,9 @@ class CachedBertEvaluator:
         return out
 
     # -------------------------------------------------------------------- functional BERT layer
-    def _attention_context(self, w: _LayerWeights, x: torch.Tensor, mask: torch.Tensor, cls_only: bool) -> torch.Tensor:
+    def _attention_context(
+        self, w: _LayerWeights, x: torch.Tensor, mask: torch.Tensor, cls_only: bool
+    ) -> torch.Tensor:
         """Per-head attention context before W_O. Shape: ``(B, Tq, H, dk)``."""
         B, T, _ = x.shape
         hd = self.H * self.dk
@@ -244,7 +250,9 @@ class CachedBertEvaluator:
             ctx = ctx * gate.view(1, 1, self.H, 1).to(ctx.dtype)
         return F.linear(ctx.reshape(*ctx.shape[:2], self.H * self.dk), w.o_w, w.o_b)
 
-    def _run_layer(self, w: _LayerWeights, x: torch.Tensor, mask: torch.Tensor, gate: torch.Tensor, cls_only: bool) -> torch.Tensor:
+    def _run_layer(
+        self, w: _LayerWeights, x: torch.Tensor, mask: torch.Tensor, gate: torch.Tensor, cls_only: bool
+    ) -> torch.Tensor:
         ctx = self._attention_context(w, x, mask, cls_only)
         residual = x[:, :1] if cls_only else x
         return self._finish_layer(w, self._project(w, ctx, gate) + residual)
@@ -254,7 +262,9 @@ class CachedBertEvaluator:
         pooled = self.bert.pooler(cls_hidden.float())
         return self.model.classifier(self.model.dropout(pooled))
 
-    def _run_from(self, weights: list[_LayerWeights], start: int, x: torch.Tensor, mask: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+    def _run_from(
+        self, weights: list[_LayerWeights], start: int, x: torch.Tensor, mask: torch.Tensor, gates: torch.Tensor
+    ) -> torch.Tensor:
         """Run layers ``start..L-1`` (the last one on the [CLS] row only) and the head. -> ``(N, C)``."""
         L = len(weights)
         if start == L:
@@ -318,7 +328,9 @@ class CachedBertEvaluator:
             per_bucket.append(result if result is not None else torch.empty(0, B, 0, device=device))
         return torch.cat(per_bucket, dim=1).cpu()
 
-    def _scores(self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], score: str, low: bool) -> torch.Tensor:
+    def _scores(
+        self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], score: str, low: bool
+    ) -> torch.Tensor:
         return self._scores_many(gates, candidates, (score,), low)[score]
 
     def _scores_many(
@@ -331,7 +343,9 @@ class CachedBertEvaluator:
         return {
             score: torch.tensor(
                 [
-                    circuit_score(id_logits[i], self.id_labels, ood_logits[i] if ood_logits is not None else None, score)
+                    circuit_score(
+                        id_logits[i], self.id_labels, ood_logits[i] if ood_logits is not None else None, score
+                    )
                     for i in range(len(candidates))
                 ],
                 dtype=torch.float64,
@@ -376,7 +390,9 @@ class CachedBertEvaluator:
         finally:
             self.model.train(was_training)
 
-    def _screened_scores(self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], score: str, top: int) -> torch.Tensor:
+    def _screened_scores(
+        self, gates: torch.Tensor, candidates: Sequence[tuple[int, int]], score: str, top: int
+    ) -> torch.Tensor:
         """bf16 scores for all, float32 for every candidate near the ``top`` best (see the class docstring)."""
         low = self._scores(gates, candidates, score, low=True)  # (C,)
         out = low.clone()
@@ -402,7 +418,11 @@ class CachedBertEvaluator:
     @torch.inference_mode()
     def _full_logits(self, buckets: list[_Bucket], gates: torch.Tensor) -> torch.Tensor:
         weights = self.weights[torch.float32]
-        return torch.cat([self._run_from(weights, 0, b.hidden, b.mask, gates.to(b.hidden.device)) for b in buckets]).float().cpu()
+        return (
+            torch.cat([self._run_from(weights, 0, b.hidden, b.mask, gates.to(b.hidden.device)) for b in buckets])
+            .float()
+            .cpu()
+        )
 
     def score_of(self, gates: torch.Tensor, score: str) -> float:
         """Score of the model with ``gates`` (no extra ablation), in float32."""

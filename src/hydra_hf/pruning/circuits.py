@@ -22,8 +22,8 @@ Speed (the search costs O(heads x budget) evaluations of the model):
 
 - evaluation runs in ``torch.inference_mode``;
 - :class:`~hydra_hf.pruning.cached_bert.CachedBertEvaluator` (BERT-like sequence classifiers) runs
-  the encoder layer by layer from cached states: once per step it runs the model with the permanent ablations, caching the hidden
-  states entering each layer and each head's context; ablating head ``h`` of layer ``l`` then only
+  the encoder layer by layer from cached states: once per step it runs the model with the permanent ablations, caching
+  the hidden states entering each layer and each head's context; ablating head ``h`` of layer ``l`` then only
   subtracts that head's cached contribution from layer ``l``'s attention output and re-runs the rest
   of layer ``l`` and the layers above it; all candidate heads of a layer are evaluated in one batched
   forward pass (the candidates are stacked along the batch dimension); in the last layer only the
@@ -116,7 +116,14 @@ class GatedEvaluator:
     rows of the stacked :class:`~hydra_hf.pruning.layout.HeadLayout`).
     """
 
-    def __init__(self, adapter: ModelAdapter, id_batches: Sequence[Batch], ood_batches: Sequence[Batch] | None, *, tower: str | None = None) -> None:
+    def __init__(
+        self,
+        adapter: ModelAdapter,
+        id_batches: Sequence[Batch],
+        ood_batches: Sequence[Batch] | None,
+        *,
+        tower: str | None = None,
+    ) -> None:
         self.adapter = adapter
         self.layout = HeadLayout.of(adapter, tower)
         self.id_batches = list(id_batches)
@@ -200,7 +207,9 @@ def make_evaluator(
     if precision != "fp32":
         logger.warning("precision=%r needs the cached BERT evaluator; scoring in float32", precision)
     if fast:
-        logger.info("no cached circuit evaluator for %s; re-running the full model per candidate", type(adapter.model).__name__)
+        logger.info(
+            "no cached circuit evaluator for %s; re-running the full model per candidate", type(adapter.model).__name__
+        )
     return GatedEvaluator(adapter, id_batches, ood_batches, tower=tower)
 
 
@@ -236,7 +245,13 @@ class _GreedySearch:
         """The ``(row, head)`` cells that may be removed now (their row keeps more than the minimum)."""
         kept_per_layer = self.gates.sum(dim=1)
         R, H = self.gates.shape
-        found = [(row, h) for row in range(R) if kept_per_layer[row] > self.min_keep for h in range(H) if self.gates[row, h] > 0.5]
+        found = [
+            (row, h)
+            for row in range(R)
+            if kept_per_layer[row] > self.min_keep
+            for h in range(H)
+            if self.gates[row, h] > 0.5
+        ]
         if not found:  # cannot happen with a checked budget; guard against an endless loop
             raise RuntimeError("no candidate head left to remove")
         return found
@@ -342,7 +357,7 @@ def circuit_prune(
         adapter, id_batches, ood_batches, budget, scores=[score], seeds=[seed], tower=tower,
         heads_per_step=heads_per_step, random_ties=random_ties, tie_tolerance=tie_tolerance, fast=fast,
         precision=precision, evaluator=evaluator, progress=progress,
-    )  # fmt: skip
+    )
     return result
 
 
@@ -519,5 +534,7 @@ def as_metadata(result: PruneResult) -> dict[str, Any]:
     def rows(t: torch.Tensor) -> list[list[float | None]]:
         return [[None if math.isnan(v) else round(float(v), 6) for v in row] for row in t.tolist()]
 
-    scores: Any = {t: rows(v) for t, v in result.scores.items()} if isinstance(result.scores, dict) else rows(result.scores)
+    scores: Any = (
+        {t: rows(v) for t, v in result.scores.items()} if isinstance(result.scores, dict) else rows(result.scores)
+    )
     return {**result.metadata, "scores": scores, "ranking": [list(p) for p in result.removal_order]}

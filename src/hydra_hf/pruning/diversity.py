@@ -17,8 +17,8 @@ member per method (cycled, with the next seed, when ``members`` is larger): the 
 (Circ)** (appendix B.2.3), whose diversity comes from the criteria. With ``data_fraction=1`` the
 circuit members see the same selection data, so their searches run in lockstep on one evaluator and
 share every step's evaluations while their removals agree
-(:func:`~hydra_hf.pruning.circuits.circuit_prune_criteria`; the masks are the same as member by member). Members from user masks:
-``include`` (a :class:`~hydra_hf.masks.HeadMasks`) adds its members, unchanged, after the computed ones.
+(:func:`~hydra_hf.pruning.circuits.circuit_prune_criteria`; the masks are the same as member by member). Members from
+user masks: ``include`` (a :class:`~hydra_hf.masks.HeadMasks`) adds its members, unchanged, after the computed ones.
 
 :func:`HeadMasks.jaccard <hydra_hf.masks.HeadMasks.jaccard>` gives the pairwise overlap of the
 members' kept heads; :func:`prune_members` stores it in the masks metadata and logs the summary.
@@ -158,7 +158,9 @@ def parse_methods(methods: str | Sequence[str]) -> list[str]:
         raise ValueError(f"no pruning method given; choose from {list(PRUNING_METHODS)}")
     bad = [m for m in items if m not in PRUNING_METHODS]
     if bad:
-        raise ValueError(f"unknown pruning method(s) {bad}; choose from {list(PRUNING_METHODS)} (comma-separated for several)")
+        raise ValueError(
+            f"unknown pruning method(s) {bad}; choose from {list(PRUNING_METHODS)} (comma-separated for several)"
+        )
     return items
 
 
@@ -185,15 +187,21 @@ def _circuit(score: str) -> Callable[[MemberContext, int], PruneResult]:
     return prune
 
 
-register_pruning_method(PruningMethod("taylor", _taylor("weight"), help="Taylor importance |W * dL/dW| of Q/K/V rows (Molchanov)"))
-register_pruning_method(PruningMethod("taylor-gate", _taylor("gate"), help="Taylor importance |dL/dgate| (Michel et al.)"))
+register_pruning_method(
+    PruningMethod("taylor", _taylor("weight"), help="Taylor importance |W * dL/dW| of Q/K/V rows (Molchanov)")
+)
+register_pruning_method(
+    PruningMethod("taylor-gate", _taylor("gate"), help="Taylor importance |dL/dgate| (Michel et al.)")
+)
 register_pruning_method(PruningMethod("circuit-acc", _circuit("acc"), circuit_score="acc",
                                       help="greedy circuit search on ID accuracy (CircAcc)"))
 register_pruning_method(PruningMethod("circuit-ood", _circuit("ood"), uses_ood=True, circuit_score="ood",
                                       help="greedy circuit search on MSP-AUROC between ID and OOD data (CircOOD)"))
 register_pruning_method(PruningMethod("circuit-avg", _circuit("avg"), uses_ood=True, circuit_score="avg",
                                       help="greedy circuit search on the mean of the two (CircAvg)"))
-register_pruning_method(PruningMethod("random", _prune_random, needs_labels=False, help="heads removed at random (a control)"))
+register_pruning_method(
+    PruningMethod("random", _prune_random, needs_labels=False, help="heads removed at random (a control)")
+)
 METHODS = tuple(PRUNING_METHODS)
 """The registered method names (the keys of :data:`PRUNING_METHODS`)."""
 
@@ -284,8 +292,14 @@ def prune_members(
     if needing_ood and ood_data is None:
         raise ValueError(f"{' and '.join(dict.fromkeys(needing_ood))} need OOD validation data; give --ood-data")
     causal_lm = adapter.task == "causal_lm"  # its labels are the next tokens of the texts
-    if not causal_lm and "label" not in id_data.column_names and any(PRUNING_METHODS[m].needs_labels for m in method_list):
-        raise ValueError("the ID data has no labels; Taylor and circuit pruning need labelled ID data (--label-column)")
+    if (
+        not causal_lm
+        and "label" not in id_data.column_names
+        and any(PRUNING_METHODS[m].needs_labels for m in method_list)
+    ):
+        raise ValueError(
+            "the ID data has no labels; Taylor and circuit pruning need labelled ID data (--label-column)"
+        )
     if len(id_data) == 0:
         raise ValueError("the ID data is empty; give at least one " + ("text" if causal_lm else "labelled example"))
     several = members > 1
@@ -340,18 +354,24 @@ def prune_members(
             adapter, masks,
             lambda m: make_batches(_subset(id_data, data_fraction, seed + m), seed + m),
             mlp_keep=mlp_keep, spread=mlp_spread, progress=progress,
-        )  # fmt: skip
+        )
     grouped = grouped_query_heads(adapter)
     if grouped is not None and not masks.named:  # a decoder with grouped-query attention: say which KV heads stay
         masks = masks.with_key_value_heads(grouped)
     logger.info("%s", masks.summary())
     for i, j in masks.identical_members():
-        logger.warning("members %d and %d keep the same heads (Jaccard 1.0): converted from one base they are one model "
-                       "counted twice; give them other seeds or methods, or a smaller data fraction", i, j)
+        logger.warning(
+            "members %d and %d keep the same heads (Jaccard 1.0): converted from one base they are one model "
+            "counted twice; give them other seeds or methods, or a smaller data fraction",
+            i,
+            j,
+        )
     return masks
 
 
-def _shared_circuit_members(ctx: MemberContext, method_list: list[str], members: int, *, seed: int) -> dict[int, PruneResult]:
+def _shared_circuit_members(
+    ctx: MemberContext, method_list: list[str], members: int, *, seed: int
+) -> dict[int, PruneResult]:
     """``{member: result}`` of the circuit members, searched in lockstep when they see the same data
     (``data_fraction=1``: every member's subset is the whole set); ``{}`` otherwise."""
     scores = {m: PRUNING_METHODS[method_list[m % len(method_list)]].circuit_score for m in range(members)}

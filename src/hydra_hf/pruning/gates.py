@@ -91,7 +91,10 @@ class HeadGates:
             for index, layer in enumerate(layers):
                 self._param_order.append(list(layer.out_proj._parameters))
                 parametrize.register_parametrization(
-                    layer.out_proj, "weight", _ColumnBlockGate(gates, index, layer.head_dim, layer.transposed), unsafe=True
+                    layer.out_proj,
+                    "weight",
+                    _ColumnBlockGate(gates, index, layer.head_dim, layer.transposed),
+                    unsafe=True,
                 )
                 self._modules.append(layer.out_proj)
         self._active = True
@@ -117,8 +120,8 @@ class HeadGates:
             value = torch.as_tensor(value, dtype=target.dtype)
             if tuple(value.shape) != tuple(target.shape):
                 raise ValueError(
-                    f"gates for tower {name!r} must have shape {tuple(target.shape)} (layers, heads), "
-                    f"got {tuple(value.shape)}"
+                    f"gates for tower {name!r} must have shape {tuple(target.shape)} "
+                    f"(layers, heads), got {tuple(value.shape)}"
                 )
             with torch.no_grad():
                 target.copy_(value.to(target.device))
@@ -156,7 +159,9 @@ class HeadGates:
         self.remove()
 
 
-def zero_head_columns_(model: nn.Module, gates: torch.Tensor | Mapping[str, torch.Tensor], *, adapter: ModelAdapter | None = None) -> nn.Module:
+def zero_head_columns_(
+    model: nn.Module, gates: torch.Tensor | Mapping[str, torch.Tensor], *, adapter: ModelAdapter | None = None
+) -> nn.Module:
     """Zero, in place, the ``W_O`` column blocks of the heads whose gate is 0 (the reference pruning).
 
     Args:

@@ -134,8 +134,8 @@ class HeadLayout:
         min_heads = min(H for _, _, H in self.towers)
         if budget.heads_per_layer is not None and budget.heads_per_layer > min_heads:
             raise ValueError(
-                f"--heads-per-layer {budget.heads_per_layer} is larger than the {min_heads} heads per layer of a tower "
-                f"({shapes}); with tower='joint' K applies to every layer of each tower: choose K <= {min_heads}"
+                f"--heads-per-layer {budget.heads_per_layer} is larger than the {min_heads} heads per layer of a "
+                f"tower ({shapes}); with tower='joint' K applies to every layer of each tower: choose K <= {min_heads}"
             )
         if budget.remove is not None and budget.remove > self.total_heads:
             raise ValueError(

@@ -101,7 +101,11 @@ def lm_batches_from_ids(
             input_ids[b, : len(row)] = torch.tensor(row, dtype=torch.long)
             attention_mask[b, : len(row)] = 1
         batches.append(
-            {"input_ids": input_ids, "attention_mask": attention_mask, "labels": next_token_labels(input_ids, attention_mask)}
+            {
+                "input_ids": input_ids,
+                "attention_mask": attention_mask,
+                "labels": next_token_labels(input_ids, attention_mask),
+            }
         )
     return batches
 
@@ -114,9 +118,13 @@ def lm_batches(
     Padding uses the tokenizer's pad token, else its EOS token, else 0 (padded positions are masked
     and never targets, so the id does not matter).
     """
-    ids = tokenizer(list(texts), truncation=True, max_length=max_length, add_special_tokens=add_special_tokens)["input_ids"]
+    ids = tokenizer(list(texts), truncation=True, max_length=max_length, add_special_tokens=add_special_tokens)[
+        "input_ids"
+    ]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else getattr(tokenizer, "eos_token_id", None)
-    return lm_batches_from_ids(ids, max_length=max_length, batch_size=batch_size, pad_token_id=pad if pad is not None else 0)
+    return lm_batches_from_ids(
+        ids, max_length=max_length, batch_size=batch_size, pad_token_id=pad if pad is not None else 0
+    )
 
 
 def causal_lm_adapter(model: nn.Module) -> ModelAdapter:
@@ -127,7 +135,9 @@ def causal_lm_adapter(model: nn.Module) -> ModelAdapter:
         TypeError: the model has no ``lm_head`` or neither layout.
     """
     if not hasattr(model, "lm_head"):
-        raise TypeError(f"{type(model).__name__} is not a causal LM (no lm_head); use ...ForCausalLM / GPT2LMHeadModel")
+        raise TypeError(
+            f"{type(model).__name__} is not a causal LM (no lm_head); use ...ForCausalLM / GPT2LMHeadModel"
+        )
     return decoder_adapter(model, task="causal_lm")
 
 
@@ -181,14 +191,18 @@ class LMGatedEvaluator:
     def __init__(self, adapter: ModelAdapter, id_batches: Sequence[Batch], ood_batches: Sequence[Batch] | None, *,
                  tower: str | None = None) -> None:
         if adapter.task != "causal_lm":
-            raise ValueError(f"LMGatedEvaluator needs a causal LM adapter (task 'causal_lm'), got task {adapter.task!r}")
+            raise ValueError(
+                f"LMGatedEvaluator needs a causal LM adapter (task 'causal_lm'), got task {adapter.task!r}"
+            )
         self.adapter = adapter
         self.layout = HeadLayout.of(adapter, tower)
         self.id_batches = list(id_batches)
         self.ood_batches = list(ood_batches) if ood_batches is not None else None
 
     @torch.inference_mode()
-    def statistics(self, hg: HeadGates, gates: torch.Tensor, batches: Sequence[Batch]) -> tuple[int, int, torch.Tensor]:
+    def statistics(
+        self, hg: HeadGates, gates: torch.Tensor, batches: Sequence[Batch]
+    ) -> tuple[int, int, torch.Tensor]:
         """``(correct, total, msp)`` of the model with ``gates``: next-token argmax hits, valid positions,
         and each sequence's mean per-token MSP ``(S,)`` float64."""
         hg.set(self.layout.split(gates))

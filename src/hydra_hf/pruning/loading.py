@@ -41,7 +41,9 @@ OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 def class_prompts(class_names: list[str], template: str = DEFAULT_PROMPT_TEMPLATE) -> list[str]:
     """``template.format(name)`` for every class (the text the CLIP text tower reads)."""
     if template.count("{}") != 1:
-        raise ValueError(f"the prompt template {template!r} must contain '{{}}' exactly once (e.g. {DEFAULT_PROMPT_TEMPLATE!r})")
+        raise ValueError(
+            f"the prompt template {template!r} must contain '{{}}' exactly once (e.g. {DEFAULT_PROMPT_TEMPLATE!r})"
+        )
     return [template.format(name) for name in class_names]
 
 
@@ -74,7 +76,9 @@ def _load_strict(model: nn.Module, state: dict[str, torch.Tensor], source: str, 
         if missing:
             parts.append(f"missing {missing[:4]}" + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else ""))
         if unexpected:
-            parts.append(f"unexpected {unexpected[:4]}" + (f" (+{len(unexpected) - 4} more)" if len(unexpected) > 4 else ""))
+            parts.append(
+                f"unexpected {unexpected[:4]}" + (f" (+{len(unexpected) - 4} more)" if len(unexpected) > 4 else "")
+            )
         if wrong:
             parts.append(f"shape mismatch {[(k, tuple(state[k].shape), tuple(own[k].shape)) for k in wrong[:3]]}")
         raise ValueError(f"{source} does not fit the model: {'; '.join(parts)}; give the weights of this very model")
@@ -88,7 +92,9 @@ def _open_clip_config(model: str) -> tuple[dict[str, Any] | None, dict[str, Any]
     if path.is_dir():
         path = path / "open_clip_config.json"
         if not path.is_file():
-            raise ValueError(f"--open-clip {model!r} is a folder without open_clip_config.json; give a model name or a config")
+            raise ValueError(
+                f"--open-clip {model!r} is a folder without open_clip_config.json; give a model name or a config"
+            )
     elif not (path.suffix == ".json" and path.is_file()):
         return None, {}
     try:
@@ -121,7 +127,9 @@ def load_open_clip(
     """
 
     if str(model).startswith(("hf-hub:", "local-dir:")):
-        raise ValueError(f"--open-clip {model!r}: give a model name or a local config and the weights with --checkpoint")
+        raise ValueError(
+            f"--open-clip {model!r}: give a model name or a local config and the weights with --checkpoint"
+        )
     model_cfg, preprocess_cfg = _open_clip_config(model)
     local = model_cfg is not None
     if model_cfg is None:
@@ -167,7 +175,9 @@ def load_open_clip(
 
 
 # ------------------------------------------------------------------------------------------ timm
-def load_timm_vit(name: str, checkpoint: str | os.PathLike) -> tuple[nn.Module, Callable[[Any], torch.Tensor], list[str] | None]:
+def load_timm_vit(
+    name: str, checkpoint: str | os.PathLike
+) -> tuple[nn.Module, Callable[[Any], torch.Tensor], list[str] | None]:
     """A timm ``VisionTransformer`` classifier with local weights, and its evaluation transform.
 
     Args:
@@ -194,13 +204,20 @@ def load_timm_vit(name: str, checkpoint: str | os.PathLike) -> tuple[nn.Module, 
     if "head.weight" in state:
         model_args["num_classes"] = state["head.weight"].shape[0]
     else:
-        raise ValueError(f"--checkpoint {str(checkpoint)!r} has no classifier (head.weight); pruning needs a trained image classifier")
+        raise ValueError(
+            f"--checkpoint {str(checkpoint)!r} has no classifier (head.weight); pruning needs a trained image "
+            "classifier"
+        )
     try:
         model = timm.create_model(name, pretrained=False, **model_args)
     except RuntimeError as exc:  # timm: "Unknown model (...)"
-        raise ValueError(f"--timm {name!r}: {exc}; give a timm ViT architecture such as vit_base_patch16_224") from None
+        raise ValueError(
+            f"--timm {name!r}: {exc}; give a timm ViT architecture such as vit_base_patch16_224"
+        ) from None
     if not isinstance(model, VisionTransformer):
-        raise ValueError(f"--timm {name!r} builds a {type(model).__name__}; pruning supports timm VisionTransformer (vit_*) models")
+        raise ValueError(
+            f"--timm {name!r} builds a {type(model).__name__}; pruning supports timm VisionTransformer (vit_*) models"
+        )
     _load_strict(model, state, f"--checkpoint {str(checkpoint)!r}")
     model.eval()
     data_config = timm.data.resolve_data_config({}, pretrained_cfg=pretrained_cfg, model=model)

@@ -8,8 +8,8 @@ loaded, which :class:`PruningTarget` records: :func:`load_pruning_target` for a 
 image classifier folder or a decoder causal LM folder; the CLI and the zero-shot recipe build theirs for
 CLIP-like models.
 
-Causal LMs (``*ForCausalLM``, ``GPT2LMHeadModel``: :func:`hydra_hf.families.is_causal_lm_config`) are pruned on next-token
-prediction (:mod:`hydra_hf.pruning.lm`): the ID data is any text (its labels are the next tokens, a label
+Causal LMs (``*ForCausalLM``, ``GPT2LMHeadModel``: :func:`hydra_hf.families.is_causal_lm_config`) are pruned on
+next-token prediction (:mod:`hydra_hf.pruning.lm`): the ID data is any text (its labels are the next tokens, a label
 column is not read), batched by :func:`~hydra_hf.pruning.lm.lm_batches` with the folder's tokenizer and
 ``max_length``; Taylor scores the mean next-token loss, circuits score next-token accuracy (``acc``), the
 AUROC of the per-sequence mean MSP of ID against OOD texts (``ood``) and their mean (``avg``).
@@ -44,8 +44,8 @@ from ..masks import HeadMasks
 from .budget import Budget
 from .diversity import parse_methods, prune_members
 from .layout import HeadLayout
-from .neurons import check_mlp_keep
 from .lm import causal_lm_adapter, lm_batches
+from .neurons import check_mlp_keep
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +100,8 @@ def check_classifier_head(folder: Path, family: Any, num_labels: int | None) -> 
         what = ", ".join(config.get("architectures") or []) or "a bare encoder"
         raise HydraInputError(
             f"{str(folder)!r} has no trained classification head ({what} checkpoint: none of "
-            f"{list(family.classifier_keys)} in its weights); pass --num-labels N, the classes of --id-data, to prune it "
-            "with a new head, or prune a fine-tuned classifier"
+            f"{list(family.classifier_keys)} in its weights); pass --num-labels N, the classes of --id-data, to prune "
+            "it with a new head, or prune a fine-tuned classifier"
         )
     logger.info("%s has no trained classification head: pruning with a new one of %d classes (--num-labels)",
                 folder, num_labels)
@@ -156,9 +156,13 @@ def load_pruning_target(
     if family.modality == "image":
         processor = from_pretrained(AutoImageProcessor, folder, trust_remote_code=trust_remote_code)
         transform = lambda image: processor(image, return_tensors="pt")["pixel_values"][0]  # noqa: E731  (3, H, W)
-        return PruningTarget(get_adapter(model), transform, None, model.config.num_labels, label2id_of(model.config), False)
+        return PruningTarget(
+            get_adapter(model), transform, None, model.config.num_labels, label2id_of(model.config), False
+        )
     tokenizer = pad_with_eos(from_pretrained(AutoTokenizer, folder, trust_remote_code=trust_remote_code), model.config)
-    return PruningTarget(get_adapter(model), None, tokenizer, model.config.num_labels, label2id_of(model.config), False)
+    return PruningTarget(
+        get_adapter(model), None, tokenizer, model.config.num_labels, label2id_of(model.config), False
+    )
 
 
 def load_causal_lm_target(
@@ -278,7 +282,7 @@ def build_members(
 
     image_model = target.modality == "image"
     data_kwargs: dict[str, Any] = dict(text_column=None if image_model else text_column, image_column=image_column,
-                                       max_samples=max_samples)  # fmt: skip
+                                       max_samples=max_samples)
     id_spec = id_data if isinstance(id_data, str) else None
     causal_lm = target.causal_lm
     if isinstance(id_data, str):

@@ -39,7 +39,9 @@ def mlp_shapes(model: nn.Module, family: Family) -> dict[str, tuple[int, int]]:
     for tower, layers in family.mlp_layers(model).items():
         widths = {num_neurons(layer) for layer in layers}
         if len(widths) != 1:
-            raise ValueError(f"the {tower} tower's MLPs have different widths {sorted(widths)}; slim members need one width")
+            raise ValueError(
+                f"the {tower} tower's MLPs have different widths {sorted(widths)}; slim members need one width"
+            )
         out[tower] = (len(layers), widths.pop())
     return out
 
@@ -108,7 +110,9 @@ def taylor_neuron_scores(
                 hg.set({t: g for t, g in head_gates.items() if t in hg.tower_gates})
             for batch in tqdm(batches, desc=desc, disable=not progress, leave=False):
                 if "labels" not in batch:
-                    raise ValueError("neuron Taylor scores need labelled calibration data (a 'labels' key in every batch)")
+                    raise ValueError(
+                        "neuron Taylor scores need labelled calibration data (a 'labels' key in every batch)"
+                    )
                 for g in gates.values():
                     g.grad = None
                 logits = adapter.logits(batch)
@@ -124,7 +128,12 @@ def taylor_neuron_scores(
 
 def check_mlp_keep(mlp_keep: Any) -> float:
     """``mlp_keep`` as a float in ``(0, 1]``, else one line naming the value and the fix."""
-    if isinstance(mlp_keep, bool) or not isinstance(mlp_keep, (int, float)) or not math.isfinite(mlp_keep) or not 0 < mlp_keep <= 1:
+    if (
+        isinstance(mlp_keep, bool)
+        or not isinstance(mlp_keep, (int, float))
+        or not math.isfinite(mlp_keep)
+        or not 0 < mlp_keep <= 1
+    ):
         raise HydraInputError(
             f"--mlp-keep {mlp_keep!r} must be a fraction in (0, 1]: the share of each layer's MLP neurons a member "
             "keeps (e.g. 0.33 for 3 members that split the MLP)"

@@ -305,14 +305,19 @@ def taylor_prune(
 
     if budget.heads_per_layer is not None:
         keep = budget.heads_per_layer
-        depth_rows = [[r for r, (_, layer) in enumerate(layout.rows) if layer == d] for d in range(max(L for _, L, _ in layout.towers))]
+        depth_rows = [
+            [r for r, (_, layer) in enumerate(layout.rows) if layer == d]
+            for d in range(max(L for _, L, _ in layout.towers))
+        ]
         for d, rows in enumerate(tqdm(depth_rows, desc="taylor: layers", disable=not progress)):
             scores = score(f"layer {d}")
             for row in rows:
                 row_scores = scores[row, : heads_in_row[row]]  # (H_t,)
                 scores_at_pruning[row] = scores[row]
                 kept = select_top(row_scores, keep, temperature=temperature, generator=generator)
-                dropped = [h for h in torch.sort(row_scores, stable=True).indices.tolist() if h not in set(kept.tolist())]
+                dropped = [
+                    h for h in torch.sort(row_scores, stable=True).indices.tolist() if h not in set(kept.tolist())
+                ]
                 gates[row] = 0.0
                 gates[row, kept] = 1.0
                 removal.extend(layout.label(row, h) for h in dropped)
@@ -345,5 +350,5 @@ def taylor_prune(
         metadata={
             "method": method, "criterion": criterion, "seed": seed, "temperature": temperature,
             "tower": "joint" if layout.joint else layout.names[0],
-        },  # fmt: skip
+        },
     )

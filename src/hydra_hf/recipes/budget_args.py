@@ -16,8 +16,13 @@ def add_budget_arguments(parser: argparse.ArgumentParser, *, heads_per_layer: in
     group.add_argument("--heads-per-layer", type=int, default=None, metavar="K",
                        help="keep K heads in every layer of every member"
                        + (f" (default: {heads_per_layer}, the paper's budget)" if heads_per_layer is not None else ""))
-    group.add_argument("--remove", type=int, default=None, metavar="N",
-                       help="or: remove N heads per member, anywhere" + (f" (default: {remove})" if remove is not None else ""))
+    group.add_argument(
+        "--remove",
+        type=int,
+        default=None,
+        metavar="N",
+        help="or: remove N heads per member, anywhere" + (f" (default: {remove})" if remove is not None else ""),
+    )
     parser.set_defaults(_budget_defaults=(heads_per_layer, remove))
 
 
@@ -32,4 +37,7 @@ def budget_arguments(args: argparse.Namespace, *, smoke_heads_per_layer: int | N
         k, n = default_k, default_n
     if n is not None:
         return {"heads_per_layer": None, "remove": min(n, smoke_remove) if smoke_remove is not None else n}
-    return {"heads_per_layer": min(k, smoke_heads_per_layer) if smoke_heads_per_layer is not None else k, "remove": None}
+    return {
+        "heads_per_layer": min(k, smoke_heads_per_layer) if smoke_heads_per_layer is not None else k,
+        "remove": None,
+    }

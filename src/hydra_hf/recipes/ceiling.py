@@ -67,7 +67,8 @@ def ceiling_numbers(
     if hydra is not None and hydra.uses_ood:
         raise ValueError(f"the ceiling scores every OOD kind, so its Hydra row must select without OOD data; "
                          f"{hydra.name!r} uses OOD data: compare it in the study (leave-one-kind-out) instead")
-    out = prepare_owned_folder(Path(output_dir).resolve(), command="study", overwrite=False, keep=True)  # the study's folder
+    # the study's folder
+    out = prepare_owned_folder(Path(output_dir).resolve(), command="study", overwrite=False, keep=True)
     folder = out / "ceiling"
     singles = {seed: train_single(s, seed, out / f"single_seed{seed}") for seed in seeds}
     targets = {seed: load_pruning_target(path) for seed, path in singles.items()}
@@ -75,7 +76,9 @@ def ceiling_numbers(
     result: dict[str, Any] = {"kinds": list(s.ood_validation), "seeds": list(seeds), "single": {}, "hydra": {}}
     for seed, target in targets.items():
         model = target.adapter.model.eval()
-        result["single"][str(seed)] = _cached(folder / f"single_seed{seed}.json", lambda m=model: model_numbers(ModelPredictor(m), data))
+        result["single"][str(seed)] = _cached(
+            folder / f"single_seed{seed}.json", lambda m=model: model_numbers(ModelPredictor(m), data)
+        )
     models = [t.adapter.model.eval() for t in targets.values()]
     name = "deep_ensemble_seeds" + "-".join(map(str, seeds))
     result["deep_ensemble"] = _cached(folder / f"{name}.json", lambda: model_numbers(EnsemblePredictor(models), data))
@@ -83,7 +86,9 @@ def ceiling_numbers(
         safe = "".join(ch if ch.isalnum() or ch in "-_=." else "_" for ch in hydra.name)
         for seed, target in targets.items():
             def cell(seed=seed, target=target) -> dict[str, Any]:
-                return run_cell(s, hydra, "any", seed, singles[seed], out, out / "work" / f"ceiling{os.getpid()}", data, target)
+                return run_cell(
+                    s, hydra, "any", seed, singles[seed], out, out / "work" / f"ceiling{os.getpid()}", data, target
+                )
 
             numbers = _cached(folder / f"hydra_{safe}_seed{seed}.json", cell)
             result["hydra"][str(seed)] = numbers["fusions"].get("average") or next(iter(numbers["fusions"].values()))
@@ -126,7 +131,13 @@ def ceiling_table(numbers: Mapping[str, Any]) -> dict[str, Any]:
             row["disagreement_ood"] = {k: _mean_std([m["ood"][k].get("disagreement_mean") or 0.0 for m in members])[0]
                                        for k in kinds}
             rows.append(row)
-    return {"kinds": kinds, "seeds": numbers["seeds"], "single_msp": single_msp, "single_best": single_best, "rows": rows}
+    return {
+        "kinds": kinds,
+        "seeds": numbers["seeds"],
+        "single_msp": single_msp,
+        "single_best": single_best,
+        "rows": rows,
+    }
 
 
 def render_ceiling(table: Mapping[str, Any], *, title: str = "Ceiling table") -> str:
@@ -137,17 +148,29 @@ def render_ceiling(table: Mapping[str, Any], *, title: str = "Ceiling table") ->
     lines = [f"## {title}", "", "AUROC per OOD kind (validation splits; mean ± std over the Singles' seeds).", "",
              head, "|" + "---|" * (5 + len(kinds))]
     for r in table["rows"]:
-        cells = [f"{r['auroc'][k]:.4f} ± {r['auroc_std'][k]:.4f}" if r["seeds"] > 1 else f"{r['auroc'][k]:.4f}" for k in kinds]
+        cells = [
+            f"{r['auroc'][k]:.4f} ± {r['auroc_std'][k]:.4f}" if r["seeds"] > 1 else f"{r['auroc'][k]:.4f}"
+            for k in kinds
+        ]
         lines.append(f"| {r['model']} | {r['score']} | {r['seeds']} | " + " | ".join(cells)
                      + f" | {r['accuracy']:.4f} | {r['ece']:.4f} |")
-    lines += ["", "Gain over the mean Single (AUROC points × 100): MSP against the Singles' MSP / against each Single's "
-              "best own score per kind.", "", "| model | score | " + " | ".join(kinds) + " | mean |",
-              "|" + "---|" * (3 + len(kinds))]
+    lines += [
+        "",
+        "Gain over the mean Single (AUROC points × 100): MSP against the Singles' MSP / "
+        "against each Single's best own score per kind.",
+        "",
+        "| model | score | " + " | ".join(kinds) + " | mean |",
+        "|" + "---|" * (3 + len(kinds)),
+    ]
     for r in table["rows"]:
         if "gain_msp" not in r:
             continue
         cells = [f"{100 * r['gain_msp'][k]:+.1f} / {100 * r['gain_best'][k]:+.1f}" for k in kinds]
         mean_msp = sum(r["gain_msp"].values()) / len(kinds)
         mean_best = sum(r["gain_best"].values()) / len(kinds)
-        lines.append(f"| {r['model']} | {r['score']} | " + " | ".join(cells) + f" | {100 * mean_msp:+.1f} / {100 * mean_best:+.1f} |")
+        lines.append(
+            f"| {r['model']} | {r['score']} | "
+            + " | ".join(cells)
+            + f" | {100 * mean_msp:+.1f} / {100 * mean_best:+.1f} |"
+        )
     return "\n".join(lines) + "\n"

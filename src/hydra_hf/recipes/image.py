@@ -107,7 +107,7 @@ def _finetune_config(p: ImagePipeline, steps: int | None, learning_rate: float):
         eval_batch_size=p.eval_batch_size, max_train_samples=p.max_train_samples,
         max_eval_samples=p.max_validation_samples, early_stopping_patience=p.early_stopping_patience, seed=p.seed,
         mlp_fusion=p.mlp_fusion, log_every_steps=20,
-    )  # fmt: skip
+    )
 
 
 def _load_images(spec: str, labelled: bool, limit: int | None):
@@ -122,7 +122,7 @@ def build_image_members(p: ImagePipeline, model_dir: Path) -> HeadMasks:
         max_samples=p.prune_samples, image_column="image", members=p.members, seed=p.seed,
         data_fraction=p.prune_data_fraction, batch_size=32,
         metadata={"base_model": str(model_dir), "id_validation": p.validation_data},
-    )  # fmt: skip
+    )
 
 
 def evaluate_image_pipeline(p: ImagePipeline, single_dir: Path, hydra_dir: Path, member_dir: Path, report_dir: Path,
@@ -135,10 +135,12 @@ def evaluate_image_pipeline(p: ImagePipeline, single_dir: Path, hydra_dir: Path,
     def loader(spec, labelled, limit):
         return ev.make_loader(_load_images(spec, labelled, limit), processor, "image", batch_size=p.eval_batch_size)
 
-    data = EvaluationData(test=loader(p.test_data, True, p.max_test_samples),
-                          validation=loader(p.validation_data, True, p.max_validation_samples),
-                          oods={name: loader(spec, False, p.max_ood_samples) for name, spec in p.ood_test_data.items()},
-                          train=loader(p.train_data, True, p.max_train_samples))
+    data = EvaluationData(
+        test=loader(p.test_data, True, p.max_test_samples),
+        validation=loader(p.validation_data, True, p.max_validation_samples),
+        oods={name: loader(spec, False, p.max_ood_samples) for name, spec in p.ood_test_data.items()},
+        train=loader(p.train_data, True, p.max_train_samples),
+    )
     return evaluate_against_baselines(
         data, report_dir, hydra_row=f"Hydra ({p.method}, M={p.members})", hydra=hydra, single=single, pruned=pruned,
         mc_samples=p.mc_samples, ensemble_heads=p.ensemble_heads, seed=p.seed, title=p.report_title,
@@ -158,14 +160,22 @@ def run_image_pipeline(p: ImagePipeline, output_dir: str | os.PathLike, *, resum
 
     runner.run(single_model_stage(base, out, train_data=p.train_data, validation_data=p.validation_data,
                                   config=_finetune_config(p, p.single_steps, p.learning_rate),
-                                  id2label=dict(enumerate(p.labels)) if p.labels else None))  # fmt: skip
+                                  id2label=dict(enumerate(p.labels)) if p.labels else None))
     single_dir = single_model_dir(out)
 
     masks = runner.run(members_stage(out / "masks.json", lambda: build_image_members(p, single_dir)))
 
     hydra_dir, hydra_work = out / "hydra", out / "hydra.work"
-    runner.run(finetune_members_stage(single_dir, masks, out, train_data=p.train_data, validation_data=p.validation_data,
-                                      config=_finetune_config(p, p.member_steps, p.member_learning_rate)))
+    runner.run(
+        finetune_members_stage(
+            single_dir,
+            masks,
+            out,
+            train_data=p.train_data,
+            validation_data=p.validation_data,
+            config=_finetune_config(p, p.member_steps, p.member_learning_rate),
+        )
+    )
 
     settings = {**p.describe(), "jaccard": masks.metadata.get("pairwise_jaccard")}
     report_dir = out / "report"

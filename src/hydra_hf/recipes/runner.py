@@ -22,12 +22,13 @@ from typing import Any
 
 from torch import nn
 
-from .. import evaluation as ev, hub
-from ..finetune.baselines import all_heads_masks
+from .. import evaluation as ev
+from .. import hub
+from ..evaluation.report import render_markdown_table
 from ..finetune import finetune_members
+from ..finetune.baselines import all_heads_masks
 from ..masks import HeadMasks
 from ..outputs import prepare_owned_folder
-from ..evaluation.report import render_markdown_table
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,9 @@ class PipelineResult:
     hub_check: dict[str, Any]
 
     @classmethod
-    def finish(cls, out: Path, report: dict[str, Any], timings: dict[str, float], hub_check: dict[str, Any]) -> PipelineResult:
+    def finish(
+        cls, out: Path, report: dict[str, Any], timings: dict[str, float], hub_check: dict[str, Any]
+    ) -> PipelineResult:
         """The last step every pipeline shares: the result table, ``timings.json``, the result."""
         (out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
         return cls(output_dir=out, report=report, table=render_markdown_table(report["rows"], bold_best=False),
@@ -52,7 +55,8 @@ class PipelineResult:
     def summary(self, total_s: float) -> str:
         """The result table, the time of every stage and the total, for a script to print."""
         stages = "\n".join(f"  {stage}: {seconds:.0f} s" for stage, seconds in self.timings_s.items())
-        return f"\n{self.table}\n\n{stages}\ntotal: {total_s / 60:.1f} min; report: {self.output_dir / 'report' / 'report.md'}"
+        report = self.output_dir / "report" / "report.md"
+        return f"\n{self.table}\n\n{stages}\ntotal: {total_s / 60:.1f} min; report: {report}"
 
 
 def timed_stage(timings: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
@@ -141,7 +145,7 @@ def single_model_stage(base: Path, out: Path, *, train_data: str, validation_dat
     single_out = out / "single"
     return Stage("1. fine-tune the single model", single_out, lambda: finetune_members(
         base, all_heads_masks(base), train_data, validation_data, single_out, config, work_dir=out / "single.work",
-        overwrite=True, id2label=id2label))  # fmt: skip
+        overwrite=True, id2label=id2label))
 
 
 def single_model_dir(out: Path) -> Path:
@@ -156,7 +160,7 @@ def finetune_members_stage(single_dir: Path, masks: HeadMasks, out: Path, *, tra
     hydra_dir = out / "hydra"
     return Stage("3. fine-tune and fuse the members", hydra_dir, lambda: finetune_members(
         single_dir, masks, train_data, validation_data, hydra_dir, config, work_dir=out / "hydra.work",
-        overwrite=True))  # fmt: skip
+        overwrite=True))
 
 
 def members_stage(masks_file: Path, build: Callable[[], HeadMasks], *, towers: Sequence[str] | None = None) -> Stage:
@@ -231,7 +235,9 @@ def evaluate_against_baselines(
     t_single = ev.fit_temperature(ev.predict(predictors["Single"], data.validation, desc="Single: validation"))
     predictors["Single + TS"] = ev.TemperatureScaledPredictor(predictors["Single"], t_single)
     latency_batch = {k: v for k, v in next(iter(data.test)).items() if k != "labels"}
-    result = ev.evaluate_predictors(predictors, data.test, data.oods, score="msp", scores=scores, latency_batch=latency_batch)
+    result = ev.evaluate_predictors(
+        predictors, data.test, data.oods, score="msp", scores=scores, latency_batch=latency_batch
+    )
     comparisons = {f"{hydra_row} − {ref}": ev.compare_predictions(result, hydra_row, ref, n_boot=bootstrap, seed=seed)
                    for ref in compare_to if bootstrap}
     size = len(next(iter(latency_batch.values())))
@@ -252,7 +258,7 @@ def hub_stage(hydra_dir: Path, hub_dir: Path, *, repo_id: str, report: Path, bas
 
     def body():
         hub.stage_repository(hydra_dir, hub_dir, repo_id=repo_id, report=report, base_model=base_model,
-                             overwrite=True, training=training)  # fmt: skip
+                             overwrite=True, training=training)
         validated = hub.validate_staged(hub_dir)
         return check(validated) if check is not None else validated
 

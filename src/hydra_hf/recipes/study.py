@@ -58,11 +58,11 @@ from ..finetune.baselines import all_heads_masks
 from ..masks import HeadMasks
 from ..outputs import prepare_owned_folder, remove_dead_process_folders, write_text_atomic
 from ..pruning import build_members, load_pruning_target
-from ..pruning.neurons import check_mlp_keep
 from ..pruning.budget import Budget
 from ..pruning.circuits import make_evaluator
 from ..pruning.diversity import parse_methods, uses_ood
 from ..pruning.layout import HeadLayout
+from ..pruning.neurons import check_mlp_keep
 from .text import packaged_minilm
 
 logger = logging.getLogger(__name__)
@@ -112,9 +112,13 @@ class Candidate:
         if self.start == "pretrained" and self.member_steps == 0:
             raise ValueError(f"candidate {self.name!r}: start='pretrained' needs member_steps > 0")
         if self.selection not in ("validation", "heldout"):
-            raise ValueError(f"candidate {self.name!r}: selection {self.selection!r} must be 'validation' or 'heldout'")
+            raise ValueError(
+                f"candidate {self.name!r}: selection {self.selection!r} must be 'validation' or 'heldout'"
+            )
         if self.ood_selection not in ("fold", "pooled"):
-            raise ValueError(f"candidate {self.name!r}: ood_selection {self.ood_selection!r} must be 'fold' or 'pooled'")
+            raise ValueError(
+                f"candidate {self.name!r}: ood_selection {self.ood_selection!r} must be 'fold' or 'pooled'"
+            )
         if self.mlp_keep is not None:
             try:
                 check_mlp_keep(self.mlp_keep)
@@ -149,7 +153,7 @@ class Candidate:
             f"-f{self.data_fraction:g}" if self.data_fraction is not None else "",
             f"-T{self.temperature:g}" if self.temperature is not None else "",
             f"-mlp{self.mlp_keep:g}{'s' if self.mlp_spread else ''}" if self.mlp_keep is not None else "",
-        ])  # fmt: skip
+        ])
         return f"{self.method}-{budget}-k{self.heads_per_step}-n{self.samples}-m{self.members}{extra}-{fold}"
 
 
@@ -168,11 +172,26 @@ DEFAULT_CANDIDATES: tuple[Candidate, ...] = (
     # with one criterion per member on 1,000 held-out training reviews and the other OOD kinds pooled (the
     # fold's kind stays unseen), members fine-tuned with seeds offset from the Single's; and Taylor, per
     # layer with prune-recompute, on the same held-out set
-    Candidate("Hydra (Circ), keep 6 per layer, held-out n=1000, pooled OOD", method="circuit-acc,circuit-ood,circuit-avg",
-              remove=None, heads_per_layer=6, samples=1000, selection="heldout", ood_selection="pooled",
-              data_fraction=1.0, member_seed_offset=1000),
-    Candidate("Taylor, keep 6 per layer, held-out n=1000", method="taylor", remove=None, heads_per_layer=6,
-              samples=1000, selection="heldout", member_seed_offset=1000),
+    Candidate(
+        "Hydra (Circ), keep 6 per layer, held-out n=1000, pooled OOD",
+        method="circuit-acc,circuit-ood,circuit-avg",
+        remove=None,
+        heads_per_layer=6,
+        samples=1000,
+        selection="heldout",
+        ood_selection="pooled",
+        data_fraction=1.0,
+        member_seed_offset=1000,
+    ),
+    Candidate(
+        "Taylor, keep 6 per layer, held-out n=1000",
+        method="taylor",
+        remove=None,
+        heads_per_layer=6,
+        samples=1000,
+        selection="heldout",
+        member_seed_offset=1000,
+    ),
 )
 
 
@@ -279,7 +298,9 @@ class _Data:
         if self._heldout is None:
             s = self.s
             if s.max_train_samples is None:
-                raise ValueError("selection='heldout' needs max_train_samples: the held-out rows are the ones after it")
+                raise ValueError(
+                    "selection='heldout' needs max_train_samples: the held-out rows are the ones after it"
+                )
             rows = resolve_dataset(s.heldout_data, require_labels=True, num_labels=len(s.labels))
             if len(rows) <= s.max_train_samples:
                 raise ValueError(f"{s.heldout_data!r} has {len(rows)} rows, none after the first max_train_samples = "
@@ -300,7 +321,9 @@ class _Data:
 
         others = [k for k in self.ood_pool if k != kind]
         share = -(-samples // len(others))  # ceil
-        parts = [self.ood_pool[k].select(range(min(share, len(self.ood_pool[k])))).select_columns(["text"]) for k in others]
+        parts = [
+            self.ood_pool[k].select(range(min(share, len(self.ood_pool[k])))).select_columns(["text"]) for k in others
+        ]
         return id_data, datasets.concatenate_datasets(parts)
 
 
@@ -337,9 +360,21 @@ def _build_masks(c: Candidate, target: Any, data: _Data, fold: str, seed: int):
                                        pooled=c.pooled)
     fraction = c.data_fraction if c.data_fraction is not None else data.s.prune_data_fraction
     return build_members(
-        target, method=c.method, budget=c.budget(), id_data=id_data, ood_data=ood_data,
-        members=c.members, seed=seed, heads_per_step=c.heads_per_step, data_fraction=fraction, temperature=c.temperature,
-        mlp_keep=c.mlp_keep, mlp_spread=c.mlp_spread, batch_size=64, max_length=data.s.max_length,  # a progress bar per member: a selection can take an hour
+        target,
+        method=c.method,
+        budget=c.budget(),
+        id_data=id_data,
+        ood_data=ood_data,
+        members=c.members,
+        seed=seed,
+        heads_per_step=c.heads_per_step,
+        data_fraction=fraction,
+        temperature=c.temperature,
+        # a progress bar per member: a selection can take an hour
+        mlp_keep=c.mlp_keep,
+        mlp_spread=c.mlp_spread,
+        batch_size=64,
+        max_length=data.s.max_length,
         metadata={"selection": c.selection_key(fold), "seed": seed},
     )
 
@@ -367,10 +402,17 @@ def run_cell(s: TextStudy, c: Candidate, fold: str, seed: int, single_dir: Path,
         start = single_dir if c.start == "single" else _base_dir(s)
         lr = s.member_learning_rate if c.start == "single" else s.learning_rate
         shutil.rmtree(work, ignore_errors=True)
-        finetune_members(start, masks, s.train_data, s.id_validation, work / "fused",
-                         _finetune_config(s, c.member_steps, lr, seed + c.member_seed_offset), work_dir=work / "members",
-                         overwrite=True,
-                         id2label=dict(enumerate(s.labels)))
+        finetune_members(
+            start,
+            masks,
+            s.train_data,
+            s.id_validation,
+            work / "fused",
+            _finetune_config(s, c.member_steps, lr, seed + c.member_seed_offset),
+            work_dir=work / "members",
+            overwrite=True,
+            id2label=dict(enumerate(s.labels)),
+        )
         folders = [work / "members" / f"member_{m}" / "model" for m in range(masks.num_members)]
         fused = {f: convert_checkpoint(masks, members=folders, mlp_fusion=f) for f in s.mlp_fusions}
         timings["finetune_s"] = time.perf_counter() - t1
@@ -423,11 +465,15 @@ def run_study(
         return collect(output_dir, s, candidates)
 
     if len(s.ood_validation) < 2:
-        raise HydraInputError(f"ood_validation has {len(s.ood_validation)} kind(s); leave-one-kind-out needs at least 2")
+        raise HydraInputError(
+            f"ood_validation has {len(s.ood_validation)} kind(s); leave-one-kind-out needs at least 2"
+        )
     for seed, folder in (singles or {}).items():  # before anything is written
         if not (Path(folder) / "config.json").is_file():
-            raise HydraInputError(f"the Single of seed {seed}, {str(folder)!r}, is not a model folder (no config.json); "
-                                  "give a fine-tuned checkpoint folder, or leave it out to train one")
+            raise HydraInputError(
+                f"the Single of seed {seed}, {str(folder)!r}, is not a model folder (no config.json); "
+                "give a fine-tuned checkpoint folder, or leave it out to train one"
+            )
     out = Path(output_dir).resolve()
     _check_settings(out, s, candidates)
     prepare_owned_folder(out, command="study", overwrite=False, keep=True)
@@ -458,11 +504,15 @@ def run_study(
                     continue
                 logger.info("cell: seed %d, %s, fold %s", seed, c.name, fold)
                 t0 = time.perf_counter()
-                cell = run_cell(s, c, fold, seed, single_dir, out, out / "work" / f"process{os.getpid()}", data, target)
+                cell = run_cell(
+                    s, c, fold, seed, single_dir, out, out / "work" / f"process{os.getpid()}", data, target
+                )
                 cell["timings"]["total_s"] = time.perf_counter() - t0
                 file.parent.mkdir(parents=True, exist_ok=True)
                 _write_json(file, cell)
-                logger.info("cell done in %.0f s: seed %d, %s, fold %s", cell["timings"]["total_s"], seed, c.name, fold)
+                logger.info(
+                    "cell done in %.0f s: seed %d, %s, fold %s", cell["timings"]["total_s"], seed, c.name, fold
+                )
     return collect(out, s, candidates)
 
 
@@ -489,7 +539,9 @@ def _check_settings(out: Path, s: TextStudy, candidates: Sequence[Candidate]) ->
         for file in sorted(out.glob(f"cells/seed*/{_cell_file(out, 0, c, ANY_FOLD).parent.name}/*.json")):
             recorded = _read_json(file).get("candidate")
             # a field Candidate gained after the cell was written counts as recorded at its default
-            if recorded is not None and recorded != {k: v for k, v in now.items() if k in recorded or v != defaults[k]}:
+            if recorded is not None and recorded != {
+                k: v for k, v in now.items() if k in recorded or v != defaults[k]
+            }:
                 raise HydraInputError(f"{file} was run for another candidate named {c.name!r} ({recorded}); "
                                       "give the changed candidate another name, or use another output folder")
     file = out / "study.json"
@@ -520,8 +572,10 @@ def _single_of(s: TextStudy, seed: int, out: Path, singles: Mapping[int, str | o
                          f"drop --single {seed}=... or use another --output")
     if recorded is not None:
         if not (recorded / "config.json").is_file():
-            raise ValueError(f"seed {seed}: the study's cells were scored against the Single {recorded}, which is gone; "
-                             f"restore it or use another --output")
+            raise ValueError(
+                f"seed {seed}: the study's cells were scored against the Single {recorded}, which is gone; "
+                f"restore it or use another --output"
+            )
         return recorded
     return given if given is not None else train_single(s, seed, out / f"single_seed{seed}")
 
@@ -585,16 +639,25 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
                         accs.append(num["accuracy"] - single["accuracy"])
                         eces.append(num["ece"] - single["ece"])
                         mis_id.append(num["mutual_information"] or 0.0)
-                        mis_ood.append(sum(num["ood"][k]["mutual_information_mean"] or 0.0 for k in kinds) / len(kinds))
+                        mis_ood.append(
+                            sum(num["ood"][k]["mutual_information_mean"] or 0.0 for k in kinds) / len(kinds)
+                        )
                         dis_id.append(num.get("disagreement") or 0.0)
                         dis_ood.append(sum(num["ood"][k].get("disagreement_mean") or 0.0 for k in kinds) / len(kinds))
                     if not ok:
                         continue
                     record = {
-                        "gain": _mean(gains), "selected_kind_gain": _mean(own), "worst_fold_gain": min(gains),
+                        "gain": _mean(gains),
+                        "selected_kind_gain": _mean(own),
+                        "worst_fold_gain": min(gains),
                         "worst_kind_gain": min(_mean(v) for v in per_kind.values() if v),
-                        "accuracy_diff": _mean(accs), "ece_diff": _mean(eces), "mi_id": _mean(mis_id),
-                        "mi_ood": _mean(mis_ood), "disagreement_id": _mean(dis_id), "disagreement_ood": _mean(dis_ood), **{f"gain_{k}": _mean(v) for k, v in per_kind.items()},
+                        "accuracy_diff": _mean(accs),
+                        "ece_diff": _mean(eces),
+                        "mi_id": _mean(mis_id),
+                        "mi_ood": _mean(mis_ood),
+                        "disagreement_id": _mean(dis_id),
+                        "disagreement_ood": _mean(dis_ood),
+                        **{f"gain_{k}": _mean(v) for k, v in per_kind.items()},
                     }
                     per_seed.setdefault((fusion, score), []).append(record)
                     if seed == first_seed:
@@ -731,7 +794,9 @@ def render_decision_table(summary: Mapping[str, Any], s: TextStudy, *, best_per_
     single_lines = []
     for seed, num in summary["single"].items():
         aucs = ", ".join(f"{k} {num['ood'][k]['msp']:.4f}" for k in kinds)
-        single_lines.append(f"- Single (seed {seed}): accuracy {num['accuracy']:.4f}, ECE {num['ece']:.4f}; MSP AUROC {aucs}")
+        single_lines.append(
+            f"- Single (seed {seed}): accuracy {num['accuracy']:.4f}, ECE {num['ece']:.4f}; MSP AUROC {aucs}"
+        )
     rule = (f"Decision rule: accuracy at most {100 * s.max_accuracy_drop:.1f} points below Single, ECE at most "
             f"{s.ece_tolerance} above Single's, then the largest transfer gain (mean over folds of the mean OOD AUROC "
             "gain over Single (MSP) on the OOD kinds the fold did not select on), among rows run on at least "
@@ -796,15 +861,19 @@ def selection_noise(
     rows = []
     for n in sizes:
         if 2 * n > len(id_pool) or 2 * n > len(ood_pool):
-            raise ValueError(f"selection_noise: size {n} needs 2 x {n} texts per pool; the ID pool has {len(id_pool)}, "
-                             f"{kind!r} has {len(ood_pool)}")
+            raise ValueError(
+                f"selection_noise: size {n} needs 2 x {n} texts per pool; the ID pool has {len(id_pool)}, {kind!r} "
+                f"has {len(ood_pool)}"
+            )
         stats: dict[str, dict[str, list[float]]] = {}
         for r in range(repeats):
             g = torch.Generator().manual_seed(seed * 100_003 + n * 101 + r)
             ids = torch.randperm(len(id_pool), generator=g)[: 2 * n].tolist()
             oods = torch.randperm(len(ood_pool), generator=g)[: 2 * n].tolist()
-            a, b = (first_step_scores(target, id_pool.select(ids[part]), ood_pool.select(oods[part]), data.s.max_length)
-                    for part in (slice(0, n), slice(n, 2 * n)))
+            a, b = (
+                first_step_scores(target, id_pool.select(ids[part]), ood_pool.select(oods[part]), data.s.max_length)
+                for part in (slice(0, n), slice(n, 2 * n))
+            )
             for score in ("ood", "avg"):
                 for key, value in compare_selections(a[score], b[score], top).items():
                     stats.setdefault(score, {}).setdefault(key, []).append(value)
@@ -821,10 +890,15 @@ def selection_noise(
 
 def render_selection_noise(rows: Sequence[Mapping[str, Any]]) -> str:
     """Markdown table of :func:`selection_noise`'s rows."""
-    lines = ["| OOD kind | n (ID + OOD each) | score | Spearman (set A vs B) | top-k Jaccard | noise std | spread std | spread / noise |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| OOD kind | n (ID + OOD each) | score | Spearman (set A vs B) | top-k Jaccard | "
+        "noise std | spread std | spread / noise |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        lines.append(f"| {r['kind']} | {r['n']} | Circ{'OOD' if r['score'] == 'ood' else 'Avg'} "
-                     f"| {r['spearman']:.3f} ± {r['spearman_std']:.3f} | {r['top_jaccard']:.3f} (k={r['top']}) "
-                     f"| {r['noise_std']:.4f} | {r['spread_std']:.4f} | {r['spread_std'] / max(r['noise_std'], 1e-12):.2f} |")
+        lines.append(
+            f"| {r['kind']} | {r['n']} | Circ{'OOD' if r['score'] == 'ood' else 'Avg'} "
+            f"| {r['spearman']:.3f} ± {r['spearman_std']:.3f} | {r['top_jaccard']:.3f} (k={r['top']}) "
+            f"| {r['noise_std']:.4f} | {r['spread_std']:.4f} | {r['spread_std'] / max(r['noise_std'], 1e-12):.2f} |"
+        )
     return "\n".join(lines) + "\n"

