@@ -175,10 +175,10 @@ def test_fused_state_dict_shapes_follow_widths(tiny_bert_dir):
     member = bert_member_from_state_dict(read_state_dict(tiny_bert_dir), cfg)
     state = fuse_bert([member] * 3, UNEQUAL, "average")
     dk = 8
-    assert state["layers.0.attention.qkv_weight"].shape == (3 * 6 * dk, 32)
-    assert state["layers.2.attention.o_weight"].shape == (3 * dk, 32)
-    assert state["layers.0.mlp.fc1_weight"].shape == (64, 32)
-    assert fuse_bert([member] * 3, UNEQUAL, "per_member")["layers.0.mlp.fc1_weight"].shape == (3, 64, 32)
+    assert state["hydra.layers.0.attention.qkv_weight"].shape == (3 * 6 * dk, 32)
+    assert state["hydra.layers.2.attention.o_weight"].shape == (3 * dk, 32)
+    assert state["hydra.layers.0.mlp.fc1_weight"].shape == (64, 32)
+    assert fuse_bert([member] * 3, UNEQUAL, "per_member")["hydra.layers.0.mlp.fc1_weight"].shape == (3, 64, 32)
 
 
 def test_loss_is_mean_member_cross_entropy_and_gradients_flow(tiny_bert_dir):

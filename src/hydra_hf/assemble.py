@@ -138,11 +138,11 @@ def convert_checkpoint(
         for i, j in masks.identical_members():
             logger.warning("members %d and %d of the masks keep the same heads (Jaccard 1.0): fused from one base they "
                            "are one model counted twice; prune them with other seeds or methods", i, j)
-    masks.check_towers(family.towers, towers, model=f"a {family.name} checkpoint")  # the file shape the family reads; towers=
+    # the one check that the masks fit the family's towers (the file shape it reads; towers= in them)
+    masks.check_towers(family.towers, towers, model=f"a {family.name} checkpoint")
     build_fusion = "per_member" if masks.slim else mlp_fusion  # slim: each neuron averaged over its members below
     built = family.build(
-        folders, masks, mlp_fusion=build_fusion, shared=shared, num_labels=num_labels, id2label=id2label, seed=seed,
-        towers=towers,
+        folders, masks, mlp_fusion=build_fusion, shared=shared, num_labels=num_labels, id2label=id2label, seed=seed
     )
     model = built.model
     if masks.slim:  # members that keep subsets of the MLP neurons too: slice the fused whole MLPs

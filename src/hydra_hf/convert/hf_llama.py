@@ -17,6 +17,7 @@ import torch
 
 from ..modeling.configuration_hydra_llama import kept_kv_heads
 from .fuse import average, shared_tensor
+from .reader import Reader
 
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -219,3 +220,6 @@ def unfuse_decoder(state: dict[str, torch.Tensor], hydra_config: Any, *, task: s
             sd["score.weight"] = state["score.weight"][m].clone()
         out.append(sd)
     return out
+
+
+READER = Reader(decoder_member_from_state_dict, fuse_decoder, unfuse_decoder)

@@ -6,13 +6,13 @@ reader is :mod:`hydra_hf.convert.hf_deit`; the shipped model is ``modeling_hydra
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from transformers import DeiTConfig, DeiTForImageClassification, DeiTForImageClassificationWithTeacher
 
-from ..convert.hf_deit import build_deit, deit_member_from_state_dict, unfuse_deit
+from ..convert.hf_deit import READER, build_deit
 from ..convert.members import to_module_names
 from .adapters import layer_list_adapter
 from .base import Built, Family, register_family
@@ -36,19 +36,17 @@ class DeiTFamily(Family):
     mlp_down_proj = {"vision": r"layers\.(\d+)\.mlp\.fc2"}
     frozen_prefixes = ("hydra.embeddings.",)  # patch projection, [CLS] and distillation tokens, positions
     classifier_keys = ("classifier.weight", "cls_classifier.weight")
+    reader = READER
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
-              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
+              id2label: dict[int, str] | None, seed: int) -> Built:
         model = build_deit(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels,
-                           id2label=id2label, seed=seed, towers=towers)  # fmt: skip
+                           id2label=id2label, seed=seed)  # fmt: skip
         return Built(model, folders[0])
-
-    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        return deit_member_from_state_dict(state, config, source=source)
 
     def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         stock = self.stock_model(hydra_config.base_config, hydra_config.num_labels, distilled=hydra_config.distilled)
-        return to_module_names(stock, unfuse_deit(state, hydra_config))
+        return to_module_names(stock, self.reader.unfuse(state, hydra_config))
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         base = getattr(model, "deit", model)

@@ -6,7 +6,7 @@ The reader is :mod:`hydra_hf.convert.hf_dinov2`; the shipped model is ``modeling
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from transformers import (
     Dinov2WithRegistersForImageClassification,
 )
 
-from ..convert.hf_dinov2 import build_dinov2, dinov2_member_from_state_dict, unfuse_dinov2
+from ..convert.hf_dinov2 import READER, build_dinov2
 from ..convert.members import to_module_names
 from .adapters import layer_list_adapter
 from .base import Built, Family, register_family
@@ -43,23 +43,21 @@ class Dinov2Family(Family):
     towers = ("vision",)
     mlp_down_proj = {"vision": r"encoder\.layer\.(\d+)\.mlp\.(?:fc2|weights_out)"}
     frozen_prefixes = ("hydra.embeddings.",)  # patch projection, [CLS], mask and register tokens, positions
+    reader = READER
 
     @property
     def supported_architectures(self) -> tuple[str, ...]:
         return tuple(f"{prefix}{head}" for prefix in PREFIXES.values() for head in self.accepted_heads)
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
-              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
+              id2label: dict[int, str] | None, seed: int) -> Built:
         model = build_dinov2(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels,
-                             id2label=id2label, seed=seed, towers=towers)  # fmt: skip
+                             id2label=id2label, seed=seed)  # fmt: skip
         return Built(model, folders[0])
-
-    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        return dinov2_member_from_state_dict(state, config, source=source)
 
     def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         base = {**hydra_config.base_config, "model_type": hydra_config.base_model_type}
-        return to_module_names(self.stock_model(base, hydra_config.num_labels), unfuse_dinov2(state, hydra_config))
+        return to_module_names(self.stock_model(base, hydra_config.num_labels), self.reader.unfuse(state, hydra_config))
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         base = getattr(model, model.base_model_prefix, model)  # dinov2 / dinov2_with_registers, or the bare model
