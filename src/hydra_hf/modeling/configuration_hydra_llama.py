@@ -15,7 +15,8 @@ DECODER_BASE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 def kept_kv_heads(kept_heads: list[list[list[int]]], num_heads: int, num_key_value_heads: int) -> list[list[list[int]]]:
     """The key/value heads each member keeps: ``out[m][l]`` = sorted key/value heads with at least one kept
     query head in member m's layer l (grouped-query attention: query head ``h`` reads key/value head
-    ``h // (num_heads // num_key_value_heads)``)."""
+    ``h // (num_heads // num_key_value_heads)``). The library's copy of this rule is
+    ``hydra_hf.masks.members_kept_kv_heads`` (shipped code cannot import it; a test holds the two equal)."""
     group = num_heads // num_key_value_heads
     return [[sorted({h // group for h in layer}) for layer in member] for member in kept_heads]
 
