@@ -221,8 +221,8 @@ def test_unknown_model_type_and_wrong_arch_are_refused(stock_dirs, tmp_path, cap
 
 
 def test_shipped_files_import_no_other_family():
-    """Each family ships its own modeling file, importing only shared siblings and, for a family with
-    its own config file (DeBERTa-v2, ModernBERT), that file."""
+    """Each family ships its own modeling file, importing only shared siblings and its own config file
+    (every family's but BERT's, whose config is the shared one)."""
     shared = {"configuration_hydra.py", "hydra_attention.py", "hydra_layers.py", "hydra_skeletons.py", "pipeline_hydra.py"}
     for spec in SPECS:
         family = get_family(spec.name)

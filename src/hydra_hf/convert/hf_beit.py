@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import BeitConfig
 
-from ..modeling.configuration_hydra import HydraEnsembleBeitConfig
+from ..modeling.configuration_hydra_beit import HydraEnsembleBeitConfig
 from ..modeling.modeling_hydra_beit import HydraEnsembleBeitForImageClassification
 from .build import label_arguments, load_fused, read_members
 from .hf_vit import FILE_LAYER_MAP

@@ -16,7 +16,7 @@ import torch
 from transformers import CLIPConfig
 
 from ..masks import HeadMasks
-from ..modeling.configuration_hydra import HydraEnsembleCLIPConfig
+from ..modeling.configuration_hydra_clip import HydraEnsembleCLIPConfig
 from ..modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
 from .build import check_same_architecture, full_config, load_fused
 from .fuse import describe_keys, fuse_layer, shared_tensor, unfuse_member_layers

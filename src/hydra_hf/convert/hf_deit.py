@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from transformers import DeiTConfig
 
-from ..modeling.configuration_hydra import HydraEnsembleDeiTConfig
+from ..modeling.configuration_hydra_deit import HydraEnsembleDeiTConfig
 from ..modeling.modeling_hydra_deit import HydraEnsembleDeiTForImageClassification
 from .build import label_arguments, load_fused, read_members
 from .hf_vit import FILE_LAYER_MAP, VIT_SHAPE_KEYS

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import Dinov2Config, Dinov2WithRegistersConfig
 
-from ..modeling.configuration_hydra import HydraEnsembleDinov2Config
+from ..modeling.configuration_hydra_dinov2 import HydraEnsembleDinov2Config
 from ..modeling.modeling_hydra_dinov2 import HydraEnsembleDinov2ForImageClassification
 from .build import label_arguments, load_fused, read_members
 from .io import read_config

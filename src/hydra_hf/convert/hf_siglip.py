@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import SiglipConfig
 
-from ..modeling.configuration_hydra import HydraEnsembleSiglipConfig
+from ..modeling.configuration_hydra_siglip import HydraEnsembleSiglipConfig
 from ..modeling.modeling_hydra_siglip import HydraEnsembleSiglipModel
 from .build import load_fused, read_members
 from .members import Layout, Member, Tower, fuse_members, read_member, unfuse_members

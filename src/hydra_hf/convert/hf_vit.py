@@ -17,7 +17,7 @@ import torch
 from transformers import ViTConfig
 
 from ..masks import HeadMasks
-from ..modeling.configuration_hydra import HydraEnsembleViTConfig
+from ..modeling.configuration_hydra_vit import HydraEnsembleViTConfig
 from ..modeling.modeling_hydra_vit import HydraEnsembleForImageClassification
 from .build import check_same_architecture, full_config, label_arguments, load_fused
 from .fuse import describe_keys, fuse_layer, shared_tensor, unfuse_member_layers

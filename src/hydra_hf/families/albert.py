@@ -85,6 +85,7 @@ class AlbertFamily(HFTextFamily):
     hf_task_class = "AlbertForSequenceClassification"
     base_model_type = "albert"
     config_class_name = "HydraEnsembleAlbertConfig"
+    config_file = "configuration_hydra_albert.py"
     modeling_file = "modeling_hydra_albert.py"
     model_class_names = {
         "AutoModel": "HydraEnsembleAlbertModel",

@@ -27,6 +27,7 @@ class BeitFamily(Family):
     base_model_type = "beit"
     task = "image-classification"
     config_class_name = "HydraEnsembleBeitConfig"
+    config_file = "configuration_hydra_beit.py"
     modeling_file = "modeling_hydra_beit.py"
     model_class_names = {
         "AutoModel": "HydraEnsembleBeitModel",

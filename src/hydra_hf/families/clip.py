@@ -26,6 +26,7 @@ class CLIPFamily(Family):
     base_model_type = "clip"
     task = "zero-shot-image-classification"
     config_class_name = "HydraEnsembleCLIPConfig"
+    config_file = "configuration_hydra_clip.py"
     modeling_file = "modeling_hydra_clip.py"
     model_class_names = {
         "AutoModel": "HydraEnsembleCLIPModel",

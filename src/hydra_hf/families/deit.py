@@ -27,6 +27,7 @@ class DeiTFamily(Family):
     base_model_type = "deit"
     task = "image-classification"
     config_class_name = "HydraEnsembleDeiTConfig"
+    config_file = "configuration_hydra_deit.py"
     modeling_file = "modeling_hydra_deit.py"
     model_class_names = {
         "AutoModel": "HydraEnsembleDeiTModel",

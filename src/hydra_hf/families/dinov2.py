@@ -35,6 +35,7 @@ class Dinov2Family(Family):
     base_model_type = "dinov2"
     task = "image-classification"
     config_class_name = "HydraEnsembleDinov2Config"
+    config_file = "configuration_hydra_dinov2.py"
     modeling_file = "modeling_hydra_dinov2.py"
     model_class_names = {
         "AutoModel": "HydraEnsembleDinov2Model",

@@ -31,6 +31,7 @@ class SiglipFamily(Family):
     base_model_type = "siglip"
     task = "zero-shot-image-classification"
     config_class_name = "HydraEnsembleSiglipConfig"
+    config_file = "configuration_hydra_siglip.py"
     modeling_file = "modeling_hydra_siglip.py"
     model_class_names = {
         "AutoModel": "HydraEnsembleSiglipModel",

@@ -26,6 +26,7 @@ class ViTFamily(Family):
     base_model_type = "vit"
     task = "image-classification"
     config_class_name = "HydraEnsembleViTConfig"
+    config_file = "configuration_hydra_vit.py"
     modeling_file = "modeling_hydra_vit.py"
     model_class_names = {
         "AutoModel": "HydraEnsembleViTModel",
