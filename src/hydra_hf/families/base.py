@@ -12,7 +12,7 @@ hyphenated spellings (``"open-clip"``, ``"timm-vit"``, HF's ``"xlm-roberta"``) a
 name is read and mapped to it.
 
 Adding a family: subclass :class:`Family` (or :class:`~hydra_hf.families.text.HFTextFamily` for a
-Hugging Face text encoder) in ``families/<name>.py``, ship its modeling file in ``modeling/``, call
+Hugging Face text encoder) in ``families/<name>.py``, ship its modeling and config files in ``modeling/``, call
 :func:`register_family`, and import the module in ``families/__init__.py``.
 """
 

@@ -127,7 +127,7 @@ def check_kept_neurons(kept_neurons: Any, num_members: int, num_layers: int, whe
 
 
 class HydraEnsembleConfig(PretrainedConfig):
-    r"""Configuration of a Hydra Ensemble built on a BERT-family encoder.
+    r"""Configuration of a Hydra Ensemble built on a BERT encoder, and the base of every family's config.
 
     Args:
         base_model_type (`str`, *optional*): architecture of the base model, one of the class's
