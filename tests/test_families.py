@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import copy
 import json
+import shutil
 
 import pytest
 import torch
@@ -187,6 +188,22 @@ def test_unsupported_task_heads_are_refused(spec, stock_dirs, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{spec.prefix}{spec.refused}" in err
     assert f"{spec.prefix}ForSequenceClassification" in err or f"{spec.prefix}ForImageClassification" in err
+    assert not out.exists()
+
+
+def test_relative_position_bert_is_refused(stock_dirs, tmp_path, capsys):
+    """BERT reads through its TextLayout like every post-LN text family: the fused model implements absolute
+    position embeddings only, so a relative-position checkpoint is refused in one line, not converted."""
+    folder = tmp_path / "relative"
+    shutil.copytree(stock_dirs["bert"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "position_embedding_type": "relative_key"}))
+    masks = tmp_path / "m.json"
+    HeadMasks(kept_heads=ALL, num_heads=H).save(masks)
+    out = tmp_path / "out"
+    assert cli_main(["convert", "--base", str(folder), "--masks", str(masks), "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "position_embedding_type='relative_key'" in err
     assert not out.exists()
 
 
