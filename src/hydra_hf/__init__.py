@@ -56,7 +56,7 @@ def _register_families() -> None:
     (card, shipped code, validation); see docs/hub.md."""
     for family in families.families():
         config_class = family.config_class()
-        if "hydra_auto_map" not in vars(config_class):  # a class without its own map: a config built here names its code
+        if "hydra_auto_map" not in vars(config_class):  # no map of its own: a config built here names its code
             config_class.hydra_auto_map = dict(family.auto_map)
         config_class.hydra_uncertainty_pipelines = bool(family.uncertainty_pipelines)
         AutoConfig.register(config_class.model_type, config_class, exist_ok=True)

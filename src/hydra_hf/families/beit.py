@@ -45,7 +45,8 @@ class BeitFamily(Family):
         return Built(model, folders[0])
 
     def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
-        return to_module_names(self.stock_model(hydra_config.base_config, hydra_config.num_labels), self.reader.unfuse(state, hydra_config))
+        stock = self.stock_model(hydra_config.base_config, hydra_config.num_labels)
+        return to_module_names(stock, self.reader.unfuse(state, hydra_config))
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         base = getattr(model, "beit", model)

@@ -4,8 +4,9 @@ A decoder checkpoint is a causal LM (``*ForCausalLM``, ``GPT2LMHeadModel``: buil
 a sequence classifier / bare decoder (builds the fused classifier; a bare decoder's per-member ``score``
 heads are new, seeded). The family's custom reader (a :class:`~hydra_hf.convert.reader.Reader` from
 ``convert/hf_<family>.py``) reads a checkpoint into a canonical member (with ``lm_head`` / ``score``), fuses
-members (``task=``, ``lm_head_fusion=``) and splits a fused state dict back (``task=``). Folders ship the common files without the encoder skeletons, the family's config and modeling
-files and ``hydra_decoder.py`` (the decoders' outputs and generation uncertainty).
+members (``task=``, ``lm_head_fusion=``) and splits a fused state dict back (``task=``). Folders ship the
+common files without the encoder skeletons, the family's config and modeling files and ``hydra_decoder.py``
+(the decoders' outputs and generation uncertainty).
 """
 
 from __future__ import annotations
