@@ -188,7 +188,7 @@ def test_tf_converted_layer_norm_names_read_as_today(tiny_bert_dir):
     cfg, state = read_config(tiny_bert_dir), read_state_dict(tiny_bert_dir)
     legacy = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
               for k, v in state.items()}  # fmt: skip
-    assert sum(k.endswith("LayerNorm.gamma") for k in legacy) == 2 * cfg["num_hidden_layers"] + 1  # 2 a layer, embeddings
+    assert sum(k.endswith("LayerNorm.gamma") for k in legacy) == 2 * cfg["num_hidden_layers"] + 1
     fused = fuse_bert([bert_member_from_state_dict(state, cfg)] * 3, UNEQUAL, "average")
     from_legacy = fuse_bert([bert_member_from_state_dict(legacy, cfg)] * 3, UNEQUAL, "average")
     assert fused.keys() == from_legacy.keys() and all(torch.equal(fused[k], from_legacy[k]) for k in fused)

@@ -134,7 +134,7 @@ def test_shipped_gqa_rule_equals_the_librarys():
         kept = [[sorted(rng.sample(range(num_heads), rng.randint(0, num_heads))) for _ in range(3)] for _ in range(4)]
         library = members_kept_kv_heads(kept, num_heads, num_kv)
         assert configuration_hydra_llama.kept_kv_heads(kept, num_heads, num_kv) == library
-        assert library != kept or num_kv == num_heads  # grouped: some member's key/value heads differ from its query heads
+        assert library != kept or num_kv == num_heads  # grouped: key/value heads are not the query heads
 
 
 # ------------------------------------------------------------------------------------ adapters

@@ -111,7 +111,9 @@ class DecoderFamily(Family):
         heads = [m.lm_head for m in members if m.lm_head is not None]
         # fine-tuned members whose output embeddings differ keep their own; otherwise one shared head
         lm_head_fusion = "per_member" if any(not torch.equal(heads[0], h) for h in heads[1:]) else "shared"
-        state = self.reader.fuse(members, masks.kept_heads, mlp_fusion, shared, task=task, lm_head_fusion=lm_head_fusion)
+        state = self.reader.fuse(
+            members, masks.kept_heads, mlp_fusion, shared, task=task, lm_head_fusion=lm_head_fusion
+        )
         labels = label_arguments(state, "score.weight", raw[0], num_labels, id2label) if task != CAUSAL_LM else {}
         config = self.config_class()(
             base_model_type=base["model_type"], base_config=base, kept_heads=masks.kept_heads, mlp_fusion=mlp_fusion,

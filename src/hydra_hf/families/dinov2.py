@@ -58,7 +58,8 @@ class Dinov2Family(Family):
 
     def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         base = {**hydra_config.base_config, "model_type": hydra_config.base_model_type}
-        return to_module_names(self.stock_model(base, hydra_config.num_labels), self.reader.unfuse(state, hydra_config))
+        stock = self.stock_model(base, hydra_config.num_labels)
+        return to_module_names(stock, self.reader.unfuse(state, hydra_config))
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         base = getattr(model, model.base_model_prefix, model)  # dinov2 / dinov2_with_registers, or the bare model

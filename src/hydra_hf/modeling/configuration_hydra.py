@@ -81,7 +81,9 @@ def _layer_lists(kept: Any, num_layers: int, where: str, what: str) -> Iterator[
                 "give every member exactly one list per layer of the base model"
             )
         for layer, indices in enumerate(member):
-            if not isinstance(indices, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in indices):
+            if not isinstance(indices, (list, tuple)) or any(
+                isinstance(i, bool) or not isinstance(i, int) for i in indices
+            ):
                 raise ValueError(f"{where}[{m}][{layer}] must be a list of integer {what} indices, got {indices!r}")
             yield m, layer, indices
 
