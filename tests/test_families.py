@@ -25,7 +25,9 @@ from conftest import REPO, run_fresh_python
 
 from hydra_hf.cli import main as cli_main
 from hydra_hf.assemble import convert_checkpoint
-from hydra_hf.families import detect_family, get_family
+from hydra_hf.convert.reader import Reader
+from hydra_hf.errors import HydraInputError
+from hydra_hf.families import detect_family, families, get_family, register_family
 from hydra_hf.masks import HeadMasks
 from hydra_hf.pruning.gates import zero_head_columns_
 
@@ -235,6 +237,18 @@ def test_unknown_model_type_and_wrong_arch_are_refused(stock_dirs, tmp_path, cap
     # every spelling of a name finds the same family
     assert get_family("open-clip") is get_family("open_clip") is get_family("OPEN_CLIP")
     assert get_family("timm-vit") is get_family("timm_vit") and get_family("xlm-roberta").name == "xlm_roberta"
+
+
+def test_every_family_holds_a_named_reader():
+    """One reader interface: every registered family's Reader names its three functions; a family without one
+    is refused when it registers."""
+    for family in families():
+        assert isinstance(family.reader, Reader), family.name
+        assert all(callable(fn) for fn in (family.reader.read_member, family.reader.fuse, family.reader.unfuse))
+    readerless = type("ReaderlessFamily", (type(get_family("vit")),), {"name": "readerless", "reader": None})()
+    with pytest.raises(HydraInputError, match="family 'readerless' has no reader"):
+        register_family(readerless)
+    assert "readerless" not in [f.name for f in families()]
 
 
 def test_shipped_files_import_no_other_family():

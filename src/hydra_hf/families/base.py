@@ -280,7 +280,8 @@ def register_family(family: Family, *, replace: bool = False) -> Family:
     """Add ``family`` to the registry under its name and aliases; returns it.
 
     Raises:
-        HydraInputError: the name is not canonical, or is taken (unless ``replace``).
+        HydraInputError: the name is not canonical, or is taken (unless ``replace``), or the family holds no
+            :class:`~hydra_hf.convert.reader.Reader`.
     """
     name = family.name
     if name != canonical_name(name):
@@ -289,6 +290,11 @@ def register_family(family: Family, *, replace: bool = False) -> Family:
         raise HydraInputError(
             f"family {name!r}: modality {family.modality!r} / task {family.task!r} unknown; "
             f"use one of {list(MODALITIES)} / {list(TASKS)}"
+        )
+    if not isinstance(getattr(family, "reader", None), Reader):
+        raise HydraInputError(
+            f"family {name!r} has no reader; set reader = Reader(read_member, fuse, unfuse) "
+            "(hydra_hf.convert.reader) or describe its checkpoints with a TextLayout"
         )
     if name in _REGISTRY and not replace and _REGISTRY[name] is not family:
         raise HydraInputError(f"a family named {name!r} is already registered; pass replace=True to replace it")
