@@ -27,7 +27,7 @@ from scipy import stats
 
 from hydra_hf.cost import relative_cost
 from hydra_hf.masks import HeadMasks
-from hydra_hf.modeling.configuration_hydra import HydraEnsembleViTConfig
+from hydra_hf.modeling.configuration_hydra_vit import HydraEnsembleViTConfig
 from hydra_hf.outputs import write_text_atomic
 
 # the pairs the docs compare: (a, b): is a's mean OOD gain different from b's, seed by seed?

@@ -17,12 +17,9 @@ from .assemble import convert_checkpoint
 from .hub.publish import install_push_to_hub
 from .masks import HeadMasks, load_masks
 from .modeling import pipeline_hydra
-from .modeling.configuration_hydra import (
-    HYDRA_PIPELINES,
-    HydraEnsembleCLIPConfig,
-    HydraEnsembleConfig,
-    HydraEnsembleViTConfig,
-)
+from .modeling.configuration_hydra import HYDRA_PIPELINES, HydraEnsembleConfig
+from .modeling.configuration_hydra_clip import HydraEnsembleCLIPConfig
+from .modeling.configuration_hydra_vit import HydraEnsembleViTConfig
 from .modeling.modeling_hydra_bert import (
     HydraEnsembleForSequenceClassification,
     HydraEnsembleModel,
@@ -59,8 +56,8 @@ def _register_families() -> None:
     (card, shipped code, validation); see docs/hub.md."""
     for family in families.families():
         config_class = family.config_class()
-        if config_class.hydra_auto_map.get("AutoConfig", "").rsplit(".", 1)[-1] != config_class.__name__:
-            config_class.hydra_auto_map = dict(family.auto_map)  # a config built in this process names its code
+        if "hydra_auto_map" not in vars(config_class):  # no map of its own: a config built here names its code
+            config_class.hydra_auto_map = dict(family.auto_map)
         config_class.hydra_uncertainty_pipelines = bool(family.uncertainty_pipelines)
         AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
         config_class.register_for_auto_class("AutoConfig")

@@ -672,10 +672,8 @@ class HeadMasks:
         query heads read: a key/value head stays while any of its query heads is kept). Readers may use them
         to size caches; the query heads in ``kept_heads`` stay the mask."""
         kept = self.kept_heads
-        meta = [
-            {**m, MEMBER_KV_KEY: [kept_kv_heads(layer, self.num_heads, num_key_value_heads) for layer in member]}
-            for m, member in zip(self.member_metadata, kept)
-        ]
+        kv = members_kept_kv_heads(kept, self.num_heads, num_key_value_heads)
+        meta = [{**m, MEMBER_KV_KEY: member_kv} for m, member_kv in zip(self.member_metadata, kv)]
         return HeadMasks(
             kept, self.num_heads, meta, {**self.metadata, KV_HEADS_KEY: num_key_value_heads},
             kept_neurons=self._neurons.get(ANY_TOWER), intermediate_size=self._inner.get(ANY_TOWER),
@@ -808,3 +806,12 @@ def kept_kv_heads(kept_query_heads: Sequence[int], num_heads: int, num_key_value
     if bad:
         raise HydraInputError(f"query heads {bad} are outside [0, {num_heads}); a layer has {num_heads} query heads")
     return sorted({int(h) // group for h in kept_query_heads})
+
+
+def members_kept_kv_heads(
+    kept_heads: Sequence[Sequence[Sequence[int]]], num_heads: int, num_key_value_heads: int
+) -> list[list[list[int]]]:
+    """:func:`kept_kv_heads` of every member and layer: ``out[m][l]`` = the key/value heads member m keeps in
+    layer l. The shipped ``configuration_hydra_llama.kept_kv_heads`` is the same rule (shipped code cannot
+    import the library; a test holds the two equal)."""
+    return [[kept_kv_heads(layer, num_heads, num_key_value_heads) for layer in member] for member in kept_heads]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import copy
 import json
+import shutil
 
 import pytest
 import torch
@@ -27,7 +28,9 @@ from conftest import REPO, TESTS, run_fresh_python
 
 from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.cli import main as cli_main
-from hydra_hf.families import detect_family, family_names, get_family
+from hydra_hf.convert.reader import Reader
+from hydra_hf.errors import HydraInputError
+from hydra_hf.families import detect_family, families, family_names, get_family, register_family
 from hydra_hf.masks import HeadMasks
 from hydra_hf.pruning.gates import zero_head_columns_
 
@@ -213,6 +216,22 @@ def test_unsupported_task_heads_are_refused(spec, stock_dirs, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_relative_position_bert_is_refused(stock_dirs, tmp_path, capsys):
+    """BERT reads through its TextLayout like every post-LN text family: the fused model implements absolute
+    position embeddings only, so a relative-position checkpoint is refused in one line, not converted."""
+    folder = tmp_path / "relative"
+    shutil.copytree(stock_dirs["bert"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "position_embedding_type": "relative_key"}))
+    masks = tmp_path / "m.json"
+    HeadMasks(kept_heads=ALL, num_heads=H).save(masks)
+    out = tmp_path / "out"
+    assert cli_main(["convert", "--base", str(folder), "--masks", str(masks), "--output", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "position_embedding_type='relative_key'" in err
+    assert not out.exists()
+
+
 def test_unknown_model_type_and_wrong_arch_are_refused(stock_dirs, tmp_path, capsys):
     folder = tmp_path / "gpt"
     folder.mkdir()
@@ -249,9 +268,21 @@ def test_unknown_model_type_and_wrong_arch_are_refused(stock_dirs, tmp_path, cap
     assert get_family("timm-vit") is get_family("timm_vit") and get_family("xlm-roberta").name == "xlm_roberta"
 
 
+def test_every_family_holds_a_named_reader():
+    """One reader interface: every registered family's Reader names its three functions; a family without one
+    is refused when it registers."""
+    for family in families():
+        assert isinstance(family.reader, Reader), family.name
+        assert all(callable(fn) for fn in (family.reader.read_member, family.reader.fuse, family.reader.unfuse))
+    readerless = type("ReaderlessFamily", (type(get_family("vit")),), {"name": "readerless", "reader": None})()
+    with pytest.raises(HydraInputError, match="family 'readerless' has no reader"):
+        register_family(readerless)
+    assert "readerless" not in [f.name for f in families()]
+
+
 def test_shipped_files_import_no_other_family():
-    """Each family ships its own modeling file, importing only shared siblings and, for a family with
-    its own config file (DeBERTa-v2, ModernBERT), that file."""
+    """Each family ships its own modeling file, importing only shared siblings and its own config file
+    (every family's but BERT's, whose config is the shared one)."""
     shared = {
         "configuration_hydra.py",
         "hydra_attention.py",

@@ -405,7 +405,8 @@ def _two_tower(name: str) -> nn.Module:
     """A tiny Hydra CLIP / SigLIP (random weights): 2 members with unequal heads, a 0-head member layer."""
     from transformers import CLIPConfig, SiglipConfig
 
-    from hydra_hf.modeling.configuration_hydra import HydraEnsembleCLIPConfig, HydraEnsembleSiglipConfig
+    from hydra_hf.modeling.configuration_hydra_clip import HydraEnsembleCLIPConfig
+    from hydra_hf.modeling.configuration_hydra_siglip import HydraEnsembleSiglipConfig
     from hydra_hf.modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
     from hydra_hf.modeling.modeling_hydra_siglip import HydraEnsembleSiglipModel
 

@@ -32,8 +32,8 @@ def test_vit_fresh_process_remote_code_and_pipeline(hf_vit_dir, tmp_path):  # no
     out = tmp_path / "vit-hydra"
     model = convert_checkpoint(HeadMasks(kept_heads=UNEQUAL, num_heads=4), base=hf_vit_dir, output_dir=out)
     files = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "configuration_hydra.py", "hydra_attention.py", "hydra_layers.py",
-            "hydra_skeletons.py",
+    assert {"config.json", "model.safetensors", "configuration_hydra.py", "configuration_hydra_vit.py",
+            "hydra_attention.py", "hydra_layers.py", "hydra_skeletons.py",
             "modeling_hydra_vit.py", "preprocessor_config.json"} <= files
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "hydra_ensemble_vit"

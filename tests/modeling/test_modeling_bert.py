@@ -175,10 +175,23 @@ def test_fused_state_dict_shapes_follow_widths(tiny_bert_dir):
     member = bert_member_from_state_dict(read_state_dict(tiny_bert_dir), cfg)
     state = fuse_bert([member] * 3, UNEQUAL, "average")
     dk = 8
-    assert state["layers.0.attention.qkv_weight"].shape == (3 * 6 * dk, 32)
-    assert state["layers.2.attention.o_weight"].shape == (3 * dk, 32)
-    assert state["layers.0.mlp.fc1_weight"].shape == (64, 32)
-    assert fuse_bert([member] * 3, UNEQUAL, "per_member")["layers.0.mlp.fc1_weight"].shape == (3, 64, 32)
+    assert state["hydra.layers.0.attention.qkv_weight"].shape == (3 * 6 * dk, 32)
+    assert state["hydra.layers.2.attention.o_weight"].shape == (3 * dk, 32)
+    assert state["hydra.layers.0.mlp.fc1_weight"].shape == (64, 32)
+    assert fuse_bert([member] * 3, UNEQUAL, "per_member")["hydra.layers.0.mlp.fc1_weight"].shape == (3, 64, 32)
+
+
+def test_tf_converted_layer_norm_names_read_as_today(tiny_bert_dir):
+    """Old TF-converted BERT checkpoints name LayerNorm parameters gamma / beta: they fuse to the same tensors."""
+    from hydra_hf.convert import read_config, read_state_dict
+
+    cfg, state = read_config(tiny_bert_dir), read_state_dict(tiny_bert_dir)
+    legacy = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+              for k, v in state.items()}  # fmt: skip
+    assert sum(k.endswith("LayerNorm.gamma") for k in legacy) == 2 * cfg["num_hidden_layers"] + 1
+    fused = fuse_bert([bert_member_from_state_dict(state, cfg)] * 3, UNEQUAL, "average")
+    from_legacy = fuse_bert([bert_member_from_state_dict(legacy, cfg)] * 3, UNEQUAL, "average")
+    assert fused.keys() == from_legacy.keys() and all(torch.equal(fused[k], from_legacy[k]) for k in fused)
 
 
 def test_loss_is_mean_member_cross_entropy_and_gradients_flow(tiny_bert_dir):

@@ -33,12 +33,9 @@ from transformers import (
 )
 
 import hydra_hf  # noqa: F401  (registration: the hydra_hf-imported side of every test)
-from hydra_hf.modeling.configuration_hydra import (
-    HydraEnsembleCLIPConfig,
-    HydraEnsembleConfig,
-    HydraEnsembleViTConfig,
-    custom_pipelines_for,
-)
+from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig, custom_pipelines_for
+from hydra_hf.modeling.configuration_hydra_clip import HydraEnsembleCLIPConfig
+from hydra_hf.modeling.configuration_hydra_vit import HydraEnsembleViTConfig
 from hydra_hf.modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification
 from hydra_hf.modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
 from hydra_hf.modeling.modeling_hydra_vit import HydraEnsembleForImageClassification

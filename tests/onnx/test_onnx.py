@@ -22,7 +22,9 @@ from transformers import CLIPConfig, ViTConfig
 
 from hydra_hf.cli import main
 from hydra_hf.hub.audit import PACKAGED_CODE_DIR, check_shipped_code
-from hydra_hf.modeling.configuration_hydra import HydraEnsembleCLIPConfig, HydraEnsembleConfig, HydraEnsembleViTConfig
+from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig
+from hydra_hf.modeling.configuration_hydra_clip import HydraEnsembleCLIPConfig
+from hydra_hf.modeling.configuration_hydra_vit import HydraEnsembleViTConfig
 from hydra_hf.modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification
 from hydra_hf.modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
 from hydra_hf.modeling.modeling_hydra_vit import HydraEnsembleForImageClassification

@@ -1,6 +1,7 @@
 """Converters: checkpoints of stock models -> Hydra Ensemble state dicts and models.
 
-Pure state-dict functions live in the per-source readers (``hf_bert``) and ``fuse``; ``build`` holds the
+Pure state-dict functions live in the per-source readers (each family's :class:`Reader`: ``hf_bert``,
+``hf_vit`` ...) and ``fuse``; ``build`` holds the
 build helpers every family uses (read and check folders, labels, load the fused tensors). Nothing here
 knows the family registry: :func:`hydra_hf.assemble.convert_checkpoint` (the stage that detects the
 family and saves the folder) sits above it.
@@ -13,10 +14,12 @@ from .hf_clip import CLIPMember, clip_member_from_state_dict, fuse_clip, unfuse_
 from .hf_vit import ViTMember, fuse_vit, unfuse_vit, vit_member_from_state_dict
 from .io import read_config, read_state_dict
 from .open_clip import clip_tokenizer_from_open_clip, open_clip_member_from_state_dict
+from .reader import Reader
 from .timm_vit import timm_vit_member_from_state_dict
 
 __all__ = [
     "CLIPMember",
+    "Reader",
     "ViTMember",
     "bert_member_from_state_dict",
     "clip_member_from_state_dict",

@@ -2,21 +2,20 @@
 work out the labels, build the Hydra model and load every tensor it has (checked: none missing but the
 newly initialised classifiers, none left over, shapes named on mismatch).
 
-One public set, below the family registry: the per-source readers (``hf_bert.build_bert``,
-``hf_deit.build_deit``...) and the family modules build with these; nothing here knows a family.
+One public set, below the family registry: the per-source builders (``hf_deit.build_deit``, ``hf_clip.build_clip``
+...) and the family modules build with these; nothing here knows a family.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel, PretrainedConfig
+from transformers import PretrainedConfig, PreTrainedModel
 
-from ..masks import HeadMasks
 from .io import read_config, read_state_dict
 from .members import Member, check_fused_shapes
 
@@ -127,8 +126,3 @@ def load_fused(
         )
     return model.eval()
 
-
-def single_tower_masks(masks: HeadMasks, family: str, towers: Sequence[str] | None, tower: str = "vision") -> HeadMasks:
-    """The masks of a one-tower family (whose tower is ``tower``), or ``ValueError`` naming the fix."""
-    masks.check_towers((tower,), towers, model=f"a {family} checkpoint")
-    return masks

@@ -9,18 +9,18 @@ the relative position bias table ``(R, H)`` (``heads.*``: sliced with the kept h
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import BeitConfig
 
-from ..modeling.configuration_hydra import HydraEnsembleBeitConfig
+from ..modeling.configuration_hydra_beit import HydraEnsembleBeitConfig
 from ..modeling.modeling_hydra_beit import HydraEnsembleBeitForImageClassification
-from .build import label_arguments, load_fused, read_members, single_tower_masks
+from .build import label_arguments, load_fused, read_members
 from .hf_vit import FILE_LAYER_MAP
 from .members import Layout, Member, Tower, fuse_members, read_member, unfuse_members
+from .reader import Reader
 
 TABLE = "attention.attention.relative_position_bias.relative_position_bias_table"
 
@@ -82,6 +82,9 @@ def unfuse_beit(state: dict[str, torch.Tensor], hydra_config) -> list[dict[str, 
     return unfuse_members(state, layout, {"hydra.layers": hydra_config.kept_heads}, hydra_config.num_members)
 
 
+READER = Reader(beit_member_from_state_dict, fuse_beit, unfuse_beit)
+
+
 # config keys that must agree between member checkpoints: the ViT ones and BEiT's options
 BEIT_SHAPE_KEYS = (
     "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size", "patch_size",
@@ -92,11 +95,10 @@ BEIT_SHAPE_KEYS = (
 
 def build_beit(
     folders: list[Path], masks: Any, *, mlp_fusion: str = "average", shared: str = "error", num_labels: int | None = None,
-    id2label: dict[int, str] | None = None, seed: int = 0, towers: Sequence[str] | None = None,
+    id2label: dict[int, str] | None = None, seed: int = 0,
 ) -> Any:
     """BEiT checkpoint folders (one base, or one per member) + masks -> ``HydraEnsembleBeitForImageClassification``
     (a bare ``BeitModel`` gets new per-member classifiers, seeded by ``seed``)."""
-    masks = single_tower_masks(masks, "BEiT", towers)
     raws, loaded = read_members(folders, BeitConfig, beit_member_from_state_dict, lambda c: {k: c.get(k) for k in BEIT_SHAPE_KEYS})
     base = loaded[0].config
     masks.check_compatible(base["num_hidden_layers"], base["num_attention_heads"], model=repr(str(folders[0])))

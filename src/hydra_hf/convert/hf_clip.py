@@ -8,7 +8,6 @@ open_clip reader (``open_clip.py``) produces the same ``CLIPMember``, so one fus
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,12 +16,13 @@ import torch
 from transformers import CLIPConfig
 
 from ..masks import HeadMasks
-from ..modeling.configuration_hydra import HydraEnsembleCLIPConfig
+from ..modeling.configuration_hydra_clip import HydraEnsembleCLIPConfig
 from ..modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
 from .build import check_same_architecture, full_config, load_fused
 from .fuse import describe_keys, fuse_layer, shared_tensor, unfuse_member_layers
 from .hf_vit import check_layer_shapes
 from .io import read_config, read_state_dict
+from .reader import Reader
 
 TOWERS = ("vision", "text")
 TOWER_PREFIX = {"vision": "vision_model", "text": "text_model"}
@@ -168,6 +168,9 @@ def unfuse_clip(state: dict[str, torch.Tensor], hydra_config) -> list[dict[str, 
     return members
 
 
+READER = Reader(clip_member_from_state_dict, fuse_clip, unfuse_clip)
+
+
 def clip_model(
     folders: list[Path], loaded: list[CLIPMember], base_cfg: dict[str, Any], masks: HeadMasks, *, mlp_fusion: str,
     shared: str,
@@ -186,12 +189,9 @@ def clip_model(
 
 
 def build_clip(
-    folders: list[Path], masks: HeadMasks, *, mlp_fusion: str = "average", shared: str = "error",
-    towers: Sequence[str] | None = None,
+    folders: list[Path], masks: HeadMasks, *, mlp_fusion: str = "average", shared: str = "error"
 ) -> HydraEnsembleCLIPModel:
-    """HF CLIP checkpoint folders (one base, or one per member) + masks -> ``HydraEnsembleCLIPModel``;
-    ``towers``: the towers to prune (each must be in the masks file)."""
-    masks.check_towers(TOWERS, towers, model="a CLIP checkpoint")
+    """HF CLIP checkpoint folders (one base, or one per member) + two-tower masks -> ``HydraEnsembleCLIPModel``."""
     configs = [full_config(CLIPConfig, read_config(f)) for f in folders]
     check_same_architecture(folders, [{t: tower_shape(c, t) for t in TOWERS} for c in configs])
     loaded = [clip_member_from_state_dict(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, configs)]

@@ -17,6 +17,7 @@ from transformers import DebertaV2Config
 
 from ..modeling.modeling_hydra_deberta_v2 import relative_span
 from .fuse import fuse_layer, head_rows, shared_tensor, unfuse_member_layers
+from .reader import Reader
 
 _LAYER_MAP = {
     "q": "attention.self.query_proj",
@@ -258,3 +259,6 @@ def unfuse_deberta_v2(state: dict[str, torch.Tensor], hydra_config) -> list[dict
                 sd[f"{stock}.bias"] = state[f"{part}.bias"][m].clone()
         members.append(sd)
     return members
+
+
+READER = Reader(deberta_v2_member_from_state_dict, fuse_deberta_v2, unfuse_deberta_v2)

@@ -7,18 +7,18 @@ classifier has two heads (``cls_classifier``, ``distillation_classifier``), both
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import DeiTConfig
 
-from ..modeling.configuration_hydra import HydraEnsembleDeiTConfig
+from ..modeling.configuration_hydra_deit import HydraEnsembleDeiTConfig
 from ..modeling.modeling_hydra_deit import HydraEnsembleDeiTForImageClassification
-from .build import label_arguments, load_fused, read_members, single_tower_masks
+from .build import label_arguments, load_fused, read_members
 from .hf_vit import FILE_LAYER_MAP, VIT_SHAPE_KEYS
 from .members import Layout, Member, Tower, fuse_members, read_member, unfuse_members
+from .reader import Reader
 
 HEADS = {"plain": ("classifier",), "distilled": ("cls_classifier", "distillation_classifier"), "none": ()}
 EMBEDDING_KEYS = (
@@ -81,16 +81,18 @@ def unfuse_deit(state: dict[str, torch.Tensor], hydra_config) -> list[dict[str, 
     return unfuse_members(state, layout, {"hydra.layers": hydra_config.kept_heads}, hydra_config.num_members)
 
 
+READER = Reader(deit_member_from_state_dict, fuse_deit, unfuse_deit)
+
+
 def build_deit(
     folders: list[Path], masks: Any, *, mlp_fusion: str = "average", shared: str = "error", num_labels: int | None = None,
-    id2label: dict[int, str] | None = None, seed: int = 0, towers: Sequence[str] | None = None,
+    id2label: dict[int, str] | None = None, seed: int = 0,
 ) -> Any:
     """DeiT checkpoint folders (one base, or one per member) + masks -> ``HydraEnsembleDeiTForImageClassification``.
 
     A distilled base (``DeiTForImageClassificationWithTeacher``) keeps both heads per member; a bare
     ``DeiTModel`` gets new per-member classifiers (``num_labels`` / ``id2label``, seeded by ``seed``).
     """
-    masks = single_tower_masks(masks, "DeiT", towers)
     raws, loaded = read_members(folders, DeiTConfig, deit_member_from_state_dict, lambda c: {k: c.get(k) for k in VIT_SHAPE_KEYS})
     base = loaded[0].config
     masks.check_compatible(base["num_hidden_layers"], base["num_attention_heads"], model=repr(str(folders[0])))

@@ -8,18 +8,18 @@ or the SwiGLU ``mlp.weights_in`` = ``[gate; up]`` and ``mlp.weights_out``) and t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import Dinov2Config, Dinov2WithRegistersConfig
 
-from ..modeling.configuration_hydra import HydraEnsembleDinov2Config
+from ..modeling.configuration_hydra_dinov2 import HydraEnsembleDinov2Config
 from ..modeling.modeling_hydra_dinov2 import HydraEnsembleDinov2ForImageClassification
-from .build import label_arguments, load_fused, read_members, single_tower_masks
+from .build import label_arguments, load_fused, read_members
 from .io import read_config
 from .members import Layout, Member, Tower, fuse_members, read_member, unfuse_members
+from .reader import Reader
 
 PREFIXES = {"dinov2": "dinov2.", "dinov2_with_registers": "dinov2_with_registers."}
 
@@ -75,6 +75,9 @@ def unfuse_dinov2(state: dict[str, torch.Tensor], hydra_config) -> list[dict[str
     return unfuse_members(state, layout, {"hydra.layers": hydra_config.kept_heads}, hydra_config.num_members)
 
 
+READER = Reader(dinov2_member_from_state_dict, fuse_dinov2, unfuse_dinov2)
+
+
 # config keys that must agree between member checkpoints
 DINOV2_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "mlp_ratio", "image_size", "patch_size",
                      "use_swiglu_ffn", "num_register_tokens")
@@ -82,11 +85,10 @@ DINOV2_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", 
 
 def build_dinov2(
     folders: list[Path], masks: Any, *, mlp_fusion: str = "average", shared: str = "error", num_labels: int | None = None,
-    id2label: dict[int, str] | None = None, seed: int = 0, towers: Sequence[str] | None = None,
+    id2label: dict[int, str] | None = None, seed: int = 0,
 ) -> Any:
     """DINOv2 (or DINOv2-with-registers) checkpoint folders + masks ->
     ``HydraEnsembleDinov2ForImageClassification`` (a bare encoder gets new per-member classifiers)."""
-    masks = single_tower_masks(masks, "DINOv2", towers)
     model_type = read_config(folders[0]).get("model_type", "dinov2")
     config_cls = Dinov2WithRegistersConfig if model_type == "dinov2_with_registers" else Dinov2Config
     shape = lambda c: {k: c.get(k) for k in ("model_type", *DINOV2_SHAPE_KEYS)}  # noqa: E731

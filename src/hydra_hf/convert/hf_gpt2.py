@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .fuse import average, shared_tensor
+from .reader import Reader
 
 LAYER_NORMS = ("ln_1", "ln_2")
 TASK_HEADS = {"causal_lm": "lm_head", "sequence_classification": "score"}
@@ -209,3 +210,6 @@ def unfuse_gpt2(state: dict[str, torch.Tensor], hydra_config: Any, *, task: str 
             sd["score.weight"] = state["score.weight"][m].clone()
         out.append(sd)
     return out
+
+
+READER = Reader(gpt2_member_from_state_dict, fuse_gpt2, unfuse_gpt2)

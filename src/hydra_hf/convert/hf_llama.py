@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from ..modeling.configuration_hydra_llama import kept_kv_heads
+from ..masks import members_kept_kv_heads
 from .fuse import average, shared_tensor
+from .reader import Reader
 
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm")
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -122,7 +123,7 @@ def fuse_decoder(
     H = config["num_attention_heads"]
     Hkv = config.get("num_key_value_heads") or H
     dk = head_dim_of(config)
-    kv_heads = kept_kv_heads(kept_heads, H, Hkv)
+    kv_heads = members_kept_kv_heads(kept_heads, H, Hkv)
     out: dict[str, torch.Tensor] = {"hydra.embed_tokens.weight": shared_tensor("embed_tokens.weight", [m.embed_tokens for m in members], shared)}
     for i in range(config["num_hidden_layers"]):
         pre, layers = f"hydra.layers.{i}.", [m.layers[i] for m in members]
@@ -167,7 +168,7 @@ def unfuse_decoder(state: dict[str, torch.Tensor], hydra_config: Any, *, task: s
     H = base["num_attention_heads"]
     Hkv = base.get("num_key_value_heads") or H
     dk, d = head_dim_of(base), base["hidden_size"]
-    kept, kv = hydra_config.kept_heads, kept_kv_heads(hydra_config.kept_heads, H, Hkv)
+    kept, kv = hydra_config.kept_heads, members_kept_kv_heads(hydra_config.kept_heads, H, Hkv)
     M = hydra_config.num_members
     out = []
     for m in range(M):
@@ -219,3 +220,6 @@ def unfuse_decoder(state: dict[str, torch.Tensor], hydra_config: Any, *, task: s
             sd["score.weight"] = state["score.weight"][m].clone()
         out.append(sd)
     return out
+
+
+READER = Reader(decoder_member_from_state_dict, fuse_decoder, unfuse_decoder)

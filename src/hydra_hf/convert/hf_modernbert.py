@@ -18,6 +18,7 @@ import torch
 from transformers import ModernBertConfig
 
 from .fuse import fuse_layer, shared_tensor, unfuse_member_layers
+from .reader import Reader
 
 # heads of other tasks that a pre-trained checkpoint may carry: not part of a classifier
 _IGNORED_PREFIXES = ("decoder.",)
@@ -242,3 +243,6 @@ def unfuse_modernbert(state: dict[str, torch.Tensor], hydra_config) -> list[dict
                 sd[k] = v[m].clone()
         members.append(sd)
     return members
+
+
+READER = Reader(modernbert_member_from_state_dict, fuse_modernbert, unfuse_modernbert)

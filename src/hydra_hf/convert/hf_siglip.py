@@ -8,17 +8,17 @@ probe, ``nn.MultiheadAttention`` in/out projections, LayerNorm, MLP), the text t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import SiglipConfig
 
-from ..modeling.configuration_hydra import HydraEnsembleSiglipConfig
+from ..modeling.configuration_hydra_siglip import HydraEnsembleSiglipConfig
 from ..modeling.modeling_hydra_siglip import HydraEnsembleSiglipModel
 from .build import load_fused, read_members
 from .members import Layout, Member, Tower, fuse_members, read_member, unfuse_members
+from .reader import Reader
 
 TOWER_PREFIXES = {"vision": "vision_model", "text": "text_model"}
 LAYER_PATHS = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.out_proj",
@@ -93,16 +93,18 @@ def unfuse_siglip(state: dict[str, torch.Tensor], hydra_config) -> list[dict[str
     return unfuse_members(state, siglip_layout(hydra_config.base_config), kept, hydra_config.num_members)
 
 
+READER = Reader(siglip_member_from_state_dict, fuse_siglip, unfuse_siglip)
+
+
 def build_siglip(
     folders: list[Path], masks: Any, *, mlp_fusion: str = "average", shared: str = "error", num_labels: int | None = None,
-    id2label: dict[int, str] | None = None, seed: int = 0, towers: Sequence[str] | None = None,
+    id2label: dict[int, str] | None = None, seed: int = 0,
 ) -> Any:
     """SigLIP checkpoint folders (one base, or one per member) + two-tower masks -> ``HydraEnsembleSiglipModel``.
 
-    ``towers``: the towers to prune (each must be in the masks file); default: those the masks file lists;
-    a tower it does not list keeps every head. ``num_labels``/``id2label``/``seed`` are not used (zero-shot).
+    A tower the masks file does not list keeps every head. ``num_labels``/``id2label``/``seed`` are not used
+    (zero-shot).
     """
-    masks.check_towers(tuple(TOWER_PREFIXES), towers, model="a SigLIP checkpoint")
     shape = lambda c: {t: (c[f"{t}_config"]["num_hidden_layers"], c[f"{t}_config"]["num_attention_heads"]) for t in TOWER_PREFIXES}  # noqa: E731
     _, loaded = read_members(folders, SiglipConfig, siglip_member_from_state_dict, shape)
     base = loaded[0].config

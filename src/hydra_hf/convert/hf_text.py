@@ -1,4 +1,4 @@
-"""Hugging Face text encoders with post-LN layers (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA,
+"""Hugging Face text encoders with post-LN layers (BERT, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA,
 DistilBERT, ALBERT) <-> canonical members, described by one :class:`TextLayout` per family.
 
 A layout names, in a *task model's* checkpoint (``roberta.encoder.layer.0...``, ``classifier...``):
@@ -10,6 +10,7 @@ the ``roberta.`` prefix) is read the same way. Pure functions on state dicts: no
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ import torch
 
 from .fuse import describe_keys, fuse_layer, shared_tensor, unfuse_member_layers
 from .hf_vit import check_layer_shapes
+from .reader import Reader
 
 LAYER_PREFIX = "hydra.layers."  # fused layer i lives under f"{LAYER_PREFIX}{i}." in the task model
 
@@ -70,6 +72,19 @@ def with_prefix(state: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.
     return {f"{prefix}{k}": v for k, v in state.items()}
 
 
+def legacy_layer_norm_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with the LayerNorm parameters of old TF-converted checkpoints (``LayerNorm.gamma`` /
+    ``LayerNorm.beta``) under their current names (``weight`` / ``bias``)."""
+    legacy = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
+    out = {}
+    for key, value in state.items():
+        for old, new in legacy.items():
+            if key.endswith(old):
+                key = key[: -len(old)] + new
+        out[key] = value
+    return out
+
+
 def read_text_member(
     state: dict[str, torch.Tensor], config: dict[str, Any], layout: TextLayout, source: str = "checkpoint"
 ) -> TextMember:
@@ -78,7 +93,7 @@ def read_text_member(
     Checks key counts and shapes: a missing tensor, a tensor the layout does not know (more layers
     than ``num_hidden_layers``, another architecture) or a wrong shape raises ``ValueError``.
     """
-    state = with_prefix(state, layout.prefix)
+    state = with_prefix(legacy_layer_norm_names(state), layout.prefix)
     d, L = int(config["hidden_size"]), int(config["num_hidden_layers"])
     used: set[str] = set()
     missing: list[str] = []
@@ -173,6 +188,13 @@ def unfuse_text(
             sd.update({name: state[fused][m].clone() for fused, name in names.items() if fused in state})
         members.append(sd)
     return members
+
+
+def text_reader(layout: TextLayout) -> Reader:
+    """The :class:`~hydra_hf.convert.reader.Reader` of the family ``layout`` describes."""
+    return Reader(
+        functools.partial(read_text_member, layout=layout), fuse_text, functools.partial(unfuse_text, layout=layout)
+    )
 
 
 def bert_layer_map() -> dict[str, str]:

@@ -17,11 +17,12 @@ import torch
 from transformers import ViTConfig
 
 from ..masks import HeadMasks
-from ..modeling.configuration_hydra import HydraEnsembleViTConfig
+from ..modeling.configuration_hydra_vit import HydraEnsembleViTConfig
 from ..modeling.modeling_hydra_vit import HydraEnsembleForImageClassification
 from .build import check_same_architecture, full_config, label_arguments, load_fused
 from .fuse import describe_keys, fuse_layer, shared_tensor, unfuse_member_layers
 from .io import read_config, read_state_dict, strip_prefix
+from .reader import Reader
 
 # canonical name -> module path inside layer i, in the saved-file layout and in transformers 5's modules
 FILE_LAYER_MAP = {
@@ -199,6 +200,8 @@ def unfuse_vit(state: dict[str, torch.Tensor], hydra_config, names: str = "check
         members.append(sd)
     return members
 
+
+READER = Reader(vit_member_from_state_dict, fuse_vit, unfuse_vit)
 
 # config keys that must agree between the member checkpoints of a ViT
 VIT_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size", "patch_size")

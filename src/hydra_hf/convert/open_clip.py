@@ -25,7 +25,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,10 @@ from ..masks import HeadMasks
 from ..modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
 from .build import base_config_dict, check_same_architecture
 from .fuse import describe_keys
-from .hf_clip import MEMBER_KEYS, SHARED_KEYS, TOWERS, CLIPMember, clip_model, tower_shape
+from .hf_clip import MEMBER_KEYS, SHARED_KEYS, TOWERS, CLIPMember, clip_model, fuse_clip, tower_shape, unfuse_clip
 from .hf_vit import check_layer_shapes
 from .io import checkpoint_dir, read_state_dict
+from .reader import Reader
 
 logger = logging.getLogger(__name__)
 
@@ -266,6 +267,10 @@ def open_clip_member_from_state_dict(
     return CLIPMember(config=config, shared=shared, towers=towers, per_member=per_member)
 
 
+# open_clip checkpoints read into CLIP's canonical member: fused and split back as a CLIP
+READER = Reader(open_clip_member_from_state_dict, fuse_clip, unfuse_clip)
+
+
 def clip_tokenizer_from_open_clip(context_length: int = 77):
     """An HF ``CLIPTokenizer`` built offline from the BPE vocabulary that open_clip ships
     (``bpe_simple_vocab_16e6.txt.gz``): the same 49,408 tokens and merges as open_clip's
@@ -312,12 +317,10 @@ def open_clip_processor(config: dict[str, Any], open_clip_config: dict[str, Any]
 
 
 def build_open_clip(
-    folders: list[Path], masks: HeadMasks, *, mlp_fusion: str = "average", shared: str = "error",
-    towers: Sequence[str] | None = None,
+    folders: list[Path], masks: HeadMasks, *, mlp_fusion: str = "average", shared: str = "error"
 ) -> tuple[HydraEnsembleCLIPModel, Callable[[Path], None]]:
-    """open_clip folders (one base, or one per member) + masks -> ``HydraEnsembleCLIPModel`` and a writer
-    of the matching ``CLIPProcessor`` into an output folder; ``towers`` as in :func:`.hf_clip.build_clip`."""
-    masks.check_towers(TOWERS, towers, model="a CLIP checkpoint")
+    """open_clip folders (one base, or one per member) + two-tower masks -> ``HydraEnsembleCLIPModel`` and a
+    writer of the matching ``CLIPProcessor`` into an output folder."""
     read = [read_open_clip_folder(f) for f in folders]
     loaded = [open_clip_member_from_state_dict(s, c["model_cfg"], source=repr(str(f))) for f, (s, c) in zip(folders, read)]
     check_same_architecture(folders, [{t: tower_shape(m.config, t) for t in TOWERS} for m in loaded])

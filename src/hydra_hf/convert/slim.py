@@ -19,9 +19,9 @@ from torch import nn
 
 from ..errors import HydraInputError
 from ..masks import HeadMasks
-from .fuse import average
 from ..modeling.configuration_hydra import neurons_field
 from ..modeling.hydra_layers import HydraMLPBase
+from .fuse import average
 
 MLP_TENSORS = ("fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias")
 

@@ -33,8 +33,9 @@ from ..masks import HeadMasks
 from ..modeling.modeling_hydra_vit import HydraEnsembleForImageClassification
 from .build import check_same_architecture, full_config
 from .fuse import describe_keys
-from .hf_vit import ViTMember, check_layer_shapes, vit_classifier
+from .hf_vit import ViTMember, check_layer_shapes, fuse_vit, unfuse_vit, vit_classifier
 from .io import read_config, read_state_dict
+from .reader import Reader
 
 # timm's ViT sizes by name, for checkpoints whose config.json has no model_args (timm's defaults)
 _HEADS_BY_SIZE = {"tiny": 3, "small": 6, "medium": 8, "base": 12, "large": 16, "huge": 16, "giant": 16, "gigantic": 16}
@@ -198,6 +199,10 @@ def timm_vit_member_from_state_dict(
     }
     final_norm = {"weight": state["norm.weight"], "bias": state["norm.bias"]}
     return ViTMember(config=config, embeddings=embeddings, layers=layers, final_norm=final_norm, classifier=classifier)
+
+
+# timm checkpoints read into ViT's canonical member: fused and split back as a ViT
+READER = Reader(timm_vit_member_from_state_dict, fuse_vit, unfuse_vit)
 
 
 def timm_image_processor(timm_config: dict[str, Any], vit_config: dict[str, Any]):

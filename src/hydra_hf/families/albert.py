@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..convert.hf_text import TextLayout, unfuse_text
+from ..convert.hf_text import TextLayout
 from ..errors import HydraInputError
 from .adapters import layer_list_adapter
 from .base import register_family
@@ -96,6 +96,7 @@ class AlbertFamily(HFTextFamily):
     hf_task_class = "AlbertForSequenceClassification"
     base_model_type = "albert"
     config_class_name = "HydraEnsembleAlbertConfig"
+    config_file = "configuration_hydra_albert.py"
     modeling_file = "modeling_hydra_albert.py"
     model_class_names = {
         "AutoModel": "HydraEnsembleAlbertModel",
@@ -115,7 +116,7 @@ class AlbertFamily(HFTextFamily):
 
     def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         """Per member: an untied ALBERT state dict (one layer group per layer; see :meth:`stock_model`)."""
-        return unfuse_text(state, hydra_config, layout(), member_config=untied_config(hydra_config.base_config))
+        return self.reader.unfuse(state, hydra_config, member_config=untied_config(hydra_config.base_config))
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         """Unties ``model`` in place first (:func:`untie_albert_`): members prune every layer separately."""

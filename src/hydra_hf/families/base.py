@@ -12,7 +12,7 @@ hyphenated spellings (``"open-clip"``, ``"timm-vit"``, HF's ``"xlm-roberta"``) a
 name is read and mapped to it.
 
 Adding a family: subclass :class:`Family` (or :class:`~hydra_hf.families.text.HFTextFamily` for a
-Hugging Face text encoder) in ``families/<name>.py``, ship its modeling file in ``modeling/``, call
+Hugging Face text encoder) in ``families/<name>.py``, ship its modeling and config files in ``modeling/``, call
 :func:`register_family`, and import the module in ``families/__init__.py``.
 """
 
@@ -22,7 +22,7 @@ import importlib
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from ..convert.reader import Reader
 from ..convert.slim import unslim
 from ..errors import HydraInputError
 from ..masks import HeadMasks
@@ -73,8 +74,8 @@ class Built:
 
 class Family(ABC):
     """Everything about one base architecture. Subclasses set the class attributes and implement
-    :meth:`build`, :meth:`read_member`, :meth:`adapter` and :meth:`stock_model` (and :meth:`owns_model` for a
-    model that is not a transformers one).
+    :meth:`build`, :meth:`adapter` and :meth:`stock_model` (and :meth:`owns_model` for a model that is not a
+    transformers one).
 
     Attributes:
         name: the registry name (lowercase, underscores).
@@ -87,7 +88,11 @@ class Family(ABC):
             or pre-training encoders (which get a new classifier). Any other head is refused.
         base_model_type: ``base_model_type`` of the Hydra config it builds (timm ViTs become ``"vit"``).
         task: the pipeline task (a key of :data:`TASKS`).
-        config_class_name: its Hydra config class in ``modeling/configuration_hydra.py``.
+        reader: how its checkpoints are read, fused and split back (:class:`~hydra_hf.convert.reader.Reader`:
+            a layout table's or the family's own three functions).
+        config_class_name: its Hydra config class, in ``config_file``.
+        config_file: its shipped config file in ``modeling/`` (``configuration_hydra_<family>.py``, over the
+            shared ``configuration_hydra.py``, which is BERT's and the default).
         modeling_file: its shipped modeling file in ``modeling/``.
         model_class_names: Auto class -> model class name in ``modeling_file`` (``AutoModel`` and the
             task's Auto class).
@@ -110,7 +115,9 @@ class Family(ABC):
     accepted_heads: ClassVar[tuple[str, ...]] = ("Model", "ForSequenceClassification", "ForMaskedLM", "ForPreTraining")
     base_model_type: ClassVar[str]
     task: ClassVar[str]
+    reader: ClassVar[Reader]
     config_class_name: ClassVar[str]
+    config_file: ClassVar[str] = "configuration_hydra.py"
     modeling_file: ClassVar[str]
     model_class_names: ClassVar[dict[str, str]]
     towers: ClassVar[tuple[str, ...]]
@@ -165,15 +172,15 @@ class Family(ABC):
         num_labels: int | None,
         id2label: dict[int, str] | None,
         seed: int,
-        towers: Sequence[str] | None,
     ) -> Built:
         """Read the checkpoints in ``folders`` (one shared base, or one per member), fuse them with
-        ``masks`` and build the Hydra model (see :func:`hydra_hf.assemble.convert_checkpoint`)."""
+        ``masks`` and build the Hydra model (see :func:`hydra_hf.assemble.convert_checkpoint`, which has
+        checked that ``masks`` fit the family's towers)."""
 
-    @abstractmethod
     def read_member(self, state: dict[str, Any], config: dict[str, Any], source: str = "checkpoint") -> Any:
         """One checkpoint's state dict (and config) in canonical form: per-layer tensors named as in
         ``convert/fuse.py`` plus the shared and per-member parts (checks key counts and shapes)."""
+        return self.reader.read_member(state, config, source=source)
 
     def unfuse(self, state: dict[str, Any], hydra_config: Any) -> list[dict[str, Any]]:
         """One stock state dict per member from a fused state dict (removed heads zeroed); loading
@@ -185,20 +192,20 @@ class Family(ABC):
         return self.unfuse_whole_mlps(state, hydra_config)
 
     def unfuse_whole_mlps(self, state: dict[str, Any], hydra_config: Any) -> list[dict[str, Any]]:
-        """:meth:`unfuse` of a fused state dict whose members keep whole MLPs (the family's converter inverse)."""
-        raise HydraInputError(f"family {self.name!r} cannot split a fused model back into stock members")
+        """:meth:`unfuse` of a fused state dict whose members keep whole MLPs (the reader's inverse)."""
+        return self.reader.unfuse(state, hydra_config)
 
     # ----------------------------------------------------------------------- shipped code, Auto
     @property
     def shipped_files(self) -> tuple[str, ...]:
         """The modeling files copied flat into every model folder of this family."""
-        return (*COMMON_SHIPPED, self.modeling_file)
+        return tuple(dict.fromkeys((*COMMON_SHIPPED, self.modeling_file, self.config_file)))
 
     @property
     def auto_map(self) -> dict[str, str]:
         """``config.auto_map`` of its model folders: ``AutoConfig`` and the model classes."""
         stem = self.modeling_file.removesuffix(".py")
-        out = {"AutoConfig": f"configuration_hydra.{self.config_class_name}"}
+        out = {"AutoConfig": f"{self.config_file.removesuffix('.py')}.{self.config_class_name}"}
         out.update({auto: f"{stem}.{cls}" for auto, cls in self.model_class_names.items()})
         return out
 
@@ -213,7 +220,7 @@ class Family(ABC):
 
     def config_class(self) -> type:
         """The Hydra config class (imported on first use)."""
-        module = importlib.import_module("hydra_hf.modeling.configuration_hydra")
+        module = importlib.import_module(f"hydra_hf.modeling.{self.config_file.removesuffix('.py')}")
         return getattr(module, self.config_class_name)
 
     def model_class(self, auto_class: str | None = None) -> type:
@@ -273,7 +280,8 @@ def register_family(family: Family, *, replace: bool = False) -> Family:
     """Add ``family`` to the registry under its name and aliases; returns it.
 
     Raises:
-        HydraInputError: the name is not canonical, or is taken (unless ``replace``).
+        HydraInputError: the name is not canonical, or is taken (unless ``replace``), or the family holds no
+            :class:`~hydra_hf.convert.reader.Reader`.
     """
     name = family.name
     if name != canonical_name(name):
@@ -282,6 +290,11 @@ def register_family(family: Family, *, replace: bool = False) -> Family:
         raise HydraInputError(
             f"family {name!r}: modality {family.modality!r} / task {family.task!r} unknown; "
             f"use one of {list(MODALITIES)} / {list(TASKS)}"
+        )
+    if not isinstance(getattr(family, "reader", None), Reader):
+        raise HydraInputError(
+            f"family {name!r} has no reader; set reader = Reader(read_member, fuse, unfuse) "
+            "(hydra_hf.convert.reader) or describe its checkpoints with a TextLayout"
         )
     if name in _REGISTRY and not replace and _REGISTRY[name] is not family:
         raise HydraInputError(f"a family named {name!r} is already registered; pass replace=True to replace it")

@@ -6,13 +6,13 @@ The reader is :mod:`hydra_hf.convert.hf_clip`; the shipped model is ``modeling_h
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from transformers import CLIPConfig, CLIPModel
 
-from ..convert.hf_clip import build_clip, clip_member_from_state_dict, unfuse_clip
+from ..convert.hf_clip import READER, build_clip
 from .adapters import hf_clip_adapter
 from .base import Built, Family, register_family
 
@@ -26,6 +26,7 @@ class CLIPFamily(Family):
     base_model_type = "clip"
     task = "zero-shot-image-classification"
     config_class_name = "HydraEnsembleCLIPConfig"
+    config_file = "configuration_hydra_clip.py"
     modeling_file = "modeling_hydra_clip.py"
     model_class_names = {
         "AutoModel": "HydraEnsembleCLIPModel",
@@ -45,16 +46,11 @@ class CLIPFamily(Family):
         "logit_scale",
     )
     classifier_keys = ()
+    reader = READER
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
-              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        return Built(build_clip(folders, masks, mlp_fusion=mlp_fusion, shared=shared, towers=towers), folders[0])
-
-    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        return clip_member_from_state_dict(state, config, source=source)
-
-    def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
-        return unfuse_clip(state, hydra_config)
+              id2label: dict[int, str] | None, seed: int) -> Built:
+        return Built(build_clip(folders, masks, mlp_fusion=mlp_fusion, shared=shared), folders[0])
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         return hf_clip_adapter(model, class_text_inputs)

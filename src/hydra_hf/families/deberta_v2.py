@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..convert.hf_deberta_v2 import deberta_v2_member_from_state_dict, fuse_deberta_v2, unfuse_deberta_v2
+from ..convert.hf_deberta_v2 import READER
 from .adapters import AttentionLayer, ModelAdapter
 from .base import register_family
 from .custom_text import CustomTextFamily, classifier_logits
@@ -30,7 +30,7 @@ class DebertaV2Family(CustomTextFamily):
         "AutoModel": "HydraEnsembleDebertaV2Model",
         "AutoModelForSequenceClassification": "HydraEnsembleDebertaV2ForSequenceClassification",
     }
-    reader = (deberta_v2_member_from_state_dict, fuse_deberta_v2, unfuse_deberta_v2)
+    reader = READER
     hf_config_class = "DebertaV2Config"
     hf_task_class = "DebertaV2ForSequenceClassification"
     head_keys = ("pooler.weight", "pooler.bias", "classifier.weight", "classifier.bias")

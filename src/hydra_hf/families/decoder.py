@@ -2,18 +2,18 @@
 
 A decoder checkpoint is a causal LM (``*ForCausalLM``, ``GPT2LMHeadModel``: builds the fused causal LM) or
 a sequence classifier / bare decoder (builds the fused classifier; a bare decoder's per-member ``score``
-heads are new, seeded). The family's reader (``convert/hf_<family>.py``) supplies three pure functions:
-checkpoint -> canonical member (with ``lm_head`` / ``score``), members -> fused state dict, fused -> stock
-state dicts. Folders ship the common files without the encoder skeletons, the family's config and modeling
-files and ``hydra_decoder.py`` (the decoders' outputs and generation uncertainty).
+heads are new, seeded). The family's custom reader (a :class:`~hydra_hf.convert.reader.Reader` from
+``convert/hf_<family>.py``) reads a checkpoint into a canonical member (with ``lm_head`` / ``score``), fuses
+members (``task=``, ``lm_head_fusion=``) and splits a fused state dict back (``task=``). Folders ship the
+common files without the encoder skeletons, the family's config and modeling files and ``hydra_decoder.py``
+(the decoders' outputs and generation uncertainty).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from abc import abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -55,7 +55,7 @@ def decoder_task(config: Mapping[str, Any], causal_lm_architectures: Sequence[st
 
 
 class DecoderFamily(Family):
-    """A decoder family. Subclasses set the :class:`Family` attributes, ``config_file``, ``reader``,
+    """A decoder family. Subclasses set the :class:`Family` attributes (``reader``, ``config_file`` ...),
     ``causal_lm_architectures`` and ``shape_keys``, and implement :meth:`full_config`, :meth:`layer_shape`
     (``(L, H)`` from a full base config), :meth:`adapter` and :meth:`stock_model`."""
 
@@ -64,9 +64,6 @@ class DecoderFamily(Family):
     towers = ("text",)
     mlp_down_proj = {"text": r"layers\.(\d+)\.mlp\.down_proj"}
     classifier_keys = ("score.weight",)
-    config_file: ClassVar[str]
-    # (checkpoint state dict -> member, members -> fused state dict, fused -> stock state dicts)
-    reader: ClassVar[tuple[Callable, Callable, Callable]]
     causal_lm_architectures: ClassVar[tuple[str, ...]]
     shape_keys: ClassVar[tuple[str, ...]]
 
@@ -74,21 +71,7 @@ class DecoderFamily(Family):
     def shipped_files(self) -> tuple[str, ...]:
         """The common files but the encoder skeletons (a decoder does not use them), the family's config and
         modeling files and the decoders' shared file (outputs, generation uncertainty)."""
-        return (
-            *(f for f in super().shipped_files if f != "hydra_skeletons.py"),
-            self.config_file,
-            DECODER_SHARED_FILE,
-        )
-
-    @property
-    def auto_map(self) -> dict[str, str]:
-        out = super().auto_map
-        out["AutoConfig"] = f"{self.config_file.removesuffix('.py')}.{self.config_class_name}"
-        return out
-
-    def config_class(self) -> type:
-        module = importlib.import_module(f"hydra_hf.modeling.{self.config_file.removesuffix('.py')}")
-        return getattr(module, self.config_class_name)
+        return (*(f for f in super().shipped_files if f != "hydra_skeletons.py"), DECODER_SHARED_FILE)
 
     @abstractmethod
     def full_config(self, raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,16 +89,12 @@ class DecoderFamily(Family):
         return decoder_task(raw, self.causal_lm_architectures)
 
     # ----------------------------------------------------------------------------- converting
-    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        return self.reader[0](state, config, source=source)
-
     def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         task = SEQUENCE_CLASSIFICATION if "score.weight" in state else CAUSAL_LM
-        return self.reader[2](state, hydra_config, task=task)
+        return self.reader.unfuse(state, hydra_config, task=task)
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
-              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        masks.check_towers(self.towers, towers, model=f"a {self.name} checkpoint")
+              id2label: dict[int, str] | None, seed: int) -> Built:
         raw = [read_config(f) for f in folders]
         configs = [self.full_config(c) for c in raw]
         check_same_architecture(folders, configs, self.shape_keys)
@@ -128,18 +107,18 @@ class DecoderFamily(Family):
         loaded = [self.read_member(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, configs)]
         members = loaded * masks.num_members if len(loaded) == 1 else loaded
         if task == CAUSAL_LM and any(m.lm_head is None for m in members):
-            raise HydraInputError(
-                f"{str(folders[0])!r} is a causal LM without an lm_head tensor; save it with its head"
-            )
+            raise HydraInputError(f"{str(folders[0])!r} is a causal LM without an lm_head tensor; save it with its head")
         heads = [m.lm_head for m in members if m.lm_head is not None]
         # fine-tuned members whose output embeddings differ keep their own; otherwise one shared head
         lm_head_fusion = "per_member" if any(not torch.equal(heads[0], h) for h in heads[1:]) else "shared"
-        state = self.reader[1](members, masks.kept_heads, mlp_fusion, shared, task=task, lm_head_fusion=lm_head_fusion)
+        state = self.reader.fuse(
+            members, masks.kept_heads, mlp_fusion, shared, task=task, lm_head_fusion=lm_head_fusion
+        )
         labels = label_arguments(state, "score.weight", raw[0], num_labels, id2label) if task != CAUSAL_LM else {}
         config = self.config_class()(
             base_model_type=base["model_type"], base_config=base, kept_heads=masks.kept_heads, mlp_fusion=mlp_fusion,
             member_metadata=masks.member_metadata, lm_head_fusion=lm_head_fusion, **labels,
-        )
+        )  # fmt: skip
         auto = "AutoModelForCausalLM" if task == CAUSAL_LM else "AutoModelForSequenceClassification"
         torch.manual_seed(seed)  # a bare decoder's per-member score heads are initialised from this seed
         model = self.model_class(auto)(config)

@@ -6,7 +6,7 @@ The reader is :mod:`hydra_hf.convert.hf_dinov2`; the shipped model is ``modeling
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from transformers import (
     Dinov2WithRegistersForImageClassification,
 )
 
-from ..convert.hf_dinov2 import build_dinov2, dinov2_member_from_state_dict, unfuse_dinov2
+from ..convert.hf_dinov2 import READER, build_dinov2
 from ..convert.members import to_module_names
 from .adapters import layer_list_adapter
 from .base import Built, Family, register_family
@@ -35,6 +35,7 @@ class Dinov2Family(Family):
     base_model_type = "dinov2"
     task = "image-classification"
     config_class_name = "HydraEnsembleDinov2Config"
+    config_file = "configuration_hydra_dinov2.py"
     modeling_file = "modeling_hydra_dinov2.py"
     model_class_names = {
         "AutoModel": "HydraEnsembleDinov2Model",
@@ -43,37 +44,34 @@ class Dinov2Family(Family):
     towers = ("vision",)
     mlp_down_proj = {"vision": r"encoder\.layer\.(\d+)\.mlp\.(?:fc2|weights_out)"}
     frozen_prefixes = ("hydra.embeddings.",)  # patch projection, [CLS], mask and register tokens, positions
+    reader = READER
 
     @property
     def supported_architectures(self) -> tuple[str, ...]:
         return tuple(f"{prefix}{head}" for prefix in PREFIXES.values() for head in self.accepted_heads)
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
-              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
+              id2label: dict[int, str] | None, seed: int) -> Built:
         model = build_dinov2(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels,
-                             id2label=id2label, seed=seed, towers=towers)
+                             id2label=id2label, seed=seed)  # fmt: skip
         return Built(model, folders[0])
-
-    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        return dinov2_member_from_state_dict(state, config, source=source)
 
     def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
         base = {**hydra_config.base_config, "model_type": hydra_config.base_model_type}
-        return to_module_names(self.stock_model(base, hydra_config.num_labels), unfuse_dinov2(state, hydra_config))
+        stock = self.stock_model(base, hydra_config.num_labels)
+        return to_module_names(stock, self.reader.unfuse(state, hydra_config))
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         base = getattr(model, model.base_model_prefix, model)  # dinov2 / dinov2_with_registers, or the bare model
         return layer_list_adapter(model, "hf_dinov2", [layer.attention for layer in base.encoder.layer],
                                   ("q_proj", "k_proj", "v_proj", "o_proj"), model.config.num_attention_heads,
-                                  ("pixel_values",), "vision")
+                                  ("pixel_values",), "vision")  # fmt: skip
 
     def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
         """``Dinov2ForImageClassification`` (or the registers variant, by ``base_config["model_type"]``)."""
         extra = {"num_labels": num_labels} if num_labels is not None else {}
         if base_config.get("model_type") == "dinov2_with_registers":
-            return Dinov2WithRegistersForImageClassification(
-                Dinov2WithRegistersConfig.from_dict({**base_config, **extra})
-            )
+            return Dinov2WithRegistersForImageClassification(Dinov2WithRegistersConfig.from_dict({**base_config, **extra}))
         return Dinov2ForImageClassification(Dinov2Config.from_dict({**base_config, **extra}))
 
 

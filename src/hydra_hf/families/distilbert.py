@@ -47,6 +47,7 @@ class DistilBertFamily(HFTextFamily):
     hf_task_class = "DistilBertForSequenceClassification"
     base_model_type = "distilbert"
     config_class_name = "HydraEnsembleDistilBertConfig"
+    config_file = "configuration_hydra_distilbert.py"
     modeling_file = "modeling_hydra_distilbert.py"
     model_class_names = {
         "AutoModel": "HydraEnsembleDistilBertModel",

@@ -45,6 +45,7 @@ class ElectraFamily(HFTextFamily):
     hf_task_class = "ElectraForSequenceClassification"
     base_model_type = "electra"
     config_class_name = "HydraEnsembleElectraConfig"
+    config_file = "configuration_hydra_electra.py"
     modeling_file = "modeling_hydra_electra.py"
     model_class_names = {
         "AutoModel": "HydraEnsembleElectraModel",

@@ -18,7 +18,7 @@ from typing import Any
 from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
 
 from ..convert.build import full_config
-from ..convert.hf_gpt2 import fuse_gpt2, gpt2_member_from_state_dict, unfuse_gpt2
+from ..convert.hf_gpt2 import READER
 from ..errors import HydraInputError
 from .adapters import gpt2_adapter
 from .base import register_family
@@ -39,7 +39,7 @@ class GPT2Family(DecoderFamily):
         "AutoModelForSequenceClassification": "HydraEnsembleGPT2ForSequenceClassification",
     }
     frozen_prefixes = ("hydra.wte.", "hydra.wpe.")
-    reader = (gpt2_member_from_state_dict, fuse_gpt2, unfuse_gpt2)
+    reader = READER
     causal_lm_architectures = ("GPT2LMHeadModel",)
     # the architecture keys of a GPT-2 config (shared by all members)
     shape_keys = ("model_type", "vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "n_positions")

@@ -18,7 +18,7 @@ import transformers
 from transformers import CONFIG_MAPPING
 
 from ..convert.build import full_config
-from ..convert.hf_llama import decoder_member_from_state_dict, fuse_decoder, unfuse_decoder
+from ..convert.hf_llama import READER
 from ..errors import HydraInputError
 from ..modeling.configuration_hydra_llama import DECODER_BASE_MODEL_TYPES
 from .adapters import llama_like_adapter
@@ -43,7 +43,7 @@ class LlamaFamily(DecoderFamily):
         "AutoModelForSequenceClassification": "HydraEnsembleLlamaForSequenceClassification",
     }
     frozen_prefixes = ("hydra.embed_tokens.",)
-    reader = (decoder_member_from_state_dict, fuse_decoder, unfuse_decoder)
+    reader = READER
     causal_lm_architectures = tuple(f"{prefix}ForCausalLM" for prefix in PREFIXES.values())
     # the architecture keys of a decoder config (shared by all members)
     shape_keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..convert.hf_modernbert import fuse_modernbert, modernbert_member_from_state_dict, unfuse_modernbert
+from ..convert.hf_modernbert import READER
 from .adapters import AttentionLayer, ModelAdapter
 from .base import register_family
 from .custom_text import CustomTextFamily, classifier_logits
@@ -29,7 +29,7 @@ class ModernBertFamily(CustomTextFamily):
         "AutoModel": "HydraEnsembleModernBertModel",
         "AutoModelForSequenceClassification": "HydraEnsembleModernBertForSequenceClassification",
     }
-    reader = (modernbert_member_from_state_dict, fuse_modernbert, unfuse_modernbert)
+    reader = READER
     hf_config_class = "ModernBertConfig"
     hf_task_class = "ModernBertForSequenceClassification"
     # the prediction head (dense + LayerNorm) and the classifier: the pre-trained masked-LM head of a

@@ -7,11 +7,11 @@ preprocessing is written next to the model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..convert.open_clip import build_open_clip, is_open_clip_folder, open_clip_member_from_state_dict
+from ..convert.open_clip import READER, build_open_clip, is_open_clip_folder
 from .adapters import open_clip_adapter
 from .base import Built, register_family
 from .clip import CLIPFamily
@@ -26,18 +26,15 @@ class OpenCLIPFamily(CLIPFamily):
     aliases = ("openclip",)
     model_types = ()
     hf_class_prefix = None
+    reader = READER  # read_member's config: the model_cfg of open_clip_config.json
 
     def detect(self, folder: Path, config: Mapping[str, Any] | None) -> bool:
         return config is None and is_open_clip_folder(folder)
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
-              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        model, extra = build_open_clip(folders, masks, mlp_fusion=mlp_fusion, shared=shared, towers=towers)
+              id2label: dict[int, str] | None, seed: int) -> Built:
+        model, extra = build_open_clip(folders, masks, mlp_fusion=mlp_fusion, shared=shared)
         return Built(model, None, extra)
-
-    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        """``config``: the ``model_cfg`` of ``open_clip_config.json``."""
-        return open_clip_member_from_state_dict(state, config, source=source)
 
     def owns_model(self, model: Any) -> bool:
         if not type(model).__module__.startswith("open_clip"):

@@ -45,6 +45,7 @@ class RobertaFamily(HFTextFamily):
     hf_task_class = "RobertaForSequenceClassification"
     base_model_type = "roberta"
     config_class_name = "HydraEnsembleRobertaConfig"
+    config_file = "configuration_hydra_roberta.py"
     modeling_file = "modeling_hydra_roberta.py"
     model_class_names = {
         "AutoModel": "HydraEnsembleRobertaModel",

@@ -10,13 +10,13 @@ reader is :mod:`hydra_hf.convert.hf_siglip`; the shipped model is ``modeling_hyd
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from transformers import SiglipConfig, SiglipModel
 
-from ..convert.hf_siglip import build_siglip, siglip_member_from_state_dict, unfuse_siglip
+from ..convert.hf_siglip import READER, build_siglip
 from ..convert.members import to_module_names
 from .adapters import hf_clip_adapter
 from .base import Built, Family, register_family
@@ -31,6 +31,7 @@ class SiglipFamily(Family):
     base_model_type = "siglip"
     task = "zero-shot-image-classification"
     config_class_name = "HydraEnsembleSiglipConfig"
+    config_file = "configuration_hydra_siglip.py"
     modeling_file = "modeling_hydra_siglip.py"
     model_class_names = {
         "AutoModel": "HydraEnsembleSiglipModel",
@@ -43,6 +44,7 @@ class SiglipFamily(Family):
     }
     frozen_prefixes = ("vision_model.embeddings.", "text_model.embeddings.")  # convert.hf_siglip.SHARED_KEYS
     classifier_keys = ()
+    reader = READER
     # SigLIP was trained on prompts padded to 64 tokens (its last token is pooled): as transformers' pipeline
     prompt_tokenizer_kwargs = {"padding": "max_length", "max_length": 64, "truncation": True}
     uncertainty_pipelines = False  # its scores are one sigmoid per (image, label), not a softmax over the labels
@@ -59,14 +61,11 @@ class SiglipFamily(Family):
         return kwargs
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
-              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        return Built(build_siglip(folders, masks, mlp_fusion=mlp_fusion, shared=shared, towers=towers), folders[0])
-
-    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        return siglip_member_from_state_dict(state, config, source=source)
+              id2label: dict[int, str] | None, seed: int) -> Built:
+        return Built(build_siglip(folders, masks, mlp_fusion=mlp_fusion, shared=shared), folders[0])
 
     def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
-        return to_module_names(self.stock_model(hydra_config.base_config), unfuse_siglip(state, hydra_config))
+        return to_module_names(self.stock_model(hydra_config.base_config), self.reader.unfuse(state, hydra_config))
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         adapter = hf_clip_adapter(model, class_text_inputs)  # the same layout; logits_per_image are SigLIP's

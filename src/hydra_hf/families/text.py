@@ -10,7 +10,7 @@ differs (DistilBERT's config names, ALBERT's shared layers).
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -18,7 +18,7 @@ import torch
 import transformers
 
 from ..convert.build import SHAPE_KEYS, check_same_architecture, full_config, label_arguments, load_fused
-from ..convert.hf_text import fuse_text, read_text_member, unfuse_text
+from ..convert.hf_text import text_reader
 from ..convert.io import read_config, read_state_dict
 from ..errors import HydraInputError
 from .adapters import bert_like_adapter
@@ -46,6 +46,11 @@ class HFTextFamily(Family):
     def layout(self) -> Any:
         """The family's :class:`~hydra_hf.convert.hf_text.TextLayout`."""
 
+    @property
+    def reader(self) -> Any:  # type: ignore[override]
+        """The layout's reader (:func:`~hydra_hf.convert.hf_text.text_reader`)."""
+        return text_reader(self.layout())
+
     # fine-tuning keeps what members share frozen; a trained classifier is the layout's classifier group
     @property
     def frozen_prefixes(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -64,9 +69,7 @@ class HFTextFamily(Family):
     def check_config(self, config: Mapping[str, Any], source: str) -> None:
         """Refuse a configuration variant the fused model does not implement (default: none)."""
         if config.get("is_decoder"):
-            raise HydraInputError(
-                f"{source} is a decoder ({self.name} with is_decoder=True); convert encoder checkpoints"
-            )
+            raise HydraInputError(f"{source} is a decoder ({self.name} with is_decoder=True); convert encoder checkpoints")
         position = config.get("position_embedding_type", "absolute")
         if position not in (None, "absolute"):
             raise HydraInputError(
@@ -74,14 +77,8 @@ class HFTextFamily(Family):
                 "absolute position embeddings only"
             )
 
-    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        return read_text_member(state, config, self.layout(), source=source)
-
-    def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
-        return unfuse_text(state, hydra_config, self.layout())
-
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
-              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
+              id2label: dict[int, str] | None, seed: int) -> Built:
         raw = [read_config(f) for f in folders]
         configs = [self.full_config(c) for c in raw]
         for f, c in zip(folders, configs):
@@ -90,9 +87,8 @@ class HFTextFamily(Family):
         base = configs[0]
         masks.check_compatible(base["num_hidden_layers"], base["num_attention_heads"], model=repr(str(folders[0])))
         loaded = [self.read_member(read_state_dict(f), c, repr(str(f))) for f, c in zip(folders, configs)]
-        state = fuse_text(
-            loaded * masks.num_members if len(loaded) == 1 else loaded, masks.kept_heads, mlp_fusion, shared
-        )
+        members = loaded * masks.num_members if len(loaded) == 1 else loaded
+        state = self.reader.fuse(members, masks.kept_heads, mlp_fusion, shared)
         layout = self.layout()
         # the labels: the checkpoints' classifier (with its label names) or the caller's
         labels = label_arguments(state, layout.num_labels_key, raw[0], num_labels, id2label)

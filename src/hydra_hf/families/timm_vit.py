@@ -7,11 +7,11 @@ written next to the model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..convert.timm_vit import build_timm_vit, is_timm_vit_config, timm_vit_member_from_state_dict
+from ..convert.timm_vit import READER, build_timm_vit, is_timm_vit_config
 from .adapters import timm_vit_adapter
 from .base import Built, register_family
 from .vit import ViTFamily
@@ -24,18 +24,16 @@ class TimmViTFamily(ViTFamily):
     model_types = ()
     hf_class_prefix = None  # timm configs name an `architecture`, not transformers classes
     classifier_keys = ("head.weight",)
+    reader = READER  # timm's names read into ViT's member; fused and split back as a ViT
 
     def detect(self, folder: Path, config: Mapping[str, Any] | None) -> bool:
         return config is not None and is_timm_vit_config(dict(config))
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
-              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
+              id2label: dict[int, str] | None, seed: int) -> Built:
         model, extra = build_timm_vit(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels,
                                       id2label=id2label, seed=seed)
         return Built(model, None, extra)
-
-    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        return timm_vit_member_from_state_dict(state, config, source=source)
 
     def owns_model(self, model: Any) -> bool:
         if not type(model).__module__.startswith("timm."):

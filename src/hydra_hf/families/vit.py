@@ -6,13 +6,13 @@ The reader is :mod:`hydra_hf.convert.hf_vit`; the shipped model is ``modeling_hy
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from transformers import ViTConfig, ViTForImageClassification
 
-from ..convert.hf_vit import build_vit, unfuse_vit, vit_member_from_state_dict
+from ..convert.hf_vit import READER, build_vit
 from .adapters import hf_vit_adapter
 from .base import Built, Family, register_family
 
@@ -26,6 +26,7 @@ class ViTFamily(Family):
     base_model_type = "vit"
     task = "image-classification"
     config_class_name = "HydraEnsembleViTConfig"
+    config_file = "configuration_hydra_vit.py"
     modeling_file = "modeling_hydra_vit.py"
     model_class_names = {
         "AutoModel": "HydraEnsembleViTModel",
@@ -35,19 +36,16 @@ class ViTFamily(Family):
     mlp_down_proj = {"vision": r"layers\.(\d+)\.mlp\.fc2"}
     # patch projection, CLS token, position embeddings
     frozen_prefixes = ("hydra.embeddings.",)
+    reader = READER
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
-              id2label: dict[int, str] | None, seed: int, towers: Sequence[str] | None) -> Built:
-        model = build_vit(
-            folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels, id2label=id2label, seed=seed
-        )
+              id2label: dict[int, str] | None, seed: int) -> Built:
+        model = build_vit(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels, id2label=id2label,
+                          seed=seed)  # fmt: skip
         return Built(model, folders[0])
 
-    def read_member(self, state: dict, config: dict[str, Any], source: str = "checkpoint") -> Any:
-        return vit_member_from_state_dict(state, config, source=source)
-
     def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
-        return unfuse_vit(state, hydra_config, names="module")
+        return self.reader.unfuse(state, hydra_config, names="module")
 
     def adapter(self, model: Any, *, class_text_inputs: Any = None) -> Any:
         return hf_vit_adapter(model)

@@ -5,6 +5,7 @@ subset of attention heads, fused into one model."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from transformers import PretrainedConfig
@@ -69,31 +70,40 @@ def without_base_labels(base: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _layer_lists(kept: Any, num_layers: int, where: str, what: str) -> Iterator[tuple[int, int, Any]]:
+    """``(m, l, kept[m][l])`` for every member and layer, after checking that member ``m`` holds one list of
+    integer ``what`` indices (``"head"``, ``"neuron"``) per layer (``ValueError`` naming the entry otherwise)."""
+    for m, member in enumerate(kept):
+        if not isinstance(member, (list, tuple)) or len(member) != num_layers:
+            got = len(member) if isinstance(member, (list, tuple)) else type(member).__name__
+            raise ValueError(
+                f"{where}[{m}] must hold one list of {what}s per layer ({num_layers} layers), got {got}; "
+                "give every member exactly one list per layer of the base model"
+            )
+        for layer, indices in enumerate(member):
+            if not isinstance(indices, (list, tuple)) or any(
+                isinstance(i, bool) or not isinstance(i, int) for i in indices
+            ):
+                raise ValueError(f"{where}[{m}][{layer}] must be a list of integer {what} indices, got {indices!r}")
+            yield m, layer, indices
+
+
 def check_kept_heads(kept_heads: Any, num_layers: int, num_heads: int, where: str = "kept_heads") -> None:
     """Raise ``ValueError`` unless ``kept_heads[m][l]`` is a sorted list of unique heads in ``[0, H)``
     for every member ``m`` and each of the ``num_layers`` layers."""
     if not isinstance(kept_heads, (list, tuple)) or len(kept_heads) == 0:
         raise ValueError(f"{where} must be a non-empty list with one entry per member, got {kept_heads!r}")
-    for m, member in enumerate(kept_heads):
-        if not isinstance(member, (list, tuple)) or len(member) != num_layers:
-            got = len(member) if isinstance(member, (list, tuple)) else type(member).__name__
+    for m, layer, heads in _layer_lists(kept_heads, num_layers, where, "head"):
+        bad = [h for h in heads if not 0 <= h < num_heads]
+        if bad:
             raise ValueError(
-                f"{where}[{m}] must hold one list of heads per layer ({num_layers} layers), got {got}; "
-                "give every member exactly one list per layer of the base model"
+                f"{where}[{m}][{layer}] has head indices {bad} outside [0, {num_heads}); "
+                f"the base model has {num_heads} heads per layer"
             )
-        for layer, heads in enumerate(member):
-            if not isinstance(heads, (list, tuple)) or any(isinstance(h, bool) or not isinstance(h, int) for h in heads):
-                raise ValueError(f"{where}[{m}][{layer}] must be a list of integer head indices, got {heads!r}")
-            bad = [h for h in heads if not 0 <= h < num_heads]
-            if bad:
-                raise ValueError(
-                    f"{where}[{m}][{layer}] has head indices {bad} outside [0, {num_heads}); "
-                    f"the base model has {num_heads} heads per layer"
-                )
-            if len(set(heads)) != len(heads):
-                raise ValueError(f"{where}[{m}][{layer}] lists a head twice: {list(heads)}; list each kept head once")
-            if list(heads) != sorted(heads):
-                raise ValueError(f"{where}[{m}][{layer}] must be sorted, got {list(heads)}; use {sorted(heads)}")
+        if len(set(heads)) != len(heads):
+            raise ValueError(f"{where}[{m}][{layer}] lists a head twice: {list(heads)}; list each kept head once")
+        if list(heads) != sorted(heads):
+            raise ValueError(f"{where}[{m}][{layer}] must be sorted, got {list(heads)}; use {sorted(heads)}")
 
 
 def neurons_field(heads_field: str) -> str:
@@ -109,31 +119,21 @@ def check_kept_neurons(kept_neurons: Any, num_members: int, num_layers: int, whe
     if not isinstance(kept_neurons, (list, tuple)) or len(kept_neurons) != num_members:
         got = len(kept_neurons) if isinstance(kept_neurons, (list, tuple)) else type(kept_neurons).__name__
         raise ValueError(f"{where} must list one entry per member ({num_members}), got {got}; give every member its neurons")
-    for m, member in enumerate(kept_neurons):
-        if not isinstance(member, (list, tuple)) or len(member) != num_layers:
-            got = len(member) if isinstance(member, (list, tuple)) else type(member).__name__
-            raise ValueError(
-                f"{where}[{m}] must hold one list of neurons per layer ({num_layers} layers), got {got}; "
-                "give every member exactly one list per layer of the base model"
-            )
-        for layer, neurons in enumerate(member):
-            if not isinstance(neurons, (list, tuple)) or any(
-                isinstance(n, bool) or not isinstance(n, int) for n in neurons
-            ):
-                raise ValueError(f"{where}[{m}][{layer}] must be a list of integer neuron indices, got {neurons!r}")
-            bad = [n for n in neurons if n < 0]
-            if bad:
-                raise ValueError(f"{where}[{m}][{layer}] has negative neuron indices {bad[:5]}; indices start at 0")
-            if any(b <= a for a, b in zip(neurons, neurons[1:])):
-                fix = "list each kept neuron once" if len(set(neurons)) != len(neurons) else "sort them"
-                raise ValueError(f"{where}[{m}][{layer}] must be sorted and unique (increasing indices); {fix}")
+    for m, layer, neurons in _layer_lists(kept_neurons, num_layers, where, "neuron"):
+        bad = [n for n in neurons if n < 0]
+        if bad:
+            raise ValueError(f"{where}[{m}][{layer}] has negative neuron indices {bad[:5]}; indices start at 0")
+        if any(b <= a for a, b in zip(neurons, neurons[1:])):
+            fix = "list each kept neuron once" if len(set(neurons)) != len(neurons) else "sort them"
+            raise ValueError(f"{where}[{m}][{layer}] must be sorted and unique (increasing indices); {fix}")
 
 
 class HydraEnsembleConfig(PretrainedConfig):
-    r"""Configuration of a Hydra Ensemble built on a BERT-family encoder.
+    r"""Configuration of a Hydra Ensemble built on a BERT encoder, and the base of every family's config.
 
     Args:
-        base_model_type (`str`): architecture of the base model (``"bert"``).
+        base_model_type (`str`, *optional*): architecture of the base model, one of the class's
+            ``supported_base_model_types`` (default: the first, ``"bert"`` here).
         base_config (`dict`): the base model's own configuration (``BertConfig.to_dict()``), nested. Its
             labels are dropped: the labels are this config's (``id2label``, ``num_labels`` ...).
         num_members (`int`): M, the number of members. Must equal ``len(kept_heads)``.
@@ -154,6 +154,11 @@ class HydraEnsembleConfig(PretrainedConfig):
     ``PretrainedConfig`` arguments. The configuration validates itself when it is built: every error
     names the bad value and how to fix it.
 
+    A family's config class is a subclass in its own file (``configuration_hydra_<family>.py``) that names its
+    ``model_type`` and ``supported_base_model_types`` (the first is its default ``base_model_type``). One that adds
+    no argument keeps this ``__init__`` with ``__init__ = HydraEnsembleConfig.__init__``: transformers makes every
+    config class a dataclass, whose generated ``__init__`` would replace an inherited one.
+
     The base model's settings read through, as in transformers' composite configs: ``config.vocab_size``,
     ``config.pad_token_id``, ``config.hidden_dropout_prob`` ... are ``base_config``'s values and
     ``config.get_text_config()`` is the config itself. One set on the config (by
@@ -166,11 +171,11 @@ class HydraEnsembleConfig(PretrainedConfig):
 
     model_type = "hydra_ensemble"
     supported_base_model_types: tuple[str, ...] = BASE_MODEL_TYPES
-    # Where the remote code finds each class (flat files next to config.json). Every config starts from
-    # it, so a model saved by any path (save_pretrained, push_to_hub, Trainer) names all its heads;
-    # entries given in `auto_map` (e.g. code kept in another repository, "org/repo--module.Class") win.
+    # Where the remote code finds the model classes (flat files next to config.json; ``AutoConfig`` is the
+    # config class's own file, added by ``__init__``). Every config starts from it, so a model saved by any
+    # path (save_pretrained, push_to_hub, Trainer) names all its heads; entries given in `auto_map` (e.g.
+    # code kept in another repository, "org/repo--module.Class") win.
     hydra_auto_map: ClassVar[dict[str, str]] = {
-        "AutoConfig": "configuration_hydra.HydraEnsembleConfig",
         "AutoModel": "modeling_hydra_bert.HydraEnsembleModel",
         "AutoModelForSequenceClassification": "modeling_hydra_bert.HydraEnsembleForSequenceClassification",
     }
@@ -182,7 +187,7 @@ class HydraEnsembleConfig(PretrainedConfig):
 
     def __init__(
         self,
-        base_model_type: str = "bert",
+        base_model_type: str | None = None,
         base_config: dict[str, Any] | None = None,
         num_members: int | None = None,
         kept_heads: list[list[list[int]]] | None = None,
@@ -191,7 +196,8 @@ class HydraEnsembleConfig(PretrainedConfig):
         kept_neurons: list[list[list[int]]] | None = None,
         **kwargs: Any,
     ) -> None:
-        self.base_model_type = base_model_type
+        # a family's config class names its bases; the first is the default
+        self.base_model_type = base_model_type or self.supported_base_model_types[0]
         self.kept_neurons = [[list(n) for n in member] for member in (kept_neurons or [])]
         self.base_config = without_base_labels(dict(base_config or {}))
         self.kept_heads = [[list(h) for h in member] for member in (kept_heads or [])]
@@ -200,9 +206,10 @@ class HydraEnsembleConfig(PretrainedConfig):
         self.member_metadata = list(member_metadata or [])
         # only the class's own map: a family config that inherits this class but ships other files gets
         # its map from the family registry when hydra_hf is imported, and from its config.json otherwise
-        own_map = self.hydra_auto_map
-        if own_map.get("AutoConfig", "").rsplit(".", 1)[-1] != type(self).__name__:  # a parent class's map
-            own_map = {}
+        inherited = getattr(super(type(self), self), "hydra_auto_map", None)
+        own_map = {} if self.hydra_auto_map is inherited else dict(self.hydra_auto_map)
+        if own_map:  # the config class's own file: here, or the folder's copy loaded as remote code
+            own_map = {"AutoConfig": f"{type(self).__module__.rsplit('.', 1)[-1]}.{type(self).__name__}", **own_map}
         kwargs["auto_map"] = {**own_map, **(kwargs.get("auto_map") or {})}
         if kwargs.get("custom_pipelines") is None:
             kwargs["custom_pipelines"] = (
@@ -349,37 +356,19 @@ class HydraEnsembleConfig(PretrainedConfig):
         return any(bool(neurons) for neurons in self._neurons_of_towers().values())
 
 
-class HydraEnsembleViTConfig(HydraEnsembleConfig):
-    r"""Configuration of a Hydra Ensemble built on a ViT image classifier.
-
-    The same fields as ``HydraEnsembleConfig``; ``base_config`` is a ``ViTConfig.to_dict()`` (a timm
-    ``vit_*`` checkpoint is converted to the equivalent ``ViTConfig``). A separate class (and
-    ``model_type``) because transformers maps one config class to one model class per Auto class.
-    """
-
-    model_type = "hydra_ensemble_vit"
-    supported_base_model_types = ("vit",)
-    hydra_auto_map = {
-        "AutoConfig": "configuration_hydra.HydraEnsembleViTConfig",
-        "AutoModel": "modeling_hydra_vit.HydraEnsembleViTModel",
-        "AutoModelForImageClassification": "modeling_hydra_vit.HydraEnsembleForImageClassification",
-    }
-
-    def __init__(self, base_model_type: str = "vit", **kwargs: Any) -> None:
-        super().__init__(base_model_type=base_model_type, **kwargs)
-
-
 CLIP_TOWERS = ("vision", "text")
 
 
-class HydraEnsembleCLIPConfig(HydraEnsembleConfig):
-    r"""Configuration of a Hydra Ensemble built on a CLIP model (zero-shot image classification).
+class HydraTwoTowerConfig(HydraEnsembleConfig):
+    r"""What the configurations of Hydra Ensembles built on two-tower image-text models (CLIP, SigLIP: zero-shot
+    image classification) share; each family's own class (``configuration_hydra_clip.py``,
+    ``configuration_hydra_siglip.py``) names its ``model_type`` and base.
 
     Member m is the pair (vision tower m, text tower m); each tower is pruned separately.
 
     Args:
-        base_config (`dict`): ``CLIPConfig.to_dict()`` of the base (with nested ``vision_config`` and
-            ``text_config``); an open_clip model is converted to the equivalent ``CLIPConfig``.
+        base_config (`dict`): the base's config dict (``CLIPConfig.to_dict()``, ``SiglipConfig.to_dict()``) with
+            nested ``vision_config`` and ``text_config``.
         vision_kept_heads (`list[list[list[int]]]`, *optional*): ``vision_kept_heads[m][l]`` = sorted
             heads member m keeps in layer l of the vision tower.
         text_kept_heads (`list[list[list[int]]]`, *optional*): the same for the text tower.
@@ -392,14 +381,6 @@ class HydraEnsembleCLIPConfig(HydraEnsembleConfig):
     ``HydraEnsembleConfig``; ``kept_heads`` is not used (the heads are per tower).
     """
 
-    model_type = "hydra_ensemble_clip"
-    supported_base_model_types = ("clip",)
-    hydra_auto_map = {
-        "AutoConfig": "configuration_hydra.HydraEnsembleCLIPConfig",
-        "AutoModel": "modeling_hydra_clip.HydraEnsembleCLIPModel",
-        # what pipeline("zero-shot-image-classification") loads
-        "AutoModelForZeroShotImageClassification": "modeling_hydra_clip.HydraEnsembleCLIPModel",
-    }
     # as for a stock CLIPModel, plus the members' own similarities
     keys_to_ignore_at_inference = [
         "member_logits_per_image", "member_logits_per_text", "member_text_embeds", "member_image_embeds"
@@ -407,7 +388,6 @@ class HydraEnsembleCLIPConfig(HydraEnsembleConfig):
 
     def __init__(
         self,
-        base_model_type: str = "clip",
         base_config: dict[str, Any] | None = None,
         num_members: int | None = None,
         vision_kept_heads: list[list[list[int]]] | None = None,
@@ -430,7 +410,7 @@ class HydraEnsembleCLIPConfig(HydraEnsembleConfig):
                     if "num_hidden_layers" in sub and "num_attention_heads" in sub:
                         everything = [list(range(int(sub["num_attention_heads"])))] * int(sub["num_hidden_layers"])
                         setattr(self, f"{tower}_kept_heads", [[list(h) for h in everything] for _ in range(num_members)])
-        super().__init__(base_model_type=base_model_type, base_config=base_config, num_members=num_members, **kwargs)
+        super().__init__(base_config=base_config, num_members=num_members, **kwargs)
 
     def _tower_config(self, tower: str) -> dict[str, Any]:
         """``base_config[f"{tower}_config"]``, checked for the keys the model needs."""
@@ -491,135 +471,3 @@ class HydraEnsembleCLIPConfig(HydraEnsembleConfig):
         out.pop("kept_heads", None)  # the parent's single-tower fields, always empty here
         out.pop("kept_neurons", None)
         return out
-
-
-# ==================================================================================================
-# One sibling config per text family (the same fields as HydraEnsembleConfig; a separate class and
-# model_type because transformers maps one config class to one model class per Auto class).
-# ``base_config`` is the base's own config dict; every one also holds ``hidden_size``,
-# ``num_hidden_layers`` and ``num_attention_heads`` (DistilBERT's converter adds these aliases of
-# ``dim`` / ``n_layers`` / ``n_heads``).
-# ==================================================================================================
-class HydraEnsembleRobertaConfig(HydraEnsembleConfig):
-    """A Hydra Ensemble built on a RoBERTa-layout encoder (RoBERTa, XLM-RoBERTa, CamemBERT)."""
-
-    model_type = "hydra_ensemble_roberta"
-    supported_base_model_types = ("roberta", "xlm-roberta", "camembert")
-
-    def __init__(self, base_model_type: str = "roberta", **kwargs: Any) -> None:
-        super().__init__(base_model_type=base_model_type, **kwargs)
-
-
-class HydraEnsembleElectraConfig(HydraEnsembleConfig):
-    """A Hydra Ensemble built on an ELECTRA discriminator."""
-
-    model_type = "hydra_ensemble_electra"
-    supported_base_model_types = ("electra",)
-
-    def __init__(self, base_model_type: str = "electra", **kwargs: Any) -> None:
-        super().__init__(base_model_type=base_model_type, **kwargs)
-
-
-class HydraEnsembleDistilBertConfig(HydraEnsembleConfig):
-    """A Hydra Ensemble built on DistilBERT."""
-
-    model_type = "hydra_ensemble_distilbert"
-    supported_base_model_types = ("distilbert",)
-
-    def __init__(self, base_model_type: str = "distilbert", **kwargs: Any) -> None:
-        super().__init__(base_model_type=base_model_type, **kwargs)
-
-
-class HydraEnsembleAlbertConfig(HydraEnsembleConfig):
-    """A Hydra Ensemble built on ALBERT: the base's shared layer weights become one fused layer per
-    layer (``num_hidden_layers`` of them), so that every member prunes every layer separately."""
-
-    model_type = "hydra_ensemble_albert"
-    supported_base_model_types = ("albert",)
-
-    def __init__(self, base_model_type: str = "albert", **kwargs: Any) -> None:
-        super().__init__(base_model_type=base_model_type, **kwargs)
-
-
-class HydraEnsembleDeiTConfig(HydraEnsembleConfig):
-    r"""Configuration of a Hydra Ensemble built on a DeiT image classifier.
-
-    The fields of ``HydraEnsembleConfig`` (``base_config`` is a ``DeiTConfig.to_dict()``), plus:
-
-    Args:
-        distilled (`bool`): the base is a ``DeiTForImageClassificationWithTeacher``: every member keeps
-            both heads (``cls_classifier`` on the [CLS] token, ``distillation_classifier`` on the
-            distillation token) and its logits are their mean, as in the stock model. False: a
-            ``DeiTForImageClassification`` (one classifier on the [CLS] token).
-    """
-
-    model_type = "hydra_ensemble_deit"
-    supported_base_model_types = ("deit",)
-
-    def __init__(self, base_model_type: str = "deit", distilled: bool = False, **kwargs: Any) -> None:
-        self.distilled = distilled
-        super().__init__(base_model_type=base_model_type, **kwargs)
-
-    def validate_hydra(self) -> None:
-        if not isinstance(self.distilled, bool):
-            raise ValueError(f"distilled must be true or false, got {self.distilled!r}")
-        super().validate_hydra()
-
-
-class HydraEnsembleBeitConfig(HydraEnsembleConfig):
-    r"""Configuration of a Hydra Ensemble built on a BEiT image classifier (``BeitForImageClassification``).
-
-    The fields of ``HydraEnsembleConfig``; ``base_config`` is a ``BeitConfig.to_dict()``. Its relative
-    position bias (shared or per layer), layer scale and pooling (mean of the patch tokens + LayerNorm,
-    or the [CLS] token after the final LayerNorm) are the base's; every member keeps its own copy of the
-    per-head bias of the heads it keeps, its own layer scales and its own pooling LayerNorm.
-    """
-
-    model_type = "hydra_ensemble_beit"
-    supported_base_model_types = ("beit",)
-
-    def __init__(self, base_model_type: str = "beit", **kwargs: Any) -> None:
-        super().__init__(base_model_type=base_model_type, **kwargs)
-
-
-class HydraEnsembleDinov2Config(HydraEnsembleConfig):
-    r"""Configuration of a Hydra Ensemble built on a DINOv2 image classifier.
-
-    The fields of ``HydraEnsembleConfig``. ``base_model_type`` is ``"dinov2"`` (``base_config`` a
-    ``Dinov2Config.to_dict()``) or ``"dinov2_with_registers"`` (a ``Dinov2WithRegistersConfig.to_dict()``:
-    register tokens after the [CLS] token). Layer scale and the SwiGLU MLP (``use_swiglu_ffn``) are the
-    base's; every member keeps its own layer scales.
-    """
-
-    model_type = "hydra_ensemble_dinov2"
-    supported_base_model_types = ("dinov2", "dinov2_with_registers")
-
-    def __init__(self, base_model_type: str = "dinov2", **kwargs: Any) -> None:
-        super().__init__(base_model_type=base_model_type, **kwargs)
-
-
-class HydraEnsembleSiglipConfig(HydraEnsembleCLIPConfig):
-    r"""Configuration of a Hydra Ensemble built on a SigLIP model (``SiglipModel``).
-
-    The fields of ``HydraEnsembleCLIPConfig``: ``base_config`` is a ``SiglipConfig.to_dict()`` (nested
-    ``vision_config`` and ``text_config``), ``vision_kept_heads`` / ``text_kept_heads`` per tower (a tower
-    given none keeps every head). The vision tower's attention-pooling head is not pruned: every member
-    keeps its own copy.
-
-    The ``model_type`` contains ``"siglip"`` on purpose: transformers' zero-shot pipeline then applies a
-    sigmoid to ``logits_per_image`` (and pads the prompts to 64 tokens), as for a stock SigLIP.
-    """
-
-    model_type = "hydra_ensemble_siglip"
-    supported_base_model_types = ("siglip",)
-
-    def __init__(self, base_model_type: str = "siglip", **kwargs: Any) -> None:
-        super().__init__(base_model_type=base_model_type, **kwargs)
-
-    def validate_hydra(self) -> None:
-        super().validate_hydra()
-        if self.base_config.get("vision_config", {}).get("vision_use_head") is False:
-            raise ValueError(
-                "base_config['vision_config'] has vision_use_head=False: a SiglipModel needs the vision "
-                "tower's attention-pooling head; pass a SiglipModel checkpoint"
-            )

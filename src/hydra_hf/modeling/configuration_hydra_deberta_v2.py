@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .configuration_hydra import HydraEnsembleConfig
 
 
@@ -20,9 +18,7 @@ class HydraEnsembleDebertaV2Config(HydraEnsembleConfig):
 
     model_type = "hydra_ensemble_deberta_v2"
     supported_base_model_types = ("deberta-v2",)
-
-    def __init__(self, base_model_type: str = "deberta-v2", **kwargs: Any) -> None:
-        super().__init__(base_model_type=base_model_type, **kwargs)
+    __init__ = HydraEnsembleConfig.__init__  # the inherited one (see HydraEnsembleConfig)
 
     def validate_hydra(self) -> None:
         super().validate_hydra()

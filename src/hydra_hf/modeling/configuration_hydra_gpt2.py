@@ -33,19 +33,16 @@ class HydraEnsembleGPT2Config(HydraEnsembleConfig):
     model_type = "hydra_ensemble_gpt2"
     supported_base_model_types = ("gpt2",)
     hydra_auto_map: ClassVar[dict[str, str]] = {
-        "AutoConfig": "configuration_hydra_gpt2.HydraEnsembleGPT2Config",
         "AutoModel": "modeling_hydra_gpt2.HydraEnsembleGPT2Model",
         "AutoModelForSequenceClassification": "modeling_hydra_gpt2.HydraEnsembleGPT2ForSequenceClassification",
         "AutoModelForCausalLM": "modeling_hydra_gpt2.HydraEnsembleGPT2ForCausalLM",
     }
 
-    def __init__(
-        self, base_model_type: str = "gpt2", lm_head_fusion: str = "shared", use_cache: bool = True, **kwargs: Any
-    ) -> None:
+    def __init__(self, lm_head_fusion: str = "shared", use_cache: bool = True, **kwargs: Any) -> None:
         self.lm_head_fusion = lm_head_fusion
         # a config field, as GPT2Config's: from_pretrained(folder, use_cache=False) sets it
         self.use_cache = use_cache
-        super().__init__(base_model_type=base_model_type, **kwargs)
+        super().__init__(**kwargs)
 
     def _shape_value(self, name: str) -> int:
         """``base_config``'s value of ``name`` (``num_hidden_layers``, ``num_attention_heads``,

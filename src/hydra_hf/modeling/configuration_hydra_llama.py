@@ -15,7 +15,8 @@ DECODER_BASE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 def kept_kv_heads(kept_heads: list[list[list[int]]], num_heads: int, num_key_value_heads: int) -> list[list[list[int]]]:
     """The key/value heads each member keeps: ``out[m][l]`` = sorted key/value heads with at least one kept
     query head in member m's layer l (grouped-query attention: query head ``h`` reads key/value head
-    ``h // (num_heads // num_key_value_heads)``)."""
+    ``h // (num_heads // num_key_value_heads)``). The library's copy of this rule is
+    ``hydra_hf.masks.members_kept_kv_heads`` (shipped code cannot import it; a test holds the two equal)."""
     group = num_heads // num_key_value_heads
     return [[sorted({h // group for h in layer}) for layer in member] for member in kept_heads]
 
@@ -40,22 +41,21 @@ class HydraEnsembleLlamaConfig(HydraEnsembleConfig):
     model_type = "hydra_ensemble_llama"
     supported_base_model_types = DECODER_BASE_MODEL_TYPES
     hydra_auto_map: ClassVar[dict[str, str]] = {
-        "AutoConfig": "configuration_hydra_llama.HydraEnsembleLlamaConfig",
         "AutoModel": "modeling_hydra_llama.HydraEnsembleLlamaModel",
         "AutoModelForSequenceClassification": "modeling_hydra_llama.HydraEnsembleLlamaForSequenceClassification",
         "AutoModelForCausalLM": "modeling_hydra_llama.HydraEnsembleLlamaForCausalLM",
     }
 
     def __init__(
-        self, base_model_type: str = "llama", lm_head_fusion: str = "shared",
-        kept_kv_heads: list[list[list[int]]] | None = None, use_cache: bool = True, **kwargs: Any,
+        self, lm_head_fusion: str = "shared", kept_kv_heads: list[list[list[int]]] | None = None,
+        use_cache: bool = True, **kwargs: Any,
     ) -> None:
         self.lm_head_fusion = lm_head_fusion
         # the decoders' cache switch, as transformers' decoder configs have it: a config field, so that
         # from_pretrained(folder, use_cache=False) sets it (else transformers hands it to the model's __init__)
         self.use_cache = use_cache
         self._given_kv_heads = kept_kv_heads  # checked against the query heads, written back derived
-        super().__init__(base_model_type=base_model_type, **kwargs)
+        super().__init__(**kwargs)
 
     def _pruned_towers(self) -> dict[str, tuple[Any, int, int]]:
         # a decoder's heads may be narrower or wider than hidden_size / num_heads (``head_dim``)

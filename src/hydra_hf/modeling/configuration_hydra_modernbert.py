@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .configuration_hydra import HydraEnsembleConfig
 
 CLASSIFIER_POOLINGS = ("cls", "mean")
@@ -21,9 +19,7 @@ class HydraEnsembleModernBertConfig(HydraEnsembleConfig):
 
     model_type = "hydra_ensemble_modernbert"
     supported_base_model_types = ("modernbert",)
-
-    def __init__(self, base_model_type: str = "modernbert", **kwargs: Any) -> None:
-        super().__init__(base_model_type=base_model_type, **kwargs)
+    __init__ = HydraEnsembleConfig.__init__  # the inherited one (see HydraEnsembleConfig)
 
     def validate_hydra(self) -> None:
         super().validate_hydra()

@@ -17,7 +17,7 @@ from torch import nn
 from transformers import AlbertConfig
 from transformers.models.albert.modeling_albert import AlbertEmbeddings
 
-from .configuration_hydra import HydraEnsembleAlbertConfig
+from .configuration_hydra_albert import HydraEnsembleAlbertConfig
 from .hydra_skeletons import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
 
 

@@ -28,7 +28,7 @@ from transformers import BeitConfig
 from transformers import initialization as init
 from transformers.models.beit.modeling_beit import BeitEmbeddings, BeitRelativePositionBias
 
-from .configuration_hydra import HydraEnsembleBeitConfig
+from .configuration_hydra_beit import HydraEnsembleBeitConfig
 from .hydra_layers import (
     HydraLayerNorm,
     HydraLayerScalePreLNLayer,

@@ -17,7 +17,6 @@ from .configuration_hydra import HydraEnsembleConfig
 from .hydra_skeletons import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
 
 
-
 class HydraEnsemblePreTrainedModel(HydraTextPreTrainedModel):
     config_class = HydraEnsembleConfig
     base_config_class = BertConfig

@@ -25,7 +25,7 @@ from transformers import CLIPConfig, CLIPTextConfig, CLIPVisionConfig
 from transformers import initialization as init
 from transformers.models.clip.modeling_clip import CLIPTextEmbeddings, CLIPVisionEmbeddings
 
-from .configuration_hydra import HydraEnsembleCLIPConfig
+from .configuration_hydra_clip import HydraEnsembleCLIPConfig
 from .hydra_layers import (
     HydraLayerNorm,
     HydraMemberLinear,

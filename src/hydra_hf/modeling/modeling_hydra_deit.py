@@ -21,7 +21,7 @@ import torch
 from transformers import DeiTConfig
 from transformers.models.deit.modeling_deit import DeiTEmbeddings
 
-from .configuration_hydra import HydraEnsembleDeiTConfig
+from .configuration_hydra_deit import HydraEnsembleDeiTConfig
 from .hydra_layers import HydraMemberLinear, HydraModelOutput
 from .hydra_skeletons import HydraPreLNVisionModel, HydraVisionForImageClassification, HydraVisionPreTrainedModel
 

@@ -13,7 +13,6 @@ interpolated to the patch grid, as in transformers). ``logits`` = log of the mea
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,7 +21,7 @@ from transformers import initialization as init
 from transformers.models.dinov2.modeling_dinov2 import Dinov2Embeddings
 from transformers.models.dinov2_with_registers.modeling_dinov2_with_registers import Dinov2WithRegistersEmbeddings
 
-from .configuration_hydra import HydraEnsembleDinov2Config
+from .configuration_hydra_dinov2 import HydraEnsembleDinov2Config
 from .hydra_layers import (
     HydraLayerScalePreLNLayer,
     HydraLayerSpec,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from transformers import DistilBertConfig
 from transformers.models.distilbert.modeling_distilbert import Embeddings as DistilBertEmbeddings
 
-from .configuration_hydra import HydraEnsembleDistilBertConfig
+from .configuration_hydra_distilbert import HydraEnsembleDistilBertConfig
 from .hydra_layers import HydraLayerSpec, layer_spec
 from .hydra_skeletons import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
 

@@ -17,7 +17,7 @@ from torch import nn
 from transformers import ElectraConfig
 from transformers.models.electra.modeling_electra import ElectraEmbeddings
 
-from .configuration_hydra import HydraEnsembleElectraConfig
+from .configuration_hydra_electra import HydraEnsembleElectraConfig
 from .hydra_skeletons import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
 
 

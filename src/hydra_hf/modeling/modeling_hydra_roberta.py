@@ -15,9 +15,8 @@ from __future__ import annotations
 from transformers import RobertaConfig
 from transformers.models.roberta.modeling_roberta import RobertaEmbeddings
 
-from .configuration_hydra import HydraEnsembleRobertaConfig
+from .configuration_hydra_roberta import HydraEnsembleRobertaConfig
 from .hydra_skeletons import HydraPostLNTextModel, HydraTextForSequenceClassification, HydraTextPreTrainedModel
-
 
 
 class HydraEnsembleRobertaPreTrainedModel(HydraTextPreTrainedModel):

@@ -37,7 +37,7 @@ from transformers import SiglipConfig, SiglipTextConfig, SiglipVisionConfig
 from transformers import initialization as init
 from transformers.models.siglip.modeling_siglip import SiglipTextEmbeddings, SiglipVisionEmbeddings
 
-from .configuration_hydra import HydraEnsembleSiglipConfig
+from .configuration_hydra_siglip import HydraEnsembleSiglipConfig
 from .hydra_layers import (
     HydraLayerNorm,
     HydraLayerSpec,

@@ -22,7 +22,7 @@ from __future__ import annotations
 from transformers import ViTConfig
 from transformers.models.vit.modeling_vit import ViTEmbeddings
 
-from .configuration_hydra import HydraEnsembleViTConfig
+from .configuration_hydra_vit import HydraEnsembleViTConfig
 from .hydra_skeletons import HydraPreLNVisionModel, HydraVisionForImageClassification, HydraVisionPreTrainedModel
 
 
