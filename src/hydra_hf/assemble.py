@@ -3,10 +3,10 @@ it up in the registry, build, save).
 
 This stage sits above the family registry (:mod:`hydra_hf.families`), which sits above the build
 helpers (:mod:`hydra_hf.convert`). Two sources: (a) one base checkpoint plus a masks file (every
-member starts from the same weights and keeps its own heads), or (b) M member checkpoints of the same architecture (e.g. fine-tuned
-separately) plus the masks file saying which heads each kept. The state-dict work is done by the pure
-functions of the per-architecture readers and ``fuse.py``; this module reads files, checks that they
-fit together, builds the model and (optionally) saves it atomically.
+member starts from the same weights and keeps its own heads), or (b) M member checkpoints of the same
+architecture (e.g. fine-tuned separately) plus the masks file saying which heads each kept. The state-dict
+work is done by the pure functions of the per-architecture readers and ``fuse.py``; this module reads files,
+checks that they fit together, builds the model and (optionally) saves it atomically.
 """
 
 from __future__ import annotations
@@ -124,7 +124,11 @@ def convert_checkpoint(
     if output_dir is not None:
         check_output_dir(output_dir, overwrite, command="convert", inputs=inputs)  # fail before any work
     masks = _load_masks(masks)
-    folders = [checkpoint_dir(base, what="base")] if base is not None else [checkpoint_dir(p, what="member") for p in members]
+    folders = (
+        [checkpoint_dir(base, what="base")]
+        if base is not None
+        else [checkpoint_dir(p, what="member") for p in members]
+    )
     if members is not None and len(folders) != masks.num_members:
         raise ValueError(
             f"{len(folders)} member checkpoints but the masks file describes {masks.num_members} members; "
@@ -132,12 +136,18 @@ def convert_checkpoint(
         )
     found = [_family_for(f, arch) for f in folders]
     if len({f.name for f in found}) != 1:
-        raise ValueError(f"member checkpoints have different architectures {[f.name for f in found]}; use members of one base model")
+        raise ValueError(
+            f"member checkpoints have different architectures {[f.name for f in found]}; use members of one base model"
+        )
     family = found[0]
     if base is not None:
         for i, j in masks.identical_members():
-            logger.warning("members %d and %d of the masks keep the same heads (Jaccard 1.0): fused from one base they "
-                           "are one model counted twice; prune them with other seeds or methods", i, j)
+            logger.warning(
+                "members %d and %d of the masks keep the same heads (Jaccard 1.0): fused from one base they "
+                "are one model counted twice; prune them with other seeds or methods",
+                i,
+                j,
+            )
     # the one check that the masks fit the family's towers (the file shape it reads; towers= in them)
     masks.check_towers(family.towers, towers, model=f"a {family.name} checkpoint")
     build_fusion = "per_member" if masks.slim else mlp_fusion  # slim: each neuron averaged over its members below

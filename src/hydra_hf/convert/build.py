@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 NOT_ARCHITECTURE = {
     "architectures", "id2label", "label2id", "_name_or_path", "transformers_version", "torch_dtype", "dtype",
     "problem_type", "auto_map", "num_labels", "finetuning_task", "gradient_checkpointing", "use_cache",
-}  # fmt: skip
+}
 # config keys that must agree between the member checkpoints of a text encoder
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
 
@@ -41,7 +41,9 @@ def full_config(cls: type[PretrainedConfig], raw: dict[str, Any]) -> dict[str, A
     return base_config_dict(cls.from_dict(base_config_dict(raw)).to_dict())
 
 
-def check_same_architecture(folders: list[Path], configs: list[dict[str, Any]], keys: tuple[str, ...] | None = None) -> None:
+def check_same_architecture(
+    folders: list[Path], configs: list[dict[str, Any]], keys: tuple[str, ...] | None = None
+) -> None:
     """``ValueError`` naming the folder and the differing values unless every member's config agrees with
     the first one's on ``keys`` (default: every key)."""
     for f, c in zip(folders[1:], configs[1:]):

@@ -20,7 +20,7 @@ import torch
 CANONICAL_LAYER_KEYS = (
     "q.weight", "q.bias", "k.weight", "k.bias", "v.weight", "v.bias", "o.weight", "o.bias",
     "norm1.weight", "norm1.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "norm2.weight", "norm2.bias",
-)  # fmt: skip
+)
 SHARED_POLICIES = ("error", "average", "first")
 
 
@@ -76,7 +76,9 @@ def fuse_layer(
         out[f"{norm}.bias"] = torch.stack([layer[f"{norm}.bias"] for layer in member_layers])
     for fc in ("fc1", "fc2"):
         weights = torch.stack([layer[f"{fc}.weight"] for layer in member_layers])  # (M, out, in)
-        biases = torch.stack([_bias(layer, fc, layer[f"{fc}.weight"].shape[0], layer[f"{fc}.weight"]) for layer in member_layers])
+        biases = torch.stack(
+            [_bias(layer, fc, layer[f"{fc}.weight"].shape[0], layer[f"{fc}.weight"]) for layer in member_layers]
+        )
         if mlp_fusion == "average":
             weights, biases = average(weights), average(biases)
         elif mlp_fusion != "per_member":

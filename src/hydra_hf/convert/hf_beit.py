@@ -30,8 +30,8 @@ def beit_layout(config: dict[str, Any], has_classifier: bool = True, prefix: str
     d = int(config["hidden_size"])
     shared = {
         "hydra.embeddings.cls_token": f"{prefix}embeddings.cls_token",
-        "hydra.embeddings.patch_embeddings.projection.weight": f"{prefix}embeddings.patch_embeddings.projection.weight",
-        "hydra.embeddings.patch_embeddings.projection.bias": f"{prefix}embeddings.patch_embeddings.projection.bias",
+        **{f"hydra.embeddings.patch_embeddings.projection.{p}": f"{prefix}embeddings.patch_embeddings.projection.{p}"
+           for p in ("weight", "bias")},
     }
     if config.get("use_absolute_position_embeddings"):
         shared["hydra.embeddings.position_embeddings"] = f"{prefix}embeddings.position_embeddings"
@@ -41,7 +41,7 @@ def beit_layout(config: dict[str, Any], has_classifier: bool = True, prefix: str
             f"{prefix}encoder.relative_position_bias.relative_position_bias_table"
         )
     norm = ("hydra.pooler_layernorm", f"{prefix}pooler.layernorm") if config.get("use_mean_pooling", True) else (
-        "hydra.layernorm", f"{prefix}layernorm")  # fmt: skip
+        "hydra.layernorm", f"{prefix}layernorm")
     per_member.update({f"{norm[0]}.{p}": f"{norm[1]}.{p}" for p in ("weight", "bias")})
     if has_classifier:
         per_member.update({"classifier.weight": "classifier.weight", "classifier.bias": "classifier.bias"})
@@ -59,18 +59,22 @@ def beit_layout(config: dict[str, Any], has_classifier: bool = True, prefix: str
         shared=shared,
         per_member=per_member,
         towers=(Tower("hydra.layers", f"{prefix}encoder.layer", int(config["num_hidden_layers"]),
-                      int(config["num_attention_heads"]), d, keys, config.get("intermediate_size")),),  # fmt: skip
+                      int(config["num_attention_heads"]), d, keys, config.get("intermediate_size")),),
         ignored=(r"relative_position_index$", r"embeddings\.mask_token$"),  # a buffer of old checkpoints; MIM only
     )
 
 
-def beit_member_from_state_dict(state: dict[str, torch.Tensor], config: dict[str, Any], source: str = "checkpoint") -> Member:
+def beit_member_from_state_dict(
+    state: dict[str, torch.Tensor], config: dict[str, Any], source: str = "checkpoint"
+) -> Member:
     """Map a saved BEiT state dict to canonical form (checks key counts and shapes)."""
     prefix = "beit." if any(k.startswith("beit.") for k in state) else ""
     return read_member(state, beit_layout(config, "classifier.weight" in state, prefix), config, source)
 
 
-def fuse_beit(members: list[Member], kept_heads: list[list[list[int]]], mlp_fusion: str, shared: str = "error") -> dict[str, torch.Tensor]:
+def fuse_beit(
+    members: list[Member], kept_heads: list[list[list[int]]], mlp_fusion: str, shared: str = "error"
+) -> dict[str, torch.Tensor]:
     """State dict of ``HydraEnsembleBeitForImageClassification`` (``kept_heads[m][l]``)."""
     return fuse_members(members, {"hydra.layers": kept_heads}, mlp_fusion, shared)
 
@@ -90,16 +94,24 @@ BEIT_SHAPE_KEYS = (
     "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size", "patch_size",
     "use_relative_position_bias", "use_shared_relative_position_bias", "use_mean_pooling", "layer_scale_init_value",
     "use_absolute_position_embeddings",
-)  # fmt: skip
+)
 
 
 def build_beit(
-    folders: list[Path], masks: Any, *, mlp_fusion: str = "average", shared: str = "error", num_labels: int | None = None,
-    id2label: dict[int, str] | None = None, seed: int = 0,
+    folders: list[Path],
+    masks: Any,
+    *,
+    mlp_fusion: str = "average",
+    shared: str = "error",
+    num_labels: int | None = None,
+    id2label: dict[int, str] | None = None,
+    seed: int = 0,
 ) -> Any:
     """BEiT checkpoint folders (one base, or one per member) + masks -> ``HydraEnsembleBeitForImageClassification``
     (a bare ``BeitModel`` gets new per-member classifiers, seeded by ``seed``)."""
-    raws, loaded = read_members(folders, BeitConfig, beit_member_from_state_dict, lambda c: {k: c.get(k) for k in BEIT_SHAPE_KEYS})
+    raws, loaded = read_members(
+        folders, BeitConfig, beit_member_from_state_dict, lambda c: {k: c.get(k) for k in BEIT_SHAPE_KEYS}
+    )
     base = loaded[0].config
     masks.check_compatible(base["num_hidden_layers"], base["num_attention_heads"], model=repr(str(folders[0])))
     state = fuse_beit(loaded * masks.num_members if len(loaded) == 1 else loaded, masks.kept_heads, mlp_fusion, shared)

@@ -75,7 +75,9 @@ def tower_shape(config: dict[str, Any], tower: str) -> tuple[int, int]:
     return int(sub["num_hidden_layers"]), int(sub["num_attention_heads"])
 
 
-def clip_member_from_state_dict(state: dict[str, torch.Tensor], config: dict[str, Any], source: str = "checkpoint") -> CLIPMember:
+def clip_member_from_state_dict(
+    state: dict[str, torch.Tensor], config: dict[str, Any], source: str = "checkpoint"
+) -> CLIPMember:
     """Map an HF ``CLIPModel`` state dict to canonical form; checks key counts and shapes."""
     used: set[str] = set()
     missing: list[str] = []
@@ -117,7 +119,9 @@ def clip_member_from_state_dict(state: dict[str, torch.Tensor], config: dict[str
         )
     for tower in TOWERS:
         sub = config[f"{tower}_config"]
-        check_layer_shapes(towers[tower], int(sub["hidden_size"]), sub.get("intermediate_size"), f"{source} ({tower} tower)")
+        check_layer_shapes(
+            towers[tower], int(sub["hidden_size"]), sub.get("intermediate_size"), f"{source} ({tower} tower)"
+        )
     return CLIPMember(config=config, shared=shared, towers=towers, per_member=per_member)
 
 
@@ -138,7 +142,9 @@ def fuse_clip(
         sub = config[f"{tower}_config"]
         dk = sub["hidden_size"] // sub["num_attention_heads"]
         for i in range(sub["num_hidden_layers"]):
-            fused = fuse_layer([m.towers[tower][i] for m in members], [kh[i] for kh in kept_heads[tower]], dk, mlp_fusion)
+            fused = fuse_layer(
+                [m.towers[tower][i] for m in members], [kh[i] for kh in kept_heads[tower]], dk, mlp_fusion
+            )
             out.update({f"{TOWER_PREFIX[tower]}.layers.{i}.{k}": v for k, v in fused.items()})
     for k in MEMBER_KEYS:
         out[k] = torch.stack([m.per_member[k] for m in members])
@@ -194,5 +200,7 @@ def build_clip(
     """HF CLIP checkpoint folders (one base, or one per member) + two-tower masks -> ``HydraEnsembleCLIPModel``."""
     configs = [full_config(CLIPConfig, read_config(f)) for f in folders]
     check_same_architecture(folders, [{t: tower_shape(c, t) for t in TOWERS} for c in configs])
-    loaded = [clip_member_from_state_dict(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, configs)]
+    loaded = [
+        clip_member_from_state_dict(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, configs)
+    ]
     return clip_model(folders, loaded, configs[0], masks, mlp_fusion=mlp_fusion, shared=shared)

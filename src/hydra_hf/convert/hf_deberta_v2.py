@@ -31,7 +31,12 @@ _LAYER_MAP = {
 }
 _POS_MAP = {"pos_k": "attention.self.pos_key_proj", "pos_q": "attention.self.pos_query_proj"}
 _POS_FUSED = {"pos_k": "pos_key", "pos_q": "pos_query"}
-_CONV_MAP = {"weight": "conv.weight", "bias": "conv.bias", "norm.weight": "LayerNorm.weight", "norm.bias": "LayerNorm.bias"}
+_CONV_MAP = {
+    "weight": "conv.weight",
+    "bias": "conv.bias",
+    "norm.weight": "LayerNorm.weight",
+    "norm.bias": "LayerNorm.bias",
+}
 # heads of other tasks that a pre-trained or fine-tuned checkpoint may carry: not part of a classifier
 _IGNORED_PREFIXES = ("lm_predictions.", "cls.", "mask_predictions.")
 
@@ -92,7 +97,9 @@ def deberta_v2_member_from_state_dict(
     d, L, H = config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"]
     head_size = config.get("attention_head_size")
     if head_size is not None and head_size != d // H:
-        raise ValueError(f"{source} has attention_head_size={head_size} != hidden_size // num_attention_heads; not supported")
+        raise ValueError(
+            f"{source} has attention_head_size={head_size} != hidden_size // num_attention_heads; not supported"
+        )
     top = {k: v for k, v in state.items() if not k.startswith("deberta.")}
     enc = {k[len("deberta."):]: v for k, v in state.items() if k.startswith("deberta.")}
     if not enc:  # a bare DebertaV2Model
@@ -150,7 +157,7 @@ def deberta_v2_member_from_state_dict(
         k for store in (enc, top) for k in store
         if (id(store), k) not in used and not k.startswith(tuple(ignorable))
         and k != "embeddings.position_ids"  # a buffer that old checkpoints saved
-    ]  # fmt: skip
+    ]
     if left:
         shown = ", ".join(sorted(left)[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
         raise ValueError(
@@ -201,8 +208,12 @@ def fuse_deberta_v2(
         for short, name in _POS_FUSED.items():
             if f"{short}.weight" in member_layers[0]:
                 rows = [head_rows(h, dk) for h in heads]
-                fused[f"attention.{name}_weight"] = torch.cat([l[f"{short}.weight"][r] for l, r in zip(member_layers, rows)])
-                fused[f"attention.{name}_bias"] = torch.cat([l[f"{short}.bias"][r] for l, r in zip(member_layers, rows)])
+                fused[f"attention.{name}_weight"] = torch.cat(
+                    [l[f"{short}.weight"][r] for l, r in zip(member_layers, rows)]
+                )
+                fused[f"attention.{name}_bias"] = torch.cat(
+                    [l[f"{short}.bias"][r] for l, r in zip(member_layers, rows)]
+                )
         out.update({f"hydra.layers.{i}.{k}": v for k, v in fused.items()})
     if members[0].conv is not None:
         for k in ("weight", "bias", "norm.weight", "norm.bias"):

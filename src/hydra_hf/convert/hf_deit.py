@@ -24,7 +24,7 @@ HEADS = {"plain": ("classifier",), "distilled": ("cls_classifier", "distillation
 EMBEDDING_KEYS = (
     "cls_token", "distillation_token", "position_embeddings", "patch_embeddings.projection.weight",
     "patch_embeddings.projection.bias",
-)  # fmt: skip
+)
 
 
 def vit_layer_keys(config: dict[str, Any]) -> dict[str, str]:
@@ -47,7 +47,10 @@ def deit_heads(state: dict[str, torch.Tensor]) -> str:
 def deit_layout(config: dict[str, Any], heads: str = "plain", prefix: str = "deit.") -> Layout:
     """The layout of a DeiT checkpoint; ``prefix`` is ``"deit."`` for task models, ``""`` for ``DeiTModel``."""
     d = int(config["hidden_size"])
-    per_member = {"hydra.layernorm.weight": f"{prefix}layernorm.weight", "hydra.layernorm.bias": f"{prefix}layernorm.bias"}
+    per_member = {
+        "hydra.layernorm.weight": f"{prefix}layernorm.weight",
+        "hydra.layernorm.bias": f"{prefix}layernorm.bias",
+    }
     for head in HEADS[heads]:
         per_member.update({f"{head}.weight": f"{head}.weight", f"{head}.bias": f"{head}.bias"})
     return Layout(
@@ -57,18 +60,22 @@ def deit_layout(config: dict[str, Any], heads: str = "plain", prefix: str = "dei
         towers=(
             Tower("hydra.layers", f"{prefix}encoder.layer", int(config["num_hidden_layers"]),
                   int(config["num_attention_heads"]), d, vit_layer_keys(config), config.get("intermediate_size")),
-        ),  # fmt: skip
+        ),
         ignored=(r"^(deit\.)?pooler\.dense\.", r"embeddings\.mask_token$"),  # DeiTModel's pooler: not used to classify
     )
 
 
-def deit_member_from_state_dict(state: dict[str, torch.Tensor], config: dict[str, Any], source: str = "checkpoint") -> Member:
+def deit_member_from_state_dict(
+    state: dict[str, torch.Tensor], config: dict[str, Any], source: str = "checkpoint"
+) -> Member:
     """Map a saved DeiT state dict to canonical form (checks key counts and shapes)."""
     prefix = "deit." if any(k.startswith("deit.") for k in state) else ""
     return read_member(state, deit_layout(config, deit_heads(state), prefix), config, source)
 
 
-def fuse_deit(members: list[Member], kept_heads: list[list[list[int]]], mlp_fusion: str, shared: str = "error") -> dict[str, torch.Tensor]:
+def fuse_deit(
+    members: list[Member], kept_heads: list[list[list[int]]], mlp_fusion: str, shared: str = "error"
+) -> dict[str, torch.Tensor]:
     """State dict of ``HydraEnsembleDeiTForImageClassification`` (``kept_heads[m][l]``; pass one member M
     times for one checkpoint). Without a classifier in the checkpoints the classifier keys are absent."""
     return fuse_members(members, {"hydra.layers": kept_heads}, mlp_fusion, shared)
@@ -85,20 +92,30 @@ READER = Reader(deit_member_from_state_dict, fuse_deit, unfuse_deit)
 
 
 def build_deit(
-    folders: list[Path], masks: Any, *, mlp_fusion: str = "average", shared: str = "error", num_labels: int | None = None,
-    id2label: dict[int, str] | None = None, seed: int = 0,
+    folders: list[Path],
+    masks: Any,
+    *,
+    mlp_fusion: str = "average",
+    shared: str = "error",
+    num_labels: int | None = None,
+    id2label: dict[int, str] | None = None,
+    seed: int = 0,
 ) -> Any:
     """DeiT checkpoint folders (one base, or one per member) + masks -> ``HydraEnsembleDeiTForImageClassification``.
 
     A distilled base (``DeiTForImageClassificationWithTeacher``) keeps both heads per member; a bare
     ``DeiTModel`` gets new per-member classifiers (``num_labels`` / ``id2label``, seeded by ``seed``).
     """
-    raws, loaded = read_members(folders, DeiTConfig, deit_member_from_state_dict, lambda c: {k: c.get(k) for k in VIT_SHAPE_KEYS})
+    raws, loaded = read_members(
+        folders, DeiTConfig, deit_member_from_state_dict, lambda c: {k: c.get(k) for k in VIT_SHAPE_KEYS}
+    )
     base = loaded[0].config
     masks.check_compatible(base["num_hidden_layers"], base["num_attention_heads"], model=repr(str(folders[0])))
     state = fuse_deit(loaded * masks.num_members if len(loaded) == 1 else loaded, masks.kept_heads, mlp_fusion, shared)
     distilled = "cls_classifier.weight" in state
-    labels = label_arguments(state, "cls_classifier.weight" if distilled else "classifier.weight", raws[0], num_labels, id2label)
+    labels = label_arguments(
+        state, "cls_classifier.weight" if distilled else "classifier.weight", raws[0], num_labels, id2label
+    )
     config = HydraEnsembleDeiTConfig(
         base_config=base, kept_heads=masks.kept_heads, mlp_fusion=mlp_fusion, member_metadata=masks.member_metadata,
         distilled=distilled, **labels,

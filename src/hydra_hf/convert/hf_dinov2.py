@@ -30,14 +30,17 @@ def dinov2_layout(config: dict[str, Any], has_classifier: bool = True, prefix: s
     d = int(config["hidden_size"])
     registers = config.get("model_type") == "dinov2_with_registers"
     embeddings = ["cls_token", "mask_token", "position_embeddings", "patch_embeddings.projection.weight",
-                  "patch_embeddings.projection.bias"] + (["register_tokens"] if registers else [])  # fmt: skip
-    per_member = {"hydra.layernorm.weight": f"{prefix}layernorm.weight", "hydra.layernorm.bias": f"{prefix}layernorm.bias"}
+                  "patch_embeddings.projection.bias"] + (["register_tokens"] if registers else [])
+    per_member = {
+        "hydra.layernorm.weight": f"{prefix}layernorm.weight",
+        "hydra.layernorm.bias": f"{prefix}layernorm.bias",
+    }
     if has_classifier:
         per_member.update({"classifier.weight": "classifier.weight", "classifier.bias": "classifier.bias"})
     swiglu = bool(config.get("use_swiglu_ffn"))
     paths = {"q": "attention.attention.query", "k": "attention.attention.key", "v": "attention.attention.value",
              "o": "attention.output.dense", "norm1": "norm1", "norm2": "norm2",
-             "fc1": "mlp.weights_in" if swiglu else "mlp.fc1", "fc2": "mlp.weights_out" if swiglu else "mlp.fc2"}  # fmt: skip
+             "fc1": "mlp.weights_in" if swiglu else "mlp.fc1", "fc2": "mlp.weights_out" if swiglu else "mlp.fc2"}
     keys = {}
     for short, path in paths.items():
         keys[f"{short}.weight"] = f"{path}.weight"
@@ -50,19 +53,23 @@ def dinov2_layout(config: dict[str, Any], has_classifier: bool = True, prefix: s
         shared={f"hydra.embeddings.{k}": f"{prefix}embeddings.{k}" for k in embeddings},
         per_member=per_member,
         towers=(Tower("hydra.layers", f"{prefix}encoder.layer", int(config["num_hidden_layers"]),
-                      int(config["num_attention_heads"]), d, keys, inner),),  # fmt: skip
+                      int(config["num_attention_heads"]), d, keys, inner),),
         optional=frozenset({"hydra.embeddings.mask_token"}),  # only used for masked pre-training
     )
 
 
-def dinov2_member_from_state_dict(state: dict[str, torch.Tensor], config: dict[str, Any], source: str = "checkpoint") -> Member:
+def dinov2_member_from_state_dict(
+    state: dict[str, torch.Tensor], config: dict[str, Any], source: str = "checkpoint"
+) -> Member:
     """Map a saved DINOv2 (or DINOv2-with-registers) state dict to canonical form (checks key counts and shapes)."""
     own = PREFIXES.get(config.get("model_type", "dinov2"), "dinov2.")
     prefix = own if any(k.startswith(own) for k in state) else ""
     return read_member(state, dinov2_layout(config, "classifier.weight" in state, prefix), config, source)
 
 
-def fuse_dinov2(members: list[Member], kept_heads: list[list[list[int]]], mlp_fusion: str, shared: str = "error") -> dict[str, torch.Tensor]:
+def fuse_dinov2(
+    members: list[Member], kept_heads: list[list[list[int]]], mlp_fusion: str, shared: str = "error"
+) -> dict[str, torch.Tensor]:
     """State dict of ``HydraEnsembleDinov2ForImageClassification`` (``kept_heads[m][l]``)."""
     return fuse_members(members, {"hydra.layers": kept_heads}, mlp_fusion, shared)
 
@@ -79,13 +86,27 @@ READER = Reader(dinov2_member_from_state_dict, fuse_dinov2, unfuse_dinov2)
 
 
 # config keys that must agree between member checkpoints
-DINOV2_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "mlp_ratio", "image_size", "patch_size",
-                     "use_swiglu_ffn", "num_register_tokens")
+DINOV2_SHAPE_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "mlp_ratio",
+    "image_size",
+    "patch_size",
+    "use_swiglu_ffn",
+    "num_register_tokens",
+)
 
 
 def build_dinov2(
-    folders: list[Path], masks: Any, *, mlp_fusion: str = "average", shared: str = "error", num_labels: int | None = None,
-    id2label: dict[int, str] | None = None, seed: int = 0,
+    folders: list[Path],
+    masks: Any,
+    *,
+    mlp_fusion: str = "average",
+    shared: str = "error",
+    num_labels: int | None = None,
+    id2label: dict[int, str] | None = None,
+    seed: int = 0,
 ) -> Any:
     """DINOv2 (or DINOv2-with-registers) checkpoint folders + masks ->
     ``HydraEnsembleDinov2ForImageClassification`` (a bare encoder gets new per-member classifiers)."""
@@ -95,7 +116,9 @@ def build_dinov2(
     raws, loaded = read_members(folders, config_cls, dinov2_member_from_state_dict, shape)
     base = loaded[0].config
     masks.check_compatible(base["num_hidden_layers"], base["num_attention_heads"], model=repr(str(folders[0])))
-    state = fuse_dinov2(loaded * masks.num_members if len(loaded) == 1 else loaded, masks.kept_heads, mlp_fusion, shared)
+    state = fuse_dinov2(
+        loaded * masks.num_members if len(loaded) == 1 else loaded, masks.kept_heads, mlp_fusion, shared
+    )
     labels = label_arguments(state, "classifier.weight", raws[0], num_labels, id2label)
     config = HydraEnsembleDinov2Config(
         base_model_type=model_type, base_config=base, kept_heads=masks.kept_heads, mlp_fusion=mlp_fusion,

@@ -58,7 +58,7 @@ def layer_keys(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     keys |= {"attn.c_attn.weight": (d, 3 * d), "attn.c_attn.bias": (3 * d,),
              "attn.c_proj.weight": (d, d), "attn.c_proj.bias": (d,),
              "mlp.c_fc.weight": (d, inner), "mlp.c_fc.bias": (inner,),
-             "mlp.c_proj.weight": (inner, d), "mlp.c_proj.bias": (d,)}  # fmt: skip
+             "mlp.c_proj.weight": (inner, d), "mlp.c_proj.bias": (d,)}
     return keys
 
 
@@ -156,13 +156,17 @@ def fuse_gpt2(
         out[f"hydra.ln_f.{p}"] = torch.stack([m.ln_f[p] for m in members])
     if task == "causal_lm" and all(m.lm_head is not None for m in members):
         heads = torch.stack([m.lm_head for m in members])
-        out["lm_head.weight"] = heads if lm_head_fusion == "per_member" else shared_tensor("lm_head.weight", list(heads), shared)
+        out["lm_head.weight"] = (
+            heads if lm_head_fusion == "per_member" else shared_tensor("lm_head.weight", list(heads), shared)
+        )
     elif task == "sequence_classification" and all(m.score is not None for m in members):
         out["score.weight"] = torch.stack([m.score for m in members])
     return out
 
 
-def unfuse_gpt2(state: dict[str, torch.Tensor], hydra_config: Any, *, task: str = "causal_lm") -> list[dict[str, torch.Tensor]]:
+def unfuse_gpt2(
+    state: dict[str, torch.Tensor], hydra_config: Any, *, task: str = "causal_lm"
+) -> list[dict[str, torch.Tensor]]:
     """Inverse of :func:`fuse_gpt2`: one stock ``GPT2LMHeadModel`` / ``GPT2ForSequenceClassification`` state
     dict per member (``transformer.`` prefix), the removed heads zero in ``c_attn``'s Q / K / V columns and in
     ``c_proj``'s rows. Loading member m's dict into a stock model reproduces the fused model's
@@ -174,7 +178,7 @@ def unfuse_gpt2(state: dict[str, torch.Tensor], hydra_config: Any, *, task: str 
     out = []
     for m in range(hydra_config.num_members):
         sd = {"transformer.wte.weight": state["hydra.wte.weight"].clone(),
-              "transformer.wpe.weight": state["hydra.wpe.weight"].clone()}  # fmt: skip
+              "transformer.wpe.weight": state["hydra.wpe.weight"].clone()}
         for i in range(num_layers):
             pre, new = f"hydra.h.{i}.", f"transformer.h.{i}."
             for n in LAYER_NORMS:

@@ -48,11 +48,11 @@ def layer_keys(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     dk = head_dim_of(config)
     keys: dict[str, tuple[int, ...]] = {f"{n}.weight": (d,) for n in LAYER_NORMS}
     keys |= {"self_attn.q_proj.weight": (H * dk, d), "self_attn.k_proj.weight": (Hkv * dk, d),
-             "self_attn.v_proj.weight": (Hkv * dk, d), "self_attn.o_proj.weight": (d, H * dk)}  # fmt: skip
+             "self_attn.v_proj.weight": (Hkv * dk, d), "self_attn.o_proj.weight": (d, H * dk)}
     attention_bias = bool(config.get("attention_bias", False))
     if attention_bias or config["model_type"] == "qwen2":
         keys |= {"self_attn.q_proj.bias": (H * dk,), "self_attn.k_proj.bias": (Hkv * dk,),
-                 "self_attn.v_proj.bias": (Hkv * dk,)}  # fmt: skip
+                 "self_attn.v_proj.bias": (Hkv * dk,)}
     if attention_bias:
         keys["self_attn.o_proj.bias"] = (d,)
     if config["model_type"] == "qwen3":
@@ -73,7 +73,9 @@ def decoder_member_from_state_dict(
 
     def take(name: str, shape: tuple[int, ...]) -> torch.Tensor:
         if name not in state:
-            raise ValueError(f"{source} has no tensor {name!r}; is it a {config['model_type']} checkpoint of this config?")
+            raise ValueError(
+                f"{source} has no tensor {name!r}; is it a {config['model_type']} checkpoint of this config?"
+            )
         t = state[name]
         if tuple(t.shape) != tuple(shape):
             raise ValueError(f"{source}: {name!r} has shape {tuple(t.shape)}, the config implies {tuple(shape)}")
@@ -84,7 +86,8 @@ def decoder_member_from_state_dict(
     embed = take(prefix + "embed_tokens.weight", (V, d))
     keys = layer_keys(config)
     layers = [
-        {k: take(f"{prefix}layers.{i}.{k}", shape) for k, shape in keys.items()} for i in range(config["num_hidden_layers"])
+        {k: take(f"{prefix}layers.{i}.{k}", shape) for k, shape in keys.items()}
+        for i in range(config["num_hidden_layers"])
     ]
     norm = take(prefix + "norm.weight", (d,))
     lm_head = score = None
@@ -124,7 +127,9 @@ def fuse_decoder(
     Hkv = config.get("num_key_value_heads") or H
     dk = head_dim_of(config)
     kv_heads = members_kept_kv_heads(kept_heads, H, Hkv)
-    out: dict[str, torch.Tensor] = {"hydra.embed_tokens.weight": shared_tensor("embed_tokens.weight", [m.embed_tokens for m in members], shared)}
+    out: dict[str, torch.Tensor] = {
+        "hydra.embed_tokens.weight": shared_tensor("embed_tokens.weight", [m.embed_tokens for m in members], shared)
+    }
     for i in range(config["num_hidden_layers"]):
         pre, layers = f"hydra.layers.{i}.", [m.layers[i] for m in members]
         for n in LAYER_NORMS:
@@ -142,24 +147,32 @@ def fuse_decoder(
         if "self_attn.q_norm.weight" in layers[0]:
             for n in ("q_norm", "k_norm"):
                 out[f"{pre}self_attn.{n}"] = torch.stack([layer[f"self_attn.{n}.weight"] for layer in layers])
-        fc1 = torch.stack([torch.cat([layer["mlp.gate_proj.weight"], layer["mlp.up_proj.weight"]]) for layer in layers])
+        fc1 = torch.stack(
+            [torch.cat([layer["mlp.gate_proj.weight"], layer["mlp.up_proj.weight"]]) for layer in layers]
+        )
         fc2 = torch.stack([layer["mlp.down_proj.weight"] for layer in layers])
         mlp = {"fc1_weight": fc1, "fc2_weight": fc2}
         if "mlp.gate_proj.bias" in layers[0]:
-            mlp["fc1_bias"] = torch.stack([torch.cat([layer["mlp.gate_proj.bias"], layer["mlp.up_proj.bias"]]) for layer in layers])
+            mlp["fc1_bias"] = torch.stack(
+                [torch.cat([layer["mlp.gate_proj.bias"], layer["mlp.up_proj.bias"]]) for layer in layers]
+            )
             mlp["fc2_bias"] = torch.stack([layer["mlp.down_proj.bias"] for layer in layers])
         for k, v in mlp.items():
             out[f"{pre}mlp.{k}"] = v if mlp_fusion == "per_member" else average(v)
     out["hydra.norm.weight"] = torch.stack([m.norm for m in members])
     if task == "causal_lm" and all(m.lm_head is not None for m in members):
         heads = torch.stack([m.lm_head for m in members])
-        out["lm_head.weight"] = heads if lm_head_fusion == "per_member" else shared_tensor("lm_head.weight", list(heads), shared)
+        out["lm_head.weight"] = (
+            heads if lm_head_fusion == "per_member" else shared_tensor("lm_head.weight", list(heads), shared)
+        )
     elif task == "sequence_classification" and all(m.score is not None for m in members):
         out["score.weight"] = torch.stack([m.score for m in members])
     return out
 
 
-def unfuse_decoder(state: dict[str, torch.Tensor], hydra_config: Any, *, task: str = "causal_lm") -> list[dict[str, torch.Tensor]]:
+def unfuse_decoder(
+    state: dict[str, torch.Tensor], hydra_config: Any, *, task: str = "causal_lm"
+) -> list[dict[str, torch.Tensor]]:
     """Inverse of :func:`fuse_decoder`: one stock ``*ForCausalLM`` / ``*ForSequenceClassification`` state dict
     per member, the removed query heads zero in ``q_proj`` and in ``o_proj``'s columns, key/value heads no
     kept query head reads zero in ``k_proj`` / ``v_proj``. Loading member m's dict into a stock model

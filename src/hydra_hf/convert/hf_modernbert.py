@@ -90,7 +90,8 @@ def modernbert_member_from_state_dict(
         if qkv["weight"] is not None:
             if tuple(qkv["weight"].shape) != (3 * d, d):
                 raise ValueError(
-                    f"{source}: layer {i} Wqkv has shape {tuple(qkv['weight'].shape)}, expected ({3 * d}, {d}) from hidden_size"
+                    f"{source}: layer {i} Wqkv has shape {tuple(qkv['weight'].shape)}, expected ({3 * d}, {d}) "
+                    "from hidden_size"
                 )
             for name, w in zip("qkv", qkv["weight"].chunk(3)):  # [Q rows; K rows; V rows]
                 layer[f"{name}.weight"] = w
@@ -117,7 +118,9 @@ def modernbert_member_from_state_dict(
         classifier = linear(top, "classifier", True)
     if missing:
         raise ValueError(f"{source}: incomplete prediction head, missing {missing}")
-    left = [k for store in (enc, top) for k in store if (id(store), k) not in used and not k.startswith(_IGNORED_PREFIXES)]
+    left = [
+        k for store in (enc, top) for k in store if (id(store), k) not in used and not k.startswith(_IGNORED_PREFIXES)
+    ]
     if left:
         shown = ", ".join(sorted(left)[:4]) + (f" and {len(left) - 4} more" if len(left) > 4 else "")
         raise ValueError(
@@ -206,7 +209,9 @@ def unfuse_modernbert(state: dict[str, torch.Tensor], hydra_config) -> list[dict
     like = state["hydra.layers.0.attention.qkv_weight"]
     for i in range(L):
         pre = f"hydra.layers.{i}."
-        full.setdefault(pre + "attention.qkv_bias", torch.zeros(state[pre + "attention.qkv_weight"].shape[0], dtype=like.dtype))
+        full.setdefault(
+            pre + "attention.qkv_bias", torch.zeros(state[pre + "attention.qkv_weight"].shape[0], dtype=like.dtype)
+        )
         full.setdefault(pre + "attention.o_bias", torch.zeros(M, d, dtype=like.dtype))
         full.setdefault(pre + "norm1.weight", torch.ones(M, d, dtype=like.dtype))
         for norm in ("norm1", "norm2"):

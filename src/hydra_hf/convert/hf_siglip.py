@@ -22,12 +22,12 @@ from .reader import Reader
 
 TOWER_PREFIXES = {"vision": "vision_model", "text": "text_model"}
 LAYER_PATHS = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.out_proj",
-               "norm1": "layer_norm1", "norm2": "layer_norm2", "fc1": "mlp.fc1", "fc2": "mlp.fc2"}  # fmt: skip
+               "norm1": "layer_norm1", "norm2": "layer_norm2", "fc1": "mlp.fc1", "fc2": "mlp.fc2"}
 SHARED_KEYS = (
     "vision_model.embeddings.patch_embedding.weight", "vision_model.embeddings.patch_embedding.bias",
     "vision_model.embeddings.position_embedding.weight", "text_model.embeddings.token_embedding.weight",
     "text_model.embeddings.position_embedding.weight",
-)  # fmt: skip
+)
 # fused name -> stock name of the parts every member keeps
 MEMBER_KEYS = {
     "vision_model.post_layernorm.weight": "vision_model.post_layernorm.weight",
@@ -58,8 +58,17 @@ def siglip_layout(config: dict[str, Any]) -> Layout:
     towers = []
     for tower, prefix in TOWER_PREFIXES.items():
         sub = config[f"{tower}_config"]
-        towers.append(Tower(f"{prefix}.layers", f"{prefix}.encoder.layers", int(sub["num_hidden_layers"]),
-                            int(sub["num_attention_heads"]), int(sub["hidden_size"]), keys, sub.get("intermediate_size")))  # fmt: skip
+        towers.append(
+            Tower(
+                f"{prefix}.layers",
+                f"{prefix}.encoder.layers",
+                int(sub["num_hidden_layers"]),
+                int(sub["num_attention_heads"]),
+                int(sub["hidden_size"]),
+                keys,
+                sub.get("intermediate_size"),
+            )
+        )
     return Layout(
         family="SigLIP",
         shared={k: k for k in SHARED_KEYS},
@@ -69,7 +78,9 @@ def siglip_layout(config: dict[str, Any]) -> Layout:
     )
 
 
-def siglip_member_from_state_dict(state: dict[str, torch.Tensor], config: dict[str, Any], source: str = "checkpoint") -> Member:
+def siglip_member_from_state_dict(
+    state: dict[str, torch.Tensor], config: dict[str, Any], source: str = "checkpoint"
+) -> Member:
     """Map a saved ``SiglipModel`` state dict to canonical form (checks key counts and shapes)."""
     if not any(k.startswith("vision_model.") for k in state) or not any(k.startswith("text_model.") for k in state):
         raise ValueError(
@@ -84,7 +95,9 @@ def fuse_siglip(
 ) -> dict[str, torch.Tensor]:
     """State dict of ``HydraEnsembleSiglipModel``; ``kept_heads[tower][m][l]`` for ``tower`` in vision, text
     (both required: pass all heads for a tower that is not pruned)."""
-    return fuse_members(members, {f"{TOWER_PREFIXES[t]}.layers": kept_heads[t] for t in TOWER_PREFIXES}, mlp_fusion, shared)
+    return fuse_members(
+        members, {f"{TOWER_PREFIXES[t]}.layers": kept_heads[t] for t in TOWER_PREFIXES}, mlp_fusion, shared
+    )
 
 
 def unfuse_siglip(state: dict[str, torch.Tensor], hydra_config) -> list[dict[str, torch.Tensor]]:
@@ -97,15 +110,24 @@ READER = Reader(siglip_member_from_state_dict, fuse_siglip, unfuse_siglip)
 
 
 def build_siglip(
-    folders: list[Path], masks: Any, *, mlp_fusion: str = "average", shared: str = "error", num_labels: int | None = None,
-    id2label: dict[int, str] | None = None, seed: int = 0,
+    folders: list[Path],
+    masks: Any,
+    *,
+    mlp_fusion: str = "average",
+    shared: str = "error",
+    num_labels: int | None = None,
+    id2label: dict[int, str] | None = None,
+    seed: int = 0,
 ) -> Any:
     """SigLIP checkpoint folders (one base, or one per member) + two-tower masks -> ``HydraEnsembleSiglipModel``.
 
     A tower the masks file does not list keeps every head. ``num_labels``/``id2label``/``seed`` are not used
     (zero-shot).
     """
-    shape = lambda c: {t: (c[f"{t}_config"]["num_hidden_layers"], c[f"{t}_config"]["num_attention_heads"]) for t in TOWER_PREFIXES}  # noqa: E731
+    def shape(c: dict) -> dict:
+        return {t: (c[f"{t}_config"]["num_hidden_layers"], c[f"{t}_config"]["num_attention_heads"])
+                for t in TOWER_PREFIXES}
+
     _, loaded = read_members(folders, SiglipConfig, siglip_member_from_state_dict, shape)
     base = loaded[0].config
     shapes = shape(base)

@@ -129,14 +129,16 @@ def read_text_member(
         used.update(name for name in names.values() if name in state)
         if found and len(found) != len(names):
             absent = [name for name in names.values() if name not in state]
-            raise ValueError(f"{source} has part of a {group}: missing {describe_keys(absent)}; pass a complete checkpoint")
+            raise ValueError(
+                f"{source} has part of a {group}: missing {describe_keys(absent)}; pass a complete checkpoint"
+            )
         if found:
             heads[group] = found
     unknown = sorted(k for k in state if k not in used and not k.startswith(layout.ignored))
     if unknown:
         raise ValueError(
-            f"{source} has tensors the {layout.family} layout does not know: {describe_keys(unknown)} (more layers than "
-            f"num_hidden_layers={L}, or another architecture); pass a stock {layout.family} checkpoint"
+            f"{source} has tensors the {layout.family} layout does not know: {describe_keys(unknown)} (more layers "
+            f"than num_hidden_layers={L}, or another architecture); pass a stock {layout.family} checkpoint"
         )
     check_layer_shapes(layers, d, config.get("intermediate_size"), source)
     return TextMember(config=config, shared=shared, layers=layers, heads=heads)
@@ -160,7 +162,9 @@ def fuse_text(
         out.update({f"{LAYER_PREFIX}{i}.{k}": v for k, v in fused.items()})
     for group in members[0].heads:
         if all(group in m.heads for m in members):
-            out.update({name: torch.stack([m.heads[group][name] for m in members]) for name in members[0].heads[group]})
+            out.update(
+                {name: torch.stack([m.heads[group][name] for m in members]) for name in members[0].heads[group]}
+            )
     return out
 
 

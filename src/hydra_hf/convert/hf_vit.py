@@ -82,14 +82,18 @@ def check_layer_shapes(layers: list[dict[str, torch.Tensor]], d: int, inner: int
         raise ValueError(f"{source}: tensors do not have the shapes its config implies: {wrong[:3]}")
 
 
-def vit_member_from_state_dict(state: dict[str, torch.Tensor], config: dict[str, Any], source: str = "checkpoint") -> ViTMember:
+def vit_member_from_state_dict(
+    state: dict[str, torch.Tensor], config: dict[str, Any], source: str = "checkpoint"
+) -> ViTMember:
     """Map an HF ViT state dict (``ViTForImageClassification`` or ``ViTModel``; saved-file or in-memory
     names) to canonical form. Checks key counts and shapes; unknown tensors raise ``ValueError``."""
     classifier = None
     if "classifier.weight" in state:
         classifier = {"weight": state["classifier.weight"], "bias": state.get("classifier.bias")}
         if classifier["bias"] is None:
-            classifier["bias"] = torch.zeros(state["classifier.weight"].shape[0], dtype=state["classifier.weight"].dtype)
+            classifier["bias"] = torch.zeros(
+                state["classifier.weight"].shape[0], dtype=state["classifier.weight"].dtype
+            )
     body = strip_prefix({k: v for k, v in state.items() if not k.startswith("classifier.")}, ("vit.",))
     d, L = int(config["hidden_size"]), int(config["num_hidden_layers"])
     if any(k.startswith("encoder.layer.") for k in body):
@@ -98,7 +102,8 @@ def vit_member_from_state_dict(state: dict[str, torch.Tensor], config: dict[str,
         prefix, layer_map = LAYOUTS["module"]
     else:
         raise ValueError(
-            f"{source} is not an HF ViT checkpoint: no 'vit.encoder.layer.*' tensors (found e.g. {describe_keys(sorted(state))}); "
+            f"{source} is not an HF ViT checkpoint: no 'vit.encoder.layer.*' tensors "
+            f"(found e.g. {describe_keys(sorted(state))}); "
             "pass a ViTForImageClassification/ViTModel folder, or --arch timm-vit for a timm checkpoint"
         )
     used: set[str] = set()
@@ -118,7 +123,10 @@ def vit_member_from_state_dict(state: dict[str, torch.Tensor], config: dict[str,
         layer = {}
         for short, long in layer_map.items():
             w = take(f"{prefix}.{i}.{long}.weight")
-            b = take(f"{prefix}.{i}.{long}.bias", required=not (short in ("q", "k", "v") and config.get("qkv_bias") is False))
+            b = take(
+                f"{prefix}.{i}.{long}.bias",
+                required=not (short in ("q", "k", "v") and config.get("qkv_bias") is False),
+            )
             if w is not None:
                 layer[f"{short}.weight"] = w
             if b is not None:
@@ -135,7 +143,9 @@ def vit_member_from_state_dict(state: dict[str, torch.Tensor], config: dict[str,
         )
     check_layer_shapes(layers, d, config.get("intermediate_size"), source)
     if tuple(embeddings["cls_token"].shape) != (1, 1, d):
-        raise ValueError(f"{source}: embeddings.cls_token has shape {tuple(embeddings['cls_token'].shape)}, expected (1, 1, {d})")
+        raise ValueError(
+            f"{source}: embeddings.cls_token has shape {tuple(embeddings['cls_token'].shape)}, expected (1, 1, {d})"
+        )
     return ViTMember(config=config, embeddings=embeddings, layers=layers, final_norm=final_norm, classifier=classifier)
 
 
@@ -164,7 +174,9 @@ def fuse_vit(
     return out
 
 
-def unfuse_vit(state: dict[str, torch.Tensor], hydra_config, names: str = "checkpoint") -> list[dict[str, torch.Tensor]]:
+def unfuse_vit(
+    state: dict[str, torch.Tensor], hydra_config, names: str = "checkpoint"
+) -> list[dict[str, torch.Tensor]]:
     """Inverse of ``fuse_vit``: one stock ``ViTForImageClassification`` state dict per member.
 
     Args:
@@ -204,7 +216,14 @@ def unfuse_vit(state: dict[str, torch.Tensor], hydra_config, names: str = "check
 READER = Reader(vit_member_from_state_dict, fuse_vit, unfuse_vit)
 
 # config keys that must agree between the member checkpoints of a ViT
-VIT_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size", "patch_size")
+VIT_SHAPE_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "image_size",
+    "patch_size",
+)
 
 
 def vit_classifier(
@@ -238,4 +257,4 @@ def build_vit(
     check_same_architecture(folders, configs, VIT_SHAPE_KEYS)
     loaded = [vit_member_from_state_dict(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, configs)]
     return vit_classifier(folders, loaded, configs[0], raw[0], masks, mlp_fusion=mlp_fusion, shared=shared,
-                          num_labels=num_labels, id2label=id2label, seed=seed)  # fmt: skip
+                          num_labels=num_labels, id2label=id2label, seed=seed)

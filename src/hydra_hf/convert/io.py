@@ -18,16 +18,30 @@ from ..outputs import read_model_config, resolve_inside
 
 logger = logging.getLogger(__name__)
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "open_clip_model.safetensors")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "open_clip_model.safetensors",
+)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name when it has none."""
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def checkpoint_dir(path: str | Path, *, what: str = "checkpoint") -> Path:
     """Return ``path`` as a folder that exists, or raise ``ValueError`` naming it."""
     folder = Path(path)
     if not folder.exists():
-        raise ValueError(f"{what} folder {str(folder)!r} does not exist; pass a local model folder (save_pretrained output)")
+        raise ValueError(
+            f"{what} folder {str(folder)!r} does not exist; pass a local model folder (save_pretrained output)"
+        )
     if not folder.is_dir():
-        raise ValueError(f"{what} {str(folder)!r} is a file, not a model folder; pass the folder that holds config.json")
+        raise ValueError(
+            f"{what} {str(folder)!r} is a file, not a model folder; pass the folder that holds config.json"
+        )
     return folder
 
 
@@ -57,7 +71,7 @@ def weight_names(folder: str | Path) -> set[str]:
                 names.update(handle.keys())
         except (SafetensorError, OSError) as exc:
             raise HydraInputError(
-                f"{str(file)!r} is not a readable safetensors file ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}); "
+                f"{str(file)!r} is not a readable safetensors file ({_first_line(exc)}); "
                 "re-save the checkpoint with save_pretrained"
             ) from None
     return names
@@ -92,7 +106,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
                 state.update(load_file(str(file), device="cpu"))
             except (SafetensorError, OSError) as exc:
                 raise HydraInputError(
-                    f"{str(file)!r} is not a readable safetensors file ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}); "
+                    f"{str(file)!r} is not a readable safetensors file ({_first_line(exc)}); "
                     "re-save the checkpoint with save_pretrained"
                 ) from None
         elif file.suffix in (".bin", ".pt", ".pth"):
@@ -220,8 +234,8 @@ def from_pretrained(loader: Any, folder: str | Path, *, trust_remote_code: bool 
     except (pickle.UnpicklingError, SafetensorError, EOFError) as exc:
         raise HydraInputError(
             f"the weights in {str(folder)!r} cannot be read safely ({type(exc).__name__}: "
-            f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else 'no detail'}); hydra_hf never unpickles "
-            "arbitrary code: re-save the model as safetensors where you trust it"
+            f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else 'no detail'}); hydra_hf never "
+            "unpickles arbitrary code: re-save the model as safetensors where you trust it"
         ) from None
     if isinstance(loaded, torch.nn.Module):
         check_finite(loaded.state_dict(), source=repr(str(folder)))
@@ -237,7 +251,7 @@ def check_vocabulary(tokenizer: Any, folder: str | Path) -> None:
     vocab = tokenizer.get_vocab()
     if len(vocab) <= len(set(tokenizer.all_special_tokens)):
         raise HydraInputError(
-            f"{str(folder)!r} has no tokenizer vocabulary (no tokenizer.json / vocab file: the tokenizer built from it "
-            f"knows only its {len(vocab)} special tokens, so every word would be unknown); save the base model's tokenizer "
-            f"into it: AutoTokenizer.from_pretrained(BASE).save_pretrained({str(folder)!r})"
+            f"{str(folder)!r} has no tokenizer vocabulary (no tokenizer.json / vocab file: the tokenizer built from "
+            f"it knows only its {len(vocab)} special tokens, so every word would be unknown); save the base model's "
+            f"tokenizer into it: AutoTokenizer.from_pretrained(BASE).save_pretrained({str(folder)!r})"
         )

@@ -80,7 +80,9 @@ class Member:
     towers: dict[str, list[dict[str, torch.Tensor]]] = field(default_factory=dict)
 
 
-def read_member(state: dict[str, torch.Tensor], layout: Layout, config: dict[str, Any], source: str = "checkpoint") -> Member:
+def read_member(
+    state: dict[str, torch.Tensor], layout: Layout, config: dict[str, Any], source: str = "checkpoint"
+) -> Member:
     """Map a stock checkpoint's state dict (saved-file names) to canonical form.
 
     Checks key counts (every named tensor present, none left over) and the layer shapes the tower's
@@ -131,9 +133,19 @@ def read_member(state: dict[str, torch.Tensor], layout: Layout, config: dict[str
 def _check_tower_shapes(layers: list[dict[str, torch.Tensor]], tower: Tower, source: str) -> None:
     d, H = tower.hidden_size, tower.num_heads
     expected: dict[str, tuple[int, ...]] = {
-        "q.weight": (d, d), "k.weight": (d, d), "v.weight": (d, d), "o.weight": (d, d), "q.bias": (d,), "k.bias": (d,),
-        "v.bias": (d,), "o.bias": (d,), "norm1.weight": (d,), "norm1.bias": (d,), "norm2.weight": (d,), "norm2.bias": (d,),
-    }  # fmt: skip
+        "q.weight": (d, d),
+        "k.weight": (d, d),
+        "v.weight": (d, d),
+        "o.weight": (d, d),
+        "q.bias": (d,),
+        "k.bias": (d,),
+        "v.bias": (d,),
+        "o.bias": (d,),
+        "norm1.weight": (d,),
+        "norm1.bias": (d,),
+        "norm2.weight": (d,),
+        "norm2.bias": (d,),
+    }
     if tower.intermediate_size is not None:
         inner = tower.intermediate_size
         expected.update({"fc1.weight": (inner, d), "fc1.bias": (inner,), "fc2.weight": (d, inner), "fc2.bias": (d,)})
@@ -239,7 +251,9 @@ def check_fused_shapes(model: torch.nn.Module, state: dict[str, torch.Tensor], s
         raise ValueError(f"{source}: tensors do not have the shapes its config implies: {wrong[:3]}")
 
 
-def to_module_names(stock_model: torch.nn.Module, checkpoints: list[dict[str, torch.Tensor]]) -> list[dict[str, torch.Tensor]]:
+def to_module_names(
+    stock_model: torch.nn.Module, checkpoints: list[dict[str, torch.Tensor]]
+) -> list[dict[str, torch.Tensor]]:
     """Saved-file names -> the installed transformers' module names (``model.state_dict()``), through
     ``from_pretrained``'s own key conversion (renames, DINOv2's ``weights_in`` split into gate/up...).
 

@@ -57,14 +57,14 @@ _VISION_SUPPORTED = {
     "scaled_cosine_attn": (False,), "scale_heads": (False,), "scale_attn_inner": (False,), "scale_attn": (False,),
     "scale_fc": (False,), "act_kwargs": (None,), "norm_kwargs": (None,), "block_type": (None, "default"),
     "output_tokens": (False,), "patch_dropout": (0, 0.0),
-}  # fmt: skip
+}
 _TEXT_SUPPORTED = {
     "hf_model_name": (None,), "embed_cls": (False,), "no_causal_mask": (False,), "final_ln_after_pool": (False,),
     "pool_type": ("argmax", "eos"), "proj_bias": (False,), "proj_type": ("linear",), "ls_init_value": (None,),
     "qk_norm": (False,), "scaled_cosine_attn": (False,), "scale_heads": (False,), "scale_attn_inner": (False,),
     "scale_attn": (False,), "scale_fc": (False,), "act_kwargs": (None,), "norm_kwargs": (None,),
     "block_type": (None, "default"), "output_tokens": (False,),
-}  # fmt: skip
+}
 
 
 def is_open_clip_folder(folder: str | Path) -> bool:
@@ -106,7 +106,9 @@ def _num_blocks(state: dict[str, torch.Tensor], prefix: str) -> int:
     return max(ids) + 1 if ids else 0
 
 
-def open_clip_clip_config(state: dict[str, torch.Tensor], model_cfg: dict[str, Any], source: str = "checkpoint") -> dict[str, Any]:
+def open_clip_clip_config(
+    state: dict[str, torch.Tensor], model_cfg: dict[str, Any], source: str = "checkpoint"
+) -> dict[str, Any]:
     """The HF ``CLIPConfig`` dict equivalent to an open_clip CLIP (shapes read from the tensors)."""
     if "custom_text" in model_cfg and model_cfg["custom_text"]:
         raise ValueError(f"{source}: open_clip models with a custom text tower (custom_text) are not supported")
@@ -244,7 +246,9 @@ def open_clip_member_from_state_dict(
             b = take(pre + "attn.in_proj_bias")
             if w is not None:
                 if tuple(w.shape) != (3 * d, d):
-                    raise ValueError(f"{source}: {pre}attn.in_proj_weight has shape {tuple(w.shape)}, expected ({3 * d}, {d})")
+                    raise ValueError(
+                        f"{source}: {pre}attn.in_proj_weight has shape {tuple(w.shape)}, expected ({3 * d}, {d})"
+                    )
                 _split_packed(layer, w, b, d)
             for short, long in _LAYER_KEYS.items():
                 for p in ("weight", "bias"):
@@ -295,8 +299,11 @@ def open_clip_processor(config: dict[str, Any], open_clip_config: dict[str, Any]
     BPE, or open_clip not installed)."""
     pre = open_clip_config.get("preprocess_cfg") or {}
     size = config["vision_config"]["image_size"]
-    resample = {"bilinear": PILImageResampling.BILINEAR, "bicubic": PILImageResampling.BICUBIC,
-                "nearest": PILImageResampling.NEAREST}.get(pre.get("interpolation", "bicubic"), PILImageResampling.BICUBIC)
+    resample = {
+        "bilinear": PILImageResampling.BILINEAR,
+        "bicubic": PILImageResampling.BICUBIC,
+        "nearest": PILImageResampling.NEAREST,
+    }.get(pre.get("interpolation", "bicubic"), PILImageResampling.BICUBIC)
     squash = pre.get("resize_mode") == "squash"
     image_processor = CLIPImageProcessor(
         size={"height": size, "width": size} if squash else {"shortest_edge": size},
@@ -308,7 +315,9 @@ def open_clip_processor(config: dict[str, Any], open_clip_config: dict[str, Any]
     )
     text_cfg = open_clip_config["model_cfg"].get("text_cfg") or {}
     if config["text_config"]["vocab_size"] != 49408 or text_cfg.get("hf_tokenizer_name"):
-        logger.warning("the open_clip text tower does not use open_clip's default BPE vocabulary: no tokenizer is written")
+        logger.warning(
+            "the open_clip text tower does not use open_clip's default BPE vocabulary: no tokenizer is written"
+        )
         return image_processor
     tokenizer = clip_tokenizer_from_open_clip(config["text_config"]["max_position_embeddings"])
     if tokenizer is None:
@@ -322,7 +331,9 @@ def build_open_clip(
     """open_clip folders (one base, or one per member) + two-tower masks -> ``HydraEnsembleCLIPModel`` and a
     writer of the matching ``CLIPProcessor`` into an output folder."""
     read = [read_open_clip_folder(f) for f in folders]
-    loaded = [open_clip_member_from_state_dict(s, c["model_cfg"], source=repr(str(f))) for f, (s, c) in zip(folders, read)]
+    loaded = [
+        open_clip_member_from_state_dict(s, c["model_cfg"], source=repr(str(f))) for f, (s, c) in zip(folders, read)
+    ]
     check_same_architecture(folders, [{t: tower_shape(m.config, t) for t in TOWERS} for m in loaded])
     base_cfg = base_config_dict(loaded[0].config)
     processor = open_clip_processor(base_cfg, read[0][1])

@@ -98,7 +98,9 @@ def slim_state_dict(
         M = len(sl.kept_neurons)
         idx = [torch.tensor(n, dtype=torch.long) for n in sl.kept_neurons]
         out[f"{prefix}fc1_weight"] = torch.cat([pick(w1, m)[sl.rows(m)] for m in range(M)]).contiguous()  # (g*K, d)
-        out[f"{prefix}fc2_weight"] = torch.cat([pick(w2, m)[:, idx[m]] for m in range(M)], dim=1).contiguous()  # (d, K)
+        out[f"{prefix}fc2_weight"] = torch.cat(
+            [pick(w2, m)[:, idx[m]] for m in range(M)], dim=1
+        ).contiguous()  # (d, K)
         if b1 is not None:
             out[f"{prefix}fc1_bias"] = torch.cat([pick(b1, m)[sl.rows(m)] for m in range(M)]).contiguous()  # (g*K,)
         if b2 is not None:
@@ -146,7 +148,8 @@ def slim_config(config: Any, kept_neurons: dict[str, list[list[list[int]]]]) -> 
 
 
 def full_config(config: Any) -> Any:
-    """A copy of a slim Hydra ``config`` with whole MLPs, one per member (the layout :func:`unslim_state_dict` gives)."""
+    """A copy of a slim Hydra ``config`` with whole MLPs, one per member (the layout :func:`unslim_state_dict`
+    gives)."""
     out = copy.deepcopy(config)
     for name in ("kept_neurons", "vision_kept_neurons", "text_kept_neurons"):
         if hasattr(out, name):
@@ -203,7 +206,8 @@ def located(slices: dict[str, MLPSlice], state: dict[str, torch.Tensor]) -> dict
         found = [p for p in found if p == prefix or p.endswith(f".{prefix}")]
         if len(found) != 1:
             raise HydraInputError(
-                f"the state dict holds {len(found)} MLPs named like {prefix!r}; pass the state dict of this config's model"
+                f"the state dict holds {len(found)} MLPs named like {prefix!r}; pass the state dict of this config's "
+                "model"
             )
         out[found[0]] = sl
     return out

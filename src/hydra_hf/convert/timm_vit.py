@@ -41,14 +41,14 @@ from .reader import Reader
 _HEADS_BY_SIZE = {"tiny": 3, "small": 6, "medium": 8, "base": 12, "large": 16, "huge": 16, "giant": 16, "gigantic": 16}
 _LAYER_KEYS = {
     "norm1": "norm1", "o": "attn.proj", "norm2": "norm2", "fc1": "mlp.fc1", "fc2": "mlp.fc2",
-}  # fmt: skip
+}
 TIMM_LAYER_NORM_EPS = 1e-6  # timm's VisionTransformer: partial(nn.LayerNorm, eps=1e-6)
 _UNSUPPORTED_ARGS = {
     "class_token": (True,), "global_pool": ("token",), "no_embed_class": (False,), "pre_norm": (False,),
     "fc_norm": (None, False), "reg_tokens": (0,), "init_values": (None,), "qk_norm": (False,),
     "dynamic_img_size": (False,), "act_layer": (None, "gelu"), "norm_layer": (None, "layernorm"),
     "block_fn": (None,), "mlp_layer": (None,), "embed_layer": (None,),
-}  # fmt: skip
+}
 
 
 def is_timm_vit_config(config: dict[str, Any]) -> bool:
@@ -81,7 +81,9 @@ def timm_num_heads(timm_config: dict[str, Any], source: str = "checkpoint") -> i
     )
 
 
-def timm_vit_config(state: dict[str, torch.Tensor], timm_config: dict[str, Any], source: str = "checkpoint") -> dict[str, Any]:
+def timm_vit_config(
+    state: dict[str, torch.Tensor], timm_config: dict[str, Any], source: str = "checkpoint"
+) -> dict[str, Any]:
     """The HF ``ViTConfig`` dict equivalent to a timm ViT checkpoint (shapes read from the tensors)."""
     args = dict(timm_config.get("model_args") or {})
     if "global_pool" in timm_config:
@@ -195,7 +197,9 @@ def timm_vit_member_from_state_dict(
         "cls_token": state["cls_token"],
         "position_embeddings": state["pos_embed"],
         "patch_embeddings.projection.weight": state["patch_embed.proj.weight"],
-        "patch_embeddings.projection.bias": state.get("patch_embed.proj.bias", torch.zeros(d, dtype=state["cls_token"].dtype)),
+        "patch_embeddings.projection.bias": state.get(
+            "patch_embed.proj.bias", torch.zeros(d, dtype=state["cls_token"].dtype)
+        ),
     }
     final_norm = {"weight": state["norm.weight"], "bias": state["norm.bias"]}
     return ViTMember(config=config, embeddings=embeddings, layers=layers, final_norm=final_norm, classifier=classifier)
@@ -211,8 +215,11 @@ def timm_image_processor(timm_config: dict[str, Any], vit_config: dict[str, Any]
     resized straight to the input size."""
     cfg = timm_config.get("pretrained_cfg") or {}
     size = vit_config["image_size"]
-    resample = {"bilinear": PILImageResampling.BILINEAR, "bicubic": PILImageResampling.BICUBIC,
-                "nearest": PILImageResampling.NEAREST}.get(cfg.get("interpolation", "bicubic"), PILImageResampling.BICUBIC)
+    resample = {
+        "bilinear": PILImageResampling.BILINEAR,
+        "bicubic": PILImageResampling.BICUBIC,
+        "nearest": PILImageResampling.NEAREST,
+    }.get(cfg.get("interpolation", "bicubic"), PILImageResampling.BICUBIC)
     return ViTImageProcessor(
         do_resize=True,
         size={"height": size, "width": size},
@@ -229,11 +236,13 @@ def build_timm_vit(
     """timm ViT folders (one base, or one per member) + masks -> ``HydraEnsembleForImageClassification``
     and a writer of the matching ``ViTImageProcessor`` (timm's preprocessing) into an output folder."""
     raw = [read_config(f) for f in folders]
-    loaded = [timm_vit_member_from_state_dict(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, raw)]
+    loaded = [
+        timm_vit_member_from_state_dict(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, raw)
+    ]
     check_same_architecture(folders, [m.config for m in loaded])
     base_cfg = full_config(ViTConfig, loaded[0].config)
     names = raw[0].get("label_names") or (raw[0].get("pretrained_cfg") or {}).get("label_names")
     processor = timm_image_processor(raw[0], base_cfg)
     model = vit_classifier(folders, loaded, base_cfg, {}, masks, mlp_fusion=mlp_fusion, shared=shared,
-                           num_labels=num_labels, id2label=id2label, seed=seed, names=names)  # fmt: skip
+                           num_labels=num_labels, id2label=id2label, seed=seed, names=names)
     return model, lambda folder: processor.save_pretrained(str(folder))

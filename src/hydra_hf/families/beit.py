@@ -41,7 +41,7 @@ class BeitFamily(Family):
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int) -> Built:
         model = build_beit(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels,
-                           id2label=id2label, seed=seed)  # fmt: skip
+                           id2label=id2label, seed=seed)
         return Built(model, folders[0])
 
     def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
@@ -52,7 +52,7 @@ class BeitFamily(Family):
         base = getattr(model, "beit", model)
         return layer_list_adapter(model, "hf_beit", [layer.attention for layer in base.layers],
                                   ("q_proj", "k_proj", "v_proj", "o_proj"), model.config.num_attention_heads,
-                                  ("pixel_values",), "vision")  # fmt: skip
+                                  ("pixel_values",), "vision")
 
     def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
         extra = {"num_labels": num_labels} if num_labels is not None else {}

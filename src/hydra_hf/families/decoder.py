@@ -107,7 +107,9 @@ class DecoderFamily(Family):
         loaded = [self.read_member(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, configs)]
         members = loaded * masks.num_members if len(loaded) == 1 else loaded
         if task == CAUSAL_LM and any(m.lm_head is None for m in members):
-            raise HydraInputError(f"{str(folders[0])!r} is a causal LM without an lm_head tensor; save it with its head")
+            raise HydraInputError(
+                f"{str(folders[0])!r} is a causal LM without an lm_head tensor; save it with its head"
+            )
         heads = [m.lm_head for m in members if m.lm_head is not None]
         # fine-tuned members whose output embeddings differ keep their own; otherwise one shared head
         lm_head_fusion = "per_member" if any(not torch.equal(heads[0], h) for h in heads[1:]) else "shared"
@@ -118,7 +120,7 @@ class DecoderFamily(Family):
         config = self.config_class()(
             base_model_type=base["model_type"], base_config=base, kept_heads=masks.kept_heads, mlp_fusion=mlp_fusion,
             member_metadata=masks.member_metadata, lm_head_fusion=lm_head_fusion, **labels,
-        )  # fmt: skip
+        )
         auto = "AutoModelForCausalLM" if task == CAUSAL_LM else "AutoModelForSequenceClassification"
         torch.manual_seed(seed)  # a bare decoder's per-member score heads are initialised from this seed
         model = self.model_class(auto)(config)

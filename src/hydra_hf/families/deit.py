@@ -42,7 +42,7 @@ class DeiTFamily(Family):
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int) -> Built:
         model = build_deit(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels,
-                           id2label=id2label, seed=seed)  # fmt: skip
+                           id2label=id2label, seed=seed)
         return Built(model, folders[0])
 
     def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
@@ -53,9 +53,11 @@ class DeiTFamily(Family):
         base = getattr(model, "deit", model)
         return layer_list_adapter(model, "hf_deit", [layer.attention for layer in base.layers],
                                   ("q_proj", "k_proj", "v_proj", "o_proj"), model.config.num_attention_heads,
-                                  ("pixel_values",), "vision")  # fmt: skip
+                                  ("pixel_values",), "vision")
 
-    def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None, distilled: bool = False) -> Any:
+    def stock_model(
+        self, base_config: Mapping[str, Any], num_labels: int | None = None, distilled: bool = False
+    ) -> Any:
         """``DeiTForImageClassification``, or ``DeiTForImageClassificationWithTeacher`` when ``distilled``."""
         extra = {"num_labels": num_labels} if num_labels is not None else {}
         cls = DeiTForImageClassificationWithTeacher if distilled else DeiTForImageClassification

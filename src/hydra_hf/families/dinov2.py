@@ -53,7 +53,7 @@ class Dinov2Family(Family):
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int) -> Built:
         model = build_dinov2(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels,
-                             id2label=id2label, seed=seed)  # fmt: skip
+                             id2label=id2label, seed=seed)
         return Built(model, folders[0])
 
     def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:
@@ -65,13 +65,15 @@ class Dinov2Family(Family):
         base = getattr(model, model.base_model_prefix, model)  # dinov2 / dinov2_with_registers, or the bare model
         return layer_list_adapter(model, "hf_dinov2", [layer.attention for layer in base.encoder.layer],
                                   ("q_proj", "k_proj", "v_proj", "o_proj"), model.config.num_attention_heads,
-                                  ("pixel_values",), "vision")  # fmt: skip
+                                  ("pixel_values",), "vision")
 
     def stock_model(self, base_config: Mapping[str, Any], num_labels: int | None = None) -> Any:
         """``Dinov2ForImageClassification`` (or the registers variant, by ``base_config["model_type"]``)."""
         extra = {"num_labels": num_labels} if num_labels is not None else {}
         if base_config.get("model_type") == "dinov2_with_registers":
-            return Dinov2WithRegistersForImageClassification(Dinov2WithRegistersConfig.from_dict({**base_config, **extra}))
+            return Dinov2WithRegistersForImageClassification(
+                Dinov2WithRegistersConfig.from_dict({**base_config, **extra})
+            )
         return Dinov2ForImageClassification(Dinov2Config.from_dict({**base_config, **extra}))
 
 

@@ -69,7 +69,9 @@ class HFTextFamily(Family):
     def check_config(self, config: Mapping[str, Any], source: str) -> None:
         """Refuse a configuration variant the fused model does not implement (default: none)."""
         if config.get("is_decoder"):
-            raise HydraInputError(f"{source} is a decoder ({self.name} with is_decoder=True); convert encoder checkpoints")
+            raise HydraInputError(
+                f"{source} is a decoder ({self.name} with is_decoder=True); convert encoder checkpoints"
+            )
         position = config.get("position_embedding_type", "absolute")
         if position not in (None, "absolute"):
             raise HydraInputError(

@@ -40,8 +40,9 @@ class ViTFamily(Family):
 
     def build(self, folders: list[Path], masks: Any, *, mlp_fusion: str, shared: str, num_labels: int | None,
               id2label: dict[int, str] | None, seed: int) -> Built:
-        model = build_vit(folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels, id2label=id2label,
-                          seed=seed)  # fmt: skip
+        model = build_vit(
+            folders, masks, mlp_fusion=mlp_fusion, shared=shared, num_labels=num_labels, id2label=id2label, seed=seed
+        )
         return Built(model, folders[0])
 
     def unfuse_whole_mlps(self, state: dict, hydra_config: Any) -> list[dict]:

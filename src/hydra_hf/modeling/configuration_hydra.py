@@ -51,7 +51,7 @@ _CONFIG_OWN_NAMES = frozenset(PretrainedConfig().to_dict()) | {
     "base_model_type", "base_config", "num_members", "kept_heads", "vision_kept_heads", "text_kept_heads",
     "mlp_fusion", "member_metadata", "distilled", "auto_map", "custom_pipelines", "lm_head_fusion", "kept_kv_heads",
     "kept_neurons", "vision_kept_neurons", "text_kept_neurons", "calibration",
-}  # fmt: skip
+}
 
 
 # The labels are the Hydra config's own (top level): ``base_config`` keeps none of the base's (the converter
@@ -118,7 +118,9 @@ def check_kept_neurons(kept_neurons: Any, num_members: int, num_layers: int, whe
     only its output bias). The upper bound, the MLP's width, is checked by the layer that builds the MLP."""
     if not isinstance(kept_neurons, (list, tuple)) or len(kept_neurons) != num_members:
         got = len(kept_neurons) if isinstance(kept_neurons, (list, tuple)) else type(kept_neurons).__name__
-        raise ValueError(f"{where} must list one entry per member ({num_members}), got {got}; give every member its neurons")
+        raise ValueError(
+            f"{where} must list one entry per member ({num_members}), got {got}; give every member its neurons"
+        )
     for m, layer, neurons in _layer_lists(kept_neurons, num_layers, where, "neuron"):
         bad = [n for n in neurons if n < 0]
         if bad:
@@ -409,7 +411,9 @@ class HydraTwoTowerConfig(HydraEnsembleConfig):
                     sub = base_config.get(f"{tower}_config") or {}
                     if "num_hidden_layers" in sub and "num_attention_heads" in sub:
                         everything = [list(range(int(sub["num_attention_heads"])))] * int(sub["num_hidden_layers"])
-                        setattr(self, f"{tower}_kept_heads", [[list(h) for h in everything] for _ in range(num_members)])
+                        setattr(
+                            self, f"{tower}_kept_heads", [[list(h) for h in everything] for _ in range(num_members)]
+                        )
         super().__init__(base_config=base_config, num_members=num_members, **kwargs)
 
     def _tower_config(self, tower: str) -> dict[str, Any]:

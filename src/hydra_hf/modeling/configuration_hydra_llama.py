@@ -12,7 +12,9 @@ LM_HEAD_FUSIONS = ("shared", "per_member")
 DECODER_BASE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
-def kept_kv_heads(kept_heads: list[list[list[int]]], num_heads: int, num_key_value_heads: int) -> list[list[list[int]]]:
+def kept_kv_heads(
+    kept_heads: list[list[list[int]]], num_heads: int, num_key_value_heads: int
+) -> list[list[list[int]]]:
     """The key/value heads each member keeps: ``out[m][l]`` = sorted key/value heads with at least one kept
     query head in member m's layer l (grouped-query attention: query head ``h`` reads key/value head
     ``h // (num_heads // num_key_value_heads)``). The library's copy of this rule is
@@ -86,7 +88,8 @@ class HydraEnsembleLlamaConfig(HydraEnsembleConfig):
                         raise ValueError(
                             f"kept_kv_heads[{m}][{layer}]={list(g)} but member {m}'s query heads "
                             f"{self.kept_heads[m][layer]} read key/value heads {w}: a key/value head stays exactly "
-                            "while one of its query heads is kept; drop kept_kv_heads (it is derived) or fix kept_heads"
+                            "while one of its query heads is kept; drop kept_kv_heads (it is derived) or fix "
+                            "kept_heads"
                         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -247,7 +247,9 @@ class HydraSelfAttention(nn.Module):
                 qkv = grouped_linear(x, w.transpose(1, 2), self.qkv_bias.view(M, 3 * k * dk))  # (M, BT, 3k*dk)
                 qkv = qkv.view(M, B, T, 3, k, dk).permute(3, 0, 1, 4, 2, 5)  # (3, M, B, k, T, dk), strided view
             if folded:
-                return qkv.reshape(3, M * B, k, T, dk).unbind(0)  # after the grouped product, merging M and B is a view
+                return qkv.reshape(3, M * B, k, T, dk).unbind(
+                    0
+                )  # after the grouped product, merging M and B is a view
             return qkv.transpose(1, 2).reshape(3, B, K, T, dk).unbind(0)  # heads in member order
         if shared:
             qkv = F.linear(hidden, self.qkv_weight, self.qkv_bias)  # (B, T, 3*K*dk): one product for all members
@@ -454,7 +456,7 @@ class HydraGroupedQueryAttention(HydraSelfAttention):
         num_key_value_heads: int, *, qkv_bias: bool, o_bias: bool, qk_norm_eps: float | None = None,
     ) -> None:
         super().__init__(config, spec, is_causal=True, layer_idx=layer_idx, kept_kv_heads=kept_kv_heads,
-                         num_key_value_heads=num_key_value_heads)  # fmt: skip
+                         num_key_value_heads=num_key_value_heads)
         M, d, dk = self.num_members, spec.hidden_size, self.head_dim
         K, KV = self.total_heads, sum(self.kv_widths)
         self.q_weight = nn.Parameter(torch.empty(K * dk, d))

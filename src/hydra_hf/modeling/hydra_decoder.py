@@ -114,7 +114,9 @@ def add_generation_abstention(out: HydraGenerateOutput, calibration: Any) -> Hyd
         return out
     score = calibration.get("score")
     if score not in GENERATION_SCORES:
-        raise ValueError(f"config.calibration score {score!r} is not one of {list(GENERATION_SCORES)}; calibrate again")
+        raise ValueError(
+            f"config.calibration score {score!r} is not one of {list(GENERATION_SCORES)}; calibrate again"
+        )
     tokens = out[GENERATION_SCORES[score]]  # (B, N), 0 after the end of sequence
     mask = out.generated_mask.bool()  # (B, N)
     sequence = (tokens * mask).sum(-1) / mask.sum(-1).clamp_min(1)  # (B,)
@@ -305,17 +307,17 @@ class HydraDecoderModelMixin:
                 position_ids=position_ids, allow_is_causal_skip=self.config._attn_implementation != "eager",
             )
             for kind in {layer.attention_type for layer in layers}
-        }  # fmt: skip
+        }
         positions = self.position_embeddings(embeddings, position_ids)  # rotary (cos, sin), each (B or 1, T, dk)
 
         outs = LayerOutputs(embeddings, self.config.num_members, output_hidden_states, output_attentions)
         for layer in layers:
             outs.add(*layer(outs.input, masks[layer.attention_type], positions, cache if use_cache else None,
-                            output_attentions))  # fmt: skip
+                            output_attentions))
         last = getattr(self, self.norm_name)(outs.streams()).transpose(0, 1)  # (B, M, T, d)
         out = HydraDecoderOutput(
             cache=cache if use_cache else None, attentions=outs.attentions, **outs.output_fields(last, tie_last=True)
-        )  # fmt: skip
+        )
         return out if return_dict else out.to_tuple()
 
 
@@ -355,7 +357,7 @@ class HydraDecoderClassifierMixin:
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
             token_type_ids=token_type_ids, use_cache=False, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, return_dict=True,
-        )  # fmt: skip
+        )
         hidden = outputs.member_last_hidden_state  # (B, M, T, d)
         B = hidden.shape[0]
         last = last_token_index(input_ids, self.config.pad_token_id, B)
@@ -365,7 +367,7 @@ class HydraDecoderClassifierMixin:
         out = HydraClassifierOutput(
             loss=loss, logits=logits, member_logits=member_logits, hidden_states=outputs.hidden_states,
             attentions=outputs.attentions, member_hidden_states=outputs.member_hidden_states,
-        )  # fmt: skip
+        )
         return out if return_dict else out.to_tuple()
 
 
@@ -412,7 +414,7 @@ class HydraGenerationUncertaintyMixin:
         mask = torch.cat([attention_mask.to(gen_mask.dtype), gen_mask], dim=1)  # (B, P + N)
         position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as generate() numbers left-padded rows
         out = self(input_ids=sequences, attention_mask=mask, position_ids=position_ids, use_cache=False,
-                   logits_to_keep=N + 1, return_dict=True)  # fmt: skip
+                   logits_to_keep=N + 1, return_dict=True)
         member_logits = out.member_logits[:, :, :-1].transpose(1, 2)  # (B, N, M, V): the step that drew token t
         u = token_uncertainty(member_logits)
         token_p = u["log_probs"].gather(-1, generated[..., None]).squeeze(-1).exp()  # (B, N)
@@ -423,7 +425,7 @@ class HydraGenerationUncertaintyMixin:
             token_probability=token_p * w, member_top_tokens=u["member_top"], generated_mask=gen_mask,
             sequence_entropy=(u["entropy"] * w).sum(-1) / denom,
             sequence_mutual_information=(u["mutual_information"] * w).sum(-1) / denom,
-        )  # fmt: skip
+        )
 
     def generate_with_uncertainty(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                                   **generate_kwargs) -> HydraGenerateOutput:
@@ -434,7 +436,7 @@ class HydraGenerationUncertaintyMixin:
         if attention_mask is not None:  # generate() returns num_return_sequences rows per prompt, in prompt order
             attention_mask = attention_mask.repeat_interleave(sequences.shape[0] // input_ids.shape[0], dim=0)
         out = self.score_generated(sequences, input_ids.shape[1], attention_mask,
-                                   eos_token_id=generate_kwargs.get("eos_token_id"))  # fmt: skip
+                                   eos_token_id=generate_kwargs.get("eos_token_id"))
         return add_generation_abstention(out, getattr(self.config, "calibration", None))
 
 
@@ -535,7 +537,7 @@ class HydraCausalLMMixin(HydraGenerationUncertaintyMixin):
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
             inputs_embeds=inputs_embeds, use_cache=use_cache, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, return_dict=True, token_type_ids=token_type_ids,
-        )  # fmt: skip
+        )
         hidden = outputs.member_last_hidden_state  # (B, M, T, d)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         member_logits = self.member_logits_of(hidden[:, :, keep])  # (B, M, T', V)
@@ -545,5 +547,5 @@ class HydraCausalLMMixin(HydraGenerationUncertaintyMixin):
             loss=loss, logits=logits, member_logits=member_logits, cache=outputs.cache,
             hidden_states=outputs.hidden_states, attentions=outputs.attentions,
             member_hidden_states=outputs.member_hidden_states,
-        )  # fmt: skip
+        )
         return out if return_dict else out.to_tuple()

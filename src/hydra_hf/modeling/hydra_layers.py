@@ -146,13 +146,15 @@ def check_layer_neurons(kept_neurons: tuple[tuple[int, ...], ...], num_members: 
     """Raise ``ValueError`` unless ``kept_neurons`` has one entry per member, each a sorted list of unique neuron
     indices in ``[0, intermediate_size)`` (the range a layer's MLP knows; the config checks the rest)."""
     if len(kept_neurons) != num_members:
-        raise ValueError(f"kept_neurons lists {len(kept_neurons)} members for a layer of {num_members}; give one per member")
+        raise ValueError(
+            f"kept_neurons lists {len(kept_neurons)} members for a layer of {num_members}; give one per member"
+        )
     for m, neurons in enumerate(kept_neurons):
         bad = [n for n in neurons if not 0 <= n < intermediate_size]
         if bad:
             raise ValueError(
-                f"kept_neurons[{m}] has neuron indices {bad[:5]} outside [0, {intermediate_size}); this layer's MLP has "
-                f"{intermediate_size} intermediate neurons: use masks made for this model"
+                f"kept_neurons[{m}] has neuron indices {bad[:5]} outside [0, {intermediate_size}); this layer's MLP "
+                f"has {intermediate_size} intermediate neurons: use masks made for this model"
             )
 
 
@@ -285,7 +287,9 @@ class HydraMLP(HydraMLPBase):
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         """Shared MLP on ``(N, d)`` rows, or per-member MLP on ``(M, N, d)``."""
         if not self.per_member:
-            return rows_linear(self.act(rows_linear(x, self.fc1_weight, self.fc1_bias)), self.fc2_weight, self.fc2_bias)
+            return rows_linear(
+                self.act(rows_linear(x, self.fc1_weight, self.fc1_bias)), self.fc2_weight, self.fc2_bias
+            )
         x = self.act(grouped_linear(x, self.fc1_weight.transpose(1, 2), self.fc1_bias))  # (M, N, I)
         return grouped_linear(x, self.fc2_weight.transpose(1, 2), self.fc2_bias)  # (M, N, d)
 
@@ -510,7 +514,9 @@ class LayerOutputs:
             hidden = hidden.unsqueeze(0).expand(self.num_members, *hidden.shape)
         return hidden
 
-    def output_fields(self, member_last: torch.Tensor, tie_last: bool = False) -> dict[str, torch.Tensor | tuple | None]:
+    def output_fields(
+        self, member_last: torch.Tensor, tie_last: bool = False
+    ) -> dict[str, torch.Tensor | tuple | None]:
         """The hidden-state fields of a model's output (see ``HydraModelOutput``) from every member's final
         hidden states ``member_last (B, M, T, d)``: ``last_hidden_state (B, T, d)``, their mean, and with
         ``output_hidden_states`` the per-layer ``hidden_states (B, T, d)`` (the shared embeddings, then the
@@ -670,7 +676,8 @@ class HydraPreTrainedModel(PreTrainedModel):
     base_config_class: type  # the base's transformers config class (``BertConfig``), set by the family
 
     def __init__(self, config, *args, **kwargs) -> None:
-        config.sync_base_settings()  # e.g. from_pretrained(folder, hidden_dropout_prob=0.2): the family reads base_config
+        # e.g. from_pretrained(folder, hidden_dropout_prob=0.2): the family reads base_config
+        config.sync_base_settings()
         super().__init__(config, *args, **kwargs)
 
     @classmethod
@@ -686,7 +693,8 @@ class HydraPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """The family's own modules (``init_family_weights``), the fused modules (``init_hydra_weights``), then
-        transformers' ``Linear``, ``Conv2d``, ``Embedding`` and ``LayerNorm``, with the base's ``initializer_range``."""
+        transformers' ``Linear``, ``Conv2d``, ``Embedding`` and ``LayerNorm``, with the base's
+        ``initializer_range``."""
         std = self.config.base_config.get("initializer_range", 0.02)
         if self.init_family_weights(module, std) or init_hydra_weights(module, std):
             return

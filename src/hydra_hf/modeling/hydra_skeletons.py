@@ -91,7 +91,11 @@ def run_layers(
 
 
 def classifier_output(
-    member_logits: torch.Tensor, labels: torch.Tensor | None, config, encoder_output: HydraModelOutput, return_dict: bool
+    member_logits: torch.Tensor,
+    labels: torch.Tensor | None,
+    config,
+    encoder_output: HydraModelOutput,
+    return_dict: bool,
 ) -> HydraClassifierOutput | tuple:
     """The output of a fused classifier from its ``member_logits (B, M, C)``: ensemble logits, loss."""
     logits, loss = ensemble_outputs(member_logits, labels, config)
@@ -195,7 +199,13 @@ class HydraTextEncoder(HydraPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         outputs = self.encode(
-            input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions, output_hidden_states
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            inputs_embeds,
+            output_attentions,
+            output_hidden_states,
         )
         return encoder_output(*outputs, return_dict, tie_last=self.tie_last_hidden_state)
 
@@ -269,12 +279,16 @@ class HydraPostLNTextModel(HydraTextPreTrainedModel, HydraTextEncoder):
         self, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds, output_attentions,
         output_hidden_states,
     ) -> tuple[torch.Tensor, torch.Tensor | None, LayerOutputs]:
-        embeddings = self.embed(input_ids, token_type_ids, position_ids, inputs_embeds)  # (B, T, d), shared by all members
+        embeddings = self.embed(
+            input_ids, token_type_ids, position_ids, inputs_embeds
+        )  # (B, T, d), shared by all members
         mask = padding_mask_to_additive(attention_mask, embeddings.dtype, embeddings.shape[1])  # (B, 1, 1, T) or None
         hidden, outs = run_layers(
             self.layers, embeddings, self.config.num_members, mask, output_hidden_states, output_attentions
         )  # (M, B, T, d)
-        pooled = torch.tanh(self.pooler(hidden[:, :, 0])).transpose(0, 1) if self.pooler is not None else None  # (B, M, d)
+        pooled = (
+            torch.tanh(self.pooler(hidden[:, :, 0])).transpose(0, 1) if self.pooler is not None else None
+        )  # (B, M, d)
         return hidden.transpose(0, 1), pooled, outs
 
 
@@ -435,7 +449,9 @@ class HydraVisionEncoder(HydraVisionPreTrainedModel):
         patch = self.embeddings.patch_embeddings
         check_pixel_values(pixel_values, patch.num_channels, patch.image_size, interpolate or self.any_image_size)
         pixel_values = pixel_values.to(patch.projection.weight.dtype)
-        return encoder_output(*self.encode(pixel_values, interpolate, output_attentions, output_hidden_states), return_dict)
+        return encoder_output(
+            *self.encode(pixel_values, interpolate, output_attentions, output_hidden_states), return_dict
+        )
 
 
 class HydraPreLNVisionModel(HydraVisionEncoder):
@@ -501,7 +517,9 @@ class HydraVisionForImageClassification(HydraVisionPreTrainedModel):
         self.classifier = HydraMemberLinear(config.num_members, base.hidden_size, config.num_labels)
 
     def member_logits(self, outputs: HydraModelOutput) -> torch.Tensor:
-        first = outputs.member_last_hidden_state[:, :, 0].transpose(0, 1)  # (M, B, d): every member's first ([CLS]) token
+        first = outputs.member_last_hidden_state[:, :, 0].transpose(
+            0, 1
+        )  # (M, B, d): every member's first ([CLS]) token
         return self.classifier(first).transpose(0, 1)  # (B, M, C)
 
     def forward(
@@ -637,7 +655,9 @@ class HydraTextTower(HydraTower):
             raise ValueError("input_ids is required: the texts tokenized with the model's tokenizer")
         input_ids = input_ids.view(-1, input_ids.shape[-1])  # (N, T)
         hidden = self.embeddings(input_ids=input_ids, position_ids=position_ids)  # (N, T, d)
-        return self.run(hidden, self.text_mask(attention_mask, hidden), output_attentions, output_hidden_states, input_ids)
+        return self.run(
+            hidden, self.text_mask(attention_mask, hidden), output_attentions, output_hidden_states, input_ids
+        )
 
 
 class HydraTwoTowerModel(HydraPreTrainedModel):

@@ -70,7 +70,9 @@ def relative_position_bias(
     tokens = window[0] * window[1] + 1
     bias = table[index.view(-1)].view(tokens, tokens, -1).permute(2, 0, 1).contiguous()  # (n, T, T)
     if interpolate:
-        bias = F.interpolate(bias.unsqueeze(1), size=(dim_size, dim_size), mode="bilinear", align_corners=False).squeeze(1)
+        bias = F.interpolate(
+            bias.unsqueeze(1), size=(dim_size, dim_size), mode="bilinear", align_corners=False
+        ).squeeze(1)
     return bias.unsqueeze(0)
 
 
@@ -159,7 +161,9 @@ class HydraEnsembleBeitModel(HydraEnsembleBeitPreTrainedModel, HydraVisionEncode
         self.embeddings = BeitEmbeddings(base)
         rows = num_relative_distances(self.base_window)
         self.shared_relative_position_bias_table = (
-            nn.Parameter(torch.zeros(M, rows, base.num_attention_heads)) if base.use_shared_relative_position_bias else None
+            nn.Parameter(torch.zeros(M, rows, base.num_attention_heads))
+            if base.use_shared_relative_position_bias
+            else None
         )
         rates = [base.drop_path_rate * i / max(L - 1, 1) for i in range(L)]  # the stock schedule
         specs = base_layer_specs(config, base)

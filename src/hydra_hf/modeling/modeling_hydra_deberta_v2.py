@@ -94,7 +94,7 @@ class HydraDisentangledSelfAttention(HydraSelfAttention):
         self.p2c = relative and "p2c" in pos_att_type
         self.share_att_key = bool(getattr(base, "share_att_key", False))
         self.pos_dropout = nn.Dropout(base.hidden_dropout_prob)
-        d, kd, dk = spec.hidden_size, self.total_heads * self.head_dim, self.head_dim
+        d, kd = spec.hidden_size, self.total_heads * self.head_dim
         if not self.share_att_key:
             if self.c2p:
                 self.pos_key_weight = nn.Parameter(torch.empty(kd, d))
@@ -108,7 +108,9 @@ class HydraDisentangledSelfAttention(HydraSelfAttention):
         ``qkv_weight`` / ``qkv_bias``, member-major: ``(K*dk, d)`` and ``(K*dk,)``."""
         dk = self.head_dim
         spans = [
-            slice(dk * (3 * o + which * k), dk * (3 * o + (which + 1) * k))  # member m's [Q; K; V] block starts at 3*dk*o_m
+            slice(
+                dk * (3 * o + which * k), dk * (3 * o + (which + 1) * k)
+            )  # member m's [Q; K; V] block starts at 3*dk*o_m
             for o, k in zip(self.offsets, self.widths)
             if k > 0
         ]
@@ -138,7 +140,7 @@ class HydraDisentangledSelfAttention(HydraSelfAttention):
                     F.linear(rel[m], weight[self._member_rows(m, 1)], bias[self._member_rows(m, 1)])  # (2S, k_m*dk)
                     for m in range(self.num_members)
                     if self.widths[m] > 0
-                ], dim=-1)  # fmt: skip
+                ], dim=-1)
             out.append(pos.view(pos.shape[0], self.total_heads, self.head_dim).transpose(0, 1))  # (K, 2S, dk)
         return out[0], out[1]
 
@@ -230,7 +232,9 @@ class HydraDebertaV2Conv(nn.Module):
         self.norm = HydraLayerNorm(num_members, d, base.layer_norm_eps)
         self.dropout = nn.Dropout(base.hidden_dropout_prob)
 
-    def forward(self, embeddings: torch.Tensor, residual: torch.Tensor, input_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, embeddings: torch.Tensor, residual: torch.Tensor, input_mask: torch.Tensor | None
+    ) -> torch.Tensor:
         """``embeddings (B, T, d)`` shared, ``residual (M, B, T, d)``, ``input_mask (B, T)`` 1/0 or None."""
         x = embeddings.transpose(1, 2)  # (B, d, T)
         out = torch.stack([
@@ -309,7 +313,9 @@ class HydraEnsembleDebertaV2Model(HydraEnsembleDebertaV2PreTrainedModel, HydraTe
         # as in transformers, the table's LayerNorm exists whenever norm_rel_ebd names it (used with the table);
         # one per member, like every LayerNorm after the embeddings
         self.rel_norm = (
-            HydraLayerNorm(config.num_members, base.hidden_size, base.layer_norm_eps) if "layer_norm" in norm_rel else None
+            HydraLayerNorm(config.num_members, base.hidden_size, base.layer_norm_eps)
+            if "layer_norm" in norm_rel
+            else None
         )
         self.layers = nn.ModuleList(
             HydraDebertaV2Layer(config, spec, base) for spec in base_layer_specs(config, base)

@@ -54,7 +54,9 @@ class HydraSwiGLUMLP(HydraMLP):
     def _mlp(self, x: torch.Tensor) -> torch.Tensor:
         """Shared MLP on ``(N, d)`` rows, or per-member MLP on ``(M, N, d)``."""
         if not self.per_member:
-            return F.linear(self._activate(F.linear(x, self.fc1_weight, self.fc1_bias)), self.fc2_weight, self.fc2_bias)
+            return F.linear(
+                self._activate(F.linear(x, self.fc1_weight, self.fc1_bias)), self.fc2_weight, self.fc2_bias
+            )
         h = self._activate(grouped_linear(x, self.fc1_weight.transpose(1, 2), self.fc1_bias))  # (M, N, I)
         return grouped_linear(h, self.fc2_weight.transpose(1, 2), self.fc2_bias)  # (M, N, d)
 
@@ -102,7 +104,9 @@ class HydraEnsembleDinov2Model(HydraEnsembleDinov2PreTrainedModel, HydraPreLNVis
                 hidden_dropout=0.0, mlp_fusion=config.mlp_fusion, kept_neurons=config.kept_neurons,
             )  # DINOv2's layers have no dropout on their branches
             mlp = HydraSwiGLUMLP(spec, swiglu_hidden_features(base)) if base.use_swiglu_ffn else None
-            layers.append(HydraLayerScalePreLNLayer(config, spec, layer_scale=True, drop_path=base.drop_path_rate, mlp=mlp))
+            layers.append(
+                HydraLayerScalePreLNLayer(config, spec, layer_scale=True, drop_path=base.drop_path_rate, mlp=mlp)
+            )
         return layers
 
     def embed(self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool) -> torch.Tensor:

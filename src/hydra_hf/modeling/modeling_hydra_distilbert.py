@@ -37,8 +37,11 @@ class HydraEnsembleDistilBertModel(HydraEnsembleDistilBertPreTrainedModel, Hydra
     def layer_specs(config: HydraEnsembleDistilBertConfig, base: DistilBertConfig) -> list[HydraLayerSpec]:
         sizes = dict(hidden_size=base.dim, num_heads=base.n_heads, intermediate_size=base.hidden_dim,
                      hidden_act=base.activation, layer_norm_eps=DISTILBERT_LAYER_NORM_EPS,
-                     attention_dropout=base.attention_dropout, hidden_dropout=base.dropout)  # fmt: skip
-        return [layer_spec(config.kept_heads, i, **sizes, mlp_fusion=config.mlp_fusion, kept_neurons=config.kept_neurons) for i in range(base.n_layers)]
+                     attention_dropout=base.attention_dropout, hidden_dropout=base.dropout)
+        return [
+            layer_spec(config.kept_heads, i, **sizes, mlp_fusion=config.mlp_fusion, kept_neurons=config.kept_neurons)
+            for i in range(base.n_layers)
+        ]
 
     def embed(self, input_ids, token_type_ids, position_ids, inputs_embeds):
         return self.embeddings(input_ids, inputs_embeds, position_ids)  # (B, T, d)

@@ -22,7 +22,7 @@ the members' softmaxes, so ``generate()`` decodes from the ensemble's predictive
 ``GPT2ForSequenceClassification`` does.
 
 The reference is transformers' GPT-2 with member m's removed heads' ``c_proj`` rows set to zero
-(``tests/test_decoder_gpt2.py``), with and without the cache, on left-padded batches.
+(``tests/modeling/test_modeling_gpt2.py``), with and without the cache, on left-padded batches.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class HydraGPT2Block(GradientCheckpointingLayer):
             hidden_act=base.activation_function, layer_norm_eps=base.layer_norm_epsilon,
             attention_dropout=base.attn_pdrop, hidden_dropout=base.resid_pdrop, mlp_fusion=config.mlp_fusion,
             kept_neurons=config.kept_neurons,
-        )  # fmt: skip
+        )
         self.ln_1 = HydraLayerNorm(M, d, base.layer_norm_epsilon)
         self.attn = HydraGPT2Attention(config, spec, base, layer_idx)
         self.ln_2 = HydraLayerNorm(M, d, base.layer_norm_epsilon)

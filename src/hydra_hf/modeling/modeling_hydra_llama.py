@@ -21,7 +21,7 @@ generated token, the predictive entropy, the mutual information (the members' di
 member's top token. A sequence classifier pools every member's last non-padding token, as transformers does.
 
 The reference is transformers' model of the base with member m's removed query heads' W_O column blocks
-set to zero (``tests/test_decoder_fused.py``), with and without the cache, on left-padded batches.
+set to zero (``tests/modeling/test_modeling_llama.py``), with and without the cache, on left-padded batches.
 """
 
 from __future__ import annotations
@@ -89,14 +89,14 @@ class HydraDecoderLayer(GradientCheckpointingLayer):
             hidden_act=base.hidden_act, layer_norm_eps=base.rms_norm_eps, attention_dropout=base.attention_dropout,
             hidden_dropout=0.0, mlp_fusion=config.mlp_fusion, kept_neurons=config.kept_neurons,
             head_size=getattr(base, "head_dim", None) or d // H,
-        )  # fmt: skip
+        )
         kept_kv = [member[layer_idx] for member in kept_kv_heads(config.kept_heads, H, Hkv)]
         attention_bias = bool(getattr(base, "attention_bias", False))
         self.input_layernorm = HydraRMSNorm(M, d, base.rms_norm_eps)
         self.self_attn = HydraGroupedQueryAttention(
             config, spec, layer_idx, kept_kv, Hkv, qkv_bias=attention_bias or base.model_type == "qwen2",
             o_bias=attention_bias, qk_norm_eps=base.rms_norm_eps if base.model_type == "qwen3" else None,
-        )  # fmt: skip
+        )
         self.post_attention_layernorm = HydraRMSNorm(M, d, base.rms_norm_eps)
         self.mlp = HydraGatedMLP(spec, bias=bool(getattr(base, "mlp_bias", False)), dropout=0.0)
 

@@ -207,7 +207,9 @@ class HydraEnsembleModernBertModel(HydraEnsembleModernBertPreTrainedModel, Hydra
         if position_ids is None:
             position_ids = torch.arange(T, device=embeddings.device).unsqueeze(0)  # (1, T)
         masks = self._masks(attention_mask, embeddings)
-        rotary = {kind: self.rotary_emb(embeddings, position_ids, kind) for kind in {l.attention_type for l in self.layers}}
+        rotary = {
+            kind: self.rotary_emb(embeddings, position_ids, kind) for kind in {l.attention_type for l in self.layers}
+        }
 
         outs = LayerOutputs(embeddings, M, output_hidden_states, output_attentions)
         for layer in self.layers:

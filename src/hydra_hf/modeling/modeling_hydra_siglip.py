@@ -97,9 +97,15 @@ class HydraSiglipAttentionPoolingHead(nn.Module):
         self.layernorm = HydraLayerNorm(M, d, base.layer_norm_eps)
         self.mlp = HydraMLP(
             HydraLayerSpec(
-                hidden_size=d, num_heads=base.num_attention_heads, kept_heads=((),) * M,  # the MLP reads only M
-                intermediate_size=base.intermediate_size, hidden_act=base.hidden_act, layer_norm_eps=base.layer_norm_eps,
-                attention_dropout=0.0, hidden_dropout=0.0, mlp_fusion="per_member",
+                hidden_size=d,
+                num_heads=base.num_attention_heads,
+                kept_heads=((),) * M,  # the MLP reads only M
+                intermediate_size=base.intermediate_size,
+                hidden_act=base.hidden_act,
+                layer_norm_eps=base.layer_norm_eps,
+                attention_dropout=0.0,
+                hidden_dropout=0.0,
+                mlp_fusion="per_member",
             )
         )
 
@@ -160,7 +166,12 @@ class HydraEnsembleSiglipPreTrainedModel(HydraPreTrainedModel):
     config_class = HydraEnsembleSiglipConfig
     base_config_class = SiglipConfig
     base_model_prefix = "hydra_siglip"
-    _no_split_modules = ["SiglipTextEmbeddings", "SiglipVisionEmbeddings", "HydraPreLNLayer", "HydraSiglipAttentionPoolingHead"]
+    _no_split_modules = [
+        "SiglipTextEmbeddings",
+        "SiglipVisionEmbeddings",
+        "HydraPreLNLayer",
+        "HydraSiglipAttentionPoolingHead",
+    ]
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -286,7 +286,9 @@ def resolve_calibration(config: Any) -> dict[str, Any] | None:
         )
     q_hat = calibration.get("q_hat")
     if isinstance(q_hat, bool) or not isinstance(q_hat, (int, float)) or not math.isfinite(q_hat):
-        raise ValueError(f"config.calibration q_hat must be a finite number, got {q_hat!r}; calibrate the folder again")
+        raise ValueError(
+            f"config.calibration q_hat must be a finite number, got {q_hat!r}; calibrate the folder again"
+        )
     seed = calibration.get("seed")
     if calibration.get("randomized") and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"config.calibration is randomized but its seed is {seed!r}, not an integer; calibrate the "
@@ -430,7 +432,9 @@ class HydraZeroShotImageClassificationPipeline(_HydraUncertaintyMixin, ZeroShotI
             "member_logits": _member_logits(outputs, "member_logits_per_image"),  # (1, M, N)
         }
 
-    def postprocess(self, model_outputs, uncertainty_threshold=None, top_k=None, hypothesis_template=ZERO_SHOT_TEMPLATE):
+    def postprocess(
+        self, model_outputs, uncertainty_threshold=None, top_k=None, hypothesis_template=ZERO_SHOT_TEMPLATE
+    ):
         threshold = resolve_threshold(uncertainty_threshold, self.model.config)
         labels = [str(label) for label in model_outputs["candidate_labels"]]
         member_logits = model_outputs["member_logits"][0]  # (M, N)
@@ -465,7 +469,7 @@ class HydraTextGenerationPipeline(TextGenerationPipeline):
     UNCERTAINTY_KEYS = (
         "token_entropy", "token_mutual_information", "token_probability", "member_top_tokens", "generated_mask",
         "sequence_entropy", "sequence_mutual_information", "generated_token_ids",
-    )  # fmt: skip
+    )
 
     def _forward(self, model_inputs, **generate_kwargs):
         attention_mask = model_inputs.get("attention_mask")
@@ -487,7 +491,7 @@ class HydraTextGenerationPipeline(TextGenerationPipeline):
             "generated_mask": scored.generated_mask, "sequence_entropy": scored.sequence_entropy,
             "sequence_mutual_information": scored.sequence_mutual_information,
             "generated_token_ids": flat[:, prompt:],
-        }  # fmt: skip
+        }
         out.update({f"hydra_{k}": v.reshape(B, n, *v.shape[1:]) for k, v in values.items()})
         return out
 
@@ -498,7 +502,7 @@ class HydraTextGenerationPipeline(TextGenerationPipeline):
         for i, record in enumerate(records):
             keep = u["generated_mask"][i].bool()
             for key in ("generated_token_ids", "token_entropy", "token_mutual_information", "token_probability",
-                        "member_top_tokens"):  # fmt: skip
+                        "member_top_tokens"):
                 record[key] = u[key][i][keep].tolist()
             record["sequence_entropy"] = float(u["sequence_entropy"][i])
             record["sequence_mutual_information"] = float(u["sequence_mutual_information"][i])
