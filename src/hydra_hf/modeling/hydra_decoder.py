@@ -299,7 +299,7 @@ class HydraDecoderModelMixin:
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = (torch.arange(inputs_embeds.shape[1], device=inputs_embeds.device) + past).unsqueeze(0)
         embeddings = self.embed(inputs_embeds, position_ids, token_type_ids)  # (B, T, d)
-        layers = getattr(self, self.layers_name)
+        layers = self.get_submodule(self.layers_name)
         # eager attention reads only the mask (it has no is_causal path): never let the mask be skipped
         masks = {
             kind: CAUSAL_MASKS[kind](
@@ -314,7 +314,7 @@ class HydraDecoderModelMixin:
         for layer in layers:
             outs.add(*layer(outs.input, masks[layer.attention_type], positions, cache if use_cache else None,
                             output_attentions))
-        last = getattr(self, self.norm_name)(outs.streams()).transpose(0, 1)  # (B, M, T, d)
+        last = self.get_submodule(self.norm_name)(outs.streams()).transpose(0, 1)  # (B, M, T, d)
         out = HydraDecoderOutput(
             cache=cache if use_cache else None, attentions=outs.attentions, **outs.output_fields(last, tie_last=True)
         )
