@@ -282,14 +282,16 @@ SHIPPED_BERT = [
 
 @pytest.mark.parametrize("file", SHIPPED_BERT)
 def test_push_refuses_every_tampered_shipped_file_without_running_it(sandbox, file):
-    """Every shipped file, tampered ten ways that pass the AST audit: refused by content, before
-    anything runs (no canary), one line naming the file, the line and both fixes."""
+    """Every shipped file, tampered in ways that pass the AST audit (the family's modeling file all ten ways, the
+    others two: the refusal compares contents, the same for every file): refused by content, before anything runs
+    (no canary), one line naming the file, the line and both fixes."""
     from hydra_hf.hub.audit import audit_source
 
     pristine = (sandbox / "model" / file).read_text()
     shipped = {f: (sandbox / "model" / f).read_text() for f in SHIPPED_BERT}
     first_new_line = len(pristine.splitlines()) + 2  # _shipped appends a blank line, then the payload
-    for name, payload in TAMPERINGS.items():
+    tamperings = list(TAMPERINGS.items())
+    for name, payload in tamperings if file == "modeling_hydra_bert.py" else tamperings[:2]:
         (sandbox / "model" / file).write_text(pristine)
         _shipped(payload, file=file)(sandbox)
         tampered = (sandbox / "model" / file).read_text()
