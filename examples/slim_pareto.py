@@ -10,7 +10,7 @@ seeds). Each pair the docs compare is decided by a paired t-test over the seeds 
 and members on both sides); ``decided`` means p < 0.05.
 
     python examples/ceiling_image.py --output outputs/ceiling_slim --seeds 0 1 2 3 4 \
-        --hydra taylor slim taylor_far taylor_sp --baselines packed mc_dropout --threads 1
+        --hydra taylor slim slim_half --baselines packed mc_dropout --threads 1
     python examples/slim_pareto.py --ceiling outputs/ceiling_slim --results docs/results/slim_image.json \
         --figure docs/slim_pareto.png
 """
