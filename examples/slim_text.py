@@ -49,7 +49,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 def compute_of(out: Path, candidate: Candidate, seed: int, tokens: int) -> dict[str, float]:
     """Multiply-adds and parameters of a recipe's fused model relative to the Single, from its masks."""
-    single = json.loads((out / f"single_seed{seed}" / "config.json").read_text())
+    single = json.loads((out / f"single_seed{seed}" / "work" / "member_0" / "model" / "config.json").read_text())
     base = single.get("base_config", single)  # a Single is saved stock or as a one-member Hydra
     base = {k: v for k, v in base.items() if k not in ("architectures", "id2label", "label2id")}
     masks = HeadMasks.load(out / "masks" / f"seed{seed}" / f"{candidate.selection_key(ANY_FOLD)}.json")
