@@ -4,10 +4,13 @@ Reads the models ``examples/demo.py`` trained (``--demo``, default ``outputs/dem
 changed): Hydra (``hydra``), the Single (``single``, seed 0) and the Deep Ensemble's other members
 (``deep_ensemble/member_1/model``, ``member_2/model``: the Singles of seeds 1 and 2). Their logits on the
 demo's data (the Rotten Tomatoes test split, the first 400 validation reviews, the four OOD test sets of
-800 texts each; at most 48 tokens, as the demo) are cached in ``--cache``, so a re-run only refits.
+800 texts each, and the calibration reviews; at most 48 tokens, as the demo) are cached in ``--cache``, so a
+re-run only refits and a new part is the only one computed.
 
-For every seed s of ``--seeds`` (default 0 1 2), ``torch.randperm(N, seed s)`` splits the ID test split
-into two halves: the first half calibrates, the second is scored. On it, for Hydra, the Single of seed s
+The sets and thresholds are fitted on the **calibration reviews**: the Rotten Tomatoes training rows after
+the demo's first 6,000 (``max_train_samples``), which no model of the demo trains, selects or stops on
+(4,201 reviews, drawn like the test split from the same shuffled corpus), and scored on the **whole test
+split** (1,276 reviews). For every seed s of ``--seeds`` (default 0 1 2), for Hydra, the Single of seed s
 (the Single trained with seed s), that Single with temperature scaling (T fitted by NLL on the validation
 reviews, as the demo's "Single + TS") and the Deep Ensemble (the three Singles), the script fits
 
@@ -21,8 +24,10 @@ reviews, as the demo's "Single + TS") and the Deep Ensemble (the three Singles),
 
 and scores the other half: the empirical coverage and mean size of the sets, the share answered and the
 error among answered inputs, the AURC (ranked by MSP), and per OOD kind the share refused and the share
-given a set of more than one label. Then the sets' coverage over ``--splits`` random halvings (its mean
-and spread: one halving's coverage is a random draw). It writes ``--results``
+given a set of more than one label. The demo trains one Hydra: its rows differ between seeds only in the
+randomised APS's draws. Then the sets' coverage over ``--splits`` random re-splits of the calibration and
+test reviews together into parts of the same sizes (its mean and spread: one split's coverage is a random
+draw). It writes ``--results``
 (docs/results/calibration.json; the tables of docs/hub.md are rendered from it by ``make docs``, view
 ``calibration``). Threads are pinned; the results file names the count the cached logits were computed with.
 
@@ -69,48 +74,73 @@ def _folders(demo: Path) -> dict[str, Path]:
 
 
 def _fingerprint(folders: dict[str, Path], pipeline: TextPipeline) -> str:
-    """What the cached logits depend on: every weight file's size and mtime, and the data settings."""
+    """What every cached part depends on: every weight file's size and mtime, and the token limit."""
     digest = hashlib.sha256()
     for name, folder in sorted(folders.items()):
         for file in sorted(folder.glob("*.safetensors")):
             stat = file.stat()
             digest.update(f"{name}:{file.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
-    digest.update(json.dumps([pipeline.test_data, pipeline.validation_data, pipeline.max_validation_samples,
-                              pipeline.ood_test_data, pipeline.max_ood_samples, pipeline.max_length]).encode())
+    digest.update(json.dumps(pipeline.max_length).encode())
     return digest.hexdigest()
 
 
+def data_parts(pipeline: TextPipeline) -> dict[str, tuple[str, bool, int, int | None]]:
+    """Every part the study scores: ``(data spec, labelled, first row, row limit)``. The calibration reviews
+    are the training rows after the demo's ``max_train_samples`` (the rows no model of the demo sees)."""
+    start = pipeline.max_train_samples
+    if start is None:
+        raise HydraInputError("the demo trains on every training review (max_train_samples=None): no held-out "
+                              "training rows are left to calibrate on; set TextPipeline.max_train_samples")
+    return {"test": (pipeline.test_data, True, 0, pipeline.max_test_samples),
+            "validation": (pipeline.validation_data, True, 0, pipeline.max_validation_samples),
+            "calibration": (pipeline.train_data, True, start, None),
+            **{f"ood/{kind}": (spec, False, 0, pipeline.max_ood_samples)
+               for kind, spec in pipeline.ood_test_data.items()}}
+
+
 def model_logits(demo: Path, cache: Path) -> dict[str, Any]:
-    """Every model's member logits ``(N, M, C)`` on the test, validation and OOD data, from ``cache`` when
-    it was written for the same weights and data."""
+    """Every model's member logits ``(N, M, C)`` on every part of :func:`data_parts`; a part cached for the
+    same weights and the same data is reused, the others are computed (and the cache rewritten)."""
     pipeline = TextPipeline()  # the demo's data settings
     folders = _folders(demo)
     key = _fingerprint(folders, pipeline)
+    parts = data_parts(pipeline)
+    out: dict[str, Any] = {"key": key, "threads": torch.get_num_threads(), "parts": {}, "logits": {}, "labels": {}}
     if cache.is_file():
         cached = torch.load(cache, weights_only=True)
         if cached.get("key") == key:
-            print(f"logits from {cache}")
-            return cached
+            out = cached
+            out.setdefault("parts", {})
+    todo = {part: how for part, how in parts.items() if out["parts"].get(part) != list(how)}
+    for part in set(out["parts"]) - set(parts):  # a part the study no longer scores
+        del out["parts"][part]
+        out["labels"].pop(part, None)
+        for logits in out["logits"].values():
+            logits.pop(part, None)
+    if not todo:
+        print(f"logits from {cache}")
+        return out
     _, tokenizer, _ = ev.load_classifier(folders["single_0"])
 
-    def loader(spec: str, labelled: bool, limit: int | None):
+    def loader(spec: str, labelled: bool, first: int, limit: int | None):
         data = resolve_dataset(spec, require_labels=labelled, num_labels=2 if labelled else None,
-                               label_column="label" if labelled else None, max_samples=limit)
-        return ev.make_loader(data, tokenizer, "text", batch_size=64, max_length=pipeline.max_length)
+                               label_column="label" if labelled else None)
+        rows = range(first, len(data) if limit is None else min(len(data), first + limit))
+        if not rows:
+            raise HydraInputError(f"{spec!r} has {len(data)} rows: none left after row {first}")
+        return ev.make_loader(data.select(rows), tokenizer, "text", batch_size=64, max_length=pipeline.max_length)
 
-    loaders = {"test": loader(pipeline.test_data, True, None),
-               "validation": loader(pipeline.validation_data, True, pipeline.max_validation_samples),
-               **{f"ood/{kind}": loader(spec, False, pipeline.max_ood_samples)
-                  for kind, spec in pipeline.ood_test_data.items()}}
-    out: dict[str, Any] = {"key": key, "threads": torch.get_num_threads(), "logits": {}, "labels": {}}
+    loaders = {part: loader(*how) for part, how in todo.items()}
+    out["threads"] = torch.get_num_threads()
     for name, folder in folders.items():
         predictor = ev.ModelPredictor(ev.load_classifier(folder)[0])
-        out["logits"][name] = {}
+        out["logits"].setdefault(name, {})
         for part, part_loader in loaders.items():
             predictions = ev.predict(predictor, part_loader, desc=f"{name}: {part}")
             out["logits"][name][part] = predictions.member_logits  # (N, M, C)
             if predictions.labels is not None:
                 out["labels"][part] = predictions.labels
+    out["parts"].update({part: list(todo[part]) for part in todo})
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_name(cache.name + ".tmp")
     torch.save(out, tmp)
@@ -118,10 +148,11 @@ def model_logits(demo: Path, cache: Path) -> dict[str, Any]:
     return out
 
 
-def split_halves(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The seed's halves of the ID test split: ``torch.randperm(n)`` seeded, first half calibrates."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return order[: n // 2], order[n // 2:]
+def resplit(n_calibration: int, n_scored: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random re-split of the calibration and test reviews together (indices into their concatenation,
+    calibration first): ``torch.randperm`` seeded, the first ``n_calibration`` calibrate, the rest are scored."""
+    order = torch.randperm(n_calibration + n_scored, generator=torch.Generator().manual_seed(seed))
+    return order[:n_calibration], order[n_calibration:]
 
 
 def seed_models(cached: dict[str, Any], seed: int) -> dict[str, tuple[dict[str, torch.Tensor], float | None]]:
@@ -135,18 +166,18 @@ def seed_models(cached: dict[str, Any], seed: int) -> dict[str, tuple[dict[str, 
 
 
 def study(cached: dict[str, Any], seeds: list[int], risks: list[float], delta: float) -> dict[str, Any]:
-    labels = cached["labels"]["test"]
+    """Per seed and model: the sets and abstentions fitted on the calibration reviews, scored on the test split."""
+    labels, cal_labels = cached["labels"]["test"], cached["labels"]["calibration"]
     kinds = [part.split("/", 1)[1] for part in cached["logits"]["hydra"] if part.startswith("ood/")]
     sets, abstention = [], []
     for seed in seeds:
-        cal, scored = split_halves(labels.numel(), seed)
         for model, (logits, temperature) in seed_models(cached, seed).items():
             oods = {kind: logits[f"ood/{kind}"] for kind in kinds}
             for label, method, randomized in METHODS:
                 settings = {"method": method, "score": "msp", "risk": risks[0], "delta": delta,
                             "randomized": randomized, "seed": seed}
-                record = fit_for_report(logits["test"][cal], labels[cal], ALPHA, settings, temperature=temperature)
-                got = decision_metrics(record, logits["test"][scored], labels[scored], oods)
+                record = fit_for_report(logits["calibration"], cal_labels, ALPHA, settings, temperature=temperature)
+                got = decision_metrics(record, logits["test"], labels, oods)
                 sets.append(
                     {
                         "model": model,
@@ -154,7 +185,7 @@ def study(cached: dict[str, Any], seeds: list[int], risks: list[float], delta: f
                         "method": label,
                         "q_hat": record["q_hat"],
                         "n_calibration": record["n"],
-                        "n_scored": int(scored.numel()),
+                        "n_scored": int(labels.numel()),
                         "coverage": got["coverage"],
                         "set_size": got["set_size"],
                         "ood_set_gt1": {k: v["set_gt1"] for k, v in got["ood"].items()},
@@ -162,8 +193,8 @@ def study(cached: dict[str, Any], seeds: list[int], risks: list[float], delta: f
                 )
             for risk in risks:  # the abstention does not depend on the sets: fitted once per risk
                 settings = {"method": "lac", "score": "msp", "risk": risk, "delta": delta}
-                record = fit_for_report(logits["test"][cal], labels[cal], ALPHA, settings, temperature=temperature)
-                got = decision_metrics(record, logits["test"][scored], labels[scored], oods)
+                record = fit_for_report(logits["calibration"], cal_labels, ALPHA, settings, temperature=temperature)
+                got = decision_metrics(record, logits["test"], labels, oods)
                 error = None if got["selective_accuracy"] is None else 1 - got["selective_accuracy"]
                 abstention.append({"model": model, "seed": seed, "risk": risk, "temperature": temperature,
                                    "threshold": record["threshold"], "answered": got["answered"],
@@ -174,21 +205,24 @@ def study(cached: dict[str, Any], seeds: list[int], risks: list[float], delta: f
 
 
 def coverage_over_splits(cached: dict[str, Any], splits: int) -> list[dict[str, Any]]:
-    """The coverage of every model and method over ``splits`` random halvings (split seeds 0 .. splits - 1; the
-    Single of seed 0): its mean, and the share of splits inside the Must's band. One split's coverage varies by
-    about sqrt(2 * 0.1 * 0.9 / (n / 2)) (calibration draw and scored draw)."""
-    labels = cached["labels"]["test"]
+    """The coverage of every model and method over ``splits`` random re-splits of the calibration and test
+    reviews together into parts of their sizes (split seeds 0 .. splits - 1; the Single of seed 0): its mean, its
+    spread and the share of splits inside the Must's band. One split's coverage varies by about
+    sqrt(0.1 * 0.9 * (1 / n_calibration + 1 / n_scored)) (the calibration draw and the scored draw)."""
+    both = torch.cat([cached["labels"]["calibration"], cached["labels"]["test"]])
+    n_cal = cached["labels"]["calibration"].numel()
     models = seed_models(cached, 0)
     values: dict[tuple[str, str], list[float]] = {}
     for seed in range(splits):
-        cal, scored = split_halves(labels.numel(), seed)
+        cal, scored = resplit(n_cal, both.numel() - n_cal, seed)
         for model, (logits, temperature) in models.items():
+            pooled = torch.cat([logits["calibration"], logits["test"]])
             for label, method, randomized in METHODS:
                 settings = {"method": method, "score": "msp", "risk": None, "delta": None, "randomized": randomized,
                             "seed": seed}
-                record = fit_for_report(logits["test"][cal], labels[cal], ALPHA, settings, temperature=temperature)
-                sets = calibrated_decisions(logits["test"][scored], record)["prediction_set"]  # (N/2, C)
-                covered = sets[torch.arange(scored.numel()), labels[scored]].double().mean()
+                record = fit_for_report(pooled[cal], both[cal], ALPHA, settings, temperature=temperature)
+                sets = calibrated_decisions(pooled[scored], record)["prediction_set"]  # (n_scored, C)
+                covered = sets[torch.arange(scored.numel()), both[scored]].double().mean()
                 values.setdefault((model, label), []).append(float(covered))
     low, high = COVERAGE_BAND
     return [
@@ -239,12 +273,13 @@ def main() -> None:
         help="the models' logits, written once and reused (default outputs/calibration_study/logits.pt)",
     )
     parser.add_argument(
-        "--seeds", type=int, nargs="+", default=[0, 1, 2], help="split seeds, each in 0, 1, 2 (default 0 1 2)"
+        "--seeds", type=int, nargs="+", default=[0, 1, 2],
+        help="seeds: the Single trained with it and the randomised APS's draws, each in 0, 1, 2 (default 0 1 2)"
     )
     parser.add_argument("--risks", type=float, nargs="+", default=[0.05, 0.1],
                         help="target errors among answered inputs, one abstention per target (default 0.05 0.1)")
     parser.add_argument("--splits", type=int, default=200,
-                        help="also the coverage's mean over this many random halvings (default 200; 0: none)")
+                        help="also the coverage's mean over this many random re-splits (default 200; 0: none)")
     parser.add_argument("--delta", type=float, default=0.1, help="Learn then Test's 1 - confidence (default 0.1)")
     parser.add_argument("--results", default=None, help="write the results file (docs/results/calibration.json)")
     add_threads_argument(parser)
@@ -283,12 +318,15 @@ def main() -> None:
             "seeds": args.seeds,
             "n_test": int(labels["test"].numel()),
             "n_validation": int(labels["validation"].numel()),
-            "split": "torch.randperm(n_test) seeded with the seed: the first half calibrates, the second is scored",
-            "randomization": "randomised APS: U per input = splitmix64 hash of the seed "
-            "and its probabilities rounded to "
-            "4 decimals (hydra_hf.modeling.pipeline_hydra.conformal_noise); the seed = the split seed",
+            "n_calibration": int(labels["calibration"].numel()),
+            "split": f"calibration: the training reviews after the first {TextPipeline().max_train_samples} (no "
+            "model of the demo sees them); scored: the whole test split",
+            "resplit": "torch.randperm(n_calibration + n_test) seeded with the split seed over the calibration and "
+            "test reviews together: the first n_calibration calibrate, the rest are scored",
+            "randomization": "randomised APS: U per input = splitmix64 hash of the seed and its probabilities rounded "
+            "to 4 decimals (hydra_hf.modeling.pipeline_hydra.conformal_noise)",
             "models": {
-                "Hydra": "outputs/demo/hydra (3 Taylor members, seed 0)",
+                "Hydra": "outputs/demo/hydra (3 Taylor members, seed 0; the same model on every seed)",
                 "Single": "the Single trained with the split's seed (0: single, 1 and 2: deep_ensemble/member_s)",
                 "Single + TS": "that Single, temperature fitted (NLL) on the first 400 validation reviews",
                 "Deep Ensemble (M=3)": "the three Singles (seeds 0, 1, 2)",

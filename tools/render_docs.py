@@ -139,7 +139,7 @@ def _slim_pareto_table(results: Mapping[str, Any]) -> str:
 def _calibration_tables(results: Mapping[str, Any]) -> str:
     """examples/calibration_study.py: per model and method the 90 % sets' coverage and size and the OOD inputs given
     more than one label; per model and target risk the abstention; each cell one value per seed (seed order); the
-    coverage over many random halvings; the Must's lines."""
+    coverage over many random re-splits; the Must's lines."""
     seeds, kinds = results["seeds"], results["ood_kinds"]
 
     def per_seed(rows: list[Mapping[str, Any]], value: Callable[[Mapping[str, Any]], Any], fmt: str) -> str:
@@ -149,9 +149,9 @@ def _calibration_tables(results: Mapping[str, Any]) -> str:
     def pct(value: Any) -> Any:
         return None if value is None else 100 * value
 
-    head = (f"Seeds {', '.join(map(str, seeds))} (each cell: one value per seed); {results['n_test']} test reviews, "
-            f"{results['sets'][0]['n_calibration']} calibrate and {results['sets'][0]['n_scored']} are scored; "
-            f"α = {results['alpha']:g}.\n\n")
+    head = (f"Seeds {', '.join(map(str, seeds))} (each cell: one value per seed); fitted on "
+            f"{results['sets'][0]['n_calibration']} held-out training reviews, scored on the "
+            f"{results['sets'][0]['n_scored']} test reviews; α = {results['alpha']:g}.\n\n")
     lines = ["| model | sets | coverage | mean set size | " + " | ".join(f"{k}: set > 1 (%)" for k in kinds) + " |",
              "|:---|:---|:---|:---|" + "---|" * len(kinds)]
     for model in dict.fromkeys(r["model"] for r in results["sets"]):
@@ -188,8 +188,9 @@ def _calibration_tables(results: Mapping[str, Any]) -> str:
             cells += [per_seed(rows, lambda r, k=k: pct(r["ood_refused"][k]), ".0f") for k in kinds]
             lines.append("| " + " | ".join(cells) + " |")
     if results["splits"]:
-        lines += ["", f"Coverage over {results['splits'][0]['splits']} random halvings (split seeds 0–"
-                  f"{results['splits'][0]['splits'] - 1}; the Single of seed 0):", "",
+        lines += ["", f"Coverage over {results['splits'][0]['splits']} random re-splits of the held-out and test "
+                  f"reviews together into parts of those sizes (split seeds 0–{results['splits'][0]['splits'] - 1}; "
+                  "the Single of seed 0):", "",
                   "| model | sets | mean coverage ± sd | splits in [0.88, 0.92] (%) |", "|:---|:---|---:|---:|"]
         lines += [f"| {r['model']} | {r['method']} | {r['mean']:.4f} ± {r['std']:.4f} | {100 * r['in_band']:.0f} |"
                   for r in results["splits"]]
@@ -241,11 +242,14 @@ def _slim_bench_summary(results: Mapping[str, Any]) -> str:
 
     slim = next(r for r in rows if r["model"] == "eager slim Hydra (3)")
     hydra = next(r for r in rows if r["model"] == "eager Hydra (3)")
+    # the command the file names (bench/_common.write_results); files written before it named none
+    command = results.get("command") or ("python bench/bench_slim.py --geometries bert vit --batch-sizes "
+                                         f"{' '.join(map(str, batches))} --no-onnx --json "
+                                         "docs/results/bench_slim_eager.json")
     return (f"3 such BERT-base members cost {slim['compute_x']:.2f}x a Single's multiply-adds (the paper's members: "
             f"{hydra['compute_x']:.2f}x) and {of('eager slim Hydra (3)', 'x Single')} its eager CPU time at batch "
             f"{' / '.join(map(str, batches))} (the paper's Hydra: {of('eager Hydra (3)', 'x Single')}; "
-            f"sequence length {results['seq_len']}, `python bench/bench_slim.py --geometries bert vit --batch-sizes "
-            f"{' '.join(map(str, batches))} --no-onnx --json docs/results/bench_slim_eager.json`).\n")
+            f"sequence length {results['seq_len']}, `{command}`).\n")
 
 
 def _slim_image_summary(results: Mapping[str, Any]) -> str:
@@ -266,6 +270,28 @@ def _slim_image_summary(results: Mapping[str, Any]) -> str:
     return text + f" (`{results['command']}`).\n"
 
 
+def _bench_number(value: Any) -> str:
+    """A benchmark cell as bench/_common.table prints it: 3 significant digits below 100, whole numbers above."""
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+    return "–" if value is None else str(value)
+
+
+def _bench_table(results: Mapping[str, Any]) -> str:
+    """Any benchmark's results file (bench/_common.write_results): its rows in its columns, the lines it printed
+    under them (ratios, targets met or missed), and the command, torch and threads it ran with."""
+    columns = results["columns"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_bench_number(row.get(c)) for c in columns) + " |" for row in results["rows"]]
+    lines.append("")
+    lines += [f"- {line}" for line in results.get("summary", [])]
+    threads = results["threads"]
+    load = results["load_average"]
+    lines += ["", f"`{results['command']}` (torch {results['torch']}; torch threads: {threads['torch_threads']}, "
+                  f"cores: {results['cpu_count']}; load average when it ended: {load[0]:g})"]
+    return "\n".join(lines) + "\n"
+
+
 VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "methods": _methods_table,
     "hydra-vs-single": _versus_single_table,
@@ -277,6 +303,7 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "image-kinds": _image_kinds_table,
     "slim-bench-summary": _slim_bench_summary,
     "slim-image-summary": _slim_image_summary,
+    "bench": _bench_table,
 }
 """view name -> markdown of a results file (ending with a newline)."""
 

@@ -746,10 +746,10 @@ def test_zero_shot_folder_is_calibrated_for_its_classes_and_template(tmp_path):
     assert "decisions" not in json.loads((tmp_path / "other" / "report.json").read_text())
 
 
-def test_calibration_study_scores_the_other_half_of_each_seeds_split():
-    """examples/calibration_study.py on synthetic cached logits: the seed's halves partition the test data,
-    each row's coverage is the one of its own fit on the first half scored on the second, and the Deep
-    Ensemble is the three Singles."""
+def test_calibration_study_calibrates_on_the_held_out_reviews_and_scores_the_test_split():
+    """examples/calibration_study.py on synthetic cached logits: every row is fitted on the calibration part
+    and scored on the whole test part, the Deep Ensemble is the three Singles, and a re-split partitions the
+    two parts together into parts of their sizes."""
     import importlib.util
 
     from conftest import REPO
@@ -759,28 +759,34 @@ def test_calibration_study_scores_the_other_half_of_each_seeds_split():
     spec.loader.exec_module(study)
     logits, labels = {}, {}
     for k, name in enumerate(("hydra", "single_0", "single_1", "single_2")):
-        test, labels["test"] = synthetic(400, seed=20, members=3 if name == "hydra" else 1, classes=2)
-        val, labels["validation"] = synthetic(100, seed=21, members=3 if name == "hydra" else 1, classes=2)
-        noise = torch.randn(500, 1, 2, generator=torch.Generator().manual_seed(k)) * 0.3  # the models differ
+        members = 3 if name == "hydra" else 1
+        test, labels["test"] = synthetic(400, seed=20, members=members, classes=2)
+        val, labels["validation"] = synthetic(100, seed=21, members=members, classes=2)
+        cal, labels["calibration"] = synthetic(300, seed=22, members=members, classes=2)
+        noise = torch.randn(800, 1, 2, generator=torch.Generator().manual_seed(k)) * 0.3  # the models differ
         logits[name] = {
             "test": test + noise[:400],
-            "validation": val + noise[400:],
+            "validation": val + noise[400:500],
+            "calibration": cal + noise[500:],
             "ood/noise": torch.randn(50, test.shape[1], 2),
         }
     cached = {"logits": logits, "labels": labels}
-    cal, scored = study.split_halves(400, 1)
-    assert sorted(torch.cat([cal, scored]).tolist()) == list(range(400)) and len(cal) == 200
     out = study.study(cached, [1], [0.2], 0.1)
     assert {r["model"] for r in out["sets"]} == {"Hydra", "Single", "Single + TS", "Deep Ensemble (M=3)"}
+    assert {(r["n_calibration"], r["n_scored"]) for r in out["sets"]} == {(300, 400)}
     row = next(r for r in out["sets"] if r["model"] == "Deep Ensemble (M=3)" and r["method"] == "APS randomised")
-    ensemble = torch.cat([logits[f"single_{s}"]["test"] for s in range(3)], dim=1)  # (400, 3, 2)
-    probs = torch.softmax(ensemble.double(), -1).mean(1)
-    fit = fit_conformal(probs[cal], labels["test"][cal], 0.1, "aps", randomized=True, seed=1)
-    sets = prediction_sets(probs[scored], fit)
-    assert row["coverage"] == pytest.approx(
-        float(sets[torch.arange(200), labels["test"][scored]].double().mean()), abs=1e-12
-    )
+    parts = ("test", "calibration")
+    ensemble = {part: torch.cat([logits[f"single_{s}"][part] for s in range(3)], dim=1) for part in parts}
+    probs = {part: torch.softmax(x.double(), -1).mean(1) for part, x in ensemble.items()}
+    fit = fit_conformal(probs["calibration"], labels["calibration"], 0.1, "aps", randomized=True, seed=1)
+    sets = prediction_sets(probs["test"], fit)
+    assert row["coverage"] == pytest.approx(float(sets[torch.arange(400), labels["test"]].double().mean()), abs=1e-12)
     single = next(r for r in out["sets"] if r["model"] == "Single" and r["method"] == "LAC")
     assert single["coverage"] != row["coverage"] or single["set_size"] != row["set_size"]  # the Single of seed 1 alone
     assert len(out["abstention"]) == 4 and all(r["risk"] == 0.2 for r in out["abstention"])
     assert out["must"][0].startswith("90 % LAC coverage in [0.88, 0.92]")
+    cal, scored = study.resplit(300, 400, 7)
+    assert sorted(torch.cat([cal, scored]).tolist()) == list(range(700)) and len(cal) == 300
+    assert not torch.equal(cal, study.resplit(300, 400, 8)[0])
+    splits = study.coverage_over_splits(cached, 5)
+    assert {(r["model"], r["splits"]) for r in splits} >= {("Hydra", 5)} and all(0 <= r["mean"] <= 1 for r in splits)

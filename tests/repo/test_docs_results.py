@@ -239,10 +239,10 @@ def test_slim_summary_views_write_the_files_numbers_into_one_sentence():
 
 def test_calibration_view_puts_one_value_per_seed_in_every_cell():
     """examples/calibration_study.py's file: the sets' and the abstention's cells list the seeds' values in seed
-    order ('–' where no threshold was certified), the halvings' table and the Must's lines follow."""
+    order ('–' where no threshold was certified), the re-splits' table and the Must's lines follow."""
     def sets(seed, coverage):
         return {"model": "Hydra", "seed": seed, "method": "LAC", "coverage": coverage, "set_size": 1.214,
-                "n_calibration": 638, "n_scored": 638, "ood_set_gt1": {"guardian": 0.471}}
+                "n_calibration": 4208, "n_scored": 1276, "ood_set_gt1": {"guardian": 0.471}}
 
     def abstain(seed, error):
         return {"model": "Hydra", "seed": seed, "risk": 0.05, "answered": None if error is None else 0.074,
@@ -266,4 +266,25 @@ def test_calibration_view_puts_one_value_per_seed_in_every_cell():
     assert "| Hydra | LAC | 0.928 / 0.901 | 1.21 / 1.21 | 47 / 47 |" in text
     assert "| Hydra | 0.05 | – / 7.4 | – / 2.1 | 0.078 / 0.078 | – / 100 |" in text
     assert "| Hydra | LAC | 0.9017 ± 0.0164 | 77 |" in text and text.endswith("- LAC: missed\n")
-    assert text.startswith("Seeds 1, 0 (each cell: one value per seed); 1276 test reviews, 638 calibrate")
+    assert text.startswith("Seeds 1, 0 (each cell: one value per seed); fitted on 4208 held-out training reviews, "
+                           "scored on the 1276 test reviews")
+
+
+def test_bench_view_renders_every_row_and_line_of_a_results_file():
+    results = {
+        "command": "python bench/bench_bert.py --json docs/results/bench/bert.json",
+        "torch": "2.13.0+cpu",
+        "cpu_count": 2,
+        "load_average": [1.12, 0.9, 0.5],
+        "threads": {"torch_threads": 2},
+        "columns": ["batch", "model", "latency_ms", "x Single"],
+        "rows": [{"batch": 1, "model": "Single", "latency_ms": 101.4, "x Single": 1.0},
+                 {"batch": 1, "model": "Hydra fused (3)", "latency_ms": 245.6, "x Single": 2.4219}],
+        "summary": ["batch 1: Hydra/Single = 2.42"],
+    }
+    text = render_docs.VIEWS["bench"](results)
+    assert text.splitlines()[:4] == ["| batch | model | latency_ms | x Single |", "|---|---|---|---|",
+                                     "| 1 | Single | 101 | 1 |", "| 1 | Hydra fused (3) | 246 | 2.42 |"]
+    assert "- batch 1: Hydra/Single = 2.42" in text
+    assert text.endswith("`python bench/bench_bert.py --json docs/results/bench/bert.json` (torch 2.13.0+cpu; torch "
+                         "threads: 2, cores: 2; load average when it ended: 1.12)\n")
