@@ -39,14 +39,19 @@ test: setup
 lint: setup
 	$(PY) -m ruff check src tests examples bench tools
 
+# the CPU benchmarks of docs/benchmarks.md, one after another (run nothing else meanwhile): each writes its
+# results file, then the page is rendered from them. bench/bench_circuits.py (about 40 minutes) runs alone.
+BENCH_OUT := docs/results/bench
 bench: setup
-	$(PY) bench/bench_bert.py
-	$(PY) bench/bench_vit.py
-	$(PY) bench/bench_families.py --family roberta
-	$(PY) bench/bench_families.py --family deit
-	$(PY) bench/bench_decoder.py
-	$(PY) bench/bench_circuits.py
-	$(PY) bench/bench_onnx.py
+	mkdir -p $(BENCH_OUT)
+	$(PY) bench/bench_bert.py --json $(BENCH_OUT)/bert.json
+	$(PY) bench/bench_vit.py --json $(BENCH_OUT)/vit.json
+	$(PY) bench/bench_families.py --family roberta --json $(BENCH_OUT)/roberta.json
+	$(PY) bench/bench_families.py --family deit --keep 8 --json $(BENCH_OUT)/deit.json
+	$(PY) bench/bench_cost.py --json $(BENCH_OUT)/cost.json
+	$(PY) bench/bench_onnx.py --json $(BENCH_OUT)/onnx.json
+	$(PY) bench/bench_decoder.py --json $(BENCH_OUT)/decoder.json
+	$(PY) tools/render_docs.py
 
 clean:
 	rm -rf outputs .pytest_cache

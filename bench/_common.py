@@ -6,12 +6,19 @@ contenders in the same process, interleaved over rounds, and reports medians and
 
 from __future__ import annotations
 
+import json
+import os
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import torch
 
+from hydra_hf.outputs import write_text_atomic
 from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
 
 
@@ -171,3 +178,21 @@ def add_timing_args(parser, rounds: int = 5, repeats: int = 2) -> None:
     parser.add_argument("--repeats", type=int, default=repeats)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--json", default=None, help="also write the thread settings and the rows to this JSON file")
+
+
+def write_results(path: str | Path, threads: dict, **fields: Any) -> dict:
+    """Write a benchmark's results file (atomically): the command that reproduces it (this process's own
+    ``python bench/NAME.py ARGS``), torch's version, the machine's core count and load average when it ended,
+    the thread settings and ``fields`` (the rows, targets, ...). Returns what was written."""
+    script = Path(sys.argv[0])
+    where = f"bench/{script.name}" if script.parent.name == "bench" else str(script)
+    results = {
+        "command": shlex.join(["python", where, *sys.argv[1:]]),
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "threads": threads,
+        **fields,
+    }
+    write_text_atomic(path, json.dumps(results, indent=2, allow_nan=False) + "\n")
+    return results

@@ -16,7 +16,6 @@ large batch the floor is Naive; the fused pass wins by running fewer, larger ker
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ from _common import (
     random_kept_heads,
     summary_lines,
     table,
+    write_results,
 )
 
 from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig
@@ -83,7 +83,7 @@ def main() -> None:
     print(table(rows, COLUMNS))
     print("\n".join(summary_lines(rows)))
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": threads, "rows": rows}, indent=2))
+        write_results(args.json, threads, columns=COLUMNS, rows=rows, summary=summary_lines(rows))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ one round): its numbers mean nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import re
 import statistics
@@ -44,7 +43,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_threads_argument, interleaved_medians, pin_bench_threads, random_kept_heads, table
+from _common import (
+    add_threads_argument,
+    interleaved_medians,
+    pin_bench_threads,
+    random_kept_heads,
+    table,
+    write_results,
+)
 
 logger = logging.getLogger("bench_cost")
 
@@ -324,7 +330,7 @@ def main() -> None:
     print(table(rows, COLUMNS))
     print("\n".join(lines))
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": threads, "rows": rows}, indent=2))
+        write_results(args.json, threads, columns=COLUMNS, rows=rows, summary=lines)
 
 
 if __name__ == "__main__":

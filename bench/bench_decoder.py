@@ -35,7 +35,6 @@ M = 3 model's ``member_logits`` on the prompt equal the 3 sequential members' lo
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -49,7 +48,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_threads_argument, pin_bench_threads, random_kept_heads, table
+from _common import add_threads_argument, pin_bench_threads, random_kept_heads, table, write_results
 
 from hydra_hf.convert.hf_llama import decoder_member_from_state_dict, fuse_decoder, unfuse_decoder
 from hydra_hf.modeling.configuration_hydra_llama import HydraEnsembleLlamaConfig
@@ -284,25 +283,21 @@ def main() -> None:
         # a near-tie may flip at float rounding)
         agreement[batch] = (results["fused"]["tokens"] == results["sequential"]["tokens"]).float().mean().item()
     print(table(rows, COLUMNS))
+    summary = []
     for batch in args.batch_sizes:
         r = {row["model"]: row for row in rows if row["batch"] == batch}
         f = r[NAMES["fused"]]
-        print(f"batch {batch}: Hydra/Sequential prefill {f['prefill x Seq']:.2f}, decode {f['decode x Seq']:.2f}, "
-              f"cache {f['cache x Seq']:.2f}; Hydra/Stock prefill {f['prefill x Stock']:.2f}, decode "
-              f"{f['decode x Stock']:.2f}, cache {f['cache x Stock']:.2f}; greedy tokens fused == sequential: "
-              f"{100 * agreement[batch]:.0f} %")
+        summary.append(f"batch {batch}: Hydra/Sequential prefill {f['prefill x Seq']:.2f}, decode "
+                       f"{f['decode x Seq']:.2f}, cache {f['cache x Seq']:.2f}; Hydra/Stock prefill "
+                       f"{f['prefill x Stock']:.2f}, decode {f['decode x Stock']:.2f}, cache "
+                       f"{f['cache x Stock']:.2f}; "
+                       f"greedy tokens fused == sequential: {100 * agreement[batch]:.0f} %")
+    print("\n".join(summary))
     if args.json:
-        out = {
-            "args": vars(args),
-            "threads": threads,
-            "kept_heads": kept,
-            "kept_kv_heads": models["fused"].config.kept_kv_heads,
-            "checks": checks,
-            "greedy_agreement_fused_vs_sequential": agreement,
-            "rows": rows,
-            "load_after": os.getloadavg()[0],
-        }
-        Path(args.json).write_text(json.dumps(out, indent=2))
+        write_results(args.json, threads, args=vars(args), kept_heads=kept,
+                      kept_kv_heads=models["fused"].config.kept_kv_heads, checks=checks,
+                      greedy_agreement_fused_vs_sequential=agreement, columns=COLUMNS, rows=rows,
+                      summary=summary)
 
 
 if __name__ == "__main__":

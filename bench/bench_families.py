@@ -24,7 +24,6 @@ Contenders, all measured side by side in this process:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from _common import (
     random_kept_heads,
     summary_lines,
     table,
+    write_results,
 )
 
 from hydra_hf.families import get_family
@@ -120,7 +120,7 @@ def main() -> None:
     print(table(rows, COLUMNS))
     print("\n".join(summary_lines(rows)))
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": threads, "rows": rows}, indent=2))
+        write_results(args.json, threads, columns=COLUMNS, rows=rows, summary=summary_lines(rows))
 
 
 if __name__ == "__main__":

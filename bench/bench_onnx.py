@@ -23,7 +23,6 @@ Single <= 1.0 at batch 1; int8 Hydra / eager Hydra <= 0.5 at batch 8.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from _common import (
     pin_bench_threads,
     random_kept_heads,
     table,
+    write_results,
 )
 
 from hydra_hf.onnx.export import OnnxGraph, dynamic_shapes, export_module
@@ -245,7 +245,7 @@ def main() -> None:
     print("\n".join(target_lines(rows)))
     logger.info("load average after: %.2f %.2f %.2f", *os.getloadavg())
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": threads, "rows": rows}, indent=2))
+        write_results(args.json, threads, columns=COLUMNS, rows=rows, summary=target_lines(rows))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ The issue's targets are printed at the end: slim Hydra / Single eager fp32 <= 1.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -31,7 +30,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_threads_argument, count_parameters, interleaved_medians, pin_bench_threads, table
+from _common import (
+    add_threads_argument,
+    count_parameters,
+    interleaved_medians,
+    pin_bench_threads,
+    table,
+    write_results,
+)
 from bench_onnx import build, export_pair, make_inputs, session
 
 from hydra_hf.cost import relative_cost
@@ -173,8 +179,8 @@ def main() -> None:
     lines = target_lines(rows)
     print("\n".join(lines))
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": threads, "seq_len": args.seq_len, "rows": rows,
-                                               "targets": lines}, indent=2) + "\n")
+        write_results(args.json, threads, seq_len=args.seq_len, columns=COLUMNS, rows=rows, targets=lines,
+                      summary=lines)
 
 
 if __name__ == "__main__":

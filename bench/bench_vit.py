@@ -17,7 +17,6 @@ Ensemble). Hydra and Naive run the same multiply-adds (the averaged MLP saves pa
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -36,6 +35,7 @@ from _common import (
     random_kept_heads,
     summary_lines,
     table,
+    write_results,
 )
 
 from hydra_hf.modeling.configuration_hydra import HydraEnsembleViTConfig
@@ -92,10 +92,11 @@ def main() -> None:
                               rounds=args.rounds, repeats=args.repeats, warmup=args.warmup)
     for row in rows:
         row["paper params_M"] = PAPER_PARAMS_M.get(row["model"], float("nan"))
-    print(table(rows, COLUMNS[:7] + ["paper params_M"] + COLUMNS[7:]))
+    columns = COLUMNS[:7] + ["paper params_M"] + COLUMNS[7:]
+    print(table(rows, columns))
     print("\n".join(summary_lines(rows)))
     if args.json:
-        Path(args.json).write_text(json.dumps({"threads": threads, "rows": rows}, indent=2))
+        write_results(args.json, threads, columns=columns, rows=rows, summary=summary_lines(rows))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,40 @@
+"""bench/'s results files: every benchmark writes them through ``bench/_common.write_results``, which names the
+command that reproduces the file and the machine's state beside the rows."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from conftest import REPO
+
+
+@pytest.fixture
+def common(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "bench"))
+    import _common
+
+    return _common
+
+
+def test_results_file_names_the_command_that_wrote_it(common, monkeypatch, tmp_path):
+    argv = [str(REPO / "bench" / "bench_bert.py"), "--batch-sizes", "1", "8", "--json", str(tmp_path / "it's.json")]
+    monkeypatch.setattr(sys, "argv", argv)
+    rows = [{"batch": 1, "model": "Single", "latency_ms": 101.5}]
+    written = common.write_results(tmp_path / "it's.json", {"torch_threads": 2}, rows=rows, targets=["met"])
+    on_disk = json.loads((tmp_path / "it's.json").read_text())
+    assert on_disk == written
+    # a path from the repository root, quoted the way a shell reads it back
+    assert on_disk["command"] == f"python bench/bench_bert.py --batch-sizes 1 8 --json '{tmp_path}/it'\"'\"'s.json'"
+    assert on_disk["rows"] == rows and on_disk["targets"] == ["met"] and on_disk["threads"] == {"torch_threads": 2}
+    assert on_disk["torch"] and on_disk["cpu_count"] >= 1 and len(on_disk["load_average"]) == 3
+    assert not list(tmp_path.glob("*.tmp*"))  # written atomically: nothing half-written is left
+
+
+def test_every_benchmark_writes_its_json_through_write_results():
+    for script in sorted((REPO / "bench").glob("bench_*.py")):
+        text = script.read_text(encoding="utf-8")
+        if "--json" in text:
+            assert "write_results(args.json" in text, f"{script.name} writes its --json file another way"
+
