@@ -194,5 +194,18 @@ def write_results(path: str | Path, threads: dict, **fields: Any) -> dict:
         "threads": threads,
         **fields,
     }
+    results = _finite(results)
     write_text_atomic(path, json.dumps(results, indent=2, allow_nan=False) + "\n")
     return results
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (a cell that does not apply, e.g. a file size of an eager
+    model) replaced by None: JSON has no NaN, and the rendered table shows None as '–'."""
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

@@ -24,6 +24,7 @@ import argparse
 import importlib.util
 import json
 import logging
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +37,11 @@ from hydra_hf.families import get_adapter
 from hydra_hf.pruning.budget import Budget
 from hydra_hf.pruning.circuits import GatedEvaluator, circuit_prune, make_evaluator
 from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write_results
+
+COLUMNS = ["evaluator", "wall_min", "evaluations", "evaluations/s", "removal order vs fp32"]
 
 
 def minilm_dir() -> Path:
@@ -101,8 +107,17 @@ def main() -> None:
     parser.add_argument("--head", choices=["probe", "random"], default="probe", help="the 2-class classifier head")
     parser.add_argument("--precisions", default="fp32,screened", help="comma list of fp32, screened, bf16")
     parser.add_argument("--save-ranking", help="write the removal orders to this JSON file")
+    parser.add_argument("--json", default=None, help="also write the results file (rows and the printed lines)")
     args = parser.parse_args()
-    print(describe_threads(pin_threads(args.threads, deterministic=False)))
+    threads = pin_threads(args.threads, deterministic=False)
+    print(describe_threads(threads))
+    rows: list[dict] = []
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        print(line)
+        lines.append(line)
+
     hf_logging.set_verbosity_error()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -117,8 +132,8 @@ def main() -> None:
     id_batches = list(make_text_loader(id_data, tokenizer, batch_size=64, max_length=args.max_length))
     ood_batches = list(make_text_loader(ood_data, tokenizer, batch_size=64, max_length=args.max_length))
     tokens = sum(int(b["attention_mask"].sum()) for b in id_batches + ood_batches)
-    print(f"model: all-MiniLM-L6-v2 + {args.head} 2-class head; threads: {torch.get_num_threads()}")
-    print(
+    say(f"model: all-MiniLM-L6-v2 + {args.head} 2-class head; threads: {torch.get_num_threads()}")
+    say(
         f"data: {len(id_data)} ID + {len(ood_data)} OOD texts, {tokens / (len(id_data) + len(ood_data)):.1f} "
         "tokens/text"
     )
@@ -146,12 +161,15 @@ def main() -> None:
                 f"({stats['confirmed'] / max(stats['screened'], 1):.1%}), largest bf16 error seen "
                 f"{evaluator.max_error:.2e}"
             )
-        print(
+        rows.append({"evaluator": f"cached, {precision}", "wall_min": seconds / 60, "evaluations": n_evals,
+                     "evaluations/s": n_evals / seconds,
+                     "removal order vs fp32": "—" if precision == "fp32" else None})
+        say(
             f"[{precision}] exact greedy (k=1) CircAvg, remove {args.remove}/72: {seconds:.1f} s ({seconds / 60:.1f} "
             f"min) wall, {n_evals} evaluations, {n_evals / seconds:.2f} evaluations/s{extra}"
         )
         hist = result.metadata["score_history"]
-        print(
+        say(
             f"[{precision}] S_avg: {hist[0]:.4f} (unpruned) -> {hist[-1]:.4f} (after {args.remove} removals); first "
             f"removed {result.removal_order[:6]}"
         )
@@ -161,7 +179,9 @@ def main() -> None:
                 continue
             a, b = runs["fp32"]["ranking"], run["ranking"]
             same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-            print(
+            row = next(r for r in rows if r["evaluator"] == f"cached, {precision}")
+            row["removal order vs fp32"] = f"first {same} of {len(a)} removals identical"
+            say(
                 f"{precision} vs fp32: time ratio {run['seconds'] / runs['fp32']['seconds']:.2f}; removal order "
                 f"identical for the first {same} of {len(a)} removals; kept heads "
                 f"{'identical' if sorted(map(tuple, a)) == sorted(map(tuple, b)) else 'differ'}"
@@ -170,7 +190,7 @@ def main() -> None:
         tflop = search_matmul_tflop(runs["fp32"]["ranking"], tokens)
         peak = matmul_peak_gflops()
         floor_s = tflop * 1e3 / peak
-        print(
+        say(
             f"fp32 lower bound: the search's matrix products are {tflop:.1f} TFLOP = {floor_s / 60:.1f} min at this "
             f"machine's fp32 GEMM peak ({peak:.0f} GFLOP/s); the fp32 run reached "
             f"{floor_s / runs['fp32']['seconds']:.0%} of it"
@@ -187,13 +207,19 @@ def main() -> None:
         ref = plain.evaluate(gates, candidates[: 12 * args.reference_steps], "avg")
         ref_s = (time.perf_counter() - t0) / len(ref)
         fast_scores = evaluator.evaluate(gates, candidates[: 12 * args.reference_steps], "avg")
-        print(
+        error = float((ref - fast_scores).abs().max())
+        rows.insert(0, {"evaluator": f"plain (full model per candidate; projected from {len(ref)} candidates)",
+                        "wall_min": ref_s * n_evals / 60, "evaluations": n_evals, "evaluations/s": 1 / ref_s,
+                        "removal order vs fp32": f"scores within {error:.1e}"})
+        say(
             f"plain reference: {ref_s:.3f} s/evaluation ({1 / ref_s:.2f} evaluations/s) -> the full search would take "
             f"~{ref_s * n_evals:.0f} s; "
             + "; ".join(f"{p} is {ref_s * n_evals / run['seconds']:.1f}x faster" for p, run in runs.items())
             + "; "
-            f"max |S_fast - S_plain| on {len(ref)} candidates = {float((ref - fast_scores).abs().max()):.2e}"
+            f"max |S_fast - S_plain| on {len(ref)} candidates = {error:.2e}"
         )
+    if args.json:
+        write_results(args.json, threads, columns=COLUMNS, rows=rows, summary=lines)
 
 
 if __name__ == "__main__":

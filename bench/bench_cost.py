@@ -78,7 +78,8 @@ def component_of(name: str) -> str | None:
 
 def build(geometry: str, layers: int | None, members: int = 3, keep: int = 6) -> tuple[dict, str]:
     """``{"single", "hydra"}`` eager models of ``geometry`` (SDPA) and its modality."""
-    from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig, HydraEnsembleViTConfig
+    from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig
+    from hydra_hf.modeling.configuration_hydra_vit import HydraEnsembleViTConfig
     from hydra_hf.modeling.modeling_hydra_bert import HydraEnsembleForSequenceClassification
     from hydra_hf.modeling.modeling_hydra_vit import HydraEnsembleForImageClassification
 

@@ -79,7 +79,7 @@ def build(geometry: str, layers: int | None, members: int = 3, keep: int = 6) ->
     else:
         from transformers import ViTConfig, ViTForImageClassification
 
-        from hydra_hf.modeling.configuration_hydra import HydraEnsembleViTConfig
+        from hydra_hf.modeling.configuration_hydra_vit import HydraEnsembleViTConfig
         from hydra_hf.modeling.modeling_hydra_vit import HydraEnsembleForImageClassification
 
         base = ViTConfig(num_labels=1000, **({"num_hidden_layers": layers} if layers else {}))

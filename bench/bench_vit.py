@@ -38,7 +38,7 @@ from _common import (
     write_results,
 )
 
-from hydra_hf.modeling.configuration_hydra import HydraEnsembleViTConfig
+from hydra_hf.modeling.configuration_hydra_vit import HydraEnsembleViTConfig
 from hydra_hf.modeling.modeling_hydra_vit import HydraEnsembleForImageClassification
 
 logger = logging.getLogger("bench_vit")

@@ -7,6 +7,7 @@ share them.
     python examples/ceiling_text.py --output outputs/study --seeds 0 1 2
     python examples/ceiling_text.py --output outputs/study --seeds 0 1 2 --hydra taylor-k6
     python examples/ceiling_text.py --output outputs/study --seeds 0 1 2 --hydra slim-k4
+    python examples/ceiling_text.py --output outputs/study --seeds 0 1 2 --hydra slim-k6-m33
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ HYDRA = {
     "slim-k4": Candidate("slim: Taylor, keep 4 per layer, 33 % of the MLP, held-out n=1000, ft 120, seeds offset",
                          method="taylor", remove=None, heads_per_layer=4, samples=1000, selection="heldout",
                          member_seed_offset=1000, mlp_keep=0.33, mlp_spread=True),
+    # larger slim budgets: today's heads (6 of 12 per member) and a third (1.17x) or half (1.50x) of every MLP
+    "slim-k6-m33": Candidate("slim: Taylor, keep 6 per layer, 33 % of the MLP, held-out n=1000, ft 120, seeds offset",
+                             method="taylor", remove=None, heads_per_layer=6, samples=1000, selection="heldout",
+                             member_seed_offset=1000, mlp_keep=0.33, mlp_spread=True),
+    "slim-k6-m50": Candidate("slim: Taylor, keep 6 per layer, 50 % of the MLP, held-out n=1000, ft 120, seeds offset",
+                             method="taylor", remove=None, heads_per_layer=6, samples=1000, selection="heldout",
+                             member_seed_offset=1000, mlp_keep=0.5, mlp_spread=True),
 }
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shlex
 import sys
 import time
@@ -76,8 +77,9 @@ def main() -> None:
           f"{result.hub_check['max_abs_prob_diff']:.1e}, labels {result.hub_check['labels']}")
     if args.results:
         results = {"command": shlex.join(["python", "examples/demo.py", *sys.argv[1:]]), "threads": threads,
-                   "mixed_precision": precision, "torch": torch.__version__, "timings_s": result.timings_s,
-                   "report": result.report}
+                   "mixed_precision": precision, "torch": torch.__version__, "cpu_count": os.cpu_count(),
+                   "load_average": [round(x, 2) for x in os.getloadavg()], "wall_s": time.perf_counter() - start,
+                   "timings_s": result.timings_s, "hub_check": result.hub_check, "report": result.report}
         Path(args.results).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.results, json.dumps(results, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
         print(f"results file:      {args.results}  (make docs renders the README's table from it)")

@@ -9,8 +9,8 @@ t-test over the seeds; "decided" at p < 0.05), against the slim issue's bar: no 
 the reference. Writes a results file (``--results``; ``tools/render_docs.py`` renders it into docs/slim.md, view
 ``slim-text``).
 
-    python examples/slim_text.py --output outputs/study --seeds 0 1 2 --hydra taylor-k6 slim-k4 \
-        --reference taylor-k6 --results docs/results/slim_text.json
+    python examples/slim_text.py --output outputs/study --seeds 0 1 2 \
+        --hydra taylor-k6 slim-k4 slim-k6-m33 slim-k6-m50 --reference taylor-k6 --results docs/results/slim_text.json
 
 Every model's numbers are cached under OUTPUT/ceiling, so a re-run only adds what is missing.
 """
@@ -21,7 +21,9 @@ import argparse
 import importlib.util
 import json
 import logging
+import shlex
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", default="outputs/study", help="the study folder (Singles are shared)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--hydra", nargs="+", choices=sorted(HYDRA), default=["taylor-k6", "slim-k4"])
+    parser.add_argument("--hydra", nargs="+", choices=sorted(HYDRA),
+                        default=["taylor-k6", "slim-k4", "slim-k6-m33", "slim-k6-m50"])
     parser.add_argument("--reference", choices=sorted(HYDRA), default="taylor-k6",
                         help="the Hydra recipe every slim recipe is held against, kind by kind")
     parser.add_argument(
@@ -132,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
     print(describe_threads(threads))
     results = {"threads": threads, **slim_text(Path(args.output), args.seeds, args.hydra, args.reference)}
+    # the command exactly as given (the file names it beside every table rendered from it)
+    results["command"] = shlex.join(["python", "examples/slim_text.py", *(sys.argv[1:] if argv is None else argv)])
     text = json.dumps(results, indent=1, default=str) + "\n"
     if args.results:
         write_text_atomic(Path(args.results), text)

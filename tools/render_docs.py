@@ -61,6 +61,29 @@ def _methods_table(results: Mapping[str, Any]) -> str:
     return render_markdown_table(rows, columns)
 
 
+def _demo_run(results: Mapping[str, Any]) -> str:
+    """examples/demo.py's run: its wall time, each stage's seconds, the machine and threads it ran with, the
+    fresh-process check, and the int8 row against fp32 Hydra (latency ratio, accuracy and ECE differences)."""
+    minutes = results.get("wall_s", sum(results["timings_s"].values())) / 60
+    stages = ", ".join(f"{name.split('. ', 1)[-1]} {seconds:.0f} s" for name, seconds in results["timings_s"].items())
+    text = (f"`{results['command']}` ran in **{minutes:.1f} min** (torch {results['torch']}; torch threads: "
+            f"{results['threads']['torch_threads']}")
+    if "cpu_count" in results:
+        text += f", cores: {results['cpu_count']}; load average when it ended: {results['load_average'][0]:g}"
+    text += f"; training precision: {results['mixed_precision']}): {stages}."
+    if "hub_check" in results:
+        text += (f" The fresh-process check's largest probability difference: "
+                 f"{results['hub_check']['max_abs_prob_diff']:.1e}.")
+    rows = {row["method"]: row for row in results["report"]["rows"]}
+    hydra = results["report"]["rows"][0]
+    int8 = next((row for name, row in rows.items() if "int8" in name), None)
+    if int8 is not None:
+        text += (f" The int8 row runs at {int8['latency_ms'] / hydra['latency_ms']:.2f}x fp32 Hydra's latency, "
+                 f"accuracy {100 * (int8['accuracy'] - hydra['accuracy']):+.1f} points, ECE "
+                 f"{int8['ece'] - hydra['ece']:+.4f}.")
+    return text + "\n"
+
+
 def _signed(value: float) -> str:
     return format(value, "+.4f").replace("-", "−")  # a typographic minus, as the text around the tables
 
@@ -217,6 +240,51 @@ def _slim_text_table(results: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _slim_text_summary(results: Mapping[str, Any]) -> str:
+    """examples/slim_text.py, one line per slim recipe: its compute, its difference from the reference Hydra per
+    OOD kind (the range), how many kinds the seeds decide and how many stay within the bar, its accuracy and ECE
+    against the Single's; then whether any recipe meets the bar on every kind."""
+    by = {r["model"]: r for r in results["rows"]}
+    single = by["Single"]
+    lines = []
+    for model in dict.fromkeys(d["a"] for d in results["decisions"]):
+        rows = [d for d in results["decisions"] if d["a"] == model]
+        r, reference = by[model], by[rows[0]["b"]]
+        low, high = min(d["difference"] for d in rows), max(d["difference"] for d in rows)
+        decided = sum(d["decided"] for d in rows)
+        within = sum(d["within_bar"] for d in rows)
+        lines.append(f"- **{model}** ({r['compute_x']:.2f}x a Single's compute; {reference['model']}: "
+                     f"{reference['compute_x']:.2f}x): {low:+.1f} to {high:+.1f} points per OOD kind against "
+                     f"{reference['model']}, decided by the seeds on {decided} of {len(rows)} kinds, within "
+                     f"{results['bar_points']:g} point on {within}; accuracy {r['accuracy']:.1f} % (Single "
+                     f"{single['accuracy']:.1f} %), ECE {r['ece']:.3f} (Single {single['ece']:.3f}).")
+    meets = [m for m in dict.fromkeys(d["a"] for d in results["decisions"])
+             if all(d["within_bar"] for d in results["decisions"] if d["a"] == m)]
+    verdict = (f"Within {results['bar_points']:g} point of the reference on every kind: "
+               + (", ".join(meets) if meets else "none of these budgets") + ".")
+    return "\n".join(lines) + "\n\n" + verdict + "\n"
+
+
+def _slim_text_readme(results: Mapping[str, Any]) -> str:
+    """examples/slim_text.py, one sentence for the README: the slim budgets' largest compute, their range of
+    differences from the reference Hydra, how many comparisons the seeds decide, and whether any slim recipe
+    gains over the mean Single on some kind."""
+    slim = list(dict.fromkeys(d["a"] for d in results["decisions"]))
+    by = {r["model"]: r for r in results["rows"]}
+    differences = [d["difference"] for d in results["decisions"]]
+    decided = sum(d["decided"] for d in results["decisions"])
+    gains = [by[m]["gain_per_kind"][k][0] for m in slim for k in results["kinds"]]
+    reference = results["decisions"][0]["b"]
+    text = (f"On the pretrained MiniLM text testbed ({len(results['seeds'])} seeds) every slim budget measured "
+            f"({len(slim)}, up to {max(by[m]['compute_x'] for m in slim):.2f}x a Single's compute) loses "
+            f"{-max(differences):.1f} to {-min(differences):.1f} points of MSP AUROC per OOD kind to today's Hydra "
+            f"({reference}, {by[reference]['compute_x']:.2f}x), decided by the seeds in {decided} of "
+            f"{len(differences)} comparisons")
+    if max(gains) < 0:
+        text += ", and stays below the mean Single on every kind"
+    return text + f" (`{results['command']}`).\n"
+
+
 def _image_kinds_table(results: Mapping[str, Any]) -> str:
     """examples/slim_pareto.py, per OOD kind: every model's MSP AUROC gain over the mean Single (points, mean over
     the seeds), the mean over the kinds ± the seeds' standard deviation, compute, accuracy and ECE."""
@@ -294,12 +362,15 @@ def _bench_table(results: Mapping[str, Any]) -> str:
 
 VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "methods": _methods_table,
+    "demo-run": _demo_run,
     "hydra-vs-single": _versus_single_table,
     "transformers-common-tests": _common_tests_table,
     "bench-slim": _bench_slim_table,
     "slim-pareto": _slim_pareto_table,
     "calibration": _calibration_tables,
     "slim-text": _slim_text_table,
+    "slim-text-summary": _slim_text_summary,
+    "slim-text-readme": _slim_text_readme,
     "image-kinds": _image_kinds_table,
     "slim-bench-summary": _slim_bench_summary,
     "slim-image-summary": _slim_image_summary,

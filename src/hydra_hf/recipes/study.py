@@ -192,6 +192,30 @@ DEFAULT_CANDIDATES: tuple[Candidate, ...] = (
         selection="heldout",
         member_seed_offset=1000,
     ),
+    # slim members (an extension, docs/slim.md): the Taylor recipe above whose members also keep a share of every
+    # layer's MLP neurons, spread over the members: about one Single's compute, and 1.5x
+    Candidate(
+        "slim: Taylor, keep 4 per layer, 33 % of the MLP, held-out n=1000",
+        method="taylor",
+        remove=None,
+        heads_per_layer=4,
+        samples=1000,
+        selection="heldout",
+        member_seed_offset=1000,
+        mlp_keep=0.33,
+        mlp_spread=True,
+    ),
+    Candidate(
+        "slim: Taylor, keep 6 per layer, 50 % of the MLP, held-out n=1000",
+        method="taylor",
+        remove=None,
+        heads_per_layer=6,
+        samples=1000,
+        selection="heldout",
+        member_seed_offset=1000,
+        mlp_keep=0.5,
+        mlp_spread=True,
+    ),
 )
 
 
