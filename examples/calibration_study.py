@@ -105,15 +105,18 @@ def model_logits(demo: Path, cache: Path) -> dict[str, Any]:
     folders = _folders(demo)
     key = _fingerprint(folders, pipeline)
     parts = data_parts(pipeline)
-    out: dict[str, Any] = {"key": key, "threads": torch.get_num_threads(), "parts": {}, "logits": {}, "labels": {}}
+    out: dict[str, Any] = {"key": key, "parts": {}, "part_threads": {}, "logits": {}, "labels": {}}
     if cache.is_file():
         cached = torch.load(cache, weights_only=True)
         if cached.get("key") == key:
             out = cached
             out.setdefault("parts", {})
+            # a cache written before threads were kept per part: all its parts came from one call
+            out.setdefault("part_threads", {part: out.get("threads") for part in out["parts"]})
     todo = {part: how for part, how in parts.items() if out["parts"].get(part) != list(how)}
     for part in set(out["parts"]) - set(parts):  # a part the study no longer scores
         del out["parts"][part]
+        out["part_threads"].pop(part, None)
         out["labels"].pop(part, None)
         for logits in out["logits"].values():
             logits.pop(part, None)
@@ -131,7 +134,7 @@ def model_logits(demo: Path, cache: Path) -> dict[str, Any]:
         return ev.make_loader(data.select(rows), tokenizer, "text", batch_size=64, max_length=pipeline.max_length)
 
     loaders = {part: loader(*how) for part, how in todo.items()}
-    out["threads"] = torch.get_num_threads()
+    out.setdefault("part_threads", {}).update({part: torch.get_num_threads() for part in todo})
     for name, folder in folders.items():
         predictor = ev.ModelPredictor(ev.load_classifier(folder)[0])
         out["logits"].setdefault(name, {})
@@ -309,7 +312,7 @@ def main() -> None:
         results = {
             "command": shlex.join(["python", "examples/calibration_study.py", *sys.argv[1:]]),
             "threads": threads,
-            "logits_threads": cached["threads"],
+            "logits_threads": cached["part_threads"],  # torch threads each part's logits were computed with
             "torch": torch.__version__,
             "alpha": ALPHA,
             "risks": args.risks,
