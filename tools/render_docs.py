@@ -64,16 +64,12 @@ def _methods_table(results: Mapping[str, Any]) -> str:
 def _demo_run(results: Mapping[str, Any]) -> str:
     """examples/demo.py's run: its wall time, each stage's seconds, the machine and threads it ran with, the
     fresh-process check, and the int8 row against fp32 Hydra (latency ratio, accuracy and ECE differences)."""
-    minutes = results.get("wall_s", sum(results["timings_s"].values())) / 60
+    minutes = results["wall_s"] / 60
     stages = ", ".join(f"{name.split('. ', 1)[-1]} {seconds:.0f} s" for name, seconds in results["timings_s"].items())
     text = (f"`{results['command']}` ran in **{minutes:.1f} min** (torch {results['torch']}; torch threads: "
-            f"{results['threads']['torch_threads']}")
-    if "cpu_count" in results:
-        text += f", cores: {results['cpu_count']}; load average when it ended: {results['load_average'][0]:g}"
-    text += f"; training precision: {results['mixed_precision']}): {stages}."
-    if "hub_check" in results:
-        text += (f" The fresh-process check's largest probability difference: "
-                 f"{results['hub_check']['max_abs_prob_diff']:.1e}.")
+            f"{results['threads']['torch_threads']}, cores: {results['cpu_count']}; load average when it ended: "
+            f"{results['load_average'][0]:g}; training precision: {results['mixed_precision']}): {stages}. The "
+            f"fresh-process check's largest probability difference: {results['hub_check']['max_abs_prob_diff']:.1e}.")
     rows = {row["method"]: row for row in results["report"]["rows"]}
     hydra = results["report"]["rows"][0]
     int8 = next((row for name, row in rows.items() if "int8" in name), None)

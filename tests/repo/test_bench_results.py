@@ -3,6 +3,9 @@ command that reproduces the file and the machine's state beside the rows."""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import importlib.util
 import json
 import sys
 
@@ -45,10 +48,6 @@ def test_every_benchmark_writes_its_json_through_write_results():
 def test_every_name_a_benchmark_imports_from_hydra_hf_exists():
     """bench/ is not run by the suite (its numbers need a quiet machine), so a renamed or moved library name
     would break it silently: every ``from hydra_hf... import NAME`` in it, at any depth, must resolve."""
-    import ast
-    import importlib
-    import importlib.util
-
     missing = []
     for script in sorted((REPO / "bench").glob("*.py")):
         for node in ast.walk(ast.parse(script.read_text(encoding="utf-8"))):
