@@ -5,9 +5,11 @@ so a re-run resumes. The Singles are the study's (same folders): run it on the s
 share them.
 
     python examples/ceiling_text.py --output outputs/study --seeds 0 1 2
-    python examples/ceiling_text.py --output outputs/study --seeds 0 1 2 --hydra taylor-k6
+    python examples/ceiling_text.py --output outputs/study --seeds 0 1 2 --hydra taylor-k6 \
+        --results docs/results/ceiling_text.json   # the file docs/study.md's ceiling table is rendered from
     python examples/ceiling_text.py --output outputs/study --seeds 0 1 2 --hydra slim-k4
     python examples/ceiling_text.py --output outputs/study --seeds 0 1 2 --hydra slim-k6-m33
+    python examples/ceiling_text.py --output outputs/study --seeds 0 1 2 --hydra slim-k6-m50-ft480
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
+import sys
 from pathlib import Path
 
 from hydra_hf.cli import run_script
@@ -40,6 +44,16 @@ HYDRA = {
     "slim-k6-m50": Candidate("slim: Taylor, keep 6 per layer, 50 % of the MLP, held-out n=1000, ft 120, seeds offset",
                              method="taylor", remove=None, heads_per_layer=6, samples=1000, selection="heldout",
                              member_seed_offset=1000, mlp_keep=0.5, mlp_spread=True),
+    # the same members fine-tuned 4x as long (480 steps, about 2.6 epochs of the training split): what training,
+    # not inference, can restore of a pruned MLP (the selection is the same: the masks are shared)
+    "slim-k4-ft480": Candidate(
+        "slim: Taylor, keep 4 per layer, 33 % of the MLP, held-out n=1000, ft 480, seeds offset", method="taylor",
+        remove=None, heads_per_layer=4, samples=1000, selection="heldout", member_seed_offset=1000, mlp_keep=0.33,
+        mlp_spread=True, member_steps=480),
+    "slim-k6-m50-ft480": Candidate(
+        "slim: Taylor, keep 6 per layer, 50 % of the MLP, held-out n=1000, ft 480, seeds offset", method="taylor",
+        remove=None, heads_per_layer=6, samples=1000, selection="heldout", member_seed_offset=1000, mlp_keep=0.5,
+        mlp_spread=True, member_steps=480),
 }
 
 
@@ -48,6 +62,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--output", default="outputs/study", help="the study folder (Singles are shared)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--hydra", choices=sorted(HYDRA), default=None, help="add a Hydra recipe's rows")
+    parser.add_argument("--results", default=None,
+                        help="also write the table, the command and the threads here (docs/results/ceiling_text.json)")
     add_threads_argument(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -61,6 +77,10 @@ def main(argv: list[str] | None = None) -> dict:
     text = render_ceiling(table, title=f"Ceiling table: embedded text testbed, seeds {args.seeds}")
     write_text_atomic(out / "ceiling.md", text)
     write_text_atomic(out / "ceiling.json", json.dumps(table, indent=2) + "\n")
+    if args.results:
+        command = shlex.join(["python", "examples/ceiling_text.py", *(sys.argv[1:] if argv is None else argv)])
+        record = {"command": command, "threads": threads, "seeds": args.seeds, "hydra": args.hydra, "table": table}
+        write_text_atomic(Path(args.results), json.dumps(record, indent=1, default=str) + "\n")
     print(text)
     return table
 

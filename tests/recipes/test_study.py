@@ -403,6 +403,28 @@ def test_tiny_study_end_to_end(tmp_path, monkeypatch):
     assert before == {f: (tmp_path / "study" / "cells" / f).stat().st_mtime_ns for f in files}
 
 
+def test_fine_tuning_longer_than_one_pass_over_the_training_rows_runs_every_step(tmp_path):
+    """A study run of more steps than one epoch has (64 rows, batch 8: 8 per epoch) trains all of them, over
+    further epochs, instead of stopping at the end of the first."""
+    from conftest import tiny_bert_config, write_tiny_tokenizer
+    from test_demo_smoke import _reviews
+    from transformers import BertForSequenceClassification
+
+    base = tmp_path / "base"
+    torch.manual_seed(0)
+    BertForSequenceClassification(tiny_bert_config(num_labels=2)).save_pretrained(base)
+    write_tiny_tokenizer(base)
+    _reviews(64, 0).to_csv(tmp_path / "train.csv", index=False)
+    _reviews(60, 1).to_csv(tmp_path / "validation.csv", index=False)
+    s = st.TextStudy(base_model=str(base), train_data=str(tmp_path / "train.csv"),
+                     id_validation=str(tmp_path / "validation.csv"), finetune_eval=8, max_length=16, batch_size=8,
+                     max_train_samples=64, single_steps=20)
+    st.train_single(s, 0, tmp_path / "single")
+    log = [json.loads(line) for line in (tmp_path / "single" / "work" / "log.jsonl").read_text().splitlines()]
+    epochs = [r for r in log if "train_loss" in r]
+    assert [r["step"] for r in epochs] == [8, 16, 20] and epochs[-1]["epoch"] == 3
+
+
 def _rewrite(path, n, size):
     for i in range(n):
         st._write_json(path, {"writer": i, "padding": "x" * size})

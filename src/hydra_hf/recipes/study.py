@@ -252,9 +252,12 @@ def _names_test_split(spec: str) -> bool:
 
 
 def _finetune_config(s: TextStudy, steps: int, learning_rate: float, seed: int):
+    # max_steps bounds the run: an epoch has at least one step, so ``steps`` epochs never end it earlier (runs of
+    # more steps than one pass over the training rows take further epochs, and the best epoch on validation)
     return text_recipe(
-        learning_rate=learning_rate, max_steps=steps, num_epochs=1, max_length=s.max_length, batch_size=s.batch_size,
-        eval_batch_size=128, max_train_samples=s.max_train_samples, max_eval_samples=s.finetune_eval, seed=seed,
+        learning_rate=learning_rate, max_steps=steps, num_epochs=max(1, steps), max_length=s.max_length,
+        batch_size=s.batch_size, eval_batch_size=128, max_train_samples=s.max_train_samples,
+        max_eval_samples=s.finetune_eval, seed=seed,
         log_every_steps=40,
     )
 
