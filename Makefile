@@ -19,7 +19,8 @@ demo: setup
 	$(PY) examples/demo.py --output outputs/demo --results docs/results/demo.json
 
 # re-render the result tables of README.md and docs/*.md from their results files (tools/render_docs.py);
-# docs-check changes nothing and fails where a table differs from its file (tests/repo/test_docs_results.py runs it)
+# docs-check changes nothing and fails where a table differs from its file, or where prose types a measured number
+# no table prints outside a section marked `<!-- typed: WHY -->` (tests/repo/test_docs_results.py runs it)
 docs: setup
 	$(PY) tools/render_docs.py
 

@@ -90,6 +90,8 @@ def pareto(ceiling: Path) -> dict[str, Any]:
         models[f"{recipe} {fusion}"] = {
             "label": f"{LABELS.get(recipe, recipe)}, {fusion.replace('_', '-')} MLP", "compute_x": cost["macs_ratio"],
             "params_x": cost["params_ratio"], "per_seed": {s: seed_values(m) for s, m in per_seed.items()},
+            # PyTorch's FLOP counter on the fused model (the whole forward pass), where the ceiling recorded it
+            "counted_x": numbers.get("compute", {}).get(key, {}).get("counted_x"),
         }
     for key, name in BASELINES.items():
         if key not in numbers:
@@ -107,6 +109,8 @@ def pareto(ceiling: Path) -> dict[str, Any]:
         values = list(model["per_seed"].values())
         row = {"model": name, "label": model.get("label", name), "compute_x": model["compute_x"],
                "params_x": model["params_x"], "seeds": len(values)}
+        if model.get("counted_x") is not None:
+            row["counted_x"] = model["counted_x"]
         for metric in ("gain", "accuracy", "ece", "nll"):
             row[metric], row[f"{metric}_std"] = _mean_std([v[metric] for v in values])
         row["gain_per_kind"] = {k: statistics.fmean(v["gain_per_kind"][k] for v in values) for k in kinds}

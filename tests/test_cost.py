@@ -73,3 +73,6 @@ def test_bert_base_shapes_split_between_three_members():
         base_config=base, kept_heads=[[list(range(6 * (m % 2), 6 * (m % 2) + 6))] * 12 for m in range(3)]
     )
     assert relative_cost(paper)["macs_ratio"] == pytest.approx(2.5, abs=0.1)
+    # the values docs/slim.md's cost table states (T = 128)
+    assert [round(relative_cost(c, 128)[key], 2) for c in (paper, slim) for key in ("macs_ratio", "params_ratio")] == [
+        2.47, 1.14, 1.00, 1.01]

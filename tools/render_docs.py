@@ -11,7 +11,17 @@ A rendered region is delimited by two HTML comments, invisible on GitHub::
 to the markdown between the markers. Nothing between the markers is typed by hand.
 
     python tools/render_docs.py            # re-render every region in place (make docs)
-    python tools/render_docs.py --check    # exit 1, one line per region, where a region differs (make docs-check)
+    python tools/render_docs.py --check    # exit 1, one line per problem (make docs-check)
+    python tools/render_docs.py --typed    # list the sections still typed by hand, and why
+
+The check also reads the prose around the regions: a measured number (two decimals or more, a unit such as
+``x``, ``%``, ``ms`` or ``points``, or a sign) outside every rendered region must be one of the numbers its
+document's rendered regions print (prose quoting its table: when the file changes, the quote no longer
+matches and the check says so), or sit in a section marked as typed, with the reason it has no results file::
+
+    <!-- typed: one H100 run; no GPU on the machines the results files are written on -->
+    ...
+    <!-- /typed -->
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ sys.path.insert(0, str(REPO / "src"))  # render with this checkout's hydra_hf, i
 
 from hydra_hf.evaluation.report import render_markdown_table  # noqa: E402
 from hydra_hf.outputs import write_text_atomic  # noqa: E402
+from hydra_hf.recipes.ceiling import render_ceiling  # noqa: E402
 
 DOCUMENTS = ("README.md", "docs/*.md")
 """Where regions are looked for (globs from the repository root)."""
@@ -38,6 +49,22 @@ REGION = re.compile(
     re.DOTALL,
 )
 OPENING = re.compile(r"<!-- results:")
+TYPED = re.compile(r"<!-- typed:(?P<why>[^\n]*?)-->\n(?P<body>.*?)<!-- /typed -->", re.DOTALL)
+TYPED_OPENING = re.compile(r"<!-- typed:")
+NUMBER = re.compile(
+    r"(?<![\w.])(?P<sign>[+\-−±])?(?P<value>\d+\.(?P<decimals>\d+))(?![\w.]*\d|e[-+])"
+    r"(?:\s?(?P<unit>x|×|%|points?|ms|s|min|GiB|GB|MB)(?!\w))?"
+)
+"""A number with a decimal point (not a version's ``1.2.3``, not ``1.2e-7``), with its sign and unit."""
+NOT_MEASURED = re.compile(
+    r"\[\d+\.\d+\]\(https://arxiv\.org[^)]*\)"  # the paper's arXiv number
+    r"|\b(?:arXiv|transformers|torch|torchvision|torch-uncertainty|optimum|optimum-onnx|Runtime|onnx|Python|peft"
+    r"|accelerate|sentence-transformers)[ =]+\d+(?:\.\d+)+"  # versions
+)
+SETTINGS = frozenset({"0.01", "0.05", "0.005", "0.95", "0.88", "0.92"})
+"""Values the docs state as settings, never as measurements: the protocol's margins (0.01, ECE 0.005), the
+risk and significance levels (0.05), the default MSP threshold (0.95) and the coverage band of 90 % conformal
+sets (0.88-0.92)."""
 
 
 def _methods_table(results: Mapping[str, Any]) -> str:
@@ -70,30 +97,50 @@ def _demo_run(results: Mapping[str, Any]) -> str:
             f"{results['threads']['torch_threads']}, cores: {results['cpu_count']}; load average when it ended: "
             f"{results['load_average'][0]:g}; training precision: {results['mixed_precision']}): {stages}. The "
             f"fresh-process check's largest probability difference: {results['hub_check']['max_abs_prob_diff']:.1e}.")
-    rows = {row["method"]: row for row in results["report"]["rows"]}
-    hydra = results["report"]["rows"][0]
-    int8 = next((row for name, row in rows.items() if "int8" in name), None)
-    if int8 is not None:
-        text += (f" The int8 row runs at {int8['latency_ms'] / hydra['latency_ms']:.2f}x fp32 Hydra's latency, "
-                 f"accuracy {100 * (int8['accuracy'] - hydra['accuracy']):+.1f} points, ECE "
-                 f"{int8['ece'] - hydra['ece']:+.4f}.")
     return text + "\n"
 
 
-def _signed(value: float) -> str:
-    return format(value, "+.4f").replace("-", "−")  # a typographic minus, as the text around the tables
+def _int8_summary(results: Mapping[str, Any]) -> str:
+    """The int8 ONNX row against fp32 Hydra (the first row): accuracy, ECE, the largest AUROC difference and
+    the latency ratio, beside the targets (0.5 points, 0.01)."""
+    rows = results["report"]["rows"]
+    hydra = rows[0]
+    int8 = next(row for row in rows if "int8" in row["method"])
+    ood_sets = [key for key, value in hydra.items() if isinstance(value, Mapping) and "auroc" in value]
+    auroc = max(abs(int8[k]["auroc"] - hydra[k]["auroc"]) for k in ood_sets)
+    accuracy = 100 * (int8["accuracy"] - hydra["accuracy"])
+    met = abs(accuracy) <= 0.5 and auroc <= 0.01
+    return (f"The int8 graph (ONNX Runtime) against fp32 Hydra: accuracy {_signed(accuracy, 1)} points, ECE "
+            f"{_signed(int8['ece'] - hydra['ece'])}, every AUROC within {auroc:.4f} (targets: 0.5 points and "
+            f"0.01: {'met' if met else 'MISSED'}), at {int8['latency_ms'] / hydra['latency_ms']:.2f}x its "
+            "latency.\n")
+
+
+def _signed(value: float, digits: int = 4) -> str:
+    return format(value, f"+.{digits}f").replace("-", "−")  # a typographic minus, as the text around the tables
 
 
 def _versus_single_table(results: Mapping[str, Any]) -> str:
     """The paired bootstrap of the first row (Hydra) minus Single: difference, interval, verdict per metric."""
+    return _versus_table(results, "Single")
+
+
+def _versus_deep_ensemble_table(results: Mapping[str, Any]) -> str:
+    """The paired bootstrap of the first row (Hydra) minus the Deep Ensemble."""
+    other = next(row["method"] for row in results["report"]["rows"] if row["method"].startswith("Deep Ensemble ("))
+    return _versus_table(results, other)
+
+
+def _versus_table(results: Mapping[str, Any], other: str) -> str:
     report = results["report"]
     rows = report["rows"]
-    name = f"{rows[0]['method']} − Single"
+    name = f"{rows[0]['method']} − {other}"
     comparison = report["comparisons"][name]
     ood_sets = [key for key, value in rows[0].items() if isinstance(value, Mapping) and "auroc" in value]
     metrics = [("accuracy", "accuracy"), ("ece", "ECE"), ("nll", "NLL")]
     metrics += [(f"{ood}.auroc", f"{ood} AUROC") for ood in ood_sets]
-    lines = [f"| {name.split(' (')[0]} − Single | difference | interval | verdict |", "|---|---:|:---:|---|"]
+    lines = [f"| {name.split(' (')[0]} − {other.split(' (')[0]} | difference | interval | verdict |",
+             "|---|---:|:---:|---|"]
     for key, label in metrics:
         c = comparison[key]
         verdict = c["verdict"] if c["verdict"] == "tie" else f"**{c['verdict']}**"
@@ -144,6 +191,11 @@ def _slim_pareto_table(results: Mapping[str, Any]) -> str:
             f"| {r['label']} | {r['compute_x']:.2f} | {r['params_x']:.2f} | {r['gain']:+.1f} ± {r['gain_std']:.1f} | "
             f"{r['accuracy']:.1f} ± {r['accuracy_std']:.1f} | {r['ece']:.3f} | {r['nll']:.3f} |"
         )
+    counted = [r for r in results["rows"] if "counted_x" in r]
+    if counted:
+        pairs = ", ".join(f"{r['label']} {r['counted_x']:.2f}x (masks {r['compute_x']:.2f}x)" for r in counted)
+        lines += ["", "PyTorch's FLOP counter on one image (the whole forward pass, embeddings and classifiers "
+                  f"included) against the masks' count of the layers: {pairs}."]
     lines += [
         "",
         "| pair (seed by seed) | difference of the gain | seeds | p (paired t) | decided |",
@@ -153,6 +205,13 @@ def _slim_pareto_table(results: Mapping[str, Any]) -> str:
         lines.append(f"| {d['a']} - {d['b']} | {d['difference']:+.2f} ± {d['difference_std']:.2f} | {d['seeds']} | "
                      f"{d['p']:.3f} | {'yes' if d['decided'] else 'no'} |")
     return "\n".join(lines) + "\n\n" + "".join(f"- {m}\n" for m in results["must"])
+
+
+def _ceiling_tables(results: Mapping[str, Any]) -> str:
+    """examples/ceiling_text.py --results: the ceiling's AUROC table and the gains over the mean Single, then the
+    command."""
+    text = render_ceiling(results["table"]).split("\n", 2)[2]  # without the heading: the document has its own
+    return f"{text}\n(`{results['command']}`; torch threads: {results['threads']['torch_threads']})\n"
 
 
 def _calibration_tables(results: Mapping[str, Any]) -> str:
@@ -360,10 +419,13 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "methods": _methods_table,
     "demo-run": _demo_run,
     "hydra-vs-single": _versus_single_table,
+    "hydra-vs-deep-ensemble": _versus_deep_ensemble_table,
+    "int8": _int8_summary,
     "transformers-common-tests": _common_tests_table,
     "bench-slim": _bench_slim_table,
     "slim-pareto": _slim_pareto_table,
     "calibration": _calibration_tables,
+    "ceiling": _ceiling_tables,
     "slim-text": _slim_text_table,
     "slim-text-summary": _slim_text_summary,
     "slim-text-readme": _slim_text_readme,
@@ -422,15 +484,74 @@ def stale_regions(paths: Iterable[Path], root: Path = REPO) -> list[str]:
     return problems
 
 
+def _blank(match: re.Match) -> str:
+    return "\n" * match.group().count("\n")  # keeps the line numbers of what follows
+
+
+def _measured(text: str, printed: frozenset[str] = frozenset()) -> list[tuple[int, str]]:
+    """``(line, number)`` of the measured numbers of ``text`` (code blocks, inline code, versions and
+    :data:`SETTINGS` are not read) that are not in ``printed``."""
+    prose = re.sub(r"```.*?```", _blank, text, flags=re.DOTALL)
+    prose = NOT_MEASURED.sub("", re.sub(r"`[^`]*`", _blank, prose))
+    found = []
+    for match in NUMBER.finditer(prose):
+        measured = len(match["decimals"]) >= 2 or match["unit"] or match["sign"]
+        if measured and match["value"] not in printed and match["value"] not in SETTINGS:
+            found.append((prose.count("\n", 0, match.start()) + 1, match.group().strip()))
+    return found
+
+
+def typed_numbers(text: str) -> list[tuple[int, str]]:
+    """``(line, number)`` for every measured number of ``text`` outside its rendered regions and typed
+    sections that none of its rendered regions prints."""
+    printed = frozenset(re.findall(r"\d+\.\d+", "".join(match["body"] for match in REGION.finditer(text))))
+    return _measured(TYPED.sub(_blank, REGION.sub(_blank, text)), printed)
+
+
+def typed_sections(text: str) -> list[tuple[int, str, int]]:
+    """``(line, reason, measured numbers)`` of every section marked as typed."""
+    return [(text.count("\n", 0, match.start()) + 1, match["why"].strip(), len(_measured(match["body"])))
+            for match in TYPED.finditer(text)]
+
+
+def typed_problems(paths: Iterable[Path], root: Path = REPO) -> list[str]:
+    """One line per measured number typed outside a rendered region and outside a marked section, and per
+    marked section without a reason."""
+    problems = []
+    for path in paths:
+        text, name = path.read_text(encoding="utf-8"), path.relative_to(root)
+        if len(TYPED_OPENING.findall(text)) != len(TYPED.findall(text)):
+            problems.append(f"{name}: a `<!-- typed: WHY -->` marker has no `<!-- /typed -->` on a later line; "
+                            "fix the markers")
+        for line, reason, _ in typed_sections(text):
+            if not reason:
+                problems.append(f"{name}:{line}: a typed section without a reason; say why it has no results file "
+                                "(`<!-- typed: WHY -->`)")
+        for line, number in typed_numbers(text):
+            problems.append(f"{name}:{line}: {number!r} is typed outside a rendered region; render it from a "
+                            "results file, quote a number this document's tables print, or mark the section "
+                            "`<!-- typed: WHY -->`")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--check", action="store_true", help="change nothing; exit 1 where a region differs from its file"
     )
+    parser.add_argument("--typed", action="store_true", help="list the sections still typed by hand, and why")
     args = parser.parse_args(argv)
     paths = documents()
+    if args.typed:
+        total = 0
+        for path in paths:
+            for line, reason, count in typed_sections(path.read_text(encoding="utf-8")):
+                print(f"{path.relative_to(REPO)}:{line}: {count} typed numbers: {reason}")
+                total += count
+        print(f"{total} typed numbers in marked sections; every other measured number is rendered or quotes one")
+        return 0
     if args.check:
-        problems = stale_regions(paths)
+        problems = stale_regions(paths) + typed_problems(paths)
         for line in problems:
             print(line, file=sys.stderr)
         return 1 if problems else 0

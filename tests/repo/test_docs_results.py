@@ -83,6 +83,7 @@ def test_every_rendered_region_matches_its_results_file():
     assert REPO / "README.md" in paths
     assert any(render_docs.REGION.search(p.read_text(encoding="utf-8")) for p in paths)  # the check checks something
     assert render_docs.stale_regions(paths) == []
+    assert render_docs.typed_problems(paths) == []  # every measured number of the prose is rendered, quoted or marked
 
 
 def test_methods_view_renders_the_readme_layout(tmp_path):
@@ -317,23 +318,59 @@ def test_slim_text_summary_names_each_recipe_its_range_and_the_bar():
     assert render_docs.VIEWS["slim-text-summary"](results).endswith("every kind: none of these budgets.\n")
 
 
-def test_demo_run_view_states_the_wall_time_stages_machine_and_int8_ratio():
+def test_demo_run_and_int8_views_state_the_run_and_the_int8_row_against_fp32_hydra():
+    def row(method, latency, accuracy, ece, aurocs):
+        return {"method": method, "latency_ms": latency, "accuracy": accuracy, "ece": ece,
+                **{k: {"auroc": a} for k, a in zip(("guardian", "hamlet"), aurocs, strict=True)}}
+
     results = {
         "command": "python examples/demo.py --output outputs/demo --results docs/results/demo.json",
         "torch": "2.13.0+cpu", "threads": {"torch_threads": 2}, "cpu_count": 2, "load_average": [1.5, 1.2, 1.0],
         "mixed_precision": "bf16", "wall_s": 882.0,
         "timings_s": {"1. fine-tune the single model": 96.4, "4. evaluate": 367.2},
         "hub_check": {"texts": 8, "max_abs_prob_diff": 3.7e-9, "labels": "identical"},
-        "report": {"rows": [{"method": "Hydra (taylor, M=3)", "latency_ms": 1000.0, "accuracy": 0.8025, "ece": 0.0329},
-                            {"method": "Hydra int8 (ONNX Runtime, M=3)", "latency_ms": 440.0, "accuracy": 0.8002,
-                             "ece": 0.0314}]},
+        "report": {"rows": [row("Hydra (taylor, M=3)", 1000.0, 0.8025, 0.0329, (0.7297, 0.7077)),
+                            row("Hydra int8 (ONNX Runtime, M=3)", 440.0, 0.8002, 0.0314, (0.7234, 0.7080))]},
     }
-    text = render_docs.VIEWS["demo-run"](results)
-    assert text == ("`python examples/demo.py --output outputs/demo --results docs/results/demo.json` ran in "
-                    "**14.7 min** (torch 2.13.0+cpu; torch threads: 2, cores: 2; load average when it ended: 1.5; "
-                    "training precision: bf16): fine-tune the single model 96 s, evaluate 367 s. "
-                    "The fresh-process check's largest probability difference: 3.7e-09. "
-                    "The int8 row runs at 0.44x fp32 Hydra's latency, accuracy -0.2 points, ECE -0.0015.\n")
+    assert render_docs.VIEWS["demo-run"](results) == (
+        "`python examples/demo.py --output outputs/demo --results docs/results/demo.json` ran in "
+        "**14.7 min** (torch 2.13.0+cpu; torch threads: 2, cores: 2; load average when it ended: 1.5; "
+        "training precision: bf16): fine-tune the single model 96 s, evaluate 367 s. "
+        "The fresh-process check's largest probability difference: 3.7e-09.\n")
+    assert render_docs.VIEWS["int8"](results) == (
+        "The int8 graph (ONNX Runtime) against fp32 Hydra: accuracy −0.2 points, ECE −0.0015, every AUROC within "
+        "0.0063 (targets: 0.5 points and 0.01: met), at 0.44x its latency.\n")
+    results["report"]["rows"][1]["guardian"]["auroc"] = 0.7100  # 0.0197 below fp32: over the 0.01 target
+    assert "every AUROC within 0.0197 (targets: 0.5 points and 0.01: MISSED)" in render_docs.VIEWS["int8"](results)
+
+
+def test_the_check_finds_a_measured_number_typed_outside_a_rendered_region(tmp_path):
+    """Prose may quote a number its document's tables print; any other measured number (two decimals, a unit,
+    a sign) must be rendered or sit in a section marked as typed, with its reason."""
+    readme = _tree(tmp_path, TABLE)
+    text = readme.read_text()
+    assert render_docs.typed_numbers(text) == [(12, "0.1234")]  # "After: 0.1234." under the region
+    quoted = text.replace("After: 0.1234.", "After: Hydra's accuracy 0.8025 and latency 1139 ms.")
+    assert render_docs.typed_numbers(quoted) == []  # the table prints both
+    prose = ("Gain +7.5 points at 1.28x, 95.8 %, 12.8 min, -0.2, p = 0.419.\n"
+             "Settings and versions: margin 0.01, risk 0.05, transformers 5.24, torch 2.13.0, 1.2e-7, lr 0.9.\n"
+             "Code: `--mlp-keep 0.33` and\n```bash\npython x.py --alpha 0.65\n```\n")
+    assert [n for _, n in render_docs.typed_numbers(prose)] == [
+        "+7.5 points", "1.28x", "95.8 %", "12.8 min", "-0.2", "0.419"]
+    marked = f"<!-- typed: one run, no results file -->\n{prose}<!-- /typed -->\nAfter.\n"
+    assert render_docs.typed_numbers(marked) == []
+    assert render_docs.typed_sections(marked) == [(1, "one run, no results file", 6)]
+
+    readme.write_text(text.replace("After: 0.1234.", "<!-- typed: -->\nAfter: 0.1234.\n<!-- /typed -->"))
+    problems = render_docs.typed_problems([readme], tmp_path)
+    assert problems == ["README.md:12: a typed section without a reason; say why it has no results file "
+                        "(`<!-- typed: WHY -->`)"]
+    readme.write_text(text.replace("After: 0.1234.", "<!-- typed: one run -->\nAfter: 0.1234."))
+    assert "has no `<!-- /typed -->`" in render_docs.typed_problems([readme], tmp_path)[0]
+    readme.write_text(text)
+    assert render_docs.typed_problems([readme], tmp_path) == [
+        "README.md:12: '0.1234' is typed outside a rendered region; render it from a results file, quote a "
+        "number this document's tables print, or mark the section `<!-- typed: WHY -->`"]
 
 
 def test_slim_text_readme_sentence_says_whether_any_slim_budget_gains_over_the_single():
