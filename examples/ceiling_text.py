@@ -54,6 +54,12 @@ HYDRA = {
         "slim: Taylor, keep 6 per layer, 50 % of the MLP, held-out n=1000, ft 480, seeds offset", method="taylor",
         remove=None, heads_per_layer=6, samples=1000, selection="heldout", member_seed_offset=1000, mlp_keep=0.5,
         mlp_spread=True, member_steps=480),
+    # every member keeps the MLP neurons its own Taylor scores rank highest (no spread: members overlap on the
+    # important neurons); the same compute as slim-k6-m33 (each member keeps a third of every MLP)
+    "slim-k6-m33-top": Candidate(
+        "slim: Taylor, keep 6 per layer, top 33 % of the MLP, held-out n=1000, ft 120, seeds offset",
+        method="taylor", remove=None, heads_per_layer=6, samples=1000, selection="heldout", member_seed_offset=1000,
+        mlp_keep=0.33, mlp_spread=False),
 }
 
 

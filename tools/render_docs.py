@@ -214,6 +214,33 @@ def _ceiling_tables(results: Mapping[str, Any]) -> str:
     return f"{text}\n(`{results['command']}`; torch threads: {results['threads']['torch_threads']})\n"
 
 
+def _int8_recipes_table(results: Mapping[str, Any]) -> str:
+    """examples/int8_recipes.py: per int8 recipe, int8 minus fp32 on the ID and OOD validation splits (labels
+    changed, accuracy, ECE, the worst OOD AUROC under MSP and mutual information), its int8 products, and the
+    SmoothQuant alpha chosen with the member-logit error of each alpha tried."""
+    counts = next(iter(results["recipes"].values()))["num_examples"]
+    ood = ", ".join(f"{kind} {counts[kind]}" for kind in results["ood_data"])
+    lines = [f"`{results['model']}`, int8 minus fp32 on {counts['calibration']} texts of `{results['id_data']}` "
+             f"and the OOD validation splits ({ood} texts; worst = the lowest difference over the kinds):", "",
+             "| recipe | labels changed | accuracy | ECE | worst OOD AUROC (MSP) | worst OOD AUROC (MI) | "
+             "`MatMulInteger` |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in results["recipes"].items():
+        worst = {s: min(v[s] for v in r["ood_auroc"].values()) for s in ("msp", "mutual_information")}
+        label = f"{name} (α = {r['alpha']:g} chosen)" if r.get("alpha") is not None else name
+        lines.append(f"| {label} | {100 * r['labels_changed']:.1f} % | {_signed(r['accuracy'], 3)} | "
+                     f"{_signed(r['ece'], 3)} | {_signed(worst['msp'], 3)} | "
+                     f"{_signed(worst['mutual_information'], 3)} | {r['matmul_integer']} |")
+    tried = [(name, r["alphas_tried"]) for name, r in results["recipes"].items() if r.get("alphas_tried")]
+    lines.append("")
+    for name, alphas in tried:
+        errors = ", ".join(f"{a} {v['member_logit_mse']:.4f}" for a, v in alphas.items())
+        lines.append(f"{name}: mean squared member-logit error against fp32 per alpha tried: {errors}.")
+    first = next(iter(results["recipes"].values()))
+    lines.append(f"fp32 accuracy on these texts: {100 * first['fp32_accuracy']:.1f} %. "
+                 f"(`{results['command']}`; torch threads: {results['threads']['torch_threads']})")
+    return "\n".join(lines) + "\n"
+
+
 def _calibration_tables(results: Mapping[str, Any]) -> str:
     """examples/calibration_study.py: per model and method the 90 % sets' coverage and size and the OOD inputs given
     more than one label; per model and target risk the abstention; each cell one value per seed (seed order); the
@@ -426,6 +453,7 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "slim-pareto": _slim_pareto_table,
     "calibration": _calibration_tables,
     "ceiling": _ceiling_tables,
+    "int8-recipes": _int8_recipes_table,
     "slim-text": _slim_text_table,
     "slim-text-summary": _slim_text_summary,
     "slim-text-readme": _slim_text_readme,

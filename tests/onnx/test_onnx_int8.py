@@ -9,8 +9,8 @@ fine-tuning steps of the 2-layer model did not lift it above the majority class 
 of 6 layers do, tests/end_to_end/test_finetune_minilm.py, too slow here), so accuracy is near chance and the test
 asks for what does not depend on it: the fp32 labels vary (both classes predicted, many reviews near
 the boundary) and the smoothquant graph's member logits are far closer to fp32 than those of the
-per-tensor graph of every weight (recipe ``all``). The bench numbers on a
-fine-tuned 3-member MiniLM are in docs/deploy.md."""
+per-tensor graph of every weight (recipe ``all``). The recipes side by side on the fine-tuned `make demo`
+Hydra: examples/int8_recipes.py, rendered in docs/deploy.md."""
 
 from __future__ import annotations
 
@@ -152,3 +152,24 @@ def test_folding_and_smoothing_alone_compute_the_fp32_function(minilm_hydra, tmp
     b = ort.InferenceSession(str(smoothed)).run(None, feed)[-1]
     assert np.abs(a - b).max() < 1e-4  # the same function
     assert np.abs(a).max() > 1e-2  # and not a trivial one
+
+
+def test_the_int8_recipes_script_reads_its_row_from_an_export(minilm_hydra):
+    """examples/int8_recipes.py's row of one recipe (docs/deploy.md's table) is the export's own report and
+    graph: labels changed, the int8 - fp32 differences per OOD kind, the int8 products and the chosen alpha."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("int8_recipes", REPO / "examples" / "int8_recipes.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    _, out = minilm_hydra
+    report = json.loads((out / "quantization_report.json").read_text())
+    operators = json.loads((out / "hydra_onnx.json").read_text())["files"]["model_int8.onnx"]["quantized_operators"]
+    row = script.recipe_numbers(out)
+    assert row["labels_changed"] == pytest.approx(1 - report["label_agreement"])
+    assert row["accuracy"] == report["difference_int8_minus_fp32"]["accuracy"]
+    assert row["ood_auroc"] == {"hamlet": report["difference_int8_minus_fp32"]["ood_auroc"]["hamlet"]}
+    assert row["matmul_integer"] == operators["MatMulInteger"] > 0
+    assert row["alpha"] in (0.5, 0.65, 0.8) and set(row["alphas_tried"]) == {"0.5", "0.65", "0.8"}

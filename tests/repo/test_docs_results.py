@@ -392,3 +392,28 @@ def test_slim_text_readme_sentence_says_whether_any_slim_budget_gains_over_the_s
                     "kind (`python examples/slim_text.py --hydra taylor-k6 slim-a --reference taylor-k6`).\n")
     results["rows"][1]["gain_per_kind"]["debates"][0] = 0.2
     assert "stays below" not in render_docs.VIEWS["slim-text-readme"](results)
+
+
+def test_int8_recipes_view_puts_each_recipes_worst_kind_and_alpha_in_one_row():
+    def recipe(changed, accuracy, msp, mi, products, alpha=None, tried=None):
+        return {"labels_changed": changed, "accuracy": accuracy, "ece": 0.002, "nll": 0.0, "fp32_accuracy": 0.805,
+                "ood_auroc": {"guardian": {"msp": msp, "mutual_information": 0.01},
+                              "debates": {"msp": 0.001, "mutual_information": mi}},
+                "matmul_integer": products, "alpha": alpha, "alphas_tried": tried,
+                "num_examples": {"calibration": 400, "guardian": 300, "debates": 200}}
+
+    results = {"model": "outputs/demo/hydra", "id_data": "rt:validation", "ood_data": {"guardian": "g:ood",
+                                                                                      "debates": "d:ood"},
+               "command": "python examples/int8_recipes.py", "threads": {"torch_threads": 1},
+               "recipes": {"smoothquant": recipe(0.004, 0.004, -0.002, -0.009, 46, 0.8,
+                                                 {"0.5": {"member_logit_mse": 0.0316},
+                                                  "0.8": {"member_logit_mse": 0.01}}),
+                           "all": recipe(0.038, -0.0078, 0.005, 0.018, 15)}}
+    lines = render_docs.VIEWS["int8-recipes"](results).splitlines()
+    assert lines[0].startswith("`outputs/demo/hydra`, int8 minus fp32 on 400 texts of `rt:validation` and the OOD "
+                               "validation splits (guardian 300, debates 200 texts;")
+    assert lines[4] == "| smoothquant (α = 0.8 chosen) | 0.4 % | +0.004 | +0.002 | −0.002 | −0.009 | 46 |"
+    assert lines[5] == "| all | 3.8 % | −0.008 | +0.002 | +0.001 | +0.010 | 15 |"  # the worst kind of each score
+    assert lines[7] == ("smoothquant: mean squared member-logit error against fp32 per alpha tried: 0.5 0.0316, "
+                        "0.8 0.0100.")
+    assert lines[8].startswith("fp32 accuracy on these texts: 80.5 %.")
