@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -19,7 +18,7 @@ from typing import Any
 import torch
 
 from hydra_hf.outputs import write_text_atomic
-from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
+from hydra_hf.reproducibility import add_threads_argument, command_line, describe_threads, pin_threads
 
 
 def median_ms(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 7) -> float:
@@ -184,10 +183,8 @@ def write_results(path: str | Path, threads: dict, **fields: Any) -> dict:
     """Write a benchmark's results file (atomically): the command that reproduces it (this process's own
     ``python bench/NAME.py ARGS``), torch's version, the machine's core count and load average when it ended,
     the thread settings and ``fields`` (the rows, targets, ...). Returns what was written."""
-    script = Path(sys.argv[0])
-    where = f"bench/{script.name}" if script.parent.name == "bench" else str(script)
     results = {
-        "command": shlex.join(["python", where, *sys.argv[1:]]),
+        "command": command_line(sys.argv[0]),
         "torch": torch.__version__,
         "cpu_count": os.cpu_count(),
         "load_average": [round(x, 2) for x in os.getloadavg()],

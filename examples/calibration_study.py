@@ -39,9 +39,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import shlex
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +53,7 @@ from hydra_hf.errors import HydraInputError
 from hydra_hf.modeling.pipeline_hydra import calibrated_decisions
 from hydra_hf.outputs import write_text_atomic
 from hydra_hf.recipes import TextPipeline
-from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
+from hydra_hf.reproducibility import add_threads_argument, command_line, describe_threads, pin_threads
 
 ALPHA = 0.1
 METHODS = (("LAC", "lac", False), ("APS", "aps", False), ("APS randomised", "aps", True))
@@ -310,7 +308,7 @@ def main() -> None:
     if args.results:
         labels = cached["labels"]
         results = {
-            "command": shlex.join(["python", "examples/calibration_study.py", *sys.argv[1:]]),
+            "command": command_line(__file__),
             "threads": threads,
             "logits_threads": cached["part_threads"],  # torch threads each part's logits were computed with
             "torch": torch.__version__,

@@ -17,15 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import shlex
-import sys
 from pathlib import Path
 
 from hydra_hf.cli import run_script
 from hydra_hf.outputs import write_text_atomic
 from hydra_hf.recipes.ceiling import ceiling_numbers, ceiling_table, render_ceiling
 from hydra_hf.recipes.study import Candidate, TextStudy
-from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
+from hydra_hf.reproducibility import add_threads_argument, command_line, describe_threads, pin_threads
 
 # Hydra recipes the ceiling can add (they select without OOD data, so every OOD kind stays unseen)
 HYDRA = {
@@ -84,8 +82,8 @@ def main(argv: list[str] | None = None) -> dict:
     write_text_atomic(out / "ceiling.md", text)
     write_text_atomic(out / "ceiling.json", json.dumps(table, indent=2) + "\n")
     if args.results:
-        command = shlex.join(["python", "examples/ceiling_text.py", *(sys.argv[1:] if argv is None else argv)])
-        record = {"command": command, "threads": threads, "seeds": args.seeds, "hydra": args.hydra, "table": table}
+        record = {"command": command_line(__file__, argv), "threads": threads, "seeds": args.seeds,
+                  "hydra": args.hydra, "table": table}
         write_text_atomic(Path(args.results), json.dumps(record, indent=1, default=str) + "\n")
     print(text)
     return table

@@ -22,8 +22,6 @@ import argparse
 import json
 import logging
 import os
-import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -33,7 +31,7 @@ from hydra_hf.cli import run_script
 from hydra_hf.finetune import cpu_has_native_bf16
 from hydra_hf.outputs import write_text_atomic
 from hydra_hf.recipes import TextPipeline, run_text_pipeline
-from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
+from hydra_hf.reproducibility import add_threads_argument, command_line, describe_threads, pin_threads
 
 
 def main() -> None:
@@ -76,7 +74,7 @@ def main() -> None:
     print(f"fresh-process check: {result.hub_check['texts']} texts, max |p - p_fresh| = "
           f"{result.hub_check['max_abs_prob_diff']:.1e}, labels {result.hub_check['labels']}")
     if args.results:
-        results = {"command": shlex.join(["python", "examples/demo.py", *sys.argv[1:]]), "threads": threads,
+        results = {"command": command_line(__file__), "threads": threads,
                    "mixed_precision": precision, "torch": torch.__version__, "cpu_count": os.cpu_count(),
                    "load_average": [round(x, 2) for x in os.getloadavg()], "wall_s": time.perf_counter() - start,
                    "timings_s": result.timings_s, "hub_check": result.hub_check, "report": result.report}

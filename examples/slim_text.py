@@ -21,9 +21,7 @@ import argparse
 import importlib.util
 import json
 import logging
-import shlex
 import statistics
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +34,7 @@ from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig
 from hydra_hf.outputs import write_text_atomic
 from hydra_hf.recipes.ceiling import ceiling_numbers
 from hydra_hf.recipes.study import ANY_FOLD, Candidate, TextStudy
-from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
+from hydra_hf.reproducibility import add_threads_argument, command_line, describe_threads, pin_threads
 
 _spec = importlib.util.spec_from_file_location("ceiling_text", Path(__file__).with_name("ceiling_text.py"))
 ceiling_text = importlib.util.module_from_spec(_spec)
@@ -136,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     print(describe_threads(threads))
     results = {"threads": threads, **slim_text(Path(args.output), args.seeds, args.hydra, args.reference)}
     # the command exactly as given (the file names it beside every table rendered from it)
-    results["command"] = shlex.join(["python", "examples/slim_text.py", *(sys.argv[1:] if argv is None else argv)])
+    results["command"] = command_line(__file__, argv)
     text = json.dumps(results, indent=1, default=str) + "\n"
     if args.results:
         write_text_atomic(Path(args.results), text)

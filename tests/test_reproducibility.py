@@ -144,3 +144,11 @@ def test_seed_worker_seeds_numpy_and_random_from_torch():
     torch.manual_seed(124)
     seed_worker(0)
     assert (random.random(), float(np.random.random())) != a
+
+
+def test_command_line_names_the_script_from_the_repository_root_and_quotes_its_arguments():
+    from hydra_hf.reproducibility import command_line
+
+    assert command_line("/anywhere/repo/examples/demo.py", ["--output", "out dir", "--seed", "1"]) == (
+        "python examples/demo.py --output 'out dir' --seed 1")
+    assert command_line(Path("bench") / "bench_bert.py", []) == "python bench/bench_bert.py"

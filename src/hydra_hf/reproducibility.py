@@ -19,6 +19,10 @@ import argparse
 import logging
 import os
 import random
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +32,7 @@ __all__ = [
     "DEFAULT_THREADS",
     "THREAD_ENV_VARS",
     "add_threads_argument",
+    "command_line",
     "describe_threads",
     "pin_threads",
     "seed_worker",
@@ -114,6 +119,15 @@ def describe_threads(settings: dict[str, Any]) -> str:
         f"OMP/MKL {env['OMP_NUM_THREADS']}/{env['MKL_NUM_THREADS']}, tokenizers parallelism "
         f"{env['TOKENIZERS_PARALLELISM']}, deterministic algorithms {'on' if settings['deterministic'] else 'off'}"
     )
+
+
+def command_line(script: str | os.PathLike, argv: Sequence[str] | None = None) -> str:
+    """The command that reproduces a script's run, for its results file: ``python FOLDER/NAME.py ARGS`` (the
+    script's folder and name, as run from the repository root; ``argv``: the arguments, default this process's),
+    quoted for a shell."""
+    script = Path(script)
+    args = sys.argv[1:] if argv is None else list(argv)
+    return shlex.join(["python", f"{script.parent.name}/{script.name}", *args])
 
 
 def add_threads_argument(parser: argparse.ArgumentParser, default: int = DEFAULT_THREADS) -> None:
