@@ -58,6 +58,10 @@ HYDRA = {
         "slim: Taylor, keep 6 per layer, top 33 % of the MLP, held-out n=1000, ft 120, seeds offset",
         method="taylor", remove=None, heads_per_layer=6, samples=1000, selection="heldout", member_seed_offset=1000,
         mlp_keep=0.33, mlp_spread=False),
+    "slim-k6-m33-top-ft480": Candidate(
+        "slim: Taylor, keep 6 per layer, top 33 % of the MLP, held-out n=1000, ft 480, seeds offset",
+        method="taylor", remove=None, heads_per_layer=6, samples=1000, selection="heldout", member_seed_offset=1000,
+        mlp_keep=0.33, mlp_spread=False, member_steps=480),
 }
 
 

@@ -83,6 +83,7 @@ def slim_text(out: Path, seeds: list[int], recipes: list[str], reference: str) -
             "label": HYDRA[recipe].name,
             "compute_x": cost["macs_ratio"],
             "params_x": cost["params_ratio"],
+            "member_steps": HYDRA[recipe].member_steps,
             "per_seed": {seed: values(numbers["hydra"][seed]) for seed in keys},
         }
     rows = []
@@ -90,6 +91,8 @@ def slim_text(out: Path, seeds: list[int], recipes: list[str], reference: str) -
         per_seed = list(model["per_seed"].values())
         row = {"model": name, "label": model["label"], "compute_x": model["compute_x"], "params_x": model["params_x"],
                "seeds": len(per_seed)}
+        if "member_steps" in model:
+            row["member_steps"] = model["member_steps"]
         for metric in ("gain", "accuracy", "ece"):
             row[metric], row[f"{metric}_std"] = _mean_std([v[metric] for v in per_seed])
         row["gain_per_kind"] = {k: _mean_std([v["gain_per_kind"][k] for v in per_seed]) for k in kinds}
