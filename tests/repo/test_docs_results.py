@@ -342,6 +342,9 @@ def test_demo_run_and_int8_views_state_the_run_and_the_int8_row_against_fp32_hyd
         "0.0063 (targets: 0.5 points and 0.01: met), at 0.44x its latency.\n")
     results["report"]["rows"][1]["guardian"]["auroc"] = 0.7100  # 0.0197 below fp32: over the 0.01 target
     assert "every AUROC within 0.0197 (targets: 0.5 points and 0.01: MISSED)" in render_docs.VIEWS["int8"](results)
+    results["report"]["rows"].pop()  # no int8 row: the check names the file and the view in one line
+    with pytest.raises(KeyError, match="no int8 row"):
+        render_docs.VIEWS["int8"](results)
 
 
 def test_the_check_finds_a_measured_number_typed_outside_a_rendered_region(tmp_path):
