@@ -26,8 +26,7 @@ from hydra_hf.cli import run_script
 from hydra_hf.errors import HydraInputError
 from hydra_hf.onnx.export import export_onnx
 from hydra_hf.onnx.int8 import INT8_RECIPES
-from hydra_hf.outputs import write_text_atomic
-from hydra_hf.reproducibility import add_threads_argument, command_line, describe_threads, pin_threads
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads, write_results_file
 
 ID_DATA = "rotten_tomatoes:validation"
 OOD_DATA = {
@@ -87,10 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = pin_threads(args.threads)  # first, before any torch work
     print(describe_threads(threads))
     results = {"threads": threads, **compare(Path(args.model), args.recipes, args.max_samples, args.max_length)}
-    results["command"] = command_line(__file__, argv)
-    text = json.dumps(results, indent=1) + "\n"
-    if args.results:
-        write_text_atomic(Path(args.results), text)
+    text = write_results_file(results, args.results, __file__, argv)
     print(text)
     return 0
 

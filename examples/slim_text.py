@@ -31,10 +31,9 @@ from hydra_hf.cli import run_script
 from hydra_hf.cost import relative_cost
 from hydra_hf.masks import HeadMasks
 from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig
-from hydra_hf.outputs import write_text_atomic
 from hydra_hf.recipes.ceiling import ceiling_numbers
 from hydra_hf.recipes.study import ANY_FOLD, Candidate, TextStudy
-from hydra_hf.reproducibility import add_threads_argument, command_line, describe_threads, pin_threads
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads, write_results_file
 
 _spec = importlib.util.spec_from_file_location("ceiling_text", Path(__file__).with_name("ceiling_text.py"))
 ceiling_text = importlib.util.module_from_spec(_spec)
@@ -136,11 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     threads = pin_threads(args.threads)  # first, before any torch work: the runs repeat on any machine of this kind
     print(describe_threads(threads))
     results = {"threads": threads, **slim_text(Path(args.output), args.seeds, args.hydra, args.reference)}
-    # the command exactly as given (the file names it beside every table rendered from it)
-    results["command"] = command_line(__file__, argv)
-    text = json.dumps(results, indent=1, default=str) + "\n"
-    if args.results:
-        write_text_atomic(Path(args.results), text)
+    text = write_results_file(results, args.results, __file__, argv)
     print(text)
     return 0
 

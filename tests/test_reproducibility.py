@@ -152,3 +152,16 @@ def test_command_line_names_the_script_from_the_repository_root_and_quotes_its_a
     assert command_line("/anywhere/repo/examples/demo.py", ["--output", "out dir", "--seed", "1"]) == (
         "python examples/demo.py --output 'out dir' --seed 1")
     assert command_line(Path("bench") / "bench_bert.py", []) == "python bench/bench_bert.py"
+
+
+def test_write_results_file_records_the_command_and_refuses_nan_before_writing(tmp_path):
+    from hydra_hf.reproducibility import write_results_file
+
+    path = tmp_path / "results" / "run.json"
+    text = write_results_file({"rows": [1.5, Path("a")]}, path, "/repo/examples/x.py", ["--results", str(path)])
+    assert json.loads(path.read_text()) == json.loads(text) == {
+        "rows": [1.5, "a"], "command": f"python examples/x.py --results {path}"}
+    assert write_results_file({"rows": []}, None, "examples/x.py", []).endswith("\n")  # no path: nothing written
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
+        write_results_file({"rows": [float("nan")]}, tmp_path / "nan.json", "examples/x.py", [])
+    assert not (tmp_path / "nan.json").exists()

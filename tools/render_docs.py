@@ -69,8 +69,23 @@ sets (0.88-0.92)."""
 
 def _methods_table(results: Mapping[str, Any]) -> str:
     """The demo's methods table: accuracy, NLL, ECE, MSP/energy AUROC per OOD set, score, latency, size."""
-    report = results["report"]
-    rows = report["rows"]
+    return _rows_table(results["report"]["rows"])
+
+
+def _lora_rows(results: Mapping[str, Any]) -> str:
+    """examples/demo.py --lora: the LoRA stage's seconds, then the LoRA rows in the methods table's columns."""
+    rows = [row for row in results["report"]["rows"] if row["method"].startswith("LoRA")]
+    stages = [seconds for name, seconds in results["timings_s"].items() if "LoRA" in name]
+    if not rows or not stages:
+        raise KeyError("no LoRA rows (run examples/demo.py with --lora)")
+    settings = results["report"]["settings"]
+    return (f"`{results['command']}` (seed {settings['seed']}, training precision {results['mixed_precision']}): "
+            f"the LoRA stage took {sum(stages):.0f} s for {settings['ensemble_heads']} adapters of rank "
+            f"{settings['lora_rank']} (learning rate {settings['lora_learning_rate']:g}, {settings['single_steps']} "
+            "steps).\n\n" + _rows_table(rows))
+
+
+def _rows_table(rows: list[Mapping[str, Any]]) -> str:
     # the OOD sets in the order the pipeline scored them (report["ood_sets"] is sorted by name)
     ood_sets = [key for key, value in rows[0].items() if isinstance(value, Mapping) and "auroc" in value]
     columns = [
@@ -149,6 +164,61 @@ def _versus_table(results: Mapping[str, Any], other: str) -> str:
         lines.append(
             f"| {label} | {_signed(c['difference'])} | [{_signed(c['ci_low'])}, {_signed(c['ci_high'])}] | {verdict} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def _seed_comparisons(results: Mapping[str, Any]) -> str:
+    """examples/demo_seeds.py: per paired comparison (Hydra − Single, Hydra − Deep Ensemble) and metric, the mean
+    ± std over the seeds of each seed's difference, each seed's difference, how many seeds' bootstrap intervals
+    said better / tie / worse, and the paired t-test over the seeds (p; decided when below the level)."""
+    comparisons = results["comparisons"]
+    first = next(iter(comparisons.values()))
+    ood_sets = [key.split(".")[0] for key in first if key.endswith(".auroc")]
+    metrics = [("accuracy", "accuracy"), ("ece", "ECE"), ("nll", "NLL")]
+    metrics += [(f"{ood}.auroc", f"{ood} AUROC") for ood in ood_sets]
+    seeds = " / ".join(str(seed) for seed in results["seeds"])
+    lines = ["| | " + " | ".join(label for _, label in metrics) + " |", "|---|" + "---:|" * len(metrics)]
+    for name, rows in comparisons.items():
+        short = " − ".join(part.split(" (")[0] for part in name.split(" − "))
+        cells = [rows[key] for key, _ in metrics]
+        lines += [
+            f"| {short} | " + " | ".join(f"{_signed(c['mean'])} ± {c['std']:.4f}" for c in cells) + " |",
+            f"| seeds {seeds} | " + " | ".join(" / ".join(_signed(d, 3) for d in c["differences"]) for c in cells)
+            + " |",
+            "| better / tie / worse | " + " | ".join(f"{c['better']} / {c['tie']} / {c['worse']}" for c in cells)
+            + " |",
+            "| p (paired t over seeds) | " + " | ".join(
+                f"**{c['t_test_p']:.3f}**" if c["decided"] else f"{c['t_test_p']:.3f}" for c in cells) + " |",
+        ]
+    return "\n".join(lines) + f"\n\n(`{results['command']}`; p in bold: the seeds decide the sign at the " \
+        f"{100 * results['level']:g} % level.)\n"
+
+
+def _run_differences(results: Mapping[str, Any]) -> str:
+    """examples/compare_demo_runs.py: what the second run's training precision moves against the first's (the
+    largest accuracy, ECE and AUROC differences over the methods) and the training stages' time ratio."""
+    a, b = ("fp32" if p == "no" else p for p in results["precisions"])  # --mixed-precision no: fp32
+    return (f"Against the {b}-trained run of the same seed (`{results['commands'][1]}`; compared by "
+            f"`{results['command']}`), {a} training moved no accuracy by more than "
+            f"{100 * results['max_abs_accuracy']:.1f} points, no ECE by more than {results['max_abs_ece']:.4f} and "
+            f"no AUROC by more than {results['max_abs_auroc']:.4f}; the training stages took "
+            f"{results['training_ratio']:.2f}x as long in {b}.\n")
+
+
+def _cost_from_masks(results: Mapping[str, Any]) -> str:
+    """bench/bench_slim.py: per geometry, every ensemble's multiply-adds (from the masks) and parameters relative
+    to the Single (the first batch size's rows: neither depends on the batch)."""
+    lines = ["| geometry | model | multiply-adds (x Single) | parameters (x Single) |", "|---|---|---:|---:|"]
+    first_batch: dict[str, Any] = {}
+    singles = {}
+    for row in results["rows"]:
+        if first_batch.setdefault(row["geometry"], row["batch"]) != row["batch"]:
+            continue
+        if row["model"].endswith(" Single"):
+            singles[row["geometry"]] = row
+            continue
+        lines.append(f"| {row['geometry']} | {row['model'].removeprefix('eager ')} | {row['compute_x']:.2f}x | "
+                     f"{row['params_M'] / singles[row['geometry']]['params_M']:.2f}x |")
     return "\n".join(lines) + "\n"
 
 
@@ -479,6 +549,10 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "slim-bench-summary": _slim_bench_summary,
     "slim-image-summary": _slim_image_summary,
     "bench": _bench_table,
+    "lora-rows": _lora_rows,
+    "seed-comparisons": _seed_comparisons,
+    "cost-from-masks": _cost_from_masks,
+    "run-differences": _run_differences,
 }
 """view name -> markdown of a results file (ending with a newline)."""
 

@@ -16,6 +16,7 @@ starts) and bf16 training, which a script turns on only where the CPU multiplies
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
@@ -28,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .outputs import write_text_atomic
+
 __all__ = [
     "DEFAULT_THREADS",
     "THREAD_ENV_VARS",
@@ -36,6 +39,7 @@ __all__ = [
     "describe_threads",
     "pin_threads",
     "seed_worker",
+    "write_results_file",
 ]
 
 logger = logging.getLogger(__name__)
@@ -128,6 +132,19 @@ def command_line(script: str | os.PathLike, argv: Sequence[str] | None = None) -
     script = Path(script)
     args = sys.argv[1:] if argv is None else list(argv)
     return shlex.join(["python", f"{script.parent.name}/{script.name}", *args])
+
+
+def write_results_file(results: dict[str, Any], path: str | os.PathLike | None, script: str | os.PathLike,
+                       argv: Sequence[str] | None = None) -> str:
+    """A script's results file: ``results`` with ``command`` (:func:`command_line` of ``script`` and ``argv``)
+    as indented strict JSON, written atomically to ``path`` (its folder created) when one is given; returns the
+    text (scripts print it)."""
+    results["command"] = command_line(script, argv)
+    text = json.dumps(results, indent=1, default=str, allow_nan=False) + "\n"
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(Path(path), text)
+    return text
 
 
 def add_threads_argument(parser: argparse.ArgumentParser, default: int = DEFAULT_THREADS) -> None:

@@ -429,3 +429,31 @@ def test_int8_recipes_view_puts_each_recipes_worst_kind_and_alpha_in_one_row():
     assert lines[7] == ("smoothquant: mean squared member-logit error against fp32 per alpha tried: 0.5 0.0316, "
                         "0.8 0.0100.")
     assert lines[8].startswith("fp32 accuracy on these texts: 80.5 %.")
+
+
+def test_lora_and_cost_views_render_only_their_rows():
+    rows = [_row("Hydra (taylor, M=3)", 0.80251, "msp", 1139.4, 24.84), _row("LoRA-Single", 0.79, "msp", 420.2, 22.71),
+            _row("LoRA-Ensemble (M=3)", 0.8072, "msp", 1307.0, 68.1)]
+    results = {"command": "python examples/demo.py --lora", "mixed_precision": "bf16",
+               "timings_s": {"1. fine-tune the single model": 60.0, "1c. LoRA baselines": 374.4},
+               "report": {"rows": rows, "settings": {"seed": 0, "ensemble_heads": 3, "lora_rank": 8,
+                                                     "lora_learning_rate": 0.002, "single_steps": 180}}}
+    text = render_docs.VIEWS["lora-rows"](results)
+    assert text.startswith("`python examples/demo.py --lora` (seed 0, training precision bf16): the LoRA stage took "
+                           "374 s for 3 adapters of rank 8 (learning rate 0.002, 180 steps).\n\n| Method |")
+    assert "| LoRA-Single | 0.7900 |" in text and "| LoRA-Ensemble (M=3) | 0.8072 |" in text
+    assert "Hydra" not in text
+    results["timings_s"].pop("1c. LoRA baselines")
+    with pytest.raises(KeyError, match="no LoRA rows"):
+        render_docs.VIEWS["lora-rows"](results)
+
+    def bench(geometry, batch, model, compute, params):
+        return {"geometry": geometry, "batch": batch, "model": model, "compute_x": compute, "params_M": params}
+
+    cost = {"rows": [bench("bert", 8, "eager Single", 1.0, 100.0),
+                     bench("bert", 8, "eager slim Hydra (3)", 1.0, 101.2),
+                     bench("bert", 32, "eager Single", 1.0, 100.0), bench("bert", 32, "eager Hydra (3)", 2.47, 114.0),
+                     bench("vit", 8, "eager Single", 1.0, 80.0), bench("vit", 8, "eager Hydra (3)", 2.473, 94.4)]}
+    assert render_docs.VIEWS["cost-from-masks"](cost) == (
+        "| geometry | model | multiply-adds (x Single) | parameters (x Single) |\n|---|---|---:|---:|\n"
+        "| bert | slim Hydra (3) | 1.00x | 1.01x |\n| vit | Hydra (3) | 2.47x | 1.18x |\n")
