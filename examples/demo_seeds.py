@@ -21,11 +21,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
-
 from hydra_hf.cli import run_script
 from hydra_hf.errors import HydraInputError
 from hydra_hf.evaluation.report import aggregate_seed_reports, check_seed_report, summarize_seed_comparisons
+from hydra_hf.metrics import paired_t_over_seeds
 from hydra_hf.outputs import read_json
 from hydra_hf.reproducibility import write_results_file
 
@@ -43,17 +42,6 @@ def read_run(path: Path) -> dict[str, Any]:
     report = check_seed_report(data["report"], repr(str(path)))
     seed = (report.get("settings") or {}).get("seed")
     return {"file": str(path), "seed": seed, "command": data.get("command"), "report": report}
-
-
-def paired_t(differences: Sequence[float]) -> dict[str, Any]:
-    """Two-sided paired t-test of the per-seed differences against 0: the p-value and whether it decides (equal
-    differences on every seed: decided when they are not 0)."""
-    values = [float(v) for v in differences]
-    if len(values) < 2 or max(values) == min(values):
-        p = 0.0 if len(values) >= 2 and values[0] != 0 else 1.0
-    else:
-        p = float(stats.ttest_1samp(values, 0.0).pvalue)
-    return {"p": p, "decided": p < LEVEL}
 
 
 def aggregate_runs(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -74,7 +62,7 @@ def aggregate_runs(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for name, metrics in summary.items():
         for metric, row in metrics.items():
             differences = [float(report["comparisons"][name][metric]["difference"]) for report in reports]
-            test = paired_t(differences)
+            test = paired_t_over_seeds(differences, LEVEL)
             comparisons.setdefault(name, {})[metric] = {**row, "differences": differences, "t_test_p": test["p"],
                                                         "decided": test["decided"]}
     return {"seeds": seeds, "files": [run["file"] for run in runs], "commands": [run["command"] for run in runs],

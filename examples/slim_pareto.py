@@ -23,10 +23,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
-
 from hydra_hf.cost import relative_cost
 from hydra_hf.masks import HeadMasks
+from hydra_hf.metrics import paired_t_over_seeds
 from hydra_hf.modeling.configuration_hydra_vit import HydraEnsembleViTConfig
 from hydra_hf.outputs import write_text_atomic
 
@@ -121,18 +120,9 @@ def pareto(ceiling: Path) -> dict[str, Any]:
             continue
         common = [s for s in models[a]["per_seed"] if s in models[b]["per_seed"]]
         diff = [models[a]["per_seed"][s]["gain"] - models[b]["per_seed"][s]["gain"] for s in common]
-        p = (
-            float(
-                stats.ttest_rel(
-                    [models[a]["per_seed"][s]["gain"] for s in common],
-                    [models[b]["per_seed"][s]["gain"] for s in common],
-                ).pvalue
-            )
-            if len(common) > 1
-            else 1.0
-        )
+        test = paired_t_over_seeds(diff)
         decisions.append({"a": a, "b": b, "seeds": len(common), "difference": statistics.fmean(diff),
-                          "difference_std": _mean_std(diff)[1], "p": p, "decided": p < 0.05})
+                          "difference_std": _mean_std(diff)[1], "p": test["p"], "decided": test["decided"]})
     return {"command": "python examples/slim_pareto.py --ceiling " + str(ceiling), "kinds": kinds, "seeds": seeds,
             "score": "msp", "rows": rows, "decisions": decisions, "must": _must(rows)}
 

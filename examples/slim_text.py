@@ -25,11 +25,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
-
 from hydra_hf.cli import run_script
 from hydra_hf.cost import relative_cost
 from hydra_hf.masks import HeadMasks
+from hydra_hf.metrics import paired_t_over_seeds
 from hydra_hf.modeling.configuration_hydra import HydraEnsembleConfig
 from hydra_hf.recipes.ceiling import ceiling_numbers
 from hydra_hf.recipes.study import ANY_FOLD, Candidate, TextStudy
@@ -104,10 +103,11 @@ def slim_text(out: Path, seeds: list[int], recipes: list[str], reference: str) -
             a = [models[recipe]["per_seed"][seed]["gain_per_kind"][kind] for seed in keys]
             b = [models[reference]["per_seed"][seed]["gain_per_kind"][kind] for seed in keys]
             diff = [x - y for x, y in zip(a, b)]
-            p = float(stats.ttest_rel(a, b).pvalue) if len(keys) > 1 else 1.0
+            test = paired_t_over_seeds(diff)
             decisions.append({"a": recipe, "b": reference, "kind": kind, "seeds": len(keys),
-                              "difference": statistics.fmean(diff), "difference_std": _mean_std(diff)[1], "p": p,
-                              "decided": p < 0.05, "within_bar": statistics.fmean(diff) >= -BAR_POINTS})
+                              "difference": statistics.fmean(diff), "difference_std": _mean_std(diff)[1],
+                              "p": test["p"], "decided": test["decided"],
+                              "within_bar": statistics.fmean(diff) >= -BAR_POINTS})
     return {"command": f"python examples/slim_text.py --output {out} --seeds {' '.join(keys)} --hydra "
                        f"{' '.join(recipes)} --reference {reference}",
             "kinds": kinds, "seeds": keys, "score": "msp", "tokens": s.max_length, "bar_points": BAR_POINTS,

@@ -16,6 +16,7 @@ from _hostile import assert_one_line_error
 from scipy import stats
 
 from hydra_hf.errors import HydraInputError
+from hydra_hf.metrics import paired_t_over_seeds
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -81,10 +82,10 @@ def test_aggregate_holds_each_seeds_difference_its_spread_and_the_t_test(tmp_pat
 
 
 def test_a_difference_that_changes_sign_is_not_decided():
-    assert demo_seeds.paired_t([0.02, -0.018, 0.001]) == {"p": pytest.approx(
+    assert paired_t_over_seeds([0.02, -0.018, 0.001]) == {"p": pytest.approx(
         stats.ttest_1samp([0.02, -0.018, 0.001], 0.0).pvalue), "decided": False}
-    assert demo_seeds.paired_t([0.01, 0.01, 0.01])["decided"] is True  # the same difference on every seed
-    assert demo_seeds.paired_t([0.0, 0.0])["decided"] is False
+    assert paired_t_over_seeds([0.01, 0.01, 0.01])["decided"] is True  # the same difference on every seed
+    assert paired_t_over_seeds([0.0, 0.0])["decided"] is False
 
 
 def test_the_view_renders_one_block_of_rows_per_comparison(tmp_path):

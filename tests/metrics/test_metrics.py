@@ -420,3 +420,18 @@ def test_one_score_registry_by_level() -> None:
         M.register_ood_score(M.OODScore("x", "probs", None, True, "", level="sequence"))
     with pytest.raises(ValueError, match="level must be one of"):
         M.register_ood_score(M.OODScore("x", "probs", None, True, "", level="batch"))
+
+
+def test_paired_t_over_seeds_is_scipys_paired_test_with_the_degenerate_cases_decided():
+    from scipy import stats
+
+    from hydra_hf.metrics import paired_t_over_seeds
+
+    a, b = [0.71, 0.69, 0.74], [0.70, 0.64, 0.70]
+    test = paired_t_over_seeds([x - y for x, y in zip(a, b)])
+    assert test["p"] == pytest.approx(stats.ttest_rel(a, b).pvalue)
+    assert test["decided"] is (test["p"] < 0.05)
+    assert paired_t_over_seeds([0.02]) == {"p": 1.0, "decided": False}  # one seed decides nothing
+    assert paired_t_over_seeds([0.01, 0.01, 0.01]) == {"p": 0.0, "decided": True}
+    assert paired_t_over_seeds([0.0, 0.0]) == {"p": 1.0, "decided": False}
+    assert paired_t_over_seeds([0.02, 0.024, 0.018], level=0.001)["decided"] is False

@@ -39,6 +39,7 @@ from .classification import (
     ood_auroc,
     ood_report,
     paired_bootstrap,
+    paired_t_over_seeds,
     pairwise_disagreement,
     predictive_entropy,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "ece_from_confidence", "energy_score", "ensemble_mutual_information", "ensemble_sigmoid_logits", "entropy",
     "entropy_of_log_probs", "expected_entropy", "fpr_at_95_tpr", "level_scores", "module_path", "msp",
     "mutual_information", "negative_entropy", "negative_mutual_information", "nll", "ood_auroc", "ood_report",
-    "ood_score", "paired_bootstrap", "pairwise_disagreement", "predictive_entropy", "register_ood_score", "scores",
+    "ood_score", "paired_bootstrap",
+    "paired_t_over_seeds", "pairwise_disagreement", "predictive_entropy", "register_ood_score", "scores",
     "uncertainty",
 ]

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
+from scipy import stats
 
 from .uncertainty import ensemble_mutual_information, entropy
 
@@ -780,6 +781,20 @@ def bootstrap_verdict(interval: dict[str, float], higher_is_better: bool) -> str
     if interval["ci_low"] <= 0 <= interval["ci_high"]:
         return "tie"
     return "better" if (interval["difference"] > 0) == higher_is_better else "worse"
+
+
+def paired_t_over_seeds(differences: Any, level: float = 0.05) -> dict[str, Any]:
+    """Two-sided t-test of per-seed paired differences (model A minus model B on each seed) against 0.
+
+    Returns ``{"p", "decided"}``: ``decided`` when ``p < level``. One seed decides nothing (``p = 1``); the same
+    difference on every seed has no spread to test: decided when it is not 0.
+    """
+    values = [float(v) for v in differences]
+    if len(values) < 2 or max(values) == min(values):
+        p = 0.0 if len(values) >= 2 and values[0] != 0 else 1.0
+    else:
+        p = float(stats.ttest_1samp(values, 0.0).pvalue)
+    return {"p": p, "decided": p < level}
 
 
 def module_path(name: str) -> str:
