@@ -39,7 +39,9 @@ from hydra_hf.recipes.study import (
     selection_noise,
     study_data,
 )
-from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
+from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads, write_results_file
+
+logger = logging.getLogger("study_text")
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -159,9 +161,15 @@ def main() -> None:
     )
     parser.add_argument("--noise-repeats", type=int, default=3, metavar="R",
                         help="random pairs of disjoint selection sets per size for --selection-noise (default 3)")
+    parser.add_argument("--results", default=None, metavar="FILE",
+                        help="with --selection-noise: also write the rows, the Single and the threads to FILE, the "
+                             "results file docs/study.md's selection-noise table is rendered from "
+                             "(docs/results/selection_noise.json; then `make docs`)")
     add_data_arguments(parser)
     add_threads_argument(parser)
     args = parser.parse_args()
+    if args.results and not args.selection_noise:
+        parser.error("--results writes the --selection-noise rows: add --selection-noise, or drop --results")
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
@@ -181,19 +189,32 @@ def main() -> None:
             parser.error(f"--selection-noise needs the Single of seed {seed}: give --single {seed}=DIR")
         target = load_pruning_target(singles[seed])
         data, folder = study_data(study, target.tokenizer), out / "selection_noise"
+        kinds = args.noise_kinds or list(study.ood_validation)
+        unknown = [kind for kind in kinds if kind not in data.ood_pool]
+        if unknown:
+            parser.error(f"--noise-kinds {' '.join(unknown)}: not an OOD kind of the study; use some of "
+                         f"{' '.join(data.ood_pool)}")
         folder.mkdir(parents=True, exist_ok=True)
-        for kind in args.noise_kinds or list(study.ood_validation):
-            for n in args.noise_sizes:  # one file per (kind, n): an interrupted run resumes
-                file = folder / f"seed{seed}_{kind}_n{n}.json"
-                if file.exists() or 2 * n > min(len(data.id_pool), len(data.ood_pool[kind])):
+        rows = []
+        for kind in kinds:
+            for n in args.noise_sizes:  # one file per (kind, n, repeats): an interrupted run resumes
+                file = folder / f"seed{seed}_{kind}_n{n}_r{args.noise_repeats}.json"
+                if 2 * n > min(len(data.id_pool), len(data.ood_pool[kind])):
+                    logger.info("selection noise: size %d skipped for %s (its pools hold fewer than 2 x %d texts)",
+                                n, kind, n)
                     continue
-                rows = selection_noise(target, data, sizes=(n,), kind=kind, repeats=args.noise_repeats, seed=seed)
-                file.write_text(json.dumps(rows, indent=2) + "\n")
-        rows = [r for f in sorted(folder.glob(f"seed{seed}_*.json")) for r in json.loads(f.read_text())]
+                if not file.exists():
+                    found = selection_noise(target, data, sizes=(n,), kind=kind, repeats=args.noise_repeats,
+                                            seed=seed)
+                    file.write_text(json.dumps(found, indent=2) + "\n")
+                rows += json.loads(file.read_text())
         rows.sort(key=lambda r: (list(study.ood_validation).index(r["kind"]), r["n"], r["score"] != "ood"))
         table = render_selection_noise(rows)
         (out / "selection_noise.md").write_text(table)
         print(table)
+        if args.results:
+            results = {"seed": seed, "single": str(singles[seed]), "threads": threads, "rows": rows}
+            write_results_file(results, args.results, __file__)
         return
     if args.table_only:
         if not (out / "study.json").is_file():

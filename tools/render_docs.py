@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO / "src"))  # render with this checkout's hydra_hf, i
 from hydra_hf.evaluation.report import render_markdown_table  # noqa: E402
 from hydra_hf.outputs import write_text_atomic  # noqa: E402
 from hydra_hf.recipes.ceiling import render_ceiling  # noqa: E402
+from hydra_hf.recipes.study import render_selection_noise  # noqa: E402
 
 DOCUMENTS = ("README.md", "docs/*.md")
 """Where regions are looked for (globs from the repository root)."""
@@ -203,6 +204,15 @@ def _run_differences(results: Mapping[str, Any]) -> str:
             f"{100 * results['max_abs_accuracy']:.1f} points, no ECE by more than {results['max_abs_ece']:.4f} and "
             f"no AUROC by more than {results['max_abs_auroc']:.4f}; the training stages took "
             f"{results['training_ratio']:.2f}x as long in {b}.\n")
+
+
+def _selection_noise(results: Mapping[str, Any]) -> str:
+    """examples/study_text.py --selection-noise: per OOD kind, size and circuit score, how far two disjoint
+    selection sets agree on the greedy search's first step, with the command and threads it ran with."""
+    threads = results["threads"]
+    return (render_selection_noise(results["rows"]) + f"\n(`{results['command']}`; the Single of seed "
+            f"{results['seed']}, {results['rows'][0]['repeats']} pairs of disjoint sets per size; torch threads: "
+            f"{threads['torch_threads']}.)\n")
 
 
 def _cost_from_masks(results: Mapping[str, Any]) -> str:
@@ -553,6 +563,7 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "seed-comparisons": _seed_comparisons,
     "cost-from-masks": _cost_from_masks,
     "run-differences": _run_differences,
+    "selection-noise": _selection_noise,
 }
 """view name -> markdown of a results file (ending with a newline)."""
 

@@ -551,3 +551,57 @@ def test_msp_is_the_headline_and_other_scores_compare_with_the_same_score(tmp_pa
     summary = st.collect(tmp_path, s, [c, better])
     assert st.decide(summary, s)["candidate"] == "c"  # d's energy row (+0.25) is not an MSP row
     assert st.decide(summary, dataclasses.replace(s, headline_score=None))["score"] == "energy"
+
+
+def test_selection_noise_script_writes_the_results_file_its_table_renders(tmp_path):
+    """`study_text.py --selection-noise --results FILE`: the rows, the Single and the pinned threads in a results
+    file whose view renders the same table as OUTPUT/selection_noise.md; a size the pools cannot hold is
+    skipped; a second run resumes from the cached rows; bad flags fail in one line and write nothing."""
+    import os
+    import subprocess
+
+    from conftest import tiny_bert_config, write_tiny_tokenizer
+    from test_demo_smoke import _reviews
+    from transformers import BertForSequenceClassification
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import render_docs
+
+    single = tmp_path / "single"
+    torch.manual_seed(0)
+    BertForSequenceClassification(tiny_bert_config(num_labels=2)).save_pretrained(single)
+    write_tiny_tokenizer(single)
+    _reviews(80, 1).to_csv(tmp_path / "validation.csv", index=False)
+    pd.DataFrame({"text": [f"x y {i} z {i % 3}" for i in range(40)]}).to_csv(tmp_path / "ood.csv", index=False)
+    script = Path(__file__).resolve().parents[2] / "examples" / "study_text.py"
+    base = [sys.executable, str(script), "--output", str(tmp_path / "study"), "--seeds", "0", "--single",
+            f"0={single}", "--id-validation", str(tmp_path / "validation.csv"), "--ood",
+            f"o={tmp_path / 'ood.csv'}", "--max-length", "16", "--finetune-eval", "20", "--threads", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*base, *extra], capture_output=True, text=True, env=env, timeout=300)
+
+    results = tmp_path / "results" / "noise.json"
+    noise = ("--selection-noise", "--noise-sizes", "8", "64", "--noise-repeats", "2", "--results", str(results))
+    proc = run(*noise)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(results.read_text())
+    assert data["seed"] == 0 and data["single"] == str(single) and data["threads"]["torch_threads"] == 1
+    assert [(r["kind"], r["n"], r["score"], r["repeats"]) for r in data["rows"]] == [("o", 8, "ood", 2),
+                                                                                     ("o", 8, "avg", 2)]
+    assert data["command"].startswith("python examples/study_text.py --output")
+    rendered = render_docs.VIEWS["selection-noise"](data)
+    table = (tmp_path / "study" / "selection_noise.md").read_text()
+    assert rendered.startswith(table) and "the Single of seed 0, 2 pairs of disjoint sets per size" in rendered
+    assert "skipped for o" in proc.stderr  # 2 x 64 > the 40 OOD texts
+    again = run(*noise)  # resumes: the cached rows, not a new search
+    assert again.returncode == 0 and json.loads(results.read_text())["rows"] == data["rows"]
+
+    for extra, message in [(("--results", str(tmp_path / "x.json")), "add --selection-noise"),
+                           (("--selection-noise", "--noise-kinds", "nope", "--results", str(tmp_path / "x.json")),
+                            "--noise-kinds nope: not an OOD kind")]:
+        proc = run(*extra)
+        errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+        assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
+        assert not (tmp_path / "x.json").exists()
