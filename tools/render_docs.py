@@ -195,6 +195,24 @@ def _seed_comparisons(results: Mapping[str, Any]) -> str:
         f"{100 * results['level']:g} % level.)\n"
 
 
+def _seed_rows(results: Mapping[str, Any]) -> str:
+    """examples/demo_seeds.py: every method's accuracy, ECE, NLL and AUROC per OOD test set, mean ± std over the
+    seeds (the aggregate's rows; latency left out: it depends on what else ran on the cores)."""
+    aggregate = results["aggregate"]
+    kinds = aggregate["ood_sets"]
+    lines = ["| method | accuracy | ECE | NLL | " + " | ".join(f"{kind} AUROC" for kind in kinds) + " |",
+             "|---|" + "---:|" * (3 + len(kinds))]
+    for row, std in zip(aggregate["rows"], aggregate["rows_std"], strict=True):
+        if row["method"] != std["method"]:
+            raise KeyError(f"rows_std holds {std['method']!r} where rows hold {row['method']!r}")
+        cells = [f"{row[key]:.4f} ± {std[key]:.4f}" for key in ("accuracy", "ece", "nll")]
+        cells += [f"{row[kind]['auroc']:.4f} ± {std[kind]['auroc']:.4f}" for kind in kinds]
+        lines.append(f"| {row['method']} | " + " | ".join(cells) + " |")
+    seeds = ", ".join(str(seed) for seed in results["seeds"])
+    return "\n".join(lines) + f"\n\nMean ± std over the seeds {seeds}; OOD score: {aggregate['ood_score']}" \
+        " (the rows marked [energy]: energy).\n"
+
+
 def _run_differences(results: Mapping[str, Any]) -> str:
     """examples/compare_demo_runs.py: what the second run's training precision moves against the first's (the
     largest accuracy, ECE and AUROC differences over the methods) and the training stages' time ratio."""
@@ -561,6 +579,7 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "bench": _bench_table,
     "lora-rows": _lora_rows,
     "seed-comparisons": _seed_comparisons,
+    "seed-rows": _seed_rows,
     "cost-from-masks": _cost_from_masks,
     "run-differences": _run_differences,
     "selection-noise": _selection_noise,

@@ -168,3 +168,20 @@ def test_two_runs_of_one_seed_compare_row_by_row_and_render_one_sentence(tmp_pat
     b["report"]["rows"].pop()
     with pytest.raises(HydraInputError, match="different methods"):
         compare_demo_runs.main(_write(tmp_path, [a, b]))
+
+
+def test_the_rows_view_puts_each_methods_mean_and_std_over_the_seeds_in_one_row(tmp_path):
+    runs = [_results(0, 0.0), _results(1, 0.004), _results(2, -0.002)]
+    for run in runs:
+        run["report"]["ood_sets"], run["report"]["ood_score"] = ["guardian", "hamlet"], "msp"
+    data = demo_seeds.aggregate_runs([demo_seeds.read_run(Path(p)) for p in _write(tmp_path, runs)])
+    lines = render_docs.VIEWS["seed-rows"](data).splitlines()
+    assert lines[0] == "| method | accuracy | ECE | NLL | guardian AUROC | hamlet AUROC |"
+    accuracy, guardian = stats.tstd([0.80, 0.804, 0.798]), stats.tstd([0.70, 0.704, 0.698])
+    assert lines[2] == (f"| {HYDRA} | 0.8007 ± {accuracy:.4f} | 0.0300 ± 0.0000 | 0.4200 ± 0.0000 | "
+                        f"0.7007 ± {guardian:.4f} | 0.6500 ± 0.0000 |")
+    assert lines[3].startswith(f"| {SINGLE} | 0.8100 ± 0.0000 | ")
+    assert len(lines) == 2 + 3 + 2 and lines[-1].startswith("Mean ± std over the seeds 0, 1, 2; OOD score: msp")
+    data["aggregate"]["rows_std"].reverse()  # rows and their spreads out of step: the view refuses
+    with pytest.raises(KeyError, match="rows_std holds"):
+        render_docs.VIEWS["seed-rows"](data)

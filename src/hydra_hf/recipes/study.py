@@ -46,6 +46,7 @@ from typing import Any
 import datasets
 import torch
 from scipy.stats import spearmanr
+from tqdm.auto import tqdm
 
 from .. import metrics
 from ..assemble import convert_checkpoint
@@ -379,7 +380,6 @@ def _build_masks(c: Candidate, target: Any, data: _Data, fold: str, seed: int):
         heads_per_step=c.heads_per_step,
         data_fraction=fraction,
         temperature=c.temperature,
-        # a progress bar per member: a selection can take an hour
         mlp_keep=c.mlp_keep,
         mlp_spread=c.mlp_spread,
         batch_size=64,
@@ -875,7 +875,8 @@ def selection_noise(
                 f"has {len(ood_pool)}"
             )
         stats: dict[str, dict[str, list[float]]] = {}
-        for r in range(repeats):
+        # a pair of draws scores every head twice: minutes per pair at the demo's sizes
+        for r in tqdm(range(repeats), desc=f"selection noise {kind} n={n}", unit="pair"):
             g = torch.Generator().manual_seed(seed * 100_003 + n * 101 + r)
             ids = torch.randperm(len(id_pool), generator=g)[: 2 * n].tolist()
             oods = torch.randperm(len(ood_pool), generator=g)[: 2 * n].tolist()
