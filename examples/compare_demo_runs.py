@@ -1,5 +1,5 @@
 """How far apart two runs of the main job are: per method, the differences of accuracy, ECE and every AUROC,
-and the training stages' time ratio.
+how many of the report's numbers are identical, the CPUs they ran on, and the training stages' time ratio.
 
 The main job trains in bf16 where the CPU multiplies bf16 natively; this script measures what that choice
 moves, against an fp32-trained run of the same seed (docs/results.md renders the sentence from its file):
@@ -7,6 +7,10 @@ moves, against an fp32-trained run of the same seed (docs/results.md renders the
     python examples/demo.py --mixed-precision no --output outputs/demo-fp32 --results docs/results/demo_fp32.json
     python examples/compare_demo_runs.py docs/results/demo.json docs/results/demo_fp32.json \
         --results docs/results/demo_precision.json
+
+Two runs of one seed on two CPUs (`docs/results.md` renders view run-agreement from such a file):
+
+    python examples/compare_demo_runs.py OTHER_CPU.json docs/results/demo.json --results docs/results/demo_cpus.json
 
 Both runs must list the same methods with the same seed; the rows that train nothing (the int8 graph's
 export, temperature scaling) are compared like the others.
@@ -43,9 +47,20 @@ def _ood_sets(row: Mapping[str, Any]) -> list[str]:
     return [key for key, value in row.items() if isinstance(value, Mapping) and "auroc" in value]
 
 
+def _numbers(value: Any, path: str = "") -> dict[str, float]:
+    """Every number of a report row, by its path; latency left out (it is a timing, not a result)."""
+    if isinstance(value, Mapping):
+        return {k: v for key, item in value.items() if "latency" not in key
+                for k, v in _numbers(item, f"{path}.{key}").items()}
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return {path: float(value)}
+    return {}
+
+
 def compare_runs(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     """Per method, B minus A of accuracy, ECE and each AUROC; the largest absolute differences over the methods;
-    the training stages' seconds of each run and B's time over A's."""
+    how many of the numbers both reports hold (latency aside) are identical; the CPUs each run recorded; the
+    training stages' seconds of each run and B's time over A's."""
     rows_a, rows_b = a["report"]["rows"], b["report"]["rows"]
     methods = [row["method"] for row in rows_a]
     if methods != [row["method"] for row in rows_b]:
@@ -60,11 +75,16 @@ def compare_runs(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
                 "ece": row_b["ece"] - row_a["ece"]}
         diff["auroc"] = {k: row_b[k]["auroc"] - row_a[k]["auroc"] for k in _ood_sets(row_a)}
         rows.append(diff)
+    numbers = [(_numbers(row_a), _numbers(row_b)) for row_a, row_b in zip(rows_a, rows_b)]
+    shared = [(x[key], y[key]) for x, y in numbers for key in x.keys() & y.keys()]
     stages = [name for name in a["timings_s"] if any(word in name for word in TRAINING_STAGES)]
     seconds_a = sum(a["timings_s"][name] for name in stages)
     seconds_b = sum(b["timings_s"].get(name, 0.0) for name in stages)
     return {
         "precisions": [a.get("mixed_precision"), b.get("mixed_precision")],
+        "machines": [a.get("machine"), b.get("machine")],
+        "numbers": len(shared),
+        "identical": sum(x == y for x, y in shared),
         "commands": [a.get("command"), b.get("command")],
         "seed": seeds[0],
         "rows": rows,

@@ -31,7 +31,13 @@ from hydra_hf.cli import run_script
 from hydra_hf.finetune import cpu_has_native_bf16
 from hydra_hf.outputs import write_text_atomic
 from hydra_hf.recipes import TextPipeline, run_text_pipeline
-from hydra_hf.reproducibility import add_threads_argument, command_line, describe_threads, pin_threads
+from hydra_hf.reproducibility import (
+    add_threads_argument,
+    command_line,
+    describe_machine,
+    describe_threads,
+    pin_threads,
+)
 
 
 def main() -> None:
@@ -76,6 +82,7 @@ def main() -> None:
     if args.results:
         results = {"command": command_line(__file__), "threads": threads,
                    "mixed_precision": precision, "torch": torch.__version__, "cpu_count": os.cpu_count(),
+                   "machine": describe_machine(),
                    "load_average": [round(x, 2) for x in os.getloadavg()], "wall_s": time.perf_counter() - start,
                    "timings_s": result.timings_s, "hub_check": result.hub_check, "report": result.report}
         Path(args.results).parent.mkdir(parents=True, exist_ok=True)

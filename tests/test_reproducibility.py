@@ -155,13 +155,47 @@ def test_command_line_names_the_script_from_the_repository_root_and_quotes_its_a
 
 
 def test_write_results_file_records_the_command_and_refuses_nan_before_writing(tmp_path):
-    from hydra_hf.reproducibility import write_results_file
+    from hydra_hf.reproducibility import describe_machine, write_results_file
 
     path = tmp_path / "results" / "run.json"
     text = write_results_file({"rows": [1.5, Path("a")]}, path, "/repo/examples/x.py", ["--results", str(path)])
     assert json.loads(path.read_text()) == json.loads(text) == {
-        "rows": [1.5, "a"], "command": f"python examples/x.py --results {path}"}
+        "rows": [1.5, "a"], "command": f"python examples/x.py --results {path}", "machine": describe_machine()}
+    mine = {"cpu": "recorded by the script", "isa": "AVX2", "cpuid": None, "bf16_products": None}
+    assert json.loads(write_results_file({"machine": mine}, None, "examples/x.py", []))["machine"] == mine
     assert write_results_file({"rows": []}, None, "examples/x.py", []).endswith("\n")  # no path: nothing written
     with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
         write_results_file({"rows": [float("nan")]}, tmp_path / "nan.json", "examples/x.py", [])
     assert not (tmp_path / "nan.json").exists()
+
+
+INTEL = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+model name\t: Intel(R) Xeon(R) Platinum 8480+
+"""
+
+
+def test_describe_machine_names_the_cpu_its_kernels_and_its_bf16_products():
+    """The CPU a results file records: model name, vendor / family / model, the ISA torch dispatches to, and the
+    native bf16 products (AMX preferred over AVX-512 bf16, none on a CPU with neither)."""
+    import torch
+
+    from hydra_hf.reproducibility import describe_machine
+
+    isa = torch.backends.cpu.get_cpu_capability()
+    assert describe_machine(INTEL) == {"cpu": "Intel(R) Xeon(R) Platinum 8480+",
+                                       "cpuid": "GenuineIntel family 6 model 143", "isa": isa,
+                                       "bf16_products": "amx_bf16"}
+    amd = describe_machine("vendor_id : AuthenticAMD\ncpu family : 25\nmodel : 17\nmodel name : AMD EPYC\n"
+                           "flags : avx2 avx512f avx512_bf16\n")
+    assert (amd["cpu"], amd["cpuid"], amd["bf16_products"]) == ("AMD EPYC", "AuthenticAMD family 25 model 17",
+                                                                "avx512_bf16")
+    bare = describe_machine("")  # no /proc/cpuinfo: the platform's name, no cpuid, no bf16 products
+    assert bare["cpuid"] is None and bare["bf16_products"] is None and bare["cpu"]

@@ -104,12 +104,22 @@ def _rows_table(rows: list[Mapping[str, Any]]) -> str:
     return render_markdown_table(rows, columns)
 
 
+def _machine(machine: Mapping[str, Any] | None) -> str:
+    """The CPU a results file records (hydra_hf.reproducibility.describe_machine), in words."""
+    if not machine:
+        return "a CPU its file does not record"
+    bf16 = machine.get("bf16_products") or "none"
+    cpuid = f", {machine['cpuid']}" if machine.get("cpuid") else ""
+    return f"{machine['cpu']} ({machine['isa']}{cpuid}; native bf16 products: {bf16})"
+
+
 def _demo_run(results: Mapping[str, Any]) -> str:
     """examples/demo.py's run: its wall time, each stage's seconds, the machine and threads it ran with, the
     fresh-process check, and the int8 row against fp32 Hydra (latency ratio, accuracy and ECE differences)."""
     minutes = results["wall_s"] / 60
     stages = ", ".join(f"{name.split('. ', 1)[-1]} {seconds:.0f} s" for name, seconds in results["timings_s"].items())
-    text = (f"`{results['command']}` ran in **{minutes:.1f} min** (torch {results['torch']}; torch threads: "
+    text = (f"`{results['command']}` ran in **{minutes:.1f} min** (on {_machine(results.get('machine'))}; "
+            f"torch {results['torch']}; torch threads: "
             f"{results['threads']['torch_threads']}, cores: {results['cpu_count']}; load average when it ended: "
             f"{results['load_average'][0]:g}; training precision: {results['mixed_precision']}): {stages}. The "
             f"fresh-process check's largest probability difference: {results['hub_check']['max_abs_prob_diff']:.1e}.")
@@ -231,6 +241,17 @@ def _selection_noise(results: Mapping[str, Any]) -> str:
     return (render_selection_noise(results["rows"]) + f"\n(`{results['command']}`; the Single of seed "
             f"{results['seed']}, {results['rows'][0]['repeats']} pairs of disjoint sets per size; torch threads: "
             f"{threads['torch_threads']}.)\n")
+
+
+def _run_agreement(results: Mapping[str, Any]) -> str:
+    """examples/compare_demo_runs.py on two runs of one seed, e.g. on two CPUs: how many of the report's numbers
+    are identical, the largest differences, and each run's CPU."""
+    runs = "; ".join(f"`{command}` on {_machine(machine)}"
+                     for command, machine in zip(results["commands"], results["machines"], strict=True))
+    return (f"Two runs of seed {results['seed']} ({runs}; compared by `{results['command']}`): "
+            f"{results['identical']} of the reports' {results['numbers']} numbers identical (latency aside); the "
+            f"largest differences: accuracy {100 * results['max_abs_accuracy']:.2f} points, ECE "
+            f"{results['max_abs_ece']:.4f}, AUROC {results['max_abs_auroc']:.4f}.\n")
 
 
 def _cost_from_masks(results: Mapping[str, Any]) -> str:
@@ -582,6 +603,7 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "seed-rows": _seed_rows,
     "cost-from-masks": _cost_from_masks,
     "run-differences": _run_differences,
+    "run-agreement": _run_agreement,
     "selection-noise": _selection_noise,
 }
 """view name -> markdown of a results file (ending with a newline)."""

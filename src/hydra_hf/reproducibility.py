@@ -19,6 +19,7 @@ import argparse
 import json
 import logging
 import os
+import platform
 import random
 import shlex
 import sys
@@ -36,6 +37,7 @@ __all__ = [
     "THREAD_ENV_VARS",
     "add_threads_argument",
     "command_line",
+    "describe_machine",
     "describe_threads",
     "pin_threads",
     "seed_worker",
@@ -125,6 +127,37 @@ def describe_threads(settings: dict[str, Any]) -> str:
     )
 
 
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+"""/proc/cpuinfo flags of native bf16 products, the first present named in :func:`describe_machine`."""
+
+
+def describe_machine(cpuinfo: str | None = None) -> dict[str, Any]:
+    """The CPU a run's numbers belong to, for its results file: the model name, the vendor, family and model
+    numbers (``cpuid``), the vector ISA torch's own
+    kernels dispatch to, and which native bf16 products the CPU has (``amx_bf16``, ``avx512_bf16`` or
+    ``None``). Pinned threads make a run repeat on machines with the same three; oneDNN and MKL pick other
+    kernels on another CPU (AMX tiles or AVX-512 bf16 dot products, another blocking), so a run trained there
+    differs by rounding, and a model trained from it further. ``cpuinfo``: the text of /proc/cpuinfo (read
+    when not given; empty where the file does not exist)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
+    family = " ".join(f"{label} {fields[key]}" for key, label in (("cpu family", "family"), ("model", "model"))
+                      if key in fields)
+    return {"cpu": fields.get("model name") or platform.processor() or platform.machine(),
+            "cpuid": " ".join(part for part in (fields.get("vendor_id", ""), family) if part) or None,
+            "isa": torch.backends.cpu.get_cpu_capability(),
+            "bf16_products": next((flag for flag in BF16_FLAGS if flag in flags), None)}
+
+
 def command_line(script: str | os.PathLike, argv: Sequence[str] | None = None) -> str:
     """The command that reproduces a script's run, for its results file: ``python FOLDER/NAME.py ARGS`` (the
     script's folder and name, as run from the repository root; ``argv``: the arguments, default this process's),
@@ -137,9 +170,10 @@ def command_line(script: str | os.PathLike, argv: Sequence[str] | None = None) -
 def write_results_file(results: dict[str, Any], path: str | os.PathLike | None, script: str | os.PathLike,
                        argv: Sequence[str] | None = None) -> str:
     """A script's results file: ``results`` with ``command`` (:func:`command_line` of ``script`` and ``argv``)
-    as indented strict JSON, written atomically to ``path`` (its folder created) when one is given; returns the
+    and ``machine`` (:func:`describe_machine`, unless ``results`` holds one) as indented strict JSON, written atomically to ``path`` (its folder created) when one is given; returns the
     text (scripts print it)."""
     results["command"] = command_line(script, argv)
+    results.setdefault("machine", describe_machine())
     text = json.dumps(results, indent=1, default=str, allow_nan=False) + "\n"
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -334,9 +334,13 @@ def test_demo_run_and_int8_views_state_the_run_and_the_int8_row_against_fp32_hyd
     }
     assert render_docs.VIEWS["demo-run"](results) == (
         "`python examples/demo.py --output outputs/demo --results docs/results/demo.json` ran in "
-        "**14.7 min** (torch 2.13.0+cpu; torch threads: 2, cores: 2; load average when it ended: 1.5; "
-        "training precision: bf16): fine-tune the single model 96 s, evaluate 367 s. "
+        "**14.7 min** (on a CPU its file does not record; torch 2.13.0+cpu; torch threads: 2, cores: 2; load "
+        "average when it ended: 1.5; training precision: bf16): fine-tune the single model 96 s, evaluate 367 s. "
         "The fresh-process check's largest probability difference: 3.7e-09.\n")
+    results["machine"] = {"cpu": "AMD EPYC", "cpuid": "AuthenticAMD family 25 model 17", "isa": "AVX512",
+                          "bf16_products": "avx512_bf16"}
+    assert ("(on AMD EPYC (AVX512, AuthenticAMD family 25 model 17; native bf16 products: avx512_bf16); torch "
+            in render_docs.VIEWS["demo-run"](results))
     assert render_docs.VIEWS["int8"](results) == (
         "The int8 graph (ONNX Runtime) against fp32 Hydra: accuracy −0.2 points, ECE −0.0015, every AUROC within "
         "0.0063 (targets: 0.5 points and 0.01: met), at 0.44x its latency.\n")
