@@ -170,8 +170,8 @@ def command_line(script: str | os.PathLike, argv: Sequence[str] | None = None) -
 def write_results_file(results: dict[str, Any], path: str | os.PathLike | None, script: str | os.PathLike,
                        argv: Sequence[str] | None = None) -> str:
     """A script's results file: ``results`` with ``command`` (:func:`command_line` of ``script`` and ``argv``)
-    and ``machine`` (:func:`describe_machine`, unless ``results`` holds one) as indented strict JSON, written atomically to ``path`` (its folder created) when one is given; returns the
-    text (scripts print it)."""
+    and ``machine`` (:func:`describe_machine`, unless ``results`` holds one) as indented strict JSON, written
+    atomically to ``path`` (its folder created) when one is given; returns the text (scripts print it)."""
     results["command"] = command_line(script, argv)
     results.setdefault("machine", describe_machine())
     text = json.dumps(results, indent=1, default=str, allow_nan=False) + "\n"
