@@ -474,16 +474,11 @@ def test_compare_selections_by_hand():
     assert one["top_jaccard"] == pytest.approx(1 / 3)  # {0, 1} vs {0, 2}
 
 
-def test_first_step_scores_match_the_search_and_selection_noise(tmp_path):
-    """The scores the noise study ranks are the circuit search's: its first step (k heads at once)
-    removes exactly their top k; the noise study on two disjoint draws runs and stays in range."""
+def _noise_testbed(tmp_path: Path) -> Path:
+    """A tiny BERT Single (returned: its folder), 80 labelled reviews (validation.csv) and 40 OOD texts (ood.csv)."""
     from conftest import tiny_bert_config, write_tiny_tokenizer
     from test_demo_smoke import _reviews
     from transformers import BertForSequenceClassification
-
-    from hydra_hf.data import make_text_loader, resolve_dataset
-    from hydra_hf.pruning import Budget, load_pruning_target
-    from hydra_hf.pruning.circuits import circuit_prune
 
     single = tmp_path / "single"
     torch.manual_seed(0)
@@ -491,6 +486,17 @@ def test_first_step_scores_match_the_search_and_selection_noise(tmp_path):
     write_tiny_tokenizer(single)
     _reviews(80, 1).to_csv(tmp_path / "validation.csv", index=False)
     pd.DataFrame({"text": [f"x y {i} z {i % 3}" for i in range(40)]}).to_csv(tmp_path / "ood.csv", index=False)
+    return single
+
+
+def test_first_step_scores_match_the_search_and_selection_noise(tmp_path):
+    """The scores the noise study ranks are the circuit search's: its first step (k heads at once)
+    removes exactly their top k; the noise study on two disjoint draws runs and stays in range."""
+    from hydra_hf.data import make_text_loader, resolve_dataset
+    from hydra_hf.pruning import Budget, load_pruning_target
+    from hydra_hf.pruning.circuits import circuit_prune
+
+    single = _noise_testbed(tmp_path)
     target = load_pruning_target(single)
     id_data = resolve_dataset(str(tmp_path / "validation.csv"), require_labels=True, num_labels=2).select(range(16))
     ood_data = resolve_dataset(str(tmp_path / "ood.csv"), label_column=None).select(range(16))
@@ -560,19 +566,10 @@ def test_selection_noise_script_writes_the_results_file_its_table_renders(tmp_pa
     import os
     import subprocess
 
-    from conftest import tiny_bert_config, write_tiny_tokenizer
-    from test_demo_smoke import _reviews
-    from transformers import BertForSequenceClassification
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
     import render_docs
 
-    single = tmp_path / "single"
-    torch.manual_seed(0)
-    BertForSequenceClassification(tiny_bert_config(num_labels=2)).save_pretrained(single)
-    write_tiny_tokenizer(single)
-    _reviews(80, 1).to_csv(tmp_path / "validation.csv", index=False)
-    pd.DataFrame({"text": [f"x y {i} z {i % 3}" for i in range(40)]}).to_csv(tmp_path / "ood.csv", index=False)
+    single = _noise_testbed(tmp_path)
     script = Path(__file__).resolve().parents[2] / "examples" / "study_text.py"
     base = [sys.executable, str(script), "--output", str(tmp_path / "study"), "--seeds", "0", "--single",
             f"0={single}", "--id-validation", str(tmp_path / "validation.csv"), "--ood",
