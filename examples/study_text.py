@@ -208,6 +208,9 @@ def main() -> None:
                                             seed=seed)
                     file.write_text(json.dumps(found, indent=2) + "\n")
                 rows += json.loads(file.read_text())
+        if not rows:
+            parser.error(f"--noise-sizes {' '.join(map(str, args.noise_sizes))}: no size fits the pools of "
+                         f"{' '.join(kinds)} (a size n needs 2 x n ID and 2 x n OOD texts); give smaller sizes")
         rows.sort(key=lambda r: (list(study.ood_validation).index(r["kind"]), r["n"], r["score"] != "ood"))
         table = render_selection_noise(rows)
         (out / "selection_noise.md").write_text(table)

@@ -133,9 +133,9 @@ BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 def describe_machine(cpuinfo: str | None = None) -> dict[str, Any]:
     """The CPU a run's numbers belong to, for its results file: the model name, the vendor, family and model
-    numbers (``cpuid``), the vector ISA torch's own
-    kernels dispatch to, and which native bf16 products the CPU has (``amx_bf16``, ``avx512_bf16`` or
-    ``None``). Pinned threads make a run repeat on machines with the same three; oneDNN and MKL pick other
+    numbers (``cpuid``), the vector ISA torch's own kernels dispatch to, and which native bf16 products the CPU
+    has (``amx_bf16``, ``avx512_bf16`` or ``None``). Pinned threads make a run repeat on machines with the same
+    CPU kind; oneDNN and MKL pick other
     kernels on another CPU (AMX tiles or AVX-512 bf16 dot products, another blocking), so a run trained there
     differs by rounding, and a model trained from it further. ``cpuinfo``: the text of /proc/cpuinfo (read
     when not given; empty where the file does not exist)."""

@@ -597,7 +597,9 @@ def test_selection_noise_script_writes_the_results_file_its_table_renders(tmp_pa
 
     for extra, message in [(("--results", str(tmp_path / "x.json")), "add --selection-noise"),
                            (("--selection-noise", "--noise-kinds", "nope", "--results", str(tmp_path / "x.json")),
-                            "--noise-kinds nope: not an OOD kind")]:
+                            "--noise-kinds nope: not an OOD kind"),
+                           (("--selection-noise", "--noise-sizes", "64", "--results", str(tmp_path / "x.json")),
+                            "--noise-sizes 64: no size fits the pools of o")]:
         proc = run(*extra)
         errors = [line for line in proc.stderr.splitlines() if "error:" in line]
         assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
