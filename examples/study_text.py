@@ -54,6 +54,16 @@ def _shard(text: str) -> tuple[int, int]:
     return i, n
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number; give e.g. 3")
+    return value
+
+
 def _candidate(text: str) -> int:
     names = ", ".join(f"{i} = {c.name}" for i, c in enumerate(DEFAULT_CANDIDATES))
     try:
@@ -150,7 +160,7 @@ def main() -> None:
     parser.add_argument("--selection-noise", action="store_true",
                         help="measure instead how reproducible the circuit search's first step is on two disjoint "
                              "selection sets (the first seed's Single; writes OUTPUT/selection_noise.md)")
-    parser.add_argument("--noise-sizes", type=int, nargs="+", default=[48, 96, 192], metavar="N",
+    parser.add_argument("--noise-sizes", type=_positive, nargs="+", default=[48, 96, 192], metavar="N",
                         help="selection-set sizes for --selection-noise (default 48 96 192)")
     parser.add_argument(
         "--noise-kinds",
@@ -159,7 +169,7 @@ def main() -> None:
         metavar="KIND",
         help="OOD kinds for --selection-noise (default: all); sizes a kind's pool cannot hold are skipped",
     )
-    parser.add_argument("--noise-repeats", type=int, default=3, metavar="R",
+    parser.add_argument("--noise-repeats", type=_positive, default=3, metavar="R",
                         help="random pairs of disjoint selection sets per size for --selection-noise (default 3)")
     parser.add_argument("--results", default=None, metavar="FILE",
                         help="with --selection-noise: also write the rows, the Single and the threads to FILE, the "

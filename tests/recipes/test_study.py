@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -563,9 +565,6 @@ def test_selection_noise_script_writes_the_results_file_its_table_renders(tmp_pa
     """`study_text.py --selection-noise --results FILE`: the rows, the Single and the pinned threads in a results
     file whose view renders the same table as OUTPUT/selection_noise.md; a size the pools cannot hold is
     skipped; a second run resumes from the cached rows; bad flags fail in one line and write nothing."""
-    import os
-    import subprocess
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
     import render_docs
 
@@ -599,7 +598,8 @@ def test_selection_noise_script_writes_the_results_file_its_table_renders(tmp_pa
                            (("--selection-noise", "--noise-kinds", "nope", "--results", str(tmp_path / "x.json")),
                             "--noise-kinds nope: not an OOD kind"),
                            (("--selection-noise", "--noise-sizes", "64", "--results", str(tmp_path / "x.json")),
-                            "--noise-sizes 64: no size fits the pools of o")]:
+                            "--noise-sizes 64: no size fits the pools of o"),
+                           (("--selection-noise", "--noise-repeats", "0"), "'0' is not a positive whole number")]:
         proc = run(*extra)
         errors = [line for line in proc.stderr.splitlines() if "error:" in line]
         assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr[-2000:]
