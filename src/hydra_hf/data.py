@@ -36,6 +36,9 @@ machines. ``split=None`` returns all cleaned rows, in file order.
 A dataset *spec* (what the CLI's ``--id-data``, ``--ood-data`` and ``--train-data`` take) is one of
 
 - ``NAME`` or ``NAME:SPLIT`` for an embedded data set, e.g. ``rotten_tomatoes:validation``;
+- any of these with a row range ``[START:STOP]`` at the end (``datasets``' split slicing, rows counted from 0,
+  either end may be left out): ``rotten_tomatoes:train[6000:]`` is the training split from row 6,000 on, the
+  rows the demo's recipes never train on (they read the first 6,000), i.e. held-out labelled data;
 - a ``.csv`` / ``.tsv`` / ``.jsonl`` / ``.json`` / ``.parquet`` file, or a ``.txt`` file of one text per line
   (``FILE:SPLIT`` is not needed: a file is one split);
 - a folder written by ``datasets.Dataset.save_to_disk`` (or ``DatasetDict.save_to_disk``, then
@@ -316,7 +319,9 @@ def _jsonl_line_of_row(path: Path, row: int) -> int:
 
 def check_data_spec(spec: str) -> None:
     """What :func:`resolve_dataset` checks before reading anything: ``spec`` names an embedded data set, a
-    folder, or a file of a known type that exists (commands check their data so before loading a model)."""
+    folder, or a file of a known type that exists, with a well-formed row range if it has one (commands check
+    their data so before loading a model)."""
+    split_rows(spec)
     name, _ = parse_spec(spec)
     if name in _EMBEDDED and not os.path.exists(name):
         return
@@ -544,8 +549,31 @@ def check_labels(
     return dataset
 
 
+ROW_RANGE = re.compile(r"\[(?P<start>\d*):(?P<stop>\d*)\]$")
+"""A spec's trailing row range ``[START:STOP]``."""
+
+
+def split_rows(spec: str) -> tuple[str, slice | None]:
+    """``(spec without its row range, the range)`` of ``"SPEC[START:STOP]"``; ``(spec, None)`` without one
+    (a path that exists as written is never split). A bracket that is no ``[START:STOP]`` is an error."""
+    if os.path.exists(spec):
+        return spec, None
+    match = ROW_RANGE.search(spec)
+    if match is None:
+        if spec.endswith("]") and "[" in spec:
+            raise ValueError(f"data spec {spec!r}: a row range is [START:STOP] with whole numbers from 0, e.g. "
+                             "rotten_tomatoes:train[6000:]")
+        return spec, None
+    start, stop = (int(match[k]) if match[k] else None for k in ("start", "stop"))
+    if start is not None and stop is not None and stop <= start:
+        raise ValueError(f"data spec {spec!r}: the row range [{start}:{stop}] is empty; STOP must be above START")
+    return spec[: match.start()], slice(start, stop)
+
+
 def parse_spec(spec: str) -> tuple[str, str | None]:
-    """Split ``"NAME_OR_PATH[:SPLIT]"``; a path that exists as written is never split."""
+    """Split ``"NAME_OR_PATH[:SPLIT][[START:STOP]]"`` into the name or path and the split (the row range is
+    :func:`split_rows`'); a path that exists as written is never split."""
+    spec = split_rows(spec)[0]
     if os.path.exists(spec) or ":" not in spec:
         return spec, None
     head, _, tail = spec.rpartition(":")
@@ -568,7 +596,8 @@ def resolve_dataset(
     """Load the data a CLI option names: an embedded data set, a local file or a folder.
 
     Args:
-        spec: ``NAME[:SPLIT]`` (embedded), a file path, or a folder (``FOLDER[:SPLIT]``).
+        spec: ``NAME[:SPLIT]`` (embedded), a file path, or a folder (``FOLDER[:SPLIT]``), each optionally
+            with a row range ``[START:STOP]`` (applied before ``max_samples``).
         split: the split, when ``spec`` does not give one.
         text_column / image_column: the column holding the inputs (renamed to ``text`` / ``image``);
             ignored for embedded data sets, which always have ``text`` (and ``label``).
@@ -585,6 +614,7 @@ def resolve_dataset(
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"data spec must be a non-empty string, got {spec!r}")
+    rows = split_rows(spec)[1]
     name, spec_split = parse_spec(spec)
     if spec_split is not None and split is not None and spec_split != split:
         raise ValueError(f"data spec {spec!r} names split {spec_split!r} but split={split!r} was also given; give one")
@@ -612,6 +642,12 @@ def resolve_dataset(
     )
     if require_labels and "label" not in dataset.column_names:
         raise ValueError(f"{source} has no labels; labelled (ID) data is needed here (--label-column)")
+    if rows is not None:
+        selected = range(len(dataset))[rows]
+        if len(selected) == 0:
+            raise ValueError(f"data spec {spec!r} selects no rows: {source} has {len(dataset)}; start the range "
+                             f"below {len(dataset)}")
+        dataset = dataset.select(selected)
     return _limit(dataset, max_samples)
 
 
