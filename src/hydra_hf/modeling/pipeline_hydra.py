@@ -359,8 +359,18 @@ class HydraTextClassificationPipeline(_HydraClassificationMixin, TextClassificat
 
     Example::
 
-        pipe = pipeline(model="org/hydra-bert-sst2", trust_remote_code=True, revision="<commit>")
+        pipe = pipeline("hydra-text-classification", model="org/hydra-bert-sst2", trust_remote_code=True,
+                        revision="<commit>")
         pipe("a gripping film")  # {"label": ..., "score": ..., "uncertainty": {...}, "flagged": ..., ...}
+
+    The task name builds this pipeline; the stock ``pipeline("text-classification", ...)`` loads the same model
+    and returns only ``label`` and ``score`` (the ensemble mean), without the uncertainty.
+
+    Which score to use (measured on hydra_hf's MiniLM / Rotten Tomatoes testbed, README "Which uncertainty to
+    use"): to flag out-of-distribution text, ``score`` (low = unsure; MSP) or the energy ``logits.logsumexp(-1)``;
+    on two classes ``predictive_entropy`` ranks inputs as ``score`` does. ``mutual_information`` (the members'
+    disagreement) ranked OOD text as *more* in-distribution there: it ranks the model's likely mistakes on
+    in-distribution text, not distribution shift; measure it on your own shift before flagging with it.
 
     Call options: ``uncertainty_threshold`` (number, ``{"metric", "value"}`` or ``False``), ``top_k``
     (classes kept in ``scores``), and the tokenizer's keyword arguments (``truncation=True``, ...).

@@ -56,12 +56,12 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
-from sklearn.metrics import roc_auc_score
 from torch import nn
 from tqdm.auto import tqdm
 
 from ..families import get_adapter
 from ..families.adapters import ModelAdapter
+from ..lazy import lazy_module
 from .budget import Budget
 from .cached_bert import PRECISIONS, CachedBertEvaluator, supports_cached_bert
 from .gates import HeadGates
@@ -69,6 +69,9 @@ from .layout import HeadLayout
 from .lm import LMGatedEvaluator
 from .scoring import SCORES, Batch, auroc, batch_labels, circuit_score
 from .taylor import PruneResult
+
+# heavy (scikit-learn: ~1 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
+sklearn_metrics = lazy_module("sklearn.metrics")
 
 logger = logging.getLogger(__name__)
 
@@ -503,7 +506,7 @@ def reference_circuit_ranking(
             ood_logits = torch.cat([adapter.logits(b) for b in ood_batches or []])
             msp = torch.cat([id_logits.softmax(-1).amax(-1), ood_logits.softmax(-1).amax(-1)]).double().numpy()
             y = [1] * len(id_logits) + [0] * len(ood_logits)
-            ood = float(roc_auc_score(y, msp))
+            ood = float(sklearn_metrics.roc_auc_score(y, msp))
             return ood if score == "ood" else (acc + ood) / 2
 
         gates = torch.ones(L, H)

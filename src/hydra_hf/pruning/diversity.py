@@ -32,16 +32,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import datasets
 import torch
 
 from ..families.adapters import ModelAdapter
+from ..lazy import lazy_module
 from ..masks import HeadMasks
 from .budget import Budget
 from .circuits import as_metadata, circuit_prune, circuit_prune_criteria
 from .layout import HeadLayout
 from .neurons import check_mlp_keep, choose_neurons
 from .taylor import PruneResult, taylor_prune
+
+# heavy (datasets, pandas, pyarrow: ~2 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
+datasets = lazy_module("datasets")
 
 logger = logging.getLogger(__name__)
 

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import datasets
 import torch
 from scipy.stats import spearmanr
 from tqdm.auto import tqdm
@@ -56,6 +55,7 @@ from ..evaluation import ModelPredictor, make_loader, predict
 from ..evaluation.plots import transfer_gains
 from ..finetune import finetune_members, text_recipe
 from ..finetune.baselines import all_heads_masks
+from ..lazy import lazy_module
 from ..masks import HeadMasks
 from ..outputs import prepare_owned_folder, remove_dead_process_folders, write_text_atomic
 from ..pruning import build_members, load_pruning_target
@@ -65,6 +65,9 @@ from ..pruning.diversity import parse_methods, uses_ood
 from ..pruning.layout import HeadLayout
 from ..pruning.neurons import check_mlp_keep
 from .text import packaged_minilm
+
+# heavy (datasets, pandas, pyarrow: ~2 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
+datasets = lazy_module("datasets")
 
 logger = logging.getLogger(__name__)
 
