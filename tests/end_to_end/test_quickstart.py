@@ -1,14 +1,15 @@
 """The README's Quickstart, its own commands at small scale: the packaged all-MiniLM-L6-v2 and the embedded
 Rotten Tomatoes reviews, every command of the Quickstart block (as the README prints it: the block is rendered
 from docs/results/quickstart.json, which examples/quickstart.py wrote by running those commands) with flags
-appended that shrink the run (fewer steps, reviews and bootstrap resamples; a later flag overrides the
-recipe's). It checks that the Single learned (its training loss fell and its validation accuracy is above the
-majority rate, with no "barely learned" warning) and that a deliberately weak baseline (lr 1e-7, 4 steps)
-gets the warning and is marked near chance by `evaluate` instead of being beaten.
+appended that shrink the run (fewer steps, reviews and bootstrap resamples, a larger step for the shorter run;
+a later flag overrides the recipe's). It checks that the Single learned (its training loss fell and its
+validation accuracy is above the majority rate, with no "barely learned" warning) and that a deliberately weak
+baseline (lr 1e-7, 8 steps) gets the warning and is marked near chance by `evaluate` instead of being beaten.
 
-The commands run in this process through ``hydra_hf.cli.main`` (a new interpreter per command would cost
-more than the training), read by a small interpreter of the block's three kinds of line: ``NAME=VALUE`` /
-``NAME=$(python -c "...")``, ``python -c "..."`` and ``hydra-hf ...``.
+About 90 s on 2 idle cores: a Single that learns needs about 50 steps, and this is the one test of the
+README's first path. The commands run in this process through ``hydra_hf.cli.main`` (a new interpreter per
+command would cost more than the training), read by a small interpreter of the block's three kinds of line:
+``NAME=VALUE`` / ``NAME=$(python -c "...")``, ``python -c "..."`` and ``hydra-hf ...``.
 """
 
 from __future__ import annotations
@@ -28,17 +29,19 @@ from conftest import minilm_dir
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "results" / "quickstart.json"
-# appended to each step's hydra-hf commands: the same commands on fewer steps, reviews and resamples
+# appended to each step's hydra-hf commands: the same commands on fewer steps, reviews and resamples (48 steps
+# of 16 reviews at 3e-4 instead of the recipe's 180 of 32 at 1e-4: measured, the Single's validation accuracy
+# 0.71 and its loss 0.68 -> 0.50 after 60 such steps, 0.51 and flat after 16 of the recipe's)
 SMALL = {
-    "single": ["--max-steps", "16", "--max-train-samples", "512", "--max-eval-samples", "96",
-               "--log-every-steps", "4"],
+    "single": ["--learning-rate", "3e-4", "--max-steps", "48", "--batch-size", "16", "--max-train-samples", "768",
+               "--max-eval-samples", "96", "--log-every-steps", "4"],
     "prune": ["--max-samples", "24"],
-    "members": ["--max-steps", "4", "--max-train-samples", "128", "--max-eval-samples", "64",
-                "--log-every-steps", "2"],
+    "members": ["--max-steps", "2", "--batch-size", "16", "--max-train-samples", "64", "--max-eval-samples", "32",
+                "--log-every-steps", "1"],
     "evaluate": ["--max-samples", "128", "--bootstrap", "50"],
 }
-WEAK = ["--learning-rate", "1e-7", "--max-steps", "4", "--max-train-samples", "128", "--max-eval-samples", "96",
-        "--log-every-steps", "2", "--work-dir", "weak.work", "--output", "weak-hydra"]
+WEAK = ["--learning-rate", "1e-7", "--max-steps", "8", "--batch-size", "16", "--max-train-samples", "128",
+        "--max-eval-samples", "96", "--log-every-steps", "2", "--work-dir", "weak.work", "--output", "weak-hydra"]
 
 
 def _quickstart():
@@ -95,13 +98,16 @@ def test_the_quickstart_commands_learn_and_a_weak_baseline_is_marked(tmp_path, m
     # the Single learned: its loss fell, its validation accuracy is above the majority rate, no warning
     single = tmp_path / "single.work"
     state = json.loads((single / "member_0" / "model" / "finetune_member.json").read_text())
-    assert state["steps"] == 16 and state["best_eval_accuracy"] > 0.6, state  # 96 reviews: majority about 0.5
+    windows = [loss for _, loss in state["loss_windows"]]
+    assert state["steps"] == 48 and len(windows) == 12, state
+    assert sum(windows[-3:]) < 0.9 * sum(windows[:3]), windows  # the loss fell (the last 12 steps against the first)
+    assert state["best_eval_accuracy"] > 0.62, state  # 96 validation reviews, majority rate 0.51
     assert not [r for r in caplog.records if "barely learned" in r.getMessage()], caplog.text
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     rows = {row["method"]: row for row in report["rows"]}
     levels = report["near_chance"]["levels"]
     assert rows["Single"]["accuracy"] > levels["majority_rate"] + 0.1, (rows["Single"], levels)
-    assert report["near_chance"]["rows"] == {}  # neither model is near chance
+    assert "Single" not in report["near_chance"]["rows"], report["near_chance"]  # (a Hydra of 2-step members may be)
     assert report["latency"]["batch"] == 64 and report["latency"]["machine"]["cpu"]
 
     # a deliberately weak baseline: warned about when trained, marked near chance by evaluate

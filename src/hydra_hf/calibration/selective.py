@@ -124,7 +124,8 @@ def fit_selective(
                    f"at this risk and delta) already makes {errors} error{'s' * (errors != 1)}, which at risk "
                    f"{risk:g} has p-value {p:.2f} > delta {delta:g}, and the test sequence stops at its first failure")
         looser = next((r for r in (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5) if r > risk and fixed_sequence(r)[0]), None)
-        hint = f"--risk {looser:g} certifies on these examples" if looser else "no --risk up to 0.5 certifies either"
+        hint = (f"raise --risk ({looser:g} certifies on these examples)" if looser else
+                "no --risk up to 0.5 certifies on these examples: check the labels, or raise --risk above 0.5")
         raise HydraInputError(
             f"no threshold on {score} certifies an error rate <= {risk:g} among answered inputs with confidence "
             f"{1 - delta:g} on these {n} examples: {why}; {hint}; or give more calibration data (its surest answers "

@@ -35,6 +35,10 @@ from .run import FinetuneRun
 logger = logging.getLogger(__package__)  # "hydra_hf.finetune", as log lines named it before the split
 
 
+MIN_CHECKED_STEPS = 8
+"""Runs shorter than this (or with fewer than two loss windows) get no learning check: too few batches to tell."""
+
+
 class TrainingInterrupted(RuntimeError):
     """Raised by a ``step_callback`` to stop training (the last checkpoint stays for ``resume``)."""
 
@@ -431,12 +435,12 @@ class MemberTrainer:
         It barely learned when its last loss window (``log_every_steps`` steps) stays near the loss of
         predicting the training data's class frequencies, or its best validation accuracy stays near the
         validation data's majority rate (:func:`hydra_hf.metrics.near_chance`). The likely cause: a loss that
-        fell less than 5 % from its first window (a step too small for so few steps), a loss that rose (a step
-        too large), else the labels or the data.
+        rose more than 4 % above its first window on the way (a step too large), a loss that fell less than 5 %
+        (a step too small for so few steps), else the labels or the data.
         """
         windows = self.state.get("loss_windows") or []
-        if self.run.causal_lm or not windows:
-            return None
+        if self.run.causal_lm or len(windows) < 2 or self.state["global_step"] < MIN_CHECKED_STEPS:
+            return None  # a causal LM has no classes; a handful of batches is too noisy to tell
         c, s = self.config, self.state
         train_levels = chance_levels(self.run.train["label"], self.run.num_labels)
         first, last = windows[0][1], windows[-1][1]
@@ -454,8 +458,10 @@ class MemberTrainer:
         if not problems:
             return None
         steps = f"{s['global_step']} steps"
-        if last >= first * 1.05:
-            cause = f"the learning rate {c.learning_rate:g} is likely too large (the loss rose): lower --learning-rate"
+        peak = max(loss for _, loss in windows)
+        if peak > first * 1.04:  # the loss rose above where it started: steps too large for the model
+            cause = (f"the learning rate {c.learning_rate:g} is likely too large (the loss rose to {peak:.4f} from "
+                     f"{first:.4f}): lower --learning-rate")
         elif last > first * 0.95:
             cause = (f"the learning rate {c.learning_rate:g} is likely too small for {steps}: raise --learning-rate, "
                      "train longer, or start from a recipe made for short runs (--recipe demo-single trains the "
