@@ -119,8 +119,9 @@ def convert_checkpoint(
     """
     if (base is None) == (members is None or len(members) == 0):
         raise ValueError("pass exactly one of base=DIR or members=[DIR, ...]")
-    # what the output may never be (or contain): the checkpoints and the masks file we read
-    inputs = [base, *(members or []), None if isinstance(masks, HeadMasks) else masks]
+    # what the output may never be (or contain): the checkpoints and the masks file we read (masks loaded by the
+    # caller name their file too)
+    inputs = [base, *(members or []), masks.source if isinstance(masks, HeadMasks) else masks]
     if output_dir is not None:
         check_output_dir(output_dir, overwrite, command="convert", inputs=inputs)  # fail before any work
     masks = _load_masks(masks)

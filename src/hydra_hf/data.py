@@ -314,6 +314,35 @@ def _jsonl_line_of_row(path: Path, row: int) -> int:
     return row + 1
 
 
+def data_spec_paths(spec: Any) -> list[Path]:
+    """The local file or folder that reading the data ``spec`` reads (the forms :func:`resolve_dataset` takes):
+    a file, a folder (of ``FOLDER:SPLIT``, the folder), and nothing for an embedded data set (``NAME[:SPLIT]``),
+    an in-memory ``datasets.Dataset``, None, or a path that does not exist (reading it fails first).
+
+    Every command passes these as inputs of its output check (:func:`hydra_hf.outputs.check_output`): an
+    output folder never holds its own data, so ``--overwrite`` never deletes the data it has just read.
+    """
+    if not isinstance(spec, (str, os.PathLike)) or not os.fspath(spec).strip():
+        return []
+    name, _ = parse_spec(os.fspath(spec))
+    if name in _EMBEDDED and not os.path.exists(name):
+        return []
+    return [Path(name)] if os.path.lexists(name) else []
+
+
+def zero_shot_paths(class_names: Any = None, templates: Any = None) -> list[Path]:
+    """The files that ``--class-names`` and ``--templates`` name, as :func:`read_class_names` and
+    :func:`read_templates` read them (a comma-separated list, a template set's name or one template reads
+    no file): inputs of the output check, as :func:`data_spec_paths`."""
+    files = []
+    if isinstance(class_names, (str, os.PathLike)) and os.path.isfile(class_names):
+        files.append(Path(class_names))
+    if (isinstance(templates, (str, os.PathLike)) and str(templates) not in TEMPLATE_SETS
+            and os.path.isfile(templates)):
+        files.append(Path(templates))
+    return files
+
+
 def check_data_spec(spec: str) -> None:
     """What :func:`resolve_dataset` checks before reading anything: ``spec`` names an embedded data set, a
     folder, or a file of a known type that exists (commands check their data so before loading a model)."""

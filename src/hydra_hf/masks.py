@@ -164,6 +164,8 @@ class HeadMasks:
         metadata: top-level metadata (base model, method, budget, ...).
         named: whether the towers are named (the ``"towers"`` file shape); unnamed masks have one
             tower, stored under :data:`ANY_TOWER`, which fits any one-tower model.
+        source: the file :meth:`load` read them from (None when built in memory, copies included): an
+            input of every command that writes an output from them, never held or deleted by it.
 
     The one-tower accessors (``kept_heads``, ``num_heads``, ``num_layers``, ``gates``, ...) work
     whenever the masks hold exactly one tower, named or not; :meth:`tower` picks one of several.
@@ -180,6 +182,7 @@ class HeadMasks:
         kept_neurons: list[list[list[int]] | None] | None = None,
         intermediate_size: int | None = None,
     ) -> None:
+        self.source: Path | None = None
         self._neurons: dict[str, list[list[list[int]] | None]] = {}  # slim towers only
         self._inner: dict[str, int] = {}
         if towers is None:
@@ -656,7 +659,9 @@ class HeadMasks:
     def load(cls, path: str | os.PathLike) -> HeadMasks:
         """Read a masks file of either shape; a missing file or bad JSON raises ``ValueError`` naming the path."""
         path = Path(path)
-        return cls.from_dict(_read_masks_json(path), source=f"masks file {str(path)!r}")
+        masks = cls.from_dict(_read_masks_json(path), source=f"masks file {str(path)!r}")
+        masks.source = path
+        return masks
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (a temporary file renamed into place): never a half-written masks file."""

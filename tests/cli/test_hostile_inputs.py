@@ -941,3 +941,179 @@ def test_empty_data_files_are_named(sandbox):
         line = assert_one_line_error(err)
         assert rc == 2 and words in line and name in line
     assert not (sandbox / "report").exists()
+
+
+# ---------------------------------------------------------------------------------- inputs inside the output
+@pytest.fixture(scope="module")
+def zero_shot_world(tmp_path_factory) -> Path:
+    """A Hydra CLIP folder (zero-shot), an image folder of its classes, a class-names and a templates file."""
+    from test_prune_cli_vision import _image_folder, save_hf_clip
+
+    from hydra_hf.assemble import convert_checkpoint
+    from hydra_hf.masks import HeadMasks
+
+    root = tmp_path_factory.mktemp("zero-shot")
+    masks = HeadMasks(towers={"vision": HeadMasks(kept_heads=[[[0, 1], [2, 3]], [[1, 2, 3], []]], num_heads=4),
+                              "text": HeadMasks(kept_heads=[[[0], [1]], [[1], [0, 1]]], num_heads=2)})
+    convert_checkpoint(masks, base=save_hf_clip(root / "clip"), output_dir=root / "hydra-clip")
+    _image_folder(root / "images", ["bird", "cat", "dog"], 3, 0)
+    (root / "names.txt").write_text("bird\ncat\ndog\n")
+    (root / "templates.txt").write_text("a photo of a {}.\n")
+    return root
+
+
+def _copy_into(source: Path, folder: Path) -> Path:
+    import shutil
+
+    target = folder / source.name
+    if source.is_dir():
+        shutil.copytree(source, target, symlinks=True)
+    else:
+        shutil.copy(source, target)
+    return target
+
+
+def _dataset_dict(world: Path, src: Path) -> Path:
+    """A DatasetDict folder (save_to_disk) of id.csv, for the FOLDER:SPLIT form of a data spec."""
+    import datasets
+
+    frame = pd.read_csv(world / "id.csv")
+    datasets.DatasetDict({"validation": datasets.Dataset.from_pandas(frame)}).save_to_disk(str(src / "dsdict"))
+    return src / "dsdict"
+
+
+def _finetune_config(src: Path) -> Path:
+    (src / "settings.json").write_text(json.dumps({"num_epochs": 1, "batch_size": 8}))
+    return src / "settings.json"
+
+
+def _seed_report(src: Path) -> Path:
+    _seed_reports(src)
+    return src / "r0"
+
+
+# case -> (command, zero-shot, args(world, put, src)): put(path) copies path into the output folder and returns the
+# copy; src is a scratch folder beside the output (for inputs the world does not hold)
+INSIDE_OUTPUT_CASES = {
+    "convert --base": ("convert", False, lambda w, put, src: [
+        "convert", "--base", put(w / "base"), "--masks", w / "masks.json"]),
+    "convert --members": ("convert", False, lambda w, put, src: [
+        "convert", "--members", put(w / "base"), w / "base", "--masks", w / "masks.json"]),
+    "convert --masks": ("convert", False, lambda w, put, src: [
+        "convert", "--base", w / "base", "--masks", put(w / "masks.json")]),
+    "finetune --model": ("finetune", False, lambda w, put, src: [
+        "finetune", "--model", put(w / "base"), "--masks", w / "masks.json", "--train-data", w / "id.csv"]),
+    "finetune --masks": ("finetune", False, lambda w, put, src: [
+        "finetune", "--model", w / "base", "--masks", put(w / "masks.json"), "--train-data", w / "id.csv"]),
+    "finetune --train-data": ("finetune", False, lambda w, put, src: [
+        "finetune", "--model", w / "base", "--masks", w / "masks.json", "--train-data", put(w / "id.csv")]),
+    "finetune --eval-data": ("finetune", False, lambda w, put, src: [
+        "finetune", "--model", w / "base", "--masks", w / "masks.json", "--train-data", w / "id.csv",
+        "--eval-data", put(w / "id.csv")]),
+    "finetune --config": ("finetune", False, lambda w, put, src: [
+        "finetune", "--model", w / "base", "--masks", w / "masks.json", "--train-data", w / "id.csv",
+        "--config", put(_finetune_config(src))]),
+    "calibrate FOLDER": ("calibrate", False, lambda w, put, src: [
+        "calibrate", put(w / "hydra"), "--data", w / "id.csv", "--risk", "none"]),
+    "calibrate --data": ("calibrate", False, lambda w, put, src: [
+        "calibrate", w / "hydra", "--data", put(w / "id.csv"), "--risk", "none"]),
+    "calibrate --data FOLDER:SPLIT": ("calibrate", False, lambda w, put, src: [
+        "calibrate", w / "hydra", "--data", f"{put(_dataset_dict(w, src))}:validation", "--risk", "none"]),
+    "calibrate --class-names": ("calibrate", True, lambda w, put, src: [
+        "calibrate", w / "hydra-clip", "--data", w / "images", "--risk", "none", "--class-names",
+        put(w / "names.txt")]),
+    "calibrate --templates": ("calibrate", True, lambda w, put, src: [
+        "calibrate", w / "hydra-clip", "--data", w / "images", "--risk", "none", "--templates",
+        put(w / "templates.txt")]),
+    "evaluate --model": ("evaluate", False, lambda w, put, src: [
+        "evaluate", "--model", put(w / "hydra"), "--id-data", w / "id.csv", "--ood-data", w / "ood.csv"]),
+    "evaluate --baseline": ("evaluate", False, lambda w, put, src: [
+        "evaluate", "--model", w / "hydra", "--baseline", f"Single={put(w / 'base')}", "--id-data", w / "id.csv",
+        "--ood-data", w / "ood.csv"]),
+    "evaluate --id-data": ("evaluate", False, lambda w, put, src: [
+        "evaluate", "--model", w / "hydra", "--id-data", put(w / "id.csv"), "--ood-data", w / "ood.csv"]),
+    "evaluate --ood-data NAME=FILE": ("evaluate", False, lambda w, put, src: [
+        "evaluate", "--model", w / "hydra", "--id-data", w / "id.csv", "--ood-data", f"rev={put(w / 'ood.csv')}"]),
+    "evaluate --val-data": ("evaluate", False, lambda w, put, src: [
+        "evaluate", "--model", w / "hydra", "--id-data", w / "id.csv", "--ood-data", w / "ood.csv",
+        "--temperature-scaling", "--val-data", put(w / "id.csv")]),
+    "evaluate --train-data": ("evaluate", False, lambda w, put, src: [
+        "evaluate", "--model", w / "hydra", "--baseline", f"Single={w / 'base'}", "--deep-ensemble", "Single",
+        "--id-data", w / "id.csv", "--ood-data", w / "ood.csv", "--train-data", put(w / "id.csv")]),
+    "evaluate --class-names": ("evaluate", True, lambda w, put, src: [
+        "evaluate", "--model", w / "hydra-clip", "--id-data", w / "images", "--ood-data", w / "images",
+        "--class-names", put(w / "names.txt")]),
+    "evaluate --templates": ("evaluate", True, lambda w, put, src: [
+        "evaluate", "--model", w / "hydra-clip", "--id-data", w / "images", "--ood-data", w / "images",
+        "--templates", put(w / "templates.txt")]),
+    "export MODEL": ("export", False, lambda w, put, src: [
+        "export", put(w / "hydra"), "--format", "onnx"]),
+    "export --calibration-data": ("export", False, lambda w, put, src: [
+        "export", w / "hydra", "--format", "onnx", "--quantize", "int8", "--calibration-data", put(w / "id.csv")]),
+    "export --ood-data": ("export", False, lambda w, put, src: [
+        "export", w / "hydra", "--format", "onnx", "--quantize", "int8", "--calibration-data", w / "id.csv",
+        "--ood-data", put(w / "ood.csv")]),
+    "aggregate REPORT": ("aggregate", False, lambda w, put, src: [
+        "aggregate", put(_seed_report(src)), src / "r1"]),
+    "push DIR": ("push", False, lambda w, put, src: [
+        "push", put(w / "hydra"), "--repo-id", "org/name", "--dry-run"]),
+    "push --report": ("push", False, lambda w, put, src: [
+        "push", w / "hydra", "--repo-id", "org/name", "--dry-run", "--report", put(_seed_report(src))]),
+}
+# the flag that names the output folder
+OUTPUT_FLAG = {"evaluate": "--report", "push": "--staging"}
+# what makes the command quick when it (wrongly) runs: a few examples, one small batch, no bootstrap
+QUICK = {"evaluate": ["--batch-size", "8", "--bootstrap", "0"], "finetune": ["--num-epochs", "1", "--batch-size", "8"],
+         "calibrate": ["--batch-size", "8"]}
+
+
+@pytest.mark.parametrize("case", sorted(INSIDE_OUTPUT_CASES))
+def test_overwrite_never_deletes_an_input_inside_the_output(world, request, tmp_path, case):
+    """Round 5, high: with --overwrite, a command replaced an output folder of its own that held one of
+    its inputs (calibrate --data, evaluate --id-data / --ood-data, export --calibration-data, convert
+    --masks): the input was read, then deleted with the old output. Every file or folder a command reads
+    is an input: placed inside an owned output folder, the command refuses in one line before any work,
+    and the input, the output and the folder around them are left as they were."""
+    command, zero_shot, build = INSIDE_OUTPUT_CASES[case]
+    if command == "export":
+        pytest.importorskip("onnxscript")
+    owned = tmp_path / "owned"
+    owned.mkdir()
+    (owned / ".hydra_hf_output.json").write_text(json.dumps({"command": command}))
+    (owned / "earlier.txt").write_text("an earlier output of the command")
+    (tmp_path / "src").mkdir()
+    world = request.getfixturevalue("zero_shot_world") if zero_shot else world
+    args = [str(a) for a in build(world, lambda p: _copy_into(p, owned), tmp_path / "src")]
+    before = tree_digest(tmp_path)
+    rc, _, err = run_cli([*args, OUTPUT_FLAG.get(command, "--output"), str(owned), "--overwrite",
+                          *QUICK.get(command, [])])
+    line = assert_one_line_error(err)
+    assert rc == 2 and "is (or contains) the input" in line, line
+    assert tree_digest(tmp_path) == before
+
+
+def test_library_calls_keep_their_inputs_out_of_the_output(world, tmp_path):
+    """The library calls behind the commands refuse too: convert_checkpoint given masks already loaded
+    (HeadMasks.load remembers its file), and train_lora_ensemble, whose data lay in the folder it empties."""
+    import shutil
+
+    from hydra_hf.assemble import convert_checkpoint
+    from hydra_hf.errors import HydraUnsafeError
+    from hydra_hf.finetune.baselines import train_lora_ensemble
+    from hydra_hf.masks import HeadMasks
+
+    for command in ("convert", "finetune"):
+        owned = tmp_path / command
+        owned.mkdir()
+        (owned / ".hydra_hf_output.json").write_text(json.dumps({"command": command}))
+    shutil.copy(world / "masks.json", tmp_path / "convert" / "masks.json")
+    shutil.copy(world / "id.csv", tmp_path / "finetune" / "id.csv")
+    before = tree_digest(tmp_path)
+    masks = HeadMasks.load(tmp_path / "convert" / "masks.json")
+    with pytest.raises(HydraUnsafeError, match="is \\(or contains\\) the input"):
+        convert_checkpoint(masks, base=world / "base", output_dir=tmp_path / "convert", overwrite=True)
+    with pytest.raises(HydraUnsafeError, match="is \\(or contains\\) the input"):
+        train_lora_ensemble(world / "base", str(tmp_path / "finetune" / "id.csv"), None, tmp_path / "finetune",
+                            overwrite=True)
+    assert tree_digest(tmp_path) == before
+    assert masks.select_members([0]).source is None  # a copy is not the file

@@ -19,7 +19,14 @@ from typing import Any
 import torch
 
 from .. import evaluation as ev
-from ..data import read_templates, resolve_dataset, zero_shot_class_names, zero_shot_data
+from ..data import (
+    data_spec_paths,
+    read_templates,
+    resolve_dataset,
+    zero_shot_class_names,
+    zero_shot_data,
+    zero_shot_paths,
+)
 from ..errors import HydraInputError
 from ..evaluation.loading import load_causal_lm, zero_shot_family
 from ..evaluation.zero_shot import load_zero_shot_model
@@ -224,7 +231,9 @@ def calibrate_folder(
             f"{str(folder)!r} is already calibrated (config.json has {CONFIG_KEY!r}); pass --overwrite to replace its "
             "calibration"
         )
-    check_output(output, command="calibrate", overwrite=overwrite, inputs=[folder])  # before any work
+    # every file it reads: the output never holds one (--overwrite would delete it with the old output)
+    inputs = [Path(folder), *data_spec_paths(data), *zero_shot_paths(class_names, templates)]
+    check_output(output, command="calibrate", overwrite=overwrite, inputs=inputs)  # before any work
     if is_causal_lm_folder(folder):
         score = score or "mi"
         if score not in GENERATION_SCORES:
@@ -242,7 +251,7 @@ def calibrate_folder(
         calibration = fit_generation_abstention(lm, tokenizer, list(dataset["text"]), alpha=alpha, score=score,
                                                 max_length=max_length, batch_size=batch_size)
         calibration.update({"data": data, "data_sha256": data_sha256(dataset)})
-        _write_calibrated_copy(folder, output, calibration, overwrite)
+        _write_calibrated_copy(folder, output, calibration, overwrite, inputs)
         return calibration
     score = score or "msp"
     family = zero_shot_family(folder)
@@ -261,7 +270,7 @@ def calibrate_folder(
                                       regularization_rank=regularization_rank, randomized=randomized, seed=seed)
         calibration.update({"class_names": names, "templates": prompts, "data": data,
                             "data_sha256": data_sha256(dataset), "hydra_hf_version": __version__})
-        _write_calibrated_copy(folder, output, calibration, overwrite)
+        _write_calibrated_copy(folder, output, calibration, overwrite, inputs)
         return calibration
     if class_names is not None or templates is not None:
         raise HydraInputError("--class-names / --templates apply to zero-shot CLIP / SigLIP folders; this folder is a "
@@ -296,13 +305,13 @@ def calibrate_folder(
     if "temperature_part" in calibration:
         calibration["n_total"] = int(predictions.labels.numel())
 
-    _write_calibrated_copy(folder, output, calibration, overwrite)
+    _write_calibrated_copy(folder, output, calibration, overwrite, inputs)
     logger.info("calibrated %s -> %s: %s", folder, output, guarantee_text(calibration))
     return calibration
 
 
 def _write_calibrated_copy(folder: str | os.PathLike, output: str | os.PathLike, calibration: dict[str, Any],
-                           overwrite: bool) -> None:
+                           overwrite: bool, inputs: list[Path]) -> None:
     """``output`` = every file of ``folder`` (not its command marker) with ``calibration`` in config.json."""
 
     def write(tmp: Path) -> None:
@@ -315,4 +324,4 @@ def _write_calibrated_copy(folder: str | os.PathLike, output: str | os.PathLike,
         config[CONFIG_KEY] = calibration
         write_text_atomic(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
 
-    write_output_folder(output, write, command="calibrate", overwrite=overwrite, inputs=[folder])
+    write_output_folder(output, write, command="calibrate", overwrite=overwrite, inputs=inputs)

@@ -162,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
         model_dir=args.model, masks=args.masks, train_data=args.train_data, eval_data=args.eval_data,
         output_dir=args.output, config=config, work_dir=args.work_dir, resume=args.resume,
         resume_partial=args.resume_partial, overwrite=args.overwrite, id2label=id2label,
+        inputs=[args.config] if args.config else [],  # read here: never inside --output or --work-dir
     )
     if args.fused:
         if args.members is not None:

@@ -52,7 +52,7 @@ from typing import Any
 from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
 
 from ..convert.io import from_pretrained
-from ..data import check_data_spec, read_class_names, zero_shot_class_names
+from ..data import check_data_spec, data_spec_paths, read_class_names, zero_shot_class_names, zero_shot_paths
 from ..errors import HydraUnsafeError
 from ..families import detect_family, get_adapter, is_causal_lm_folder
 from ..masks import load_masks
@@ -357,9 +357,12 @@ def _is_masks_file(path: Path) -> bool:
 def _check_not_an_input(output: Path, args: argparse.Namespace) -> None:
     """The masks file may not replace (or be) one of the files this command reads."""
     real = output.resolve()
-    for name in ("model", "checkpoint", "include_masks", "class_names", "id_data", "ood_data"):
-        value = getattr(args, name, None)
-        if isinstance(value, str) and value and Path(value).exists() and Path(value).resolve() == real:
-            raise HydraUnsafeError(
-                f"--output {str(output)!r} is the --{name.replace('_', '-')} input; choose another file"
-            )
+    read = {"model": [args.model], "checkpoint": [args.checkpoint], "open_clip": [args.open_clip],
+            "include_masks": [args.include_masks], "class_names": zero_shot_paths(args.class_names),
+            "id_data": data_spec_paths(args.id_data), "ood_data": data_spec_paths(args.ood_data)}
+    for name, paths in read.items():
+        for value in paths:
+            if value and Path(value).exists() and Path(value).resolve() == real:
+                raise HydraUnsafeError(
+                    f"--output {str(output)!r} is the --{name.replace('_', '-')} input; choose another file"
+                )

@@ -34,7 +34,16 @@ from .. import distributed
 from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY
 from ..calibration.report import DEFAULTS as DECISION_DEFAULTS
 from ..calibration.report import decision_metrics, fit_for_report, render_decisions, risk_coverage_figure
-from ..data import check_data_spec, parse_spec, read_templates, resolve_dataset, zero_shot_class_names, zero_shot_data
+from ..data import (
+    check_data_spec,
+    data_spec_paths,
+    parse_spec,
+    read_templates,
+    resolve_dataset,
+    zero_shot_class_names,
+    zero_shot_data,
+    zero_shot_paths,
+)
 from ..families import is_causal_lm_folder
 from ..metrics import OOD_SCORES, SEQUENCE_SCORES
 from ..outputs import check_output, read_json, write_output_folder
@@ -188,6 +197,14 @@ def _check_models(spec: EvaluationSpec) -> tuple[dict[str, str], list[tuple[str,
     return models, pairs
 
 
+def _inputs(spec: EvaluationSpec, models: dict[str, str]) -> list[str | Path]:
+    """Every file and folder the evaluation reads (models, data, class names, templates): the report
+    folder never holds one, so ``--overwrite`` never deletes what the run has just read."""
+    data = [spec.id_data, *(_named(o, "")[1] for o in spec.ood_data), spec.val_data, spec.train_data]
+    return [*models.values(), *(p for d in data for p in data_spec_paths(d)),
+            *zero_shot_paths(spec.class_names, spec.templates)]
+
+
 def _check_zero_shot_options(spec: EvaluationSpec, models: dict[str, str], family: str | None) -> None:
     """Zero-shot options only with a zero-shot --model, classifier options only with a classifier."""
     if family is None:
@@ -332,7 +349,7 @@ def _evaluate_causal_lm(spec: EvaluationSpec, models: dict[str, str]) -> FolderE
                 f"--baseline {name}={path} is not a causal LM folder (...ForCausalLM); {what} is compared with causal "
                 "LMs only"
             )
-    check_output(spec.report, command="evaluate", overwrite=spec.overwrite, inputs=list(models.values()))
+    check_output(spec.report, command="evaluate", overwrite=spec.overwrite, inputs=_inputs(spec, models))
 
     def texts(flag: str, source: str) -> list[str]:
         dataset = resolve_dataset(
@@ -368,7 +385,7 @@ def _evaluate_causal_lm(spec: EvaluationSpec, models: dict[str, str]) -> FolderE
         write_output_folder(spec.report, lambda tmp: write_causal_lm_report(reports, tmp, score=spec.score,
                                                                             settings=settings, params=params,
                                                                             compute=compute),
-                            command="evaluate", overwrite=spec.overwrite, inputs=list(models.values()))
+                            command="evaluate", overwrite=spec.overwrite, inputs=_inputs(spec, models))
     distributed.barrier()
     return FolderEvaluation("causal_lm", Path(spec.report), spec.score, causal_lm_reports=reports)
 
@@ -465,7 +482,7 @@ def evaluate_folder(spec: EvaluationSpec) -> FolderEvaluation:
     _check_zero_shot_options(spec, models, family)
 
     # claim the report folder before any work: no evaluation is lost to an unwritable --report
-    check_output(spec.report, command="evaluate", overwrite=spec.overwrite, inputs=list(models.values()))
+    check_output(spec.report, command="evaluate", overwrite=spec.overwrite, inputs=_inputs(spec, models))
     setup = _classifier_setup(spec, models) if family is None else _zero_shot_setup(spec, models, family)
     predictors = setup.predictors
     if spec.temperature_scaling:
@@ -503,7 +520,7 @@ def evaluate_folder(spec: EvaluationSpec) -> FolderEvaluation:
 
     if info.is_main:  # every process holds the same metrics; one writes them
         write_output_folder(
-            spec.report, write, command="evaluate", overwrite=spec.overwrite, inputs=list(models.values())
+            spec.report, write, command="evaluate", overwrite=spec.overwrite, inputs=_inputs(spec, models)
         )
     distributed.barrier()
     return FolderEvaluation("zero_shot" if family is not None else "classifier", Path(spec.report), spec.score, result)

@@ -34,6 +34,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForImageClassification, AutoModelForSequenceClassification
 
 from ..convert import read_config
+from ..data import data_spec_paths
 from ..errors import HydraInputError
 from ..masks import HeadMasks
 from ..outputs import prepare_owned_folder, write_output_folder
@@ -380,7 +381,8 @@ def train_lora_ensemble(
         raise TypeError(f"train_lora_ensemble got unexpected arguments {unknown}")
     config = config or default_recipe(base_model_dir)
     out = Path(output_dir)
-    prepare_owned_folder(out, command=COMMAND, overwrite=overwrite, inputs=[base_model_dir], keep=True)
+    inputs = [base_model_dir, *data_spec_paths(train_data), *data_spec_paths(validation_data)]  # never deleted
+    prepare_owned_folder(out, command=COMMAND, overwrite=overwrite, inputs=inputs, keep=True)
     folders = []
     for m in range(members):
         folder = out / f"member_{m}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 from ..assemble import detect_arch
 from ..convert import read_config
 from ..convert.io import weight_names
-from ..data import ROTTEN_TOMATOES_LABELS, check_labels, parse_spec, resolve_dataset
+from ..data import ROTTEN_TOMATOES_LABELS, check_labels, data_spec_paths, resolve_dataset
 from ..errors import HydraInputError, HydraUnsafeError
 from ..families import get_family
 from ..masks import HeadMasks
@@ -153,13 +153,14 @@ def prepare_run(
     work_dir: str | os.PathLike | None,
     overwrite: bool,
     id2label: dict[int, str] | None,
+    extra_inputs: Sequence[str | os.PathLike] = (),
 ) -> FinetuneRun:
-    """Check every input (fail before any work, nothing written) and load data and preprocessor."""
+    """Check every input (fail before any work, nothing written) and load data and preprocessor.
+    ``extra_inputs``: other files the caller read (a settings file), kept out of the output and work folders."""
     model_dir = Path(model_dir)
-    inputs = [model_dir] if isinstance(masks, HeadMasks) else [model_dir, Path(masks)]
-    for data in (train_data, eval_data):  # data files and folders (not embedded data set names)
-        if isinstance(data, (str, os.PathLike)) and os.path.exists(path := parse_spec(str(data))[0]):
-            inputs.append(Path(path))
+    masks_file = masks.source if isinstance(masks, HeadMasks) else Path(masks)
+    inputs = [model_dir, *([masks_file] if masks_file is not None else []), *map(Path, extra_inputs),
+              *data_spec_paths(train_data), *data_spec_paths(eval_data)]  # data files and folders, not embedded sets
     output_dir = Path(output_dir)
     work_dir = Path(work_dir) if work_dir is not None else output_dir.with_name(output_dir.name + ".work")
     real_out, real_work = output_dir.resolve(), work_dir.resolve()
