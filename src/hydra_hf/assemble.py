@@ -20,7 +20,7 @@ from pathlib import Path
 from transformers import PreTrainedModel
 
 from .convert.io import checkpoint_dir, read_config
-from .convert.slim import neurons_by_field, slim_model
+from .convert.slim import check_slim_widths, neurons_by_field, slim_model
 from .errors import HydraInputError
 from .families import Family, detect_family, family_names, get_family
 from .masks import HeadMasks, load_masks
@@ -157,6 +157,7 @@ def convert_checkpoint(
     )
     model = built.model
     if masks.slim:  # members that keep subsets of the MLP neurons too: slice the fused whole MLPs
+        check_slim_widths(masks, model, name=f"the checkpoint {str(folders[0])!r}")  # before lists of its width
         model = slim_model(model, neurons_by_field(masks), mlp_fusion)
     # what the card names as the base model: the checkpoint's own record of where it came from
     recorded = _recorded_source(folders[0])

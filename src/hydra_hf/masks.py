@@ -412,16 +412,70 @@ class HeadMasks:
         layers = len(self._kept[key][0])
         return [[list(everything) for _ in range(layers)] if n is None else [list(x) for x in n] for n in neurons]
 
+    def member_neurons(self, tower: str | None = None) -> list[list[list[int]] | None] | None:
+        """The neurons as stored, nothing of the MLP's width built: ``out[m]`` = member m's per-layer lists, or
+        None where member m keeps every neuron; None when no member of ``tower`` is slim."""
+        neurons = self._neurons.get(self._tower_key(tower))
+        return None if neurons is None else [None if n is None else [list(x) for x in n] for n in neurons]
+
     def _tower_key(self, tower: str | None) -> str:
         if not self.named:
             return ANY_TOWER
         return self._only() if tower is None else tower
 
+    def _layer_counts(self, tower: str, member: int) -> list[int]:
+        """Neurons member ``member`` keeps per layer of the slim ``tower`` (counted, never listed)."""
+        neurons = self._neurons[tower][member]
+        if neurons is None:
+            return [self._inner[tower]] * len(self._kept[tower][member])
+        return [len(n) for n in neurons]
+
     def num_kept_neurons(self, member: int) -> int | None:
         """Total MLP neurons member ``member`` keeps over all layers of the slim towers (None: not slim)."""
         if not self.slim:
             return None
-        return sum(len(n) for t in self._neurons for n in self.kept_neurons(t)[member])
+        return sum(sum(self._layer_counts(t, member)) for t in self._neurons)
+
+    def check_mlp_width(self, tower: str | None, width: int, *, model: str = "the model") -> None:
+        """Raise ``HydraInputError`` (one line naming both sizes and the fix) unless the slim members of
+        ``tower`` were made for an MLP of ``width`` neurons per layer, the model's: a file's
+        ``intermediate_size`` says what "keeps every neuron" means, so a wrong one would keep other neurons
+        (smaller) or build lists of its size (larger). Call it before anything of the masks' width is built."""
+        key = self._tower_key(tower)
+        inner = self._inner.get(key)
+        if inner is None or inner == width:
+            return
+        where = INNER_KEY if not self.named else f"towers[{key!r}].{INNER_KEY}"
+        source = f"masks file {str(self.source)!r}" if self.source is not None else "the masks"
+        fix = f'"{INNER_KEY}": {width}' + (f" in towers[{key!r}]" if self.named else "")
+        raise HydraInputError(
+            f"{source}: {where} {inner} but {model} has {width} MLP neurons per layer"
+            f"{f' in its {key} tower' if self.named else ''}; use masks made for this model (hydra-hf prune "
+            f"--mlp-keep F) or write {fix}"
+        )
+
+    def with_neurons(
+        self, kept_neurons: Mapping[str | None, Sequence[list[list[int]] | None]],
+        intermediate_size: Mapping[str | None, int],
+    ) -> HeadMasks:
+        """A copy whose members keep ``kept_neurons[tower][m]`` (None: every neuron) of the
+        ``intermediate_size[tower]`` MLP neurons per layer, for every tower named (``None``: the one tower of
+        one-tower masks); the other towers, the heads and the metadata as they are. A tower whose members all
+        keep every neuron keeps whole MLPs."""
+        towers = {}
+        for name, one in self.towers.items():
+            key = None if not self.named else name
+            neurons = kept_neurons[key] if key in kept_neurons else self._neurons.get(name)
+            inner = intermediate_size[key] if key in intermediate_size else self._inner.get(name)
+            slim = neurons is not None and any(n is not None for n in neurons)
+            towers[name] = HeadMasks(one.kept_heads, one.num_heads, kept_neurons=list(neurons) if slim else None,
+                                     intermediate_size=inner if slim else None)
+        meta = [dict(m) for m in self.member_metadata]
+        if not self.named:
+            one = towers[ANY_TOWER]
+            return HeadMasks(one.kept_heads, one.num_heads, meta, dict(self.metadata),
+                             kept_neurons=one._neurons.get(ANY_TOWER), intermediate_size=one._inner.get(ANY_TOWER))
+        return HeadMasks(towers=towers, member_metadata=meta, metadata=dict(self.metadata))
 
     # -------------------------------------------------------------- diversity
     def jaccard(self) -> torch.Tensor:
@@ -464,11 +518,10 @@ class HeadMasks:
             per_layer = ",".join(str(len(h)) for h in one.kept_heads[m])
             lines.append(f"  member {m}: keeps {one.num_kept(m)}/{total} heads (per layer: {per_layer})")
             if one.slim:
-                neurons = one.kept_neurons()[m]
-                per_layer = ",".join(str(len(n)) for n in neurons)
+                counts = one._layer_counts(ANY_TOWER, m)  # counted: the MLP's width is never listed
                 lines.append(
-                    f"            and {sum(len(n) for n in neurons)}/{one.num_layers * one.intermediate_size()} MLP "
-                    f"neurons (per layer: {per_layer})"
+                    f"            and {sum(counts)}/{one.num_layers * one.intermediate_size()} MLP "
+                    f"neurons (per layer: {','.join(map(str, counts))})"
                 )
         jac = one.jaccard()
         pairs = [f"{i}-{j}: {jac[i, j]:.2f}" for i, j in itertools.combinations(range(one.num_members), 2)]

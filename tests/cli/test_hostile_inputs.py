@@ -1117,3 +1117,53 @@ def test_library_calls_keep_their_inputs_out_of_the_output(world, tmp_path):
                             overwrite=True)
     assert tree_digest(tmp_path) == before
     assert masks.select_members([0]).source is None  # a copy is not the file
+
+
+# ---------------------------------------------------------------------------------- slim masks (round 5)
+def _slim_masks(root: Path, name: str, *, width: int = 64, neurons=([0, 5], [1], [])) -> Path:
+    """The world's masks as a version-2 file: member 0 keeps ``neurons`` of a ``width``-wide MLP, member 1 every
+    neuron."""
+    data = json.loads((root / "masks.json").read_text())
+    data.update(version=2, intermediate_size=width)
+    data["members"][0]["kept_neurons"] = [list(n) for n in neurons]
+    (root / name).write_text(json.dumps(data))
+    return root / name
+
+
+@pytest.mark.parametrize("width", [32, 10**8, 10**12], ids=["32", "1e8", "1e12"])
+def test_a_masks_files_mlp_width_is_checked_against_the_model(sandbox, width):
+    """Round 5: a masks file's intermediate_size was never compared with the model's: 32 on the 64-wide MLP
+    made member 1, which "keeps every neuron", keep neurons 0-31; 10^8 allocated gigabytes; 10^12 ended in
+    a MemoryError traceback. convert and prune --include-masks refuse in one line naming both sizes, at once."""
+    _slim_masks(sandbox, "slim.json", width=width)
+    before = tree_digest(sandbox)
+    t0 = time.perf_counter()
+    for run in (lambda: _convert(sandbox, masks="slim.json"), lambda: _prune(sandbox, "--include-masks",
+                                                                            str(sandbox / "slim.json"))):
+        rc, _, err = run()
+        line = assert_one_line_error(err)
+        assert rc == 2 and f"intermediate_size {width}" in line and "64 MLP neurons" in line, line
+        assert '"intermediate_size": 64' in line
+    assert time.perf_counter() - t0 < 60
+    assert tree_digest(sandbox) == before
+
+
+def test_prune_include_masks_adds_the_included_members_unchanged(sandbox):
+    """Round 5: prune --include-masks dropped the included members' kept_neurons (or, with --mlp-keep,
+    chose new ones), though its help says they are added unchanged."""
+    _slim_masks(sandbox, "slim.json")
+    included = json.loads((sandbox / "slim.json").read_text())["members"]
+    for extra in ([], ["--mlp-keep", "0.5"]):
+        rc, _, err = _prune(sandbox, "--members", "1", "--include-masks", str(sandbox / "slim.json"), *extra,
+                            "--overwrite")
+        assert rc == 0, err
+        data = json.loads((sandbox / "new.json").read_text())
+        members = data["members"]
+        assert data["version"] == 2 and data["intermediate_size"] == 64 and len(members) == 3
+        for got, want in zip(members[1:], included):
+            assert got["kept_heads"] == want["kept_heads"] and got.get("kept_neurons") == want.get("kept_neurons")
+            assert got["source"] == "included"
+        if extra:  # the computed member is slim: half of every layer's 64 neurons
+            assert [len(n) for n in members[0]["kept_neurons"]] == [32, 32, 32]
+        else:
+            assert "kept_neurons" not in members[0]
