@@ -1167,3 +1167,22 @@ def test_prune_include_masks_adds_the_included_members_unchanged(sandbox):
             assert [len(n) for n in members[0]["kept_neurons"]] == [32, 32, 32]
         else:
             assert "kept_neurons" not in members[0]
+
+
+# ---------------------------------------------------------------------------------- stored calibrations
+@pytest.mark.parametrize("change", [{"q_hat": 5}, {"threshold": "0.3"}, {"temperature": -1.0}],
+                         ids=["q_hat 5", "threshold a string", "temperature -1"])
+def test_evaluate_refuses_a_stored_calibration_it_cannot_apply(sandbox, change):
+    """Round 5: evaluate reported the decisions of a corrupt config.calibration (or gave a traceback)."""
+    stored = {"method": "lac", "alpha": 0.2, "q_hat": 0.6, "n": 40, "randomized": False, "seed": 0, "penalty": 0.1,
+              "regularization_rank": 1, "temperature": 1.0, "score": "msp", "risk": None, "delta": None,
+              "threshold": None, **change}
+    config = json.loads((sandbox / "hydra" / "config.json").read_text())
+    (sandbox / "hydra" / "config.json").write_text(json.dumps({**config, "calibration": stored}))
+    before = tree_digest(sandbox)
+    rc, _, err = _evaluate(sandbox, "--bootstrap", "0")
+    line = assert_one_line_error(err)
+    key, value = next(iter(change.items()))
+    assert rc == 2 and f"config.calibration {key} {value!r}" in line and str(sandbox / "hydra") in line, line
+    assert tree_digest(sandbox) == before and not (sandbox / "report").exists()
+

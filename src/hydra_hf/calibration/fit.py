@@ -31,6 +31,7 @@ from ..errors import HydraInputError
 from ..evaluation.loading import load_causal_lm, zero_shot_family
 from ..evaluation.zero_shot import load_zero_shot_model
 from ..families import is_causal_lm_folder
+from ..modeling.configuration_hydra import check_calibration
 from ..modeling.pipeline_hydra import RANDOMIZED_METHODS, ZERO_SHOT_TEMPLATE, calibrated_member_probs
 from ..outputs import MARKER, check_output, read_json, regular_files, write_output_folder, write_text_atomic
 from ..version import __version__
@@ -141,7 +142,9 @@ def data_sha256(dataset: Any) -> str:
 
 
 def guarantee_text(calibration: dict[str, Any]) -> str:
-    """The guarantee of a stored calibration, in words (for the model card and reports)."""
+    """The guarantee of a stored calibration, in words (for the model card and reports); a calibration that is
+    not what `hydra-hf calibrate` stores is a one-line ``ValueError`` (:func:`check_calibration`)."""
+    check_calibration(calibration)
     alpha, n = calibration["alpha"], calibration["n"]
     if calibration.get("task") == "causal_lm":
         return (

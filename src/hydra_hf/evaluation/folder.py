@@ -44,8 +44,10 @@ from ..data import (
     zero_shot_data,
     zero_shot_paths,
 )
+from ..errors import HydraInputError
 from ..families import is_causal_lm_folder
 from ..metrics import OOD_SCORES, SEQUENCE_SCORES
+from ..modeling.configuration_hydra import check_calibration
 from ..outputs import check_output, read_json, write_output_folder
 from . import loading
 from . import predictors as pr
@@ -401,13 +403,19 @@ DECISIONS_NOTE = (
 
 
 def _stored_calibration(folder: str) -> dict[str, Any] | None:
-    """The ``calibration`` that `hydra-hf calibrate` stored in ``folder``'s config.json, or None."""
+    """The ``calibration`` that `hydra-hf calibrate` stored in ``folder``'s config.json (checked: one line naming
+    the folder and the field when it is not what `hydra-hf calibrate` stores), or None."""
     file = Path(folder) / "config.json"
     if not file.is_file():
         return None
     config = read_json(file, what="model config", fix="pass a model folder with a valid config.json")
-    stored = config.get(CALIBRATION_KEY) if isinstance(config, dict) else None
-    return stored if isinstance(stored, dict) else None
+    if not isinstance(config, dict):
+        return None
+    labels = config.get("id2label")
+    try:
+        return check_calibration(config.get(CALIBRATION_KEY), len(labels) if isinstance(labels, dict) else None)
+    except ValueError as exc:
+        raise HydraInputError(f"--model {str(folder)!r}: {exc}") from None
 
 
 def _wants_decisions(spec: EvaluationSpec) -> bool:
@@ -477,6 +485,7 @@ def evaluate_folder(spec: EvaluationSpec) -> FolderEvaluation:
         raise ValueError(
             f"--score {spec.score!r} is for causal LMs; a classifier's OOD scores are {', '.join(OOD_SCORES)}"
         )
+    _stored_calibration(spec.model)  # a calibration it would report is checked before any model loads
     found = loading.zero_shot_family(spec.model)  # None: a classifier (or an ONNX export of one)
     family = found.name if found is not None else None
     _check_zero_shot_options(spec, models, family)

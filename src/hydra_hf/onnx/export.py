@@ -40,6 +40,7 @@ from ..evaluation.onnx_check import (
 )
 from ..families import family_of_config
 from ..hub.audit import PACKAGED_CODE_DIR, packaged_code, sibling_imports
+from ..modeling.configuration_hydra import check_calibration
 from ..outputs import check_output, write_output_folder
 from ..saving import copy_preprocessor
 from ..version import __version__
@@ -349,6 +350,10 @@ def export_onnx(
         )
     model, family, config_data = load_hydra_folder(model_dir)
     folder = Path(model_dir)
+    try:  # its pipelines apply a stored calibration: one that is not what `hydra-hf calibrate` stores fails now
+        check_calibration(config_data.get("calibration"), getattr(model.config, "num_labels", None))
+    except ValueError as exc:
+        raise HydraInputError(f"{str(folder)!r}: {exc}") from None
     preprocessor = _preprocessor(folder, family.modality)
     # the report's data is read before the (slow) export: a bad data option fails at once
     loaders, class_names = _report_loaders(model, preprocessor, family.modality, calibration_data, ood_data,
