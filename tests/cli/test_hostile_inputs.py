@@ -1186,3 +1186,19 @@ def test_evaluate_refuses_a_stored_calibration_it_cannot_apply(sandbox, change):
     assert rc == 2 and f"config.calibration {key} {value!r}" in line and str(sandbox / "hydra") in line, line
     assert tree_digest(sandbox) == before and not (sandbox / "report").exists()
 
+
+
+@pytest.mark.parametrize("command", ["evaluate", "calibrate"])
+def test_batch_size_zero_is_refused_before_any_work(sandbox, command, monkeypatch):
+    """Round 5: --batch-size 0 divided by zero (a traceback) after the model had been loaded."""
+    from hydra_hf.evaluation import loading
+
+    monkeypatch.setattr(loading, "load_classifier", lambda *a, **k: pytest.fail("loaded a model first"))
+    before = tree_digest(sandbox)
+    if command == "evaluate":
+        rc, _, err = _evaluate(sandbox, "--batch-size", "0")
+    else:
+        rc, _, err = run_cli(["calibrate", str(sandbox / "hydra"), "--data", str(sandbox / "id.csv"), "--output",
+                              str(sandbox / "cal"), "--batch-size", "0"])
+    assert rc == 2 and "argument --batch-size: '0' is less than 1" in assert_one_line_error(err)
+    assert tree_digest(sandbox) == before

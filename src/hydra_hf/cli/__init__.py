@@ -102,6 +102,29 @@ def finite_float(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    """The ``type=`` of every count flag (a batch size, a number of examples, tokens, samples, classes ...): a
+    whole number >= 1 (0 and negatives pass ``int()`` and then crash a run, e.g. ``--batch-size 0`` divided by
+    zero after the model was loaded)."""
+    return _whole(text, 1, "a positive whole number, e.g. 32")
+
+
+def non_negative_int(text: str) -> int:
+    """The ``type=`` of count flags where 0 means none (``--bootstrap 0``, ``--members 0``, ``--remove 0``) and
+    of seeds: a whole number >= 0."""
+    return _whole(text, 0, "a whole number >= 0")
+
+
+def _whole(text: str, minimum: int, expected: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give {expected}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r} is less than {minimum}; give {expected}")
+    return value
+
+
 def top_parser() -> argparse.ArgumentParser:
     """The top level of ``hydra-hf``: description, ``-v``, ``--version`` (no sub-commands yet)."""
     parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)

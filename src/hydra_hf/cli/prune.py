@@ -62,7 +62,7 @@ from ..pruning.diversity import PRUNING_METHODS, parse_methods, uses_ood
 from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, load_open_clip, load_timm_vit
 from ..pruning.members import PruningTarget, build_members, load_pruning_target
 from ..pruning.neurons import check_mlp_keep
-from . import finite_float
+from . import finite_float, non_negative_int, positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -100,11 +100,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="pruning method, or several comma-separated (one member each): "
         + "; ".join(f"{m.name}: {m.help}" for m in PRUNING_METHODS.values()),
     )
-    p.add_argument("--members", type=int, default=3, help="members to compute (default 3)")
+    p.add_argument("--members", type=non_negative_int, default=3, help="members to compute (default 3)")
     budget = p.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--heads-per-layer", type=int, help="keep K heads in every layer")
-    budget.add_argument("--remove", type=int, help="remove N heads in total (anywhere)")
-    p.add_argument("--seed", type=int, default=0, help="seed of member 0; member m uses seed+m")
+    budget.add_argument("--heads-per-layer", type=non_negative_int, help="keep K heads in every layer")
+    budget.add_argument("--remove", type=non_negative_int, help="remove N heads in total (anywhere)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of member 0; member m uses seed+m")
     p.add_argument("--id-data", required=True, help="labelled ID data: file, save_to_disk folder or NAME[:SPLIT] "
                    "(a causal LM: any texts; the labels are the next tokens)")
     p.add_argument("--ood-data", help="OOD data (needed by circuit-ood and circuit-avg)")
@@ -118,25 +118,28 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="column holding the integer class (or class name) of --id-data (default: label; not for causal LMs)",
     )
     p.add_argument("--image-column", help="image column (image data); image folders need none")
-    p.add_argument("--max-samples", type=int, help="use at most this many ID (and OOD) examples")
+    p.add_argument("--max-samples", type=positive_int, help="use at most this many ID (and OOD) examples")
     p.add_argument(
-        "--max-length", type=int, default=128, help="max tokens per text (default 128; a causal LM: per sequence)"
+        "--max-length", type=positive_int, default=128,
+        help="max tokens per text (default 128; a causal LM: per sequence)"
     )
     p.add_argument(
         "--batch-size",
-        type=int,
+        type=positive_int,
         default=None,
         help="examples per forward pass while scoring (default 32; causal LMs 8: their logits are B x T x V)",
     )
-    p.add_argument("--num-labels", type=int, help="classes of a checkpoint without a trained classifier head")
+    p.add_argument("--num-labels", type=positive_int, help="classes of a checkpoint without a trained classifier head")
     p.add_argument(
         "--temperature", type=finite_float, help="Taylor sampling temperature (default 1 for several members)"
     )
     p.add_argument(
         "--data-fraction", type=finite_float, help="fraction of the data per member (default 0.8 for several)"
     )
-    p.add_argument("--heads-per-step", type=int, default=1, help="circuit heads removed per step (1 = exact greedy)")
-    p.add_argument("--taylor-rounds", type=int, default=1, help="recompute rounds of the global Taylor ranking")
+    p.add_argument("--heads-per-step", type=positive_int, default=1,
+                   help="circuit heads removed per step (1 = exact greedy)")
+    p.add_argument("--taylor-rounds", type=positive_int, default=1,
+                   help="recompute rounds of the global Taylor ranking")
     p.add_argument("--mlp-keep", type=finite_float, metavar="F",
                    help="slim members (an extension): every member also keeps this fraction of each layer's MLP "
                         "neurons, by Taylor importance on its own data (e.g. 0.33: 3 members at about one model's "
