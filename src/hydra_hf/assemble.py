@@ -144,10 +144,11 @@ def convert_checkpoint(
     if base is not None:
         for i, j in masks.identical_members():
             logger.warning(
-                "members %d and %d of the masks keep the same heads (Jaccard 1.0): fused from one base they "
+                "members %d and %d of the masks keep the same heads%s (Jaccard 1.0): fused from one base they "
                 "are one model counted twice; prune them with other seeds or methods",
                 i,
                 j,
+                " and the same MLP neurons" if masks.slim else "",
             )
     # the one check that the masks fit the family's towers (the file shape it reads; towers= in them)
     masks.check_towers(family.towers, towers, model=f"a {family.name} checkpoint")

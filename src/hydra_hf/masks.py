@@ -53,6 +53,7 @@ fuses or prunes a model asks the masks for the model's towers (:meth:`HeadMasks.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import json
 import os
@@ -122,12 +123,14 @@ def _checked_neurons(
         raise HydraInputError(
             f"{where}: give one entry per member ({num_members}), or None for a member keeping every neuron"
         )
+    # a member that keeps every neuron (None) stands in as one keeping none: the check's messages index members
+    check_kept_neurons([[[] for _ in range(num_layers)] if n is None else n for n in kept_neurons], num_members,
+                       num_layers, where=where)
     out: list[list[list[int]] | None] = []
     for m, member in enumerate(kept_neurons):
         if member is None:
             out.append(None)
             continue
-        check_kept_neurons([member], 1, num_layers, where=f"{where}[{m}]")
         for layer, neurons in enumerate(member):
             if neurons and neurons[-1] >= intermediate_size:
                 bad = [n for n in neurons if n >= intermediate_size][:5]
@@ -492,10 +495,21 @@ class HeadMasks:
         return out
 
     def identical_members(self) -> list[tuple[int, int]]:
-        """The pairs ``(i, j)``, ``i < j``, of members that keep exactly the same heads (Jaccard 1.0): built from
-        one base checkpoint they are one model counted twice."""
-        jac = self.jaccard()
-        return [(i, j) for i, j in itertools.combinations(range(self.num_members), 2) if jac[i, j] == 1.0]
+        """The pairs ``(i, j)``, ``i < j``, of members that keep exactly the same heads and, slim members, the same
+        MLP neurons (a member keeping every neuron, listed or not, is one whole MLP): built from one base
+        checkpoint they are one model counted twice. Members with the same heads and other neurons differ."""
+        keys = [self._member_key(m) for m in range(self.num_members)]
+        return [(i, j) for i, j in itertools.combinations(range(self.num_members), 2) if keys[i] == keys[j]]
+
+    def _member_key(self, member: int) -> tuple:
+        """What member ``member`` keeps, comparable: its heads per tower, its neurons per slim tower (None: all)."""
+        heads = tuple((t, tuple(map(tuple, kept[member]))) for t, kept in self._kept.items())
+        neurons = []
+        for t, per_member in self._neurons.items():
+            layers, inner = per_member[member], self._inner[t]
+            whole = layers is None or all(len(n) == inner for n in layers)  # sorted unique: all of range(I)
+            neurons.append((t, None if whole else tuple(map(tuple, layers))))
+        return heads, tuple(neurons)
 
     def summary(self) -> str:
         """Human-readable lines: heads kept per member and the pairwise Jaccard overlap, per tower
@@ -603,6 +617,14 @@ class HeadMasks:
                 f"fuses with whole MLPs; write \"version\": {SLIM_FORMAT_VERSION} with {INNER_KEY!r} (hydra-hf prune "
                 "--mlp-keep writes it)"
             )
+        if isinstance(members, list) and all(isinstance(m, dict) for m in members):
+            _check_member_keys(members, source)
+            if version == SLIM_FORMAT_VERSION and not any(NEURONS_KEY in m for m in members):
+                raise HydraInputError(
+                    f"{source}: 'version' is {SLIM_FORMAT_VERSION} (slim members) but no member has {NEURONS_KEY!r}; "
+                    f"give the slim members their {NEURONS_KEY}, or write \"version\": {FORMAT_VERSION} for members "
+                    "that keep whole MLPs"
+                )
         if "towers" in data:
             return cls._from_towers_dict(data, source)
         for key in ("num_layers", "num_heads", "members"):
@@ -825,6 +847,20 @@ def _json_default(obj: Any) -> Any:
 def load_masks(path: str | os.PathLike) -> HeadMasks:
     """Read a masks file of either shape (the same as :meth:`HeadMasks.load`)."""
     return HeadMasks.load(path)
+
+
+def _check_member_keys(members: list[dict], source: str) -> None:
+    """Refuse a member key one letter or so off a key hydra_hf reads (``kept_neuron``): kept as metadata, it would
+    leave the member keeping every neuron (or no heads' list at all) without a word."""
+    known = ("kept_heads", NEURONS_KEY, MEMBER_KV_KEY)
+    for i, member in enumerate(members):
+        for key in member:
+            close = [] if key in known else difflib.get_close_matches(str(key), known, n=1, cutoff=0.85)
+            if close:
+                raise HydraInputError(
+                    f"{source}: members[{i}] has the key {key!r}, which no reader uses; did you mean {close[0]!r}? "
+                    "Rename it"
+                )
 
 
 def _check_member_count(members: list, source: str) -> None:

@@ -816,7 +816,7 @@ def test_export_errors_name_what_export_offers(sandbox):
     before = tree_digest(sandbox, exclude=("hydra/tokenizer_config.json",))
     rc, _, err = run_cli(["export", str(sandbox / "hydra"), "--format", "onnx", "--output", str(sandbox / "onnx"),
                           "--quantize", "int8", "--calibration-data", str(sandbox / "id.csv"), "--batch-size", "0"])
-    assert rc == 2 and "--batch-size 0" in assert_one_line_error(err)
+    assert rc == 2 and "argument --batch-size: '0'" in assert_one_line_error(err)
     tok = json.loads((sandbox / "hydra" / "tokenizer_config.json").read_text())
     tok["auto_map"] = {"AutoTokenizer": ["evil_tok.EvilTokenizer", None]}
     (sandbox / "hydra" / "tokenizer_config.json").write_text(json.dumps(tok))
@@ -1202,3 +1202,192 @@ def test_batch_size_zero_is_refused_before_any_work(sandbox, command, monkeypatc
                               str(sandbox / "cal"), "--batch-size", "0"])
     assert rc == 2 and "argument --batch-size: '0' is less than 1" in assert_one_line_error(err)
     assert tree_digest(sandbox) == before
+
+
+# ---------------------------------------------------------------------------------- zero-shot class names
+ZERO_SHOT_COMMANDS = {
+    "calibrate": lambda w, out: ["calibrate", w / "hydra-clip", "--data", w / "images", "--risk", "none",
+                                 "--output", out / "cal"],
+    "evaluate": lambda w, out: ["evaluate", "--model", w / "hydra-clip", "--id-data", w / "images", "--ood-data",
+                                w / "images", "--bootstrap", "0", "--report", out / "report"],
+    "prune": lambda w, out: ["prune", "--model", w / "clip", "--id-data", w / "images", "--method", "taylor",
+                             "--members", "1", "--heads-per-layer", "1", "--no-progress", "--output", out / "m.json"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(ZERO_SHOT_COMMANDS))
+def test_class_names_that_partly_match_an_image_folder_are_refused(zero_shot_world, tmp_path, command):
+    """Round 5: --class-names cat,dgo,bird beside an image folder of bird/cat/dog was mapped by position
+    (the bird images labelled cat, the cat images dgo): two classes' labels silently swapped. Names that
+    partly match the folder's classes are refused in one line naming the unmatched ones."""
+    args = [str(a) for a in ZERO_SHOT_COMMANDS[command](zero_shot_world, tmp_path)]
+    rc, _, err = run_cli([*args, "--class-names", "cat,dgo,bird"])
+    line = assert_one_line_error(err)
+    assert rc == 2 and "'dog'" in line and "'dgo'" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_zero_shot_labels_match_by_name_refuse_a_partial_match_and_warn_on_none(caplog):
+    import datasets
+
+    from hydra_hf.data import zero_shot_labels
+
+    folder = datasets.Dataset.from_dict({"label": [0, 1, 2, 2]},
+                                        features=datasets.Features({"label": datasets.ClassLabel(
+                                            names=["bird", "cat", "dog"])}))
+    assert zero_shot_labels(folder, ["dog", "bird", "cat"], "data")["label"] == [1, 2, 0, 0]  # by name
+    with pytest.raises(ValueError, match="'dog'"):
+        zero_shot_labels(folder, ["cat", "dgo", "bird"], "data")
+    with caplog.at_level("WARNING"):  # no name in common (e.g. synset ids): in label order, and said so
+        assert zero_shot_labels(folder, ["a", "b", "c"], "data")["label"] == [0, 1, 2, 2]
+    assert "bird -> a" in caplog.text
+
+
+# ---------------------------------------------------------------------------------- labels through convert
+def test_convert_keeps_the_label2id_of_the_checkpoint(sandbox):
+    """Round 5: convert dropped label2id, so data labelled with the model's own class names was refused
+    with "give the model's label2id (config.label2id)", a fix no flag applies."""
+    config = json.loads((sandbox / "base" / "config.json").read_text())
+    names = {0: "negative", 1: "neutral", 2: "positive"}
+    config.update(id2label={str(k): v for k, v in names.items()}, label2id={v: k for k, v in names.items()})
+    (sandbox / "base" / "config.json").write_text(json.dumps(config))
+    rc, _, err = _convert(sandbox)
+    assert rc == 0, err
+    out = json.loads((sandbox / "out" / "config.json").read_text())
+    assert out["label2id"] == {v: k for k, v in names.items()} and out["id2label"] == {str(k): v for k, v in
+                                                                                          names.items()}
+    frame = pd.read_csv(sandbox / "id.csv")
+    frame["label"] = frame["label"].map(names)
+    frame.to_csv(sandbox / "named.csv", index=False)
+    rc, _, err = run_cli(["evaluate", "--model", str(sandbox / "out"), "--id-data", str(sandbox / "named.csv"),
+                          "--ood-data", str(sandbox / "ood.csv"), "--bootstrap", "0", "--report",
+                          str(sandbox / "report")])
+    assert rc == 0, err
+
+
+# ---------------------------------------------------------------------------------- a full disk
+def test_a_full_disk_names_the_file_being_written(sandbox, monkeypatch):
+    """Round 5: the disk-full message named the file being copied (an input) as the one being written."""
+    import errno
+    import shutil
+
+    from hydra_hf.calibration import fit
+
+    def full(src, dst, **kwargs):  # what shutil's copy raises: filename = the source, filename2 = the destination
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(src), None, str(dst))
+
+    monkeypatch.setattr(fit.shutil, "copy2", full)
+    rc, _, err = run_cli(["calibrate", str(sandbox / "hydra"), "--data", str(sandbox / "id.csv"), "--risk", "none",
+                          "--output", str(sandbox / "cal"), "--batch-size", "8"])
+    line = assert_one_line_error(err)
+    assert rc == 2 and "No space left on device writing" in line and "free some space" in line, line
+    written = line.split(" writing ")[1]
+    assert written.startswith(repr(str(sandbox / ".cal.tmp-"))[:-1]), line  # the output's temporary copy
+    assert not (sandbox / "cal").exists() and not list(sandbox.glob(".cal.*"))
+    del shutil
+
+
+# ---------------------------------------------------------------------------------- calibrate's flags
+CALIBRATE_FLAG_CASES = {
+    "a negative temperature": (["--temperature", "-1"], "--temperature -1.0"),
+    "a zero temperature": (["--temperature", "0"], "--temperature 0.0"),
+    "a negative RAPS penalty": (["--method", "raps", "--raps-penalty", "-0.5"], "--raps-penalty -0.5"),
+    "--raps-penalty without raps": (["--raps-penalty", "0.5"], "--raps-penalty 0.5 applies to --method raps"),
+    "--raps-rank without raps": (["--method", "aps", "--raps-rank", "2"], "--raps-rank 2 applies to --method raps"),
+    "--delta with --risk none": (["--risk", "none", "--delta", "0.05"], "--delta 0.05"),
+    "a risk of 1.5": (["--risk", "1.5"], "--risk 1.5"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CALIBRATE_FLAG_CASES))
+def test_calibrate_checks_its_flags_before_loading_the_model(sandbox, monkeypatch, case):
+    """Round 5: calibrate checked --temperature and the RAPS flags only after predicting, and ignored
+    --delta with --risk none; each is one line now, before the model is loaded."""
+    from hydra_hf import evaluation
+
+    monkeypatch.setattr(evaluation, "load_classifier", lambda *a, **k: pytest.fail("loaded the model first"))
+    flags, words = CALIBRATE_FLAG_CASES[case]
+    rc, _, err = run_cli(["calibrate", str(sandbox / "hydra"), "--data", str(sandbox / "id.csv"), "--output",
+                          str(sandbox / "cal"), *flags])
+    line = assert_one_line_error(err)
+    assert rc == 2 and words in line and "90% sets" not in line, line
+    assert not (sandbox / "cal").exists()
+
+
+# ---------------------------------------------------------------------------------- messages
+def test_messages_name_what_the_user_can_change(sandbox, zero_shot_world, tmp_path):
+    """Round 5: messages leaked internals: a template's str.format error (a KeyError traceback), a
+    `resolve_dataset(...)` hint, "for 90% sets" shown for a risk, and flags evaluate does not have (the
+    uncertified threshold of --conformal-alpha told to "raise --risk or --delta")."""
+    import datasets
+
+    from hydra_hf.calibration.report import fit_for_report
+    from hydra_hf.data import make_text_loader
+
+    w = zero_shot_world
+    for template in ("a {} of {kind}", "a {} of {0}", "a {} }"):
+        rc, _, err = run_cli(["evaluate", "--model", str(w / "hydra-clip"), "--id-data", str(w / "images"),
+                              "--ood-data", str(w / "images"), "--templates", template, "--report",
+                              str(tmp_path / "report")])
+        line = assert_one_line_error(err)
+        assert rc == 2 and repr(template) in line and "{{" in line, line
+    with pytest.raises(ValueError) as info:
+        make_text_loader(datasets.Dataset.from_dict({"sentence": ["a"]}), None)
+    assert "resolve_dataset" not in str(info.value) and "--text-column" in str(info.value)
+    rc, _, err = run_cli(["calibrate", str(sandbox / "hydra"), "--data", str(sandbox / "id.csv"), "--output",
+                          str(sandbox / "cal"), "--delta", "2"])
+    line = assert_one_line_error(err)
+    assert rc == 2 and "--delta 2.0" in line and "90% sets" not in line and "confidence" in line, line
+    g = torch.Generator().manual_seed(0)
+    member_logits, labels = torch.randn(40, 2, 3, generator=g), torch.randint(0, 3, (40,), generator=g)  # chance
+    record = fit_for_report(member_logits, labels, 0.2, {"method": "lac", "score": "msp", "risk": 0.01,
+                                                          "delta": 0.1})
+    assert record["threshold"] is None and "no threshold" in record["selective_error"]
+    assert "--risk" not in record["selective_error"] and "--delta" not in record["selective_error"]
+    assert not (tmp_path / "report").exists() and not (sandbox / "cal").exists()
+
+
+# ---------------------------------------------------------------------------------- slim masks: messages, twins
+def test_slim_masks_errors_name_the_entry_and_twins_count_neurons(sandbox, caplog):
+    """Round 5: a slim masks error named kept_neurons[0][0][1] for member 0's layer 1 (a spurious [0]); the
+    "same heads" warning ignored neurons: members with the same heads and other neurons are not one model
+    counted twice, members with the same heads and the same neurons are."""
+    from hydra_hf.masks import HeadMasks
+
+    _slim_masks(sandbox, "unsorted.json", neurons=([0, 5], [3, 1], []))
+    rc, _, err = _convert(sandbox, masks="unsorted.json")
+    line = assert_one_line_error(err)
+    assert rc == 2 and "kept_neurons[0][1] must be sorted" in line and "[0][0][1]" not in line, line
+    heads = [[0, 1], [2], []]
+    twins = HeadMasks(kept_heads=[heads, heads], num_heads=4, kept_neurons=[[[0], [1], []], [[0], [1], []]],
+                      intermediate_size=64)
+    apart = HeadMasks(kept_heads=[heads, heads], num_heads=4, kept_neurons=[[[0], [1], []], [[2], [1], []]],
+                      intermediate_size=64)
+    whole = HeadMasks(kept_heads=[heads, heads], num_heads=4, kept_neurons=[None, [list(range(64))] * 3],
+                      intermediate_size=64)  # a member keeping every neuron listed, and one keeping them by default
+    assert twins.identical_members() == [(0, 1)] and apart.identical_members() == []
+    assert whole.identical_members() == [(0, 1)]
+    apart.save(sandbox / "apart.json")
+    with caplog.at_level("WARNING"):
+        rc, _, err = _convert(sandbox, masks="apart.json")
+    assert rc == 0, err
+    assert "keep the same heads" not in caplog.text
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda m: m.update(kept_neuron=m.pop("kept_neurons")), "'kept_neuron'"),
+    (lambda m: m.update(kept_head=m.pop("kept_heads")), "'kept_head'"),
+    (lambda m: m.pop("kept_neurons"), "no member has 'kept_neurons'"),
+], ids=["kept_neuron", "kept_head", "no kept_neurons"])
+def test_a_version_2_masks_file_without_neurons_is_refused(sandbox, damage, words):
+    """Round 5: a version-2 file whose only kept_neurons was misspelled (kept_neuron) was read as members that
+    keep whole MLPs, silently; a member key one letter off a masks key is refused, naming both."""
+    path = _slim_masks(sandbox, "slim.json")
+    data = json.loads(path.read_text())
+    damage(data["members"][0])
+    path.write_text(json.dumps(data))
+    before = tree_digest(sandbox)
+    rc, _, err = _convert(sandbox, masks="slim.json")
+    line = assert_one_line_error(err)
+    assert rc == 2 and words in line, line
+    assert tree_digest(sandbox) == before and not (sandbox / "out").exists()

@@ -213,6 +213,9 @@ HOSTILE: dict[str, tuple[Callable[[Path], None], list[str], str]] = {
         FOREIGN,
         "pipeline_hydra.py",
     ),
+    # --- round 5: no ":None:" line number when the parser gives none
+    "a null byte in shipped code": (_shipped("x = 1\x00"), FOREIGN,
+                                    "modeling_hydra_bert.py: does not parse as Python"),
     # --- row 14: report figures
     "report figure absolute path": (
         _report(lambda r: r.__setitem__("figures", {"x": "/etc/passwd.png"})),

@@ -84,7 +84,9 @@ def _message(exc: BaseException) -> str:
     """The one line of ``exc``; a full or read-only disk also says what to do (outputs are written
     atomically, so nothing half-written was left)."""
     if isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS and not isinstance(exc, HydraError):
-        where = f" writing {exc.filename!r}" if exc.filename else ""
+        # a copy or a rename names its source first and the file being written second (filename2)
+        written = exc.filename2 or exc.filename
+        where = f" writing {written!r}" if written else ""
         return (f"{exc.strerror or one_line(exc)}{where}; free some space (or write to another filesystem) and "
                 "run again: nothing half-written was left")
     return one_line(exc)

@@ -71,9 +71,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--seed", type=non_negative_int, default=None,
                    help="with --randomized: the seed of the scores' U, stored in the calibration (default 0)")
-    p.add_argument("--raps-penalty", type=finite_float, default=0.1, help="RAPS' lambda (default 0.1)")
-    p.add_argument("--raps-rank", type=non_negative_int, default=1,
-                   help="RAPS' k_reg: ranks above it are penalised (default 1)")
+    p.add_argument("--raps-penalty", type=finite_float, default=None, help="--method raps: its lambda (default 0.1)")
+    p.add_argument("--raps-rank", type=non_negative_int, default=None,
+                   help="--method raps: its k_reg, ranks above it are penalised (default 1)")
     p.add_argument("--score", choices=SELECTIVE_SCORES, default=None,
                    help="uncertainty that decides abstention: msp (1 - max probability), entropy, mi (the members' "
                    "mutual information) (default msp; a causal LM folder: mi, or entropy, with thresholds on the "
@@ -84,8 +84,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=0.1,
         help="error rate among answered inputs to certify, in (0, 1); 'none' fits the sets only (default 0.1)",
     )
-    p.add_argument("--delta", type=finite_float, default=0.1,
-                   help="the risk holds with probability >= 1 - delta over the calibration draw (default 0.1)")
+    p.add_argument("--delta", type=finite_float, default=None,
+                   help="with --risk: the risk holds with probability >= 1 - delta over the calibration draw "
+                   "(default 0.1)")
     p.add_argument("--temperature", type=_temperature, default=None, metavar="T|fit",
                    help="divide the member logits by T before everything; 'fit' fits T (NLL) on a seeded random half "
                    "of --data and calibrates on the other half (default: none)")

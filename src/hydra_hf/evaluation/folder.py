@@ -160,7 +160,8 @@ def _check_models(spec: EvaluationSpec) -> tuple[dict[str, str], list[tuple[str,
         raise ValueError("--temperature-scaling needs --val-data (a labelled validation split)")
     for alpha in spec.conformal_alpha:
         if not 0 < alpha < 1:
-            raise ValueError(f"--conformal-alpha {alpha!r} is outside (0, 1); pass e.g. 0.1 for 90% sets")
+            raise ValueError(f"--conformal-alpha {alpha!r} is outside (0, 1); e.g. 0.1: sets that hold the true label "
+                             "90% of the time")
     if spec.conformal_alpha and not spec.val_data:
         raise ValueError(
             "--conformal-alpha needs --val-data (labelled data to fit the sets on, held out from the test data)"

@@ -373,10 +373,11 @@ def prune_members(
     logger.info("%s", masks.summary())
     for i, j in masks.identical_members():
         logger.warning(
-            "members %d and %d keep the same heads (Jaccard 1.0): converted from one base they are one model "
+            "members %d and %d keep the same heads%s (Jaccard 1.0): converted from one base they are one model "
             "counted twice; give them other seeds or methods, or a smaller data fraction",
             i,
             j,
+            " and the same MLP neurons" if masks.slim else "",
         )
     return masks
 
