@@ -1,5 +1,6 @@
 """Tiny GGUF checkpoints written with the ``gguf`` package's GGUFWriter (llama.cpp's tensor names and metadata):
-a 2-layer Llama with grouped-query attention and a byte-pair tokenizer, read by transformers' GGUF loader in a
+a 2-layer Llama with grouped-query attention and a byte-pair tokenizer (its unknown token ``<|endoftext|>``,
+which transformers adds to a GPT-2-style GGUF vocabulary that lacks it), read by transformers' GGUF loader in a
 second, and files of architectures hydra_hf builds no Hydra of."""
 
 from __future__ import annotations
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-TOKENS = ["<unk>", "<s>", "</s>"] + [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["Ġ", "th", "the", "Ġthe"]
+LETTERS = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+TOKENS = ["<|endoftext|>", "<s>", "</s>", *LETTERS, "Ġ", "th", "the", "Ġthe"]
 MERGES = ["t h", "th e", "Ġ the"]
 LAYERS, HIDDEN, HEADS, KV_HEADS, INNER = 2, 32, 4, 2, 48
 

@@ -52,6 +52,7 @@ from typing import Any
 
 from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
 
+from ..convert.gguf import checkpoint_inputs, is_gguf
 from ..convert.io import from_pretrained
 from ..data import check_data_spec, read_class_names, zero_shot_class_names
 from ..errors import HydraUnsafeError
@@ -371,3 +372,10 @@ def _check_not_an_input(output: Path, args: argparse.Namespace) -> None:
             raise HydraUnsafeError(
                 f"--output {str(output)!r} is the --{name.replace('_', '-')} input; choose another file"
             )
+    if args.model and is_gguf(args.model):  # a GGUF file's folder and the cache of its plain copy are inputs too
+        for folder in checkpoint_inputs(args.model)[2:]:
+            if folder.resolve() in real.parents:
+                raise HydraUnsafeError(
+                    f"--output {str(output)!r} lies inside {str(folder)!r}, an input of the GGUF --model; choose a "
+                    "file outside it"
+                )
