@@ -8,8 +8,9 @@ are ``class_names`` or the sub-folders of an image folder given as ``id_data``, 
 ``templates`` prompt ensemble. Both paths share the baselines' temperature scaling, the comparisons and
 the report; a calibrated folder (``hydra-hf calibrate``) adds its decisions.
 
-A causal LM folder (a Hydra one from ``hydra-hf convert``, or a stock ``*ForCausalLM`` /
-``GPT2LMHeadModel``; baselines causal LMs too) is evaluated with
+A causal LM folder (a Hydra one from ``hydra-hf convert``, a stock ``*ForCausalLM`` /
+``GPT2LMHeadModel``, or a GGUF checkpoint: a ``.gguf`` file or a folder holding one, read through its cached
+plain folder; baselines causal LMs too) is evaluated with
 :func:`hydra_hf.evaluation.causal_lm.evaluate_causal_lm` on the texts of ``id_data`` and of every
 ``ood_data`` set (no labels: the labels are the next tokens), each cut to ``max_length`` tokens. The
 classifier-only options are refused.
@@ -34,6 +35,7 @@ from .. import distributed
 from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY
 from ..calibration.report import DEFAULTS as DECISION_DEFAULTS
 from ..calibration.report import decision_metrics, fit_for_report, render_decisions, risk_coverage_figure
+from ..convert.gguf import checkpoint_inputs
 from ..data import (
     check_data_spec,
     data_spec_paths,
@@ -66,12 +68,13 @@ class EvaluationSpec:
     """What ``hydra-hf evaluate`` evaluates; one field per option of the command (same names, same defaults).
 
     Attributes:
-        model: the model folder (Hydra or any classifier, an ONNX export, a CLIP / SigLIP folder, a causal LM).
+        model: the model folder (Hydra or any classifier, an ONNX export, a CLIP / SigLIP folder, a causal LM, a
+            GGUF checkpoint).
         id_data: labelled in-distribution test data (file, folder or ``NAME:SPLIT``; a causal LM: any texts).
         ood_data: OOD data sets, each ``SPEC`` or ``NAME=SPEC``.
         report: the output folder (must not exist or be empty, unless ``overwrite``).
         name: the name of ``model`` in the report.
-        baseline: other model folders to compare with, each ``NAME=DIR``.
+        baseline: other model folders (or GGUF checkpoints) to compare with, each ``NAME=DIR``.
         mc_dropout, mc_samples: MC Dropout of the models named, with this many samples.
         deep_ensemble, ensemble_size: Deep Ensembles (D) heads trained on this model's features (needs ``train_data``).
         temperature_scaling: a temperature-scaled copy of every model, fitted on ``val_data``.
@@ -204,7 +207,8 @@ def _inputs(spec: EvaluationSpec, models: dict[str, str]) -> list[str | Path]:
     """Every file and folder the evaluation reads (models, data, class names, templates): the report
     folder never holds one, so ``--overwrite`` never deletes what the run has just read."""
     data = [spec.id_data, *(_named(o, "")[1] for o in spec.ood_data), spec.val_data, spec.train_data]
-    return [*models.values(), *(p for d in data for p in data_spec_paths(d)),
+    return [*(p for path in models.values() for p in checkpoint_inputs(path)),  # a GGUF's folder and cache too
+            *(p for d in data for p in data_spec_paths(d)),
             *zero_shot_paths(spec.class_names, spec.templates)]
 
 
