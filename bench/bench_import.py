@@ -2,9 +2,10 @@
 
 Every contender runs in a fresh interpreter (nothing is cached in the process; compiled ``.pyc`` files are, as on
 a user's machine: ``PYTHONDONTWRITEBYTECODE`` is dropped for the children and a first round warms them),
-round-robin over ``--rounds`` rounds so that the machine's load hits all alike; the rows are medians of the child's CPU time (user + system:
-what a loaded machine inflates least) and of its wall time, with the heavy optional packages each one left in
-``sys.modules``. Target: ``import hydra_hf`` within 0.5 s of CPU of ``import torch, transformers``.
+round-robin over ``--rounds`` rounds so that the machine's load hits all alike; the rows are medians of the
+child's CPU time (user + system: what a loaded machine inflates least) and of its wall time, with the heavy
+optional packages each one left in ``sys.modules``. Target: ``import hydra_hf`` within 0.5 s of CPU of
+``import torch, transformers``.
 
 ``import torch, transformers`` imports transformers lazily (no model code); registering Hydra's classes with the
 Auto classes needs transformers' ``PreTrainedModel`` and its pipelines, which import accelerate, scipy and

@@ -27,7 +27,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hydra_hf"
 # scikit-learn ~1 s, scipy.stats 1-3 s; `import hydra_hf` loads none of them, tests/repo/test_import_cost.py).
 LAZY_ALLOWED = frozenset({
     "onnx", "onnxruntime", "onnxscript", "open_clip", "timm", "peft", "matplotlib", "torchao", "scattertext",
-    "mlxtend", "skimage", "datasets", "pandas", "sklearn", "scipy",
+    "mlxtend", "skimage", "gguf", "datasets", "pandas", "sklearn", "scipy",
 })
 
 # The floors, lowest first: a module may import from its own floor and the floors below. A module is

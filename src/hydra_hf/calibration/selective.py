@@ -70,6 +70,15 @@ class SelectiveFit:
                 "p_value": self.p_value, "selective_procedure": "learn-then-test, binomial p-value, fixed sequence"}
 
 
+class UncertifiedRisk(HydraInputError):
+    """No threshold certifies the risk on the calibration data. ``reason`` says why; the message adds ``fix``
+    (the flags of ``hydra-hf calibrate``): a caller with other options reports ``reason`` with its own fix."""
+
+    def __init__(self, reason: str, fix: str) -> None:
+        super().__init__(f"{reason}; {fix}")
+        self.reason = reason
+
+
 def fit_selective(
     member_probs: torch.Tensor,
     labels: torch.Tensor,
@@ -126,10 +135,11 @@ def fit_selective(
         looser = next((r for r in (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5) if r > risk and fixed_sequence(r)[0]), None)
         hint = (f"raise --risk ({looser:g} certifies on these examples)" if looser else
                 "no --risk up to 0.5 certifies on these examples: check the labels, or raise --risk above 0.5")
-        raise HydraInputError(
+        raise UncertifiedRisk(
             f"no threshold on {score} certifies an error rate <= {risk:g} among answered inputs with confidence "
-            f"{1 - delta:g} on these {n} examples: {why}; {hint}; or give more calibration data (its surest answers "
-            "are then surer), raise --delta, or pass --risk none for prediction sets only"
+            f"{1 - delta:g} on these {n} examples: {why}",
+            f"{hint}; or give more calibration data (its surest answers are then surer), raise --delta, or pass "
+            "--risk none for prediction sets only",
         )
     lam, k, errors, p = kept
     return SelectiveFit(score, risk, delta, float(lam), k / n, errors / k, p)
