@@ -691,10 +691,16 @@ def _uncertainty_scores(results: Mapping[str, Any]) -> str:
         f"score here is `{best['score']}`); with two classes `predictive_entropy` ranks texts exactly as MSP "
         "does. Not `mutual_information`: the members disagree *less* on these headlines than on reviews, so "
         f"ranking by their disagreement gives AUROC {mi['ood_auroc']:.4f}, {worse} for this kind of shift "
-        "(docs/study.md finds the same on four OOD kinds and three seeds). The members' disagreement measures "
-        f"something else: where the ensemble is likely wrong on in-distribution text (error AUROC "
-        f"{mi['error_auroc']:.4f}, against MSP's {msp['error_auroc']:.4f}); it is what `hydra-hf calibrate "
-        "--score mi` abstains on. The model card and the pipeline's docstring say the same.\n")
+        "(docs/study.md finds the same on four OOD kinds and three seeds). ")
+    if mi["error_auroc"] >= 0.6:
+        text += ("The members' disagreement measures something else: where the ensemble is likely wrong on "
+                 f"in-distribution text (error AUROC {mi['error_auroc']:.4f}, against MSP's "
+                 f"{msp['error_auroc']:.4f}); it is what `hydra-hf calibrate --score mi` abstains on. ")
+    else:
+        text += (f"Nor does it rank the ensemble's own mistakes on reviews (error AUROC {mi['error_auroc']:.4f}, "
+                 f"against MSP's {msp['error_auroc']:.4f}): abstain on MSP too (`hydra-hf calibrate --score msp`, "
+                 "the default). ")
+    text += "The model card and the pipeline's docstring say the same.\n"
     return "\n".join(lines) + "\n" + text
 
 
