@@ -102,14 +102,12 @@ class HydraEnsembleLlamaConfig(HydraEnsembleConfig):
 
     @property
     def num_key_value_heads(self) -> int:
-        kv = self.base_config.get("num_key_value_heads")
+        kv = self.base_settings().get("num_key_value_heads")
         return self.num_attention_heads if kv is None else kv
 
     @property
     def head_dim(self) -> int:
-        if not self.base_config:  # built without arguments, as transformers' configs can be: no base yet
-            raise AttributeError("head_dim is the base's: this config has no base_config")
-        return self.base_config.get("head_dim") or self.hidden_size // self.num_attention_heads
+        return self.base_settings().get("head_dim") or self.hidden_size // self.num_attention_heads
 
     @property
     def kept_kv_heads(self) -> list[list[list[int]]]:
