@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from .uncertainty import ensemble_mutual_information, entropy
+from ..modeling.hydra_formulas import ensemble_mutual_information, entropy
 
 __all__ = [
     "PROB_ATOL",

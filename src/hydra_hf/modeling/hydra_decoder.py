@@ -9,7 +9,6 @@ of generated text (:class:`HydraGenerationUncertaintyMixin`: ``score_generated``
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +20,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from transformers.utils import ModelOutput
 from transformers.utils.deprecation import deprecate_kwarg
 
+from .hydra_formulas import ensemble_log_probs, log_prob_uncertainty
 from .hydra_layers import HydraClassifierOutput, HydraMemberLinear, LayerOutputs, ensemble_outputs, rows_linear
 
 # The cache is ``cache`` in and out, transformers' name (``generate()`` passes and reads it); the older
@@ -129,15 +129,13 @@ def add_generation_abstention(out: HydraGenerateOutput, calibration: Any) -> Hyd
 
 def token_uncertainty(member_logits: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-position uncertainty of an ensemble from ``member_logits (..., M, V)``: ``entropy`` and
-    ``mutual_information`` ``(...)`` (nats), the ensemble ``log_probs (..., V)`` and ``member_top (..., M)``."""
-    log_p = F.log_softmax(member_logits.float(), dim=-1)  # (..., M, V)
-    mean_log = torch.logsumexp(log_p, dim=-2) - math.log(member_logits.shape[-2])  # (..., V)
-    entropy = -(mean_log.exp() * mean_log).sum(-1)
-    member_entropy = -(log_p.exp() * log_p).sum(-1).mean(-1)
+    ``mutual_information`` ``(...)`` (nats), the ensemble ``log_probs (..., V)`` and ``member_top (..., M)``
+    (``hydra_formulas.log_prob_uncertainty``)."""
+    u = log_prob_uncertainty(F.log_softmax(member_logits.float(), dim=-1), dim=-2)  # members (..., M, V)
     return {
-        "entropy": entropy,
-        "mutual_information": (entropy - member_entropy).clamp_min(0.0),
-        "log_probs": mean_log,
+        "entropy": u["predictive_entropy"],
+        "mutual_information": u["mutual_information"],
+        "log_probs": u["log_probs"],
         "member_top": member_logits.argmax(-1),
     }
 
@@ -156,8 +154,7 @@ def ensemble_lm_outputs(
     transformers' ``Trainer`` passes with gradient accumulation, as to its own causal LMs): the loss is then the
     summed cross-entropy over members and tokens divided by ``M * num_items_in_batch``, so that the
     accumulated loss is the mean over every token of the step."""
-    log_p = F.log_softmax(member_logits.float(), dim=-1)
-    logits = (torch.logsumexp(log_p, dim=1) - math.log(member_logits.shape[1])).to(member_logits.dtype)
+    logits = ensemble_log_probs(member_logits, dim=1)  # (B, T, V)
     loss = None
     if labels is not None:
         M, V = member_logits.shape[1], member_logits.shape[-1]

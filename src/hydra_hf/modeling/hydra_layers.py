@@ -21,7 +21,6 @@ W_O (their block of output-projection columns); see ``tests/`` for the numerical
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +39,7 @@ from .hydra_attention import (  # noqa: F401  the attention's names, also this m
     eager_attention_forward,
     grouped_linear,
 )
+from .hydra_formulas import ensemble_log_probs, ensemble_sigmoid_logits
 
 
 @dataclass
@@ -577,22 +577,6 @@ def padding_mask_to_additive(
         return None
     keep = attention_mask[:, None, None, :].to(dtype)  # (B, 1, 1, T)
     return (1.0 - keep) * torch.finfo(dtype).min
-
-
-def ensemble_log_probs(member_logits: torch.Tensor) -> torch.Tensor:
-    """Log of the mean of the members' softmaxes.
-
-    Shape: ``member_logits (B, M, C)`` -> ``(B, C)``. Its softmax is the ensemble's predictive
-    distribution, so any code that applies softmax to ``logits`` (pipelines) gets the ensemble mean.
-    """
-    log_probs = F.log_softmax(member_logits.float(), dim=-1)  # (B, M, C)
-    return (torch.logsumexp(log_probs, dim=1) - math.log(member_logits.shape[1])).to(member_logits.dtype)
-
-
-def ensemble_sigmoid_logits(member_logits: torch.Tensor) -> torch.Tensor:
-    """Multi-label: logit of the mean of the members' sigmoids, ``(B, M, C)`` -> ``(B, C)``."""
-    p = torch.sigmoid(member_logits.float()).mean(dim=1).clamp(1e-7, 1 - 1e-7)
-    return torch.log(p / (1 - p)).to(member_logits.dtype)
 
 
 def ensemble_outputs(

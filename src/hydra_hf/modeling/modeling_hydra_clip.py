@@ -26,14 +26,8 @@ from transformers import initialization as init
 from transformers.models.clip.modeling_clip import CLIPTextEmbeddings, CLIPVisionEmbeddings
 
 from .configuration_hydra_clip import HydraEnsembleCLIPConfig
-from .hydra_layers import (
-    HydraLayerNorm,
-    HydraMemberLinear,
-    HydraPreTrainedModel,
-    ensemble_log_probs,
-    init_hydra_weights,
-    may_mask,
-)
+from .hydra_formulas import ensemble_log_probs
+from .hydra_layers import HydraLayerNorm, HydraMemberLinear, HydraPreTrainedModel, init_hydra_weights, may_mask
 from .hydra_skeletons import HydraTextTower, HydraTwoTowerModel, HydraTwoTowerOutput, HydraVisionTower, tower_layers
 
 

@@ -35,7 +35,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaConfig, LlamaRotaryEmbedding
 
-from .configuration_hydra_llama import HydraEnsembleLlamaConfig, kept_kv_heads
+from .configuration_hydra_llama import HydraEnsembleLlamaConfig
 from .hydra_attention import HydraGroupedQueryAttention
 from .hydra_decoder import (  # noqa: F401  the decoders' shared outputs and uncertainty, also this module's names
     FULL_ATTENTION,
@@ -48,6 +48,7 @@ from .hydra_decoder import (  # noqa: F401  the decoders' shared outputs and unc
     HydraGenerateOutput,
     token_uncertainty,
 )
+from .hydra_formulas import kept_kv_heads
 from .hydra_layers import (
     HydraGatedMLP,
     HydraPreTrainedModel,
@@ -90,7 +91,7 @@ class HydraDecoderLayer(GradientCheckpointingLayer):
             hidden_dropout=0.0, mlp_fusion=config.mlp_fusion, kept_neurons=config.kept_neurons,
             head_size=getattr(base, "head_dim", None) or d // H,
         )
-        kept_kv = [member[layer_idx] for member in kept_kv_heads(config.kept_heads, H, Hkv)]
+        kept_kv = [kept_kv_heads(member[layer_idx], H, Hkv) for member in config.kept_heads]
         attention_bias = bool(getattr(base, "attention_bias", False))
         self.input_layernorm = HydraRMSNorm(M, d, base.rms_norm_eps)
         self.self_attn = HydraGroupedQueryAttention(

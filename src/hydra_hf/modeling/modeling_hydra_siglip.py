@@ -38,6 +38,7 @@ from transformers import initialization as init
 from transformers.models.siglip.modeling_siglip import SiglipTextEmbeddings, SiglipVisionEmbeddings
 
 from .configuration_hydra_siglip import HydraEnsembleSiglipConfig
+from .hydra_formulas import ensemble_sigmoid_logits
 from .hydra_layers import (
     HydraLayerNorm,
     HydraLayerSpec,
@@ -64,18 +65,6 @@ class HydraSiglipOutput(HydraTwoTowerOutput):
         member_text_embeds: ``(N, M, P)`` L2-normalised text embeddings of every member.
         member_image_embeds: ``(B, M, P)`` L2-normalised image embeddings of every member.
     """
-
-
-def ensemble_sigmoid_logits(member_logits: torch.Tensor, dim: int = 1) -> torch.Tensor:
-    """``logit(mean_m sigmoid(z))`` over the member axis ``dim``, without clamping.
-
-    ``log p - log(1 - p)`` with ``log p = logsumexp(logsigmoid(z)) - log M`` and ``log(1 - p) =
-    logsumexp(logsigmoid(-z)) - log M``; the ``log M`` cancel. Exact for probabilities far below 1e-7,
-    which SigLIP's zero-shot scores often are. Shape: ``(B, M, N)`` -> ``(B, N)`` for ``dim=1``.
-    """
-    z = member_logits.float()
-    out = torch.logsumexp(F.logsigmoid(z), dim=dim) - torch.logsumexp(F.logsigmoid(-z), dim=dim)
-    return out.to(member_logits.dtype)
 
 
 class HydraSiglipAttentionPoolingHead(nn.Module):
