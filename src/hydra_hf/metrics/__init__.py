@@ -59,9 +59,12 @@ from .scores import (
     TOKEN_QUANTITIES,
     TOKEN_SCORES,
     OODScore,
+    canonical_score_name,
     level_scores,
     ood_score,
     register_ood_score,
+    resolve_score,
+    stored_score,
 )
 
 __all__ = [
@@ -73,5 +76,5 @@ __all__ = [
     "entropy_of_log_probs", "expected_entropy", "fpr_at_95_tpr", "level_scores", "module_path", "msp",
     "mutual_information", "negative_entropy", "negative_mutual_information", "nll", "ood_auroc", "ood_report",
     "ood_score", "paired_bootstrap", "paired_t_over_seeds", "pairwise_disagreement", "predictive_entropy",
-    "register_ood_score", "scores",
+    "register_ood_score", "resolve_score", "scores", "stored_score", "canonical_score_name",
 ]
