@@ -24,6 +24,53 @@ The reference is transformers' model of the base with member m's removed query h
 set to zero (``tests/modeling/test_modeling_llama.py``), with and without the cache, on left-padded batches.
 """
 
+# Route of forward: what HydraEnsembleLlamaForCausalLM(...) runs, file: function,
+# each call under its caller, in the order they first run (members of unequal widths; written by
+# tools/route_maps.py, checked by tests/modeling/test_route_maps.py).
+#   hydra_decoder.py: HydraCausalLMMixin.forward
+#     hydra_decoder.py: HydraDecoderModelMixin.forward
+#       hydra_decoder.py: HydraDecoderModelMixin.mask_config
+#         modeling_hydra_llama.py: HydraEnsembleLlamaPreTrainedModel.base_config
+#       hydra_decoder.py: HydraDecoderModelMixin.embed
+#       transformers: create_causal_mask
+#       modeling_hydra_llama.py: HydraEnsembleLlamaModel.position_embeddings
+#         transformers: LlamaRotaryEmbedding.forward
+#       hydra_layers.py: LayerOutputs.__init__
+#       modeling_hydra_llama.py: HydraDecoderLayer.forward
+#         modeling_hydra_llama.py: HydraRMSNorm.forward
+#         hydra_attention.py: HydraSelfAttention.forward
+#           hydra_attention.py: HydraSelfAttention.folds_members
+#           hydra_attention.py: HydraGroupedQueryAttention.project
+#             hydra_attention.py: HydraGroupedQueryAttention._heads
+#               hydra_attention.py: grouped_linear
+#           hydra_attention.py: HydraSelfAttention.rotate
+#             hydra_attention.py: apply_rotary
+#               hydra_attention.py: rotate_half
+#           hydra_attention.py: HydraSelfAttention.expand_kv
+#           hydra_attention.py: HydraSelfAttention.attend
+#             transformers: sdpa_attention_forward
+#           hydra_attention.py: HydraSelfAttention._project_out
+#             hydra_attention.py: HydraSelfAttention._member_rows
+#             hydra_attention.py: grouped_linear
+#           hydra_attention.py: HydraSelfAttention.unfold
+#           hydra_attention.py: HydraSelfAttention.fold_mask
+#         hydra_layers.py: HydraMLPBase.forward
+#           hydra_layers.py: HydraGatedMLP._mlp
+#             hydra_layers.py: HydraGatedMLP._linear
+#               hydra_layers.py: rows_linear
+#             hydra_layers.py: HydraMLPBase._activate
+#               transformers: SiLUActivation.forward
+#       hydra_layers.py: LayerOutputs.add
+#       hydra_layers.py: LayerOutputs.streams
+#       modeling_hydra_llama.py: HydraRMSNorm.forward
+#       hydra_layers.py: LayerOutputs.output_fields
+#     hydra_decoder.py: HydraCausalLMMixin.member_logits_of
+#       hydra_layers.py: rows_linear
+#     hydra_decoder.py: ensemble_lm_outputs
+#       hydra_formulas.py: ensemble_log_probs
+#         hydra_formulas.py: log_mean_exp
+# (end of the route map)
+
 from __future__ import annotations
 
 import torch
