@@ -8,7 +8,7 @@ harness is a folder kept beside the project (``--harness``; default ``../shared/
 from the repository root): transcriptions of the test files transformers' wheel and sdist leave out, its
 ``build_tree.py`` and its Llama module. This runner does what the harness's ``run.sh`` does, and more::
 
-    .venv/bin/python tools/conformance/run_generation.py                        # Llama and GPT-2, ~3 min on 2 cores
+    .venv/bin/python tools/conformance/run_generation.py                        # Llama and GPT-2, ~5 min on 2 cores
     .venv/bin/python tools/conformance/run_generation.py --family gpt2 -k attention
     .venv/bin/python tools/conformance/run_generation.py --results docs/results/generation_conformance.json
 
