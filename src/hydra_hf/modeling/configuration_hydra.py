@@ -72,6 +72,9 @@ def without_base_labels(base: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_KEPT_HEADS_FIELDS = ("kept_heads", "vision_kept_heads", "text_kept_heads")  # a config naming members has a base
+
+
 @cache
 def default_base_config(base_model_type: str) -> dict[str, Any]:
     """The settings of ``base_model_type``'s transformers config built without arguments (``LlamaConfig()``'s),
@@ -264,7 +267,11 @@ class HydraEnsembleConfig(PretrainedConfig):
         is written into ``base_config``: a saved config holds only what it was given."""
         base = getattr(self, "base_config", None)
         base_type = getattr(self, "base_model_type", None)
-        if base or getattr(self, "kept_heads", None) or not isinstance(base_type, str):
+        members = (  # literal names: the shipped-code audit allows getattr only so
+            getattr(self, "kept_heads", None), getattr(self, "vision_kept_heads", None),
+            getattr(self, "text_kept_heads", None),
+        )
+        if base or any(members) or not isinstance(base_type, str):
             return base if isinstance(base, dict) else {}
         return default_base_config(base_type)
 
@@ -282,7 +289,7 @@ class HydraEnsembleConfig(PretrainedConfig):
     def __getattr__(self, name: str) -> Any:
         # reached only when the normal lookup fails (a property raising AttributeError included): the base
         # model's settings read through
-        if name not in ("base_config", "base_model_type", "kept_heads") and not name.startswith("__"):
+        if name not in ("base_config", "base_model_type", *_KEPT_HEADS_FIELDS) and not name.startswith("__"):
             base = self.base_settings()
             if self.is_base_setting(name, base):
                 value = base[name]  # a default (shared by every such config) is handed out as a copy
