@@ -24,7 +24,7 @@ from ..errors import HydraInputError
 from ..evaluation.loading import load_causal_lm, zero_shot_family
 from ..evaluation.zero_shot import load_zero_shot_model
 from ..families import is_causal_lm_folder
-from ..metrics import stored_score
+from ..metrics import SEQUENCE_SCORES, resolve_score, stored_score
 from ..modeling.pipeline_hydra import RANDOMIZED_METHODS, ZERO_SHOT_TEMPLATE, calibrated_member_probs
 from ..outputs import MARKER, check_output, read_json, regular_files, write_output_folder, write_text_atomic
 from ..version import __version__
@@ -230,11 +230,11 @@ def calibrate_folder(
         )
     check_output(output, command="calibrate", overwrite=overwrite, inputs=[folder])  # before any work
     if is_causal_lm_folder(folder):
-        score = stored_score(score or "mutual_information", "sequence")  # the spelling config.calibration holds
+        given = score or "mutual_information"
+        score = resolve_score(given, "sequence").stored  # the spelling config.calibration holds
         if score not in GENERATION_SCORES:
-            raise HydraInputError(
-                f"--score {score!r} does not apply to a causal LM; use one of {', '.join(GENERATION_SCORES)}"
-            )
+            usable = [s.name for s in SEQUENCE_SCORES.values() if s.stored in GENERATION_SCORES]
+            raise HydraInputError(f"--score {given!r} does not apply to a causal LM; use one of {', '.join(usable)}")
         if temperature is not None or randomized:
             flag = "--temperature" if temperature is not None else "--randomized"
             raise HydraInputError(f"{flag} does not apply to a causal LM's abstention thresholds; drop it")
