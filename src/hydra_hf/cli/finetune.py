@@ -28,7 +28,7 @@ from ..finetune import (
     image_recipe,
     text_recipe,
 )
-from . import finite_float
+from . import finite_float, non_negative_int, positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,10 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
             continue
         base = f.type.replace(" | None", "")
-        kind = {"int": int, "float": finite_float, "str": str}[base]
+        # every count of FinetuneConfig is >= 1, a seed >= 0: checked at parse time (--batch-size 0 never
+        # reaches a loader)
+        whole = non_negative_int if f.name == "seed" else positive_int
+        kind = {"int": whole, "float": finite_float, "str": str}[base]
         kwargs["type"] = _optional(kind) if f.type.endswith("| None") else kind
         if f.name in choices:
             kwargs["choices"] = list(choices[f.name])
@@ -70,7 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--model",
         required=True,
         help="base checkpoint folder: a text or image classifier of a registered family (its trained head is kept), a "
-        "bare encoder, or a decoder causal LM (Llama-style, GPT-2: trained on the next-token loss of the text)",
+        "bare encoder, or a decoder causal LM (Llama-style, GPT-2: trained on the next-token loss of the text; with "
+        "--labels or --num-labels a last-token classifier with new heads); or a GGUF checkpoint (a .gguf file: a "
+        "causal LM)",
     )
     p.add_argument("--masks", required=True, help="masks JSON file for this base model")
     p.add_argument(
@@ -89,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="checkpoints, logs and per-member folders (default: OUTPUT.work); a new or empty folder, or one an "
         "earlier `hydra-hf finetune` created; never the model folder, the output, or a folder holding them",
     )
-    p.add_argument("--members", type=int, nargs="+", default=None, metavar="M",
+    p.add_argument("--members", type=non_negative_int, nargs="+", default=None, metavar="M",
                    help="train only these members (e.g. one launch per GPU sharing --work-dir); fusing waits for all")
     p.add_argument(
         "--fused",
@@ -119,7 +124,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--config", default=None, help="JSON/YAML file of training settings (keys as the flags, with _)")
     p.add_argument(
-        "--labels", default=None, help="comma-separated class names for a bare encoder (e.g. negative,positive)"
+        "--labels", default=None,
+        help="comma-separated class names for a bare encoder or a causal LM (e.g. negative,positive)"
     )
     add_config_flags(p)
 
@@ -162,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         model_dir=args.model, masks=args.masks, train_data=args.train_data, eval_data=args.eval_data,
         output_dir=args.output, config=config, work_dir=args.work_dir, resume=args.resume,
         resume_partial=args.resume_partial, overwrite=args.overwrite, id2label=id2label,
+        inputs=[args.config] if args.config else [],  # read here: never inside --output or --work-dir
     )
     if args.fused:
         if args.members is not None:
