@@ -292,6 +292,28 @@ def _common_tests_table(results: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _generation_conformance_tables(results: Mapping[str, Any]) -> str:
+    """tools/conformance/run_generation.py: passed / failed / skipped per family and layout (each failure's kind:
+    control-shared, head-axis or real), then every failing test with the layouts it fails in and why."""
+    lines = [f"Last run (transformers {results['transformers']}, CPU; `{results['command']}`):", "",
+             "| family | layout | passed | failed | skipped |", "|---|---|---|---|---|"]
+    for family, layouts in results["counts"].items():
+        for layout, counts in layouts.items():
+            kinds: dict[str, int] = {}
+            for f in results["failures"]:
+                if f["family"] == family and f["layout"] == layout:
+                    kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+            failed = str(counts["failed"]) + (f" ({', '.join(f'{n} {k}' for k, n in kinds.items())})" if kinds else "")
+            lines.append(f"| {family} | {layout} | {counts['passed']} | {failed} | {counts['skipped']} |")
+    by_test: dict[tuple[str, str], list[str]] = {}
+    for f in results["failures"]:
+        by_test.setdefault((f["test"], f"{f['kind']}: {f['reason']}"), []).append(f"{f['family']} {f['layout']}")
+    if by_test:
+        lines += ["", "| failing test | where | why |", "|---|---|---|"]
+        lines += [f"| `{test}` | {', '.join(where)} | {why} |" for (test, why), where in by_test.items()]
+    return "\n".join(lines) + "\n"
+
+
 def _bench_slim_table(results: Mapping[str, Any]) -> str:
     """bench/bench_slim.py: latency per model and batch, relative to the Single and the Deep Ensemble, with the
     compute from the masks, the parameters and the targets' verdicts."""
@@ -711,6 +733,7 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "hydra-vs-deep-ensemble": _versus_deep_ensemble_table,
     "int8": _int8_summary,
     "transformers-common-tests": _common_tests_table,
+    "generation-conformance": _generation_conformance_tables,
     "bench-slim": _bench_slim_table,
     "slim-pareto": _slim_pareto_table,
     "calibration": _calibration_tables,

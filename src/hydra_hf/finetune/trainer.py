@@ -25,6 +25,7 @@ from transformers import get_scheduler
 from ..data import make_image_loader, make_text_loader
 from ..metrics.chance import chance_levels, near_chance
 from ..modeling.hydra_attention import HydraSelfAttention
+from ..modeling.hydra_formulas import ensemble_log_probs, log_mean_exp
 from ..modeling.hydra_layers import HydraLayerNorm
 from ..modeling.modeling_hydra_llama import HydraRMSNorm
 from ..progress import progress_bars
@@ -119,7 +120,7 @@ def next_token_sums(
     safe = target.masked_fill(~valid, 0)
     log_p = F.log_softmax(logits, dim=-1)  # (B, M, T-1, V)
     member_nll = -log_p.gather(-1, safe[:, None, :, None].expand(-1, log_p.shape[1], -1, 1)).squeeze(-1)  # (B, M, T-1)
-    mean_log_p = torch.logsumexp(log_p, dim=1) - math.log(log_p.shape[1])  # (B, T-1, V)
+    mean_log_p = log_mean_exp(log_p, dim=1)  # (B, T-1, V): log of the members' mean softmax
     ensemble_nll = -mean_log_p.gather(-1, safe[..., None]).squeeze(-1)  # (B, T-1)
     mask = valid.float()
     return (member_nll.mean(1) * mask).sum(-1), (ensemble_nll * mask).sum(-1), mask.sum(-1)
@@ -326,8 +327,7 @@ class MemberTrainer:
             all_labels.append(labels.cpu())
         self.model.train()
         member_logits, labels = torch.cat(all_logits), torch.cat(all_labels)  # (N, M, C), (N,)
-        # (N, C)
-        log_probs = torch.logsumexp(F.log_softmax(member_logits, -1), dim=1) - math.log(member_logits.shape[1])
+        log_probs = ensemble_log_probs(member_logits, dim=1)  # (N, C)
         member_acc = (member_logits.argmax(-1) == labels[:, None]).float().mean(0)  # (M,)
         return {
             "accuracy": float((log_probs.argmax(-1) == labels).float().mean()),

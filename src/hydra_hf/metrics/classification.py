@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ..lazy import lazy_module
-from .uncertainty import ensemble_mutual_information, entropy
+from ..modeling.hydra_formulas import ensemble_mutual_information, entropy
 
 # heavy (scipy.stats: 1-3 s; transformers imports only scipy.optimize): imported on first use, for the t-test over
 # seeds, so that `import hydra_hf` stays light (hydra_hf/lazy.py)

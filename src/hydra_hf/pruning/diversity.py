@@ -82,7 +82,7 @@ class PruningMethod:
         prune: ``(context, member_seed) -> PruneResult``.
         uses_ood: whether it needs OOD validation data.
         needs_labels: whether it needs labelled ID data.
-        circuit_score: for greedy circuit searches, the score (:data:`~hydra_hf.pruning.scoring.SCORES`):
+        circuit_score: for greedy circuit searches, the score (:data:`~hydra_hf.pruning.scoring.CIRCUIT_SCORES`):
             members of such methods that see the same data run in lockstep (:func:`circuit_prune_criteria`).
         help: one line for ``--help`` and the docs.
     """

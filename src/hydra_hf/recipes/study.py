@@ -71,8 +71,8 @@ datasets = lazy_module("datasets")
 
 logger = logging.getLogger(__name__)
 
-# the registered OOD scores (hydra_hf.metrics.OOD_SCORES), each a row of the decision table
-OOD_SCORES = tuple(metrics.OOD_SCORES)
+# the names of the registered OOD scores (hydra_hf.metrics.OOD_SCORES), each a row of the decision table
+STUDY_SCORES = metrics.OOD_SCORE_NAMES
 ANY_FOLD = "any"  # the fold name of a selection that uses no OOD data
 
 
@@ -356,7 +356,7 @@ def model_numbers(predictor: Any, data: _Data) -> dict[str, Any]:
     for kind in data.s.ood_validation:
         ood = predict(predictor, data.loaders[kind], desc=f"score: {kind}")
         row: dict[str, Any] = {}
-        for score in OOD_SCORES:
+        for score in STUDY_SCORES:
             if score == "mutual_information" and members < 2:
                 continue
             row[score] = metrics.ood_report(ident.ood_scores(score), ood.ood_scores(score))["auroc"]
@@ -628,7 +628,7 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
             cells = {fold: _read_json(f) for fold, f in cells.items()}
             fusions = sorted({fu for cell in cells.values() for fu in cell["fusions"]})
             for fusion in fusions:
-                for score in OOD_SCORES:
+                for score in STUDY_SCORES:
                     gains, own, per_kind, ok = [], [], {k: [] for k in kinds}, True
                     accs, eces, mis_id, mis_ood, dis_id, dis_ood = [], [], [], [], [], []
                     for fold, cell in cells.items():
