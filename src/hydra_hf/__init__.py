@@ -32,6 +32,7 @@ from .modeling.modeling_hydra_vit import (
     HydraEnsembleViTPreTrainedModel,
 )
 from .version import __version__
+from .workflows.serve import ServeSpec, serve
 
 # With hydra_hf imported, `pipeline("hydra-...", model=model_object, ...)` builds the uncertainty
 # pipelines (a folder or repository names them in config.custom_pipelines; trust_remote_code loads them).
@@ -85,7 +86,9 @@ __all__ = [
     "HydraEnsembleViTConfig",
     "HydraEnsembleViTModel",
     "HydraEnsembleViTPreTrainedModel",
+    "ServeSpec",
     "__version__",
     "convert_checkpoint",
     "load_masks",
+    "serve",
 ]
