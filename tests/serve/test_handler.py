@@ -116,7 +116,8 @@ def test_calibrated_folder_adds_the_prediction_set_and_abstain(text_folder, tmp_
     unset = _with_calibration(text_folder, tmp_path / "unset", {**CALIBRATION, "threshold": None})
     values = sorted(_handler(unset)({"inputs": TEXTS})[i][0]["abstain_score"]["value"] for i in range(len(TEXTS)))
     # a threshold between the texts' scores, so that it decides something
-    folder = _with_calibration(text_folder, tmp_path / "cal", {**CALIBRATION, "threshold": (values[1] + values[2]) / 2})
+    threshold = (values[1] + values[2]) / 2
+    folder = _with_calibration(text_folder, tmp_path / "cal", {**CALIBRATION, "threshold": threshold})
     handler = _handler(folder)
     pipe = pipeline("hydra-text-classification", model=str(folder), trust_remote_code=True)
     answer = handler({"inputs": TEXTS})
@@ -203,8 +204,8 @@ def test_image_and_zero_shot_handlers(hf_vit_dir, tmp_path):  # noqa: F811
     write_tiny_tokenizer(base, vocab_size=40)
     CLIPImageProcessor(size={"shortest_edge": 16}, crop_size={"height": 16, "width": 16}).save_pretrained(base)
     clip = tmp_path / "clip-hydra"
-    convert_checkpoint(HeadMasks(towers={"vision": HeadMasks(kept_heads=heads, num_heads=4),
-                                         "text": HeadMasks(kept_heads=heads, num_heads=4)}), base=base, output_dir=clip)
+    towers = {"vision": HeadMasks(kept_heads=heads, num_heads=4), "text": HeadMasks(kept_heads=heads, num_heads=4)}
+    convert_checkpoint(HeadMasks(towers=towers), base=base, output_dir=clip)
     handler = _handler(clip)
     pipe = pipeline("hydra-zero-shot-image-classification", model=str(clip), trust_remote_code=True)
     labels = ["cat", "dog", "bird"]
