@@ -62,8 +62,11 @@ TASK_PARAMETERS = {
     IMAGE_CLASSIFICATION: ("top_k", "function_to_apply", "uncertainty_threshold"),
     ZERO_SHOT: ("candidate_labels", "hypothesis_template", "top_k", "uncertainty_threshold"),
     TEXT_GENERATION: ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
-                      "num_return_sequences", "return_full_text"),
+                      "num_return_sequences", "return_full_text", "details", "decoder_input_details"),
 }
+# text-generation-inference's answer options (InferenceClient.text_generation sends them): every answer has the
+# details a Hydra adds (the tokens' uncertainty); the prompt's own tokens are not scored
+ANSWER_OPTIONS = ("details", "decoder_input_details")
 # fields of a request besides "inputs" and "parameters" (what InferenceClient sends for text generation)
 REQUEST_FIELDS = ("inputs", "parameters", "stream")
 MAX_INPUTS = 256  # inputs per request
@@ -330,9 +333,13 @@ class EndpointHandler:
                                       or (high is not None and value > high)):
                 raise RequestError(f"{key} must be a number above {low}{f' and at most {high}' if high else ''}, got "
                                    f"{_describe(value)}")
-        for key in ("do_sample", "return_full_text"):
+        for key in ("do_sample", "return_full_text", *ANSWER_OPTIONS):
             if key in out and not isinstance(out[key], bool):
                 raise RequestError(f"{key} must be true or false, got {_describe(out[key])}")
+        if out.pop("decoder_input_details", False):
+            raise RequestError("decoder_input_details=true is not served: the answer scores the generated tokens, "
+                               "not the prompt's")
+        out.pop("details", None)  # the answer always has them
 
     # ---------------------------------------------------------------------------------- predictions
     def predict(self, requests: list[Request]) -> list[list[Any]]:

@@ -318,13 +318,24 @@ class ServerCore:
         self.spec = spec
         self.handler = build_handler(spec)
         self.metrics = _replica_metrics()
+        self.batches = 0  # batches this replica ran (one forward pass per group of equal parameters)
+        self.inputs = 0  # inputs it answered in them
 
     def predict(self, requests: list[Any]) -> list[Any]:
         """One batch: the handler's one forward pass per group of equal parameters."""
+        size = count_inputs(requests)
+        self.batches += 1
+        self.inputs += size
         if self.metrics is not None:
-            self.metrics["batch_inputs"].observe(count_inputs(requests))
-            self.metrics["inputs"].inc(count_inputs(requests))
+            self.metrics["batch_inputs"].observe(size)
+            self.metrics["inputs"].inc(size)
         return self.handler.predict(requests)
+
+    def health(self) -> dict[str, Any]:
+        """``GET /health``: what is served, by which replica (its process id), and how much it batched."""
+        return {"status": "ok", **self.handler.describe(), "backend": self.spec.backend,
+                "max_batch_size": self.spec.max_batch_size, "pid": os.getpid(), "batches": self.batches,
+                "inputs_answered": self.inputs}
 
     def read_body(self, body: bytes, content_type: str) -> Any:
         """The request data: JSON, or an image's bytes for an image task."""
@@ -343,7 +354,7 @@ class ServerCore:
         if not body.strip():
             raise _HTTPError(400, "the body is empty; send {\"inputs\": ..., \"parameters\": {...}}")
         try:
-            return json.loads(body)
+            return json.loads(body.decode("utf-8"))  # JSON is UTF-8 (json.loads would guess UTF-16 from a BOM)
         except UnicodeDecodeError:
             raise _HTTPError(400, "the body is not UTF-8 JSON") from None
         except ValueError as exc:
@@ -357,8 +368,7 @@ class ServerCore:
             if path == "/health":
                 if request.method != "GET":
                     raise _HTTPError(405, f"{request.method} /health: use GET")
-                return JSONResponse({"status": "ok", **self.handler.describe(), "backend": self.spec.backend,
-                                     "max_batch_size": self.spec.max_batch_size})
+                return JSONResponse(self.health())
             if path not in PREDICT_PATHS:
                 raise _HTTPError(404, f"no route {path}; POST / or /predict, GET /health")
             if request.method != "POST":
