@@ -17,7 +17,7 @@ from _tiny_models import tiny_hf_clip
 from conftest import run_fresh_python, tiny_bert_config, write_tiny_tokenizer
 from PIL import Image
 from test_modeling_vit import UNEQUAL, hf_vit_dir  # noqa: F401  (hf_vit_dir: fixture)
-from transformers import BertForSequenceClassification, CLIPImageProcessor, pipeline
+from transformers import AutoTokenizer, BertForSequenceClassification, CLIPImageProcessor, pipeline
 
 from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.cli import main as cli_main
@@ -255,6 +255,39 @@ def test_generation_handler_and_token_stream(decoder_folder):
         handler({"inputs": "a", "parameters": {"max_new_tokens": 10**6}})
     with pytest.raises(module.RequestError, match="more than the model's 64 positions"):
         handler({"inputs": "the " * 70, "parameters": {"max_new_tokens": 4}})
+
+
+def test_the_onnx_backend_serves_an_export(text_folder, tmp_path):
+    """`--backend onnx`: an export folder of `hydra-hf export` behind the same handler, equal to the PyTorch
+    folder's answers within the export's own check (1e-4); each backend refuses the other's folder in one line."""
+    pytest.importorskip("onnxruntime", reason="the onnx extra")
+    from hydra_hf.onnx.export import export_onnx
+
+    export = export_onnx(text_folder, tmp_path / "onnx")
+    onnx_answer = build_handler(ServeSpec(str(export), backend="onnx"))({"inputs": TEXTS})
+    torch_answer = build_handler(ServeSpec(str(text_folder)))({"inputs": TEXTS})
+    for got, expected in zip(onnx_answer, torch_answer):
+        assert [e["label"] for e in got] == [e["label"] for e in expected]
+        assert [e["score"] for e in got] == pytest.approx([e["score"] for e in expected], abs=1e-4)
+        assert got[0]["uncertainty"] == pytest.approx(expected[0]["uncertainty"], abs=1e-4)
+    with pytest.raises(HydraInputError, match="is an ONNX export; serve it with --backend onnx"):
+        build_handler(ServeSpec(str(export)))
+    with pytest.raises(HydraInputError, match="is not an ONNX export; export it first"):
+        build_handler(ServeSpec(str(text_folder), backend="onnx"))
+
+
+def test_a_stock_classifier_is_served_as_one_member(text_folder):
+    """The baseline behind the same server: a stock classifier folder, answered in the same shape (one member,
+    mutual information 0), its scores the model's softmax."""
+    stock = text_folder.parent / "tiny"
+    answer = build_handler(ServeSpec(str(stock)))({"inputs": TEXTS[:2]})
+    model = BertForSequenceClassification.from_pretrained(stock).eval()
+    tokenizer = AutoTokenizer.from_pretrained(stock)
+    with torch.no_grad():
+        probs = model(**tokenizer(TEXTS[:2], padding=True, return_tensors="pt")).logits.softmax(-1)
+    for row, per_text in zip(probs, answer):
+        assert per_text[0]["score"] == pytest.approx(float(row.max()), abs=1e-6)
+        assert len(per_text[0]["member_scores"]) == 1 and per_text[0]["uncertainty"]["mutual_information"] == 0
 
 
 def test_push_stages_the_handler_and_refuses_a_foreign_one(text_folder, tmp_path):

@@ -20,8 +20,9 @@ from conftest import free_port
 from test_handler import CALIBRATION, _text_hydra, _with_calibration
 
 from hydra_hf.assemble import convert_checkpoint
+from hydra_hf.errors import HydraInputError, HydraTypeError
 from hydra_hf.masks import load_masks
-from hydra_hf.workflows.serve import ServeSpec, handler_module, serve, stream_tokens
+from hydra_hf.workflows.serve import ServeSpec, build_app, handler_module, serve, stream_tokens
 
 ray = pytest.importorskip("ray", reason="the serve extra (pip install 'hydra-hf[serve]')")
 
@@ -79,6 +80,20 @@ def _same(answer, expected, tol: float = 1e-6) -> bool:
         if a.get("prediction_set") != e.get("prediction_set") or a.get("abstain") != e.get("abstain"):
             return False
     return True
+
+
+def test_build_app_takes_serve_run_arguments(folders):
+    """`serve run hydra_hf.workflows.serve:build_app model=DIR replicas=2 ...` (and a KubeRay serveConfigV2) pass
+    strings: they become ServeSpec's types; an unknown or malformed argument is one line."""
+    from ray.serve import Application
+
+    app = build_app({"model": str(folders["classifier"]), "replicas": "2", "max_batch_size": "16",
+                     "batch_wait_ms": "2.5", "trust_foreign_code": "false"})
+    assert isinstance(app, Application)
+    with pytest.raises(HydraInputError, match="unexpected keyword argument 'replica'"):
+        build_app({"model": str(folders["classifier"]), "replica": "2"})
+    with pytest.raises(HydraTypeError, match="replicas must be an integer, got 'two'"):
+        build_app({"model": str(folders["classifier"]), "replicas": "two"})
 
 
 def test_health_and_inference_client(classifier, monkeypatch):

@@ -390,7 +390,7 @@ class EndpointHandler:
             post["hypothesis_template"] = parameters.get("hypothesis_template", "This is a photo of {}.")
         answers = []
         for row in member_logits:  # (M, C)
-            outputs = {"member_logits": row[None], "logits": row[None, 0]}
+            outputs = {"member_logits": row[None]}  # what the pipelines' postprocess reads: (1, M, C)
             if candidate_labels is not None:
                 outputs["candidate_labels"] = candidate_labels
             answers.append(elements(self.pipe.postprocess(outputs, **post)))

@@ -463,6 +463,37 @@ def deployment(spec: ServeSpec) -> Any:
     return HydraDeployment
 
 
+def build_app(args: dict[str, Any]) -> Any:
+    """A Ray Serve application builder: ``serve run hydra_hf.workflows.serve:build_app model=DIR replicas=2``, or
+    ``import_path: hydra_hf.workflows.serve:build_app`` with ``args`` in a Serve config file (a KubeRay
+    ``RayService``'s ``serveConfigV2``). ``args`` are :class:`ServeSpec`'s fields (strings from the command line are
+    converted); the folder is read by the replicas, on whichever nodes they run."""
+    fields = {field: _convert(field, value) for field, value in dict(args).items()}
+    try:
+        spec = ServeSpec(**fields)
+    except TypeError as exc:  # an unknown field
+        raise HydraInputError(f"build_app: {one_line(exc)}; the arguments are ServeSpec's fields") from None
+    return deployment(spec).bind(asdict(spec))
+
+
+def _convert(field: str, value: Any) -> Any:
+    """A ``serve run`` argument (always a string) as the type of the ServeSpec field it names."""
+    if not isinstance(value, str):
+        return value
+    kind = ServeSpec.__dataclass_fields__.get(field)
+    kind = kind.type if kind is not None else "str"
+    if kind.startswith("int"):
+        return int(value) if value.lstrip("-").isdigit() else value
+    if kind.startswith("float"):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    if kind == "bool":
+        return value.strip().lower() in ("1", "true", "yes")
+    return value
+
+
 # --------------------------------------------------------------------------------------- the server
 class ServeHandle:
     """A running server: ``url``; :meth:`shutdown` answers the requests it accepted, then stops."""
@@ -568,4 +599,4 @@ def serve(spec: ServeSpec, *, block: bool = True) -> ServeHandle:
     return handle
 
 
-__all__ = ["BACKENDS", "ServeHandle", "ServeSpec", "build_handler", "serve", "stream_tokens"]
+__all__ = ["BACKENDS", "ServeHandle", "build_app", "ServeSpec", "build_handler", "serve", "stream_tokens"]
