@@ -114,7 +114,8 @@ def run_locust(url: str, clients: int, texts_file: Path, args: argparse.Namespac
     command = [sys.executable, "-m", "locust", "--headless", "-f", str(LOCUSTFILE), "--host", url, "-u", str(clients),
                "-r", str(clients), "--run-time", f"{args.max_seconds}s", "--stop-timeout", "30", "--only-summary",
                "--loglevel", "ERROR"]
-    subprocess.run(command, env=env, check=False, stdout=subprocess.DEVNULL, timeout=args.max_seconds + 120)
+    subprocess.run(command, env=env, check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=args.max_seconds + 120)
     return [json.loads(line) for line in records.read_text().splitlines()] if records.is_file() else []
 
 
