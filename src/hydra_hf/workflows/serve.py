@@ -471,6 +471,8 @@ def build_app(args: dict[str, Any]) -> Any:
     fields = {field: _convert(field, value) for field, value in dict(args).items()}
     try:
         spec = ServeSpec(**fields)
+    except HydraError:
+        raise
     except TypeError as exc:  # an unknown field
         raise HydraInputError(f"build_app: {one_line(exc)}; the arguments are ServeSpec's fields") from None
     return deployment(spec).bind(asdict(spec))
