@@ -81,6 +81,7 @@ APP_NAME = "hydra"
 PREDICT_PATHS = ("/", "/predict")
 MAX_BODY_BYTES = 32 * 2**20
 SERVE_FIX = "install the serve extra: pip install 'hydra-hf[serve]' (Ray Serve)"
+RAY_TOKEN_FILE = Path.home() / ".ray" / "auth_token"  # where `ray start --head` keeps the cluster's token
 
 
 @dataclass
@@ -537,6 +538,15 @@ def _check_port(host: str, port: int) -> None:
                                   "--host") from None
 
 
+def _join_in_token_mode() -> None:
+    """Ray's clusters authenticate with a token (``ray start --head`` writes ``~/.ray/auth_token``); a driver that
+    joins one sends it only in token mode, which Ray reads when it is imported: set it first, when a token is
+    found and no mode is set."""
+    token = os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or RAY_TOKEN_FILE.is_file()
+    if token and "RAY_AUTH_MODE" not in os.environ and "ray" not in sys.modules:
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
 def _start_ray(spec: ServeSpec) -> bool:
     """Join ``spec.address`` or start Ray on this machine (unless this process runs Ray already); returns whether
     Ray was started here."""
@@ -566,6 +576,8 @@ def serve(spec: ServeSpec, *, block: bool = True) -> ServeHandle:
     The folder is checked in this process first (its handler built and warmed up, then dropped), so that a folder
     that cannot answer is one :class:`HydraError` line and Ray never starts.
     """
+    if spec.address is not None:
+        _join_in_token_mode()
     require_serve()
     check = build_handler(spec)
     description = check.describe()
@@ -576,8 +588,12 @@ def serve(spec: ServeSpec, *, block: bool = True) -> ServeHandle:
     started = False
     if spec.address is None:
         _check_port(spec.host, spec.port)
+    stop = threading.Event()
+    previous: dict[int, Any] = {}
     try:
         started = _start_ray(spec)
+        if block:  # after ray.init, whose own SIGTERM handler would abort the process mid-way
+            previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
         ray_serve.start(http_options={"host": spec.host, "port": spec.port})
         ray_serve.run(deployment(spec).bind(asdict(spec)), name=APP_NAME, route_prefix="/", blocking=False)
     except HydraError:
@@ -589,10 +605,8 @@ def serve(spec: ServeSpec, *, block: bool = True) -> ServeHandle:
                 description["task"], description["members"], spec.url, spec.replicas, spec.max_batch_size)
     if not block:
         return handle
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while not stop.wait(0.5):
+        while not stop.wait(0.5):  # until SIGINT / SIGTERM (one received while starting stops at once)
             pass
     finally:
         for sig, handler in previous.items():
