@@ -37,9 +37,9 @@ def _texts(n: int, seed: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """One Ray for the whole module (each server below starts and stops Serve on it)."""
+    """One Ray for the whole module: the classifier's 2 replicas and the decoder's 1 (one reserved CPU each)."""
     metrics_port = free_port()
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20, log_to_driver=False,
+    ray.init(num_cpus=3, include_dashboard=False, object_store_memory=100 * 2**20, log_to_driver=False,
              _metrics_export_port=metrics_port)
     yield metrics_port
     ray.shutdown()
@@ -94,6 +94,12 @@ def test_build_app_takes_serve_run_arguments(folders):
         build_app({"model": str(folders["classifier"]), "replica": "2"})
     with pytest.raises(HydraTypeError, match="replicas must be an integer, got 'two'"):
         build_app({"model": str(folders["classifier"]), "replicas": "two"})
+    for field, value, problem in (("name", "a b", "letters, digits"), ("route_prefix", "hydra", "must start with"),
+                                  ("route_prefix", "/hydra/", "not end with one")):
+        with pytest.raises(HydraInputError, match=f"{field}={value!r}.*{problem}"):
+            build_app({"model": str(folders["classifier"]), field: value})
+    spec = ServeSpec(str(folders["classifier"]), host="0.0.0.0", port=9, route_prefix="/hydra")
+    assert spec.url == "http://127.0.0.1:9/hydra" and ServeSpec(str(folders["classifier"]), port=9).url.endswith(":9")
 
 
 def test_health_and_inference_client(classifier, monkeypatch):
@@ -148,15 +154,30 @@ def test_32_concurrent_clients_get_their_own_answers(classifier):
     assert inputs == sum(len(j) for j in jobs) and batches < len(jobs)
 
 
-def _batched(handle) -> tuple[int, int]:
-    """(batches, inputs) summed over the replicas that /health reaches."""
-    seen = {}
-    for _ in range(40):
+def _replica_health(handle) -> dict[int, dict]:
+    """/health of every replica (by process id): 8 requests at once, so that the router spreads them."""
+    seen: dict[int, dict] = {}
+
+    def ask() -> None:
         health = requests.get(f"{handle.url}/health", timeout=30).json()
-        seen[health["pid"]] = (health["batches"], health["inputs_answered"])
-        if len(seen) == handle.spec.replicas:
+        seen.setdefault(health["pid"], health)
+
+    for _ in range(20):
+        threads = [threading.Thread(target=ask) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if len(seen) >= handle.spec.replicas:
             break
-    return sum(b for b, _ in seen.values()), sum(i for _, i in seen.values())
+    return seen
+
+
+def _batched(handle) -> tuple[int, int]:
+    """(batches, inputs) summed over the replicas."""
+    seen = _replica_health(handle)
+    assert len(seen) == handle.spec.replicas, seen
+    return sum(h["batches"] for h in seen.values()), sum(h["inputs_answered"] for h in seen.values())
 
 
 def test_bad_requests_get_4xx_and_the_next_request_is_answered(classifier):
@@ -215,9 +236,8 @@ def test_a_replica_killed_under_load_is_replaced(classifier):
     """SIGKILL one of two replicas while 8 clients send requests: the failed requests are counted (not answered
     wrongly: every 200 equals a direct call), and Ray Serve starts a replacement."""
     handle, direct = classifier
-    pids = set()
-    while len(pids) < 2:
-        pids.add(requests.get(f"{handle.url}/health", timeout=30).json()["pid"])
+    pids = set(_replica_health(handle))
+    assert len(pids) == 2
     victim = min(pids)
     texts = _texts(2, seed=3)
     expected = direct({"inputs": texts})
@@ -244,8 +264,7 @@ def test_a_replica_killed_under_load_is_replaced(classifier):
     replaced = False
     while time.monotonic() < deadline and not replaced:
         time.sleep(1)
-        pids_now = {requests.get(f"{handle.url}/health", timeout=30).json()["pid"] for _ in range(6)}
-        replaced = len(pids_now - pids) > 0
+        replaced = len(set(_replica_health(handle)) - pids) > 0
     stop.set()
     for t in threads:
         t.join()
@@ -258,11 +277,15 @@ def test_a_replica_killed_under_load_is_replaced(classifier):
 def test_a_decoder_streams_tokens_with_their_uncertainty(cluster, folders, classifier, monkeypatch):
     """A causal LM's server: JSON answers, and "stream": true as server-sent events that
     InferenceClient.text_generation(stream=True, details=True) reads, each token with its uncertainty, the same
-    tokens as the direct stream; then a shutdown under load answers every request it accepted."""
+    tokens as the direct stream; then a shutdown under load answers every request it accepted. The decoder is a
+    second application beside the classifier, on the same Serve under its own route, and its shutdown leaves the
+    classifier answering."""
     handle, _ = classifier
-    handle.shutdown()  # one application at a time on this Ray
-    spec = ServeSpec(str(folders["decoder"]), port=free_port(), max_batch_size=4)
+    spec = ServeSpec(str(folders["decoder"]), port=handle.spec.port, max_batch_size=4, name="decoder",
+                     route_prefix="/decoder")
     decoder = serve(spec, block=False)
+    assert decoder.url == f"{handle.url}/decoder"
+    assert requests.get(f"{decoder.url}/health", timeout=30).json()["task"] == "hydra-text-generation"
     direct = handler_module(folders["decoder"]).EndpointHandler(str(folders["decoder"]))
     parameters = {"max_new_tokens": 6, "do_sample": False}
     r = requests.post(f"{decoder.url}/", json={"inputs": "the movie was", "parameters": parameters}, timeout=60)
@@ -306,3 +329,4 @@ def test_a_decoder_streams_tokens_with_their_uncertainty(cluster, folders, class
     codes = Counter(code for _, code in outcomes)
     # every request either answered (200) or refused cleanly once the application was gone (404), none cut off
     assert set(codes) <= {200, 404} and codes[200] > 0, codes
+    assert requests.post(f"{handle.url}/predict", json={"inputs": "a good film"}, timeout=60).status_code == 200

@@ -101,6 +101,9 @@ class ServeSpec:
         address: a running Ray cluster to join (``ray start --head`` prints it); None starts Ray on this machine.
         metrics_port: the port of Ray's Prometheus metrics (None: Ray picks one; ray.init logs it).
         trust_foreign_code: serve a folder whose ``handler.py`` is not the file hydra_hf ships.
+        name, route_prefix: the Ray Serve application and the path it answers under (several folders can be
+            served by one Serve at once, each under its own prefix: ``/a/predict``, ``/b/predict``; they share the
+            host and port of the first, which started Serve).
     """
 
     model: str
@@ -115,6 +118,8 @@ class ServeSpec:
     address: str | None = None
     metrics_port: int | None = None
     trust_foreign_code: bool = False
+    name: str = APP_NAME
+    route_prefix: str = "/"
 
     def __post_init__(self) -> None:
         self.model = str(self.model)
@@ -136,11 +141,16 @@ class ServeSpec:
             raise HydraInputError(f"backend={self.backend!r} is unknown; use one of {list(BACKENDS)}")
         if not isinstance(self.host, str) or not self.host:
             raise HydraInputError(f"host={self.host!r} is not a host name or address")
+        if not isinstance(self.name, str) or not self.name.replace("-", "").replace("_", "").isalnum():
+            raise HydraInputError(f"name={self.name!r}: an application name is letters, digits, '-' and '_'")
+        prefix = self.route_prefix
+        if not isinstance(prefix, str) or not prefix.startswith("/") or (len(prefix) > 1 and prefix.endswith("/")):
+            raise HydraInputError(f"route_prefix={prefix!r} must start with '/' and not end with one (e.g. /hydra)")
 
     @property
     def url(self) -> str:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        return f"http://{host}:{self.port}"
+        return f"http://{host}:{self.port}{self.route_prefix.rstrip('/')}"
 
 
 # ----------------------------------------------------------------------------------- the handler
@@ -364,7 +374,11 @@ class ServerCore:
     async def respond(self, request: Any, predict_batch: Any) -> Any:
         from starlette.responses import JSONResponse, StreamingResponse  # the serve extra (Ray Serve's HTTP)
 
-        path = request.url.path.rstrip("/") or "/"
+        path = request.url.path
+        root = request.scope.get("root_path") or ""  # the application's route prefix
+        if root and path.startswith(root):
+            path = path[len(root):]
+        path = path.rstrip("/") or "/"
         try:
             if path == "/health":
                 if request.method != "GET":
@@ -440,7 +454,7 @@ def deployment(spec: ServeSpec) -> Any:
     serve = require_serve()
 
     @serve.deployment(
-        name=APP_NAME,
+        name=spec.name,
         num_replicas=spec.replicas,
         # one batch running and the next one filling (Ray's default of 5 would cap every batch at 5 requests)
         max_ongoing_requests=2 * spec.max_batch_size,
@@ -509,14 +523,16 @@ class ServeHandle:
 
     def shutdown(self) -> None:
         """Delete the application (every replica finishes the requests it holds: Ray Serve's graceful shutdown),
-        then stop Serve, and Ray if :func:`serve` started it."""
+        then stop Serve when it serves nothing else, and Ray if :func:`serve` started it."""
         if self._stopped:
             return
         self._stopped = True
         import ray  # the serve extra
         from ray import serve
 
-        serve.delete(APP_NAME)
+        serve.delete(self.spec.name)
+        if serve.status().applications:
+            return  # Serve (and Ray) keep serving the other applications
         serve.shutdown()
         if self._started_ray:
             ray.shutdown()
@@ -583,10 +599,11 @@ def serve(spec: ServeSpec, *, block: bool = True) -> ServeHandle:
     description = check.describe()
     del check
     gc.collect()
-    from ray import serve as ray_serve  # the serve extra
+    import ray  # the serve extra
+    from ray import serve as ray_serve
 
     started = False
-    if spec.address is None:
+    if spec.address is None and not ray.is_initialized():  # a Ray of this process may be serving on the port already
         _check_port(spec.host, spec.port)
     stop = threading.Event()
     previous: dict[int, Any] = {}
@@ -595,7 +612,8 @@ def serve(spec: ServeSpec, *, block: bool = True) -> ServeHandle:
         if block:  # after ray.init, whose own SIGTERM handler would abort the process mid-way
             previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
         ray_serve.start(http_options={"host": spec.host, "port": spec.port})
-        ray_serve.run(deployment(spec).bind(asdict(spec)), name=APP_NAME, route_prefix="/", blocking=False)
+        ray_serve.run(deployment(spec).bind(asdict(spec)), name=spec.name, route_prefix=spec.route_prefix,
+                      blocking=False)
     except HydraError:
         raise
     except Exception as exc:  # a replica that does not start: its traceback is in Ray's logs
