@@ -12,7 +12,8 @@ Models:
   ``*ForSequenceClassification``), a ViT image classifier, a ``CLIPModel`` (detected from
   ``config.json``), pruned as a zero-shot classifier, or a decoder causal LM (``LlamaForCausalLM``,
   ``MistralForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``GPT2LMHeadModel``), pruned on
-  next-token prediction;
+  next-token prediction; or a GGUF checkpoint (a ``.gguf`` file or a folder holding one), a causal LM read
+  through its cached plain folder (:func:`hydra_hf.families.resolve_checkpoint`);
 - ``--open-clip NAME --checkpoint PATH``: an open_clip CLIP model (a model name such as ``ViT-B-32``,
   or a local ``open_clip_config.json`` / a folder holding one) with local weights, zero-shot;
 - ``--timm NAME --checkpoint PATH``: a timm ViT image classifier with local weights (a file, or a
@@ -51,10 +52,11 @@ from typing import Any
 
 from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
 
+from ..convert.gguf import checkpoint_inputs, is_gguf
 from ..convert.io import from_pretrained
-from ..data import check_data_spec, read_class_names, zero_shot_class_names
+from ..data import check_data_spec, data_spec_paths, read_class_names, zero_shot_class_names, zero_shot_paths
 from ..errors import HydraUnsafeError
-from ..families import detect_family, get_adapter, is_causal_lm_folder
+from ..families import detect_family, get_adapter, is_causal_lm_folder, resolve_checkpoint
 from ..masks import load_masks
 from ..outputs import check_output_file
 from ..pruning.budget import Budget
@@ -62,7 +64,7 @@ from ..pruning.diversity import PRUNING_METHODS, parse_methods, uses_ood
 from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, load_open_clip, load_timm_vit
 from ..pruning.members import PruningTarget, build_members, load_pruning_target
 from ..pruning.neurons import check_mlp_keep
-from . import finite_float
+from . import finite_float, non_negative_int, positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +76,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
     )
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="Hugging Face checkpoint folder: text classifier, ViT classifier or CLIPModel")
+    source.add_argument("--model", help="Hugging Face checkpoint folder (text classifier, ViT classifier, CLIPModel, "
+                        "causal LM) or a GGUF checkpoint (a .gguf file or a folder holding one)")
     source.add_argument(
         "--open-clip",
         metavar="NAME",
@@ -100,11 +103,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="pruning method, or several comma-separated (one member each): "
         + "; ".join(f"{m.name}: {m.help}" for m in PRUNING_METHODS.values()),
     )
-    p.add_argument("--members", type=int, default=3, help="members to compute (default 3)")
+    p.add_argument("--members", type=non_negative_int, default=3, help="members to compute (default 3)")
     budget = p.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--heads-per-layer", type=int, help="keep K heads in every layer")
-    budget.add_argument("--remove", type=int, help="remove N heads in total (anywhere)")
-    p.add_argument("--seed", type=int, default=0, help="seed of member 0; member m uses seed+m")
+    budget.add_argument("--heads-per-layer", type=non_negative_int, help="keep K heads in every layer")
+    budget.add_argument("--remove", type=non_negative_int, help="remove N heads in total (anywhere)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of member 0; member m uses seed+m")
     p.add_argument("--id-data", required=True, help="labelled ID data: file, save_to_disk folder or NAME[:SPLIT] "
                    "(a causal LM: any texts; the labels are the next tokens)")
     p.add_argument("--ood-data", help="OOD data (needed by circuit-ood and circuit-avg)")
@@ -118,25 +121,28 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="column holding the integer class (or class name) of --id-data (default: label; not for causal LMs)",
     )
     p.add_argument("--image-column", help="image column (image data); image folders need none")
-    p.add_argument("--max-samples", type=int, help="use at most this many ID (and OOD) examples")
+    p.add_argument("--max-samples", type=positive_int, help="use at most this many ID (and OOD) examples")
     p.add_argument(
-        "--max-length", type=int, default=128, help="max tokens per text (default 128; a causal LM: per sequence)"
+        "--max-length", type=positive_int, default=128,
+        help="max tokens per text (default 128; a causal LM: per sequence)"
     )
     p.add_argument(
         "--batch-size",
-        type=int,
+        type=positive_int,
         default=None,
         help="examples per forward pass while scoring (default 32; causal LMs 8: their logits are B x T x V)",
     )
-    p.add_argument("--num-labels", type=int, help="classes of a checkpoint without a trained classifier head")
+    p.add_argument("--num-labels", type=positive_int, help="classes of a checkpoint without a trained classifier head")
     p.add_argument(
         "--temperature", type=finite_float, help="Taylor sampling temperature (default 1 for several members)"
     )
     p.add_argument(
         "--data-fraction", type=finite_float, help="fraction of the data per member (default 0.8 for several)"
     )
-    p.add_argument("--heads-per-step", type=int, default=1, help="circuit heads removed per step (1 = exact greedy)")
-    p.add_argument("--taylor-rounds", type=int, default=1, help="recompute rounds of the global Taylor ranking")
+    p.add_argument("--heads-per-step", type=positive_int, default=1,
+                   help="circuit heads removed per step (1 = exact greedy)")
+    p.add_argument("--taylor-rounds", type=positive_int, default=1,
+                   help="recompute rounds of the global Taylor ranking")
     p.add_argument("--mlp-keep", type=finite_float, metavar="F",
                    help="slim members (an extension): every member also keeps this fraction of each layer's MLP "
                         "neurons, by Taylor importance on its own data (e.g. 0.33: 3 members at about one model's "
@@ -207,11 +213,18 @@ def _check_source(args: argparse.Namespace) -> None:
         read_class_names(args.class_names)  # ValueError for an empty list or a name given twice
 
 
-def _hf_config(path: str, trust_remote_code: bool = False) -> Any:
-    folder = Path(path)
+def _hf_config(path: str, trust_remote_code: bool = False) -> tuple[Any, Path]:
+    """The config of ``--model`` and the folder it is read from (a GGUF checkpoint's cached plain folder)."""
+    if not Path(path).exists():
+        raise FileNotFoundError(
+            f"--model {path!r} does not exist; pass a Hugging Face checkpoint folder or a .gguf file"
+        )
+    folder = resolve_checkpoint(path)
     if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"--model {path!r} is not a Hugging Face checkpoint folder (no config.json there)")
-    return from_pretrained(AutoConfig, folder, trust_remote_code=trust_remote_code)
+        raise FileNotFoundError(
+            f"--model {path!r} is not a Hugging Face checkpoint folder (no config.json there) nor a GGUF checkpoint"
+        )
+    return from_pretrained(AutoConfig, folder, trust_remote_code=trust_remote_code), folder
 
 
 def _clip_text_inputs(
@@ -238,8 +251,7 @@ def _load_target(args: argparse.Namespace) -> PruningTarget:
         label2id = {str(n): i for i, n in enumerate(label_names)} if label_names else None
         return PruningTarget(get_adapter(model), transform, None, model.num_classes, label2id, False)
 
-    config = _hf_config(args.model, args.trust_remote_code)
-    folder = Path(args.model)
+    config, folder = _hf_config(args.model, args.trust_remote_code)
     family = detect_family(folder)  # refuses unknown layouts and task heads the family does not build
     if family.task == "zero-shot-image-classification":
         if args.num_labels is not None:
@@ -357,9 +369,19 @@ def _is_masks_file(path: Path) -> bool:
 def _check_not_an_input(output: Path, args: argparse.Namespace) -> None:
     """The masks file may not replace (or be) one of the files this command reads."""
     real = output.resolve()
-    for name in ("model", "checkpoint", "include_masks", "class_names", "id_data", "ood_data"):
-        value = getattr(args, name, None)
-        if isinstance(value, str) and value and Path(value).exists() and Path(value).resolve() == real:
-            raise HydraUnsafeError(
-                f"--output {str(output)!r} is the --{name.replace('_', '-')} input; choose another file"
-            )
+    read = {"model": [args.model], "checkpoint": [args.checkpoint], "open_clip": [args.open_clip],
+            "include_masks": [args.include_masks], "class_names": zero_shot_paths(args.class_names),
+            "id_data": data_spec_paths(args.id_data), "ood_data": data_spec_paths(args.ood_data)}
+    for name, paths in read.items():
+        for value in paths:
+            if value and Path(value).exists() and Path(value).resolve() == real:
+                raise HydraUnsafeError(
+                    f"--output {str(output)!r} is the --{name.replace('_', '-')} input; choose another file"
+                )
+    if args.model and is_gguf(args.model):  # a GGUF file's folder and the cache of its plain copy are inputs too
+        for folder in checkpoint_inputs(args.model)[2:]:
+            if folder.resolve() in real.parents:
+                raise HydraUnsafeError(
+                    f"--output {str(output)!r} lies inside {str(folder)!r}, an input of the GGUF --model; choose a "
+                    "file outside it"
+                )

@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 NOT_ARCHITECTURE = {
     "architectures", "id2label", "label2id", "_name_or_path", "transformers_version", "torch_dtype", "dtype",
     "problem_type", "auto_map", "num_labels", "finetuning_task", "gradient_checkpointing", "use_cache",
+    "gguf_source",  # the GGUF file a materialised checkpoint came from (hydra_hf.convert.gguf.CONFIG_KEY)
 }
 # config keys that must agree between the member checkpoints of a text encoder
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
@@ -90,22 +91,28 @@ def label_arguments(
     ``(M, C, in)``) and label names when it has them, else ``id2label`` / ``num_labels`` (default 2).
 
     ``names``: the checkpoint's label names, a dict or a list (default ``raw["id2label"]``); they are kept
-    when there is one per class. ``raw["problem_type"]`` goes with a trained classifier.
+    when there is one per class, with ``label2id`` (their inverse: data labelled with the class names maps
+    through it). ``raw["problem_type"]`` goes with a trained classifier.
     """
     if head_key in state:
         n = state[head_key].shape[1]
         names = raw.get("id2label") if names is None else names
         out: dict[str, Any] = {"num_labels": n}
         if isinstance(names, dict) and len(names) == n:
-            out = {"id2label": {int(k): v for k, v in names.items()}}
+            out = _labels({int(k): v for k, v in names.items()})
         elif isinstance(names, (list, tuple)) and len(names) == n:
-            out = {"id2label": dict(enumerate(names))}
+            out = _labels(dict(enumerate(names)))
         if raw.get("problem_type"):
             out["problem_type"] = raw["problem_type"]
         return out
     if id2label:
-        return {"id2label": {int(k): v for k, v in id2label.items()}}
+        return _labels({int(k): v for k, v in id2label.items()})
     return {"num_labels": num_labels or 2}
+
+
+def _labels(id2label: dict[int, Any]) -> dict[str, Any]:
+    """``id2label`` and its inverse ``label2id`` (transformers 5 derives neither from the other)."""
+    return {"id2label": id2label, "label2id": {str(v): k for k, v in id2label.items()}}
 
 
 def load_fused(

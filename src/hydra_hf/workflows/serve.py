@@ -66,9 +66,9 @@ from transformers import (
 
 from ..errors import HydraError, HydraInputError, HydraTypeError, one_line
 from ..hub.audit import FOREIGN_CODE_FLAG, check_packaged, is_packaged, read_python_source
-from ..metrics.uncertainty import entropy_of_log_probs
 from ..modeling import pipeline_hydra
 from ..modeling.handler import MAX_INPUTS
+from ..modeling.hydra_formulas import log_prob_uncertainty
 from ..onnx.runtime import is_onnx_export
 from ..onnx.runtime import pipeline as onnx_pipeline
 from ..outputs import read_model_config
@@ -271,10 +271,10 @@ def stream_tokens(model: Any, tokenizer: Any, prompt: str, parameters: dict[str,
         out = model(input_ids=ids, attention_mask=mask, use_cache=True)
         for step in range(max_new):
             member_log_probs = F.log_softmax(out.member_logits[:, :, -1].float(), dim=-1)  # (1, M, V)
-            members = member_log_probs.shape[1]
-            log_probs = torch.logsumexp(member_log_probs, dim=1) - math.log(members)  # (1, V)
-            entropy = float(entropy_of_log_probs(log_probs)[0])
-            information = max(entropy - float(entropy_of_log_probs(member_log_probs).mean()), 0.0)
+            next_token = log_prob_uncertainty(member_log_probs)
+            log_probs = next_token["log_probs"]  # (1, V)
+            entropy = float(next_token["predictive_entropy"][0])
+            information = float(next_token["mutual_information"][0])
             scores = processors(ids, log_probs) if len(processors) else log_probs
             if parameters.get("do_sample"):
                 token = int(torch.multinomial(torch.softmax(scores, dim=-1), 1)[0, 0])
