@@ -31,7 +31,8 @@ from hydra_hf.workflows.serve import ServeSpec, build_handler, handler_module, s
 KEPT = [[[0, 1], [2, 3], [1]], [[1, 2, 3], [0], []], [[0], [0, 1, 2, 3], [0, 2]]]
 TEXTS = ["the movie was very good", "a boring plot and awful actor", "i was not fun", "great fun", "bad"]
 # a calibration as `hydra-hf calibrate` stores it (LAC sets, abstention on 1 - max p)
-CALIBRATION = {"method": "lac", "q_hat": 0.62, "alpha": 0.1, "score": "msp", "threshold": None, "risk": 0.05}
+CALIBRATION = {"method": "lac", "q_hat": 0.62, "alpha": 0.1, "n": 200, "score": "msp", "threshold": None,
+               "risk": 0.05, "delta": 0.1}
 
 
 def _text_hydra(root):
@@ -156,9 +157,9 @@ def test_bad_requests_are_one_line_errors(text_folder, data, words):
 
 
 @pytest.mark.parametrize("calibration, words", [
-    ({"method": "lac", "q_hat": "NaN"}, "q_hat must be a finite number"),
-    ({"method": "lac", "q_hat": 0.5, "score": "rm -rf"}, "selective score 'rm -rf' is unknown"),
-    ({"method": "__import__('os')", "q_hat": 0.5}, "is not a calibration of `hydra-hf calibrate`"),
+    ({**CALIBRATION, "q_hat": "NaN"}, "q_hat 'NaN' must be a finite number"),
+    ({**CALIBRATION, "threshold": 0.5, "score": "rm -rf"}, "score 'rm -rf' must be one of"),
+    ({**CALIBRATION, "method": "__import__('os')"}, "method \"__import__('os')\" must be one of"),
 ])
 def test_a_hostile_calibration_never_starts(text_folder, tmp_path, capsys, calibration, words):
     """Fitted values that cannot answer are refused when the handler starts (one line), never per request."""
