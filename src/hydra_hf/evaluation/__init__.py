@@ -10,12 +10,11 @@ ensemble prediction is always the mean of the members' softmaxes, so all baselin
 same metric code. The names below are the package's public face (``from hydra_hf.evaluation import
 ModelPredictor, make_loader, predict``)."""
 
-from ..data import zero_shot_prompts
+from ..data import make_loader, zero_shot_prompts
 from .loading import (
     check_deep_ensemble_model,
     fit_tokenizer_to_model,
     load_classifier,
-    make_loader,
     max_text_positions,
 )
 from .predictors import (

@@ -39,6 +39,7 @@ from ..convert.gguf import checkpoint_inputs
 from ..data import (
     check_data_spec,
     data_spec_paths,
+    make_loader,
     parse_spec,
     read_templates,
     resolve_dataset,
@@ -261,7 +262,7 @@ def _classifier_setup(spec: EvaluationSpec, models: dict[str, str]) -> _Setup:
                                label2id=label2id if labelled else None, max_samples=spec.max_samples)
 
     def loader(dataset):  # under `accelerate launch`, each process predicts one shard (gathered in order)
-        return loading.make_loader(dataset, preprocessor, modality, batch_size=spec.batch_size,
+        return make_loader(dataset, preprocessor, modality, batch_size=spec.batch_size,
                                    max_length=spec.max_length, shard=True)
 
     id_loader = loader(data(spec.id_data, True))
@@ -316,7 +317,7 @@ def _zero_shot_setup(spec: EvaluationSpec, models: dict[str, str], family: str) 
             check_same_images(reference, model, name)
 
     def loader(dataset):  # under `accelerate launch`, each process predicts one shard (gathered in order)
-        return loading.make_loader(dataset, reference.image_processor, "image", batch_size=spec.batch_size, shard=True)
+        return make_loader(dataset, reference.image_processor, "image", batch_size=spec.batch_size, shard=True)
 
     predictors: dict[str, pr.Predictor] = {name: model.predictor(names, templates) for name, model in loaded.items()}
     shown = ", ".join(templates[:3]) + (", ..." if len(templates) > 3 else "")
