@@ -93,13 +93,24 @@ push_to_hub.__hydra_hub__ = True  # type: ignore[attr-defined]
 _SUBMODULES = frozenset({
     "assemble", "calibration", "cli", "convert", "cost", "data", "distributed", "errors", "evaluation", "families",
     "finetune", "hub", "lazy", "masks", "metrics", "modeling", "onnx", "outputs", "progress", "pruning", "recipes",
-    "reproducibility", "saving", "version",
+    "reproducibility", "saving", "version", "workflows",
 })
+# The verbs' functions, by the names they had before hydra_hf.workflows held them (docs/architecture.md, "Moved
+# names"): hydra_hf.NAME finds each in its workflows module on first access.
+_WORKFLOW_NAMES = {
+    "build_members": "prune",
+    "calibrate_folder": "calibrate",
+    "EvaluationSpec": "evaluate",
+    "evaluate_folder": "evaluate",
+    "export_onnx": "export",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
+    if name in _WORKFLOW_NAMES:
+        return getattr(importlib.import_module(f".workflows.{_WORKFLOW_NAMES[name]}", __name__), name)
     raise AttributeError(f"module 'hydra_hf' has no attribute {name!r}")
 
 
