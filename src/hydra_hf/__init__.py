@@ -95,8 +95,8 @@ _SUBMODULES = frozenset({
     "finetune", "hub", "lazy", "masks", "metrics", "modeling", "onnx", "outputs", "progress", "pruning", "recipes",
     "reproducibility", "saving", "version", "workflows",
 })
-# The verbs' functions, by the names they had before hydra_hf.workflows held them (docs/architecture.md, "Moved
-# names"): hydra_hf.NAME finds each in its workflows module on first access.
+# The verbs' functions under the package root (docs/architecture.md, "Names with a second import path"):
+# hydra_hf.NAME finds each in its workflows module on first access.
 _WORKFLOW_NAMES = {
     "build_members": "prune",
     "calibrate_folder": "calibrate",

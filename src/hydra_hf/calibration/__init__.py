@@ -5,7 +5,7 @@ then Test), temperature scaling (:mod:`.temperature`), the shipped pipelines' fl
 ``config.calibration`` stores (:mod:`.fit`) and the decisions' evaluation on test outputs (:mod:`.report`).
 
 ``hydra-hf calibrate`` (predict on data, fit, write the calibrated copy of a folder) is
-:func:`hydra_hf.workflows.calibrate.calibrate` (``hydra_hf.calibrate_folder``, the earlier call)."""
+:func:`hydra_hf.workflows.calibrate.calibrate` (``hydra_hf.calibrate_folder``: the same with keyword options)."""
 
 from .conformal import ConformalFit, conformal_quantile, fit_conformal, min_calibration_size, prediction_sets
 from .fit import CONFIG_KEY, data_sha256, fit_calibration, guarantee_text

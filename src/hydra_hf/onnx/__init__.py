@@ -6,7 +6,7 @@ One floor, below evaluation (which runs exports as it runs PyTorch models): :mod
 running an export), :mod:`.export` (the graph, its check against PyTorch, the export folder's files),
 :mod:`.int8` (the int8 recipes) and :mod:`.graph` (what they share). ``hydra-hf export``, which measures the
 int8 graph against fp32 with the evaluation code, is :func:`hydra_hf.workflows.export.export`
-(``hydra_hf.export_onnx``, the earlier call). This package's face holds the runtime only.
+(``hydra_hf.export_onnx``: the same with keyword options). This package's face holds the runtime only.
 
 Everything here needs the optional packages ``onnx``, ``onnxruntime`` and ``onnxscript``
 (``pip install hydra-hf[onnx]``); they are imported on first use, so ``import hydra_hf.onnx`` works

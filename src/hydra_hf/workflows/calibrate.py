@@ -234,8 +234,8 @@ def calibrate(spec: CalibrateSpec) -> dict[str, Any]:
 
 def calibrate_folder(folder: str | os.PathLike, data: str, output: str | os.PathLike, *, seed: int = 0,
                      randomized: bool = False, **options: Any) -> dict[str, Any]:
-    """The earlier call of :func:`calibrate`, kept for its callers (``hydra_hf.calibrate_folder``): the
-    options are :class:`CalibrateSpec`'s fields; ``seed`` only keys randomised scores."""
+    """:func:`calibrate` with keyword options (``hydra_hf.calibrate_folder``): the options are
+    :class:`CalibrateSpec`'s fields; ``seed`` only keys randomised scores."""
     return calibrate(CalibrateSpec(folder, data, output, randomized=randomized, seed=seed if randomized else None,
                                    **options))
 

@@ -150,7 +150,7 @@ class EvaluateSpec:
         return models
 
 
-EvaluationSpec = EvaluateSpec  # its earlier name
+EvaluationSpec = EvaluateSpec  # its second name (hydra_hf.EvaluationSpec)
 
 
 @dataclass
@@ -555,4 +555,4 @@ def evaluate(spec: EvaluateSpec) -> FolderEvaluation:
     return FolderEvaluation("zero_shot" if family is not None else "classifier", Path(spec.report), spec.score, result)
 
 
-evaluate_folder = evaluate  # its earlier name (hydra_hf.evaluate_folder)
+evaluate_folder = evaluate  # its second name (hydra_hf.evaluate_folder)

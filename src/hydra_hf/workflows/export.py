@@ -206,8 +206,8 @@ def export(spec: ExportSpec) -> Path:
 
 def export_onnx(model_dir: str | os.PathLike, output_dir: str | os.PathLike, *, ood_data: Iterable[str] = (),
                 data_options: dict[str, Any] | None = None, **options: Any) -> Path:
-    """The earlier call of :func:`export` (``hydra_hf.export_onnx``), kept for its callers: ``data_options``
-    holds the report's data options, the other options are :class:`ExportSpec`'s fields."""
+    """:func:`export` with keyword options (``hydra_hf.export_onnx``): ``data_options`` holds the report's
+    data options, the other options are :class:`ExportSpec`'s fields."""
     return export(ExportSpec(model_dir, output_dir, ood_data=list(ood_data), **(data_options or {}), **options))
 
 
