@@ -103,6 +103,8 @@ _WORKFLOW_NAMES = {
     "EvaluationSpec": "evaluate",
     "evaluate_folder": "evaluate",
     "export_onnx": "export",
+    "ServeSpec": "serve",
+    "serve": "serve",
 }
 
 
@@ -129,7 +131,9 @@ __all__ = [
     "HydraEnsembleViTConfig",
     "HydraEnsembleViTModel",
     "HydraEnsembleViTPreTrainedModel",
+    "ServeSpec",
     "__version__",
     "convert_checkpoint",
     "load_masks",
+    "serve",
 ]

@@ -30,6 +30,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hydra_hf"
 LAZY_ALLOWED = frozenset({
     "onnx", "onnxruntime", "onnxscript", "open_clip", "timm", "peft", "matplotlib", "torchao", "scattertext",
     "mlxtend", "skimage", "gguf", "datasets", "pandas", "sklearn", "scipy",
+    # the serve extra (pip install 'hydra-hf[serve]'): Ray Serve and the Starlette responses of its HTTP proxy
+    "ray", "starlette",
 })
 
 # The floors, lowest first: a module may import from its own floor and the floors below. Every name is a whole

@@ -19,6 +19,7 @@ from hydra_hf.workflows.export import ExportSpec
 from hydra_hf.workflows.finetune import FinetuneSpec
 from hydra_hf.workflows.prune import PruneSpec
 from hydra_hf.workflows.push import PushSpec
+from hydra_hf.workflows.serve import ServeSpec
 
 VERBS = sorted(m.name for m in pkgutil.iter_modules(hydra_hf.workflows.__path__))
 
@@ -48,6 +49,7 @@ BAD = {
     "finetune": (lambda: FinetuneSpec("m", "k.json", "t", "o", labels="one"), "--labels needs at least two"),
     "prune": (lambda: PruneSpec("o.json", "id", model="m", method="circuit-avg", remove=1), "needs OOD validation"),
     "push": (lambda: PushSpec("f", "no-namespace"), "has no namespace"),
+    "serve": (lambda: ServeSpec("m", port=0), "port=0 is out of range"),
 }
 
 

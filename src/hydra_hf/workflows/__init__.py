@@ -13,4 +13,6 @@ does the verb. ``hydra_hf.cli`` is argparse and one call into here; no wing belo
 - :mod:`.aggregate`: ``hydra-hf aggregate``, one report of several seeds' reports.
 - :mod:`.export`: ``hydra-hf export``, a Hydra folder as one ONNX graph (and its int8 graph, measured).
 - :mod:`.push`: ``hydra-hf push``, a folder staged, validated and uploaded to the Hub in one commit.
+- :mod:`.serve`: ``hydra-hf serve``, a model folder behind Ray Serve (dynamic batching, the folder's own
+  ``handler.py``).
 """
