@@ -89,10 +89,10 @@ from hydra_hf.finetune.baselines import all_heads_masks
 from hydra_hf.finetune.checkpoint import claim_work_dir
 from hydra_hf.masks import HeadMasks
 from hydra_hf.outputs import prepare_owned_folder, write_output_file
-from hydra_hf.pruning import build_members
 from hydra_hf.pruning.budget import Budget
 from hydra_hf.recipes.ceiling import ceiling_table, render_ceiling
 from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads
+from hydra_hf.workflows.prune import build_members
 
 logger = logging.getLogger("ceiling_image")
 OUTPUT_COMMAND = "ceiling_image"  # the marker of the run's folder (hydra_hf.outputs)

@@ -24,9 +24,9 @@ from typing import Any
 
 from hydra_hf.cli import run_script
 from hydra_hf.errors import HydraInputError
-from hydra_hf.onnx.export import export_onnx
 from hydra_hf.onnx.int8 import INT8_RECIPES
 from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads, write_results_file
+from hydra_hf.workflows.export import export_onnx
 
 ID_DATA = "rotten_tomatoes:validation"
 OOD_DATA = {

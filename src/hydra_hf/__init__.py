@@ -95,15 +95,24 @@ _SUBMODULES = frozenset({
     "finetune", "hub", "lazy", "masks", "metrics", "modeling", "onnx", "outputs", "progress", "pruning", "recipes",
     "reproducibility", "saving", "version", "workflows",
 })
-# The library calls under the commands, imported with their module on first access (`hydra_hf.serve(spec)`)
-_WORKFLOWS = {"ServeSpec": "workflows.serve", "serve": "workflows.serve"}
+# The verbs' functions under the package root (docs/architecture.md, "Names with a second import path"):
+# hydra_hf.NAME finds each in its workflows module on first access.
+_WORKFLOW_NAMES = {
+    "build_members": "prune",
+    "calibrate_folder": "calibrate",
+    "EvaluationSpec": "evaluate",
+    "evaluate_folder": "evaluate",
+    "export_onnx": "export",
+    "ServeSpec": "serve",
+    "serve": "serve",
+}
 
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
-    if name in _WORKFLOWS:
-        return getattr(importlib.import_module(f".{_WORKFLOWS[name]}", __name__), name)
+    if name in _WORKFLOW_NAMES:
+        return getattr(importlib.import_module(f".workflows.{_WORKFLOW_NAMES[name]}", __name__), name)
     raise AttributeError(f"module 'hydra_hf' has no attribute {name!r}")
 
 

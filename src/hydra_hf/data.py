@@ -65,6 +65,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from . import distributed
 from .lazy import lazy_module
 from .reproducibility import seed_worker
 
@@ -794,6 +795,28 @@ def make_image_loader(
         collate_fn=_ImageCollator(transform),
         worker_init_fn=seed_worker,
     )
+
+
+def make_loader(dataset, preprocessor: Any, modality: str, batch_size: int = 32, max_length: int = 128,
+                *, shard: bool = False):
+    """A loader of model inputs for ``dataset`` (text: tokenizer; image: image processor).
+
+    With ``shard`` and several launched processes (``accelerate launch``), the loader covers this
+    process's contiguous shard only, and :func:`hydra_hf.evaluation.predict` gathers the shards' predictions in order.
+    """
+    sharded = shard and distributed.process_info().distributed
+    part = distributed.batch_shard(len(dataset), batch_size, distributed.ProcessInfo())  # one process: all batches
+    if sharded:
+        dataset, part = distributed.shard(dataset, batch_size)
+    if modality == "image":
+        loader = make_image_loader(
+            dataset, lambda im: preprocessor(im, return_tensors="pt")["pixel_values"][0], batch_size=batch_size
+        )
+    else:
+        loader = make_text_loader(dataset, preprocessor, batch_size=batch_size, max_length=max_length)
+    loader.hydra_sharded = sharded
+    loader.hydra_batches = part  # which batches of the whole data set this loader yields
+    return loader
 
 
 def pad_with_eos(tokenizer: Any, config: Any) -> Any:

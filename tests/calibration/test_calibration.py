@@ -436,8 +436,8 @@ def test_fresh_process_pipeline_returns_the_stored_decisions(hydra_folder, tmp_p
 
 def test_onnx_export_of_a_calibrated_folder_gives_the_same_decisions(hydra_folder, tmp_path):
     pytest.importorskip("onnxruntime")
-    from hydra_hf.onnx.export import export_onnx
     from hydra_hf.onnx.runtime import pipeline as onnx_pipeline
+    from hydra_hf.workflows.export import export_onnx
 
     data = _calibration_csv(hydra_folder, tmp_path / "cal.csv", n=300)
     out = tmp_path / "calibrated"

@@ -26,8 +26,9 @@ from hydra_hf.masks import HeadMasks, load_masks
 from hydra_hf.pruning.budget import Budget
 from hydra_hf.pruning.circuits import circuit_prune
 from hydra_hf.pruning.lm import causal_lm_adapter, lm_batches
-from hydra_hf.pruning.members import build_members, load_pruning_target
+from hydra_hf.pruning.members import load_pruning_target
 from hydra_hf.pruning.taylor import taylor_prune
+from hydra_hf.workflows.prune import build_members
 
 MAX_LENGTH, BATCH = 16, 4
 

@@ -1271,7 +1271,7 @@ def test_a_full_disk_names_the_file_being_written(sandbox, monkeypatch):
     import errno
     import shutil
 
-    from hydra_hf.calibration import fit
+    from hydra_hf.workflows import calibrate as fit
 
     def full(src, dst, **kwargs):  # what shutil's copy raises: filename = the source, filename2 = the destination
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(src), None, str(dst))

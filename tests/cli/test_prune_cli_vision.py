@@ -4,6 +4,7 @@ errors leave no output."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -119,14 +120,15 @@ def test_hf_clip_joint_circuits_end_to_end(hf_clip_dir, images, tmp_path, capsys
     assert config["vision_kept_heads"] == masks.towers["vision"].kept_heads
 
 
-def test_hf_clip_class_names_from_the_image_folder(hf_clip_dir, images, tmp_path, capsys):
-    """Without --class-names, an image folder's sub-folders are the class names (issue 24 item 8)."""
+def test_hf_clip_class_names_from_the_image_folder(hf_clip_dir, images, tmp_path, capsys, caplog):
+    """Without --class-names, an image folder's sub-folders are the class names (issue 24 item 8), logged."""
+    caplog.set_level(logging.INFO, logger="hydra_hf.workflows.prune")
     id_dir, _ = images
     out = tmp_path / "masks.json"
     rc = _prune(out, "--model", str(hf_clip_dir), "--id-data", str(id_dir), "--method", "taylor", "--remove", "2")
     assert rc == 0, capsys.readouterr().err
     assert load_masks(out).metadata["class_names"] == ["bird", "cat", "dog"]
-    assert "class names from the image folder" in capsys.readouterr().out
+    assert f"class names from the image folder {str(id_dir)!r}: bird, cat, dog" in caplog.text
 
 
 def test_hf_clip_one_tower_and_class_names_file(hf_clip_dir, images, tmp_path):

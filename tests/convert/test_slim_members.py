@@ -340,7 +340,7 @@ def test_slim_folder_remote_code_resave_pipeline_onnx_int8_and_push(tiny_bert_di
 
     from hydra_hf.cli import main
     from hydra_hf.onnx import OnnxHydraModel
-    from hydra_hf.onnx.export import export_onnx
+    from hydra_hf.workflows.export import export_onnx
 
     neurons = split_neurons(64, layers=3)
     masks = HeadMasks(kept_heads=[[[0, 1], [2], [1, 2, 3]], [[2, 3], [0, 1], []], [[0], [3], [0]]], num_heads=H,

@@ -49,7 +49,7 @@ def test_two_processes_write_the_one_process_report(tmp_path):
     pd.DataFrame({"text": [t[::-1] for t in texts[:11]]}).to_csv(tmp_path / "ood.csv", index=False)
     # an ONNX Runtime int8 export of the same model as one more row (needs the onnx extra)
     pytest.importorskip("onnxruntime")
-    from hydra_hf.onnx.export import export_onnx
+    from hydra_hf.workflows.export import export_onnx
 
     export_onnx(tmp_path / "hydra", tmp_path / "onnx", quantize="int8", calibration_data=str(tmp_path / "val.csv"))
     args = ["evaluate", "--model", str(tmp_path / "hydra"), "--baseline", f"Single={tmp_path / 'base'}",

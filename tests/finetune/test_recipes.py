@@ -8,6 +8,7 @@ warns in one line with the likely cause."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from types import SimpleNamespace
@@ -19,6 +20,7 @@ from hydra_hf.finetune import RECIPES, FinetuneConfig, demo_precision, get_recip
 from hydra_hf.finetune.trainer import MemberTrainer
 from hydra_hf.recipes.text import TextPipeline
 from hydra_hf.recipes.text import _finetune_config as finetune_config  # what examples/demo.py trains with
+from hydra_hf.workflows.finetune import FinetuneSpec
 
 
 def test_the_demo_recipes_are_the_demos_settings():
@@ -43,14 +45,21 @@ def _args(tmp_path, *argv: str) -> argparse.Namespace:
                               "--output", "o", *argv])
 
 
+def _config(args: argparse.Namespace) -> FinetuneConfig:
+    """The training settings of the command's spec (what `hydra-hf finetune` trains with)."""
+    settings = {f.name: getattr(args, f.name) for f in dataclasses.fields(FinetuneConfig) if hasattr(args, f.name)}
+    return FinetuneSpec(args.model, args.masks, args.train_data, args.output, recipe=args.recipe, config=args.config,
+                        settings=settings).training_config()
+
+
 def test_flags_override_the_recipe_and_the_recipe_is_logged(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="hydra_hf.cli.finetune")
-    config = cli_finetune.config_from_args(_args(tmp_path, "--recipe", "demo-single", "--max-steps", "40"))
+    caplog.set_level(logging.INFO, logger="hydra_hf.workflows.finetune")
+    config = _config(_args(tmp_path, "--recipe", "demo-single", "--max-steps", "40"))
     assert (config.learning_rate, config.max_steps, config.max_length) == (1e-4, 40, 48)
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("recipe demo-single"))
     assert "learning_rate=0.0001" in line and line.endswith("overridden by max_steps=40")
     # no --recipe: the paper's recipe for the base (text for BERT)
-    assert cli_finetune.config_from_args(_args(tmp_path)) == FinetuneConfig()
+    assert _config(_args(tmp_path)) == FinetuneConfig()
 
 
 def test_a_config_file_names_a_recipe_and_an_unknown_one_is_refused(tmp_path):

@@ -21,7 +21,7 @@ pytest.importorskip("onnxruntime")  # a guard only: tools/bootstrap.sh installs 
 pytest.importorskip("onnxscript")
 
 from hydra_hf.onnx import OnnxHydraModel, pipeline
-from hydra_hf.onnx.export import export_onnx
+from hydra_hf.workflows.export import export_onnx
 
 TEXTS = ["the movie was great fun", "awful boring plot", "it", "a film", "the actor was bad and the plot boring"]
 

@@ -34,10 +34,8 @@ pytest.importorskip("onnxruntime")  # a guard only: tools/bootstrap.sh installs 
 pytest.importorskip("onnxscript")
 
 from hydra_hf.onnx import OnnxHydraModel, pipeline
-from hydra_hf.onnx.export import (
-    export_onnx,
-    load_hydra_folder,
-)
+from hydra_hf.onnx.export import load_hydra_folder
+from hydra_hf.workflows.export import export_onnx
 
 ATOL = 1e-4
 FAMILIES = ("bert", "vit", "clip")

@@ -22,7 +22,7 @@ import pytest
 import torch
 from conftest import minilm_dir
 
-from hydra_hf.onnx.export import export_onnx
+from hydra_hf.workflows.export import export_onnx
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")

@@ -1,4 +1,4 @@
-"""`hydra_hf.pruning.build_members` without the CLI: data specs or loaded datasets -> masks, the same
+"""`hydra_hf.workflows.prune.build_members` without the CLI: data specs or loaded datasets -> masks, the same
 masks as `hydra-hf prune` for the same choices."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import torch
 from hydra_hf.cli import main
 from hydra_hf.data import resolve_dataset
 from hydra_hf.masks import HeadMasks
-from hydra_hf.pruning import Budget, build_members, load_pruning_target
+from hydra_hf.pruning import Budget, load_pruning_target
+from hydra_hf.workflows.prune import build_members
 
 WORDS = "the a movie film good bad great awful plot actor fun boring i it was is and not very".split()
 

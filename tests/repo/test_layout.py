@@ -9,9 +9,11 @@ Rules (issue 27, STYLE.md habit 12):
 (c) no circle among the modules, counting function-local imports and the package ``__init__.py``
     that importing a submodule runs (``from ..onnx.runtime import X`` runs ``onnx/__init__.py``);
 (d) imports that run back up :data:`FLOORS` (from a lower floor to a higher one): at most
-    :data:`MAX_BACK_UP`;
+    :data:`MAX_BACK_UP` (0), with floors that name whole packages (no package split across floors);
 (e) a lazy module (``hydra_hf.lazy.lazy_module("X")``: a stand-in at the top of a module, imported on first use)
-    only for the packages of :data:`LAZY_ALLOWED`, like a function-local import.
+    only for the packages of :data:`LAZY_ALLOWED`, like a function-local import;
+(f) no circle among the packages (``hydra_hf.X``: a package with every module in it, or a top-level module),
+    drawn from the same imports.
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ LAZY_ALLOWED = frozenset({
     "ray", "starlette",
 })
 
-# The floors, lowest first: a module may import from its own floor and the floors below. A module is
-# on the floor of the longest prefix that names it. The package root (hydra_hf/__init__.py: registration
-# and the public names) is on the top floor.
+# The floors, lowest first: a module may import from its own floor and the floors below. Every name is a whole
+# package or top-level module (hydra_hf.X, never a part of one: test_floors_name_whole_packages); a module is on
+# the floor of its package. The package root (hydra_hf/__init__.py: registration and the public names) is on the
+# top floor.
 FLOORS: list[tuple[str, ...]] = [
     ("hydra_hf.modeling",),  # shipped code: standard library, torch, transformers, siblings
     ("hydra_hf.version", "hydra_hf.errors", "hydra_hf.lazy", "hydra_hf.outputs", "hydra_hf.data",
@@ -47,14 +50,12 @@ FLOORS: list[tuple[str, ...]] = [
     ("hydra_hf.pruning",),  # gates, Taylor, circuits, members: adapters from the registry
     ("hydra_hf.saving", "hydra_hf.assemble"),  # the stages that write and assemble a Hydra folder
     ("hydra_hf.finetune",),  # the members, the Single and the trained baselines (Deep Ensembles, LoRA)
-    ("hydra_hf.onnx.runtime", "hydra_hf.onnx.graph", "hydra_hf.onnx"),  # loading and running an export
+    ("hydra_hf.calibration",),  # post-hoc maths on a model's outputs: conformal, selective, temperature, thresholds
+    ("hydra_hf.onnx",),  # an export: the graph, its int8 recipes, running it
     ("hydra_hf.evaluation",),  # predictors, loading, the run, the report: PyTorch and ONNX models alike
-    ("hydra_hf.calibration",),  # conformal sets and abstention fitted on a model's predictions
-    ("hydra_hf.evaluation.folder",),  # evaluate_folder: a calibrated folder's decisions as well
     ("hydra_hf.hub",),  # staging, cards, validation, push
-    ("hydra_hf.onnx.export", "hydra_hf.onnx.int8"),  # export: measured with evaluation
+    ("hydra_hf.workflows",),  # one module per verb: a <Verb>Spec and one function, combining the wings below
     ("hydra_hf.recipes",),  # the pipelines, the selection study and the ceiling table
-    ("hydra_hf.workflows",),  # one module per verb over the wings (serve: Ray Serve over the folder's handler.py)
     ("hydra_hf.cli", "hydra_hf"),
 ]
 MAX_BACK_UP = 0
@@ -235,6 +236,45 @@ def test_every_module_is_on_a_floor_and_few_imports_run_back_up():
         floor_of(module)
     arrows = back_up_arrows()
     assert len(arrows) <= MAX_BACK_UP, f"{len(arrows)} imports run back up the floors:\n" + "\n".join(arrows)
+
+
+def package_of(module: str) -> str:
+    """``hydra_hf.X`` of a module (its package, or itself for a top-level module); ``hydra_hf`` for the root."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph() -> dict[str, set[str]]:
+    """package -> the packages its modules import (the root ``hydra_hf`` left out: every import runs it)."""
+    graph: dict[str, set[str]] = {package_of(m): set() for m in _modules()}
+    for module, targets in _graph().items():
+        for target in targets:
+            a, b = package_of(module), package_of(target)
+            if a != b and b != "hydra_hf":
+                graph[a].add(b)
+    return graph
+
+
+def test_floors_name_whole_packages():
+    """A floor holds whole packages: ``hydra_hf.onnx``, never ``hydra_hf.onnx.runtime`` beside ``hydra_hf.onnx.export``
+    on another floor; every package is on exactly one floor."""
+    named = [name for prefixes in FLOORS for name in prefixes]
+    parts = [name for name in named if name != "hydra_hf" and name != package_of(name)]
+    assert parts == [], f"floors that name a part of a package, not the package: {parts}"
+    assert len(named) == len(set(named)), "a package is on two floors"
+    assert {package_of(m) for m in _modules()} <= set(named), "a package on no floor"
+
+
+def test_the_package_graph_has_no_circle():
+    """No two packages import each other, through any number of steps (issue 50: calibration, evaluation, hub and
+    onnx formed one while the verbs lived in the wings whose neighbours they combine)."""
+    circles = _circles(package_graph())
+    assert circles == [], "import circles between packages:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_no_wing_imports_the_workflows():
+    """Only the recipes, the CLI and the package root (its thin aliases) import hydra_hf.workflows."""
+    importers = sorted(p for p, targets in package_graph().items() if "hydra_hf.workflows" in targets)
+    assert set(importers) <= {"hydra_hf.recipes", "hydra_hf.cli"}, importers
 
 
 def test_lazy_modules_are_heavy_optional_packages():

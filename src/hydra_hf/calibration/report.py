@@ -1,25 +1,24 @@
 """How well calibrated decisions do on test data, for ``hydra-hf evaluate``: the empirical coverage and
 mean size of the conformal sets, the selective accuracy and answered share at the abstention threshold,
 the AURC and risk-coverage curve of the abstention score, and the share of each OOD set refused or given
-a set of more than one label -- for every evaluated model, each with its own calibration."""
+a set of more than one label -- for every evaluated model, each with its own calibration (its figure is
+:func:`hydra_hf.evaluation.plots.risk_coverage_figure`)."""
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from .. import metrics
-from ..evaluation.plots import risk_coverage_diagram
 from ..modeling.pipeline_hydra import calibrated_decisions, calibrated_member_probs
 from .fit import fit_calibration
 from .selective import UncertifiedRisk
 
-__all__ = ["DEFAULTS", "decision_metrics", "fit_for_report", "render_decisions", "risk_coverage_figure"]
+__all__ = ["DEFAULTS", "decision_metrics", "fit_for_report", "render_decisions"]
 
 logger = logging.getLogger(__name__)
 
@@ -166,15 +165,3 @@ def render_decisions(decisions: Mapping[str, Sequence[Mapping[str, Any]]]) -> st
                 )
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def risk_coverage_figure(decisions: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike) -> str:
-    """The risk-coverage curves of :func:`decision_metrics` rows (each model's first), thresholds as dots."""
-    curves = {}
-    for name, rows in decisions.items():
-        row = rows[0]
-        point = None
-        if row["answered"] is not None and row["selective_accuracy"] is not None:
-            point = (row["answered"], 1 - row["selective_accuracy"])
-        curves[f"{name} ({row['score']})"] = (row["curve"]["coverage"], row["curve"]["risk"], point, row.get("risk"))
-    return risk_coverage_diagram(curves, path)

@@ -1,18 +1,14 @@
 """`hydra-hf aggregate`: one report of several seeds' reports (mean ± std of every number, and each
-seed's paired bootstrap intervals), as the card and the README show seed spreads."""
+seed's paired bootstrap intervals), as the card and the README show seed spreads. The options become an
+:class:`~hydra_hf.workflows.aggregate.AggregateSpec` and :func:`~hydra_hf.workflows.aggregate.aggregate` does the
+work."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
-from pathlib import Path
 
-from ..errors import HydraInputError
-from ..evaluation.report import aggregate_seed_reports, check_seed_report, summarize_seed_comparisons, write_report
-from ..outputs import check_output, read_json, write_output_folder
-
-logger = logging.getLogger(__name__)
+from ..workflows.aggregate import AggregateSpec, aggregate
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,49 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _read(spec: str) -> dict:
-    path = Path(spec)
-    file = path / "report.json" if path.is_dir() else path
-    if file.is_symlink() or not (file.exists() or path.is_dir()):
-        raise HydraInputError(
-            f"{spec!r} is not a report folder or report.json; pass what `hydra-hf evaluate --report` wrote"
-        )
-    data = read_json(file, what="report", fix="pass the report.json that `hydra-hf evaluate` wrote, unedited")
-    return check_seed_report(data, repr(str(file)))
-
-
 def run(args: argparse.Namespace) -> int:
-    if len(args.reports) < 2:
-        raise HydraInputError(f"aggregate needs the reports of at least 2 seeds, got {len(args.reports)}")
-    check_output(args.output, command="aggregate", overwrite=args.overwrite, inputs=args.reports)
-    files = [(Path(s) / "report.json" if Path(s).is_dir() else Path(s)).resolve() for s in args.reports]
-    for j, file in enumerate(files):
-        if file in files[:j]:
-            raise HydraInputError(f"{args.reports[j]!r} names the same report as {args.reports[files.index(file)]!r}; "
-                                  "pass one report per seed")
-    reports = [_read(spec) for spec in args.reports]
-    try:
-        aggregate = aggregate_seed_reports(reports)
-    except ValueError as exc:
-        raise HydraInputError(str(exc)) from None
-    comparisons = {}
-    for spec, report in zip(args.reports, reports):
-        seed = (report.get("settings") or {}).get("seed") if isinstance(report.get("settings"), dict) else None
-        for name, rows in (report.get("comparisons") or {}).items():
-            comparisons[f"{name} ({'seed ' + str(seed) if seed is not None else spec})"] = rows
-    if comparisons:
-        try:
-            aggregate["comparison_summary"] = summarize_seed_comparisons(reports)
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            raise HydraInputError(f"a report's paired comparisons are not what `hydra-hf evaluate` writes ({exc!r}); "
-                                  "pass unedited report folders") from None
-        aggregate["comparisons"] = comparisons
-    aggregate["sources"] = [str(s) for s in args.reports]
-    out = write_output_folder(args.output, lambda tmp: write_report(aggregate, tmp), command="aggregate",
-                              overwrite=args.overwrite, inputs=args.reports)
-    print(
-        json.dumps(
-            {"output": str(out), "seeds": aggregate["seeds"], "methods": [r["method"] for r in aggregate["rows"]]}
-        )
-    )
+    out, result = aggregate(AggregateSpec(args.reports, args.output, overwrite=args.overwrite))
+    print(json.dumps({"output": str(out), "seeds": result["seeds"], "methods": [r["method"] for r in result["rows"]]}))
     return 0

@@ -4,8 +4,9 @@ Fits, on labelled calibration data exchangeable with the data the model will see
 prediction sets at level 1 - ``--alpha`` and a threshold on an uncertainty score above which the model
 abstains, certified to keep the error among answered inputs at most ``--risk`` with confidence
 1 - ``--delta`` (Learn then Test). Both go into the new folder's ``config.json`` under ``calibration``;
-its pipelines then add ``prediction_set`` and ``abstain`` to every result. One call of
-:func:`hydra_hf.calibration.calibrate_folder`.
+its pipelines then add ``prediction_set`` and ``abstain`` to every result. The options become a
+:class:`~hydra_hf.workflows.calibrate.CalibrateSpec` and :func:`~hydra_hf.workflows.calibrate.calibrate` does the
+work.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..calibration import calibrate_folder, guarantee_text
+from ..calibration import guarantee_text
 from ..calibration.conformal import CONFORMAL_METHODS
 from ..metrics import OOD_SCORES, canonical_score_name
+from ..workflows.calibrate import CalibrateSpec, calibrate
 from . import finite_float, non_negative_int, positive_int
 
 
@@ -119,18 +121,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.seed is not None and not args.randomized:
-        raise ValueError(
-            f"--seed {args.seed} seeds the randomised scores; add --randomized (aps or raps) or drop --seed"
-        )
-    calibration = calibrate_folder(
+    spec = CalibrateSpec(
         args.folder, args.data, args.output, alpha=args.alpha, method=args.method, score=args.score, risk=args.risk,
         delta=args.delta, temperature=args.temperature, penalty=args.raps_penalty, regularization_rank=args.raps_rank,
-        randomized=args.randomized, seed=0 if args.seed is None else args.seed,
-        text_column=args.text_column, label_column=args.label_column, image_column=args.image_column,
-        max_samples=args.max_samples, batch_size=args.batch_size, max_length=args.max_length,
-        class_names=args.class_names, templates=args.templates, overwrite=args.overwrite,
+        randomized=args.randomized, seed=args.seed, text_column=args.text_column, label_column=args.label_column,
+        image_column=args.image_column, max_samples=args.max_samples, batch_size=args.batch_size,
+        max_length=args.max_length, class_names=args.class_names, templates=args.templates, overwrite=args.overwrite,
     )
+    calibration = calibrate(spec)
     print(guarantee_text(calibration))
     keys = (
         "method",

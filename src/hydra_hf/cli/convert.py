@@ -1,18 +1,15 @@
 """`hydra-hf convert`: fuse a base checkpoint (or M member checkpoints) and a masks file into one
-Hydra Ensemble model folder that loads with `trust_remote_code=True`."""
+Hydra Ensemble model folder that loads with `trust_remote_code=True`. The options become a
+:class:`~hydra_hf.workflows.convert.ConvertSpec` and :func:`~hydra_hf.workflows.convert.convert` does the work."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 
-from ..assemble import convert_checkpoint
 from ..families import family_names
-from ..masks import load_masks
+from ..workflows.convert import ConvertSpec, convert
 from . import non_negative_int, positive_int
-
-logger = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -59,33 +56,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    masks = load_masks(args.masks)  # one tower, or named towers (CLIP) in a masks file with "towers"
-    logger.info("masks: %s", masks.summary())
-    if masks.num_members == 1:
-        logger.warning(
-            "the masks file has 1 member: the model is one pruned network, which cannot disagree with itself "
-            "(mutual information 0, no ensemble uncertainty); prune 2 or more members (hydra-hf prune --members M)"
-        )
-    id2label = None
-    if args.labels:
-        names = [s.strip() for s in args.labels.split(",") if s.strip()]
-        if args.num_labels is not None and args.num_labels != len(names):
-            raise ValueError(f"--num-labels {args.num_labels} disagrees with {len(names)} --labels {names}")
-        id2label = dict(enumerate(names))
-    model = convert_checkpoint(
-        masks,
-        base=args.base,
-        members=args.members,
-        output_dir=args.output,
-        mlp_fusion=args.mlp_fusion,
-        shared=args.shared_weights,
-        arch=args.arch,
-        num_labels=args.num_labels,
-        id2label=id2label,
-        seed=args.seed,
-        overwrite=args.overwrite,
-        towers=args.towers,
+    spec = ConvertSpec(
+        args.masks, args.output, base=args.base, members=args.members, mlp_fusion=args.mlp_fusion,
+        shared_weights=args.shared_weights, arch=args.arch, towers=args.towers, num_labels=args.num_labels,
+        labels=args.labels, seed=args.seed, overwrite=args.overwrite,
     )
+    model = convert(spec)
     n_params = sum(p.numel() for p in model.parameters())
     print(json.dumps({"output": args.output, "members": model.config.num_members,
                       "mlp_fusion": model.config.mlp_fusion, "parameters": n_params}))

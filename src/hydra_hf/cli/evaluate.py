@@ -1,7 +1,7 @@
 """`hydra-hf evaluate`: calibration and OOD detection of a model folder and its baselines, written as
 report.json, report.md, a reliability diagram and OOD-score histograms. The options become an
-:class:`~hydra_hf.evaluation.folder.EvaluationSpec` and :func:`~hydra_hf.evaluation.folder.evaluate_folder`
-does the work (classifiers, zero-shot CLIP / SigLIP folders and causal LMs; see its module)."""
+:class:`~hydra_hf.workflows.evaluate.EvaluateSpec` and :func:`~hydra_hf.workflows.evaluate.evaluate` does the
+work (classifiers, zero-shot CLIP / SigLIP folders and causal LMs; see its module)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import dataclasses
 import logging
 
 from .. import distributed
-from ..evaluation.folder import EvaluationSpec, evaluate_folder
 from ..evaluation.report import render_markdown_table
 from ..metrics import OOD_SCORES, SEQUENCE_SCORES, canonical_score_name
+from ..workflows.evaluate import EvaluateSpec, evaluate
 from . import finite_float, non_negative_int, positive_int
 
 logger = logging.getLogger(__name__)
@@ -119,8 +119,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = EvaluationSpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EvaluationSpec)})
-    done = evaluate_folder(spec)
+    spec = EvaluateSpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(EvaluateSpec)})
+    done = evaluate(spec)
     if not distributed.process_info().is_main:
         return 0
     for name, report in done.causal_lm_reports.items():

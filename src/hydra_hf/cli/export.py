@@ -1,6 +1,7 @@
 """`hydra-hf export`: a Hydra folder as one ONNX graph (ensemble and member logits, dynamic batch and
-sequence axes), optionally int8-quantised with an accuracy report. A thin layer over
-:func:`hydra_hf.onnx.export.export_onnx`; see docs/deploy.md."""
+sequence axes), optionally int8-quantised with an accuracy report. The options become an
+:class:`~hydra_hf.workflows.export.ExportSpec` and :func:`~hydra_hf.workflows.export.export` does the work; see
+docs/deploy.md."""
 
 from __future__ import annotations
 
@@ -8,16 +9,12 @@ import argparse
 import json
 import logging
 
-from ..errors import HydraInputError
-from ..onnx import require_onnx
-from ..onnx.export import export_onnx
 from ..onnx.int8 import DEFAULT_RECIPE, INT8_RECIPES
 from ..onnx.runtime import read_export_metadata
+from ..workflows.export import FORMATS, ExportSpec, export
 from . import positive_int
 
 logger = logging.getLogger(__name__)
-
-FORMATS = ("onnx",)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -86,21 +83,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.format.lower() not in FORMATS:
-        raise HydraInputError(f"--format {args.format!r} is not supported; use one of {list(FORMATS)}")
-    if args.quantize is not None and args.quantize.lower() != "int8":
-        raise HydraInputError(f"--quantize {args.quantize!r} is unknown; use int8")
-    if (args.quantize_all or args.int8_recipe) and args.quantize is None:
-        raise HydraInputError("--quantize-all / --int8-recipe change the int8 graph; pass --quantize int8 too")
-
-    require_onnx("onnx", "onnxruntime", "onnxscript")  # before any work: a missing package is one line
-    options = {"text_column": args.text_column, "label_column": args.label_column, "image_column": args.image_column,
-               "max_samples": args.max_samples, "batch_size": args.batch_size, "max_length": args.max_length}
-    out = export_onnx(args.model, args.output, opset=args.opset, quantize=args.quantize and args.quantize.lower(),
-                      calibration_data=args.calibration_data, ood_data=args.ood_data, overwrite=args.overwrite,
-                      data_options=options, **({"templates": args.class_template} if args.class_template else {}),
-                      keep_mlp_output_fp32=False if args.quantize_all else None, int8_recipe=args.int8_recipe)
-
+    spec = ExportSpec(
+        args.model, args.output, format=args.format, opset=args.opset, quantize=args.quantize,
+        int8_recipe=args.int8_recipe, keep_mlp_output_fp32=False if args.quantize_all else None,
+        calibration_data=args.calibration_data, ood_data=args.ood_data,
+        **({"templates": args.class_template} if args.class_template else {}),
+        text_column=args.text_column, label_column=args.label_column, image_column=args.image_column,
+        max_samples=args.max_samples, batch_size=args.batch_size, max_length=args.max_length, overwrite=args.overwrite,
+    )
+    out = export(spec)
     metadata = read_export_metadata(out)
     print(json.dumps({"output": str(out), "files": sorted(metadata["files"]), "default_file": metadata["default_file"],
                       "opset": metadata["opset"], "max_abs_diff_fp32": metadata["verification"]["max_abs_diff_fp32"]}))

@@ -6,7 +6,8 @@ Hydra Ensemble folder. Runs as is, or under `accelerate launch` for several proc
 `--recipe NAME` starts from a registered recipe (`hydra_hf.finetune.RECIPES`: the paper's per task, the demo's
 Single and members), logged at the start of the run; every `FinetuneConfig` setting has a flag
 (`--learning-rate`, `--num-epochs`, ...); `--config FILE` (JSON or YAML) sets many at once; the flags given on the
-command line override both.
+command line override both. The options become a :class:`~hydra_hf.workflows.finetune.FinetuneSpec` and
+:func:`~hydra_hf.workflows.finetune.finetune` does the work.
 """
 
 from __future__ import annotations
@@ -18,21 +19,9 @@ import logging
 
 from accelerate import PartialState
 
-from ..assemble import detect_arch
-from ..finetune import (
-    MIXED_PRECISION,
-    MLP_FUSIONS,
-    OPTIMIZERS,
-    RECIPES,
-    SCHEDULERS,
-    FinetuneConfig,
-    finetune_fused,
-    finetune_members,
-    get_recipe,
-)
+from ..finetune import MIXED_PRECISION, MLP_FUSIONS, OPTIMIZERS, RECIPES, SCHEDULERS, FinetuneConfig
+from ..workflows.finetune import FinetuneSpec, finetune
 from . import finite_float, non_negative_int, positive_int
-
-logger = logging.getLogger(__name__)
 
 
 def _optional(kind: type):
@@ -146,47 +135,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def config_from_args(args: argparse.Namespace) -> FinetuneConfig:
-    """The ``FinetuneConfig`` of the parsed arguments: recipe, then --config file, then flags; the recipe
-    and what overrides it are logged in one line."""
-    overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(FinetuneConfig) if hasattr(args, f.name)}
-    if args.config:
-        if args.recipe:
-            overrides["recipe"] = args.recipe
-        config = FinetuneConfig.from_file(args.config, **overrides)
-        logger.info("settings from %s (recipe %s), flags over them: %s", args.config, args.recipe or "from the file",
-                    ", ".join(f"{k}={v}" for k, v in overrides.items() if k != "recipe") or "none")
-        return config
-    # no --recipe: the paper's recipe for this base, image for ViT, text otherwise
-    recipe = get_recipe(args.recipe or ("image" if detect_arch(args.model) == "vit" else "text"))
-    config = recipe.config(**overrides)
-    logger.info("%s", recipe.describe(overrides))
-    return config
-
-
 def run(args: argparse.Namespace) -> int:
     if not getattr(args, "verbose", False):
         logging.getLogger("accelerate").setLevel(logging.WARNING)  # a line per checkpoint file is too chatty
-    config = config_from_args(args)
-    id2label = None
-    if args.labels:
-        names = [s.strip() for s in args.labels.split(",") if s.strip()]
-        if len(names) < 2:
-            raise ValueError(f"--labels needs at least two comma-separated class names, got {args.labels!r}")
-        id2label = dict(enumerate(names))
-    common = dict(
-        model_dir=args.model, masks=args.masks, train_data=args.train_data, eval_data=args.eval_data,
-        output_dir=args.output, config=config, work_dir=args.work_dir, resume=args.resume,
-        resume_partial=args.resume_partial, overwrite=args.overwrite, id2label=id2label,
-        inputs=[args.config] if args.config else [],  # read here: never inside --output or --work-dir
+    spec = FinetuneSpec(
+        args.model, args.masks, args.train_data, args.output, eval_data=args.eval_data, work_dir=args.work_dir,
+        members=args.members, fused=args.fused, resume=args.resume, resume_partial=args.resume_partial,
+        overwrite=args.overwrite, recipe=args.recipe, config=args.config, labels=args.labels,
+        settings={f.name: getattr(args, f.name) for f in dataclasses.fields(FinetuneConfig) if hasattr(args, f.name)},
     )
-    if args.fused:
-        if args.members is not None:
-            raise ValueError("--members selects members to train one by one; it cannot be combined with --fused")
-        out = finetune_fused(**common)
-    else:
-        out = finetune_members(**common, members=args.members)
-
+    out = finetune(spec)
     if PartialState().is_main_process:
         print(
             json.dumps({"output": str(out) if out is not None else None, "mode": "fused" if args.fused else "members"})

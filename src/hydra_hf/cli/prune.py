@@ -36,37 +36,20 @@ maximum softmax probability (ID against OOD texts), circuit-avg their mean. ``--
 ``--num-labels`` are refused (an error, not ignored: they mean a classifier was intended). The masks
 count query heads; ``hydra-hf convert`` then builds the fused causal LM.
 
-The command is a thin layer over :func:`hydra_hf.pruning.build_members` (data specs -> masks, the
-function every recipe calls) and :mod:`hydra_hf.pruning.loading` (open_clip / timm models and class
-prompts).
+The options become a :class:`~hydra_hf.workflows.prune.PruneSpec` and :func:`~hydra_hf.workflows.prune.prune`
+does the work (:func:`~hydra_hf.workflows.prune.build_members`: data specs -> masks, the function every recipe
+calls; :mod:`hydra_hf.pruning.loading`: open_clip / timm models and class prompts).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-from collections.abc import Callable
-from pathlib import Path
+import dataclasses
 from typing import Any
 
-from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
-
-from ..convert.gguf import checkpoint_inputs, is_gguf
-from ..convert.io import from_pretrained
-from ..data import check_data_spec, data_spec_paths, read_class_names, zero_shot_class_names, zero_shot_paths
-from ..errors import HydraUnsafeError
-from ..families import detect_family, get_adapter, is_causal_lm_folder, resolve_checkpoint
-from ..masks import load_masks
-from ..outputs import check_output_file
-from ..pruning.budget import Budget
-from ..pruning.diversity import PRUNING_METHODS, parse_methods, uses_ood
-from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, load_open_clip, load_timm_vit
-from ..pruning.members import PruningTarget, build_members, load_pruning_target
-from ..pruning.neurons import check_mlp_keep
+from ..pruning.diversity import PRUNING_METHODS
+from ..workflows.prune import PruneSpec, prune
 from . import finite_float, non_negative_int, positive_int
-
-logger = logging.getLogger(__name__)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -173,215 +156,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-TOWERS = ("vision", "text", "joint")
-
-
-def _check_source(args: argparse.Namespace) -> None:
-    """Cheap argument checks, before anything is loaded."""
-    if args.checkpoint and not (args.open_clip or args.timm):
-        raise ValueError(
-            "--checkpoint gives the weights of --open-clip / --timm models; a --model folder holds its own"
-        )
-    if (args.open_clip or args.timm) and not args.checkpoint:
-        flag = "--open-clip" if args.open_clip else "--timm"
-        raise ValueError(f"{flag} needs --checkpoint PATH: the local weights of the model (nothing is downloaded)")
-    if args.checkpoint and not Path(args.checkpoint).exists():
-        raise FileNotFoundError(
-            f"--checkpoint {args.checkpoint!r} does not exist; give the local weights file or folder"
-        )
-    if args.model and is_causal_lm_folder(args.model):
-        if args.label_column is not None:
-            raise ValueError(
-                f"--label-column {args.label_column!r} does not apply to the causal LM {args.model!r}: its labels "
-                "are the next tokens of the --id-data texts; drop --label-column"
-            )
-        if args.num_labels is not None:
-            raise ValueError(
-                f"--num-labels {args.num_labels} does not apply to the causal LM {args.model!r} (pruned on "
-                "next-token prediction); drop --num-labels"
-            )
-        if args.max_length < 2:
-            raise ValueError(
-                f"--max-length {args.max_length}: a causal LM needs at least 2 tokens per sequence (a token "
-                "and its successor); use e.g. --max-length 128"
-            )
-    if args.tower is not None and args.tower not in TOWERS:
-        raise ValueError(f"unknown --tower {args.tower!r}; choose one of {', '.join(TOWERS)}")
-    if args.prompt_template is not None:
-        class_prompts(["x"], args.prompt_template)  # ValueError for a template without exactly one {}
-    if args.class_names is not None:
-        read_class_names(args.class_names)  # ValueError for an empty list or a name given twice
-
-
-def _hf_config(path: str, trust_remote_code: bool = False) -> tuple[Any, Path]:
-    """The config of ``--model`` and the folder it is read from (a GGUF checkpoint's cached plain folder)."""
-    if not Path(path).exists():
-        raise FileNotFoundError(
-            f"--model {path!r} does not exist; pass a Hugging Face checkpoint folder or a .gguf file"
-        )
-    folder = resolve_checkpoint(path)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(
-            f"--model {path!r} is not a Hugging Face checkpoint folder (no config.json there) nor a GGUF checkpoint"
-        )
-    return from_pretrained(AutoConfig, folder, trust_remote_code=trust_remote_code), folder
-
-
-def _clip_text_inputs(
-    adapter_kind: str, tokenize: Callable[[list[str]], Any], args: argparse.Namespace
-) -> tuple[Any, list[str]]:
-    # --class-names, else the sub-folders of an image folder given as --id-data
-    names = zero_shot_class_names(args.class_names, args.id_data, model=f"a CLIP model ({adapter_kind})")
-    if not args.class_names:
-        print(f"class names from the image folder {args.id_data!r}: {', '.join(names)}")
-    prompts = class_prompts(names, args.prompt_template or DEFAULT_PROMPT_TEMPLATE)
-    return tokenize(prompts), names
-
-
-def _load_target(args: argparse.Namespace) -> PruningTarget:
-    if args.prompt_template and args.timm:
-        raise ValueError("--prompt-template applies to CLIP models (zero-shot); a timm classifier has its own head")
-    if args.open_clip:
-        model, preprocess, tokenize = load_open_clip(args.open_clip, args.checkpoint)
-        tokens, names = _clip_text_inputs("open_clip", tokenize, args)
-        adapter = get_adapter(model, class_text_inputs=tokens)  # tokens: (C, T)
-        return PruningTarget(adapter, preprocess, None, len(names), {n: i for i, n in enumerate(names)}, True)
-    if args.timm:
-        model, transform, label_names = load_timm_vit(args.timm, args.checkpoint)
-        label2id = {str(n): i for i, n in enumerate(label_names)} if label_names else None
-        return PruningTarget(get_adapter(model), transform, None, model.num_classes, label2id, False)
-
-    config, folder = _hf_config(args.model, args.trust_remote_code)
-    family = detect_family(folder)  # refuses unknown layouts and task heads the family does not build
-    if family.task == "zero-shot-image-classification":
-        if args.num_labels is not None:
-            raise ValueError("--num-labels does not apply to a CLIP model; its classes are --class-names")
-        model = from_pretrained(AutoModel, folder).eval()  # CLIPModel, SiglipModel, ...
-        try:
-            tokenizer, image_processor = (
-                AutoTokenizer.from_pretrained(folder),
-                AutoImageProcessor.from_pretrained(folder),
-            )
-        except (OSError, ValueError) as exc:
-            raise ValueError(
-                f"--model {args.model!r} needs its tokenizer and image processor for zero-shot pruning "
-                f"(save them with CLIPProcessor.save_pretrained): {exc}"
-            ) from None
-        prompt_kwargs = family.prompt_tokenizer_kwargs_for(model.config)
-        tokenize = lambda p: dict(tokenizer(p, return_tensors="pt", **prompt_kwargs))  # noqa: E731
-        tokens, names = _clip_text_inputs(family.name, tokenize, args)
-        adapter = get_adapter(
-            model, class_text_inputs={k: tokens[k] for k in ("input_ids", "attention_mask") if k in tokens}
-        )
-        transform = lambda image: image_processor(image, return_tensors="pt")["pixel_values"][0]  # noqa: E731
-        return PruningTarget(adapter, transform, None, len(names), {n: i for i, n in enumerate(names)}, True)
-    if args.class_names or args.prompt_template:
-        raise ValueError(
-            f"--class-names / --prompt-template apply to CLIP models; {args.model!r} is a {config.model_type} model, "
-            "not a CLIP one"
-        )
-    return load_pruning_target(folder, num_labels=args.num_labels, trust_remote_code=args.trust_remote_code)
-
-
 def run(args: argparse.Namespace) -> int:
-    # --- cheap checks first: fail before loading anything heavy
-    if uses_ood(args.method) and not args.ood_data:
-        raise ValueError(
-            f"--method {args.method} needs OOD validation data; give --ood-data (e.g. "
-            "guardian_headlines:ood_validation)"
-        )
-    budget = Budget(heads_per_layer=args.heads_per_layer, remove=args.remove)
-    output = check_output_file(args.output, overwrite=args.overwrite, accept=_is_masks_file, what="--output")
-    _check_not_an_input(output, args)
-    if args.members < 0:
-        raise ValueError(f"--members must be >= 0, got {args.members}")
-    if args.batch_size is not None and args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.mlp_keep is not None:
-        check_mlp_keep(args.mlp_keep)
-    elif args.mlp_spread:
-        raise ValueError("--mlp-spread spreads slim members over the MLP; give --mlp-keep F too")
-    _check_source(args)
-    for spec in [s for s in (args.id_data, args.ood_data) if s]:  # the data files, before the model is loaded
-        check_data_spec(spec)
-    include = load_masks(args.include_masks) if args.include_masks else None
-
-    target = _load_target(args)
-    base = args.model or args.checkpoint
-    metadata: dict[str, Any] = {
-        "base_model": str(base),
-        "id_data": args.id_data,
-        "ood_data": args.ood_data,
-    }
-    if target.causal_lm:
-        metadata["task"] = "causal_lm"
-        metadata["max_length"] = args.max_length
-    else:
-        metadata["num_labels"] = target.num_labels
-    if args.open_clip or args.timm:
-        metadata["architecture"] = {"open_clip": args.open_clip} if args.open_clip else {"timm": args.timm}
-    if target.zero_shot:
-        metadata["class_names"] = list(target.label2id or {})
-        metadata["prompt_template"] = args.prompt_template or "a photo of a {}."
-    masks = build_members(
-        target,
-        method=parse_methods(args.method),
-        budget=budget,
-        id_data=args.id_data,
-        ood_data=args.ood_data,
-        members=args.members,
-        seed=args.seed,
-        tower=args.tower,
-        max_samples=args.max_samples,
-        text_column=args.text_column,
-        ood_text_column=args.ood_text_column,
-        label_column=args.label_column or "label",
-        image_column=args.image_column,
-        batch_size=args.batch_size or (8 if target.causal_lm else 32),
-        max_length=args.max_length,
-        temperature=args.temperature,
-        data_fraction=args.data_fraction,
-        heads_per_step=args.heads_per_step,
-        taylor_rounds=args.taylor_rounds,
-        include=include,
-        fast=not args.no_fast,
-        precision=args.circuit_precision,
-        progress=not args.no_progress,
-        metadata=metadata,
-        mlp_keep=args.mlp_keep,
-        mlp_spread=args.mlp_spread,
-    )
-    masks.save(output)
+    spec = PruneSpec(**{f.name: getattr(args, f.name) for f in dataclasses.fields(PruneSpec)})
+    masks, output = prune(spec)
     print(masks.summary())
     print(f"wrote {output}")
     return 0
-
-
-def _is_masks_file(path: Path) -> bool:
-    """Whether ``path`` holds a masks file (what ``--overwrite`` may replace)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("format") == "hydra-head-masks"
-
-
-def _check_not_an_input(output: Path, args: argparse.Namespace) -> None:
-    """The masks file may not replace (or be) one of the files this command reads."""
-    real = output.resolve()
-    read = {"model": [args.model], "checkpoint": [args.checkpoint], "open_clip": [args.open_clip],
-            "include_masks": [args.include_masks], "class_names": zero_shot_paths(args.class_names),
-            "id_data": data_spec_paths(args.id_data), "ood_data": data_spec_paths(args.ood_data)}
-    for name, paths in read.items():
-        for value in paths:
-            if value and Path(value).exists() and Path(value).resolve() == real:
-                raise HydraUnsafeError(
-                    f"--output {str(output)!r} is the --{name.replace('_', '-')} input; choose another file"
-                )
-    if args.model and is_gguf(args.model):  # a GGUF file's folder and the cache of its plain copy are inputs too
-        for folder in checkpoint_inputs(args.model)[2:]:
-            if folder.resolve() in real.parents:
-                raise HydraUnsafeError(
-                    f"--output {str(output)!r} lies inside {str(folder)!r}, an input of the GGUF --model; choose a "
-                    "file outside it"
-                )

@@ -3,7 +3,8 @@
 Stages the repository in a fresh folder (safetensors weights, config with `auto_map` and
 `custom_pipelines`, audited shipped code, tokenizer/processor, README.md card, evaluation report and
 plots), validates it in an isolated fresh process without hydra_hf, then uploads it in one commit.
-`--dry-run` stops after validation and lists what would be uploaded. See docs/hub.md.
+`--dry-run` stops after validation and lists what would be uploaded. The options become a
+:class:`~hydra_hf.workflows.push.PushSpec` and :func:`~hydra_hf.workflows.push.push` does the work. See docs/hub.md.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..hub import push
+from ..workflows.push import PushSpec, push
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -54,23 +55,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = push(
-        args.model_dir,
-        args.repo_id,
-        private=args.private,
-        revision=args.revision,
-        create_pr=args.create_pr,
-        commit_message=args.commit_message,
-        dry_run=args.dry_run,
-        token=args.token,
-        report=args.report,
-        base_model=args.base_model,
-        license=args.license,
-        training=args.training,
-        staging_dir=args.staging,
-        overwrite=args.overwrite,
-        trust_foreign_code=args.trust_foreign_code,
+    spec = PushSpec(
+        args.model_dir, args.repo_id, private=args.private, revision=args.revision, create_pr=args.create_pr,
+        commit_message=args.commit_message, dry_run=args.dry_run, token=args.token, report=args.report,
+        base_model=args.base_model, license=args.license, training=args.training, staging=args.staging,
+        overwrite=args.overwrite, trust_foreign_code=args.trust_foreign_code,
     )
+    result = push(spec)
     total = sum(result.files.values())
     target = f"{args.repo_id}@{args.revision or 'main'}{' (pull request)' if args.create_pr else ''}"
     verb = "would upload" if args.dry_run else "uploaded"

@@ -1,21 +1,21 @@
 """Evaluation: the baselines of the paper wrapped as predictors (:mod:`.predictors`), loading a model
 folder and its data (:mod:`.loading`), the run of every predictor on ID and OOD data (:mod:`.run`), the
-report files and figures (:mod:`.report`, :mod:`.plots`), the uncertainty threshold of the shipped
-pipelines (:mod:`.thresholds`), causal LMs (:mod:`.causal_lm`), zero-shot folders (:mod:`.zero_shot`),
-the ONNX int8 quality check (:mod:`.onnx_check`) and ``hydra-hf evaluate`` as one call
-(:func:`hydra_hf.evaluation.folder.evaluate_folder`).
+report files and figures (:mod:`.report`, :mod:`.plots`), causal LMs (:mod:`.causal_lm`), zero-shot folders
+(:mod:`.zero_shot`) and the ONNX int8 quality check (:mod:`.onnx_check`). ``hydra-hf evaluate`` as one call is
+:func:`hydra_hf.workflows.evaluate.evaluate_folder`; the shipped pipelines' uncertainty threshold
+(``fit_uncertainty_threshold``, re-exported here) is :mod:`hydra_hf.calibration.thresholds`'.
 
 Every model is wrapped in a :class:`Predictor` that returns *member logits* ``(B, M, C)``; the
 ensemble prediction is always the mean of the members' softmaxes, so all baselines go through the
 same metric code. The names below are the package's public face (``from hydra_hf.evaluation import
 ModelPredictor, make_loader, predict``)."""
 
-from ..data import zero_shot_prompts
+from ..calibration.thresholds import UNCERTAINTY_METRICS, fit_uncertainty_threshold
+from ..data import make_loader, zero_shot_prompts
 from .loading import (
     check_deep_ensemble_model,
     fit_tokenizer_to_model,
     load_classifier,
-    make_loader,
     max_text_positions,
 )
 from .predictors import (
@@ -38,7 +38,6 @@ from .predictors import (
 )
 from .report import write_evaluation_report
 from .run import COMPARED_METRICS, EvaluationResult, compare_predictions, evaluate_predictors, recipe_of
-from .thresholds import UNCERTAINTY_METRICS, fit_uncertainty_threshold
 
 __all__ = [
     "COMPARED_METRICS",

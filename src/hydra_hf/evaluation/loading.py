@@ -1,7 +1,7 @@
 """Loading a model folder for evaluation: which kind it is (:func:`folder_kind`: classifier, zero-shot or
-causal LM), classifiers (stock or Hydra, or their ONNX export on ONNX Runtime) with their preprocessor,
-causal LMs with their tokenizer, and the data loader of a classifier's inputs. Zero-shot folders load
-through :func:`hydra_hf.evaluation.zero_shot.load_zero_shot_model` (open_clip)."""
+causal LM), classifiers (stock or Hydra, or their ONNX export on ONNX Runtime) with their preprocessor and
+causal LMs with their tokenizer (the loader of a classifier's inputs is :func:`hydra_hf.data.make_loader`).
+Zero-shot folders load through :func:`hydra_hf.evaluation.zero_shot.load_zero_shot_model` (open_clip)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,9 @@ from transformers import (
     AutoTokenizer,
 )
 
-from .. import distributed
 from ..convert.gguf import is_gguf
 from ..convert.io import check_remote_code, checkpoint_dir, from_pretrained, read_config
-from ..data import make_image_loader, make_text_loader, pad_with_eos
+from ..data import pad_with_eos
 from ..errors import HydraInputError
 from ..families import Family, detect_family, families, family_of_config, is_causal_lm_folder, resolve_checkpoint
 from ..onnx.runtime import OnnxHydraModel, is_onnx_export, load_preprocessor
@@ -117,28 +116,6 @@ def fit_tokenizer_to_model(tokenizer: Any, config: Any) -> Any:
     if limit is not None and (not isinstance(current, int) or current > limit):
         tokenizer.model_max_length = limit
     return tokenizer
-
-
-def make_loader(dataset, preprocessor: Any, modality: str, batch_size: int = 32, max_length: int = 128,
-                *, shard: bool = False):
-    """A loader of model inputs for ``dataset`` (text: tokenizer; image: image processor).
-
-    With ``shard`` and several launched processes (``accelerate launch``), the loader covers this
-    process's contiguous shard only, and :func:`predict` gathers the shards' predictions in order.
-    """
-    sharded = shard and distributed.process_info().distributed
-    part = distributed.batch_shard(len(dataset), batch_size, distributed.ProcessInfo())  # one process: all batches
-    if sharded:
-        dataset, part = distributed.shard(dataset, batch_size)
-    if modality == "image":
-        loader = make_image_loader(
-            dataset, lambda im: preprocessor(im, return_tensors="pt")["pixel_values"][0], batch_size=batch_size
-        )
-    else:
-        loader = make_text_loader(dataset, preprocessor, batch_size=batch_size, max_length=max_length)
-    loader.hydra_sharded = sharded
-    loader.hydra_batches = part  # which batches of the whole data set this loader yields
-    return loader
 
 
 def check_deep_ensemble_model(path: str | os.PathLike, name: str) -> None:

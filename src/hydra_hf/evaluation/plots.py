@@ -24,7 +24,7 @@ from ..metrics import classification as metrics
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["reliability_diagram", "ood_histogram", "heads_heatmap", "risk_coverage_diagram"]
+__all__ = ["reliability_diagram", "ood_histogram", "heads_heatmap", "risk_coverage_diagram", "risk_coverage_figure"]
 
 ArrayLike = torch.Tensor | np.ndarray
 
@@ -377,3 +377,16 @@ def transfer_gains(
     if title:
         ax.set_title(title)
     return _save_atomic(fig, path)
+
+
+def risk_coverage_figure(decisions: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike) -> str:
+    """The risk-coverage curves of :func:`hydra_hf.calibration.report.decision_metrics` rows (each model's
+    first), thresholds as dots."""
+    curves = {}
+    for name, rows in decisions.items():
+        row = rows[0]
+        point = None
+        if row["answered"] is not None and row["selective_accuracy"] is not None:
+            point = (row["answered"], 1 - row["selective_accuracy"])
+        curves[f"{name} ({row['score']})"] = (row["curve"]["coverage"], row["curve"]["risk"], point, row.get("risk"))
+    return risk_coverage_diagram(curves, path)

@@ -39,9 +39,9 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from .. import distributed, metrics
+from ..calibration.temperature import fit_temperature as fit_member_temperature
 from ..cost import relative_cost
 from ..data import zero_shot_prompts
-from ..modeling.hydra_formulas import log_mean_exp
 from ..progress import progress_bars
 
 logger = logging.getLogger(__name__)
@@ -483,27 +483,11 @@ def predict(predictor: Predictor, loader: Iterable, desc: str = "predict") -> Pr
 
 
 def fit_temperature(predictions: Predictions, max_iter: int = 100) -> float:
-    """The temperature T > 0 that minimises the NLL of ``mean_m softmax(member_logits / T)`` on
-    labelled validation predictions (Guo et al. 2017; for M = 1 the classic temperature scaling)."""
+    """:func:`hydra_hf.calibration.fit_temperature` on labelled validation predictions (their member logits
+    and labels)."""
     if predictions.labels is None:
         raise ValueError("temperature scaling needs labelled validation data")
-    logits = predictions.member_logits.double().clone()  # clone: predictions may be inference tensors
-    labels = predictions.labels.clone()
-    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([log_t], lr=0.1, max_iter=max_iter, line_search_fn="strong_wolfe")
-
-    def nll():
-        opt.zero_grad()
-        log_probs = torch.log_softmax(logits / log_t.exp(), dim=-1)  # (N, M, C)
-        mixture = log_mean_exp(log_probs, dim=1)  # (N, C): log of the members' mean softmax
-        loss = F.nll_loss(mixture, labels)
-        loss.backward()
-        return loss
-
-    opt.step(nll)
-    temperature = float(log_t.detach().exp())
-    logger.info("fitted temperature %.3f on %d validation examples", temperature, len(labels))
-    return temperature
+    return fit_member_temperature(predictions.member_logits, predictions.labels, max_iter=max_iter)
 
 
 def train_ensemble_heads(

@@ -67,7 +67,8 @@ def _hub_error(exc: BaseException, repo_id: str, revision: str | None) -> HubErr
     return HubError(f"upload to {repo_id} failed: {type(exc).__name__}: {one_line(exc)}")
 
 
-def _check_repo_id(repo_id: str) -> None:
+def check_repo_id(repo_id: str) -> None:
+    """A Hub repository id ``ORG/NAME``, else one :class:`HubError` line naming it and the fix."""
     try:
         validate_repo_id(repo_id)
     except Exception as exc:
@@ -122,7 +123,7 @@ def push(
             id, unsafe or invalid folder, validation failure, offline mode, no token, unreachable Hub,
             missing repository, rejected upload. ``model_dir`` and the report are never modified.
     """
-    _check_repo_id(repo_id)
+    check_repo_id(repo_id)
     keep = staging_dir is not None
     temporary = None if keep else Path(tempfile.mkdtemp(prefix="hydra-push-"))  # ours alone: removed at the end
     staging = Path(staging_dir) if keep else temporary / "repo"

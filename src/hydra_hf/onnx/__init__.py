@@ -2,10 +2,11 @@
 logits, dynamic batch and sequence axes), quantise it with ONNX Runtime, and run it through hydra_hf's
 own front doors (``OnnxHydraModel``, ``pipeline``, ``hydra-hf evaluate``). See docs/deploy.md.
 
-Two floors: :mod:`.runtime` (loading and running an export) sits below evaluation, which runs exports
-as it runs PyTorch models; :mod:`.export` (``export_onnx``), :mod:`.int8` and :mod:`.quantize` sit above
-it (the export measures the int8 graph against fp32 with the evaluation code). This package's face
-holds the runtime only: ``from hydra_hf.onnx.export import export_onnx``.
+One floor, below evaluation (which runs exports as it runs PyTorch models): :mod:`.runtime` (loading and
+running an export), :mod:`.export` (the graph, its check against PyTorch, the export folder's files),
+:mod:`.int8` (the int8 recipes) and :mod:`.graph` (what they share). ``hydra-hf export``, which measures the
+int8 graph against fp32 with the evaluation code, is :func:`hydra_hf.workflows.export.export`
+(``hydra_hf.export_onnx``: the same with keyword options). This package's face holds the runtime only.
 
 Everything here needs the optional packages ``onnx``, ``onnxruntime`` and ``onnxscript``
 (``pip install hydra-hf[onnx]``); they are imported on first use, so ``import hydra_hf.onnx`` works

@@ -1,6 +1,7 @@
 """Exporting a Hydra folder to ONNX: one graph that runs every member and returns the ensemble's and
-the members' logits, with dynamic batch (and sequence) axes; optional int8 dynamic quantisation with
-an accuracy report of int8 against fp32.
+the members' logits, with dynamic batch (and sequence) axes; optionally its int8 graph
+(:func:`write_export` writes both, checked, with the folder's config and metadata; ``hydra-hf export``,
+with the int8 graph's quality report, is :mod:`hydra_hf.workflows.export`).
 
 The graph is made by ``torch.onnx.export(dynamo=True)`` (``torch.export`` + onnxscript): the fused
 forward pass has no data-dependent Python branch, so one traced graph serves every batch size,
@@ -19,7 +20,7 @@ import logging
 import math
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,25 +28,13 @@ import torch
 from torch import nn
 from torch.export import Dim
 
-from .. import evaluation as ev
 from ..convert.io import checkpoint_dir, from_pretrained, read_config
-from ..data import data_spec_paths, parse_spec, resolve_dataset
 from ..errors import HydraInputError
-from ..evaluation import zero_shot_prompts
-from ..evaluation.onnx_check import (
-    OnnxZeroShotPredictor,
-    quantization_report,
-    report_markdown,
-    write_quantization_report,
-)
 from ..families import family_of_config
-from ..hub.audit import PACKAGED_CODE_DIR, packaged_code, sibling_imports
-from ..modeling.configuration_hydra import check_calibration
-from ..outputs import check_output, write_output_folder
 from ..saving import copy_preprocessor
 from ..version import __version__
 from .graph import quiet_exporter
-from .int8 import calibration_feeds, resolve_recipe
+from .int8 import Int8Recipe, calibration_feeds
 from .runtime import EXPORT_FORMAT, EXPORT_METADATA, INSTALL_HINT, OnnxHydraModel, load_preprocessor, require_onnx
 
 logger = logging.getLogger(__name__)
@@ -233,33 +222,14 @@ def load_hydra_folder(path: str | os.PathLike) -> tuple[nn.Module, Any, dict[str
     return model.eval(), family, config
 
 
-def _preprocessor(folder: Path, modality: str) -> Any | None:
+def folder_preprocessor(folder: Path, modality: str) -> Any | None:
+    """The tokenizer / image processor of a Hydra folder, or None (with a warning) when it has none."""
     try:
         return load_preprocessor(folder, modality)
     except (OSError, ValueError) as exc:
         logger.warning("no %s preprocessor in %s (%s): the export folder will have none",
                        modality, folder, str(exc).splitlines()[0][:120])
         return None
-
-
-def config_code_files(family: Any) -> list[str]:
-    """The shipped files ``AutoConfig.from_pretrained(folder, trust_remote_code=True)`` runs for a folder of
-    ``family``: the module its ``auto_map["AutoConfig"]`` names and, transitively, the sibling files that
-    module imports (``configuration_hydra.py`` names ``pipeline_hydra.py``; transformers fetches every
-    relative import it finds). They are copied from hydra_hf itself, never from the exported folder, so
-    the shipped-code audit (:func:`hydra_hf.hub.audit.check_shipped_code`) recognises each one. Empty
-    for a family whose config code hydra_hf does not ship (a family registered from outside)."""
-    packaged = packaged_code()
-    pending, found = [family.auto_map["AutoConfig"].rpartition(".")[0] + ".py"], []
-    while pending:
-        name = pending.pop()
-        if name in found:
-            continue
-        if name not in packaged:
-            return []
-        found.append(name)
-        pending += sorted(f"{module}.py" for module in sibling_imports(packaged[name][0], name))
-    return sorted(found)
 
 
 # ------------------------------------------------------------------------------ verification
@@ -278,254 +248,114 @@ def compare_with_eager(model: nn.Module, onnx_model: OnnxHydraModel, inputs: dic
 
 
 # ----------------------------------------------------------------------------- the export
-def export_onnx(
-    model_dir: str | os.PathLike,
-    output_dir: str | os.PathLike,
+def write_export(
+    tmp: Path,
+    model: nn.Module,
+    family: Any,
+    config_data: dict[str, Any],
     *,
-    opset: int = DEFAULT_OPSET,
-    quantize: str | None = None,
-    calibration_data: str | None = None,
-    ood_data: Iterable[str] = (),
-    overwrite: bool = False,
-    data_options: dict[str, Any] | None = None,
-    templates: Sequence[str] = DEFAULT_TEMPLATES,
-    keep_mlp_output_fp32: bool | None = None,
-    int8_recipe: str | None = None,
-) -> Path:
-    """Export the Hydra folder ``model_dir`` to an ONNX folder ``output_dir`` (written atomically).
+    source: Path,
+    preprocessor: Any | None,
+    opset: int,
+    recipe: Int8Recipe | None,
+    calibration_batches: Iterable[Mapping[str, Any]] | None = None,
+    prompts: dict[str, Any] | None = None,
+    code_files: Mapping[str, Path] | None = None,
+) -> tuple[dict[str, Any], OnnxHydraModel, OnnxHydraModel | None]:
+    """Write an export folder's graphs and files into ``tmp``: ``model.onnx`` (fp32), with an int8 ``recipe``
+    also ``model_int8.onnx`` (its activations calibrated on ``calibration_batches``, two towers with the class
+    ``prompts``), the Hydra ``config.json`` (its ``auto_map`` names only ``AutoConfig`` when ``code_files``,
+    name -> packaged file, are copied beside it), the preprocessor of ``source`` and ``hydra_onnx.json``.
 
-    The folder holds ``model.onnx`` (fp32), with ``quantize="int8"`` also ``model_int8.onnx`` (the
-    folder's default graph) and ``quantization_report.json`` / ``.md`` (int8 against fp32 on
-    ``calibration_data``, labelled in-distribution data, and each of ``ood_data``), the Hydra
-    ``config.json`` (its ``auto_map`` names only ``AutoConfig``) with the configuration code it runs
-    (:func:`config_code_files`; no modeling code, no weights), the tokenizer / image processor,
-    ``hydra_onnx.json`` and a README section describing the export.
+    Every graph is checked: ONNX Runtime's outputs on two input sizes (one padded; a decoder's on the left)
+    against PyTorch's, fp32 within :data:`VERIFY_ATOL` or a ``RuntimeError``.
 
-    Args:
-        opset: the ONNX opset (>= 18).
-        data_options: for the report's data, as ``hydra-hf evaluate`` takes them: ``text_column``,
-            ``label_column``, ``image_column``, ``max_samples``, ``batch_size``, ``max_length``.
-        int8_recipe: int8 only: a recipe of :data:`hydra_hf.onnx.int8.INT8_RECIPES` (default
-            ``"smoothquant"``: constants folded, fc2's activation outliers migrated into its weights with
-            alpha calibrated on ``calibration_data``, per-channel int8 weights on every product).
-        keep_mlp_output_fp32: the older switch: True is the recipe ``"keep-fc2"`` (the MLP output
-            projections kept fp32, see :func:`~.graph.activation_fed_products`), False ``"all"``.
-        templates: two-tower models (CLIP, SigLIP, open_clip): the prompt templates of the report's
-            zero-shot classifier, each with one ``{}`` for a class name of ``calibration_data`` (an
-            image folder with one sub-folder per class, or a label column of class names).
-
-    Raises:
-        HydraInputError: not a Hydra folder, onnx packages missing, a bad option or data set.
-        HydraOutputError: ``output_dir`` exists (without ``overwrite``) or is not ours to replace.
+    Returns:
+        The metadata written (with its ``verification``), the fp32 graph and the int8 one (None without a recipe).
     """
-    require_onnx("onnx", "onnxruntime", "onnxscript")
-    if isinstance(opset, bool) or not isinstance(opset, int) or opset < DEFAULT_OPSET:
-        raise HydraInputError(f"opset {opset!r} is not supported; the dynamo exporter needs opset >= {DEFAULT_OPSET}")
-    if quantize is not None and quantize not in QUANTIZATIONS:
-        raise HydraInputError(f"--quantize {quantize!r} is unknown; use one of {list(QUANTIZATIONS)}")
-
-    recipe = resolve_recipe(int8_recipe, keep_mlp_output_fp32)
-    ood_data = list(ood_data)
-    if quantize is None and (calibration_data or ood_data):
-        raise HydraInputError(
-            "--calibration-data and --ood-data feed the quantisation report; pass --quantize int8 too"
-        )
-    if quantize is not None and not calibration_data:
-        raise HydraInputError(
-            "--quantize int8 needs --calibration-data (labelled in-distribution data, e.g. "
-            "rotten_tomatoes:validation) to measure the int8 model against the fp32 one"
-        )
-    for key in ("batch_size", "max_length", "max_samples"):
-        value = (data_options or {}).get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise HydraInputError(f"--{key.replace('_', '-')} {value!r}: give a positive whole number")
-    # every file it reads (the folder, the report's data): the output never holds one
-    inputs = [Path(model_dir), *data_spec_paths(calibration_data),
-              *(p for spec in ood_data for p in data_spec_paths(_named_spec(spec)[1]))]
-    check_output(output_dir, command=COMMAND, overwrite=overwrite, inputs=inputs)
-    templates = list(templates)
-    if not templates or not all(isinstance(t, str) and t.count("{}") == 1 for t in templates):
-        raise HydraInputError(
-            f"--class-template {templates!r}: every template needs exactly one {{}} for the class name"
-        )
-    model, family, config_data = load_hydra_folder(model_dir)
-    folder = Path(model_dir)
-    try:  # its pipelines apply a stored calibration: one that is not what `hydra-hf calibrate` stores fails now
-        check_calibration(config_data.get("calibration"), getattr(model.config, "num_labels", None))
-    except ValueError as exc:
-        raise HydraInputError(f"{str(folder)!r}: {exc}") from None
-    preprocessor = _preprocessor(folder, family.modality)
-    # the report's data is read before the (slow) export: a bad data option fails at once
-    loaders, class_names = _report_loaders(model, preprocessor, family.modality, calibration_data, ood_data,
-                                           data_options or {}) if quantize else (None, None)
-
     names = graph_inputs(model, family.modality, getattr(preprocessor, "tokenizer", preprocessor))
     output_keys = output_keys_for(family.task)
     decoder = "AutoModelForCausalLM" in family.model_class_names  # a last-token sequence classifier
-    if decoder and model.config.pad_token_id is None:
-        raise HydraInputError(
-            f"{str(folder)!r} is a decoder classifier without pad_token_id, so it cannot pool padded batches; set "
-            "pad_token_id in its config.json (e.g. the tokenizer's eos id, as "
-            "`hydra-hf finetune` does) and export again"
-        )
     example = example_inputs(model.config, names, batch=2, seq=8, images=3, seed=0)
     # a decoder's batches are often padded on the left: the check covers both sides
     other = example_inputs(model.config, names, batch=5, seq=13, images=2, seed=1, left_padding=decoder)
-
-    def write(tmp: Path) -> None:
-        logger.info(
-            "exporting %s (%s, %d members) to ONNX opset %d", folder, family.name, model.config.num_members, opset
+    logger.info("exporting %s (%s, %d members) to ONNX opset %d", source, family.name, model.config.num_members, opset)
+    export_module(OnnxGraph(model, output_keys), example, dynamic_shapes(names, family.modality), output_keys,
+                  tmp / FP32_FILE, opset=opset)
+    files = {FP32_FILE: {"precision": "fp32", "parameters": count_weights(tmp / FP32_FILE),
+                         "size_mb": round((tmp / FP32_FILE).stat().st_size / 2**20, 3)}}
+    if recipe is not None:
+        # calibration: the first examples of the labelled ID data (two towers: with the class prompts)
+        counts = recipe.run(tmp / FP32_FILE, tmp / INT8_FILE, calibration_feeds(calibration_batches, names,
+                                                                                extra=prompts))
+        files[INT8_FILE] = {"precision": "int8", "parameters": count_weights(tmp / INT8_FILE),
+                            "size_mb": round((tmp / INT8_FILE).stat().st_size / 2**20, 3),
+                            "quantized_operators": counts}
+    config = {k: v for k, v in config_data.items() if k not in ("auto_map", "custom_pipelines")}
+    if code_files:  # AutoConfig.from_pretrained(folder, trust_remote_code=True) opens it without hydra_hf
+        config["auto_map"] = {"AutoConfig": family.auto_map["AutoConfig"]}
+        for name, packaged in code_files.items():
+            shutil.copyfile(packaged, tmp / name)
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if preprocessor is not None:
+        copy_preprocessor(source, tmp)
+    axes = dynamic_shapes(names, family.modality)
+    metadata = {
+        "format": EXPORT_FORMAT,
+        "version": 1,
+        "hydra_hf": __version__,
+        "family": family.name,
+        "modality": family.modality,
+        "task": family.task,
+        "num_members": int(model.config.num_members),
+        "num_labels": int(getattr(model.config, "num_labels", 0) or 0)
+        if family.modality != "image-text"
+        else None,
+        "opset": int(opset),
+        "exporter": "torch.onnx.export(dynamo=True)",
+        "versions": _versions(),
+        "inputs": {n: _axes_doc(n, axes[n]) for n in names},
+        "outputs": _outputs_doc(output_keys, family.modality, softmax=family.uncertainty_pipelines),
+        "files": files,
+        "default_file": INT8_FILE if recipe is not None else FP32_FILE,
+        "quantization": None
+        if recipe is None
+        else {
+            "recipe": recipe.name,
+            "method": recipe.method,
+            "weight_type": "QInt8",
+            "op_types": ["MatMul", "Gemm"],
+            "activations": recipe.activations,
+            "kept_fp32": {"keep-fc2": "MLP output projections (products fed by an activation)", "all": "none"}.get(
+                recipe.name, "products with a stacked (M, in, out) weight (the members' poolers and classifiers)"
+            ),
+            "kept_fp32_products": len(files[INT8_FILE]["quantized_operators"]["kept_fp32"]),
+            **(
+                {"smoothquant_alpha": files[INT8_FILE]["quantized_operators"]["alpha"]}
+                if recipe.name == "smoothquant"
+                else {}
+            ),
+        },
+    }
+    (tmp / EXPORT_METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
+    # the export's own check: ONNX Runtime == PyTorch on the example and on other sizes (padded)
+    fp32 = OnnxHydraModel.from_pretrained(tmp, file_name=FP32_FILE)
+    diffs = [compare_with_eager(model, fp32, x, output_keys) for x in (example, other)]
+    if not all(math.isfinite(d) and d <= VERIFY_ATOL for d in diffs):  # NaN > atol is False: test each
+        raise RuntimeError(
+            f"the ONNX graph differs from PyTorch by {max(diffs):.2e} (> {VERIFY_ATOL}); please report this"
         )
-        export_module(OnnxGraph(model, output_keys), example, dynamic_shapes(names, family.modality), output_keys,
-                      tmp / FP32_FILE, opset=opset)
-        files = {FP32_FILE: {"precision": "fp32", "parameters": count_weights(tmp / FP32_FILE),
-                             "size_mb": round((tmp / FP32_FILE).stat().st_size / 2**20, 3)}}
-        if quantize == "int8":
-            # calibration: the first examples of the labelled ID data (two towers: with the class prompts)
-
-            prompts = None if class_names is None else dict(preprocessor.tokenizer(
-                zero_shot_prompts(class_names, templates), padding=True, return_tensors="np"))
-            counts = recipe.run(tmp / FP32_FILE, tmp / INT8_FILE, calibration_feeds(loaders[0], names, extra=prompts))
-            files[INT8_FILE] = {"precision": "int8", "parameters": count_weights(tmp / INT8_FILE),
-                                "size_mb": round((tmp / INT8_FILE).stat().st_size / 2**20, 3),
-                                "quantized_operators": counts}
-        config = {k: v for k, v in config_data.items() if k not in ("auto_map", "custom_pipelines")}
-        code = config_code_files(family)
-        if code:  # AutoConfig.from_pretrained(folder, trust_remote_code=True) opens it without hydra_hf
-            config["auto_map"] = {"AutoConfig": family.auto_map["AutoConfig"]}
-            for name in code:
-                shutil.copyfile(PACKAGED_CODE_DIR / name, tmp / name)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        if preprocessor is not None:
-            copy_preprocessor(folder, tmp)
-        axes = dynamic_shapes(names, family.modality)
-        metadata = {
-            "format": EXPORT_FORMAT,
-            "version": 1,
-            "hydra_hf": __version__,
-            "family": family.name,
-            "modality": family.modality,
-            "task": family.task,
-            "num_members": int(model.config.num_members),
-            "num_labels": int(getattr(model.config, "num_labels", 0) or 0)
-            if family.modality != "image-text"
-            else None,
-            "opset": int(opset),
-            "exporter": "torch.onnx.export(dynamo=True)",
-            "versions": _versions(),
-            "inputs": {n: _axes_doc(n, axes[n]) for n in names},
-            "outputs": _outputs_doc(output_keys, family.modality, softmax=family.uncertainty_pipelines),
-            "files": files,
-            "default_file": INT8_FILE if quantize == "int8" else FP32_FILE,
-            "quantization": None
-            if quantize is None
-            else {
-                "recipe": recipe.name,
-                "method": recipe.method,
-                "weight_type": "QInt8",
-                "op_types": ["MatMul", "Gemm"],
-                "activations": recipe.activations,
-                "kept_fp32": {"keep-fc2": "MLP output projections (products fed by an activation)", "all": "none"}.get(
-                    recipe.name, "products with a stacked (M, in, out) weight (the members' poolers and classifiers)"
-                ),
-                "kept_fp32_products": len(files[INT8_FILE]["quantized_operators"]["kept_fp32"]),
-                **(
-                    {"smoothquant_alpha": files[INT8_FILE]["quantized_operators"]["alpha"]}
-                    if recipe.name == "smoothquant"
-                    else {}
-                ),
-            },
-        }
-        (tmp / EXPORT_METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
-        # the export's own check: ONNX Runtime == PyTorch on the example and on other sizes (padded)
-        fp32 = OnnxHydraModel.from_pretrained(tmp, file_name=FP32_FILE)
-        diffs = [compare_with_eager(model, fp32, x, output_keys) for x in (example, other)]
-        if not all(math.isfinite(d) and d <= VERIFY_ATOL for d in diffs):  # NaN > atol is False: test each
-            raise RuntimeError(
-                f"the ONNX graph differs from PyTorch by {max(diffs):.2e} (> {VERIFY_ATOL}); please report this"
-            )
-        metadata["verification"] = {
-            "max_abs_diff_fp32": max(diffs), "atol": VERIFY_ATOL,
-            "inputs": [_describe(x) for x in (example, other)],
-        }
-        report = None
-        if quantize == "int8":
-            int8 = OnnxHydraModel.from_pretrained(tmp, file_name=INT8_FILE)
-            metadata["verification"]["max_abs_diff_int8"] = max(
-                compare_with_eager(model, int8, x, output_keys) for x in (example, other))
-            settings = {"calibration_data": calibration_data, "ood_data": list(loaders[1]), "int8_recipe": recipe.name,
-                        **(data_options or {})}
-            predictor = None
-            if family.modality == "image-text":
-                settings.update(class_names=class_names, templates=templates)
-
-                def predictor(graph):
-                    return OnnxZeroShotPredictor(graph, class_names, templates, preprocessor.tokenizer)
-            report = quantization_report(fp32, int8, loaders, settings=settings, predictor=predictor)
-            write_quantization_report(report, tmp)
-        (tmp / EXPORT_METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
-        (tmp / "README.md").write_text(export_card(metadata, report))
-
-    runtime_log = logging.getLogger("hydra_hf.onnx.runtime")  # its "loaded TMP/model.onnx" of the checks above
-    level = runtime_log.level
-    runtime_log.setLevel(logging.WARNING)  # would name the temporary folder, not the output
-    try:
-        out = write_output_folder(output_dir, write, command=COMMAND, overwrite=overwrite, inputs=inputs)
-    finally:
-        runtime_log.setLevel(level)
-    logger.info("wrote %s", out)
-    return out
-
-
-def _report_loaders(model, preprocessor, modality, calibration_data, ood_data, options):
-    if preprocessor is None:
-        raise HydraInputError(
-            "the Hydra folder has no tokenizer / image processor, which the quantisation report needs"
-        )
-    zero_shot = modality == "image-text"  # images classified against class prompts
-    cols = dict(text_column=options.get("text_column", "text") if modality == "text" else None,
-                label_column=options.get("label_column", "label"),
-                image_column=options.get("image_column") if modality != "text" else None)
-    batch_size, max_length = int(options.get("batch_size", 32)), int(options.get("max_length", 128))
-
-    def data(spec: str, labelled: bool):
-        classifier = labelled and not zero_shot  # zero-shot classes come from the data itself
-        return resolve_dataset(spec, **cols, require_labels=labelled, max_samples=options.get("max_samples"),
-                               num_labels=model.config.num_labels if classifier else None,
-                               label2id=model.config.label2id if classifier else None)
-
-    def loader(dataset):
-        if zero_shot:
-            return ev.make_loader(dataset, preprocessor.image_processor, "image", batch_size=batch_size)
-        return ev.make_loader(dataset, preprocessor, modality, batch_size=batch_size, max_length=max_length)
-
-    id_data = data(calibration_data, True)
-    class_names = None
-    if zero_shot:
-        names = getattr(id_data.features["label"], "names", None)
-        if not names:
-            raise HydraInputError(
-                f"--calibration-data {calibration_data!r} has integer labels without class names; a zero-shot model "
-                "needs them for its prompts: give an image folder with one sub-folder per class"
-            )
-        class_names = list(names)
-    id_loader = loader(id_data)
-    oods = {}
-    for spec in ood_data:
-        name, path = _named_spec(spec)
-        if name in oods:
-            raise HydraInputError(f"--ood-data name {name!r} is used twice; write NAME=SPEC to tell them apart")
-        ood = data(path, False)
-        oods[name] = loader(ood.remove_columns([c for c in ("label",) if c in ood.column_names]))
-    return (id_loader, oods), class_names
-
-
-def _named_spec(spec: str) -> tuple[str, str]:
-    """``(name, data spec)`` of an ``--ood-data`` value: ``NAME=SPEC``, or ``SPEC`` named by its path."""
-    if "=" in spec:
-        name, _, path = spec.partition("=")
-        return name.strip(), path.strip()
-    return parse_spec(spec)[0], spec
+    metadata["verification"] = {
+        "max_abs_diff_fp32": max(diffs), "atol": VERIFY_ATOL,
+        "inputs": [_describe(x) for x in (example, other)],
+    }
+    int8 = None
+    if recipe is not None:
+        int8 = OnnxHydraModel.from_pretrained(tmp, file_name=INT8_FILE)
+        metadata["verification"]["max_abs_diff_int8"] = max(
+            compare_with_eager(model, int8, x, output_keys) for x in (example, other))
+    (tmp / EXPORT_METADATA).write_text(json.dumps(metadata, indent=2) + "\n")
+    return metadata, fp32, int8
 
 
 def _axes_doc(name: str, axes: dict[int, Any]) -> dict[str, Any]:
@@ -572,8 +402,9 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def export_card(metadata: dict[str, Any], report: dict[str, Any] | None) -> str:
-    """The README of an export folder: what the graph holds and how to run it."""
+def export_card(metadata: dict[str, Any], report_section: str | None = None) -> str:
+    """The README of an export folder: what the graph holds and how to run it (and ``report_section``, the
+    int8 graph's quality report in Markdown, after it)."""
     inputs = "\n".join(f"| `{n}` | {d['dtype']} | ({', '.join(d['shape'])}) |" for n, d in metadata["inputs"].items())
     outputs = "\n".join(f"| `{n}` | {d['dtype']} | ({', '.join(d['shape'])}) | {d['what']} |"
                         for n, d in metadata["outputs"].items())
@@ -618,6 +449,6 @@ def export_card(metadata: dict[str, Any], report: dict[str, Any] | None) -> str:
         "(`transformers.AutoConfig.from_pretrained(\"THIS_FOLDER\", trust_remote_code=True)` reads the whole config).",
         f"`hydra-hf evaluate --model THIS_FOLDER ...` evaluates it like a PyTorch folder ({INSTALL_HINT}).",
     ]
-    if report is not None:
-        lines += ["", report_markdown(report)]
+    if report_section is not None:
+        lines += ["", report_section]
     return "\n".join(lines) + "\n"

@@ -9,7 +9,8 @@
 - :mod:`.cached_bert` — the cached, batched circuit evaluator for BERT classifiers;
 - :mod:`.lm` — decoders (causal LMs) on next-token prediction: batches, adapter, sequence-level evaluator;
 - :mod:`.diversity` — M members from seeds, criteria and user masks;
-- :mod:`.members` — :func:`build_members`: data specs -> masks (``hydra-hf prune`` and every recipe);
+- :mod:`.members` — :class:`PruningTarget`: what selection needs of a loaded model (data specs -> masks,
+  ``hydra-hf prune`` and every recipe: :func:`hydra_hf.workflows.prune.build_members`);
 - :mod:`.loading` — open_clip / timm models from local weights, zero-shot class prompts (the CLI's loaders).
 """
 
@@ -40,7 +41,7 @@ from .diversity import (
 from .gates import HeadGates, zero_head_columns_
 from .layout import JOINT, HeadLayout
 from .lm import LMGatedEvaluator, causal_lm_adapter, lm_batches, lm_batches_from_ids
-from .members import PruningTarget, build_members, load_pruning_target
+from .members import PruningTarget, load_pruning_target
 from .scoring import batch_labels, circuit_score
 from .taylor import PruneResult, normalize_layer_scores, select_top, taylor_prune, taylor_scores
 
@@ -64,7 +65,6 @@ __all__ = [
     "PruneResult",
     "PruningTarget",
     "batch_labels",
-    "build_members",
     "causal_lm_adapter",
     "circuit_prune",
     "circuit_prune_criteria",

@@ -1,18 +1,11 @@
-"""Members from data specs: the one path from a model and its ID / OOD data to :class:`HeadMasks`.
-
-``hydra-hf prune`` and every recipe call :func:`build_members`: it resolves the data specs
-(:func:`hydra_hf.data.resolve_dataset`), checks that the data suits the model (text or images; a
-zero-shot model's labels matched to its class names), makes the batches and runs
-:func:`~hydra_hf.pruning.diversity.prune_members`. What differs between models is only how they are
-loaded, which :class:`PruningTarget` records: :func:`load_pruning_target` for a Hugging Face text or
-image classifier folder or a decoder causal LM folder; the CLI and the zero-shot recipe build theirs for
-CLIP-like models.
+"""What member selection needs of a loaded model, whatever its source: :class:`PruningTarget` (the head
+adapter, the preprocessing, the classes), :func:`load_pruning_target` for a Hugging Face text or image
+classifier folder or a decoder causal LM folder (or a GGUF checkpoint), and :func:`causal_lm_batches` (a causal
+LM's next-token batches). ``hydra-hf prune`` and every recipe go from a model and its data specs to masks with
+:func:`hydra_hf.workflows.prune.build_members`, which takes a :class:`PruningTarget` or a folder.
 
 Causal LMs (``*ForCausalLM``, ``GPT2LMHeadModel``: :func:`hydra_hf.families.is_causal_lm_config`) are pruned on
-next-token prediction (:mod:`hydra_hf.pruning.lm`): the ID data is any text (its labels are the next tokens, a label
-column is not read), batched by :func:`~hydra_hf.pruning.lm.lm_batches` with the folder's tokenizer and
-``max_length``; Taylor scores the mean next-token loss, circuits score next-token accuracy (``acc``), the
-AUROC of the per-sequence mean MSP of ID against OOD texts (``ood``) and their mean (``avg``).
+next-token prediction (:mod:`hydra_hf.pruning.lm`): the labels are the next tokens of the texts.
 """
 
 from __future__ import annotations
@@ -20,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,23 +28,17 @@ from transformers import (
 )
 
 from ..convert.io import from_pretrained, read_config, weight_names
-from ..data import make_image_loader, make_text_loader, pad_with_eos, resolve_dataset, zero_shot_labels
+from ..data import pad_with_eos
 from ..errors import HydraInputError
 from ..families import detect_family, get_adapter, is_causal_lm_config, resolve_checkpoint
 from ..families.adapters import ModelAdapter
 from ..lazy import lazy_module
-from ..masks import HeadMasks
-from .budget import Budget
-from .diversity import parse_methods, prune_members
-from .layout import HeadLayout
 from .lm import causal_lm_adapter, lm_batches
-from .neurons import check_mlp_keep
 
 logger = logging.getLogger(__name__)
 
 # heavy (datasets, pandas, pyarrow: ~2 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
 datasets = lazy_module("datasets")
-Data = Any  # a data spec (str, for resolve_dataset) or a datasets.Dataset already in standard columns
 
 
 @dataclass
@@ -216,135 +203,3 @@ def causal_lm_batches(
             "tokenizer the model was trained with next to it (or resize its embeddings)"
         )
     return batches
-
-
-def build_members(
-    target: PruningTarget | str | os.PathLike,
-    *,
-    method: str | Sequence[str],
-    budget: Budget,
-    id_data: Data,
-    ood_data: Data | None = None,
-    members: int = 3,
-    seed: int = 0,
-    tower: str | None = None,
-    max_samples: int | None = None,
-    text_column: str = "text",
-    ood_text_column: str | None = None,
-    label_column: str = "label",
-    image_column: str | None = None,
-    batch_size: int = 32,
-    max_length: int = 128,
-    device: str | torch.device | None = None,
-    temperature: float | None = None,
-    data_fraction: float | None = None,
-    heads_per_step: int = 1,
-    taylor_rounds: int = 1,
-    include: HeadMasks | None = None,
-    fast: bool = True,
-    precision: str = "fp32",
-    progress: bool = True,
-    metadata: dict[str, Any] | None = None,
-    mlp_keep: float | None = None,
-    mlp_spread: bool = False,
-) -> HeadMasks:
-    """Choose the heads of ``members`` Hydra members of a model from its ID (and OOD) data.
-
-    Args:
-        target: the loaded model (:class:`PruningTarget`), or a Hugging Face text / image classifier
-            folder, a decoder causal LM folder or a GGUF checkpoint (:func:`load_pruning_target`).
-        method: one pruning method or several, comma-separated or a list (one member each, cycled).
-        budget: every member's budget.
-        id_data: labelled ID validation data: a data spec (``NAME[:SPLIT]``, a file or a folder,
-            resolved with the column options and ``max_samples``; a zero-shot model's labels are
-            matched to its class names) or a dataset already in the standard columns (``text`` or
-            ``image``, integer ``label``), taken as it is. A causal LM reads only the texts (its labels
-            are the next tokens; ``label_column`` is not read).
-        ood_data: OOD validation data (``circuit-ood`` / ``circuit-avg``), a spec or a dataset.
-        members: members to compute; member ``m`` uses seed ``seed + m``.
-        tower: two-tower models: ``"vision"``, ``"text"`` or ``"joint"`` (default: joint).
-        max_samples: use at most this many ID (and OOD) examples of a data spec (the first ones).
-        text_column / ood_text_column / label_column / image_column: the columns of local files
-            (``ood_text_column`` defaults to ``text_column``; image models read no text column).
-        batch_size / max_length: examples per forward pass while scoring; tokens per text.
-        device: where the batches go (None: where the data loader makes them, the CPU).
-        temperature, data_fraction, heads_per_step, taylor_rounds, include, fast, precision,
-        progress, metadata, mlp_keep, mlp_spread: passed to :func:`~hydra_hf.pruning.diversity.prune_members`
-            (``mlp_keep``: slim members keep that fraction of every layer's MLP neurons too).
-
-    Returns:
-        The masks (not saved: the caller writes them).
-    """
-    methods = parse_methods(method)
-    if mlp_keep is not None:
-        check_mlp_keep(mlp_keep)  # before the model loads
-    if not isinstance(target, PruningTarget):
-        target = load_pruning_target(target)
-    adapter = target.adapter
-    tower = tower or ("joint" if len(adapter.towers) > 1 else None)
-    HeadLayout.of(adapter, tower).check(budget)  # ValueError for joint on one tower / an unknown tower
-
-    image_model = target.modality == "image"
-    data_kwargs: dict[str, Any] = dict(text_column=None if image_model else text_column, image_column=image_column,
-                                       max_samples=max_samples)
-    id_spec = id_data if isinstance(id_data, str) else None
-    causal_lm = target.causal_lm
-    if isinstance(id_data, str):
-        id_data = resolve_dataset(
-            id_data,
-            label_column=None if causal_lm else label_column,
-            label2id=None if causal_lm else target.label2id,
-            num_labels=None if target.zero_shot or causal_lm else target.num_labels,
-            require_labels=not causal_lm and any(m != "random" for m in methods),
-            **data_kwargs,
-        )
-    if isinstance(ood_data, str):
-        ood_kwargs = {**data_kwargs}
-        if ood_text_column and not image_model:
-            ood_kwargs["text_column"] = ood_text_column
-        ood_data = resolve_dataset(ood_data, label_column=None, **ood_kwargs) if ood_data else None
-    for name, data in (("--id-data", id_data), ("--ood-data", ood_data)):
-        if data is not None and target.modality not in data.column_names:
-            raise ValueError(
-                f"the model reads {target.modality}s but {name} has columns {data.column_names}; "
-                + ("give an image folder or --image-column" if image_model else "give text data (--text-column)")
-            )
-    if id_spec is not None and target.zero_shot and "label" in id_data.column_names:
-        id_data = zero_shot_labels(id_data, list(target.label2id or {}), f"--id-data {id_spec!r}")
-    logger.info("ID data: %d examples%s", len(id_data), f"; OOD data: {len(ood_data)}" if ood_data is not None else "")
-
-    def make_batches(dataset: datasets.Dataset, seed: int) -> list[dict[str, torch.Tensor]]:
-        if causal_lm:
-            batches = causal_lm_batches(target, dataset, max_length=max_length, batch_size=batch_size,
-                                        what="the ID / OOD texts (--id-data / --ood-data)")
-            return batches if device is None else [{k: v.to(device) for k, v in b.items()} for b in batches]
-        if image_model:
-            loader = make_image_loader(dataset, target.transform, batch_size)
-        else:
-            loader = make_text_loader(dataset, target.tokenizer, batch_size, max_length)
-        if device is None:
-            return list(loader)
-        return [{k: v.to(device) for k, v in batch.items()} for batch in loader]
-
-    return prune_members(
-        adapter,
-        methods=methods,
-        budget=budget,
-        make_batches=make_batches,
-        id_data=id_data,
-        ood_data=ood_data,
-        members=members,
-        seed=seed,
-        tower=tower,
-        temperature=temperature,
-        data_fraction=data_fraction,
-        heads_per_step=heads_per_step,
-        taylor_rounds=taylor_rounds,
-        include=include,
-        fast=fast,
-        precision=precision,
-        progress=progress,
-        metadata=metadata,
-        mlp_keep=mlp_keep,
-        mlp_spread=mlp_spread,
-    )

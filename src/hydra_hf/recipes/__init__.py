@@ -9,7 +9,7 @@
 - :mod:`.zero_shot` — :class:`ZeroShotPipeline`, :func:`run_zero_shot_pipeline` (OpenCLIP, both
   towers pruned, no training).
 
-Every setting builds its members with :func:`hydra_hf.pruning.build_members`, as ``hydra-hf prune``
+Every setting builds its members with :func:`hydra_hf.workflows.prune.build_members`, as ``hydra-hf prune``
 does. A setting's module holds only its settings and its stage bodies; it imports nothing private
 from a sibling.
 """

@@ -31,8 +31,8 @@ from .. import evaluation as ev
 from ..data import resolve_dataset
 from ..finetune import image_recipe
 from ..masks import HeadMasks
-from ..pruning import build_members
 from ..pruning.budget import Budget
+from ..workflows.prune import build_members
 from .runner import (
     EvaluationData,
     PipelineResult,

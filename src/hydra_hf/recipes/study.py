@@ -58,12 +58,13 @@ from ..finetune.baselines import all_heads_masks
 from ..lazy import lazy_module
 from ..masks import HeadMasks
 from ..outputs import prepare_owned_folder, remove_dead_process_folders, write_text_atomic
-from ..pruning import build_members, load_pruning_target
+from ..pruning import load_pruning_target
 from ..pruning.budget import Budget
 from ..pruning.circuits import make_evaluator
 from ..pruning.diversity import parse_methods, uses_ood
 from ..pruning.layout import HeadLayout
 from ..pruning.neurons import check_mlp_keep
+from ..workflows.prune import build_members
 from .text import packaged_minilm
 
 # heavy (datasets, pandas, pyarrow: ~2 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
@@ -368,7 +369,7 @@ def model_numbers(predictor: Any, data: _Data) -> dict[str, Any]:
 
 
 def _build_masks(c: Candidate, target: Any, data: _Data, fold: str, seed: int):
-    """The candidate's members for ``fold`` (:func:`hydra_hf.pruning.build_members`, as ``hydra-hf prune``)."""
+    """The candidate's members for ``fold`` (:func:`hydra_hf.workflows.prune.build_members`, as ``hydra-hf prune``)."""
     id_data, ood_data = data.selection(fold if c.uses_ood else None, c.samples, heldout=c.selection == "heldout",
                                        pooled=c.pooled)
     fraction = c.data_fraction if c.data_fraction is not None else data.s.prune_data_fraction

@@ -26,7 +26,7 @@ Stages (each writes one folder under ``output_dir``; with ``resume=True`` a fini
 
 Nothing here knows about the demo's data: :class:`TextPipeline` holds every choice. The stages run
 on :class:`~hydra_hf.recipes.runner.StageRunner` (resume, timings, the Hub stage) and the members come
-from :func:`hydra_hf.pruning.build_members`, as with ``hydra-hf prune``.
+from :func:`hydra_hf.workflows.prune.build_members`, as with ``hydra-hf prune``.
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ from ..finetune.baselines import train_deep_ensemble, train_lora_ensemble
 from ..hub import fresh_check
 from ..masks import HeadMasks
 from ..onnx import require_onnx
-from ..onnx.export import export_onnx
-from ..pruning import build_members
 from ..pruning.budget import Budget
 from ..pruning.diversity import uses_ood as methods_use_ood
+from ..workflows.export import export_onnx
+from ..workflows.prune import build_members
 from .runner import (
     EvaluationData,
     PipelineResult,

@@ -49,9 +49,10 @@ from ..evaluation import zero_shot_prompts
 from ..hub import fresh_check
 from ..masks import HeadMasks
 from ..modeling.modeling_hydra_clip import HydraEnsembleCLIPModel
-from ..pruning import PruningTarget, build_members, get_adapter
+from ..pruning import PruningTarget, get_adapter
 from ..pruning.budget import Budget
 from ..pruning.loading import load_open_clip_folder
+from ..workflows.prune import build_members
 from .runner import PipelineResult, Stage, StageRunner, hub_stage, members_stage
 
 logger = logging.getLogger(__name__)

@@ -84,7 +84,7 @@ SERVE_FIX = "install the serve extra: pip install 'hydra-hf[serve]' (Ray Serve)"
 RAY_TOKEN_FILE = Path.home() / ".ray" / "auth_token"  # where `ray start --head` keeps the cluster's token
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServeSpec:
     """What :func:`serve` serves and how.
 
@@ -122,7 +122,7 @@ class ServeSpec:
     route_prefix: str = "/"
 
     def __post_init__(self) -> None:
-        self.model = str(self.model)
+        object.__setattr__(self, "model", str(self.model))  # frozen: set once, here
         for name, low, high in (("port", 1, 65535), ("replicas", 1, None), ("max_batch_size", 1, 4096),
                                 ("threads", 1, None), ("max_inputs", 1, None)):
             value = getattr(self, name)

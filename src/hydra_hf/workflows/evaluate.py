@@ -1,6 +1,5 @@
-"""``hydra-hf evaluate`` as one library call: :func:`evaluate_folder` reads an :class:`EvaluationSpec`
-(the command's options, typed) and writes report.json, report.md and the figures of a model folder and
-its baselines.
+"""``hydra-hf evaluate`` as one library call: :func:`evaluate` reads an :class:`EvaluateSpec` (the command's
+options, typed) and writes report.json, report.md and the figures of a model folder and its baselines.
 
 A classifier folder (text or image) is read with its own head. A CLIP / SigLIP folder (Hydra or stock;
 open_clip folders as baselines) classifies zero-shot (:mod:`hydra_hf.evaluation.zero_shot`): its classes
@@ -14,9 +13,6 @@ plain folder; baselines causal LMs too) is evaluated with
 :func:`hydra_hf.evaluation.causal_lm.evaluate_causal_lm` on the texts of ``id_data`` and of every
 ``ood_data`` set (no labels: the labels are the next tokens), each cut to ``max_length`` tokens. The
 classifier-only options are refused.
-
-This module sits above :mod:`hydra_hf.calibration` (the decisions of a calibrated folder), which reads
-the predictors and loaders of this package: import it as ``hydra_hf.evaluation.folder``.
 """
 
 from __future__ import annotations
@@ -34,11 +30,12 @@ import torch
 from .. import distributed
 from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY
 from ..calibration.report import DEFAULTS as DECISION_DEFAULTS
-from ..calibration.report import decision_metrics, fit_for_report, render_decisions, risk_coverage_figure
+from ..calibration.report import decision_metrics, fit_for_report, render_decisions
 from ..convert.gguf import checkpoint_inputs
 from ..data import (
     check_data_spec,
     data_spec_paths,
+    make_loader,
     parse_spec,
     read_templates,
     resolve_dataset,
@@ -47,24 +44,25 @@ from ..data import (
     zero_shot_paths,
 )
 from ..errors import HydraInputError
+from ..evaluation import loading
+from ..evaluation import predictors as pr
+from ..evaluation.causal_lm import evaluate_causal_lm, write_causal_lm_report
+from ..evaluation.plots import risk_coverage_figure
+from ..evaluation.report import write_evaluation_report
+from ..evaluation.run import EvaluationResult, compare_predictions, evaluate_predictors
+from ..evaluation.zero_shot import check_same_images, load_zero_shot_model
 from ..families import is_causal_lm_folder
 from ..metrics import OOD_SCORES, SEQUENCE_SCORES
 from ..modeling.configuration_hydra import check_calibration
 from ..outputs import check_output, read_json, write_output_folder
-from . import loading
-from . import predictors as pr
-from .causal_lm import evaluate_causal_lm, write_causal_lm_report
-from .report import write_evaluation_report
-from .run import EvaluationResult, compare_predictions, evaluate_predictors
-from .zero_shot import check_same_images, load_zero_shot_model
 
-__all__ = ["DECISIONS_NOTE", "EvaluationSpec", "FolderEvaluation", "evaluate_folder"]
+__all__ = ["DECISIONS_NOTE", "EvaluateSpec", "EvaluationSpec", "FolderEvaluation", "evaluate", "evaluate_folder"]
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class EvaluationSpec:
+@dataclass(frozen=True)
+class EvaluateSpec:
     """What ``hydra-hf evaluate`` evaluates; one field per option of the command (same names, same defaults).
 
     Attributes:
@@ -88,6 +86,12 @@ class EvaluationSpec:
         compare, bootstrap: pairs ``A=B`` compared by a paired bootstrap with this many resamples (0: none).
         overwrite: replace ``report`` when it holds an earlier evaluation report.
         trust_remote_code: allow folders that ship their own code.
+
+    Raises:
+        ValueError: an option that needs another (``temperature_scaling`` without ``val_data`` ...), an alpha
+            outside (0, 1), a baseline not written ``NAME=DIR``: one line naming the option and the fix. What
+            needs the files (the folders exist, the data specs read) is checked by :func:`evaluate`, still
+            before a model is loaded.
     """
 
     model: str
@@ -118,10 +122,40 @@ class EvaluationSpec:
     overwrite: bool = False
     trust_remote_code: bool = False
 
+    def __post_init__(self) -> None:
+        if self.temperature_scaling and not self.val_data:
+            raise ValueError("--temperature-scaling needs --val-data (a labelled validation split)")
+        for alpha in self.conformal_alpha:
+            if not 0 < alpha < 1:
+                raise ValueError(f"--conformal-alpha {alpha!r} is outside (0, 1); e.g. 0.1: sets that hold the true "
+                                 "label 90% of the time")
+        if self.conformal_alpha and not self.val_data:
+            raise ValueError(
+                "--conformal-alpha needs --val-data (labelled data to fit the sets on, held out from the test data)"
+            )
+        if self.deep_ensemble and not self.train_data:
+            raise ValueError("--deep-ensemble needs --train-data to train its classifier heads")
+        self.models()
+
+    def models(self) -> dict[str, str]:
+        """``{name: folder}``: ``model`` under ``name``, then every baseline (``NAME=DIR``, names unique)."""
+        models = {self.name: self.model}
+        for baseline in self.baseline:
+            name, path = _named(baseline, "")
+            if not name:
+                raise ValueError(f"--baseline {baseline!r}: write NAME=DIR, e.g. Single=runs/single")
+            if name in models:
+                raise ValueError(f"--baseline name {name!r} is used twice")
+            models[name] = path
+        return models
+
+
+EvaluationSpec = EvaluateSpec  # its second name (hydra_hf.EvaluationSpec)
+
 
 @dataclass
 class FolderEvaluation:
-    """What :func:`evaluate_folder` wrote, and its numbers.
+    """What :func:`evaluate` wrote, and its numbers.
 
     Attributes:
         kind: ``"classifier"``, ``"zero_shot"`` or ``"causal_lm"``.
@@ -157,28 +191,9 @@ def _named(spec: str, default_name: str) -> tuple[str, str]:
     return default_name, spec
 
 
-def _check_models(spec: EvaluationSpec) -> tuple[dict[str, str], list[tuple[str, str]]]:
+def _check_models(spec: EvaluateSpec) -> tuple[dict[str, str], list[tuple[str, str]]]:
     """``({name: folder}, [(a, b) compared])`` from the options, checked before anything is loaded."""
-    if spec.temperature_scaling and not spec.val_data:
-        raise ValueError("--temperature-scaling needs --val-data (a labelled validation split)")
-    for alpha in spec.conformal_alpha:
-        if not 0 < alpha < 1:
-            raise ValueError(f"--conformal-alpha {alpha!r} is outside (0, 1); e.g. 0.1: sets that hold the true label "
-                             "90% of the time")
-    if spec.conformal_alpha and not spec.val_data:
-        raise ValueError(
-            "--conformal-alpha needs --val-data (labelled data to fit the sets on, held out from the test data)"
-        )
-    if spec.deep_ensemble and not spec.train_data:
-        raise ValueError("--deep-ensemble needs --train-data to train its classifier heads")
-    models = {spec.name: spec.model}
-    for baseline in spec.baseline:
-        name, path = _named(baseline, "")
-        if not name:
-            raise ValueError(f"--baseline {baseline!r}: write NAME=DIR, e.g. Single=runs/single")
-        if name in models:
-            raise ValueError(f"--baseline name {name!r} is used twice")
-        models[name] = path
+    models = spec.models()
     for name, path in models.items():  # before any message that reads what kind of model a folder is
         if not os.path.exists(path):
             flag = "--model" if name == spec.name else f"--baseline {name}="
@@ -203,7 +218,7 @@ def _check_models(spec: EvaluationSpec) -> tuple[dict[str, str], list[tuple[str,
     return models, pairs
 
 
-def _inputs(spec: EvaluationSpec, models: dict[str, str]) -> list[str | Path]:
+def _inputs(spec: EvaluateSpec, models: dict[str, str]) -> list[str | Path]:
     """Every file and folder the evaluation reads (models, data, class names, templates): the report
     folder never holds one, so ``--overwrite`` never deletes what the run has just read."""
     data = [spec.id_data, *(_named(o, "")[1] for o in spec.ood_data), spec.val_data, spec.train_data]
@@ -212,7 +227,7 @@ def _inputs(spec: EvaluationSpec, models: dict[str, str]) -> list[str | Path]:
             *zero_shot_paths(spec.class_names, spec.templates)]
 
 
-def _check_zero_shot_options(spec: EvaluationSpec, models: dict[str, str], family: str | None) -> None:
+def _check_zero_shot_options(spec: EvaluateSpec, models: dict[str, str], family: str | None) -> None:
     """Zero-shot options only with a zero-shot --model, classifier options only with a classifier."""
     if family is None:
         if spec.class_names or spec.templates:
@@ -240,7 +255,7 @@ def _check_zero_shot_options(spec: EvaluationSpec, models: dict[str, str], famil
                              "zero-shot model folders only")
 
 
-def _classifier_setup(spec: EvaluationSpec, models: dict[str, str]) -> _Setup:
+def _classifier_setup(spec: EvaluateSpec, models: dict[str, str]) -> _Setup:
     """Predictors and loaders of classifier folders (text or image), each with its own head."""
     if spec.deep_ensemble:
         loading.check_deep_ensemble_model(models[spec.deep_ensemble], spec.deep_ensemble)
@@ -261,7 +276,7 @@ def _classifier_setup(spec: EvaluationSpec, models: dict[str, str]) -> _Setup:
                                label2id=label2id if labelled else None, max_samples=spec.max_samples)
 
     def loader(dataset):  # under `accelerate launch`, each process predicts one shard (gathered in order)
-        return loading.make_loader(dataset, preprocessor, modality, batch_size=spec.batch_size,
+        return make_loader(dataset, preprocessor, modality, batch_size=spec.batch_size,
                                    max_length=spec.max_length, shard=True)
 
     id_loader = loader(data(spec.id_data, True))
@@ -283,7 +298,7 @@ def _classifier_setup(spec: EvaluationSpec, models: dict[str, str]) -> _Setup:
     return _Setup(predictors, id_loader, ood_loaders, val_loader)
 
 
-def _zero_shot_setup(spec: EvaluationSpec, models: dict[str, str], family: str) -> _Setup:
+def _zero_shot_setup(spec: EvaluateSpec, models: dict[str, str], family: str) -> _Setup:
     """Predictors and loaders of zero-shot models: every model classifies the same classes with the same
     prompt templates, on the images --model's image processor makes."""
     what = f"a zero-shot {family} model"
@@ -316,7 +331,7 @@ def _zero_shot_setup(spec: EvaluationSpec, models: dict[str, str], family: str) 
             check_same_images(reference, model, name)
 
     def loader(dataset):  # under `accelerate launch`, each process predicts one shard (gathered in order)
-        return loading.make_loader(dataset, reference.image_processor, "image", batch_size=spec.batch_size, shard=True)
+        return make_loader(dataset, reference.image_processor, "image", batch_size=spec.batch_size, shard=True)
 
     predictors: dict[str, pr.Predictor] = {name: model.predictor(names, templates) for name, model in loaded.items()}
     shown = ", ".join(templates[:3]) + (", ..." if len(templates) > 3 else "")
@@ -331,7 +346,7 @@ def _zero_shot_setup(spec: EvaluationSpec, models: dict[str, str], family: str) 
                   loader(val_data) if val_data is not None else None, settings, notes)
 
 
-def _evaluate_causal_lm(spec: EvaluationSpec, models: dict[str, str]) -> FolderEvaluation:
+def _evaluate_causal_lm(spec: EvaluateSpec, models: dict[str, str]) -> FolderEvaluation:
     """A causal LM --model (and causal LM baselines): evaluate_causal_lm on the texts, one report."""
     info = distributed.process_info()
     what = f"the causal LM --model {spec.model!r}"
@@ -423,11 +438,11 @@ def _stored_calibration(folder: str) -> dict[str, Any] | None:
         raise HydraInputError(f"--model {str(folder)!r}: {exc}") from None
 
 
-def _wants_decisions(spec: EvaluationSpec) -> bool:
+def _wants_decisions(spec: EvaluateSpec) -> bool:
     return bool(spec.conformal_alpha) or _stored_calibration(spec.model) is not None
 
 
-def _decisions(spec: EvaluationSpec, predictors: Mapping[str, Any], result: EvaluationResult, setup: _Setup
+def _decisions(spec: EvaluateSpec, predictors: Mapping[str, Any], result: EvaluationResult, setup: _Setup
                ) -> dict[str, list[dict[str, Any]]] | None:
     """Every model's calibrated decisions on the test data: the --model folder's stored calibration, and
     calibrations fitted on --val-data (at every --conformal-alpha, else at the stored alpha) with the
@@ -469,7 +484,7 @@ def _decisions(spec: EvaluationSpec, predictors: Mapping[str, Any], result: Eval
     return {name: rows for name, rows in decisions.items() if rows}
 
 
-def evaluate_folder(spec: EvaluationSpec) -> FolderEvaluation:
+def evaluate(spec: EvaluateSpec) -> FolderEvaluation:
     """Evaluate ``spec.model`` (and its baselines) and write the report folder ``spec.report``.
 
     Every option is checked before a model is loaded, and the report folder is claimed before any work;
@@ -538,3 +553,6 @@ def evaluate_folder(spec: EvaluationSpec) -> FolderEvaluation:
         )
     distributed.barrier()
     return FolderEvaluation("zero_shot" if family is not None else "classifier", Path(spec.report), spec.score, result)
+
+
+evaluate_folder = evaluate  # its second name (hydra_hf.evaluate_folder)

@@ -1,5 +1,5 @@
-"""`hydra-hf evaluate` is argparse -> EvaluationSpec -> evaluate_folder: the spec has one field per option
-with the option's default, and the library call writes the report the command writes."""
+"""`hydra-hf evaluate` is argparse -> EvaluateSpec -> evaluate: the spec has one field per option with the
+option's default, checks itself when it is built, and the library call writes the report the command writes."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from test_hostile_inputs import world  # noqa: F401  (a fixture: a tiny BERT, it
 
 from hydra_hf.cli import evaluate as cli_evaluate
 from hydra_hf.cli import main
-from hydra_hf.evaluation.folder import EvaluationSpec, evaluate_folder
 from hydra_hf.evaluation.loading import folder_kind
+from hydra_hf.workflows.evaluate import EvaluateSpec, EvaluationSpec, evaluate, evaluate_folder
 
 
 def _parser_defaults() -> dict:
@@ -25,7 +25,7 @@ def _parser_defaults() -> dict:
 
 def test_the_spec_has_one_field_per_option_with_its_default():
     options = _parser_defaults()
-    fields = {f.name: f for f in dataclasses.fields(EvaluationSpec)}
+    fields = {f.name: f for f in dataclasses.fields(EvaluateSpec)}
     assert set(fields) == set(options)
     for name, f in fields.items():
         if f.default is not dataclasses.MISSING:
@@ -44,7 +44,7 @@ def _without_latency(value):
 
 def test_evaluate_folder_writes_the_report_the_command_writes(world, tmp_path, capsys):  # noqa: F811
     assert folder_kind(world / "hydra") == folder_kind(world / "base") == "classifier"
-    spec = EvaluationSpec(
+    spec = EvaluateSpec(
         model=str(world / "hydra"),
         id_data=str(world / "id.csv"),
         ood_data=[f"rev={world / 'ood.csv'}"],
@@ -52,7 +52,7 @@ def test_evaluate_folder_writes_the_report_the_command_writes(world, tmp_path, c
         baseline=[f"Single={world / 'base'}"],
         bootstrap=20,
     )
-    done = evaluate_folder(spec)
+    done = evaluate(spec)
     assert done.kind == "classifier" and done.report == tmp_path / "library" and spec.batch_size is None  # not mutated
     rows = {row["method"]: row for row in done.result.rows}
     assert set(rows) == {"Hydra", "Single"} and rows["Hydra"]["accuracy"] != rows["Single"]["accuracy"]
@@ -68,11 +68,15 @@ def test_evaluate_folder_writes_the_report_the_command_writes(world, tmp_path, c
     )
 
 
-def test_evaluate_folder_checks_the_spec_before_loading(world, tmp_path):  # noqa: F811
-    spec = EvaluationSpec(model=str(world / "hydra"), id_data=str(world / "id.csv"), ood_data=[str(world / "ood.csv")],
-                          report=str(tmp_path / "r"), temperature_scaling=True)
+def test_the_spec_checks_itself_and_evaluate_checks_before_loading(world, tmp_path):  # noqa: F811
+    given = dict(model=str(world / "hydra"), id_data=str(world / "id.csv"), ood_data=[str(world / "ood.csv")],
+                 report=str(tmp_path / "r"))
     with pytest.raises(ValueError, match=r"^--temperature-scaling needs --val-data"):
-        evaluate_folder(spec)
+        EvaluateSpec(**given, temperature_scaling=True)
+    with pytest.raises(ValueError, match=r"^--baseline 'runs/single': write NAME=DIR"):
+        EvaluateSpec(**given, baseline=["runs/single"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        EvaluateSpec(**given).score = "entropy"
     with pytest.raises(ValueError, match=r"is for causal LMs"):
-        evaluate_folder(dataclasses.replace(spec, temperature_scaling=False, score="likelihood"))
+        evaluate_folder(EvaluationSpec(**given, score="likelihood"))  # the earlier names: the same spec and call
     assert not (tmp_path / "r").exists()

@@ -1,5 +1,5 @@
 """The uncertainty threshold above which the shipped pipelines flag an input, fitted on validation data
-and stored in the model's config."""
+(member probabilities, or the inputs of a model that makes them) and stored in the model's config."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from torch import nn
 from transformers import AutoTokenizer
 
 from .. import metrics
+from ..modeling.pipeline_hydra import UNCERTAINTY_METRICS
 
-UNCERTAINTY_METRICS = ("predictive_entropy", "expected_entropy", "mutual_information")
+__all__ = ["UNCERTAINTY_METRICS", "fit_uncertainty_threshold"]
 
 
 def _member_probs(model: nn.Module, data: Any, tokenizer: Any | None, batch_size: int) -> torch.Tensor:
