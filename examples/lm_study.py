@@ -342,7 +342,8 @@ class Study:
     def decode(self, seed: int) -> dict[str, Any]:
         """Greedy decode tokens/s of the Single, each Hydra and its members one by one, side by side."""
         a = self.args
-        groups: dict[str, Any] = {"Single": self.single}
+        # a LoRA-Ensemble's merged members have the Single's shape: 3 Singles one by one cost what it costs
+        groups: dict[str, Any] = {"Single": self.single, "LoRA-Ensemble": [self.single] * a.members}
         for budget in self.budgets:
             masks = self.masks(budget, seed)
             groups[f"Hydra {budget}"] = self.fused(budget, seed)
@@ -486,6 +487,7 @@ def summarise(cells: dict[str, Any], masks: dict[str, HeadMasks], data: dict[str
     heldout = {m: [model_cell(cells, m, s)["id"]["nll"] - model_cell(cells, u, s)["id"]["nll"] for s in seeds]
                for m, u in untrained.items()}
     seconds = {name: cell.get("seconds") for name, cell in cells.items()}
+    seconds.update({f"selection_{name}": m.metadata.get("seconds") for name, m in masks.items()})
     first_masks = {b: masks[f"{b}_seed{seeds[0]}"] for b in ("K", "slim")}
     budgets = {b: {"query_heads_per_layer": first_masks[b].num_heads,
                    "kept_query_heads": first_masks[b].num_kept(0) // first_masks[b].num_layers,
@@ -524,7 +526,8 @@ def finite_or_none(value: Any) -> Any:
 
 
 def summarise_decode(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per batch size and group: tokens/s and its ratio to the Single, mean ± std over the seeds."""
+    """Per batch size and group: tokens/s, its ratio to the Single's and the decode cost (time per token) relative
+    to the Single's, mean ± std over the seeds."""
     out: dict[str, Any] = {}
     for batch in cells[0]["speed"]:
         out[batch] = {}
@@ -532,7 +535,8 @@ def summarise_decode(cells: list[dict[str, Any]]) -> dict[str, Any]:
             tps = [c["speed"][batch][group]["decode_tokens_per_s"] for c in cells]
             ratio = [c["speed"][batch][group]["decode_tokens_per_s"]
                      / c["speed"][batch]["Single"]["decode_tokens_per_s"] for c in cells]
-            out[batch][group] = {"tokens_per_s": _mean_std(tps), "x_single": _mean_std(ratio)}
+            out[batch][group] = {"tokens_per_s": _mean_std(tps), "x_single": _mean_std(ratio),
+                                 "cost_x_single": _mean_std([1 / r for r in ratio])}
     out["fused_equals_members_tokens"] = {k: statistics.fmean(c["fused_equals_members_tokens"][k] for c in cells)
                                           for k in cells[0]["fused_equals_members_tokens"]}
     return out
@@ -564,21 +568,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", required=True, help="the cache folder (every cell; a re-run resumes)")
     parser.add_argument("--results", default=None, help="write the results file here (docs/results/lm_study.json)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--tokens", type=int, default=48, help="tokens per window")
-    parser.add_argument("--selection", type=int, default=64, help="ID selection windows per seed")
-    parser.add_argument("--selection-pool", type=int, default=256, help="ID windows the seeds draw from")
-    parser.add_argument("--id-test", type=int, default=128, help="ID test windows")
-    parser.add_argument("--ood", type=int, default=64, help="windows per OOD kind")
+    parser.add_argument("--tokens", type=int, default=32, help="tokens per window")
+    parser.add_argument("--selection", type=int, default=32, help="ID selection windows per seed")
+    parser.add_argument("--selection-pool", type=int, default=192, help="ID windows the seeds draw from")
+    parser.add_argument("--id-test", type=int, default=96, help="ID test windows")
+    parser.add_argument("--ood", type=int, default=48, help="windows per OOD kind")
     parser.add_argument("--members", type=int, default=3)
     parser.add_argument("--heads", type=int, default=4, help="query heads per layer per member (the paper's budget)")
     parser.add_argument("--slim-heads", type=int, default=3, help="query heads per layer per slim member")
     parser.add_argument("--slim-mlp", type=float, default=1 / 3, help="fraction of MLP neurons per slim member")
-    parser.add_argument("--steps", type=int, default=16, help="fine-tuning steps (members and LoRA adapters)")
+    parser.add_argument("--steps", type=int, default=12, help="fine-tuning steps (members and LoRA adapters)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--member-lr", type=float, default=5e-5)
     parser.add_argument("--lora-lr", type=float, default=1e-3)
     parser.add_argument("--lora-r", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--prompt-tokens", type=int, default=16)
     parser.add_argument("--new-tokens", type=int, default=16)
     parser.add_argument("--decode-batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--decode-rounds", type=int, default=3)

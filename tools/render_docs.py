@@ -579,6 +579,187 @@ def _bench_table(results: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+
+# ------------------------------------------------------------------------- the language-model study
+LM_KIND_NAMES = {"code": "code", "chinese": "Chinese", "headlines": "headlines", "hamlet": "Hamlet"}
+LM_SCORE_NAMES = {"likelihood": "likelihood", "entropy": "entropy", "msp": "MSP", "mutual_information": "MI"}
+LM_HYDRAS = ("Hydra K", "Hydra K + ft", "Hydra slim", "Hydra slim + ft")
+
+
+def _pm(value: list[float] | None, digits: int = 3, scale: float = 1.0) -> str:
+    """``mean ± std`` of a ``[mean, std]`` pair (— where undefined)."""
+    if value is None or value[0] is None:
+        return "—"
+    return f"{scale * value[0]:.{digits}f} ± {scale * (value[1] or 0.0):.{digits}f}"
+
+
+def _lm_label(results: Mapping[str, Any], model: str) -> str:
+    """A row's name with its budget: ``Hydra K`` -> ``Hydra 4 heads``, ``Hydra slim`` -> ``Hydra slim (3 heads, 33 %
+    MLP)``."""
+    budgets = results["budgets"]
+    k, slim = budgets["K"], budgets["slim"]
+    if model.endswith(" members one by one"):  # a decode group: "K members one by one"
+        return f"{_lm_label(results, 'Hydra ' + model.split()[0])}: its members one by one"
+    return (model.replace("Hydra K", f"Hydra {k['kept_query_heads']}/{k['query_heads_per_layer']} heads")
+            .replace("Hydra slim",
+                     f"Hydra slim ({slim['kept_query_heads']} heads, {100 * slim['mlp_keep']:.0f} % MLP)")
+            .replace("LoRA-Ensemble", f"LoRA-Ensemble ({results['members']})"))
+
+
+def _lm_study_table(results: Mapping[str, Any]) -> str:
+    """examples/lm_study.py: per model, the ID numbers, error detection and per OOD kind its best sequence score's
+    AUROC (mean ± std over the seeds); then the decode speed of the Single, each Hydra and its members one by one."""
+    kinds = results["kinds"]
+    lines = ["| model | seeds | PPL ↓ | next-token acc ↑ | token ECE ↓ | wrong tokens: entropy AUROC ↑ | "
+             "wrong tokens: MI AUROC ↑ | " + " | ".join(f"{LM_KIND_NAMES[k]} AUROC ↑ (best score)" for k in kinds)
+             + " |", "|:---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]
+    for row in results["rows"]:
+        best = " | ".join(f"{_pm(row['auroc'][k][row['best'][k]])} ({LM_SCORE_NAMES[row['best'][k]]})" for k in kinds)
+        detection = row["error_detection"]
+        lines.append(f"| {_lm_label(results, row['model'])} | {row['seeds']} | {_pm(row['perplexity'], 2)} | "
+                     f"{_pm(row['accuracy'])} | {_pm(row['ece'])} | {_pm(detection['entropy'])} | "
+                     f"{_pm(detection.get('mutual_information'))} | {best} |")
+    decode = results["decode"]
+    batches = [b for b in decode if b != "fused_equals_members_tokens"]
+    lines += ["", "| decoding (greedy, " + f"{results['settings']['new_tokens']} new tokens after "
+              f"{results['settings']['prompt_tokens']}) | "
+              + " | ".join(f"tokens/s at batch {b} | cost (x Single) at batch {b}" for b in batches) + " |",
+              "|:---|" + "---:|---:|" * len(batches)]
+    for group in decode[batches[0]]:
+        cells = " | ".join(f"{decode[b][group]['tokens_per_s'][0]:.1f} | {_pm(decode[b][group]['cost_x_single'], 2)}"
+                           for b in batches)
+        lines.append(f"| {_lm_label(results, group)} | {cells} |")
+    agree = ", ".join(f"{_lm_label(results, 'Hydra ' + key.split('/')[0])} at batch {key.split('/')[1]}: "
+                      f"{100 * value:.0f} %" for key, value in decode["fused_equals_members_tokens"].items())
+    lines += ["", f"Greedy tokens of the fused Hydra equal to its members' run one by one: {agree}."]
+    return "\n".join(lines) + "\n"
+
+
+def _lm_study_comparisons(results: Mapping[str, Any]) -> str:
+    """examples/lm_study.py: every Hydra against the Single and the LoRA-Ensemble, kind by kind (each model's best
+    score) and on the ID numbers, seed by seed: mean ± std of the difference, the paired t-test's p, whether the seeds
+    decide, and each seed's paired-bootstrap verdict over the test windows."""
+    lines = ["| Hydra − other | metric | difference (mean ± std over seeds) | p (paired t) | decided by the seeds | "
+             "bootstrap per seed |", "|:---|:---|---:|---:|:---|:---|"]
+    for c in results["comparisons"]:
+        if c["b"] == "LoRA-Single":
+            continue
+        metric = c["metric"]
+        if "score_a" in c:
+            kind = metric.split(" ")[0]
+            metric = (f"{LM_KIND_NAMES[kind]} AUROC ({LM_SCORE_NAMES[c['score_a']]} vs "
+                      f"{LM_SCORE_NAMES[c['score_b']]})")
+        digits = 2 if c["metric"] == "perplexity" else 4
+        boot = ", ".join(c.get("bootstrap", [])) or "—"
+        mean, std = c["difference"]
+        difference = "—" if mean is None else f"{_signed(mean, digits)} ± {std:.{digits}f}"
+        p_value = "—" if c["p"] is None else f"{c['p']:.3f}"
+        lines.append(f"| {_lm_label(results, c['a'])} − {_lm_label(results, c['b'])} | {metric} | {difference} | "
+                     f"{p_value} | {'yes' if c['decided'] else 'no'} | {boot} |")
+    return "\n".join(lines) + "\n"
+
+
+def _lm_verdicts(results: Mapping[str, Any], hydra: str, other: str) -> tuple[list[str], list[str]]:
+    """The OOD kinds on which the seeds decide that ``hydra``'s best score beats / trails ``other``'s."""
+    rows = [c for c in results["comparisons"] if c["a"] == hydra and c["b"] == other and "score_a" in c]
+    better = [LM_KIND_NAMES[c["metric"].split(" ")[0]] for c in rows if c["decided"] and c["difference"][0] > 0]
+    worse = [LM_KIND_NAMES[c["metric"].split(" ")[0]] for c in rows if c["decided"] and c["difference"][0] < 0]
+    return better, worse
+
+
+def _lm_study_summary(results: Mapping[str, Any]) -> str:
+    """examples/lm_study.py, one line per Hydra: the kinds on which the seeds decide it beats or trails the Single
+    and the LoRA-Ensemble (best score against best score), its decode cost, and whether its mutual information
+    flags wrong tokens better than the Single's entropy; then whether every trained model's loss fell."""
+    decode = results["decode"]
+    batches = [b for b in decode if b != "fused_equals_members_tokens"]
+    n = len(results["kinds"])
+    lines = []
+    for hydra in LM_HYDRAS:
+        budget = "Hydra K" if hydra.startswith("Hydra K") else "Hydra slim"
+        cost = ", ".join(f"{decode[b][budget]['cost_x_single'][0]:.2f}x the Single's decode cost at batch {b}"
+                         for b in batches)
+        parts = []
+        for other in ("Single", "LoRA-Ensemble"):
+            better, worse = _lm_verdicts(results, hydra, other)
+            parts.append(f"against the {_lm_label(results, other)}: better on {len(better)} of {n} OOD kinds"
+                         + (f" ({', '.join(better)})" if better else "")
+                         + f", worse on {len(worse)}" + (f" ({', '.join(worse)})" if worse else "")
+                         + f", undecided on {n - len(better) - len(worse)}")
+        mi = next(c for c in results["comparisons"] if c["a"] == hydra and c["b"] == "Single"
+                  and c["metric"] == "error detection: mutual_information vs entropy")
+        if mi["difference"][0] is None:
+            flag = "undefined (a model got every token right or every one wrong)"
+        else:
+            verdict = ("better than" if mi["decided"] and mi["difference"][0] > 0 else
+                       "worse than" if mi["decided"] else "not distinguishably by the seeds from")
+            flag = f"{verdict} the Single's entropy ({_signed(mi['difference'][0], 4)} AUROC)"
+        lines.append(f"- **{_lm_label(results, hydra)}** ({cost}): {'; '.join(parts)}. Its token mutual information "
+                     f"flags wrong tokens {flag}.")
+    trained = ("every fine-tuned model's ID test NLL fell below its untrained counterpart's"
+               if results["every_heldout_nll_fell"] else
+               "NOT every fine-tuned model's ID test NLL fell below its untrained counterpart's")
+    lines.append(f"\nOver {len(results['seeds'])} member-selection seeds ({_lm_sizes(results)}); {trained}; "
+                 f"decided = paired t-test over the seeds, p < 0.05.")
+    return "\n".join(lines) + "\n"
+
+
+def _lm_sizes(results: Mapping[str, Any]) -> str:
+    sizes = results["sizes"]
+    return (f"windows of {results['tokens']} tokens: {sizes['id_test']} ID test windows, "
+            f"{sizes[results['kinds'][0]]} per OOD kind")
+
+
+def _lm_study_data(results: Mapping[str, Any]) -> str:
+    """examples/lm_study.py: every text source with its windows, the budgets and the settings, and the core time of
+    each part of the run."""
+    lines = ["| part | windows | source |", "|:---|---:|:---|"]
+    sources = results["sources"]
+    for part, count in results["sizes"].items():
+        source = sources["id"] if part in ("selection_pool", "finetune", "id_test") else sources[part]
+        lines.append(f"| {part} | {count} | {source} |")
+    s = results["settings"]
+    k, slim = results["budgets"]["K"], results["budgets"]["slim"]
+    seconds = results["seconds"]
+
+    def total(prefix: str) -> float:
+        return sum(v for name, v in seconds.items() if name.startswith(prefix) and v) / 60
+
+    lines += ["", f"Windows of {results['tokens']} tokens; each seed draws {s['selection']} selection windows from "
+              f"the pool. {results['members']} members per Hydra: {k['kept_query_heads']} of "
+              f"{k['query_heads_per_layer']} query heads per layer (on average {k['kept_kv_heads_mean']:.2f} of the "
+              f"key/value heads kept; mean pairwise Jaccard overlap of the members' heads "
+              f"{k['pairwise_jaccard_mean']:.2f}), and slim members of {slim['kept_query_heads']} heads and "
+              f"{100 * slim['mlp_keep']:.0f} % of each layer's MLP neurons (Jaccard "
+              f"{slim['pairwise_jaccard_mean']:.2f}); Taylor importance on the next-token loss. Fine-tuning: "
+              f"{s['steps']} steps of {s['batch_size']} windows (members: learning rate {s['member_lr']:g}, "
+              f"embeddings frozen; LoRA rank {s['lora_r']} on q_proj / v_proj, learning rate {s['lora_lr']:g}).",
+              "", f"Core time ({results['threads']['torch_threads']} torch thread; on "
+              f"{_machine(results.get('machine'))}): member selection {total('selection'):.0f} min, the Single "
+              f"{total('single'):.0f} min, the Hydras without fine-tuning {total('K_') + total('slim_'):.0f} "
+              f"min, with fine-tuning {total('K-ft') + total('slim-ft'):.0f} min, the "
+              f"LoRA-Ensembles {total('lora'):.0f} min, decoding {total('decode'):.0f} min; "
+              f"{results['total_core_hours']:.2f} core-hours in all."]
+    return "\n".join(lines) + "\n"
+
+
+def _lm_study_readme(results: Mapping[str, Any]) -> str:
+    """examples/lm_study.py, the README's headline rows: per model the best score's AUROC per OOD kind, the ID
+    perplexity and the decode speed against the Single at batch 1."""
+    kinds = results["kinds"]
+    decode = results["decode"]
+    lines = ["| SmolLM2-135M | PPL ↓ | " + " | ".join(f"{LM_KIND_NAMES[k]} AUROC ↑" for k in kinds)
+             + " | decode cost (x Single, batch 1) |", "|:---|---:|" + "---:|" * len(kinds) + "---:|"]
+    for row in results["rows"]:
+        model = row["model"]
+        group = ("Hydra K" if model.startswith("Hydra K") else "Hydra slim" if model.startswith("Hydra slim")
+                 else "Single" if model in ("Single", "LoRA-Single") else model)
+        speed = f"{decode['1'][group]['cost_x_single'][0]:.2f}"
+        lines.append(f"| {_lm_label(results, model)} | {row['perplexity'][0]:.2f} | "
+                     + " | ".join(f"{row['auroc'][k][row['best'][k]][0]:.3f}" for k in kinds) + f" | {speed} |")
+    return "\n".join(lines) + "\n"
+
+
 VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "methods": _methods_table,
     "demo-run": _demo_run,
@@ -605,6 +786,11 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "run-differences": _run_differences,
     "run-agreement": _run_agreement,
     "selection-noise": _selection_noise,
+    "lm-study": _lm_study_table,
+    "lm-study-comparisons": _lm_study_comparisons,
+    "lm-study-summary": _lm_study_summary,
+    "lm-study-data": _lm_study_data,
+    "lm-study-readme": _lm_study_readme,
 }
 """view name -> markdown of a results file (ending with a newline)."""
 
