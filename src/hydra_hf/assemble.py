@@ -19,10 +19,12 @@ from pathlib import Path
 
 from transformers import PreTrainedModel
 
+from .convert.gguf import CONFIG_KEY as GGUF_KEY
+from .convert.gguf import checkpoint_inputs, gguf_source
 from .convert.io import checkpoint_dir, read_config
 from .convert.slim import neurons_by_field, slim_model
 from .errors import HydraInputError
-from .families import Family, detect_family, family_names, get_family
+from .families import Family, detect_family, family_names, get_family, resolve_checkpoint
 from .masks import HeadMasks, load_masks
 from .saving import check_output_dir, save_hydra_model
 
@@ -37,10 +39,11 @@ def detect_arch(path: str | os.PathLike) -> str:
     ``HydraInputError`` (a ``ValueError``) naming the fix.
 
     HF folders by ``config.json``'s ``model_type``; ``"timm_vit"``: a timm folder (``config.json`` with
-    ``architecture: "vit_..."``); ``"open_clip"``: a folder with ``open_clip_config.json``. A task head
-    the family does not build (e.g. ``BertForTokenClassification``) is refused.
+    ``architecture: "vit_..."``); ``"open_clip"``: a folder with ``open_clip_config.json``; a GGUF checkpoint
+    (a ``.gguf`` file or a folder holding one): its materialised folder's. A task head the family does not
+    build (e.g. ``BertForTokenClassification``) is refused.
     """
-    return detect_family(checkpoint_dir(path)).name
+    return detect_family(checkpoint_dir(resolve_checkpoint(path))).name
 
 
 def _family_for(folder: Path, arch: str | None) -> Family:
@@ -99,16 +102,18 @@ def convert_checkpoint(
     Args:
         masks: a ``HeadMasks`` (one tower for BERT, ViT...; named towers for CLIP, SigLIP, open_clip)
             or the path of a masks file.
-        base: one checkpoint folder shared by all members.
-        members: M checkpoint folders, member m keeping ``masks.kept_heads[m]`` of its own weights.
+        base: one checkpoint folder shared by all members, or a GGUF checkpoint (a ``.gguf`` file or a folder
+            holding one: read through its cached plain folder, :func:`hydra_hf.families.resolve_checkpoint`).
+        members: M checkpoint folders (or GGUF checkpoints), member m keeping ``masks.kept_heads[m]`` of its
+            own weights.
         output_dir: if given, save the model there (config, safetensors, shipped code, tokenizer).
         mlp_fusion: ``"average"`` (the paper's merged MLP) or ``"per_member"``.
         shared: what to do when the members' shared parts (embeddings) differ: ``"error"``,
             ``"average"`` or ``"first"``.
         arch: force the base architecture instead of detecting it.
-        num_labels, id2label: labels of a classifier built from a bare encoder (its per-member
-            classifiers are newly initialised, seeded by ``seed``); ignored when the checkpoints have
-            a classifier.
+        num_labels, id2label: labels of a classifier built from a bare encoder or a decoder's causal LM (its
+            per-member classifiers are newly initialised, seeded by ``seed``); ignored when the checkpoints
+            have a classifier.
         overwrite: replace a non-empty ``output_dir``.
         towers: CLIP only: the towers to prune (``["vision"]``, ``["text"]`` or both); each must be in the
             masks file (else ``ValueError`` naming it). Default: the towers the masks file lists; a tower
@@ -119,16 +124,15 @@ def convert_checkpoint(
     """
     if (base is None) == (members is None or len(members) == 0):
         raise ValueError("pass exactly one of base=DIR or members=[DIR, ...]")
-    # what the output may never be (or contain): the checkpoints and the masks file we read
-    inputs = [base, *(members or []), None if isinstance(masks, HeadMasks) else masks]
+    # what the output may never be (or contain): the checkpoints (a GGUF's folder and cache too) and the masks file
+    sources = [base] if base is not None else list(members)
+    inputs = [*(p for s in sources for p in checkpoint_inputs(s)), None if isinstance(masks, HeadMasks) else masks]
     if output_dir is not None:
         check_output_dir(output_dir, overwrite, command="convert", inputs=inputs)  # fail before any work
     masks = _load_masks(masks)
-    folders = (
-        [checkpoint_dir(base, what="base")]
-        if base is not None
-        else [checkpoint_dir(p, what="member") for p in members]
-    )
+    what = "base" if base is not None else "member"
+    folders = [checkpoint_dir(resolve_checkpoint(p), what=what) for p in sources]
+    inputs += [f for f, s in zip(folders, sources) if Path(s) != f]  # the materialised folders of GGUF checkpoints
     if members is not None and len(folders) != masks.num_members:
         raise ValueError(
             f"{len(folders)} member checkpoints but the masks file describes {masks.num_members} members; "
@@ -158,9 +162,13 @@ def convert_checkpoint(
     if masks.slim:  # members that keep subsets of the MLP neurons too: slice the fused whole MLPs
         model = slim_model(model, neurons_by_field(masks), mlp_fusion)
     # what the card names as the base model: the checkpoint's own record of where it came from
-    recorded = _recorded_source(folders[0])
+    # a GGUF checkpoint (or members fine-tuned from one) records its source file and quantisation
+    source = gguf_source(read_config(folders[0])) if (folders[0] / "config.json").is_file() else None
+    recorded = _recorded_source(folders[0]) or (source["file"] if source else None)
     if recorded:
         model.config.base_model_name_or_path = recorded
+    if source is not None:
+        setattr(model.config, GGUF_KEY, source)
     if output_dir is not None:
         save_hydra_model(model, output_dir, preprocessor_from=built.preprocessor_from, overwrite=overwrite,
                          extra=built.extra, command="convert", inputs=inputs)

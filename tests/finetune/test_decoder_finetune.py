@@ -25,6 +25,7 @@ from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.errors import HydraInputError
 from hydra_hf.finetune import finetune_members, text_recipe
 from hydra_hf.finetune.baselines import train_lora_ensemble
+from hydra_hf.finetune.run import prepare_run
 from hydra_hf.finetune.trainer import next_token_sums
 
 
@@ -137,11 +138,16 @@ def test_gpt2_causal_lm_members_train_on_next_tokens(data, tmp_path):
         assert best["eval_perplexity"] == pytest.approx(math.exp(best["eval_nll"]), rel=1e-9)
 
 
-def test_decoder_inputs_fail_early(data, tmp_path):
-    """A causal LM takes no classes; a tokenizer with neither a pad nor an eos token cannot pad."""
+def test_decoder_task_follows_the_classes_and_padding_fails_early(data, tmp_path):
+    """A causal LM asked for classes is a last-token classifier (new heads), without them a causal LM; a tokenizer
+    with neither a pad nor an eos token cannot pad."""
     lm = save_gpt2(tmp_path / "lm", head="LMHeadModel")
-    with pytest.raises(HydraInputError, match="is a causal LM: .* drop num_labels"):
-        finetune_members(lm, data["masks"], data["train"], None, tmp_path / "o1", _config(num_labels=3))
+    args = (data["masks"], data["train"], None, tmp_path / "o1")
+    asked = prepare_run(lm, *args, _config(num_labels=3), None, False, None)
+    assert not asked.causal_lm and asked.num_labels == 3 and not asked.base_has_classifier
+    named = prepare_run(lm, *args, _config(), None, False, {0: "pos", 1: "neg", 2: "neutral"})
+    assert not named.causal_lm and named.num_labels == 3
+    assert prepare_run(lm, *args, _config(), None, False, None).causal_lm
     cls = save_llama(tmp_path / "cls")
     config = json.loads((cls / "tokenizer_config.json").read_text())
     config["eos_token"] = None

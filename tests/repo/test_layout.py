@@ -24,7 +24,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hydra_hf"
 # are slow to import and used by few calls).
 LAZY_ALLOWED = frozenset({
     "onnx", "onnxruntime", "onnxscript", "open_clip", "timm", "peft", "matplotlib", "torchao", "scattertext",
-    "mlxtend", "skimage",
+    "mlxtend", "skimage", "gguf",
 })
 
 # The floors, lowest first: a module may import from its own floor and the floors below. A module is

@@ -22,8 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "into one Hydra Ensemble folder (config, safetensors, shipped modeling code, tokenizer).",
     )
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--base", help="one checkpoint folder shared by all members")
-    src.add_argument("--members", nargs="+", metavar="DIR", help="one checkpoint folder per member, in masks order")
+    src.add_argument("--base", help="one checkpoint folder (or GGUF checkpoint: a .gguf file) shared by all members")
+    src.add_argument("--members", nargs="+", metavar="DIR",
+                     help="one checkpoint folder (or GGUF checkpoint) per member, in masks order")
     p.add_argument("--masks", required=True, help="masks JSON file (see README: masks format)")
     p.add_argument("--output", required=True, help="output folder (must not exist or be empty, unless --overwrite)")
     p.add_argument("--mlp-fusion", choices=["average", "per_member"], default="average",
@@ -41,8 +42,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "timm folders by config.json's 'architecture', open_clip folders by open_clip_config.json)")
     p.add_argument("--towers", nargs="+", choices=["vision", "text"], default=None,
                    help="CLIP: the towers to prune; each must be in the masks file (default: the towers it lists)")
-    p.add_argument("--num-labels", type=int, default=None, help="classes of a classifier built from a bare encoder")
-    p.add_argument("--labels", default=None, help="comma-separated class names for a bare encoder (e.g. neg,pos)")
+    p.add_argument("--num-labels", type=int, default=None,
+                   help="classes of a classifier built from a bare encoder or a decoder's causal LM (new heads)")
+    p.add_argument("--labels", default=None,
+                   help="comma-separated class names for a bare encoder or a causal LM (e.g. neg,pos)")
     p.add_argument("--seed", type=int, default=0, help="seed for newly initialised per-member classifiers")
     p.add_argument(
         "--overwrite",

@@ -34,11 +34,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         required=True,
         help="model folder to evaluate (Hydra or any classifier; a `hydra-hf export --format onnx` folder, or a "
         ".onnx file in one, runs on ONNX Runtime; a CLIP / SigLIP folder classifies zero-shot: see --class-names, "
-        "--templates)",
+        "--templates; a causal LM folder or a GGUF checkpoint, a .gguf file, is evaluated on next-token prediction)",
     )
     p.add_argument("--name", default="Hydra", help="name of --model in the report")
     p.add_argument("--baseline", action="append", default=[], metavar="NAME=DIR",
-                   help="another model folder (or ONNX export) to compare with (repeatable), e.g. Single=runs/single; "
+                   help="another model folder (or ONNX export, or GGUF checkpoint) to compare with (repeatable), e.g. "
+                   "Single=runs/single; "
                    "beside a zero-shot --model: a stock CLIP / SigLIP or open_clip folder")
     p.add_argument("--mc-dropout", action="append", default=[], metavar="NAME",
                    help="add MC Dropout of the model NAME (repeatable)")

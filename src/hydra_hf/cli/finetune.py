@@ -70,7 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--model",
         required=True,
         help="base checkpoint folder: a text or image classifier of a registered family (its trained head is kept), a "
-        "bare encoder, or a decoder causal LM (Llama-style, GPT-2: trained on the next-token loss of the text)",
+        "bare encoder, or a decoder causal LM (Llama-style, GPT-2: trained on the next-token loss of the text; with "
+        "--labels or --num-labels a last-token classifier with new heads); or a GGUF checkpoint (a .gguf file: a "
+        "causal LM)",
     )
     p.add_argument("--masks", required=True, help="masks JSON file for this base model")
     p.add_argument(
@@ -119,7 +121,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--config", default=None, help="JSON/YAML file of training settings (keys as the flags, with _)")
     p.add_argument(
-        "--labels", default=None, help="comma-separated class names for a bare encoder (e.g. negative,positive)"
+        "--labels", default=None,
+        help="comma-separated class names for a bare encoder or a causal LM (e.g. negative,positive)"
     )
     add_config_flags(p)
 

@@ -12,7 +12,8 @@ Models:
   ``*ForSequenceClassification``), a ViT image classifier, a ``CLIPModel`` (detected from
   ``config.json``), pruned as a zero-shot classifier, or a decoder causal LM (``LlamaForCausalLM``,
   ``MistralForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``, ``GPT2LMHeadModel``), pruned on
-  next-token prediction;
+  next-token prediction; or a GGUF checkpoint (a ``.gguf`` file or a folder holding one), a causal LM read
+  through its cached plain folder (:func:`hydra_hf.families.resolve_checkpoint`);
 - ``--open-clip NAME --checkpoint PATH``: an open_clip CLIP model (a model name such as ``ViT-B-32``,
   or a local ``open_clip_config.json`` / a folder holding one) with local weights, zero-shot;
 - ``--timm NAME --checkpoint PATH``: a timm ViT image classifier with local weights (a file, or a
@@ -51,10 +52,11 @@ from typing import Any
 
 from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenizer
 
+from ..convert.gguf import checkpoint_inputs, is_gguf
 from ..convert.io import from_pretrained
 from ..data import check_data_spec, read_class_names, zero_shot_class_names
 from ..errors import HydraUnsafeError
-from ..families import detect_family, get_adapter, is_causal_lm_folder
+from ..families import detect_family, get_adapter, is_causal_lm_folder, resolve_checkpoint
 from ..masks import load_masks
 from ..outputs import check_output_file
 from ..pruning.budget import Budget
@@ -74,7 +76,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
     )
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model", help="Hugging Face checkpoint folder: text classifier, ViT classifier or CLIPModel")
+    source.add_argument("--model", help="Hugging Face checkpoint folder (text classifier, ViT classifier, CLIPModel, "
+                        "causal LM) or a GGUF checkpoint (a .gguf file or a folder holding one)")
     source.add_argument(
         "--open-clip",
         metavar="NAME",
@@ -207,11 +210,18 @@ def _check_source(args: argparse.Namespace) -> None:
         read_class_names(args.class_names)  # ValueError for an empty list or a name given twice
 
 
-def _hf_config(path: str, trust_remote_code: bool = False) -> Any:
-    folder = Path(path)
+def _hf_config(path: str, trust_remote_code: bool = False) -> tuple[Any, Path]:
+    """The config of ``--model`` and the folder it is read from (a GGUF checkpoint's cached plain folder)."""
+    if not Path(path).exists():
+        raise FileNotFoundError(
+            f"--model {path!r} does not exist; pass a Hugging Face checkpoint folder or a .gguf file"
+        )
+    folder = resolve_checkpoint(path)
     if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"--model {path!r} is not a Hugging Face checkpoint folder (no config.json there)")
-    return from_pretrained(AutoConfig, folder, trust_remote_code=trust_remote_code)
+        raise FileNotFoundError(
+            f"--model {path!r} is not a Hugging Face checkpoint folder (no config.json there) nor a GGUF checkpoint"
+        )
+    return from_pretrained(AutoConfig, folder, trust_remote_code=trust_remote_code), folder
 
 
 def _clip_text_inputs(
@@ -238,8 +248,7 @@ def _load_target(args: argparse.Namespace) -> PruningTarget:
         label2id = {str(n): i for i, n in enumerate(label_names)} if label_names else None
         return PruningTarget(get_adapter(model), transform, None, model.num_classes, label2id, False)
 
-    config = _hf_config(args.model, args.trust_remote_code)
-    folder = Path(args.model)
+    config, folder = _hf_config(args.model, args.trust_remote_code)
     family = detect_family(folder)  # refuses unknown layouts and task heads the family does not build
     if family.task == "zero-shot-image-classification":
         if args.num_labels is not None:
@@ -363,3 +372,10 @@ def _check_not_an_input(output: Path, args: argparse.Namespace) -> None:
             raise HydraUnsafeError(
                 f"--output {str(output)!r} is the --{name.replace('_', '-')} input; choose another file"
             )
+    if args.model and is_gguf(args.model):  # a GGUF file's folder and the cache of its plain copy are inputs too
+        for folder in checkpoint_inputs(args.model)[2:]:
+            if folder.resolve() in real.parents:
+                raise HydraUnsafeError(
+                    f"--output {str(output)!r} lies inside {str(folder)!r}, an input of the GGUF --model; choose a "
+                    "file outside it"
+                )

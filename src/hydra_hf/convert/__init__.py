@@ -2,13 +2,15 @@
 
 Pure state-dict functions live in the per-source readers (each family's :class:`Reader`: ``hf_bert``,
 ``hf_vit`` ...) and ``fuse``; ``build`` holds the
-build helpers every family uses (read and check folders, labels, load the fused tensors). Nothing here
+build helpers every family uses (read and check folders, labels, load the fused tensors); ``gguf`` turns a GGUF
+checkpoint into a cached plain folder (:func:`materialize_gguf`). Nothing here
 knows the family registry: :func:`hydra_hf.assemble.convert_checkpoint` (the stage that detects the
 family and saves the folder) sits above it.
 """
 
 from .build import base_config_dict, check_same_architecture, full_config, label_arguments, load_fused
 from .fuse import fuse_layer, head_rows, shared_tensor, unfuse_layer
+from .gguf import is_gguf, materialize_gguf
 from .hf_bert import bert_member_from_state_dict, fuse_bert, unfuse_bert
 from .hf_clip import CLIPMember, clip_member_from_state_dict, fuse_clip, unfuse_clip
 from .hf_vit import ViTMember, fuse_vit, unfuse_vit, vit_member_from_state_dict
@@ -39,6 +41,8 @@ __all__ = [
     "fuse_bert",
     "fuse_layer",
     "head_rows",
+    "is_gguf",
+    "materialize_gguf",
     "read_config",
     "read_state_dict",
     "shared_tensor",

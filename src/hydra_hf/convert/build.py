@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 NOT_ARCHITECTURE = {
     "architectures", "id2label", "label2id", "_name_or_path", "transformers_version", "torch_dtype", "dtype",
     "problem_type", "auto_map", "num_labels", "finetuning_task", "gradient_checkpointing", "use_cache",
+    "gguf_source",  # the GGUF file a materialised checkpoint came from (hydra_hf.convert.gguf.CONFIG_KEY)
 }
 # config keys that must agree between the member checkpoints of a text encoder
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")

@@ -158,8 +158,8 @@ def shared_tensor(name: str, tensors: list[torch.Tensor], policy: str = "error",
     for i, t in enumerate(tensors[1:], start=1):
         if t.shape != first.shape:
             raise ValueError(f"{name}: member {i} has shape {tuple(t.shape)}, member 0 has {tuple(first.shape)}")
-    if policy == "first" or len(tensors) == 1:
-        return first
+    if policy == "first" or len(tensors) == 1 or all(t is first for t in tensors[1:]):
+        return first  # (the last: one base checkpoint passed once per member, nothing to compare)
     if policy == "average":
         return average(torch.stack(tensors))
     worst = max(float((t.double() - first.double()).abs().max()) for t in tensors[1:]) if first.numel() else 0.0

@@ -8,8 +8,9 @@ are ``class_names`` or the sub-folders of an image folder given as ``id_data``, 
 ``templates`` prompt ensemble. Both paths share the baselines' temperature scaling, the comparisons and
 the report; a calibrated folder (``hydra-hf calibrate``) adds its decisions.
 
-A causal LM folder (a Hydra one from ``hydra-hf convert``, or a stock ``*ForCausalLM`` /
-``GPT2LMHeadModel``; baselines causal LMs too) is evaluated with
+A causal LM folder (a Hydra one from ``hydra-hf convert``, a stock ``*ForCausalLM`` /
+``GPT2LMHeadModel``, or a GGUF checkpoint: a ``.gguf`` file or a folder holding one, read through its cached
+plain folder; baselines causal LMs too) is evaluated with
 :func:`hydra_hf.evaluation.causal_lm.evaluate_causal_lm` on the texts of ``id_data`` and of every
 ``ood_data`` set (no labels: the labels are the next tokens), each cut to ``max_length`` tokens. The
 classifier-only options are refused.
@@ -34,6 +35,7 @@ from .. import distributed
 from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY
 from ..calibration.report import DEFAULTS as DECISION_DEFAULTS
 from ..calibration.report import decision_metrics, fit_for_report, render_decisions, risk_coverage_figure
+from ..convert.gguf import checkpoint_inputs
 from ..data import check_data_spec, parse_spec, read_templates, resolve_dataset, zero_shot_class_names, zero_shot_data
 from ..families import is_causal_lm_folder
 from ..metrics import OOD_SCORES, SEQUENCE_SCORES
@@ -55,12 +57,13 @@ class EvaluationSpec:
     """What ``hydra-hf evaluate`` evaluates; one field per option of the command (same names, same defaults).
 
     Attributes:
-        model: the model folder (Hydra or any classifier, an ONNX export, a CLIP / SigLIP folder, a causal LM).
+        model: the model folder (Hydra or any classifier, an ONNX export, a CLIP / SigLIP folder, a causal LM, a
+            GGUF checkpoint).
         id_data: labelled in-distribution test data (file, folder or ``NAME:SPLIT``; a causal LM: any texts).
         ood_data: OOD data sets, each ``SPEC`` or ``NAME=SPEC``.
         report: the output folder (must not exist or be empty, unless ``overwrite``).
         name: the name of ``model`` in the report.
-        baseline: other model folders to compare with, each ``NAME=DIR``.
+        baseline: other model folders (or GGUF checkpoints) to compare with, each ``NAME=DIR``.
         mc_dropout, mc_samples: MC Dropout of the models named, with this many samples.
         deep_ensemble, ensemble_size: Deep Ensembles (D) heads trained on this model's features (needs ``train_data``).
         temperature_scaling: a temperature-scaled copy of every model, fitted on ``val_data``.
@@ -134,6 +137,11 @@ class _Setup:
     val_loader: Iterable | None  # labelled validation data (--val-data), for temperature scaling
     settings: dict[str, Any] = field(default_factory=dict)  # added to the report's settings
     notes: str | None = None
+
+
+def _inputs(models: Mapping[str, str]) -> list[Path]:
+    """What the report may never be, contain or lie inside: every model path (a GGUF's folder and cache too)."""
+    return [p for path in models.values() for p in checkpoint_inputs(path)]
 
 
 def _named(spec: str, default_name: str) -> tuple[str, str]:
@@ -332,7 +340,7 @@ def _evaluate_causal_lm(spec: EvaluationSpec, models: dict[str, str]) -> FolderE
                 f"--baseline {name}={path} is not a causal LM folder (...ForCausalLM); {what} is compared with causal "
                 "LMs only"
             )
-    check_output(spec.report, command="evaluate", overwrite=spec.overwrite, inputs=list(models.values()))
+    check_output(spec.report, command="evaluate", overwrite=spec.overwrite, inputs=_inputs(models))
 
     def texts(flag: str, source: str) -> list[str]:
         dataset = resolve_dataset(
@@ -368,7 +376,7 @@ def _evaluate_causal_lm(spec: EvaluationSpec, models: dict[str, str]) -> FolderE
         write_output_folder(spec.report, lambda tmp: write_causal_lm_report(reports, tmp, score=spec.score,
                                                                             settings=settings, params=params,
                                                                             compute=compute),
-                            command="evaluate", overwrite=spec.overwrite, inputs=list(models.values()))
+                            command="evaluate", overwrite=spec.overwrite, inputs=_inputs(models))
     distributed.barrier()
     return FolderEvaluation("causal_lm", Path(spec.report), spec.score, causal_lm_reports=reports)
 
@@ -465,7 +473,7 @@ def evaluate_folder(spec: EvaluationSpec) -> FolderEvaluation:
     _check_zero_shot_options(spec, models, family)
 
     # claim the report folder before any work: no evaluation is lost to an unwritable --report
-    check_output(spec.report, command="evaluate", overwrite=spec.overwrite, inputs=list(models.values()))
+    check_output(spec.report, command="evaluate", overwrite=spec.overwrite, inputs=_inputs(models))
     setup = _classifier_setup(spec, models) if family is None else _zero_shot_setup(spec, models, family)
     predictors = setup.predictors
     if spec.temperature_scaling:
@@ -503,7 +511,7 @@ def evaluate_folder(spec: EvaluationSpec) -> FolderEvaluation:
 
     if info.is_main:  # every process holds the same metrics; one writes them
         write_output_folder(
-            spec.report, write, command="evaluate", overwrite=spec.overwrite, inputs=list(models.values())
+            spec.report, write, command="evaluate", overwrite=spec.overwrite, inputs=_inputs(models)
         )
     distributed.barrier()
     return FolderEvaluation("zero_shot" if family is not None else "classifier", Path(spec.report), spec.score, result)

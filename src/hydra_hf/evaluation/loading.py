@@ -22,10 +22,11 @@ from transformers import (
 )
 
 from .. import distributed
+from ..convert.gguf import is_gguf
 from ..convert.io import check_remote_code, checkpoint_dir, from_pretrained, read_config
 from ..data import make_image_loader, make_text_loader, pad_with_eos
 from ..errors import HydraInputError
-from ..families import Family, detect_family, families, family_of_config, is_causal_lm_folder
+from ..families import Family, detect_family, families, family_of_config, is_causal_lm_folder, resolve_checkpoint
 from ..onnx.runtime import OnnxHydraModel, is_onnx_export, load_preprocessor
 
 
@@ -51,14 +52,15 @@ def load_classifier(path: str | os.PathLike, *, trust_remote_code: bool = False)
     is refused unless ``trust_remote_code`` is set -- loading it would execute that code.
 
     An ONNX export folder (``hydra-hf export --format onnx``), or one ``.onnx`` file in it, is run by
-    ONNX Runtime (:class:`hydra_hf.onnx.OnnxHydraModel`; needs ``pip install hydra-hf[onnx]``).
+    ONNX Runtime (:class:`hydra_hf.onnx.OnnxHydraModel`; needs ``pip install hydra-hf[onnx]``). A GGUF
+    checkpoint is read through its cached plain folder (:func:`hydra_hf.families.resolve_checkpoint`).
 
     Returns ``(model, preprocessor, modality)`` with modality ``"text"`` or ``"image"``.
     """
     if is_onnx_export(path):
         return _load_onnx_classifier(path)
 
-    folder = checkpoint_dir(path, what="model")
+    folder = checkpoint_dir(resolve_checkpoint(path), what="model")
     check_remote_code(folder, trust_remote_code)
     trust = bool(trust_remote_code)
     config = from_pretrained(AutoConfig, folder, trust_remote_code=trust)
@@ -159,10 +161,12 @@ def check_deep_ensemble_model(path: str | os.PathLike, name: str) -> None:
 
 def load_causal_lm(path: str | os.PathLike, *, trust_remote_code: bool = False) -> tuple[nn.Module, Any]:
     """A causal LM folder (Hydra, loaded with hydra_hf's registered classes, or stock) and its tokenizer,
-    in eval mode. A folder that ships other code is refused unless ``trust_remote_code``.
+    in eval mode. A folder that ships other code is refused unless ``trust_remote_code``. A GGUF checkpoint
+    (a ``.gguf`` file or a folder holding one) is read through its cached plain folder
+    (:func:`hydra_hf.families.resolve_checkpoint`): the stock model transformers' GGUF loader gives, in fp32.
 
     Returns ``(model, tokenizer)``."""
-    folder = checkpoint_dir(path, what="model")
+    folder = checkpoint_dir(resolve_checkpoint(path), what="model")
     if not is_causal_lm_folder(folder):
         names = read_config(folder).get("architectures") or []
         raise HydraInputError(
@@ -215,7 +219,7 @@ def zero_shot_family(path: str | os.PathLike) -> Family | None:
                 "zero-shot models from their PyTorch folder: give the Hydra folder it was exported from"
             )
         return None
-    if not folder.is_dir():
+    if not folder.is_dir() or is_gguf(folder):  # a GGUF checkpoint is a causal LM
         return None
     config = read_config(folder) if (folder / "config.json").is_file() else None
     if config is not None and config.get("base_model_type"):

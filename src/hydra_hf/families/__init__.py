@@ -25,7 +25,9 @@ from .base import (
     family_of_model,
     get_adapter,
     get_family,
+    gguf_family,
     register_family,
+    resolve_checkpoint,
 )
 from .decoder import CAUSAL_LM_SUFFIXES, is_causal_lm_config, is_causal_lm_folder
 
@@ -44,7 +46,9 @@ __all__ = [
     "family_of_model",
     "get_adapter",
     "get_family",
+    "gguf_family",
     "is_causal_lm_config",
     "is_causal_lm_folder",
     "register_family",
+    "resolve_checkpoint",
 ]

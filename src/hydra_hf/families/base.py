@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from ..convert.gguf import is_gguf, materialize_gguf
 from ..convert.reader import Reader
 from ..convert.slim import unslim
 from ..errors import HydraInputError
@@ -373,8 +374,32 @@ def _read_json(file: Path) -> dict[str, Any] | None:
     return read_model_config(file)  # bounded; a list or a count written as a string is one line
 
 
+def gguf_family(metadata: Mapping[str, Any]) -> Family:
+    """The registered decoder family that builds a GGUF checkpoint's architecture (``metadata``:
+    :func:`hydra_hf.convert.gguf.read_gguf_metadata`), else one :class:`HydraInputError` line naming it."""
+    arch = str(metadata.get("architecture"))
+    for family in families():
+        if arch in family.model_types and "AutoModelForCausalLM" in family.model_class_names:
+            return family
+    supported = sorted({t for f in families() if "AutoModelForCausalLM" in f.model_class_names for t in f.model_types})
+    raise HydraInputError(
+        f"the GGUF file {metadata.get('file', '')!r} holds a {arch!r} model (general.architecture), an architecture "
+        f"hydra_hf builds no Hydra of; GGUF checkpoints of {', '.join(supported)} decoders are supported"
+    )
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """``path`` as a checkpoint folder: a GGUF checkpoint (a ``.gguf`` file or a folder holding one) is
+    materialised into its cached plain folder (:func:`hydra_hf.convert.gguf.materialize_gguf`; an architecture no
+    registered family builds is refused before its weights are read); any other path is returned as it is."""
+    if is_gguf(path):
+        return materialize_gguf(path, accept=gguf_family)
+    return Path(path)
+
+
 def detect_family(path: str | os.PathLike, *, check: bool = True) -> Family:
-    """The family of the checkpoint folder ``path``.
+    """The family of the checkpoint folder ``path`` (a GGUF checkpoint: of its materialised folder,
+    :func:`resolve_checkpoint`).
 
     With ``check`` (default) a checkpoint whose ``architectures`` is a task head the family does not
     build is refused (:meth:`Family.check_checkpoint`).
@@ -383,7 +408,7 @@ def detect_family(path: str | os.PathLike, *, check: bool = True) -> Family:
         HydraInputError: the folder is missing, already a Hydra Ensemble, of an unknown architecture
             (the message lists the supported families), or an unsupported task head.
     """
-    folder = Path(path)
+    folder = resolve_checkpoint(path)
     if not folder.is_dir():
         raise HydraInputError(f"checkpoint folder {str(folder)!r} does not exist; pass a local model folder")
     config = _read_json(folder / "config.json")

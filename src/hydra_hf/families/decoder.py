@@ -1,16 +1,17 @@
 """What every decoder family shares (Llama-style, GPT-2): :class:`DecoderFamily`.
 
-A decoder checkpoint is a causal LM (``*ForCausalLM``, ``GPT2LMHeadModel``: builds the fused causal LM) or
-a sequence classifier / bare decoder (builds the fused classifier; a bare decoder's per-member ``score``
-heads are new, seeded). The family's custom reader (a :class:`~hydra_hf.convert.reader.Reader` from
-``convert/hf_<family>.py``) reads a checkpoint into a canonical member (with ``lm_head`` / ``score``), fuses
-members (``task=``, ``lm_head_fusion=``) and splits a fused state dict back (``task=``). Folders ship the
-common files without the encoder skeletons, the family's config and modeling files and ``hydra_decoder.py``
-(the decoders' outputs and generation uncertainty).
+A decoder checkpoint is a causal LM (``*ForCausalLM``, ``GPT2LMHeadModel``: builds the fused causal LM, or the
+classifier when classes are asked for) or a sequence classifier / bare decoder (builds the fused classifier; the
+per-member ``score`` heads of a bare decoder or a causal LM are new, seeded). The family's custom reader (a
+:class:`~hydra_hf.convert.reader.Reader` from ``convert/hf_<family>.py``) reads a checkpoint into a canonical
+member (with ``lm_head`` / ``score``), fuses members (``task=``, ``lm_head_fusion=``) and splits a fused state
+dict back (``task=``). Folders ship the common files without the encoder skeletons, the family's config and
+modeling files and ``hydra_decoder.py`` (the decoders' outputs and generation uncertainty).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
@@ -21,9 +22,12 @@ import torch
 from transformers import GenerationConfig
 
 from ..convert.build import check_same_architecture, label_arguments, load_fused
+from ..convert.gguf import is_gguf
 from ..convert.io import read_config, read_state_dict
 from ..errors import HydraInputError
 from .base import Built, Family
+
+logger = logging.getLogger(__name__)
 
 # what makes a checkpoint a causal LM (any family, stock or Hydra): its architectures' suffix
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel")
@@ -38,8 +42,10 @@ def is_causal_lm_config(config: Any) -> bool:
 
 def is_causal_lm_folder(folder: str | os.PathLike) -> bool:
     """Whether the checkpoint folder ``folder`` holds a causal LM (:func:`is_causal_lm_config`); False
-    without a ``config.json``."""
+    without a ``config.json``. A GGUF checkpoint is one (transformers reads it as a ``*ForCausalLM``)."""
     path = Path(folder)
+    if is_gguf(path):
+        return True
     return (path / "config.json").is_file() and is_causal_lm_config(read_config(path))
 
 
@@ -104,6 +110,12 @@ class DecoderFamily(Family):
         task = self.task_of(raw[0])
         if any(self.task_of(c) != task for c in raw[1:]):
             raise HydraInputError("the member checkpoints mix causal LMs and sequence classifiers; convert one kind")
+        if task == CAUSAL_LM and (num_labels is not None or id2label):
+            # classes asked of a causal LM (a GGUF checkpoint, a pretrained LM): the last-token classifier of its
+            # decoder, with new per-member score heads; its lm_head is not used
+            logger.info("%s is a causal LM: building a sequence classifier of %d classes with new heads from "
+                        "its decoder", folders[0], len(id2label) if id2label else num_labels)
+            task = SEQUENCE_CLASSIFICATION
         loaded = [self.read_member(read_state_dict(f), c, source=repr(str(f))) for f, c in zip(folders, configs)]
         members = loaded * masks.num_members if len(loaded) == 1 else loaded
         if task == CAUSAL_LM and any(m.lm_head is None for m in members):

@@ -41,7 +41,9 @@ from transformers import (
 )
 
 from ..convert import read_config
+from ..convert.gguf import checkpoint_inputs
 from ..errors import HydraInputError
+from ..families import resolve_checkpoint
 from ..masks import HeadMasks
 from ..outputs import prepare_owned_folder, write_output_folder
 from . import (
@@ -75,10 +77,12 @@ def require_peft() -> Any:
 
 
 def all_heads_masks(model_dir: str | os.PathLike, members: int = 1) -> HeadMasks:
-    """``members`` members that each keep every head of ``model_dir``: M full models."""
+    """``members`` members that each keep every head of ``model_dir`` (a folder or a GGUF checkpoint): M full
+    models."""
     if isinstance(members, bool) or not isinstance(members, int) or members < 1:
         raise HydraInputError(f"members must be a positive integer, got {members!r}")
-    sizes = AutoConfig.for_model(**read_config(model_dir))  # knows every family's names for the sizes
+    # for_model knows every family's names for the sizes
+    sizes = AutoConfig.for_model(**read_config(resolve_checkpoint(model_dir)))
     L, H = sizes.num_hidden_layers, sizes.num_attention_heads
     return HeadMasks(
         kept_heads=[[list(range(H)) for _ in range(L)] for _ in range(members)], num_heads=H,
@@ -403,7 +407,8 @@ def train_lora_ensemble(
         raise TypeError(f"train_lora_ensemble got unexpected arguments {unknown}")
     config = config or default_recipe(base_model_dir)
     out = Path(output_dir)
-    prepare_owned_folder(out, command=COMMAND, overwrite=overwrite, inputs=[base_model_dir], keep=True)
+    prepare_owned_folder(out, command=COMMAND, overwrite=overwrite, inputs=checkpoint_inputs(base_model_dir),
+                         keep=True)
     folders = []
     for m in range(members):
         folder = out / f"member_{m}"

@@ -147,7 +147,10 @@ def finetune_members(
     Args:
         model_dir: the base checkpoint folder (a classifier of a registered family, whose trained head every
             member keeps, or a bare encoder: every member then gets a new classifier, initialised with its
-            own seed).
+            own seed; a decoder's causal LM trains on the next-token loss unless classes are asked for with
+            ``config.num_labels`` or ``id2label``: then it is a last-token classifier with new heads), or a GGUF
+            checkpoint (a ``.gguf`` file or a folder holding one: a causal LM, read through its cached plain
+            folder, :func:`hydra_hf.families.resolve_checkpoint`).
         masks: the masks file (or ``HeadMasks``) for this base model.
         train_data, eval_data: dataset specs (``rotten_tomatoes:train``, a csv/jsonl/parquet file, a
             ``save_to_disk`` folder) or ``datasets.Dataset`` objects with the configured text and
@@ -165,7 +168,7 @@ def finetune_members(
         overwrite: replace ``output_dir`` and empty ``work_dir``, but only folders an earlier
             ``hydra-hf finetune`` wrote (they hold its ``.hydra_hf_output.json`` marker); any other
             non-empty folder is an error and is never deleted.
-        id2label: class names for a bare encoder (the checkpoint's own labels win otherwise).
+        id2label: class names for a bare encoder or a causal LM (the checkpoint's own labels win otherwise).
         step_callback: called after every optimizer step with ``{"tag", "epoch", "step", "loss"}``;
             raising :class:`TrainingInterrupted` there stops the run (resume later).
         fuse: ``False`` trains and exports the members (``work_dir/member_<m>/model``) but never writes

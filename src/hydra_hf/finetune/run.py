@@ -21,10 +21,11 @@ from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
 from ..assemble import detect_arch
 from ..convert import read_config
+from ..convert.gguf import checkpoint_inputs
 from ..convert.io import weight_names
 from ..data import ROTTEN_TOMATOES_LABELS, check_labels, parse_spec, resolve_dataset
 from ..errors import HydraInputError, HydraUnsafeError
-from ..families import get_family
+from ..families import get_family, resolve_checkpoint
 from ..masks import HeadMasks
 from ..outputs import check_output
 from ..saving import copy_preprocessor
@@ -79,7 +80,8 @@ def _arch_support(arch: str) -> _ArchSupport:
 
 def _is_causal_lm(arch: _ArchSupport, base_config: dict[str, Any], has_classifier: bool) -> bool:
     """Whether the base is a decoder's causal LM (``*ForCausalLM``, ``GPT2LMHeadModel``): its members are
-    trained on the next-token loss of the text, without class labels."""
+    trained on the next-token loss of the text, without class labels, unless classes are asked for (then
+    they are last-token classifiers with new heads)."""
     names = [str(a) for a in base_config.get("architectures") or []]
     lm = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in names)  # LlamaForCausalLM, GPT2LMHeadModel
     return arch.decoder and not has_classifier and lm
@@ -154,9 +156,11 @@ def prepare_run(
     overwrite: bool,
     id2label: dict[int, str] | None,
 ) -> FinetuneRun:
-    """Check every input (fail before any work, nothing written) and load data and preprocessor."""
-    model_dir = Path(model_dir)
-    inputs = [model_dir] if isinstance(masks, HeadMasks) else [model_dir, Path(masks)]
+    """Check every input (fail before any work, nothing written) and load data and preprocessor. A GGUF
+    ``model_dir`` (a ``.gguf`` file or a folder holding one) is read through its cached plain folder
+    (:func:`hydra_hf.families.resolve_checkpoint`)."""
+    source = Path(model_dir)
+    inputs = checkpoint_inputs(source) + ([] if isinstance(masks, HeadMasks) else [Path(masks)])
     for data in (train_data, eval_data):  # data files and folders (not embedded data set names)
         if isinstance(data, (str, os.PathLike)) and os.path.exists(path := parse_spec(str(data))[0]):
             inputs.append(Path(path))
@@ -176,6 +180,9 @@ def prepare_run(
                 "the model folder, the masks file and the data"
             )
     check_output(output_dir, command=COMMAND, overwrite=overwrite, inputs=inputs)
+    model_dir = resolve_checkpoint(source)
+    if model_dir != source:  # a GGUF's materialised folder: an input too
+        inputs.append(model_dir)
     base_config = read_config(model_dir)
     arch = _arch_support(detect_arch(model_dir))
     masks = masks if isinstance(masks, HeadMasks) else HeadMasks.load(masks)
@@ -197,12 +204,7 @@ def prepare_run(
         pad_set = processor.pad_token_id is None
         pad_token_id, how = _decoder_padding(processor, model_dir)
         logger.info("decoder %s: the tokenizer %s; it pads on the %s", model_dir, how, processor.padding_side)
-    if _is_causal_lm(arch, base_config, has_classifier):
-        if config.num_labels is not None or id2label:
-            raise HydraInputError(
-                f"{str(model_dir)!r} is a causal LM: its members train on the next-token loss of the text, without "
-                "classes; drop num_labels / --labels (or start from a sequence classifier)"
-            )
+    if _is_causal_lm(arch, base_config, has_classifier) and config.num_labels is None and not id2label:
         train = _load_text(train_data, config, config.max_train_samples, "training")
         evaluation = (
             _load_text(eval_data, config, config.max_eval_samples, "evaluation") if eval_data is not None else None

@@ -22,6 +22,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY
 from ..calibration.fit import guarantee_text
+from ..convert.gguf import gguf_source
 from ..cost import DEFAULT_TOKENS, relative_cost
 from ..evaluation.report import mean_std_rows, render_comparisons, render_markdown_table
 from ..families import family_of_config
@@ -560,6 +561,7 @@ def build_model_card(
         figures=links.get("figures") or {},
         threshold=threshold if isinstance(threshold, Mapping) else None,
         calibration=calibration,
+        gguf_source=gguf_source(config),  # a base read from a GGUF file: its name, SHA-256 and quantisation
         pipeline_task=_pipeline_task(config, kind),
         citation=CITATION,
         paper_url=PAPER_URL,

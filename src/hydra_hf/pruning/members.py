@@ -38,7 +38,7 @@ from transformers import (
 from ..convert.io import from_pretrained, read_config, weight_names
 from ..data import make_image_loader, make_text_loader, pad_with_eos, resolve_dataset, zero_shot_labels
 from ..errors import HydraInputError
-from ..families import detect_family, get_adapter, is_causal_lm_config
+from ..families import detect_family, get_adapter, is_causal_lm_config, resolve_checkpoint
 from ..families.adapters import ModelAdapter
 from ..masks import HeadMasks
 from .budget import Budget
@@ -136,11 +136,12 @@ def load_pruning_target(
     prompts and are loaded by their caller (``hydra-hf prune --class-names``).
 
     Args:
-        folder: the checkpoint folder.
+        folder: the checkpoint folder, or a GGUF checkpoint (a ``.gguf`` file or a folder holding one: its
+            cached plain folder, :func:`hydra_hf.families.resolve_checkpoint`; a causal LM).
         num_labels: classes of a checkpoint without a trained classifier head.
         trust_remote_code: allow a folder that ships its own Python code.
     """
-    folder = Path(folder)
+    folder = resolve_checkpoint(folder)
     family = detect_family(folder)  # refuses unknown layouts and task heads the family does not build
     if family.task == "zero-shot-image-classification":
         raise ValueError(f"{str(folder)!r} is a zero-shot {family.name} model: give its class prompts "
@@ -172,8 +173,9 @@ def load_causal_lm_target(
     mode, pruned on next-token prediction (:func:`~hydra_hf.pruning.lm.causal_lm_adapter`).
 
     ``num_labels`` must be None: a causal LM's classes are its vocabulary (``PruningTarget.num_labels``
-    is the number of its token embeddings)."""
-    folder = Path(folder)
+    is the number of its token embeddings). A GGUF checkpoint is read through its cached plain folder
+    (:func:`hydra_hf.families.resolve_checkpoint`)."""
+    folder = resolve_checkpoint(folder)
     config = read_config(folder)
     what = ", ".join(config.get("architectures") or []) or "causal LM"
     if num_labels is not None:
@@ -248,7 +250,7 @@ def build_members(
 
     Args:
         target: the loaded model (:class:`PruningTarget`), or a Hugging Face text / image classifier
-            folder or a decoder causal LM folder (:func:`load_pruning_target`).
+            folder, a decoder causal LM folder or a GGUF checkpoint (:func:`load_pruning_target`).
         method: one pruning method or several, comma-separated or a list (one member each, cycled).
         budget: every member's budget.
         id_data: labelled ID validation data: a data spec (``NAME[:SPLIT]``, a file or a folder,
