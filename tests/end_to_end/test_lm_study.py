@@ -68,7 +68,8 @@ def test_the_results_file_holds_every_model_seed_and_comparison(study):
     assert by["Single"]["seeds"] == 1  # the stock model is the same on every seed
     cells = study["root"] / "out" / "cells"
     # a comparison is the per-seed difference of the two models' best scores, as the cells hold them
-    c = next(c for c in r["comparisons"] if (c["a"], c["b"], c["metric"]) == ("Hydra K", "LoRA-Ensemble", "code AUROC"))
+    key = ("Hydra K", "LoRA-Ensemble", "code AUROC")
+    c = next(c for c in r["comparisons"] if (c["a"], c["b"], c["metric"]) == key)
     want = [json.loads((cells / f"K_seed{s}.json").read_text())["ood"]["code"]["auroc"][c["score_a"]]
             - json.loads((cells / f"lora_seed{s}.json").read_text())["all"]["ood"]["code"]["auroc"][c["score_b"]]
             for s in (0, 1)]
