@@ -25,9 +25,10 @@ Models, per member-selection seed (``--seeds``):
 - **Single**: the stock model. **LoRA-Ensemble**: 3 PEFT LoRA adapters (``q_proj``, ``v_proj``) fine-tuned
   with different seeds on the ID fine-tuning windows (the anchor); **LoRA-Single** is its member 0.
 - **Hydra** at the paper's per-layer budget (``--heads`` query heads of every layer per member, Taylor
-  importance on the next-token loss of the seed's selection windows, members sampled with the library's
-  defaults) and at a slim budget (``--slim-heads`` heads and ``--slim-mlp`` of every layer's MLP neurons per
-  member), each fused as pruned (no training) and after a short fine-tuning of every member on the ID
+  importance on the next-token loss of the seed's selection windows from one scoring pass with every head
+  present, each layer keeping its top heads, members sampled with the library's defaults; ``--rescore-layers``
+  rescores after each layer, 30 passes) and at a slim budget (``--slim-heads`` heads and ``--slim-mlp`` of every
+  layer's MLP neurons per member), each fused as pruned (no training) and after a short fine-tuning of every member on the ID
   fine-tuning windows (``--steps`` steps of ``--batch-size``; the embeddings frozen).
 
 Metrics: ID perplexity, next-token accuracy, token ECE; the AUROC with which each token score (entropy, mutual
@@ -295,6 +296,7 @@ class Study:
                 causal_lm_adapter(self.single), methods="taylor", budget=Budget(heads_per_layer=spec["heads"]),
                 make_batches=lambda dataset, _seed: self.batches(dataset["input_ids"]), id_data=selection,
                 members=self.args.members, seed=100 * seed, mlp_keep=spec["mlp"], progress=False,
+                taylor_rescore_layers=self.args.rescore_layers,
                 metadata={"study_seed": seed, "budget": budget},
             )
             masks.metadata["seconds"] = round(time.perf_counter() - start, 1)
@@ -370,6 +372,7 @@ class Study:
         cached(self.cell(f"lora_seed{seed}"), lora)
         self.drop_models(f"lora_seed{seed}")
         cached(self.cell(f"decode_seed{seed}"), lambda: self.decode(seed))
+        cached(self.cell(f"decode-ft_seed{seed}"), lambda: self.decode_finetuned(seed))
 
     def decode(self, seed: int) -> dict[str, Any]:
         """Greedy decode tokens/s of the Single, each Hydra and its members one by one, side by side."""
@@ -393,6 +396,20 @@ class Study:
                 agree[f"{budget}/{batch}"] = float(np.mean(fused == members))
         return {"speed": speed, "fused_equals_members_tokens": agree, "prompt_tokens": a.prompt_tokens,
                 "new_tokens": a.new_tokens}
+
+    def decode_finetuned(self, seed: int) -> dict[str, Any]:
+        """The decode speed of the fine-tuned Hydras' architecture against the Single, side by side: their members
+        differ after training, so each member keeps its own MLP (``per_member``, as the fine-tuning fuses them),
+        which at decoding reads M MLPs' weights where an untrained Hydra's members share one."""
+        a = self.args
+        groups: dict[str, Any] = {"Single": self.single}
+        for budget in self.budgets:
+            groups[f"Hydra {budget} + ft"] = convert_checkpoint(self.masks(budget, seed), base=self.base,
+                                                                mlp_fusion="per_member").eval()
+        prompts = torch.tensor([w[: a.prompt_tokens] for w in self.data["parts"]["id_test"][: max(a.decode_batches)]])
+        speed = decode_speed(groups, prompts, batch_sizes=a.decode_batches, new_tokens=a.new_tokens,
+                             rounds=a.decode_rounds)
+        return {"speed": speed, "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens}
 
     def run(self) -> dict[str, Any]:
         cached(self.cell("single"), lambda: evaluate(self.single, self.data, self.args.batch_size, pad=self.pad))
@@ -511,6 +528,9 @@ def summarise(cells: dict[str, Any], masks: dict[str, HeadMasks], data: dict[str
                                     "difference": _mean_std(diffs), "per_seed": diffs, "p": test["p"],
                                     "decided": test["decided"]})
     decode = summarise_decode([cells[f"decode_seed{s}"] for s in seeds])
+    finetuned = summarise_decode([cells[f"decode-ft_seed{s}"] for s in seeds])
+    for batch, groups in finetuned.items():
+        decode[batch].update({g: v for g, v in groups.items() if g != "Single"})
     training = {m: [cells[f"{c}_seed{s}"]["train_losses"] for s in seeds]
                 for m, c in (("Hydra K + ft", "K-ft"), ("Hydra slim + ft", "slim-ft"), ("LoRA-Ensemble", "lora"))}
     fell = all(run["last"] < run["first"] for runs in training.values() for seed in runs for run in seed)
@@ -569,8 +589,9 @@ def summarise_decode(cells: list[dict[str, Any]]) -> dict[str, Any]:
                      / c["speed"][batch]["Single"]["decode_tokens_per_s"] for c in cells]
             out[batch][group] = {"tokens_per_s": _mean_std(tps), "x_single": _mean_std(ratio),
                                  "cost_x_single": _mean_std([1 / r for r in ratio])}
-    out["fused_equals_members_tokens"] = {k: statistics.fmean(c["fused_equals_members_tokens"][k] for c in cells)
-                                          for k in cells[0]["fused_equals_members_tokens"]}
+    if "fused_equals_members_tokens" in cells[0]:
+        out["fused_equals_members_tokens"] = {k: statistics.fmean(c["fused_equals_members_tokens"][k] for c in cells)
+                                              for k in cells[0]["fused_equals_members_tokens"]}
     return out
 
 
@@ -589,7 +610,8 @@ def estimate(study: Study) -> dict[str, float]:
     eval_units = 1 + len(a.seeds) * (2 * 4.5 + 2 * 2.0 + a.members)
     train_units = len(a.seeds) * a.members * (1.0 + 0.6 + 0.8)  # member (K), member (slim), LoRA: x a step
     seconds = {"evaluations": eval_units * n_eval * forward, "training": train_units * a.steps * 3.3 * forward,
-               "selection": len(a.seeds) * a.members * 3 * 3.3 * forward * a.selection / a.batch_size}
+               "selection": len(a.seeds) * a.members * (2 * (30 if a.rescore_layers else 1) + 1) * 3.3 * forward
+               * a.selection / a.batch_size}  # per member: each budget's head scores, the slim neurons' scores
     seconds["total"] = sum(seconds.values())
     return seconds
 
@@ -610,6 +632,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=4, help="query heads per layer per member (the paper's budget)")
     parser.add_argument("--slim-heads", type=int, default=3, help="query heads per layer per slim member")
     parser.add_argument("--slim-mlp", type=float, default=1 / 3, help="fraction of MLP neurons per slim member")
+    parser.add_argument("--rescore-layers", action="store_true",
+                        help="Taylor: rescore after pruning each layer (one pass over the selection windows per "
+                             "layer: 30 on SmolLM2) instead of one scoring pass")
     parser.add_argument("--steps", type=int, default=12, help="fine-tuning steps (members and LoRA adapters)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--member-lr", type=float, default=5e-5)

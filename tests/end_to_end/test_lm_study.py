@@ -77,7 +77,7 @@ def test_the_results_file_holds_every_model_seed_and_comparison(study):
     assert c["score_a"] == by["Hydra K"]["best"]["code"] and c["score_b"] == by["LoRA-Ensemble"]["best"]["code"]
     # the decode cell measured every group at both batch sizes; a fused Hydra decodes its members' tokens
     assert set(r["decode"]["1"]) == {"Single", "LoRA-Ensemble", "Hydra K", "K members one by one", "Hydra slim",
-                                     "slim members one by one"}
+                                     "slim members one by one", "Hydra K + ft", "Hydra slim + ft"}
     assert r["decode"]["2"]["Single"]["cost_x_single"][0] == pytest.approx(1.0)
     assert set(r["decode"]["fused_equals_members_tokens"].values()) == {1.0}
     for runs in r["training_losses"].values():
@@ -96,7 +96,8 @@ def test_every_view_renders_the_results_file(study):
     data = render_docs.VIEWS["lm-study-data"](r)
     assert "| code | 4 | the Python standard library's" in data and "| id_test | 8 | Rotten Tomatoes" in data
     readme = render_docs.VIEWS["lm-study-readme"](r)
-    assert readme.count("\n") == 2 + len(MODELS)
+    table, verdicts = readme.split("\n\n", 1)
+    assert table.count("\n") == 1 + len(MODELS) and verdicts.count("\n- Hydra") == 4
 
 
 def test_a_rerun_resumes_from_the_cache_and_recomputes_only_a_missing_cell(study):
