@@ -28,8 +28,8 @@ Models, per member-selection seed (``--seeds``):
   importance on the next-token loss of the seed's selection windows from one scoring pass with every head
   present, each layer keeping its top heads, members sampled with the library's defaults; ``--rescore-layers``
   rescores after each layer, 30 passes) and at a slim budget (``--slim-heads`` heads and ``--slim-mlp`` of every
-  layer's MLP neurons per member), each fused as pruned (no training) and after a short fine-tuning of every member on the ID
-  fine-tuning windows (``--steps`` steps of ``--batch-size``; the embeddings frozen).
+  layer's MLP neurons per member), each fused as pruned (no training) and after a short fine-tuning of every
+  member on the ID fine-tuning windows (``--steps`` steps of ``--batch-size``; the embeddings frozen).
 
 Metrics: ID perplexity, next-token accuracy, token ECE; the AUROC with which each token score (entropy, mutual
 information, MSP) flags the wrong next tokens of the ID test windows (wrong = the argmax is not the next

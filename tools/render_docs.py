@@ -676,7 +676,7 @@ def _lm_study_summary(results: Mapping[str, Any]) -> str:
     n = len(results["kinds"])
     lines = []
     for hydra in LM_HYDRAS:
-        budget = "Hydra K" if hydra.startswith("Hydra K") else "Hydra slim"
+        budget = hydra if hydra in decode[batches[0]] else hydra.removesuffix(" + ft")
         cost = ", ".join(f"{decode[b][budget]['cost_x_single'][0]:.2f}x the Single's decode cost at batch {b}"
                          for b in batches)
         parts = []
@@ -752,8 +752,7 @@ def _lm_study_readme(results: Mapping[str, Any]) -> str:
              + " | decode cost (x Single, batch 1) |", "|:---|---:|" + "---:|" * len(kinds) + "---:|"]
     for row in results["rows"]:
         model = row["model"]
-        group = ("Hydra K" if model.startswith("Hydra K") else "Hydra slim" if model.startswith("Hydra slim")
-                 else "Single" if model in ("Single", "LoRA-Single") else model)
+        group = "Single" if model == "LoRA-Single" else model  # a merged LoRA adapter is the Single's shape
         speed = f"{decode['1'][group]['cost_x_single'][0]:.2f}"
         lines.append(f"| {_lm_label(results, model)} | {row['perplexity'][0]:.2f} | "
                      + " | ".join(f"{row['auroc'][k][row['best'][k]][0]:.3f}" for k in kinds) + f" | {speed} |")
