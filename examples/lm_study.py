@@ -637,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
                              "layer: 30 on SmolLM2) instead of one scoring pass")
     parser.add_argument("--steps", type=int, default=12, help="fine-tuning steps (members and LoRA adapters)")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--member-lr", type=float, default=5e-5)
+    parser.add_argument("--member-lr", type=float, default=3e-4)
     parser.add_argument("--lora-lr", type=float, default=1e-3)
     parser.add_argument("--lora-r", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=16)
