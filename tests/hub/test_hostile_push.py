@@ -213,6 +213,9 @@ HOSTILE: dict[str, tuple[Callable[[Path], None], list[str], str]] = {
         FOREIGN,
         "pipeline_hydra.py",
     ),
+    # --- round 5: no ":None:" line number when the parser gives none
+    "a null byte in shipped code": (_shipped("x = 1\x00"), FOREIGN,
+                                    "modeling_hydra_bert.py: does not parse as Python"),
     # --- row 14: report figures
     "report figure absolute path": (
         _report(lambda r: r.__setitem__("figures", {"x": "/etc/passwd.png"})),
@@ -232,6 +235,21 @@ HOSTILE: dict[str, tuple[Callable[[Path], None], list[str], str]] = {
     # --- config.json of the wrong shape
     "config.json is a list": (lambda sb: (sb / "model" / "config.json").write_text("[]"), [], "holds a list"),
     "config.json is not JSON": (lambda sb: (sb / "model" / "config.json").write_text("{"), [], "is not valid JSON"),
+    # --- round 5: a stored calibration the card would state and the pipeline would apply
+    "calibration q_hat -1": (
+        lambda sb: _edit_json(sb / "model" / "config.json", lambda c: c.__setitem__("calibration", {
+            "method": "lac", "alpha": 0.2, "q_hat": -1, "n": 40, "temperature": 1.0, "score": "msp",
+            "risk": None, "delta": None, "threshold": None})),
+        [],
+        "config.calibration q_hat -1",
+    ),
+    "calibration threshold a string": (
+        lambda sb: _edit_json(sb / "model" / "config.json", lambda c: c.__setitem__("calibration", {
+            "method": "lac", "alpha": 0.2, "q_hat": 0.5, "n": 40, "temperature": 1.0, "score": "msp",
+            "risk": 0.1, "delta": 0.1, "threshold": "0.3", "answered_fraction": 0.5})),
+        [],
+        "config.calibration threshold '0.3'",
+    ),
     "kept_heads of the wrong type": (
         lambda sb: _edit_json(sb / "model" / "config.json", lambda c: c.__setitem__("kept_heads", "x")),
         [],
@@ -275,8 +293,8 @@ TAMPERINGS = {
     "a changed computation": "import torch as _t\n_t.set_default_dtype(_t.float64)",
 }
 SHIPPED_BERT = [
-    "configuration_hydra.py", "hydra_attention.py", "hydra_layers.py", "hydra_skeletons.py", "modeling_hydra_bert.py",
-    "pipeline_hydra.py",
+    "configuration_hydra.py", "hydra_attention.py", "hydra_formulas.py", "hydra_layers.py", "hydra_skeletons.py",
+    "modeling_hydra_bert.py", "pipeline_hydra.py",
 ]
 
 
@@ -450,6 +468,7 @@ def test_a_folder_saved_again_by_transformers_is_still_ours(sandbox):
     assert shipped == [
         "configuration_hydra.py",
         "hydra_attention.py",
+        "hydra_formulas.py",
         "hydra_layers.py",
         "hydra_skeletons.py",
         "modeling_hydra_bert.py",

@@ -5,10 +5,13 @@ subset of attention heads, fused into one model."""
 
 from __future__ import annotations
 
+import copy
+import math
 from collections.abc import Iterator
+from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from transformers import PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
 
 if TYPE_CHECKING:  # never executed: this line only makes transformers ship the pipeline file with this one
     # transformers finds a remote-code file's siblings by scanning it for relative imports (a regex, so
@@ -70,6 +73,25 @@ def without_base_labels(base: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_KEPT_HEADS_FIELDS = ("kept_heads", "vision_kept_heads", "text_kept_heads")  # a config naming members has a base
+
+
+@cache
+def default_base_config(base_model_type: str) -> dict[str, Any]:
+    """The settings of ``base_model_type``'s transformers config built without arguments (``LlamaConfig()``'s),
+    without its labels, with the common names its ``attribute_map`` aliases (DistilBERT's ``hidden_size`` for
+    ``dim``, as the converter writes them): what a Hydra config built without arguments answers for the
+    base's settings. Empty for a type transformers does not know. Callers must not modify it (one copy per
+    type)."""
+    try:
+        stock = AutoConfig.for_model(base_model_type)
+    except (KeyError, ValueError):
+        return {}
+    settings = stock.to_dict()
+    aliases = {alias: settings[name] for alias, name in stock.attribute_map.items() if name in settings}
+    return without_base_labels({**aliases, **settings})
+
+
 def _layer_lists(kept: Any, num_layers: int, where: str, what: str) -> Iterator[tuple[int, int, Any]]:
     """``(m, l, kept[m][l])`` for every member and layer, after checking that member ``m`` holds one list of
     integer ``what`` indices (``"head"``, ``"neuron"``) per layer (``ValueError`` naming the entry otherwise)."""
@@ -128,6 +150,113 @@ def check_kept_neurons(kept_neurons: Any, num_members: int, num_layers: int, whe
         if any(b <= a for a, b in zip(neurons, neurons[1:])):
             fix = "list each kept neuron once" if len(set(neurons)) != len(neurons) else "sort them"
             raise ValueError(f"{where}[{m}][{layer}] must be sorted and unique (increasing indices); {fix}")
+
+
+# ------------------------------------------------------------------------------ a stored calibration
+# What `hydra-hf calibrate` stores in ``config.calibration`` (``hydra_hf.calibration`` fits it): split conformal
+# sets and an abstention threshold of a classifier, or the abstention thresholds of a causal LM
+# (``"task": "causal_lm"``). The pipelines, ``generate_with_uncertainty`` and hydra_hf's readers all check it with
+# :func:`check_calibration` before they use it: a folder's config is input, not necessarily written by hydra-hf.
+CONFORMAL_METHODS = ("lac", "aps", "raps")
+RANDOMIZED_METHODS = ("aps", "raps")
+SELECTIVE_SCORES = ("msp", "entropy", "mi")  # uncertainty scores of a classifier: higher = less sure
+GENERATION_SCORE_NAMES = ("entropy", "mi")  # token scores of a causal LM's abstention
+CALIBRATION_TASKS = ("causal_lm",)  # a classifier's calibration names no task
+_SCORE_TOLERANCE = 1e-6  # sums of float probabilities exceed 1 (a score's bound) by rounding
+_RECALIBRATE = "calibrate the folder again (hydra-hf calibrate ... --overwrite) or remove the key"
+
+
+def check_calibration(calibration: Any, num_labels: int | None = None) -> dict[str, Any] | None:
+    """``config.calibration`` checked field by field (returned as it is), or None when there is none.
+
+    Every number is finite and in its range: ``alpha`` in (0, 1), ``n`` a positive integer, a classifier's
+    ``q_hat`` in the range of its method's scores ([0, 1] for lac and aps; raps adds its penalty per rank
+    above ``regularization_rank``, bounded with ``num_labels`` classes, or the stored ``class_names``), a
+    ``temperature`` above 0, a ``threshold`` in the range of its ``score`` (msp [0, 1], entropy and mi
+    [0, ln C]) with its ``risk``, ``delta`` in (0, 1) and ``answered_fraction`` in [0, 1]; a randomised
+    method (aps, raps) has an integer ``seed``. A causal LM's ``token_threshold`` and ``sequence_threshold``
+    are at least 0, its ``score`` entropy or mi.
+
+    Raises:
+        ValueError: one line naming the field, its value and the fix.
+    """
+    if calibration is None:
+        return None
+    if not isinstance(calibration, dict):
+        raise ValueError(f"config.calibration must be an object (what `hydra-hf calibrate` stores), got "
+                         f"{type(calibration).__name__}; {_RECALIBRATE}")
+
+    def refuse(key: str, expected: str) -> None:
+        raise ValueError(f"config.calibration {key} {calibration.get(key)!r} must be {expected}; {_RECALIBRATE}")
+
+    def number(key: str, low: float, high: float, *, interval: str, optional: bool = False) -> float | None:
+        value = calibration.get(key)
+        if value is None and optional:
+            return None
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or not low <= value <= high):
+            refuse(key, f"a finite number in {interval}")
+        return float(value)
+
+    def integer(key: str, low: int, *, optional: bool = False) -> int | None:
+        value = calibration.get(key)
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            refuse(key, f"an integer >= {low}")
+        return value
+
+    def fraction(key: str, *, optional: bool = False) -> float | None:  # in (0, 1), both ends open
+        value = number(key, 0.0, 1.0, interval="(0, 1)", optional=optional)
+        if value is not None and not 0 < value < 1:
+            refuse(key, "a finite number in (0, 1)")
+        return value
+
+    task = calibration.get("task")
+    if task is not None and task not in CALIBRATION_TASKS:
+        refuse("task", f"one of {list(CALIBRATION_TASKS)} or absent (a classifier's calibration)")
+    fraction("alpha")
+    integer("n", 1)
+    if task == "causal_lm":
+        if calibration.get("score") not in GENERATION_SCORE_NAMES:
+            refuse("score", f"one of {list(GENERATION_SCORE_NAMES)} (a causal LM's token score)")
+        for key in ("token_threshold", "sequence_threshold"):
+            number(key, 0.0, math.inf, interval="[0, inf) (entropy and mutual information are >= 0)")
+        return calibration
+    method = calibration.get("method")
+    if method not in CONFORMAL_METHODS:
+        refuse("method", f"one of {list(CONFORMAL_METHODS)}")
+    randomized = calibration.get("randomized", False)
+    if not isinstance(randomized, bool) or (randomized and method not in RANDOMIZED_METHODS):
+        refuse("randomized", f"true or false (true only for {' and '.join(RANDOMIZED_METHODS)}, not {method})")
+    integer("seed", 0, optional=not randomized)
+    penalty = number("penalty", 0.0, math.inf, interval="[0, inf)", optional=True) or 0.0
+    rank = integer("regularization_rank", 0, optional=True)
+    names = calibration.get("class_names")
+    if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+        refuse("class_names", "a list of class names")
+    templates = calibration.get("templates")
+    if templates is not None and (not isinstance(templates, list) or not all(isinstance(t, str) for t in templates)):
+        refuse("templates", "a list of prompt templates")
+    classes = len(names) if names else num_labels
+    top = 1.0
+    if method == "raps":
+        top = math.inf if not classes else 1.0 + penalty * max(classes - (1 if rank is None else rank), 0)
+    number("q_hat", 0.0, top + _SCORE_TOLERANCE, interval=f"[0, {top:g}] (the range of {method} scores)")
+    number("temperature", 0.0, math.inf, interval="(0, inf)", optional=True)
+    if calibration.get("temperature") == 0:
+        refuse("temperature", "a finite number in (0, inf)")
+    score = calibration.get("score", "msp")
+    if score not in SELECTIVE_SCORES:
+        refuse("score", f"one of {list(SELECTIVE_SCORES)}")
+    selective = calibration.get("threshold") is not None  # a threshold comes with its risk and delta
+    if selective:
+        high = 1.0 if score == "msp" else (math.log(classes) if classes and classes > 1 else math.inf)
+        number("threshold", 0.0, high + _SCORE_TOLERANCE, interval=f"[0, {high:.4g}] (the range of {score})")
+    fraction("risk", optional=not selective)
+    fraction("delta", optional=not selective)
+    number("answered_fraction", 0.0, 1.0, interval="[0, 1]", optional=True)
+    return calibration
 
 
 class HydraEnsembleConfig(PretrainedConfig):
@@ -238,12 +367,41 @@ class HydraEnsembleConfig(PretrainedConfig):
             and not (name.endswith("_config") and isinstance(base[name], dict))
         )
 
+    def base_settings(self) -> dict[str, Any]:
+        """The base model's settings the config answers with: ``base_config`` or, for a config built without
+        arguments (no ``base_config``, no kept heads: the instance transformers builds to diff a config
+        against, or ``ConfigTester`` checks), the defaults of its base model type (``default_base_config``),
+        so that such a config answers ``hidden_size`` or ``vocab_size`` as ``LlamaConfig()`` does. Nothing
+        is written into ``base_config``: a saved config holds only what it was given."""
+        base = getattr(self, "base_config", None)
+        base_type = getattr(self, "base_model_type", None)
+        members = (  # literal names: the shipped-code audit allows getattr only so
+            getattr(self, "kept_heads", None), getattr(self, "vision_kept_heads", None),
+            getattr(self, "text_kept_heads", None),
+        )
+        if base or any(members) or not isinstance(base_type, str):
+            return base if isinstance(base, dict) else {}
+        return default_base_config(base_type)
+
+    def base_value(self, name: str) -> Any:
+        """``base_settings()[name]``; ``AttributeError`` (so that ``hasattr`` answers False and ``getattr``
+        with a default works) when the base's settings have no ``name``."""
+        base = self.base_settings()
+        if name not in base:
+            raise AttributeError(
+                f"{type(self).__name__} has no {name!r}: its base_config does not set it; pass the base model's "
+                "full config (e.g. BertConfig.from_pretrained(base).to_dict())"
+            )
+        return base[name]
+
     def __getattr__(self, name: str) -> Any:
-        # reached only when the normal lookup fails: the base model's settings read through
-        if name != "base_config":
-            base = getattr(self, "base_config", None)
-            if isinstance(base, dict) and self.is_base_setting(name, base):
-                return base[name]
+        # reached only when the normal lookup fails (a property raising AttributeError included): the base
+        # model's settings read through
+        if name not in ("base_config", "base_model_type", *_KEPT_HEADS_FIELDS) and not name.startswith("__"):
+            base = self.base_settings()
+            if self.is_base_setting(name, base):
+                value = base[name]  # a default (shared by every such config) is handed out as a copy
+                return value if base is getattr(self, "base_config", None) else copy.deepcopy(value)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (nor has its base_config)")
 
     def sync_base_settings(self) -> None:
@@ -279,14 +437,24 @@ class HydraEnsembleConfig(PretrainedConfig):
 
     # ----------------------------------------------------------------------------------- checks
     def _tower_shape(self) -> tuple[int, int]:
-        """(num_layers, num_heads) of the base model, read from ``base_config``."""
-        missing = [k for k in ("num_hidden_layers", "num_attention_heads", "hidden_size") if k not in self.base_config]
+        """(num_layers, num_heads) of the base model, read from ``base_config`` (``ValueError`` naming the
+        missing keys; the properties turn it into ``AttributeError``)."""
+        base = self.base_settings()
+        missing = [k for k in ("num_hidden_layers", "num_attention_heads", "hidden_size") if k not in base]
         if missing:
             raise ValueError(
                 f"base_config is missing {missing}; pass the base model's full config "
                 "(e.g. BertConfig.from_pretrained(base).to_dict())"
             )
-        return int(self.base_config["num_hidden_layers"]), int(self.base_config["num_attention_heads"])
+        return int(base["num_hidden_layers"]), int(base["num_attention_heads"])
+
+    def _shape_attribute(self, index: int) -> int:
+        """``_tower_shape()[index]`` for a property: a base without the value raises ``AttributeError``, the
+        error ``hasattr`` and ``getattr(config, name, default)`` expect of a missing attribute."""
+        try:
+            return self._tower_shape()[index]
+        except ValueError as err:
+            raise AttributeError(str(err)) from None
 
     def _pruned_towers(self) -> dict[str, tuple[Any, int, int]]:
         """``{field: (kept_heads, num_layers, num_heads)}`` for every pruned tower, after checking the
@@ -327,17 +495,19 @@ class HydraEnsembleConfig(PretrainedConfig):
             )
 
     # ------------------------------------------------------------------------------ accessors
+    # The shape properties raise AttributeError, never another error, when the base lacks the value (a
+    # property's AttributeError is what hasattr() and getattr(config, name, default) catch).
     @property
     def num_hidden_layers(self) -> int:
-        return self._tower_shape()[0]
+        return self._shape_attribute(0)
 
     @property
     def num_attention_heads(self) -> int:
-        return self._tower_shape()[1]
+        return self._shape_attribute(1)
 
     @property
     def hidden_size(self) -> int:
-        return int(self.base_config["hidden_size"])
+        return int(self.base_value("hidden_size"))
 
     def heads_per_layer(self) -> list[list[int]]:
         """``out[m][l]`` = number of heads member ``m`` keeps in layer ``l``."""
@@ -418,7 +588,7 @@ class HydraTwoTowerConfig(HydraEnsembleConfig):
 
     def _tower_config(self, tower: str) -> dict[str, Any]:
         """``base_config[f"{tower}_config"]``, checked for the keys the model needs."""
-        sub = self.base_config.get(f"{tower}_config")
+        sub = self.base_settings().get(f"{tower}_config")
         if not isinstance(sub, dict):
             raise ValueError(
                 f"base_config has no {tower}_config; pass the base model's full CLIPConfig "
@@ -449,7 +619,10 @@ class HydraTwoTowerConfig(HydraEnsembleConfig):
     @property
     def hidden_size(self) -> int:
         """Width of the vision tower (the text tower's is ``base_config['text_config']['hidden_size']``)."""
-        return int(self._tower_config("vision")["hidden_size"])
+        try:
+            return int(self._tower_config("vision")["hidden_size"])
+        except ValueError as err:
+            raise AttributeError(str(err)) from None
 
     def kept_heads_of(self, tower: str) -> list[list[list[int]]]:
         """``out[m][l]`` = heads member m keeps in layer l of ``tower`` (``"vision"`` or ``"text"``)."""

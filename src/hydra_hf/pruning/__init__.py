@@ -41,7 +41,7 @@ from .gates import HeadGates, zero_head_columns_
 from .layout import JOINT, HeadLayout
 from .lm import LMGatedEvaluator, causal_lm_adapter, lm_batches, lm_batches_from_ids
 from .members import PruningTarget, build_members, load_pruning_target
-from .scoring import auroc, batch_labels, circuit_score
+from .scoring import batch_labels, circuit_score
 from .taylor import PruneResult, normalize_layer_scores, select_top, taylor_prune, taylor_scores
 
 __all__ = [
@@ -63,7 +63,6 @@ __all__ = [
     "ModelAdapter",
     "PruneResult",
     "PruningTarget",
-    "auroc",
     "batch_labels",
     "build_members",
     "causal_lm_adapter",
