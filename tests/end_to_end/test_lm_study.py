@@ -19,11 +19,13 @@ from _hostile import assert_one_line_error
 from _tiny_decoders import save_llama
 
 REPO = Path(__file__).resolve().parents[2]
-TINY = ["--tokens", "8", "--selection", "8", "--selection-pool", "16", "--id-test", "8", "--ood", "4", "--steps", "2",
-        "--batch-size", "4", "--members", "2", "--heads", "2", "--slim-heads", "1", "--slim-mlp", "0.5",
+TINY = ["--tokens", "8", "--selection", "8", "--selection-pool", "16", "--id-test", "8", "--ood", "4", "--id-val", "6",
+        "--ood-val", "3", "--steps", "2", "--batch-size", "4", "--members", "2", "--heads", "3", "2", "--finetune", "H2",
+        "slim", "--slim-heads", "1", "--slim-mlp", "0.5",
         "--decode-batches", "1", "2", "--prompt-tokens", "4", "--new-tokens", "3", "--decode-rounds", "1",
         "--n-boot", "20", "--seeds", "0", "1"]
-MODELS = ["Single", "LoRA-Single", "LoRA-Ensemble", "Hydra K", "Hydra K + ft", "Hydra slim", "Hydra slim + ft"]
+MODELS = ["Single", "Single + ft", "LoRA-Single", "LoRA-Ensemble", "Hydra H3", "Hydra H2", "Hydra H2 + ft",
+          "Hydra slim", "Hydra slim + ft"]
 
 
 def _load(name: str, path: Path):
