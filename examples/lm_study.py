@@ -22,20 +22,25 @@ length and no OOD kind differs from the ID text by its length):
   ``chinese.csv``: four Chinese novels, windows spread evenly over them), ``headlines`` (Guardian headlines,
   ``ood_test`` / ``ood_validation`` splits), ``hamlet`` (speeches of Shakespeare's play, likewise).
 
-Models, per member-selection seed (``--seeds``):
+Models:
 
-- **Single**: the stock model; **Single + ft**: the stock model fine-tuned the members' way (every weight but the
-  embeddings, ``--steps`` steps, learning rate ``--member-lr``). **LoRA-Ensemble**: 3 PEFT LoRA adapters
-  (``q_proj``, ``v_proj``) fine-tuned with different seeds on the same windows for the same steps (the anchor);
-  **LoRA-Single** is its member 0.
-- **Hydra** at every head budget of ``--heads`` (``H<n>``: ``n`` query heads of every layer per member; 4 of
-  SmolLM2's 9 is the paper's per-layer classification budget, 7-8 of 9 its zero-shot one) and at a slim budget
-  (``--slim-heads`` heads and ``--slim-mlp`` of every layer's MLP neurons per member): Taylor importance on the
-  next-token loss of the seed's selection windows from one scoring pass with every head present, each layer
-  keeping its top heads, members sampled with the library's defaults (``--rescore-layers`` rescores after each
-  layer: 30 passes). Each is fused as pruned (no training) and, for the budgets of ``--finetune``, after a
-  fine-tuning of every member on the ID fine-tuning windows (``--steps`` steps of ``--batch-size``, the
-  embeddings frozen; every step's batch is new text, so the per-step training loss is a held-out curve).
+- **The baselines, trained once and the same on every seed** (the seeds are Hydra's member-selection seeds; the
+  baselines select no members): **Single**, the stock model; **Single + ft**, the stock model fine-tuned the
+  members' way (every weight but the embeddings, ``--steps`` steps, learning rate ``--member-lr``; cell
+  ``single-ft``); **LoRA-Ensemble**, ``--members`` PEFT LoRA adapters (``q_proj``, ``v_proj``) fine-tuned with
+  different seeds on the same windows for the same steps (the anchor; cell ``lora``), its spread the one over its
+  own adapters, reported from its members; **LoRA-Single** is one adapter alone (mean ± std over the adapters,
+  each evaluated from the ensemble's own forward passes). In every seed's paired comparison a baseline is the
+  fixed anchor.
+- **Hydra**, per member-selection seed (``--seeds``), at every head budget of ``--heads`` (``H<n>``: ``n`` query
+  heads of every layer per member; 4 of SmolLM2's 9 is the paper's per-layer classification budget, 7-8 of 9 its
+  zero-shot one) and at a slim budget (``--slim-heads`` heads and ``--slim-mlp`` of every layer's MLP neurons per
+  member): Taylor importance on the next-token loss of the seed's selection windows from one scoring pass with every
+  head present, each layer keeping its top heads, members sampled with the library's defaults (``--rescore-layers``
+  rescores after each layer: 30 passes). Each is fused as pruned (no training) and, for the budgets of
+  ``--finetune``, after a fine-tuning of every member on the ID fine-tuning windows (``--steps`` steps of
+  ``--batch-size``, the embeddings frozen; every step's batch is new text, so the per-step training loss is a
+  held-out curve).
 
 Metrics: ID perplexity, next-token accuracy, token ECE; the AUROC with which each token score (entropy, mutual
 information, MSP) flags the wrong next tokens of the ID test windows (wrong = the argmax is not the next
@@ -47,8 +52,14 @@ it is (the score points the wrong way for that kind), never flipped. Each model'
 chosen on the validation windows (the highest validation AUROC, mean over the seeds) and reported on the test
 windows. The greedy decode tokens/s at batch 1 and 8 of each Hydra (shared MLP as pruned; one MLP per member as
 fine-tuned), its members run one by one and the Single, measured side by side in one process. Comparisons are
-paired over the seeds (``hydra_hf.metrics.paired_t_over_seeds``) and, seed by seed, by a paired bootstrap over the
-test windows.
+paired over the seeds that both models have (``hydra_hf.metrics.paired_t_over_seeds``; a baseline has every seed)
+and, seed by seed, by a paired bootstrap over the test windows; each comparison says over how many seeds.
+
+Order of the cells, what decides most first: the Single; per seed every budget's pruned Hydra and the decode speeds
+(no training); the Single + ft and the LoRA-Ensemble, once; then the fine-tuned budgets seed by seed (every
+fine-tuned budget of seed 0, then of seed 1, ...). ``--collect --results FILE`` writes the results file of whatever
+cells exist (the missing ones listed as pending, every comparison over the seeds both models have), so a study
+stopped at any cell renders true docs.
 """
 
 from __future__ import annotations
@@ -204,15 +215,15 @@ def selection_windows(data: dict[str, Any], seed: int, count: int) -> list[list[
 
 # -------------------------------------------------------------------------------------------- evaluation
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: dict[str, Any], batch_size: int, *, member0: bool = False,
+def evaluate(model: torch.nn.Module, data: dict[str, Any], batch_size: int, *, member_views: int = 0,
              pad: int = 0) -> dict[str, Any]:
     """One model (a stock causal LM, a fused Hydra, or a :class:`CausalLMEnsemble`) on the ID test windows and
     every OOD kind: the ID token metrics, error detection, per kind every sequence score's test AUROC, each test
     window's scores (for the paired bootstrap) and the validation AUROC (ID validation windows against the kind's
-    validation windows: what chooses a model's best score). ``member0``: also member 0 alone, from the same
-    forward passes."""
+    validation windows: what chooses a model's best score). ``member_views``: also each of the first that many
+    members alone (``member0``, ``member1``, ...), from the same forward passes."""
     model.eval()
-    views = {"all": None, "member0": 0} if member0 else {"all": None}
+    views: dict[str, int | None] = {"all": None, **{f"member{i}": i for i in range(member_views)}}
     runs: dict[str, dict[str, lm_metrics.CausalLMAccumulator]] = {v: {} for v in views}
     for name in PARTS:
         accs = {v: lm_metrics.CausalLMAccumulator() for v in views}
@@ -227,7 +238,7 @@ def evaluate(model: torch.nn.Module, data: dict[str, Any], batch_size: int, *, m
         for view in views:
             runs[view][name] = accs[view]
     out = {view: _report(run) for view, run in runs.items()}
-    return out if member0 else out["all"]
+    return out if member_views else out["all"]
 
 
 def _report(runs: dict[str, lm_metrics.CausalLMAccumulator]) -> dict[str, Any]:
@@ -311,10 +322,11 @@ def study_budgets(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 
 def study_models(budgets: dict[str, dict[str, Any]]) -> dict[str, tuple[str, str | None]]:
-    """Every model of the study: row name -> (cell name pattern, view of the cell)."""
+    """Every model of the study: row name -> (cell name pattern, view of the cell); a pattern without ``{seed}`` is
+    a baseline, one cell for every seed."""
     models: dict[str, tuple[str, str | None]] = {
-        "Single": ("single", None), "Single + ft": ("single-ft_seed{seed}", None),
-        "LoRA-Single": ("lora_seed{seed}", "member0"), "LoRA-Ensemble": ("lora_seed{seed}", "all"),
+        "Single": ("single", None), "Single + ft": ("single-ft", None),
+        "LoRA-Single": ("lora", "members"), "LoRA-Ensemble": ("lora", "all"),
     }
     for name, budget in budgets.items():
         models[f"Hydra {name}"] = (f"{name}_seed{{seed}}", None)
@@ -395,11 +407,12 @@ class Study:
         return HeadMasks([[list(range(heads)) for _ in range(config.num_hidden_layers)]], heads,
                          metadata={"budget": "every head"})
 
-    def lora_ensemble(self, seed: int) -> tuple[list[torch.nn.Module], dict[str, Any]]:
-        folder = self.out / "models" / f"lora_seed{seed}"
+    def lora_ensemble(self) -> tuple[list[torch.nn.Module], dict[str, Any]]:
+        """The LoRA-Ensemble, once (adapter ``i`` trained with seed ``2000 + i``)."""
+        folder = self.out / "models" / "lora"
         steps: list[dict[str, Any]] = []
         members = train_lora_ensemble(
-            self.base, self.finetune_texts(), None, folder, self.finetune_config(self.args.lora_lr, 2000 + 10 * seed),
+            self.base, self.finetune_texts(), None, folder, self.finetune_config(self.args.lora_lr, 2000),
             members=self.args.members, overwrite=True, r=self.args.lora_r, alpha=2 * self.args.lora_r, dropout=0.0,
             target_modules=LORA_TARGETS, step_callback=steps.append,
         )
@@ -430,9 +443,9 @@ class Study:
         self.drop_models(name)
 
     def run(self) -> dict[str, Any]:
-        """Every cell, cheapest and most informative first: the Single, every budget's pruned Hydra and the decode
-        speeds on every seed (no training); then the Single + ft and the LoRA-Ensemble on every seed; then each
-        fine-tuned budget on every seed."""
+        """Every cell, what decides most first: the Single; per seed every budget's pruned Hydra and the decode
+        speeds (no training); the Single + ft and the LoRA-Ensemble, once (the seeds are Hydra's); then seed by
+        seed every fine-tuned budget."""
         seeds = self.args.seeds
         cached(self.cell("single"), lambda: self.evaluated(self.single))
         for seed in seeds:
@@ -440,20 +453,18 @@ class Study:
             for budget in self.budgets:
                 cached(self.cell(f"{budget}_seed{seed}"), lambda: self.evaluated(self.fused(budget, seed)))
             cached(self.cell(f"decode_seed{seed}"), lambda: self.decode(seed))
+        logger.info("the Single + ft and the LoRA-Ensemble (once: the same on every seed)")
+        self.train_cell("single-ft", lambda: self.trained("single-ft", self.every_head(), 0))
+        self.train_cell("lora", self.trained_lora, member_views=self.args.members)
         for seed in seeds:
-            logger.info("seed %d: the Single + ft and the LoRA-Ensemble", seed)
-            self.train_cell(f"single-ft_seed{seed}", lambda: self.trained(f"single-ft_seed{seed}", self.every_head(),
-                                                                          seed))
-            self.train_cell(f"lora_seed{seed}", lambda: self.trained_lora(seed), member0=True)
-        for budget in (b for b, spec in self.budgets.items() if spec["finetune"]):
-            for seed in seeds:
+            for budget in (b for b, spec in self.budgets.items() if spec["finetune"]):
                 logger.info("seed %d: Hydra %s + ft", seed, budget)
                 name = f"{budget}-ft_seed{seed}"
                 self.train_cell(name, lambda: self.trained(name, self.masks(budget, seed), seed))
         return self.collect()
 
-    def trained_lora(self, seed: int) -> tuple[torch.nn.Module, dict[str, Any]]:
-        models, info = self.lora_ensemble(seed)
+    def trained_lora(self) -> tuple[torch.nn.Module, dict[str, Any]]:
+        models, info = self.lora_ensemble()
         return CausalLMEnsemble(models), info
 
     def decode(self, seed: int) -> dict[str, Any]:
@@ -488,7 +499,9 @@ class Study:
         """The summary of every cell written so far (a model missing a seed's cell is pending)."""
         cells = {p.stem: json.loads(p.read_text()) for p in sorted((self.out / "cells").glob("*.json"))}
         masks = {p.stem: HeadMasks.load(p) for p in sorted((self.out / "masks").glob("*.json"))}
-        return finite_or_none(summarise(cells, masks, self.data, self.args, self.budgets, self.base_identity))
+        config = json.loads((self.base / "config.json").read_text())
+        return finite_or_none(summarise(cells, masks, self.data, self.args, self.budgets, self.base_identity,
+                                        config))
 
 
 def training_losses(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -506,7 +519,7 @@ def training_losses(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------- summary
 ENSEMBLES_OF_ONE = ("Single", "Single + ft", "LoRA-Single")  # no members to disagree: no mutual information
 BASELINES = ("Single", "Single + ft", "LoRA-Ensemble")  # what every Hydra is compared with
-UNTRAINED = {"Single + ft": "Single", "LoRA-Ensemble": "Single", "LoRA-Single": "Single"}  # + each "Hydra B + ft"
+UNTRAINED = {"Single + ft": "Single", "LoRA-Ensemble": "Single"}  # + each "Hydra B + ft"
 
 
 def _mean_std(values: Sequence[float]) -> list[float]:
@@ -536,15 +549,16 @@ def bootstrap_auroc_difference(a: dict[str, Any], b: dict[str, Any], score_a: st
 
 def compare(a: str, b: str, cell: Callable[[str, int], dict[str, Any]], best: dict[str, dict[str, str]],
             seeds: list[int], n_boot: int) -> list[dict[str, Any]]:
-    """``a`` against ``b``, paired seed by seed: per OOD kind ``a``'s best score against ``b``'s (with a paired
-    bootstrap per seed), the ID perplexity, ECE and accuracy, and error detection (``a``'s mutual information,
-    where it has members, and entropy against ``b``'s entropy)."""
+    """``a`` against ``b``, paired seed by seed over ``seeds`` (those both have; a baseline has every seed): per
+    OOD kind ``a``'s best score against ``b``'s (with a paired bootstrap per seed), the ID perplexity, ECE and
+    accuracy, and error detection (``a``'s mutual information, where it has members, and entropy against ``b``'s
+    entropy)."""
     out = []
 
     def row(metric: str, diffs: list[float], **extra: Any) -> None:
         test = metrics.paired_t_over_seeds(diffs)
-        out.append({"a": a, "b": b, "metric": metric, **extra, "difference": _mean_std(diffs), "per_seed": diffs,
-                    "p": test["p"], "decided": test["decided"]})
+        out.append({"a": a, "b": b, "metric": metric, **extra, "seeds": list(seeds), "n": len(seeds),
+                    "difference": _mean_std(diffs), "per_seed": diffs, "p": test["p"], "decided": test["decided"]})
 
     for kind in KINDS:
         sa, sb = best[a][kind], best[b][kind]
@@ -570,21 +584,37 @@ def _nan(value: float | None) -> float:
 
 
 def summarise(cells: dict[str, Any], masks: dict[str, HeadMasks], data: dict[str, Any], args: argparse.Namespace,
-              budgets: dict[str, dict[str, Any]], base: str) -> dict[str, Any]:
+              budgets: dict[str, dict[str, Any]], base: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The results of the cells written so far: every model with at least one cell a row (over the seeds it has),
+    the missing cells listed as pending, every comparison over the seeds both models have."""
     seeds = list(args.seeds)
     models = study_models(budgets)
-    done = [m for m, (pattern, _) in models.items() if all(pattern.format(seed=s) in cells for s in seeds)]
-    pending = [m for m in models if m not in done]
+    fixed = {m for m, (pattern, _) in models.items() if "{seed}" not in pattern}  # the baselines: one cell
+    have = {m: [s for s in seeds if pattern.format(seed=s) in cells] for m, (pattern, _) in models.items()}
+    done = [m for m in models if have[m]]
+    pending = [m for m in models if len(have[m]) < len(seeds)]
+    pending_cells = list(dict.fromkeys(models[m][0].format(seed=s) for m in pending for s in seeds
+                                       if s not in have[m]))
+    pending_cells += [f"decode_seed{s}" for s in seeds if f"decode_seed{s}" not in cells]
 
     def cell(model: str, seed: int) -> dict[str, Any]:
         pattern, view = models[model]
         value = cells[pattern.format(seed=seed)]
         return value[view] if view else value
 
+    def runs(model: str) -> list[dict[str, Any]]:
+        """What a row averages: a Hydra's seeds, a baseline's one cell, the LoRA-Ensemble's adapters alone."""
+        pattern, view = models[model]
+        if view == "members":
+            return [value for key, value in cells[pattern].items() if key.startswith("member")]
+        return [cell(model, s) for s in (have[model][:1] if model in fixed else have[model])]
+
     rows, best = [], {}
     for model in done:
-        values = [cell(model, s) for s in seeds]
-        row: dict[str, Any] = {"model": model, "seeds": 1 if model == "Single" else len(seeds)}
+        values = runs(model)
+        row: dict[str, Any] = {"model": model, "seeds": len(values), "seed_list": None if model in fixed
+                               else have[model], "baseline": model in fixed,
+                               "over": "adapters" if models[model][1] == "members" else "seeds"}
         for key in ("perplexity", "accuracy", "ece"):
             row[key] = _mean_std([v["id"][key] for v in values])
         row["error_detection"] = {s: _mean_std([_nan(v["id"]["error_detection"][s]) for v in values])
@@ -596,17 +626,23 @@ def summarise(cells: dict[str, Any], masks: dict[str, HeadMasks], data: dict[str
         row["ood_perplexity"] = {k: _mean_std([v["ood"][k]["perplexity"] for v in values]) for k in KINDS}
         best[model] = row["best"] = {k: best_score(values, k) for k in KINDS}
         rows.append(row)
+    def common(a: str, b: str) -> list[int]:
+        return [s for s in have[a] if s in have[b]]
+
     hydras = [m for m in done if m.startswith("Hydra ")]
     pairs = [(h, b) for h in hydras for b in BASELINES if b in done]
     pairs += [("LoRA-Ensemble", b) for b in ("Single", "Single + ft") if "LoRA-Ensemble" in done and b in done]
-    comparisons = [c for a, b in pairs for c in compare(a, b, cell, best, seeds, args.n_boot)]
+    comparisons = [c for a, b in pairs if common(a, b) for c in compare(a, b, cell, best, common(a, b), args.n_boot)]
     decoded = [s for s in seeds if f"decode_seed{s}" in cells]
-    decode = summarise_decode([cells[f"decode_seed{s}"] for s in seeds]) if decoded == seeds else {}
-    trained = {m: [cells[models[m][0].format(seed=s)]["train_losses"] for s in seeds] for m in done
-               if m.endswith("+ ft") or m == "LoRA-Ensemble"}
+    decode = summarise_decode([cells[f"decode_seed{s}"] for s in decoded]) if decoded else {}
+    trained = {m: [cells[models[m][0].format(seed=s)]["train_losses"]
+                   for s in (have[m][:1] if m in fixed else have[m])]
+               for m in done if m.endswith("+ ft") or m == "LoRA-Ensemble"}
     untrained = {**{m: u for m, u in UNTRAINED.items() if m in done and u in done},
-                 **{m: m.removesuffix(" + ft") for m in done if m.startswith("Hydra ") and m.endswith(" + ft")}}
-    heldout = {m: [cell(m, s)["id"]["nll"] - cell(u, s)["id"]["nll"] for s in seeds] for m, u in untrained.items()}
+                 **{m: m.removesuffix(" + ft") for m in done if m.startswith("Hydra ") and m.endswith(" + ft")
+                    and m.removesuffix(" + ft") in done}}
+    heldout = {m: [cell(m, s)["id"]["nll"] - cell(u, s)["id"]["nll"] for s in common(m, u)]
+               for m, u in untrained.items()}
     seconds = {name: value.get("seconds") for name, value in cells.items()}
     seconds.update({f"selection_{name}": m.metadata.get("seconds") for name, m in masks.items()})
     summary_budgets = {}
@@ -616,6 +652,7 @@ def summarise(cells: dict[str, Any], masks: dict[str, HeadMasks], data: dict[str
             continue
         summary_budgets[name] = {
             "query_heads_per_layer": chosen[0].num_heads, "kept_query_heads": spec["heads"],
+            "key_value_heads_per_layer": config.get("num_key_value_heads") or chosen[0].num_heads,
             "mlp_keep": spec["mlp"] if spec["mlp"] is not None else 1.0, "finetune": spec["finetune"],
             "kept_kv_heads_mean": statistics.fmean(
                 len(kv) for m in chosen for member in m.to_dict()["members"]
@@ -631,7 +668,8 @@ def summarise(cells: dict[str, Any], masks: dict[str, HeadMasks], data: dict[str
         "settings": {k: getattr(args, k) for k in ("selection", "selection_pool", "steps", "batch_size",
                                                    "member_lr", "lora_lr", "lora_r", "prompt_tokens", "new_tokens",
                                                    "decode_batches", "decode_rounds", "n_boot")},
-        "models": list(models), "pending": pending, "complete": not pending and bool(decode),
+        "models": list(models), "baselines": sorted(fixed), "pending": pending, "pending_cells": pending_cells,
+        "complete": not pending_cells, "decode_seeds": decoded,
         "rows": rows, "comparisons": comparisons, "decode": decode, "training_losses": trained,
         "every_training_loss_fell": all(run["last"] < run["first"] for runs in trained.values() for seed in runs
                                         for run in seed),
@@ -692,9 +730,9 @@ def estimate(study: Study) -> dict[str, float]:
     n_eval = sum(d["sizes"][part] for part in PARTS) / a.batch_size  # batches per evaluation
     width = {name: 0.6 if spec["mlp"] is not None else 1.0 for name, spec in study.budgets.items()}
     trained = [name for name, spec in study.budgets.items() if spec["finetune"]]
-    per_seed = 1 + a.members * (1 + sum(width.values()) + sum(width[b] for b in trained))  # + Single + ft, LoRA
-    eval_units = 1.1 * (1 + len(a.seeds) * per_seed)
-    train_units = len(a.seeds) * (1 + a.members * (0.9 + sum(width[b] for b in trained)))  # Single + ft, LoRA, members
+    per_seed = a.members * (sum(width.values()) + sum(width[b] for b in trained))  # the Hydras
+    eval_units = 1.1 * (1 + 1 + a.members + len(a.seeds) * per_seed)  # the Single, the Single + ft, the LoRA
+    train_units = 1 + a.members * (0.9 + len(a.seeds) * sum(width[b] for b in trained))  # Single + ft, LoRA, members
     seconds = {"evaluations": eval_units * n_eval * forward, "training": train_units * a.steps * 4.5 * forward,
                "selection": len(a.seeds) * a.members * (len(study.budgets) * (30 if a.rescore_layers else 1) + 1)
                * 3.3 * forward * a.selection / a.batch_size,  # per member: each budget's head scores, the neurons'
