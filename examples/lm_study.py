@@ -345,6 +345,17 @@ def study_models(budgets: dict[str, dict[str, Any]]) -> dict[str, tuple[str, str
     return models
 
 
+def planned_cells(budgets: dict[str, dict[str, Any]], seeds: Sequence[int]) -> list[str]:
+    """Every cell of the study in the order :meth:`Study.run` computes them: what decides most first."""
+    order = ["single"]
+    for seed in seeds:
+        order += [f"{budget}_seed{seed}" for budget in budgets] + [f"decode_seed{seed}"]
+    order += ["single-ft", "lora"]
+    for seed in seeds:
+        order += [f"{budget}-ft_seed{seed}" for budget, spec in budgets.items() if spec["finetune"]]
+    return order
+
+
 class Study:
     def __init__(self, args: argparse.Namespace, *, load_models: bool = True) -> None:
         self.args = args
@@ -603,9 +614,7 @@ def summarise(cells: dict[str, Any], masks: dict[str, HeadMasks], data: dict[str
     have = {m: [s for s in seeds if pattern.format(seed=s) in cells] for m, (pattern, _) in models.items()}
     done = [m for m in models if have[m]]
     pending = [m for m in models if len(have[m]) < len(seeds)]
-    pending_cells = list(dict.fromkeys(models[m][0].format(seed=s) for m in pending for s in seeds
-                                       if s not in have[m]))
-    pending_cells += [f"decode_seed{s}" for s in seeds if f"decode_seed{s}" not in cells]
+    pending_cells = [name for name in planned_cells(budgets, seeds) if name not in cells]
 
     def cell(model: str, seed: int) -> dict[str, Any]:
         pattern, view = models[model]

@@ -664,7 +664,7 @@ def _lm_over(row: Mapping[str, Any]) -> str:
     """What a row averages: ``3 seeds``, ``3 adapters``, or ``1 (baseline)`` (the same on every seed)."""
     if row["over"] == "adapters":
         return f"{row['seeds']} adapters"
-    return "1 (baseline)" if row["baseline"] else f"{row['seeds']} seeds"
+    return "1 (baseline)" if row["baseline"] else f"{row['seeds']} seed{'s' if row['seeds'] > 1 else ''}"
 
 
 def _lm_study_table(results: Mapping[str, Any]) -> str:
@@ -676,12 +676,17 @@ def _lm_study_table(results: Mapping[str, Any]) -> str:
              "wrong tokens: MI AUROC ↑ | " + " | ".join(f"{LM_KIND_NAMES[k]} AUROC ↑ (best score)" for k in kinds)
              + " |", "|:---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]
     for row in results["rows"]:
-        best = " | ".join(f"{_lm_auroc(row['auroc'][k][row['best'][k]])} ({LM_SCORE_NAMES[row['best'][k]]})"
+        spread = row["seeds"] > 1  # one cell has no spread to show
+
+        def pm(value: list[float] | None, digits: int = 3) -> str:
+            return _pm(value, digits) if spread or value is None or value[0] is None else f"{value[0]:.{digits}f}"
+
+        best = " | ".join(f"{_lm_auroc(row['auroc'][k][row['best'][k]], spread)} ({LM_SCORE_NAMES[row['best'][k]]})"
                           for k in kinds)
         detection = row["error_detection"]
-        lines.append(f"| {_lm_label(results, row['model'])} | {_lm_over(row)} | {_pm(row['perplexity'], 1)} | "
-                     f"{_pm(row['accuracy'])} | {_pm(row['ece'])} | {_pm(detection['entropy'])} | "
-                     f"{_pm(detection.get('mutual_information'))} | {best} |")
+        lines.append(f"| {_lm_label(results, row['model'])} | {_lm_over(row)} | {pm(row['perplexity'], 1)} | "
+                     f"{pm(row['accuracy'])} | {pm(row['ece'])} | {pm(detection['entropy'])} | "
+                     f"{pm(detection.get('mutual_information'))} | {best} |")
     lines += ["", LM_BELOW_CHANCE]
     decode = results["decode"]
     if decode:
@@ -696,7 +701,8 @@ def _lm_study_table(results: Mapping[str, Any]) -> str:
                                f"{_pm(decode[b][group].get('cost_x_members'), 2)}" for b in batches)
             lines.append(f"| {_lm_label(results, group)} | {cells} |")
         agree = decode["fused_equals_members_tokens"]
-        lines += ["", f"Decode speeds: mean ± std over {len(results['decode_seeds'])} seeds' measurements. Greedy "
+        n = len(results["decode_seeds"])
+        lines += ["", f"Decode speeds: mean ± std over {n} seed{'s' if n > 1 else ''}' measurements. Greedy "
                   f"tokens of every fused Hydra equal to its members' run one by one: {100 * min(agree.values()):.0f} "
                   f"% at least ({len(agree)} model and batch pairs)."]
     return "\n".join(lines) + "\n" + _lm_pending(results)
@@ -715,7 +721,7 @@ def _lm_study_scores(results: Mapping[str, Any]) -> str:
                 continue
             cells = []
             for k in kinds:
-                text = f"{_lm_auroc(row['auroc'][k][score])} ({row['val_auroc'][k][score][0]:.3f})"
+                text = f"{_lm_auroc(row['auroc'][k][score], row['seeds'] > 1)} ({row['val_auroc'][k][score][0]:.3f})"
                 cells.append(f"**{text}**" if row["best"][k] == score else text)
             lines.append(f"| {_lm_label(results, row['model'])} | {LM_SCORE_NAMES[score]} | {' | '.join(cells)} |")
     directions = "; ".join(f"{LM_SCORE_NAMES[name]} = {s['help']}" for name, s in signs.items())
@@ -741,7 +747,9 @@ def _lm_study_training(results: Mapping[str, Any]) -> str:
         lines.append(f"| {_lm_label(results, model)} | " + " | ".join(f"{v:.2f}" for v in loss)
                      + f" | {_pm(rows[before]['perplexity'], 1)} | {_pm(rows[model]['perplexity'], 1)} | "
                      f"{_signed(mean, 3)} |")
-    return "\n".join(lines) + "\n"
+    if not results["training_losses"]:
+        lines += ["", "No fine-tuned model is evaluated yet."]
+    return "\n".join(lines) + "\n" + _lm_pending(results)
 
 
 def _lm_comparison(results: Mapping[str, Any], a: str, b: str, metric: str) -> Mapping[str, Any] | None:
@@ -867,8 +875,9 @@ def _lm_study_data(results: Mapping[str, Any]) -> str:
         + (", also fine-tuned" if b["finetune"] else "") for name, b in results["budgets"].items())
     seconds = results["seconds"]
 
-    def total(*prefixes: str) -> float:
-        return sum(v for name, v in seconds.items() if name.startswith(prefixes) and v) / 60
+    def total(*prefixes: str) -> float:  # a prefix ending in "$" is a whole cell name
+        return sum(v for name, v in seconds.items() if v and (name.startswith(prefixes) or f"{name}$" in prefixes)
+                   ) / 60
 
     trained = tuple(f"{name}-ft" for name in results["budgets"])
     pruned = tuple(f"{name}_seed" for name in results["budgets"])
@@ -877,13 +886,14 @@ def _lm_study_data(results: Mapping[str, Any]) -> str:
               f"{budgets}. Fine-tuning: {s['steps']} steps of {s['batch_size']} windows (the members and the "
               f"Single + ft: learning rate {s['member_lr']:g}, embeddings frozen; LoRA rank {s['lora_r']} on q_proj / "
               f"v_proj, learning rate {s['lora_lr']:g}).",
-              "", f"Core time ({results['threads']['torch_threads']} torch thread; on "
+              "", "Wall time of each part on one pinned core, shared with other work "
+              f"({results['threads']['torch_threads']} torch thread; on "
               f"{_machine(results.get('machine'))}): member selection {total('selection'):.0f} min, the Single "
-              f"{total('single.'):.0f} min (the cell 'single'), the Hydras without fine-tuning {total(*pruned):.0f} "
+              f"{total('single$'):.0f} min, the Hydras without fine-tuning {total(*pruned):.0f} "
               f"min, with fine-tuning {total(*trained):.0f} min, the Single + ft {total('single-ft'):.0f} min, the "
-              f"LoRA-Ensembles {total('lora'):.0f} min, decoding {total('decode'):.0f} min; "
-              f"{results['total_core_hours']:.2f} core-hours in all."]
-    return "\n".join(lines) + "\n"
+              f"LoRA-Ensemble {total('lora'):.0f} min, decoding {total('decode'):.0f} min; "
+              f"{results['total_core_hours']:.2f} hours in all."]
+    return "\n".join(lines) + "\n" + _lm_pending(results)
 
 
 def _lm_study_readme(results: Mapping[str, Any]) -> str:

@@ -7,6 +7,7 @@ collects): the one test of the study's script as a user runs it."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -36,6 +37,7 @@ def _load(name: str, path: Path):
 
 
 render_docs = _load("render_docs_for_lm_study", REPO / "tools" / "render_docs.py")
+lm_study = _load("lm_study_for_its_test", REPO / "examples" / "lm_study.py")
 
 
 def _run(base: Path, out: Path, results: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -131,6 +133,9 @@ def test_the_cells_come_in_the_order_that_decides_most_first(study):
     assert study["written"] == ["data", "single", "H3_seed0", "H2_seed0", "slim_seed0", "decode_seed0", "H3_seed1",
                                 "H2_seed1", "slim_seed1", "decode_seed1", "single-ft", "lora", "H2-ft_seed0",
                                 "slim-ft_seed0", "H2-ft_seed1", "slim-ft_seed1"]
+    budgets = lm_study.study_budgets(argparse.Namespace(heads=[3, 2], slim_heads=1, slim_mlp=0.5,
+                                                        finetune=["H2", "slim"]))
+    assert lm_study.planned_cells(budgets, [0, 1]) == study["written"][1:]  # what --collect lists as pending
 
 
 def test_the_single_fine_tuned_is_one_member_keeping_every_head(study):
@@ -144,6 +149,7 @@ def test_every_view_renders_the_results_file(study):
     r = study["results"]
     table = render_docs.VIEWS["lm-study"](r)
     assert "| Hydra 2/4 heads + ft | 2 seeds |" in table and "| Single | 1 (baseline) |" in table
+    assert "| Single | 1 (baseline) | " + f"{r['rows'][0]['perplexity'][0]:.1f} |" in table  # one cell: no ± 0
     assert "| Single + ft | 1 (baseline) |" in table and "| LoRA-Single | 2 adapters |" in table
     assert "Hydra slim (1/4 heads, 50 % MLP): its members one by one" in table
     assert "INTERIM" not in table
@@ -156,6 +162,8 @@ def test_every_view_renders_the_results_file(study):
     data = render_docs.VIEWS["lm-study-data"](r)
     assert "| code | 4 | the Python standard library's" in data and "| code_val | 3 | the same |" in data
     assert "of the 2 key/value heads" in data
+    single_minutes = json.loads((cells_dir(study) / "single.json").read_text())["seconds"] / 60
+    assert f"the Single {single_minutes:.0f} min," in data
     scores = render_docs.VIEWS["lm-study-scores"](r)
     assert scores.count("\n| Hydra 2/4 heads + ft |") == 4 and scores.count("\n| Single |") == 3
     training = render_docs.VIEWS["lm-study-training"](r)
