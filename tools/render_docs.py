@@ -608,6 +608,330 @@ def _bench_table(results: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+
+# ------------------------------------------------------------------------- the language-model study
+LM_KIND_NAMES = {"code": "code", "chinese": "Chinese", "headlines": "headlines", "hamlet": "Hamlet"}
+LM_SCORE_NAMES = {"likelihood": "likelihood", "entropy": "entropy", "msp": "MSP", "mutual_information": "MI"}
+LM_BASELINES = ("Single", "Single + ft", "LoRA-Ensemble")
+LM_BELOW_CHANCE = ("¹ below 0.5: in its registry direction (higher = more ID) the score ranks this kind as MORE "
+                   "in-distribution than the ID text (e.g. code is more predictable than reviews).")
+
+
+def _pm(value: list[float] | None, digits: int = 3, scale: float = 1.0) -> str:
+    """``mean ± std`` of a ``[mean, std]`` pair (— where undefined)."""
+    if value is None or value[0] is None:
+        return "—"
+    return f"{scale * value[0]:.{digits}f} ± {scale * (value[1] or 0.0):.{digits}f}"
+
+
+def _lm_auroc(value: list[float] | None, spread: bool = True) -> str:
+    """An AUROC (``± std`` when ``spread``), marked ¹ below chance."""
+    if value is None or value[0] is None:
+        return "—"
+    text = _pm(value) if spread else f"{value[0]:.3f}"
+    return text + ("¹" if value[0] < 0.5 else "")
+
+
+def _lm_label(results: Mapping[str, Any], model: str) -> str:
+    """A row's name with its budget: ``Hydra H7`` -> ``Hydra 7/9 heads``, ``Hydra slim`` -> ``Hydra slim (3/9
+    heads, 33 % MLP)``, ``H7 members one by one`` -> ``Hydra 7/9 heads: its members one by one``."""
+    if model.endswith(" members one by one"):  # a decode group
+        return f"{_lm_label(results, 'Hydra ' + model.split()[0])}: its members one by one"
+    if model.startswith("Hydra "):
+        name, _, ft = model.removeprefix("Hydra ").partition(" + ")
+        b = results["budgets"][name]
+        heads = f"{b['kept_query_heads']}/{b['query_heads_per_layer']} heads"
+        label = f"Hydra slim ({heads}, {100 * b['mlp_keep']:.0f} % MLP)" if b["mlp_keep"] < 1 else f"Hydra {heads}"
+        return label + (f" + {ft}" if ft else "")
+    return model.replace("LoRA-Ensemble", f"LoRA-Ensemble ({results['members']})")
+
+
+def _lm_decode_group(model: str) -> str:
+    """The decode group that times ``model``: a fine-tuned Hydra's architecture, a merged LoRA adapter or the
+    fine-tuned Single have their measured shapes (a LoRA adapter and the Single + ft: the Single's)."""
+    return "Single" if model in ("LoRA-Single", "Single + ft") else model
+
+
+def _lm_pending(results: Mapping[str, Any]) -> str:
+    """The note under an interim results file's views: which cells are still pending."""
+    if results["complete"]:
+        return ""
+    return (f"\nINTERIM: the study's cells {', '.join(results['pending_cells'])} are pending; every row is over the "
+            "cells that exist and every comparison over the seeds both models have (its n).\n")
+
+
+def _lm_over(row: Mapping[str, Any]) -> str:
+    """What a row averages: ``3 seeds``, ``3 adapters``, or ``1 (baseline)`` (the same on every seed)."""
+    if row["over"] == "adapters":
+        return f"{row['seeds']} adapters"
+    return "1 (baseline)" if row["baseline"] else f"{row['seeds']} seed{'s' if row['seeds'] > 1 else ''}"
+
+
+def _lm_study_table(results: Mapping[str, Any]) -> str:
+    """examples/lm_study.py: per model the ID numbers, error detection and per OOD kind its best sequence score's
+    test AUROC (the score chosen on the validation windows; mean ± std over the seeds); then the decode cost of the
+    Single, each Hydra and its members one by one."""
+    kinds = results["kinds"]
+    lines = ["| model | over | PPL ↓ | next-token acc ↑ | token ECE ↓ | wrong tokens: entropy AUROC ↑ | "
+             "wrong tokens: MI AUROC ↑ | " + " | ".join(f"{LM_KIND_NAMES[k]} AUROC ↑ (best score)" for k in kinds)
+             + " |", "|:---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(kinds)]
+    for row in results["rows"]:
+        spread = row["seeds"] > 1  # one cell has no spread to show
+
+        def pm(value: list[float] | None, digits: int = 3) -> str:
+            return _pm(value, digits) if spread or value is None or value[0] is None else f"{value[0]:.{digits}f}"
+
+        best = " | ".join(f"{_lm_auroc(row['auroc'][k][row['best'][k]], spread)} ({LM_SCORE_NAMES[row['best'][k]]})"
+                          for k in kinds)
+        detection = row["error_detection"]
+        lines.append(f"| {_lm_label(results, row['model'])} | {_lm_over(row)} | {pm(row['perplexity'], 1)} | "
+                     f"{pm(row['accuracy'])} | {pm(row['ece'])} | {pm(detection['entropy'])} | "
+                     f"{pm(detection.get('mutual_information'))} | {best} |")
+    lines += ["", LM_BELOW_CHANCE]
+    decode = results["decode"]
+    if decode:
+        batches = [b for b in decode if b != "fused_equals_members_tokens"]
+        lines += ["", f"| decoding (greedy, {results['settings']['new_tokens']} new tokens after "
+                  f"{results['settings']['prompt_tokens']}) | "
+                  + " | ".join(f"tokens/s, batch {b} | cost x Single, batch {b} | cost x its members one by one, "
+                               f"batch {b}" for b in batches) + " |", "|:---|" + "---:|---:|---:|" * len(batches)]
+        for group in decode[batches[0]]:
+            cells = " | ".join(f"{decode[b][group]['tokens_per_s'][0]:.1f} | "
+                               f"{_pm(decode[b][group]['cost_x_single'], 2)} | "
+                               f"{_pm(decode[b][group].get('cost_x_members'), 2)}" for b in batches)
+            lines.append(f"| {_lm_label(results, group)} | {cells} |")
+        agree = decode["fused_equals_members_tokens"]
+        n = len(results["decode_seeds"])
+        lines += ["", f"Decode speeds: mean ± std over {n} seed{'s' if n > 1 else ''}' measurements. Greedy "
+                  f"tokens of every fused Hydra equal to its members' run one by one: {100 * min(agree.values()):.0f} "
+                  f"% at least ({len(agree)} model and batch pairs)."]
+    return "\n".join(lines) + "\n" + _lm_pending(results)
+
+
+def _lm_study_scores(results: Mapping[str, Any]) -> str:
+    """examples/lm_study.py: every sequence score of every model per OOD kind, test AUROC (mean ± std over the
+    seeds) and, in brackets, the validation AUROC that chose the best score (bold)."""
+    kinds = results["kinds"]
+    signs = results["score_directions"]
+    lines = ["| model | score | " + " | ".join(f"{LM_KIND_NAMES[k]}: test AUROC (validation)" for k in kinds) + " |",
+             "|:---|:---|" + "---:|" * len(kinds)]
+    for row in results["rows"]:
+        for score in results["scores"]:
+            if score not in row["auroc"][kinds[0]]:
+                continue
+            cells = []
+            for k in kinds:
+                text = f"{_lm_auroc(row['auroc'][k][score], row['seeds'] > 1)} ({row['val_auroc'][k][score][0]:.3f})"
+                cells.append(f"**{text}**" if row["best"][k] == score else text)
+            lines.append(f"| {_lm_label(results, row['model'])} | {LM_SCORE_NAMES[score]} | {' | '.join(cells)} |")
+    directions = "; ".join(f"{LM_SCORE_NAMES[name]} = {s['help']}" for name, s in signs.items())
+    lines += ["", LM_BELOW_CHANCE, "", f"Directions (the score registry's, fixed before any data): {directions}; a "
+              "window's score is the mean over its tokens."]
+    return "\n".join(lines) + "\n"
+
+
+def _lm_study_training(results: Mapping[str, Any]) -> str:
+    """examples/lm_study.py: every fine-tuned model's training loss along its steps (each step's batch is new text:
+    a held-out curve; mean over its members and the seeds) and its ID test perplexity against before training."""
+    rows = {r["model"]: r for r in results["rows"]}
+    steps = results["settings"]["steps"]
+    marks = sorted({1, max(1, steps // 4), max(1, steps // 2), max(1, 3 * steps // 4), steps})
+    lines = ["| model | " + " | ".join(f"loss at step {m}" for m in marks) + " | ID PPL before | ID PPL after | "
+             "ID NLL change ↓ |", "|:---|" + "---:|" * (len(marks) + 3)]
+    for model, runs in results["training_losses"].items():
+        curves = [member["curve"] for seed in runs for member in seed]
+        loss = [sum(c[m - 1] for c in curves) / len(curves) for m in marks]
+        before = results["untrained"][model]
+        change = results["heldout_nll_change"][model] or [float("nan")]
+        mean = sum(change) / len(change)
+        lines.append(f"| {_lm_label(results, model)} | " + " | ".join(f"{v:.2f}" for v in loss)
+                     + f" | {_pm(rows[before]['perplexity'], 1)} | {_pm(rows[model]['perplexity'], 1)} | "
+                     f"{_signed(mean, 3)} |")
+    if not results["training_losses"]:
+        lines += ["", "No fine-tuned model is evaluated yet."]
+    return "\n".join(lines) + "\n" + _lm_pending(results)
+
+
+def _lm_comparison(results: Mapping[str, Any], a: str, b: str, metric: str) -> Mapping[str, Any] | None:
+    return next((c for c in results["comparisons"] if (c["a"], c["b"], c["metric"]) == (a, b, metric)), None)
+
+
+def _lm_study_comparisons(results: Mapping[str, Any]) -> str:
+    """examples/lm_study.py: every Hydra (and the LoRA-Ensemble) against the baselines, paired seed by seed: per OOD
+    kind the difference of the best scores' AUROCs, the ID perplexity and the error detection of the MI against
+    the other's entropy; mean over the seeds, the paired t-test's p, bold where the seeds decide (p < 0.05), and
+    how many seeds' paired bootstraps over the test windows call it better / worse."""
+    kinds = results["kinds"]
+    metrics = [f"{k} AUROC" for k in kinds] + ["perplexity", "error detection: mutual_information vs entropy"]
+    names = [f"{LM_KIND_NAMES[k]} AUROC" for k in kinds] + ["ID PPL", "wrong tokens: MI − other's entropy"]
+    lines = ["| model − baseline | seeds | " + " | ".join(names) + " |", "|:---|---:|" + "---:|" * len(names)]
+    pairs = list(dict.fromkeys((c["a"], c["b"]) for c in results["comparisons"]))
+    for a, b in pairs:
+        cells = [str(_lm_comparison(results, a, b, "perplexity")["n"])]
+        for metric in metrics:
+            c = _lm_comparison(results, a, b, metric)
+            if c is None or c["difference"][0] is None:
+                cells.append("—")
+                continue
+            text = f"{_signed(c['difference'][0], 1 if metric == 'perplexity' else 3)} (p {c['p']:.2f})"
+            if "bootstrap" in c:
+                text += f" {c['bootstrap'].count('better')}/{c['bootstrap'].count('worse')}"
+            cells.append(f"**{text}**" if c["decided"] else text)
+        lines.append(f"| {_lm_label(results, a)} − {_lm_label(results, b)} | {' | '.join(cells)} |")
+    lines += ["", "Each model's best score (chosen on validation) against the baseline's, paired over the seeds both "
+              "have (a baseline is the same on every seed); after the p, the number of seeds whose paired bootstrap "
+              "over the test windows (95 %) calls the difference better / worse."]
+    return "\n".join(lines) + "\n" + _lm_pending(results)
+
+
+def _lm_verdicts(results: Mapping[str, Any], hydra: str, other: str) -> tuple[list[str], list[str]]:
+    """The OOD kinds on which the seeds decide that ``hydra``'s best score beats / trails ``other``'s."""
+    rows = [c for c in results["comparisons"] if c["a"] == hydra and c["b"] == other and "score_a" in c]
+    better = [LM_KIND_NAMES[c["metric"].split(" ")[0]] for c in rows if c["decided"] and c["difference"][0] > 0]
+    worse = [LM_KIND_NAMES[c["metric"].split(" ")[0]] for c in rows if c["decided"] and c["difference"][0] < 0]
+    return better, worse
+
+
+def _lm_seeds(results: Mapping[str, Any], a: str, b: str) -> int:
+    """How many seeds the comparison of ``a`` with ``b`` is paired over."""
+    return _lm_comparison(results, a, b, "perplexity")["n"]
+
+
+def _lm_cost(results: Mapping[str, Any], model: str) -> str:
+    decode = results["decode"]
+    if not decode:
+        return "decode cost not measured yet"
+    batches = [b for b in decode if b != "fused_equals_members_tokens"]
+    group = _lm_decode_group(model)
+    return ", ".join(f"{decode[b][group]['cost_x_single'][0]:.2f}x the Single's decode cost at batch {b}"
+                     for b in batches)
+
+
+def _lm_study_summary(results: Mapping[str, Any]) -> str:
+    """examples/lm_study.py, one line per ensemble: the kinds on which the seeds decide it beats or trails each
+    baseline (best score against best score), its decode cost, whether its token MI flags wrong tokens better than
+    the Single's entropy, and its ID perplexity against the Single's; then whether every trained model's NLL fell."""
+    n = len(results["kinds"])
+    lines = []
+    ensembles = [r["model"] for r in results["rows"] if r["model"].startswith("Hydra ")]
+    ensembles += ["LoRA-Ensemble"] if any(c["a"] == "LoRA-Ensemble" for c in results["comparisons"]) else []
+    for model in ensembles:
+        parts = []
+        for other in LM_BASELINES:
+            if _lm_comparison(results, model, other, "perplexity") is None:
+                continue
+            better, worse = _lm_verdicts(results, model, other)
+            if _lm_seeds(results, model, other) < 2:
+                parts.append(f"against the {_lm_label(results, other)}: undecided on every kind (n = 1 seed: one "
+                             "seed decides nothing)")
+                continue
+            parts.append(f"against the {_lm_label(results, other)} (n = {_lm_seeds(results, model, other)} seeds): "
+                         f"better on {len(better)} of {n} OOD kinds"
+                         + (f" ({', '.join(better)})" if better else "")
+                         + f", worse on {len(worse)}" + (f" ({', '.join(worse)})" if worse else "")
+                         + f", undecided on {n - len(better) - len(worse)}")
+        mi = _lm_comparison(results, model, "Single", "error detection: mutual_information vs entropy")
+        if mi is None or mi["difference"][0] is None:
+            flag = "undefined here"
+        else:
+            verdict = ("better than" if mi["decided"] and mi["difference"][0] > 0 else
+                       "worse than" if mi["decided"] else "not distinguishably by the seeds from")
+            flag = f"{verdict} the Single's entropy ({_signed(mi['difference'][0], 3)} AUROC, n = {mi['n']})"
+        ppl = _lm_comparison(results, model, "Single", "perplexity")
+        ppl_text = (f"ID perplexity {_signed(ppl['difference'][0], 1)} against the Single's"
+                    + (" (decided)" if ppl["decided"] else " (undecided)"))
+        lines.append(f"- **{_lm_label(results, model)}** ({_lm_cost(results, model)}; {ppl_text}): "
+                     f"{'; '.join(parts)}. Its token MI flags wrong tokens {flag}.")
+    trained = ("no fine-tuned model is evaluated yet" if not results["heldout_nll_change"] else
+               "every fine-tuned model's ID test NLL fell below its untrained counterpart's"
+               if results["every_heldout_nll_fell"] else
+               "NOT every fine-tuned model's ID test NLL fell below its untrained counterpart's")
+    lines.append(f"\nOver up to {len(results['seeds'])} member-selection seeds ({_lm_sizes(results)}; the Single, "
+                 f"the Single + ft and the LoRA-Ensemble are trained once, the same anchor on every seed); {trained}; "
+                 f"decided = paired t-test over the n seeds a comparison has, p < 0.05.")
+    return "\n".join(lines) + "\n" + _lm_pending(results)
+
+
+def _lm_sizes(results: Mapping[str, Any]) -> str:
+    sizes = results["sizes"]
+    return (f"windows of {results['tokens']} tokens: {sizes['id_test']} ID test windows, "
+            f"{sizes[results['kinds'][0]]} per OOD kind")
+
+
+def _lm_study_data(results: Mapping[str, Any]) -> str:
+    """examples/lm_study.py: every text source with its windows, the budgets and the settings, and the core time of
+    each part of the run."""
+    lines = ["| part | windows | source |", "|:---|---:|:---|"]
+    sources, shown = results["sources"], set()
+    for part, count in results["sizes"].items():
+        kind = part.removesuffix("_val") if part.removesuffix("_val") in sources else "id"
+        lines.append(f"| {part} | {count} | {'the same' if kind in shown else sources[kind]} |")
+        shown.add(kind)
+    s = results["settings"]
+    budgets = "; ".join(
+        f"{_lm_label(results, 'Hydra ' + name)}: on average {b['kept_kv_heads_mean']:.2f} of the "
+        f"{b['key_value_heads_per_layer']} key/value heads of a layer kept, mean pairwise Jaccard overlap of the "
+        f"members' heads {b['pairwise_jaccard_mean']:.2f}"
+        + (", also fine-tuned" if b["finetune"] else "") for name, b in results["budgets"].items())
+    seconds = results["seconds"]
+
+    def total(*prefixes: str) -> float:  # a prefix ending in "$" is a whole cell name
+        return sum(v for name, v in seconds.items() if v and (name.startswith(prefixes) or f"{name}$" in prefixes)
+                   ) / 60
+
+    trained = tuple(f"{name}-ft" for name in results["budgets"])
+    pruned = tuple(f"{name}_seed" for name in results["budgets"])
+    lines += ["", f"Windows of {results['tokens']} tokens; each seed draws {s['selection']} selection windows from "
+              f"the pool. {results['members']} members per Hydra, Taylor importance on the next-token loss. "
+              f"{budgets}. Fine-tuning: {s['steps']} steps of {s['batch_size']} windows (the members and the "
+              f"Single + ft: learning rate {s['member_lr']:g}, embeddings frozen; LoRA rank {s['lora_r']} on q_proj / "
+              f"v_proj, learning rate {s['lora_lr']:g}).",
+              "", "Wall time of each part on one pinned core, shared with other work "
+              f"({results['threads']['torch_threads']} torch thread; on "
+              f"{_machine(results.get('machine'))}): member selection {total('selection'):.0f} min, the Single "
+              f"{total('single$'):.0f} min, the Hydras without fine-tuning {total(*pruned):.0f} "
+              f"min, with fine-tuning {total(*trained):.0f} min, the Single + ft {total('single-ft'):.0f} min, the "
+              f"LoRA-Ensemble {total('lora'):.0f} min, decoding {total('decode'):.0f} min; "
+              f"{results['total_core_hours']:.2f} hours in all."]
+    return "\n".join(lines) + "\n" + _lm_pending(results)
+
+
+def _lm_study_readme(results: Mapping[str, Any]) -> str:
+    """examples/lm_study.py, the README's headline rows: per model the ID perplexity, per OOD kind its best score's
+    test AUROC (chosen on validation) and the decode cost against the Single at batch 1 and 8; then the verdicts."""
+    kinds = results["kinds"]
+    decode = results["decode"]
+    batches = [b for b in decode if b != "fused_equals_members_tokens"]
+    lines = ["| SmolLM2-135M | PPL ↓ | " + " | ".join(f"{LM_KIND_NAMES[k]} AUROC ↑" for k in kinds)
+             + "".join(f" | decode cost (x Single, batch {b})" for b in batches) + " |",
+             "|:---|---:|" + "---:|" * (len(kinds) + len(batches))]
+    for row in results["rows"]:
+        model = row["model"]
+        if model == "LoRA-Single":
+            continue
+        group = _lm_decode_group(model)
+        cost = "".join(f" | {decode[b][group]['cost_x_single'][0]:.2f}" for b in batches)
+        lines.append(f"| {_lm_label(results, model)} | {row['perplexity'][0]:.1f} | "
+                     + " | ".join(f"{_lm_auroc(row['auroc'][k][row['best'][k]], spread=False)} "
+                                  f"({LM_SCORE_NAMES[row['best'][k]]})" for k in kinds) + f"{cost} |")
+    lines += ["", LM_BELOW_CHANCE, "",
+              "Decided by the member-selection seeds (paired t-test over the n seeds a comparison has, p < 0.05; the "
+              "baselines are trained once, the same on every seed), best score against best score per OOD kind:", ""]
+    for model in [r["model"] for r in results["rows"] if r["model"].startswith("Hydra ")]:
+        verdicts = []
+        for other in LM_BASELINES:
+            if _lm_comparison(results, model, other, "perplexity") is None:
+                continue
+            better, worse = _lm_verdicts(results, model, other)
+            if _lm_seeds(results, model, other) < 2:
+                verdicts.append(f"against the {_lm_label(results, other)} undecided (n = 1: one seed decides nothing)")
+                continue
+            verdicts.append(f"against the {_lm_label(results, other)} (n = {_lm_seeds(results, model, other)}) "
+                            f"better on {', '.join(better) or 'no kind'}, worse on {', '.join(worse) or 'no kind'}")
+        lines.append(f"- {_lm_label(results, model)}: {'; '.join(verdicts)}.")
+    return "\n".join(lines) + "\n" + _lm_pending(results)
+
+
 def _duration(seconds: float) -> str:
     """A step's wall time as the Quickstart prints it: seconds below two minutes, else minutes."""
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
@@ -753,6 +1077,13 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "run-differences": _run_differences,
     "run-agreement": _run_agreement,
     "selection-noise": _selection_noise,
+    "lm-study": _lm_study_table,
+    "lm-study-comparisons": _lm_study_comparisons,
+    "lm-study-scores": _lm_study_scores,
+    "lm-study-training": _lm_study_training,
+    "lm-study-summary": _lm_study_summary,
+    "lm-study-data": _lm_study_data,
+    "lm-study-readme": _lm_study_readme,
     "quickstart": _quickstart_block,
     "quickstart-run": _quickstart_run,
     "quickstart-calibrate": _quickstart_calibrate,

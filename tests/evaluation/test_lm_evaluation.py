@@ -284,3 +284,59 @@ def test_evaluate_causal_lm_on_a_fake_three_member_model_equals_a_direct_computa
     for name in s_id:
         assert scores[name]["auroc"] == pytest.approx(M.ood_auroc(s_id[name], s_ood[name]), abs=1e-12), name
         assert scores[name]["fpr95"] == pytest.approx(M.fpr_at_95_tpr(s_id[name], s_ood[name]), abs=1e-12), name
+
+
+def test_token_error_detection_is_the_auroc_of_correct_against_wrong_tokens_by_hand() -> None:
+    """Four tokens, two wrong: the AUROC with which each score ranks the correct tokens above the wrong ones,
+    counted pair by pair; mutual information only with members; NaN when no token is wrong."""
+    tokens = {
+        "correct": torch.tensor([True, False, True, False]),
+        "msp": torch.tensor([0.9, 0.2, 0.4, 0.5]),  # correct (0.9, 0.4) vs wrong (0.2, 0.5): 3 of 4 pairs
+        "predictive_entropy": torch.tensor([0.1, 2.0, 1.0, 1.0]),  # -entropy: (-0.1, -1) vs (-2, -1): 3.5 of 4 (a tie)
+        "mutual_information": torch.tensor([0.0, 0.3, 0.1, 0.2]),  # -MI: (0, -0.1) vs (-0.3, -0.2): 4 of 4
+    }
+    assert LM.token_error_detection(tokens, num_members=3) == {
+        "msp": pytest.approx(0.75), "entropy": pytest.approx(0.875), "mutual_information": pytest.approx(1.0)}
+    assert set(LM.token_error_detection(tokens)) == {"msp", "entropy"}  # one model has no mutual information
+    assert "likelihood" not in LM.ERROR_DETECTION_SCORES  # it reads the very token it would judge
+    every = {**tokens, "correct": torch.ones(4, dtype=torch.bool)}
+    assert all(math.isnan(v) for v in LM.token_error_detection(every).values())
+    masked = LM.token_error_detection(tokens, mask=torch.tensor([True, True, True, False]))
+    assert masked["msp"] == pytest.approx(1.0)  # correct (0.9, 0.4) vs wrong (0.2)
+
+
+def test_accumulator_error_detection_equals_the_function_on_every_token() -> None:
+    logits, targets, mask = _random_batch()
+    acc = LM.CausalLMAccumulator()
+    acc.update(logits[:2], targets[:2], mask[:2])
+    acc.update(logits[2:], targets[2:], mask[2:])
+    tokens = LM.next_token_uncertainty(logits, targets, mask)
+    want = LM.token_error_detection(tokens, num_members=3)
+    got = acc.summary()["error_detection"]
+    assert got.keys() == want.keys() == {"msp", "entropy", "mutual_information"}
+    assert all(got[k] == pytest.approx(want[k], abs=1e-6) for k in want)
+    assert 0.0 < got["entropy"] < 1.0 and got["entropy"] != 0.5
+
+
+def test_causal_lm_ensemble_stacks_its_members_logits_and_evaluates_as_a_hydra() -> None:
+    """CausalLMEnsemble = the members' logits side by side; evaluate_causal_lm of it equals the metrics of those
+    stacked logits computed by hand (the mean of the members' softmaxes)."""
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        models.append(LlamaForCausalLM(LlamaConfig(
+            vocab_size=13, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+            intermediate_size=24, max_position_embeddings=32)).eval())
+    ensemble = LE.CausalLMEnsemble(models)
+    ids = torch.randint(0, 13, (3, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        stacked = torch.stack([m(input_ids=ids).logits for m in models], dim=1)  # (B, 2, T, V)
+        got = LE.causal_lm_member_logits(ensemble, ids, torch.ones_like(ids))
+    assert got.shape == (3, 2, 6, 13) and torch.equal(got, stacked)
+    report = LE.evaluate_causal_lm(ensemble, [ids], progress=False)
+    tokens = LM.next_token_uncertainty(*LM.shift_for_next_token(stacked, ids))
+    assert report["num_members"] == 2
+    assert report["perplexity"] == pytest.approx(LM.perplexity(tokens["nll"], tokens["mask"]), rel=1e-6)
+    assert report["mutual_information"] > 0  # two different models disagree
+    with pytest.raises(ValueError, match="at least one model"):
+        LE.CausalLMEnsemble([])

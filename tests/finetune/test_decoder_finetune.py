@@ -24,6 +24,7 @@ import hydra_hf  # noqa: F401  (registers the Auto classes)
 from hydra_hf.assemble import convert_checkpoint
 from hydra_hf.errors import HydraInputError
 from hydra_hf.finetune import finetune_members, text_recipe
+from hydra_hf.finetune.baselines import train_lora_ensemble
 from hydra_hf.finetune.run import prepare_run
 from hydra_hf.finetune.trainer import next_token_sums
 
@@ -203,3 +204,28 @@ def test_two_processes_match_one_process(kind, data, tmp_path):
             assert x["eval_accuracy"] == y["eval_accuracy"]
         assert x["train_loss"] == pytest.approx(y["train_loss"], abs=1e-6)
     assert transformers.AutoTokenizer.from_pretrained(tmp_path / "two").pad_token == "<eos>"
+
+
+def test_lora_ensemble_of_a_llama_causal_lm_trains_adapters_only_and_saves_stock_causal_lms(data, tmp_path):
+    """LoRA on a causal LM (the LoRA-Ensemble of the language-model study): the next-token loss falls, only the
+    adapted projections change in the merged stock LlamaForCausalLM (embeddings, k/o projections and MLPs
+    bit-identical), the merge equals the unmerged adapter, the members differ by seed, and the validation NLL
+    is recorded."""
+    base = save_llama(tmp_path / "llama-lm", head="ForCausalLM")
+    steps: list[dict] = []
+    config = _config(learning_rate=3e-2, num_epochs=2, mlp_fusion="average")
+    folders = train_lora_ensemble(base, data["train"], data["eval"], tmp_path / "lora", config, members=2,
+                                  r=4, alpha=8, dropout=0.0, target_modules=("q_proj", "v_proj"),
+                                  step_callback=steps.append)
+    base_state = load_file(base / "model.safetensors")
+    states = [load_file(f / "model.safetensors") for f in folders]
+    for m, (folder, state) in enumerate(zip(folders, states)):
+        assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+        info = json.loads((folder / "lora_member.json").read_text())
+        assert info["merge_max_abs_diff"] < 1e-5 and info["best_eval_nll"] > 0 and info["modules_to_save"] == []
+        changed = {k for k in base_state if not torch.equal(base_state[k], state[k])}
+        assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in changed)
+        losses = [s["loss"] for s in steps if s["tag"] == f"LoRA seed {config.seed + m}"]
+        assert len(losses) == 6 and sum(losses[-2:]) < sum(losses[:2])
+    assert not torch.equal(states[0]["model.layers.0.self_attn.q_proj.weight"],
+                           states[1]["model.layers.0.self_attn.q_proj.weight"])

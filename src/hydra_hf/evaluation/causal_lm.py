@@ -40,6 +40,7 @@ from .report import render_markdown_table, write_report
 from .run import recipe_of
 
 __all__ = [
+    "CausalLMEnsemble",
     "batch_token_ids",
     "tokenize_texts",
     "causal_lm_member_logits",
@@ -210,6 +211,26 @@ def causal_lm_member_logits(model: nn.Module, input_ids: torch.Tensor, attention
     return lm_metrics.as_member_logits(logits)
 
 
+class CausalLMEnsemble(nn.Module):
+    """M stock causal LMs run one after another on the same batch, seen as one model with ``member_logits (B, M,
+    T, V)``: a Deep or LoRA Ensemble as it is deployed, evaluated by :func:`evaluate_causal_lm` like a Hydra.
+
+    Args:
+        models: the members (``*ForCausalLM``, or Hydra causal LMs: their ensemble ``logits`` count as one member).
+    """
+
+    def __init__(self, models: Sequence[nn.Module]) -> None:
+        super().__init__()
+        if not models:
+            raise ValueError("a CausalLMEnsemble needs at least one model")
+        self.members = nn.ModuleList(models)
+        self.config = getattr(models[0], "config", None)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        logits = [m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits for m in self.members]
+        return {"member_logits": torch.stack(logits, dim=1)}  # (B, M, T, V)
+
+
 @torch.no_grad()
 def run_causal_lm(
     model: nn.Module,
@@ -294,9 +315,12 @@ def evaluate_causal_lm(
 
     Returns:
         ``{"perplexity", "nll", "accuracy", "ece", "msp", "predictive_entropy", "expected_entropy",
-        "mutual_information", "disagreement", "num_tokens", "num_sequences", "num_members", "n_bins",
+        "mutual_information", "disagreement", "num_tokens", "num_sequences", "num_members", "error_detection",
+        "n_bins",
         "ood": {name: {the same token numbers on that set, "scores": {score: {"auroc", "fpr95",
-        "aupr_in", "aupr_out"}}}}}``: every number a python float or int; with a model config, ``"recipe"``
+        "aupr_in", "aupr_out"}}}}}``: every number a python float or int (``"error_detection"``: ``{token
+        score: AUROC}`` with which the score flags the wrong next tokens,
+        :func:`hydra_hf.metrics.causal_lm.token_error_detection`); with a model config, ``"recipe"``
         (:func:`hydra_hf.evaluation.recipe_of`). The ID numbers are over all
         valid ID tokens pooled. The scores (:data:`hydra_hf.metrics.causal_lm.SEQUENCE_SCORES`, higher = more
         ID, ID the positive class) are the mean MSP, the negative mean predictive entropy, the

@@ -10,7 +10,9 @@ LoRA-Ensemble.
   schedule, steps, batch, seeded data order, early stopping: ``finetune.MemberTrainer``), then merged into
   the weights and saved as a stock ``*ForSequenceClassification`` checkpoint, so that evaluation loads
   a plain model. The adapter itself is kept in ``adapter/``. LoRA-Single is member 0 of a
-  LoRA-Ensemble (seed ``config.seed``).
+  LoRA-Ensemble (seed ``config.seed``). A decoder causal LM (``*ForCausalLM``) gets adapters only (no
+  head: its tied language-model head stays frozen), trains on the next-token loss of the text as the
+  members do, and is saved as a stock ``*ForCausalLM``: the LLM ensemble of LoRA adapters.
 
 Evaluate the ensembles with :class:`hydra_hf.evaluation.EnsemblePredictor` (the M models run one
 after another, as a deep ensemble is deployed). ``peft`` is optional: ``pip install hydra-hf[peft]``.
@@ -23,7 +25,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -31,7 +33,12 @@ from typing import Any
 import torch
 from accelerate.utils import set_seed
 from torch import nn
-from transformers import AutoConfig, AutoModelForImageClassification, AutoModelForSequenceClassification
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageClassification,
+    AutoModelForSequenceClassification,
+)
 
 from ..convert import read_config
 from ..convert.gguf import checkpoint_inputs
@@ -40,7 +47,6 @@ from ..errors import HydraInputError
 from ..families import resolve_checkpoint
 from ..masks import HeadMasks
 from ..outputs import prepare_owned_folder, write_output_folder
-from ..saving import copy_preprocessor
 from . import (
     COMMAND,
     RESUME_FREE,
@@ -177,14 +183,23 @@ def train_deep_ensemble(
 
 # ------------------------------------------------------------------------------------------ LoRA
 class _AsMember(nn.Module):
-    """A stock classifier seen by the fine-tuning loop as a one-member model: ``member_logits (B, 1, C)``."""
+    """A stock model seen by the fine-tuning loop as a one-member model: ``member_logits (B, 1, C)`` for a
+    classifier, ``(B, 1, T, V)`` for a causal LM."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, **inputs: torch.Tensor) -> SimpleNamespace:
-        return SimpleNamespace(member_logits=self.model(**inputs).logits.unsqueeze(1))  # (B, 1, C)
+        return SimpleNamespace(member_logits=self.model(**inputs).logits.unsqueeze(1))  # (B, 1, C) / (B, 1, T, V)
+
+
+def _causal_lm_model(run: Any) -> nn.Module:
+    """The stock causal LM of a decoder base, padding with the run's pad token (its tokenizer's, else its EOS)."""
+    model = AutoModelForCausalLM.from_pretrained(str(run.model_dir))
+    if run.pad_token_id is not None:
+        model.config.pad_token_id = run.pad_token_id
+    return model
 
 
 def _task_model(run: Any, seed: int) -> tuple[nn.Module, list[str]]:
@@ -242,6 +257,7 @@ def train_lora(
     resume: bool = False,
     overwrite: bool = False,
     id2label: dict[int, str] | None = None,
+    step_callback: Callable[[dict[str, Any]], None] | None = None,
 ) -> Path:
     """LoRA-Single: LoRA adapters on the attention projections and a trainable classifier, trained
     with the recipe of :func:`~hydra_hf.finetune.finetune_members`, merged and saved as a stock model.
@@ -262,11 +278,12 @@ def train_lora(
         config: the fine-tuning settings (default: the paper's recipe for the base).
         seed: the run's seed (default ``config.seed``).
         r, alpha, dropout, target_modules: the LoRA settings (``target_modules``: BERT/RoBERTa/ViT
-            names of the query and value projections; DistilBERT's are ``q_lin``, ``v_lin``).
+            names of the query and value projections; DistilBERT's are ``q_lin``, ``v_lin``, Llama's
+            ``q_proj``, ``v_proj``).
         modules_to_save: modules trained in full (default: the task head, plus anything the checkpoint
-            lacks, e.g. a pooler).
+            lacks, e.g. a pooler; a causal LM: none).
         work_dir: checkpoints and log (default ``<output_dir>.work``).
-        resume, overwrite, id2label: as in :func:`~hydra_hf.finetune.finetune_members`.
+        resume, overwrite, id2label, step_callback: as in :func:`~hydra_hf.finetune.finetune_members`.
 
     Returns:
         ``output_dir``.
@@ -287,10 +304,11 @@ def train_lora(
         )
     claim_work_dir(accelerator, run, ["lora"], resume=resume, shared=False)
 
-    model, head = _task_model(run, seed)
+    model, head = (_causal_lm_model(run), []) if run.causal_lm else _task_model(run, seed)
+    saved = list(modules_to_save) if modules_to_save is not None else head
     lora_config = peft.LoraConfig(
         r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(target_modules),
-        modules_to_save=list(modules_to_save) if modules_to_save is not None else head,
+        modules_to_save=saved or None, **({"task_type": "CAUSAL_LM"} if run.causal_lm else {}),
     )
     total = sum(p.numel() for p in model.parameters())  # the stock model's (= the merged model's)
     torch.manual_seed(seed)  # the LoRA A matrices
@@ -303,7 +321,7 @@ def train_lora(
     wrapper = _AsMember(peft_model)
     folder = run.work_dir / "lora"
     trainer = MemberTrainer(accelerator, run, wrapper, folder, seed, tag=f"LoRA seed {seed}")
-    state = trainer.train(resume, None, False)
+    state = trainer.train(resume, step_callback, False)
     if accelerator.is_main_process:
         wrapper.load_state_dict(trainer.final_state_dict(), strict=True)
         info = {
@@ -313,12 +331,15 @@ def train_lora(
             "alpha": alpha,
             "dropout": dropout,
             "target_modules": list(target_modules),
-            "modules_to_save": list(lora_config.modules_to_save),
+            "modules_to_save": list(lora_config.modules_to_save or []),
             "trainable_parameters": trainable,
             "base_parameters": total,
             "epochs": state["epoch"],
             "steps": state["global_step"],
-            "best_eval_accuracy": state["best_metric"],
+            **(
+                {"best_eval_nll": None if state["best_metric"] is None else -state["best_metric"]}
+                if run.causal_lm else {"best_eval_accuracy": state["best_metric"]}
+            ),
             "best_epoch": state["best_epoch"],
             "history": state["history"],
         }
@@ -348,7 +369,7 @@ def _export_lora(run: Any, peft_model: nn.Module, batch: dict[str, torch.Tensor]
         if info["merge_max_abs_diff"] > 1e-4:
             logger.warning("LoRA merge: the merged model's logits differ by %.2e", info["merge_max_abs_diff"])
         merged.save_pretrained(str(tmp), safe_serialization=True)
-        copy_preprocessor(run.model_dir, tmp)
+        run.save_processor(tmp)  # a decoder's tokenizer saves its padding token
         (tmp / LORA_INFO).write_text(json.dumps(info, indent=1) + "\n")
 
     write_output_folder(run.output_dir, write, command=COMMAND, overwrite=True, inputs=run.inputs)
@@ -365,6 +386,7 @@ def train_lora_ensemble(
     *,
     overwrite: bool = False,
     id2label: dict[int, str] | None = None,
+    step_callback: Callable[[dict[str, Any]], None] | None = None,
     **lora: Any,
 ) -> list[Path]:
     """LoRA-Ensemble: ``members`` :func:`train_lora` runs from the same checkpoint with seeds
@@ -373,6 +395,7 @@ def train_lora_ensemble(
     Args:
         output_dir: ``member_<m>/`` is member m's merged checkpoint (``member_<m>.work/`` its run);
             members already written there are kept (a run continues member by member).
+        step_callback: called after every optimizer step of every member trained now (:func:`train_lora`).
         lora: ``r``, ``alpha``, ``dropout``, ``target_modules``, ``modules_to_save`` of :func:`train_lora`.
 
     Returns:
@@ -397,7 +420,7 @@ def train_lora_ensemble(
             continue
         train_lora(
             base_model_dir, train_data, validation_data, folder, config, seed=config.seed + m,
-            work_dir=out / f"member_{m}.work", overwrite=True, id2label=id2label, **lora,
+            work_dir=out / f"member_{m}.work", overwrite=True, id2label=id2label, step_callback=step_callback, **lora,
         )
     return folders
 

@@ -49,10 +49,19 @@ __all__ = [
     "perplexity",
     "next_token_accuracy",
     "token_ece",
+    "ERROR_DETECTION_SCORES",
+    "token_error_detection",
 ]
 
 CHUNK_ELEMENTS = 2**25
 """Default bound on ``positions x M x V`` logits processed at once (128 MiB per float32 copy)."""
+
+ERROR_DETECTION_SCORES: tuple[str, ...] = tuple(
+    name for name, score in TOKEN_SCORES.items() if score.reads != "nll"
+)
+"""The token scores that can flag a wrong next token: those that do not read the target (``likelihood`` reads
+the probability of the very token it would judge)."""
+
 
 def _exp(x: float) -> float:
     """``exp(x)``, ``inf`` instead of an OverflowError (a mean NLL above ~709 nats)."""
@@ -296,11 +305,47 @@ def token_ece(confidence: torch.Tensor, correct: torch.Tensor, mask: torch.Tenso
     )
 
 
+def token_error_detection(
+    tokens: Mapping[str, torch.Tensor], mask: torch.Tensor | None = None, num_members: int = 1
+) -> dict[str, float]:
+    """How well each token score flags the tokens the model gets wrong (its top token is not the next token).
+
+    Per :data:`ERROR_DETECTION_SCORES` name (``mutual_information`` only for ``num_members > 1``): the AUROC of
+    separating the correct tokens (positive class) from the wrong ones by the token score (higher = more
+    in-distribution, i.e. more confident), :func:`hydra_hf.metrics.ood_auroc`. It equals the AUROC with which
+    the uncertainty (``-score``: entropy, mutual information, ``-msp``) ranks the wrong tokens above the correct
+    ones: 0.5 is chance, 1.0 flags every wrong token first. NaN when every token is correct or every one wrong.
+
+    Shape:
+        tokens: per-token quantities (:data:`TOKEN_QUANTITIES` and ``correct``, e.g. the output of
+        :func:`next_token_uncertainty`), each ``(B, T)`` or ``(N,)``; mask: the same shape, bool (default
+        ``tokens["mask"]``, else every position).
+    """
+    if mask is None:
+        mask = tokens.get("mask")
+    correct = tokens["correct"]
+    if mask is None:
+        mask = torch.ones_like(correct, dtype=torch.bool)
+    correct = _valid(correct, mask, "error detection").to(torch.bool).cpu()
+    out = {}
+    for name in ERROR_DETECTION_SCORES:
+        score = TOKEN_SCORES[name]
+        if not score.single_model and num_members < 2:
+            continue
+        values = score.sign * _valid(tokens[score.reads], mask, "error detection").cpu().to(torch.float64)
+        if correct.all() or not correct.any():
+            out[name] = float("nan")
+        else:
+            out[name] = metrics.ood_auroc(values[correct], values[~correct])
+    return out
+
+
 class CausalLMAccumulator:
     """Streams next-token predictions batch by batch and keeps O(tokens + sequences) numbers.
 
-    Per valid token it keeps the confidence and correctness (for the ECE) and running sums; per
-    sequence the mean of every :data:`TOKEN_QUANTITIES` entry (in the order the batches came).
+    Per valid token it keeps the confidence, the predictive entropy, the mutual information and the correctness
+    (for the ECE and :func:`token_error_detection`) and running sums; per sequence the mean of every
+    :data:`TOKEN_QUANTITIES` entry (in the order the batches came).
     Never an ``(N, V)`` array.
 
     Example::
@@ -314,11 +359,15 @@ class CausalLMAccumulator:
         acc.sequence_scores()  # {"msp": (N_seq,), ...}
     """
 
+    KEPT_PER_TOKEN = tuple(dict.fromkeys(TOKEN_SCORES[name].reads for name in ERROR_DETECTION_SCORES))
+    """The per-token quantities kept for :meth:`error_detection` (float32, one value per valid token each)."""
+
     def __init__(self, chunk_elements: int = CHUNK_ELEMENTS) -> None:
         self.chunk_elements = chunk_elements
         self.num_members: int | None = None
         self._confidence: list[torch.Tensor] = []
         self._correct: list[torch.Tensor] = []
+        self._kept_tokens: dict[str, list[torch.Tensor]] = {k: [] for k in self.KEPT_PER_TOKEN}
         self._token_sums = dict.fromkeys(TOKEN_QUANTITIES, 0.0)
         self._num_correct = 0
         self.num_tokens = 0
@@ -346,6 +395,8 @@ class CausalLMAccumulator:
         valid = tokens["mask"]
         self._confidence.append(tokens["msp"][valid].to("cpu", torch.float64))
         self._correct.append(tokens["correct"][valid].cpu())
+        for k in self.KEPT_PER_TOKEN:
+            self._kept_tokens[k].append(tokens[k][valid].to("cpu", torch.float32))
         self.num_tokens += int(valid.sum())
         self._num_correct += int(tokens["correct"][valid].sum())
         for k in TOKEN_QUANTITIES:
@@ -373,12 +424,21 @@ class CausalLMAccumulator:
             if score.single_model or (self.num_members or 1) > 1
         }
 
+    def error_detection(self) -> dict[str, float]:
+        """:func:`token_error_detection` over every valid token so far: ``{score: AUROC}``."""
+        if self.num_tokens == 0:
+            raise ValueError("no valid token was seen; pass sequences of at least 2 tokens (one prediction each)")
+        tokens = {k: torch.cat(v) for k, v in self._kept_tokens.items()}
+        tokens["correct"] = torch.cat(self._correct)
+        return token_error_detection(tokens, num_members=self.num_members or 1)
+
     def summary(self, n_bins: int = 15) -> dict[str, float]:
         """Token-level numbers over every valid token so far, as python floats.
 
         Keys: ``perplexity``, ``nll`` (mean token NLL, nats), ``accuracy``, ``ece`` (``n_bins`` bins),
         the token means of ``predictive_entropy``, ``expected_entropy``, ``mutual_information``,
-        ``disagreement`` and ``msp``, and the counts ``num_tokens``, ``num_sequences``, ``num_members``.
+        ``disagreement`` and ``msp``, the counts ``num_tokens``, ``num_sequences``, ``num_members``, and
+        ``error_detection`` (:meth:`error_detection`: ``{score: AUROC}`` of flagging the wrong tokens).
         """
         if self.num_tokens == 0:
             raise ValueError("no valid token was seen; pass sequences of at least 2 tokens (one prediction each)")
@@ -393,4 +453,5 @@ class CausalLMAccumulator:
             "num_tokens": n,
             "num_sequences": self.num_sequences,
             "num_members": self.num_members,
+            "error_detection": self.error_detection(),
         }

@@ -67,6 +67,7 @@ class MemberContext:
     data_fraction: float
     heads_per_step: int
     taylor_rounds: int
+    taylor_rescore_layers: bool
     random_ties: bool
     fast: bool
     precision: str
@@ -176,7 +177,8 @@ def _taylor(criterion: str) -> Callable[[MemberContext, int], PruneResult]:
     def prune(ctx: MemberContext, member_seed: int) -> PruneResult:
         batches = ctx.make_batches(_subset(ctx.id_data, ctx.data_fraction, member_seed), member_seed)
         return taylor_prune(ctx.adapter, batches, ctx.budget, criterion=criterion, tower=ctx.tower, seed=member_seed,
-                            temperature=ctx.temperature, rounds=ctx.taylor_rounds, progress=ctx.progress)
+                            temperature=ctx.temperature, rounds=ctx.taylor_rounds,
+                            rescore_layers=ctx.taylor_rescore_layers, progress=ctx.progress)
     return prune
 
 
@@ -242,6 +244,7 @@ def prune_members(
     metadata: dict[str, Any] | None = None,
     mlp_keep: float | None = None,
     mlp_spread: bool = False,
+    taylor_rescore_layers: bool = True,
 ) -> HeadMasks:
     """Compute ``members`` pruning masks and return them as :class:`~hydra_hf.masks.HeadMasks`: the
     one-tower file shape for a one-tower model, named towers (the pruned ones) for CLIP-like models.
@@ -276,6 +279,8 @@ def prune_members(
             member keeps, chosen by Taylor importance inside the member (its heads removed) on the member's own
             data sample (:func:`~hydra_hf.pruning.neurons.choose_neurons`); None or 1: whole MLPs (the paper).
         mlp_spread: slim members prefer the neurons earlier members left, so that they cover the MLP.
+        taylor_rescore_layers: Taylor with ``Budget(heads_per_layer=K)``: rescore after each layer (True) or score
+            once (:func:`~hydra_hf.pruning.taylor.taylor_prune`'s ``rescore_layers``).
 
     Returns:
         The masks; ``member_metadata[m]`` holds ``method``, ``seed``, ``scores``, ``ranking``, ...;
@@ -329,7 +334,8 @@ def prune_members(
     member_meta: list[dict[str, Any]] = []
     ctx = MemberContext(adapter=adapter, layout=layout, budget=budget, make_batches=make_batches, id_data=id_data,
                         ood_data=ood_data, tower=tower, temperature=temperature, data_fraction=data_fraction,
-                        heads_per_step=heads_per_step, taylor_rounds=taylor_rounds, random_ties=several, fast=fast,
+                        heads_per_step=heads_per_step, taylor_rounds=taylor_rounds,
+                        taylor_rescore_layers=taylor_rescore_layers, random_ties=several, fast=fast,
                         precision=precision, progress=progress)
     shared = _shared_circuit_members(ctx, method_list, members, seed=seed)
     for m in range(members):

@@ -253,6 +253,7 @@ def taylor_prune(
     seed: int = 0,
     temperature: float = 0.0,
     rounds: int = 1,
+    rescore_layers: bool = True,
     progress: bool = True,
 ) -> PruneResult:
     """Prune one member with Taylor importance.
@@ -267,6 +268,9 @@ def taylor_prune(
         tower: a tower name (``None``: the only one) or ``"joint"``: both towers of a CLIP model.
         seed: seeds the sampling of heads (only used when ``temperature > 0``).
         temperature: 0 = deterministic top-k; > 0 = sample the kept heads (see module docstring).
+        rescore_layers: ``Budget(heads_per_layer=K)`` only: recompute the scores after pruning each depth (True,
+            one pass over ``batches`` per layer), or score every layer once with all heads present and keep each
+            layer's top ``K`` of those scores (False: one pass in all; e.g. a 30-layer causal LM on CPU).
 
     Both towers (``tower="joint"``), how raw scores of different towers are compared:
 
@@ -310,7 +314,8 @@ def taylor_prune(
             for d in range(max(L for _, L, _ in layout.towers))
         ]
         for d, rows in enumerate(tqdm(depth_rows, desc="taylor: layers", disable=not progress)):
-            scores = score(f"layer {d}")
+            if rescore_layers or d == 0:  # without rescoring: every layer's scores from the first pass
+                scores = score(f"layer {d}" if rescore_layers else "every layer")
             for row in rows:
                 row_scores = scores[row, : heads_in_row[row]]  # (H_t,)
                 scores_at_pruning[row] = scores[row]
@@ -349,6 +354,7 @@ def taylor_prune(
         removal_order=removal,
         metadata={
             "method": method, "criterion": criterion, "seed": seed, "temperature": temperature,
+            **({} if rescore_layers or budget.heads_per_layer is None else {"rescore_layers": False}),
             "tower": "joint" if layout.joint else layout.names[0],
         },
     )
