@@ -4,7 +4,7 @@ One command, resumable: every cell (the data, each model's evaluation, each trai
 measurement) is cached under ``--output``; a killed run starts again where it stopped, and ``--collect``
 summarises the cells a running study has written so far (a model missing a seed's cell is listed as pending).
 
-    python examples/lm_study.py --output /work/cache/studies/lm2 --results docs/results/lm_study.json
+    python examples/lm_study.py --output outputs/lm_study --results docs/results/lm_study.json
 
 (the defaults are the study's settings: ``--heads 7 4 --finetune H4 slim``, 3 seeds, 48 fine-tuning steps);
 ``--collect --results FILE`` writes the results file of a partial cache at any time.
