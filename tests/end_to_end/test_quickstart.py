@@ -106,7 +106,7 @@ def test_the_quickstart_commands_learn_and_a_weak_baseline_is_marked(tmp_path, m
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     rows = {row["method"]: row for row in report["rows"]}
     levels = report["near_chance"]["levels"]
-    assert rows["Single"]["accuracy"] > levels["majority_rate"] + 0.1, (rows["Single"], levels)
+    assert rows["Single"]["accuracy"] > levels["majority_rate"] + 0.05, (rows["Single"], levels)  # 48 steps, 128 tests
     assert "Single" not in report["near_chance"]["rows"], report["near_chance"]  # (a Hydra of 2-step members may be)
     assert report["latency"]["batch"] == 64 and report["latency"]["machine"]["cpu"]
 

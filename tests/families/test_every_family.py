@@ -290,6 +290,7 @@ def test_shipped_files_import_no_other_family():
         "hydra_layers.py",
         "hydra_skeletons.py",
         "pipeline_hydra.py",
+        "handler.py",
     }
     for spec in SPECS:
         family = get_family(spec.name)

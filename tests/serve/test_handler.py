@@ -262,7 +262,7 @@ def test_the_onnx_backend_serves_an_export(text_folder, tmp_path):
     """`--backend onnx`: an export folder of `hydra-hf export` behind the same handler, equal to the PyTorch
     folder's answers within the export's own check (1e-4); each backend refuses the other's folder in one line."""
     pytest.importorskip("onnxruntime", reason="the onnx extra")
-    from hydra_hf.onnx.export import export_onnx
+    from hydra_hf.workflows.export import export_onnx
 
     export = export_onnx(text_folder, tmp_path / "onnx")
     onnx_answer = build_handler(ServeSpec(str(export), backend="onnx"))({"inputs": TEXTS})

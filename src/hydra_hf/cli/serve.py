@@ -7,7 +7,7 @@ import argparse
 
 from ..modeling.handler import MAX_INPUTS
 from ..workflows.serve import BACKENDS, ServeSpec, serve
-from . import finite_float
+from . import finite_float, positive_int
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,22 +25,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "--backend onnx: hydra-hf export's folder)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; 0.0.0.0 opens it to the network)")
-    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
-    p.add_argument("--replicas", type=int, default=1, help="model replicas, each a process (default 1)")
-    p.add_argument("--max-batch-size", type=int, default=32,
+    p.add_argument("--port", type=positive_int, default=8000, help="HTTP port (default 8000)")
+    p.add_argument("--replicas", type=positive_int, default=1, help="model replicas, each a process (default 1)")
+    p.add_argument("--max-batch-size", type=positive_int, default=32,
                    help="inputs per forward pass at most (default 32); a larger request is split")
     p.add_argument("--batch-wait-ms", type=finite_float, default=5.0,
                    help="how long a batch waits for more requests after its first (default 5 ms)")
     p.add_argument("--backend", default="torch", choices=BACKENDS,
                    help="torch (the folder's weights) or onnx (an export folder: its int8 graph when it has one)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=positive_int, default=1,
                    help="torch / ONNX Runtime threads per replica, and the CPUs Ray reserves for it (default 1)")
-    p.add_argument("--max-inputs", type=int, default=MAX_INPUTS,
+    p.add_argument("--max-inputs", type=positive_int, default=MAX_INPUTS,
                    help=f"inputs one request may hold (default {MAX_INPUTS}); more is a 400 answer")
     p.add_argument("--address", default=None,
                    help="join a running Ray cluster (the address `ray start --head` prints, e.g. HEAD:6379) instead "
                    "of starting Ray here; replicas spread over its nodes")
-    p.add_argument("--metrics-port", type=int, default=None,
+    p.add_argument("--metrics-port", type=positive_int, default=None,
                    help="port of Ray's Prometheus metrics (Ray Serve's request counters and latencies, the "
                    "hydra_batch_inputs histogram); default: Ray picks one")
     p.add_argument("--trust-foreign-code", action="store_true",
