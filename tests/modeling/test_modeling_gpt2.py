@@ -282,7 +282,8 @@ def test_save_pretrained_and_remote_code_round_trip(tmp_path):
         folder = tmp_path / lm_head_fusion
         model.save_pretrained(folder)
         # save_pretrained writes the code the model imports; handler.py, the servers' entry point, is added by push
-        assert sorted(p.name for p in folder.glob("*.py")) == sorted(set(get_family("gpt2").shipped_files) - {"handler.py"})
+        imported = set(get_family("gpt2").shipped_files) - {"handler.py"}
+        assert sorted(p.name for p in folder.glob("*.py")) == sorted(imported)
         local = HydraEnsembleGPT2ForCausalLM.from_pretrained(folder).eval()
         assert local.config.kept_heads == KEPT and local.config.lm_head_fusion == lm_head_fusion
         with torch.no_grad():
