@@ -120,6 +120,6 @@ def test_the_quickstart_commands_learn_and_a_weak_baseline_is_marked(tmp_path, m
     evaluate = steps[4]["commands"][0].replace("--baseline Single=$SINGLE", "--baseline Weak=weak.work/member_0/model")
     _run_line(evaluate.replace("--report report", "--report report-weak"), env, SMALL["evaluate"])
     weak = json.loads((tmp_path / "report-weak" / "report.json").read_text())
-    assert list(weak["near_chance"]["rows"]) == ["Weak"], weak["near_chance"]
+    assert "Weak" in weak["near_chance"]["rows"], weak["near_chance"]  # (the Hydra of 2-step members may be too)
     markdown = (tmp_path / "report-weak" / "report.md").read_text()
     assert "**Weak** is near chance" in markdown and "| better |" not in markdown
