@@ -139,7 +139,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--data-fraction", type=finite_float, help="fraction of the data per member (default 0.8 for several)"
     )
     p.add_argument("--heads-per-step", type=int, default=1, help="circuit heads removed per step (1 = exact greedy)")
-    p.add_argument("--taylor-rounds", type=int, default=1, help="recompute rounds of the global Taylor ranking")
+    p.add_argument("--taylor-rounds", type=int, default=None,
+                   help="Taylor's recomputes (default: the paper's, after every layer of a --heads-per-layer budget, "
+                        "one ranking of a --remove budget); with --heads-per-layer, R recomputes over R groups of "
+                        "consecutive layers (1: every layer from one gradient pass)")
     p.add_argument("--mlp-keep", type=finite_float, metavar="F",
                    help="slim members (an extension): every member also keeps this fraction of each layer's MLP "
                         "neurons, by Taylor importance on its own data (e.g. 0.33: 3 members at about one model's "

@@ -41,11 +41,13 @@ from ..errors import HydraInputError
 from ..families import detect_family, get_adapter, is_causal_lm_config, resolve_checkpoint
 from ..families.adapters import ModelAdapter
 from ..masks import HeadMasks
+from ..prompting import ZeroShotPrompt
 from .budget import Budget
 from .diversity import parse_methods, prune_members
 from .layout import HeadLayout
 from .lm import causal_lm_adapter, lm_batches
 from .neurons import check_mlp_keep
+from .zero_shot_lm import zero_shot_lm_adapter, zero_shot_lm_batches
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +63,8 @@ class PruningTarget:
     tokenizer: Any  # text models only
     num_labels: int
     label2id: dict[str, int] | None
-    zero_shot: bool  # CLIP: labels index the class names
+    zero_shot: bool  # CLIP, or a causal LM asked by prompt: labels index the class names
+    prompt: ZeroShotPrompt | None = None  # a causal LM as a zero-shot classifier: the prompt its texts are read in
 
     @property
     def modality(self) -> str:
@@ -72,6 +75,35 @@ class PruningTarget:
     def causal_lm(self) -> bool:
         """Whether the model is a causal LM pruned on next-token prediction (its labels are the next tokens)."""
         return self.adapter.task == "causal_lm"
+
+
+def load_zero_shot_lm_target(
+    folder: str | os.PathLike, prompt: ZeroShotPrompt, *, class_names: Sequence[str] | None = None,
+    trust_remote_code: bool = False,
+) -> PruningTarget:
+    """A causal LM folder (stock or Hydra, or a GGUF checkpoint) as the zero-shot classifier ``prompt`` makes of
+    it: its members are pruned on the cross-entropy of the label-word distribution of labelled ID texts read in
+    the prompt (:mod:`hydra_hf.pruning.zero_shot_lm`; ``build_members``' ``max_length`` caps each text's tokens).
+
+    Args:
+        folder: the causal LM.
+        prompt: the prompt and its label words (one list per class, in label order).
+        class_names: the classes' names (default: each class's first label word, stripped).
+    """
+    folder = resolve_checkpoint(Path(folder))
+    config = read_config(folder)
+    if not is_causal_lm_config(config):
+        what = ", ".join(config.get("architectures") or []) or "no architecture"
+        raise HydraInputError(f"{str(folder)!r} ({what}) is not a causal LM; zero-shot prompts need a ...ForCausalLM "
+                              "folder (or a GGUF checkpoint)")
+    names = list(class_names) if class_names is not None else [w[0].strip() for w in prompt.label_words]
+    if len(names) != prompt.num_classes:
+        raise HydraInputError(f"{len(names)} class names {names} for a prompt of {prompt.num_classes} classes; give "
+                              "one name per class of the label words")
+    model = from_pretrained(AutoModelForCausalLM, folder, trust_remote_code=trust_remote_code).eval()
+    tokenizer = from_pretrained(AutoTokenizer, folder, trust_remote_code=trust_remote_code)
+    adapter = zero_shot_lm_adapter(model, prompt.label_token_ids(tokenizer))
+    return PruningTarget(adapter, None, tokenizer, len(names), {n: i for i, n in enumerate(names)}, True, prompt)
 
 
 def label2id_of(config: Any) -> dict[str, int] | None:
@@ -237,7 +269,7 @@ def build_members(
     temperature: float | None = None,
     data_fraction: float | None = None,
     heads_per_step: int = 1,
-    taylor_rounds: int = 1,
+    taylor_rounds: int | None = None,
     include: HeadMasks | None = None,
     fast: bool = True,
     precision: str = "fp32",
@@ -245,6 +277,7 @@ def build_members(
     metadata: dict[str, Any] | None = None,
     mlp_keep: float | None = None,
     mlp_spread: bool = False,
+    heads: HeadMasks | None = None,
 ) -> HeadMasks:
     """Choose the heads of ``members`` Hydra members of a model from its ID (and OOD) data.
 
@@ -267,8 +300,9 @@ def build_members(
         batch_size / max_length: examples per forward pass while scoring; tokens per text.
         device: where the batches go (None: where the data loader makes them, the CPU).
         temperature, data_fraction, heads_per_step, taylor_rounds, include, fast, precision,
-        progress, metadata, mlp_keep, mlp_spread: passed to :func:`~hydra_hf.pruning.diversity.prune_members`
-            (``mlp_keep``: slim members keep that fraction of every layer's MLP neurons too).
+        progress, metadata, mlp_keep, mlp_spread, heads: passed to :func:`~hydra_hf.pruning.diversity.prune_members`
+            (``mlp_keep``: slim members keep that fraction of every layer's MLP neurons too; ``heads``: the masks
+            of an earlier call with the same seed and data, whose heads the slim members keep).
 
     Returns:
         The masks (not saved: the caller writes them).
@@ -312,6 +346,10 @@ def build_members(
     logger.info("ID data: %d examples%s", len(id_data), f"; OOD data: {len(ood_data)}" if ood_data is not None else "")
 
     def make_batches(dataset: datasets.Dataset, seed: int) -> list[dict[str, torch.Tensor]]:
+        if target.prompt is not None:  # a causal LM as a zero-shot classifier: the texts inside its prompt
+            batches = zero_shot_lm_batches(target.tokenizer, target.prompt, dataset, batch_size=batch_size,
+                                           max_text_tokens=max_length)
+            return batches if device is None else [{k: v.to(device) for k, v in b.items()} for b in batches]
         if causal_lm:
             batches = causal_lm_batches(target, dataset, max_length=max_length, batch_size=batch_size,
                                         what="the ID / OOD texts (--id-data / --ood-data)")
@@ -345,4 +383,5 @@ def build_members(
         metadata=metadata,
         mlp_keep=mlp_keep,
         mlp_spread=mlp_spread,
+        heads=heads,
     )
