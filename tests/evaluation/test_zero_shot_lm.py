@@ -242,3 +242,23 @@ def test_prompt_options_are_refused_without_a_causal_lm(tiny_bert_dir, data_file
             str(data_files / "ood.csv"), "--report", str(tmp_path / "r")]
     for extra, match in [(["--prompt", "x {text}"], "is not one"), (["--label-words", "a,b"], "give the prompt")]:
         assert cli_main(base + extra) == 2 and match in capsys.readouterr().err
+
+
+def test_prune_with_a_prompt_gives_the_library_members(lms, data_files, tmp_path, capsys):
+    out = tmp_path / "masks.json"
+    args = ["prune", "--model", str(lms["llama"]), "--prompt", PROMPT.template, "--label-words", "good|great,bad",
+            "--class-names", "good,bad", "--method", "taylor", "--members", "2", "--heads-per-layer", "2",
+            "--seed", "3", "--id-data", str(data_files / "id.csv"), "--max-length", "16", "--no-progress",
+            "--output", str(out)]
+    assert cli_main(args) == 0
+    target = load_zero_shot_lm_target(lms["llama"], ZeroShotPrompt(PROMPT.template, [["good", "great"], ["bad"]]),
+                                      class_names=["good", "bad"])
+    want = build_members(target, method="taylor", budget=Budget(heads_per_layer=2), id_data=str(data_files / "id.csv"),
+                         members=2, seed=3, batch_size=8, max_length=16, progress=False)
+    masks = HeadMasks.load(out)
+    assert masks.kept_heads == want.kept_heads and masks.kept_heads[0] != masks.kept_heads[1]
+    assert masks.metadata["prompt"]["template"] == PROMPT.template and masks.metadata["class_names"] == ["good", "bad"]
+    base = ["prune", "--method", "taylor", "--members", "1", "--remove", "1", "--id-data", str(data_files / "id.csv"),
+            "--output", str(tmp_path / "m2.json")]
+    assert cli_main(base + ["--model", str(lms["llama"]), "--label-words", "a,b"]) == 2
+    assert "give the prompt too" in capsys.readouterr().err

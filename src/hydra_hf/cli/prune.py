@@ -44,6 +44,7 @@ prompts).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -59,10 +60,11 @@ from ..errors import HydraUnsafeError
 from ..families import detect_family, get_adapter, is_causal_lm_folder, resolve_checkpoint
 from ..masks import load_masks
 from ..outputs import check_output_file
+from ..prompting import parse_label_words, read_zero_shot_prompts
 from ..pruning.budget import Budget
 from ..pruning.diversity import PRUNING_METHODS, parse_methods, uses_ood
 from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, load_open_clip, load_timm_vit
-from ..pruning.members import PruningTarget, build_members, load_pruning_target
+from ..pruning.members import PruningTarget, build_members, load_pruning_target, load_zero_shot_lm_target
 from ..pruning.neurons import check_mlp_keep
 from . import finite_float
 
@@ -92,10 +94,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--class-names",
-        help="CLIP: class names in label order, comma-separated or a file with one per line (default with an image "
-        "folder as --id-data: its sub-folders)",
+        help="CLIP (or a causal LM with --prompt): class names in label order, comma-separated or a file with one "
+        "per line (default with an image folder as --id-data: its sub-folders)",
     )
     p.add_argument("--prompt-template", default=None, help='CLIP: prompt of each class (default "a photo of a {}.")')
+    p.add_argument("--prompt", default=None, metavar="TEMPLATE|FILE",
+                   help="a causal LM as a zero-shot classifier: the user message holding {text} (or a JSON file of "
+                   "one prompt, as `hydra-hf evaluate --prompt` reads it); members are pruned on the cross-entropy of "
+                   "the label words' next-token distribution, renormalised over the classes, on labelled --id-data")
+    p.add_argument("--label-words", default=None, metavar="WORDS",
+                   help="--prompt: each class's label word, comma-separated in label order, alternatives with | "
+                   "(default: --class-names)")
     p.add_argument("--tower", help="two-tower models: vision, text or joint (default joint: both towers together)")
     p.add_argument(
         "--method",
@@ -189,7 +198,13 @@ def _check_source(args: argparse.Namespace) -> None:
         raise FileNotFoundError(
             f"--checkpoint {args.checkpoint!r} does not exist; give the local weights file or folder"
         )
-    if args.model and is_causal_lm_folder(args.model):
+    if (args.prompt or args.label_words) and not (args.model and is_causal_lm_folder(args.model)):
+        flag = "--prompt" if args.prompt else "--label-words"
+        raise ValueError(f"{flag} prunes a causal LM as a zero-shot classifier; give a causal LM (...ForCausalLM "
+                         "folder or a GGUF checkpoint) as --model, or drop it")
+    if args.label_words and not args.prompt:
+        raise ValueError("--label-words names the answers of a --prompt; give the prompt too, or drop --label-words")
+    if args.model and is_causal_lm_folder(args.model) and not args.prompt:
         if args.label_column is not None:
             raise ValueError(
                 f"--label-column {args.label_column!r} does not apply to the causal LM {args.model!r}: its labels "
@@ -252,6 +267,17 @@ def _load_target(args: argparse.Namespace) -> PruningTarget:
         return PruningTarget(get_adapter(model), transform, None, model.num_classes, label2id, False)
 
     config, folder = _hf_config(args.model, args.trust_remote_code)
+    if args.prompt:
+        if args.num_labels is not None or args.prompt_template:
+            flag = "--num-labels" if args.num_labels is not None else "--prompt-template"
+            raise ValueError(f"{flag} does not apply with --prompt: the classes are the label words'; drop {flag}")
+        names = read_class_names(args.class_names) if args.class_names else None
+        words = parse_label_words(args.label_words) or ([[n] for n in names] if names else None)
+        prompts = read_zero_shot_prompts([args.prompt], words)
+        if len(prompts) != 1:
+            raise ValueError(f"--prompt {args.prompt!r} holds {len(prompts)} prompts; members are pruned on one")
+        return load_zero_shot_lm_target(folder, prompts[0], class_names=names,
+                                        trust_remote_code=args.trust_remote_code)
     family = detect_family(folder)  # refuses unknown layouts and task heads the family does not build
     if family.task == "zero-shot-image-classification":
         if args.num_labels is not None:
@@ -322,7 +348,11 @@ def run(args: argparse.Namespace) -> int:
         metadata["architecture"] = {"open_clip": args.open_clip} if args.open_clip else {"timm": args.timm}
     if target.zero_shot:
         metadata["class_names"] = list(target.label2id or {})
-        metadata["prompt_template"] = args.prompt_template or "a photo of a {}."
+        if target.prompt is not None:  # a causal LM pruned on a prompt's label words
+            metadata["prompt"] = dataclasses.asdict(target.prompt)
+            metadata["max_length"] = args.max_length
+        else:
+            metadata["prompt_template"] = args.prompt_template or "a photo of a {}."
     masks = build_members(
         target,
         method=parse_methods(args.method),
@@ -337,7 +367,7 @@ def run(args: argparse.Namespace) -> int:
         ood_text_column=args.ood_text_column,
         label_column=args.label_column or "label",
         image_column=args.image_column,
-        batch_size=args.batch_size or (8 if target.causal_lm else 32),
+        batch_size=args.batch_size or (8 if target.causal_lm or target.prompt is not None else 32),
         max_length=args.max_length,
         temperature=args.temperature,
         data_fraction=args.data_fraction,

@@ -1,7 +1,8 @@
 """Evaluation: the baselines of the paper wrapped as predictors (:mod:`.predictors`), loading a model
 folder and its data (:mod:`.loading`), the run of every predictor on ID and OOD data (:mod:`.run`), the
 report files and figures (:mod:`.report`, :mod:`.plots`), the uncertainty threshold of the shipped
-pipelines (:mod:`.thresholds`), causal LMs (:mod:`.causal_lm`), zero-shot folders (:mod:`.zero_shot`),
+pipelines (:mod:`.thresholds`), causal LMs (:mod:`.causal_lm`), zero-shot folders (:mod:`.zero_shot`), a
+causal LM as a zero-shot classifier (:mod:`.zero_shot_lm`),
 the ONNX int8 quality check (:mod:`.onnx_check`) and ``hydra-hf evaluate`` as one call
 (:func:`hydra_hf.evaluation.folder.evaluate_folder`).
 
@@ -39,6 +40,7 @@ from .predictors import (
 from .report import write_evaluation_report
 from .run import COMPARED_METRICS, EvaluationResult, compare_predictions, evaluate_predictors, recipe_of
 from .thresholds import UNCERTAINTY_METRICS, fit_uncertainty_threshold
+from .zero_shot_lm import ZeroShotLMPredictor, make_text_batches
 
 __all__ = [
     "COMPARED_METRICS",
@@ -51,6 +53,7 @@ __all__ = [
     "Predictor",
     "TemperatureScaledPredictor",
     "UNCERTAINTY_METRICS",
+    "ZeroShotLMPredictor",
     "ZeroShotPredictor",
     "check_deep_ensemble_model",
     "classifier_layer",
@@ -60,6 +63,7 @@ __all__ = [
     "fit_tokenizer_to_model",
     "fit_uncertainty_threshold",
     "interleaved_latency_ms",
+    "make_text_batches",
     "load_classifier",
     "make_loader",
     "max_text_positions",
