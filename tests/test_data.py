@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import datasets
 import pandas as pd
@@ -137,3 +138,26 @@ def test_further_ood_text_kinds(name):
     texts = list(val["text"]) + list(test["text"])
     assert all(len(t.split()) >= 5 for t in texts)
     assert not any(t.startswith(("ACT ", "SCENE ", "Enter ")) or t.isupper() for t in texts)
+
+
+def test_data_spec_paths_name_the_local_files_a_spec_reads(tmp_path, monkeypatch):
+    """The inputs a command keeps out of its output: a file, a folder (FOLDER:SPLIT's folder), the files of
+    --class-names / --templates; nothing for embedded data sets, template sets, name lists or datasets."""
+    from hydra_hf.data import data_spec_paths, zero_shot_paths
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "id.csv").write_text("text,label\na,0\n")
+    (tmp_path / "dd").mkdir()
+    (tmp_path / "names.txt").write_text("cat\ndog\n")
+    assert data_spec_paths(str(tmp_path / "id.csv")) == [tmp_path / "id.csv"]
+    assert data_spec_paths(tmp_path / "id.csv") == [tmp_path / "id.csv"]
+    assert data_spec_paths(f"{tmp_path / 'dd'}:validation") == [tmp_path / "dd"]
+    assert data_spec_paths("rotten_tomatoes:validation") == data_spec_paths("guardian_headlines") == []
+    assert data_spec_paths(None) == data_spec_paths(datasets.Dataset.from_dict({"text": ["a"]})) == []
+    assert data_spec_paths(str(tmp_path / "missing.csv")) == []  # reading it fails first, naming it
+    (tmp_path / "rotten_tomatoes").mkdir()  # a local folder wins over the embedded name, as resolve_dataset reads it
+    assert data_spec_paths("rotten_tomatoes:test") == [Path("rotten_tomatoes")]
+    assert zero_shot_paths(str(tmp_path / "names.txt"), "openai") == [tmp_path / "names.txt"]
+    assert zero_shot_paths("cat,dog", "a photo of a {}.") == zero_shot_paths(["cat"], None) == []
+    (tmp_path / "openai").write_text("a {}\n")  # a template set's name is read as the set, never as a file
+    assert zero_shot_paths(None, "openai") == [] and zero_shot_paths(None, "names.txt") == [Path("names.txt")]

@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 from .convert.gguf import CONFIG_KEY as GGUF_KEY
 from .convert.gguf import checkpoint_inputs, gguf_source
 from .convert.io import checkpoint_dir, read_config
-from .convert.slim import neurons_by_field, slim_model
+from .convert.slim import check_slim_widths, neurons_by_field, slim_model
 from .errors import HydraInputError
 from .families import Family, detect_family, family_names, get_family, resolve_checkpoint
 from .masks import HeadMasks, load_masks
@@ -125,8 +125,10 @@ def convert_checkpoint(
     if (base is None) == (members is None or len(members) == 0):
         raise ValueError("pass exactly one of base=DIR or members=[DIR, ...]")
     # what the output may never be (or contain): the checkpoints (a GGUF's folder and cache too) and the masks file
+    # (masks loaded by the caller name their file too)
     sources = [base] if base is not None else list(members)
-    inputs = [*(p for s in sources for p in checkpoint_inputs(s)), None if isinstance(masks, HeadMasks) else masks]
+    inputs = [*(p for s in sources for p in checkpoint_inputs(s)),
+              masks.source if isinstance(masks, HeadMasks) else masks]
     if output_dir is not None:
         check_output_dir(output_dir, overwrite, command="convert", inputs=inputs)  # fail before any work
     masks = _load_masks(masks)
@@ -147,10 +149,11 @@ def convert_checkpoint(
     if base is not None:
         for i, j in masks.identical_members():
             logger.warning(
-                "members %d and %d of the masks keep the same heads (Jaccard 1.0): fused from one base they "
+                "members %d and %d of the masks keep the same heads%s (Jaccard 1.0): fused from one base they "
                 "are one model counted twice; prune them with other seeds or methods",
                 i,
                 j,
+                " and the same MLP neurons" if masks.slim else "",
             )
     # the one check that the masks fit the family's towers (the file shape it reads; towers= in them)
     masks.check_towers(family.towers, towers, model=f"a {family.name} checkpoint")
@@ -160,6 +163,7 @@ def convert_checkpoint(
     )
     model = built.model
     if masks.slim:  # members that keep subsets of the MLP neurons too: slice the fused whole MLPs
+        check_slim_widths(masks, model, name=f"the checkpoint {str(folders[0])!r}")  # before lists of its width
         model = slim_model(model, neurons_by_field(masks), mlp_fusion)
     # what the card names as the base model: the checkpoint's own record of where it came from
     # a GGUF checkpoint (or members fine-tuned from one) records its source file and quantisation

@@ -314,6 +314,35 @@ def _jsonl_line_of_row(path: Path, row: int) -> int:
     return row + 1
 
 
+def data_spec_paths(spec: Any) -> list[Path]:
+    """The local file or folder that reading the data ``spec`` reads (the forms :func:`resolve_dataset` takes):
+    a file, a folder (of ``FOLDER:SPLIT``, the folder), and nothing for an embedded data set (``NAME[:SPLIT]``),
+    an in-memory ``datasets.Dataset``, None, or a path that does not exist (reading it fails first).
+
+    Every command passes these as inputs of its output check (:func:`hydra_hf.outputs.check_output`): an
+    output folder never holds its own data, so ``--overwrite`` never deletes the data it has just read.
+    """
+    if not isinstance(spec, (str, os.PathLike)) or not os.fspath(spec).strip():
+        return []
+    name, _ = parse_spec(os.fspath(spec))
+    if name in _EMBEDDED and not os.path.exists(name):
+        return []
+    return [Path(name)] if os.path.lexists(name) else []
+
+
+def zero_shot_paths(class_names: Any = None, templates: Any = None) -> list[Path]:
+    """The files that ``--class-names`` and ``--templates`` name, as :func:`read_class_names` and
+    :func:`read_templates` read them (a comma-separated list, a template set's name or one template reads
+    no file): inputs of the output check, as :func:`data_spec_paths`."""
+    files = []
+    if isinstance(class_names, (str, os.PathLike)) and os.path.isfile(class_names):
+        files.append(Path(class_names))
+    if (isinstance(templates, (str, os.PathLike)) and str(templates) not in TEMPLATE_SETS
+            and os.path.isfile(templates)):
+        files.append(Path(templates))
+    return files
+
+
 def check_data_spec(spec: str) -> None:
     """What :func:`resolve_dataset` checks before reading anything: ``spec`` names an embedded data set, a
     folder, or a file of a known type that exists (commands check their data so before loading a model)."""
@@ -656,8 +685,8 @@ def make_text_loader(
     """
     if "text" not in dataset.column_names:
         raise ValueError(
-            f"make_text_loader needs a 'text' column, the dataset has {dataset.column_names}; "
-            "load it with resolve_dataset(..., text_column=...)"
+            f"the data has no 'text' column (its columns are {dataset.column_names}); name the column that holds "
+            "the texts (--text-column, text_column=)"
         )
     if batch_size < 1 or max_length < 1:
         raise ValueError(f"batch_size and max_length must be positive, got {batch_size} and {max_length}")
@@ -749,7 +778,12 @@ def read_class_names(spec: str | os.PathLike | list[str]) -> list[str]:
 
 
 def zero_shot_labels(dataset: datasets.Dataset, names: list[str], source: str) -> datasets.Dataset:
-    """Match the ID labels to the class names: image-folder classes by name, integers as indices."""
+    """Match the ID labels to the class names: image-folder classes by name, integers as indices.
+
+    An image folder's classes (a ``ClassLabel``) are matched by name, in any order. Names that match some
+    of its classes but not all are refused (by position they would swap classes silently); names that match
+    none of them (e.g. synset-id folders and readable names) are taken in the folder's label order (its
+    sorted sub-folders), with a warning that shows the pairing."""
     feature = dataset.features.get("label")
     if isinstance(feature, datasets.ClassLabel):
         folder_names = list(feature.names)
@@ -757,11 +791,22 @@ def zero_shot_labels(dataset: datasets.Dataset, names: list[str], source: str) -
             index = [names.index(n) for n in folder_names]
             dataset = dataset.cast_column("label", datasets.Value("int64"))
             return dataset.map(lambda label: {"label": index[label]}, input_columns="label")
+        missing = [n for n in folder_names if n not in names]
+        if set(folder_names) & set(names):
+            unknown = [n for n in names if n not in folder_names]
+            raise ValueError(
+                f"{source} has the classes {missing[:5]} that --class-names does not name (it names {unknown[:5]} "
+                f"instead; the folder's classes are {folder_names[:10]}); name every sub-folder's class as the "
+                "folder does (any order), or rename the sub-folders"
+            )
         if len(folder_names) != len(names):
             raise ValueError(
                 f"{source} has {len(folder_names)} classes {folder_names[:5]} but --class-names gives {len(names)} "
                 f"{names[:5]}; give one class name per class, in label order"
             )
+        logger.warning("no --class-names names a sub-folder of %s: class names taken in the folder's label order "
+                       "(its sorted sub-folders): %s", source,
+                       ", ".join(f"{a} -> {b}" for a, b in zip(folder_names[:10], names)))
     labels = dataset["label"]
     bad = sorted({int(v) for v in labels if not 0 <= int(v) < len(names)})
     if bad:
@@ -789,6 +834,12 @@ def zero_shot_prompts(class_names: Sequence[str], templates: Sequence[str]) -> l
         raise ValueError(
             f"every template needs exactly one '{{}}' for the class name, got {bad[0]!r} (e.g. 'a photo of a {{}}.')"
         )
+    for template in templates:  # other braces: str.format's own errors ('kind', "Single '}'") name no template
+        try:
+            template.format("x")
+        except (ValueError, IndexError, KeyError):
+            raise ValueError(f"the template {template!r} has braces besides its one '{{}}' for the class name; write "
+                             "a literal brace twice ({{ or }})") from None
     return [t.format(name) for name in class_names for t in templates]
 
 

@@ -53,6 +53,7 @@ fuses or prunes a model asks the masks for the model's towers (:meth:`HeadMasks.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import json
 import os
@@ -122,12 +123,14 @@ def _checked_neurons(
         raise HydraInputError(
             f"{where}: give one entry per member ({num_members}), or None for a member keeping every neuron"
         )
+    # a member that keeps every neuron (None) stands in as one keeping none: the check's messages index members
+    check_kept_neurons([[[] for _ in range(num_layers)] if n is None else n for n in kept_neurons], num_members,
+                       num_layers, where=where)
     out: list[list[list[int]] | None] = []
     for m, member in enumerate(kept_neurons):
         if member is None:
             out.append(None)
             continue
-        check_kept_neurons([member], 1, num_layers, where=f"{where}[{m}]")
         for layer, neurons in enumerate(member):
             if neurons and neurons[-1] >= intermediate_size:
                 bad = [n for n in neurons if n >= intermediate_size][:5]
@@ -164,6 +167,8 @@ class HeadMasks:
         metadata: top-level metadata (base model, method, budget, ...).
         named: whether the towers are named (the ``"towers"`` file shape); unnamed masks have one
             tower, stored under :data:`ANY_TOWER`, which fits any one-tower model.
+        source: the file :meth:`load` read them from (None when built in memory, copies included): an
+            input of every command that writes an output from them, never held or deleted by it.
 
     The one-tower accessors (``kept_heads``, ``num_heads``, ``num_layers``, ``gates``, ...) work
     whenever the masks hold exactly one tower, named or not; :meth:`tower` picks one of several.
@@ -180,6 +185,7 @@ class HeadMasks:
         kept_neurons: list[list[list[int]] | None] | None = None,
         intermediate_size: int | None = None,
     ) -> None:
+        self.source: Path | None = None
         self._neurons: dict[str, list[list[list[int]] | None]] = {}  # slim towers only
         self._inner: dict[str, int] = {}
         if towers is None:
@@ -409,16 +415,70 @@ class HeadMasks:
         layers = len(self._kept[key][0])
         return [[list(everything) for _ in range(layers)] if n is None else [list(x) for x in n] for n in neurons]
 
+    def member_neurons(self, tower: str | None = None) -> list[list[list[int]] | None] | None:
+        """The neurons as stored, nothing of the MLP's width built: ``out[m]`` = member m's per-layer lists, or
+        None where member m keeps every neuron; None when no member of ``tower`` is slim."""
+        neurons = self._neurons.get(self._tower_key(tower))
+        return None if neurons is None else [None if n is None else [list(x) for x in n] for n in neurons]
+
     def _tower_key(self, tower: str | None) -> str:
         if not self.named:
             return ANY_TOWER
         return self._only() if tower is None else tower
 
+    def _layer_counts(self, tower: str, member: int) -> list[int]:
+        """Neurons member ``member`` keeps per layer of the slim ``tower`` (counted, never listed)."""
+        neurons = self._neurons[tower][member]
+        if neurons is None:
+            return [self._inner[tower]] * len(self._kept[tower][member])
+        return [len(n) for n in neurons]
+
     def num_kept_neurons(self, member: int) -> int | None:
         """Total MLP neurons member ``member`` keeps over all layers of the slim towers (None: not slim)."""
         if not self.slim:
             return None
-        return sum(len(n) for t in self._neurons for n in self.kept_neurons(t)[member])
+        return sum(sum(self._layer_counts(t, member)) for t in self._neurons)
+
+    def check_mlp_width(self, tower: str | None, width: int, *, model: str = "the model") -> None:
+        """Raise ``HydraInputError`` (one line naming both sizes and the fix) unless the slim members of
+        ``tower`` were made for an MLP of ``width`` neurons per layer, the model's: a file's
+        ``intermediate_size`` says what "keeps every neuron" means, so a wrong one would keep other neurons
+        (smaller) or build lists of its size (larger). Call it before anything of the masks' width is built."""
+        key = self._tower_key(tower)
+        inner = self._inner.get(key)
+        if inner is None or inner == width:
+            return
+        where = INNER_KEY if not self.named else f"towers[{key!r}].{INNER_KEY}"
+        source = f"masks file {str(self.source)!r}" if self.source is not None else "the masks"
+        fix = f'"{INNER_KEY}": {width}' + (f" in towers[{key!r}]" if self.named else "")
+        raise HydraInputError(
+            f"{source}: {where} {inner} but {model} has {width} MLP neurons per layer"
+            f"{f' in its {key} tower' if self.named else ''}; use masks made for this model (hydra-hf prune "
+            f"--mlp-keep F) or write {fix}"
+        )
+
+    def with_neurons(
+        self, kept_neurons: Mapping[str | None, Sequence[list[list[int]] | None]],
+        intermediate_size: Mapping[str | None, int],
+    ) -> HeadMasks:
+        """A copy whose members keep ``kept_neurons[tower][m]`` (None: every neuron) of the
+        ``intermediate_size[tower]`` MLP neurons per layer, for every tower named (``None``: the one tower of
+        one-tower masks); the other towers, the heads and the metadata as they are. A tower whose members all
+        keep every neuron keeps whole MLPs."""
+        towers = {}
+        for name, one in self.towers.items():
+            key = None if not self.named else name
+            neurons = kept_neurons[key] if key in kept_neurons else self._neurons.get(name)
+            inner = intermediate_size[key] if key in intermediate_size else self._inner.get(name)
+            slim = neurons is not None and any(n is not None for n in neurons)
+            towers[name] = HeadMasks(one.kept_heads, one.num_heads, kept_neurons=list(neurons) if slim else None,
+                                     intermediate_size=inner if slim else None)
+        meta = [dict(m) for m in self.member_metadata]
+        if not self.named:
+            one = towers[ANY_TOWER]
+            return HeadMasks(one.kept_heads, one.num_heads, meta, dict(self.metadata),
+                             kept_neurons=one._neurons.get(ANY_TOWER), intermediate_size=one._inner.get(ANY_TOWER))
+        return HeadMasks(towers=towers, member_metadata=meta, metadata=dict(self.metadata))
 
     # -------------------------------------------------------------- diversity
     def jaccard(self) -> torch.Tensor:
@@ -435,10 +495,21 @@ class HeadMasks:
         return out
 
     def identical_members(self) -> list[tuple[int, int]]:
-        """The pairs ``(i, j)``, ``i < j``, of members that keep exactly the same heads (Jaccard 1.0): built from
-        one base checkpoint they are one model counted twice."""
-        jac = self.jaccard()
-        return [(i, j) for i, j in itertools.combinations(range(self.num_members), 2) if jac[i, j] == 1.0]
+        """The pairs ``(i, j)``, ``i < j``, of members that keep exactly the same heads and, slim members, the same
+        MLP neurons (a member keeping every neuron, listed or not, is one whole MLP): built from one base
+        checkpoint they are one model counted twice. Members with the same heads and other neurons differ."""
+        keys = [self._member_key(m) for m in range(self.num_members)]
+        return [(i, j) for i, j in itertools.combinations(range(self.num_members), 2) if keys[i] == keys[j]]
+
+    def _member_key(self, member: int) -> tuple:
+        """What member ``member`` keeps, comparable: its heads per tower, its neurons per slim tower (None: all)."""
+        heads = tuple((t, tuple(map(tuple, kept[member]))) for t, kept in self._kept.items())
+        neurons = []
+        for t, per_member in self._neurons.items():
+            layers, inner = per_member[member], self._inner[t]
+            whole = layers is None or all(len(n) == inner for n in layers)  # sorted unique: all of range(I)
+            neurons.append((t, None if whole else tuple(map(tuple, layers))))
+        return heads, tuple(neurons)
 
     def summary(self) -> str:
         """Human-readable lines: heads kept per member and the pairwise Jaccard overlap, per tower
@@ -461,11 +532,10 @@ class HeadMasks:
             per_layer = ",".join(str(len(h)) for h in one.kept_heads[m])
             lines.append(f"  member {m}: keeps {one.num_kept(m)}/{total} heads (per layer: {per_layer})")
             if one.slim:
-                neurons = one.kept_neurons()[m]
-                per_layer = ",".join(str(len(n)) for n in neurons)
+                counts = one._layer_counts(ANY_TOWER, m)  # counted: the MLP's width is never listed
                 lines.append(
-                    f"            and {sum(len(n) for n in neurons)}/{one.num_layers * one.intermediate_size()} MLP "
-                    f"neurons (per layer: {per_layer})"
+                    f"            and {sum(counts)}/{one.num_layers * one.intermediate_size()} MLP "
+                    f"neurons (per layer: {','.join(map(str, counts))})"
                 )
         jac = one.jaccard()
         pairs = [f"{i}-{j}: {jac[i, j]:.2f}" for i, j in itertools.combinations(range(one.num_members), 2)]
@@ -547,6 +617,14 @@ class HeadMasks:
                 f"fuses with whole MLPs; write \"version\": {SLIM_FORMAT_VERSION} with {INNER_KEY!r} (hydra-hf prune "
                 "--mlp-keep writes it)"
             )
+        if isinstance(members, list) and all(isinstance(m, dict) for m in members):
+            _check_member_keys(members, source)
+            if version == SLIM_FORMAT_VERSION and not any(NEURONS_KEY in m for m in members):
+                raise HydraInputError(
+                    f"{source}: 'version' is {SLIM_FORMAT_VERSION} (slim members) but no member has {NEURONS_KEY!r}; "
+                    f"give the slim members their {NEURONS_KEY}, or write \"version\": {FORMAT_VERSION} for members "
+                    "that keep whole MLPs"
+                )
         if "towers" in data:
             return cls._from_towers_dict(data, source)
         for key in ("num_layers", "num_heads", "members"):
@@ -656,7 +734,9 @@ class HeadMasks:
     def load(cls, path: str | os.PathLike) -> HeadMasks:
         """Read a masks file of either shape; a missing file or bad JSON raises ``ValueError`` naming the path."""
         path = Path(path)
-        return cls.from_dict(_read_masks_json(path), source=f"masks file {str(path)!r}")
+        masks = cls.from_dict(_read_masks_json(path), source=f"masks file {str(path)!r}")
+        masks.source = path
+        return masks
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (a temporary file renamed into place): never a half-written masks file."""
@@ -767,6 +847,20 @@ def _json_default(obj: Any) -> Any:
 def load_masks(path: str | os.PathLike) -> HeadMasks:
     """Read a masks file of either shape (the same as :meth:`HeadMasks.load`)."""
     return HeadMasks.load(path)
+
+
+def _check_member_keys(members: list[dict], source: str) -> None:
+    """Refuse a member key one letter or so off a key hydra_hf reads (``kept_neuron``): kept as metadata, it would
+    leave the member keeping every neuron (or no heads' list at all) without a word."""
+    known = ("kept_heads", NEURONS_KEY, MEMBER_KV_KEY)
+    for i, member in enumerate(members):
+        for key in member:
+            close = [] if key in known else difflib.get_close_matches(str(key), known, n=1, cutoff=0.85)
+            if close:
+                raise HydraInputError(
+                    f"{source}: members[{i}] has the key {key!r}, which no reader uses; did you mean {close[0]!r}? "
+                    "Rename it"
+                )
 
 
 def _check_member_count(members: list, source: str) -> None:

@@ -475,9 +475,10 @@ def test_model_card_states_the_guarantee_in_words(hydra_folder, tmp_path):
     assert "at least 90% (alpha = 0.1)" in text and "n = 500 labelled examples" in text
     assert "marginal" in text and "exchangeable with the calibration data" in text
     assert "error rate among answered inputs like the calibration data is at most 0.3" in text
-    config["calibration"] = {"method": "lac", "alpha": "ten", "n": 5, "q_hat": 0.3}  # unreadable: no claim, no crash
+    config["calibration"] = {"method": "lac", "alpha": "ten", "n": 5, "q_hat": 0.3}  # no card claims it (push refuses)
     (folder / "config.json").write_text(json.dumps(config))
-    assert "Calibrated decisions" not in build_model_card(folder, None, repo_id="org/hydra-tiny").text
+    with pytest.raises(HydraInputError, match="config.calibration alpha 'ten' must be a finite number in"):
+        build_model_card(folder, None, repo_id="org/hydra-tiny")
 
 
 def test_evaluate_reports_the_decisions_of_a_calibrated_folder_and_its_baseline(hydra_folder, tiny_bert_dir, tmp_path):
@@ -790,3 +791,87 @@ def test_calibration_study_calibrates_on_the_held_out_reviews_and_scores_the_tes
     assert not torch.equal(cal, study.resplit(300, 400, 8)[0])
     splits = study.coverage_over_splits(cached, 5)
     assert {(r["model"], r["splits"]) for r in splits} >= {("Hydra", 5)} and all(0 <= r["mean"] <= 1 for r in splits)
+
+
+# ------------------------------------------------------------------------- a stored calibration is input
+STORED = {"method": "raps", "alpha": 0.1, "q_hat": 0.8, "n": 200, "randomized": True, "seed": 3, "penalty": 0.1,
+          "regularization_rank": 1, "temperature": 1.3, "score": "msp", "risk": 0.1, "delta": 0.1, "threshold": 0.3,
+          "answered_fraction": 0.7, "calibration_selective_error": 0.05, "p_value": 0.01}
+STORED_LM = {"task": "causal_lm", "score": "mi", "alpha": 0.2, "n": 150, "sequence_threshold": 0.3,
+             "token_threshold": 0.4, "n_tokens": 900}
+NAN, INF = float("nan"), float("inf")
+BAD_CALIBRATIONS = {
+    # name: (the stored calibration, words in the message)
+    "a list": ([STORED], "config.calibration must be an object"),
+    "q_hat -1": ({**STORED, "q_hat": -1}, "config.calibration q_hat -1"),
+    "q_hat 5 (lac)": ({**STORED, "method": "lac", "randomized": False, "q_hat": 5}, "config.calibration q_hat 5"),
+    "q_hat a string": ({**STORED, "q_hat": "0.8"}, "config.calibration q_hat '0.8'"),
+    "q_hat NaN": ({**STORED, "q_hat": NAN}, "config.calibration q_hat nan"),
+    "q_hat missing": ({k: v for k, v in STORED.items() if k != "q_hat"}, "config.calibration q_hat None"),
+    "threshold inf": ({**STORED, "threshold": INF}, "config.calibration threshold inf"),
+    "threshold negative": ({**STORED, "threshold": -0.2}, "config.calibration threshold -0.2"),
+    "threshold 1.5 on msp": ({**STORED, "threshold": 1.5}, "config.calibration threshold 1.5"),
+    "threshold a string": ({**STORED, "threshold": "0.3"}, "config.calibration threshold '0.3'"),
+    "temperature 0": ({**STORED, "temperature": 0}, "config.calibration temperature 0"),
+    "temperature negative": ({**STORED, "temperature": -2.0}, "config.calibration temperature -2.0"),
+    "temperature NaN": ({**STORED, "temperature": NAN}, "config.calibration temperature nan"),
+    "alpha 1": ({**STORED, "alpha": 1.0}, "config.calibration alpha 1.0"),
+    "risk 2": ({**STORED, "risk": 2.0}, "config.calibration risk 2.0"),
+    "delta a string": ({**STORED, "delta": "x"}, "config.calibration delta 'x'"),
+    "n zero": ({**STORED, "n": 0}, "config.calibration n 0"),
+    "method unknown": ({**STORED, "method": "magic"}, "config.calibration method 'magic'"),
+    "score unknown": ({**STORED, "score": "energy"}, "config.calibration score 'energy'"),
+    "seed a string": ({**STORED, "seed": "3"}, "config.calibration seed '3'"),
+    "randomized lac": ({**STORED, "method": "lac"}, "config.calibration randomized True"),
+    "penalty negative": ({**STORED, "penalty": -1.0}, "config.calibration penalty -1.0"),
+    "regularization_rank a float": ({**STORED, "regularization_rank": 1.5},
+                                    "config.calibration regularization_rank 1.5"),
+    "answered_fraction 2": ({**STORED, "answered_fraction": 2.0}, "config.calibration answered_fraction 2.0"),
+    "task unknown": ({**STORED, "task": "regression"}, "config.calibration task 'regression'"),
+    "causal LM token_threshold NaN": ({**STORED_LM, "token_threshold": NAN}, "config.calibration token_threshold nan"),
+    "causal LM sequence_threshold negative": ({**STORED_LM, "sequence_threshold": -1.0},
+                                              "config.calibration sequence_threshold -1.0"),
+    "causal LM score msp": ({**STORED_LM, "score": "msp"}, "config.calibration score 'msp'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALIBRATIONS))
+def test_every_reader_of_a_stored_calibration_checks_it(case):
+    """Round 5: a stored config.calibration was used unchecked: NaN / inf / negative thresholds or
+    temperatures, q_hat -1 or 5, strings where numbers belong silently changed every set and abstention
+    (or were tracebacks). One validator in the shipped code (check_calibration) refuses each in one line
+    naming the field and the fix, and every reader calls it: the shipped pipelines (resolve_calibration),
+    generate_with_uncertainty (add_generation_abstention), the card's guarantee and evaluate."""
+    from types import SimpleNamespace
+
+    from hydra_hf.calibration import guarantee_text
+    from hydra_hf.modeling.configuration_hydra import check_calibration
+    from hydra_hf.modeling.hydra_decoder import HydraGenerateOutput, add_generation_abstention
+    from hydra_hf.modeling.pipeline_hydra import resolve_calibration
+
+    assert check_calibration(STORED) == STORED and check_calibration(STORED_LM) == STORED_LM
+    assert check_calibration(None) is None and guarantee_text(STORED) and guarantee_text(STORED_LM)
+    calibration, words = BAD_CALIBRATIONS[case]
+    out = HydraGenerateOutput(token_mutual_information=torch.zeros(1, 2), token_entropy=torch.zeros(1, 2),
+                              generated_mask=torch.ones(1, 2))
+    readers = [lambda: check_calibration(calibration), lambda: guarantee_text(calibration),
+               lambda: resolve_calibration(SimpleNamespace(calibration=calibration))
+               if not isinstance(calibration, dict) or calibration.get("task") != "causal_lm"
+               else add_generation_abstention(out, calibration)]
+    for read in readers:
+        with pytest.raises(ValueError) as info:
+            read()
+        message = str(info.value)
+        assert words in message and "calibrate" in message and "\n" not in message, message
+
+
+def test_the_shipped_pipeline_refuses_a_stored_calibration_it_cannot_apply(hydra_folder):
+    """q_hat -1 made every prediction set empty and the pipeline said nothing."""
+    from hydra_hf.modeling.pipeline_hydra import HydraTextClassificationPipeline
+
+    config = json.loads((hydra_folder / "config.json").read_text())
+    (hydra_folder / "config.json").write_text(json.dumps({**config, "calibration": {**STORED, "q_hat": -1}}))
+    model, tokenizer, _ = ev.load_classifier(hydra_folder)
+    pipe = HydraTextClassificationPipeline(model=model, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="config.calibration q_hat -1 "):
+        pipe("a good movie")

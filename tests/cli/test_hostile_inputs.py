@@ -816,7 +816,7 @@ def test_export_errors_name_what_export_offers(sandbox):
     before = tree_digest(sandbox, exclude=("hydra/tokenizer_config.json",))
     rc, _, err = run_cli(["export", str(sandbox / "hydra"), "--format", "onnx", "--output", str(sandbox / "onnx"),
                           "--quantize", "int8", "--calibration-data", str(sandbox / "id.csv"), "--batch-size", "0"])
-    assert rc == 2 and "--batch-size 0" in assert_one_line_error(err)
+    assert rc == 2 and "argument --batch-size: '0'" in assert_one_line_error(err)
     tok = json.loads((sandbox / "hydra" / "tokenizer_config.json").read_text())
     tok["auto_map"] = {"AutoTokenizer": ["evil_tok.EvilTokenizer", None]}
     (sandbox / "hydra" / "tokenizer_config.json").write_text(json.dumps(tok))
@@ -941,3 +941,453 @@ def test_empty_data_files_are_named(sandbox):
         line = assert_one_line_error(err)
         assert rc == 2 and words in line and name in line
     assert not (sandbox / "report").exists()
+
+
+# ---------------------------------------------------------------------------------- inputs inside the output
+@pytest.fixture(scope="module")
+def zero_shot_world(tmp_path_factory) -> Path:
+    """A Hydra CLIP folder (zero-shot), an image folder of its classes, a class-names and a templates file."""
+    from test_prune_cli_vision import _image_folder, save_hf_clip
+
+    from hydra_hf.assemble import convert_checkpoint
+    from hydra_hf.masks import HeadMasks
+
+    root = tmp_path_factory.mktemp("zero-shot")
+    masks = HeadMasks(towers={"vision": HeadMasks(kept_heads=[[[0, 1], [2, 3]], [[1, 2, 3], []]], num_heads=4),
+                              "text": HeadMasks(kept_heads=[[[0], [1]], [[1], [0, 1]]], num_heads=2)})
+    convert_checkpoint(masks, base=save_hf_clip(root / "clip"), output_dir=root / "hydra-clip")
+    _image_folder(root / "images", ["bird", "cat", "dog"], 3, 0)
+    (root / "names.txt").write_text("bird\ncat\ndog\n")
+    (root / "templates.txt").write_text("a photo of a {}.\n")
+    return root
+
+
+def _copy_into(source: Path, folder: Path) -> Path:
+    import shutil
+
+    target = folder / source.name
+    if source.is_dir():
+        shutil.copytree(source, target, symlinks=True)
+    else:
+        shutil.copy(source, target)
+    return target
+
+
+def _dataset_dict(world: Path, src: Path) -> Path:
+    """A DatasetDict folder (save_to_disk) of id.csv, for the FOLDER:SPLIT form of a data spec."""
+    import datasets
+
+    frame = pd.read_csv(world / "id.csv")
+    datasets.DatasetDict({"validation": datasets.Dataset.from_pandas(frame)}).save_to_disk(str(src / "dsdict"))
+    return src / "dsdict"
+
+
+def _finetune_config(src: Path) -> Path:
+    (src / "settings.json").write_text(json.dumps({"num_epochs": 1, "batch_size": 8}))
+    return src / "settings.json"
+
+
+def _seed_report(src: Path) -> Path:
+    _seed_reports(src)
+    return src / "r0"
+
+
+# case -> (command, zero-shot, args(world, put, src)): put(path) copies path into the output folder and returns the
+# copy; src is a scratch folder beside the output (for inputs the world does not hold)
+INSIDE_OUTPUT_CASES = {
+    "convert --base": ("convert", False, lambda w, put, src: [
+        "convert", "--base", put(w / "base"), "--masks", w / "masks.json"]),
+    "convert --members": ("convert", False, lambda w, put, src: [
+        "convert", "--members", put(w / "base"), w / "base", "--masks", w / "masks.json"]),
+    "convert --masks": ("convert", False, lambda w, put, src: [
+        "convert", "--base", w / "base", "--masks", put(w / "masks.json")]),
+    "finetune --model": ("finetune", False, lambda w, put, src: [
+        "finetune", "--model", put(w / "base"), "--masks", w / "masks.json", "--train-data", w / "id.csv"]),
+    "finetune --masks": ("finetune", False, lambda w, put, src: [
+        "finetune", "--model", w / "base", "--masks", put(w / "masks.json"), "--train-data", w / "id.csv"]),
+    "finetune --train-data": ("finetune", False, lambda w, put, src: [
+        "finetune", "--model", w / "base", "--masks", w / "masks.json", "--train-data", put(w / "id.csv")]),
+    "finetune --eval-data": ("finetune", False, lambda w, put, src: [
+        "finetune", "--model", w / "base", "--masks", w / "masks.json", "--train-data", w / "id.csv",
+        "--eval-data", put(w / "id.csv")]),
+    "finetune --config": ("finetune", False, lambda w, put, src: [
+        "finetune", "--model", w / "base", "--masks", w / "masks.json", "--train-data", w / "id.csv",
+        "--config", put(_finetune_config(src))]),
+    "calibrate FOLDER": ("calibrate", False, lambda w, put, src: [
+        "calibrate", put(w / "hydra"), "--data", w / "id.csv", "--risk", "none"]),
+    "calibrate --data": ("calibrate", False, lambda w, put, src: [
+        "calibrate", w / "hydra", "--data", put(w / "id.csv"), "--risk", "none"]),
+    "calibrate --data FOLDER:SPLIT": ("calibrate", False, lambda w, put, src: [
+        "calibrate", w / "hydra", "--data", f"{put(_dataset_dict(w, src))}:validation", "--risk", "none"]),
+    "calibrate --class-names": ("calibrate", True, lambda w, put, src: [
+        "calibrate", w / "hydra-clip", "--data", w / "images", "--risk", "none", "--class-names",
+        put(w / "names.txt")]),
+    "calibrate --templates": ("calibrate", True, lambda w, put, src: [
+        "calibrate", w / "hydra-clip", "--data", w / "images", "--risk", "none", "--templates",
+        put(w / "templates.txt")]),
+    "evaluate --model": ("evaluate", False, lambda w, put, src: [
+        "evaluate", "--model", put(w / "hydra"), "--id-data", w / "id.csv", "--ood-data", w / "ood.csv"]),
+    "evaluate --baseline": ("evaluate", False, lambda w, put, src: [
+        "evaluate", "--model", w / "hydra", "--baseline", f"Single={put(w / 'base')}", "--id-data", w / "id.csv",
+        "--ood-data", w / "ood.csv"]),
+    "evaluate --id-data": ("evaluate", False, lambda w, put, src: [
+        "evaluate", "--model", w / "hydra", "--id-data", put(w / "id.csv"), "--ood-data", w / "ood.csv"]),
+    "evaluate --ood-data NAME=FILE": ("evaluate", False, lambda w, put, src: [
+        "evaluate", "--model", w / "hydra", "--id-data", w / "id.csv", "--ood-data", f"rev={put(w / 'ood.csv')}"]),
+    "evaluate --val-data": ("evaluate", False, lambda w, put, src: [
+        "evaluate", "--model", w / "hydra", "--id-data", w / "id.csv", "--ood-data", w / "ood.csv",
+        "--temperature-scaling", "--val-data", put(w / "id.csv")]),
+    "evaluate --train-data": ("evaluate", False, lambda w, put, src: [
+        "evaluate", "--model", w / "hydra", "--baseline", f"Single={w / 'base'}", "--deep-ensemble", "Single",
+        "--id-data", w / "id.csv", "--ood-data", w / "ood.csv", "--train-data", put(w / "id.csv")]),
+    "evaluate --class-names": ("evaluate", True, lambda w, put, src: [
+        "evaluate", "--model", w / "hydra-clip", "--id-data", w / "images", "--ood-data", w / "images",
+        "--class-names", put(w / "names.txt")]),
+    "evaluate --templates": ("evaluate", True, lambda w, put, src: [
+        "evaluate", "--model", w / "hydra-clip", "--id-data", w / "images", "--ood-data", w / "images",
+        "--templates", put(w / "templates.txt")]),
+    "export MODEL": ("export", False, lambda w, put, src: [
+        "export", put(w / "hydra"), "--format", "onnx"]),
+    "export --calibration-data": ("export", False, lambda w, put, src: [
+        "export", w / "hydra", "--format", "onnx", "--quantize", "int8", "--calibration-data", put(w / "id.csv")]),
+    "export --ood-data": ("export", False, lambda w, put, src: [
+        "export", w / "hydra", "--format", "onnx", "--quantize", "int8", "--calibration-data", w / "id.csv",
+        "--ood-data", put(w / "ood.csv")]),
+    "aggregate REPORT": ("aggregate", False, lambda w, put, src: [
+        "aggregate", put(_seed_report(src)), src / "r1"]),
+    "push DIR": ("push", False, lambda w, put, src: [
+        "push", put(w / "hydra"), "--repo-id", "org/name", "--dry-run"]),
+    "push --report": ("push", False, lambda w, put, src: [
+        "push", w / "hydra", "--repo-id", "org/name", "--dry-run", "--report", put(_seed_report(src))]),
+}
+# the flag that names the output folder
+OUTPUT_FLAG = {"evaluate": "--report", "push": "--staging"}
+# what makes the command quick when it (wrongly) runs: a few examples, one small batch, no bootstrap
+QUICK = {"evaluate": ["--batch-size", "8", "--bootstrap", "0"], "finetune": ["--num-epochs", "1", "--batch-size", "8"],
+         "calibrate": ["--batch-size", "8"]}
+
+
+@pytest.mark.parametrize("case", sorted(INSIDE_OUTPUT_CASES))
+def test_overwrite_never_deletes_an_input_inside_the_output(world, request, tmp_path, case):
+    """Round 5, high: with --overwrite, a command replaced an output folder of its own that held one of
+    its inputs (calibrate --data, evaluate --id-data / --ood-data, export --calibration-data, convert
+    --masks): the input was read, then deleted with the old output. Every file or folder a command reads
+    is an input: placed inside an owned output folder, the command refuses in one line before any work,
+    and the input, the output and the folder around them are left as they were."""
+    command, zero_shot, build = INSIDE_OUTPUT_CASES[case]
+    if command == "export":
+        pytest.importorskip("onnxscript")
+    owned = tmp_path / "owned"
+    owned.mkdir()
+    (owned / ".hydra_hf_output.json").write_text(json.dumps({"command": command}))
+    (owned / "earlier.txt").write_text("an earlier output of the command")
+    (tmp_path / "src").mkdir()
+    world = request.getfixturevalue("zero_shot_world") if zero_shot else world
+    args = [str(a) for a in build(world, lambda p: _copy_into(p, owned), tmp_path / "src")]
+    before = tree_digest(tmp_path)
+    rc, _, err = run_cli([*args, OUTPUT_FLAG.get(command, "--output"), str(owned), "--overwrite",
+                          *QUICK.get(command, [])])
+    line = assert_one_line_error(err)
+    assert rc == 2 and "is (or contains) the input" in line, line
+    assert tree_digest(tmp_path) == before
+
+
+def test_library_calls_keep_their_inputs_out_of_the_output(world, tmp_path):
+    """The library calls behind the commands refuse too: convert_checkpoint given masks already loaded
+    (HeadMasks.load remembers its file), and train_lora_ensemble, whose data lay in the folder it empties."""
+    import shutil
+
+    from hydra_hf.assemble import convert_checkpoint
+    from hydra_hf.errors import HydraUnsafeError
+    from hydra_hf.finetune.baselines import train_lora_ensemble
+    from hydra_hf.masks import HeadMasks
+
+    for command in ("convert", "finetune"):
+        owned = tmp_path / command
+        owned.mkdir()
+        (owned / ".hydra_hf_output.json").write_text(json.dumps({"command": command}))
+    shutil.copy(world / "masks.json", tmp_path / "convert" / "masks.json")
+    shutil.copy(world / "id.csv", tmp_path / "finetune" / "id.csv")
+    before = tree_digest(tmp_path)
+    masks = HeadMasks.load(tmp_path / "convert" / "masks.json")
+    with pytest.raises(HydraUnsafeError, match="is \\(or contains\\) the input"):
+        convert_checkpoint(masks, base=world / "base", output_dir=tmp_path / "convert", overwrite=True)
+    with pytest.raises(HydraUnsafeError, match="is \\(or contains\\) the input"):
+        train_lora_ensemble(world / "base", str(tmp_path / "finetune" / "id.csv"), None, tmp_path / "finetune",
+                            overwrite=True)
+    assert tree_digest(tmp_path) == before
+    assert masks.select_members([0]).source is None  # a copy is not the file
+
+
+# ---------------------------------------------------------------------------------- slim masks (round 5)
+def _slim_masks(root: Path, name: str, *, width: int = 64, neurons=([0, 5], [1], [])) -> Path:
+    """The world's masks as a version-2 file: member 0 keeps ``neurons`` of a ``width``-wide MLP, member 1 every
+    neuron."""
+    data = json.loads((root / "masks.json").read_text())
+    data.update(version=2, intermediate_size=width)
+    data["members"][0]["kept_neurons"] = [list(n) for n in neurons]
+    (root / name).write_text(json.dumps(data))
+    return root / name
+
+
+@pytest.mark.parametrize("width", [32, 10**8, 10**12], ids=["32", "1e8", "1e12"])
+def test_a_masks_files_mlp_width_is_checked_against_the_model(sandbox, width):
+    """Round 5: a masks file's intermediate_size was never compared with the model's: 32 on the 64-wide MLP
+    made member 1, which "keeps every neuron", keep neurons 0-31; 10^8 allocated gigabytes; 10^12 ended in
+    a MemoryError traceback. convert and prune --include-masks refuse in one line naming both sizes, at once."""
+    _slim_masks(sandbox, "slim.json", width=width)
+    before = tree_digest(sandbox)
+    t0 = time.perf_counter()
+    for run in (lambda: _convert(sandbox, masks="slim.json"), lambda: _prune(sandbox, "--include-masks",
+                                                                            str(sandbox / "slim.json"))):
+        rc, _, err = run()
+        line = assert_one_line_error(err)
+        assert rc == 2 and f"intermediate_size {width}" in line and "64 MLP neurons" in line, line
+        assert '"intermediate_size": 64' in line
+    assert time.perf_counter() - t0 < 60
+    assert tree_digest(sandbox) == before
+
+
+def test_prune_include_masks_adds_the_included_members_unchanged(sandbox):
+    """Round 5: prune --include-masks dropped the included members' kept_neurons (or, with --mlp-keep,
+    chose new ones), though its help says they are added unchanged."""
+    _slim_masks(sandbox, "slim.json")
+    included = json.loads((sandbox / "slim.json").read_text())["members"]
+    for extra in ([], ["--mlp-keep", "0.5"]):
+        rc, _, err = _prune(sandbox, "--members", "1", "--include-masks", str(sandbox / "slim.json"), *extra,
+                            "--overwrite")
+        assert rc == 0, err
+        data = json.loads((sandbox / "new.json").read_text())
+        members = data["members"]
+        assert data["version"] == 2 and data["intermediate_size"] == 64 and len(members) == 3
+        for got, want in zip(members[1:], included):
+            assert got["kept_heads"] == want["kept_heads"] and got.get("kept_neurons") == want.get("kept_neurons")
+            assert got["source"] == "included"
+        if extra:  # the computed member is slim: half of every layer's 64 neurons
+            assert [len(n) for n in members[0]["kept_neurons"]] == [32, 32, 32]
+        else:
+            assert "kept_neurons" not in members[0]
+
+
+# ---------------------------------------------------------------------------------- stored calibrations
+@pytest.mark.parametrize("change", [{"q_hat": 5}, {"threshold": "0.3"}, {"temperature": -1.0}],
+                         ids=["q_hat 5", "threshold a string", "temperature -1"])
+def test_evaluate_refuses_a_stored_calibration_it_cannot_apply(sandbox, change):
+    """Round 5: evaluate reported the decisions of a corrupt config.calibration (or gave a traceback)."""
+    stored = {"method": "lac", "alpha": 0.2, "q_hat": 0.6, "n": 40, "randomized": False, "seed": 0, "penalty": 0.1,
+              "regularization_rank": 1, "temperature": 1.0, "score": "msp", "risk": None, "delta": None,
+              "threshold": None, **change}
+    config = json.loads((sandbox / "hydra" / "config.json").read_text())
+    (sandbox / "hydra" / "config.json").write_text(json.dumps({**config, "calibration": stored}))
+    before = tree_digest(sandbox)
+    rc, _, err = _evaluate(sandbox, "--bootstrap", "0")
+    line = assert_one_line_error(err)
+    key, value = next(iter(change.items()))
+    assert rc == 2 and f"config.calibration {key} {value!r}" in line and str(sandbox / "hydra") in line, line
+    assert tree_digest(sandbox) == before and not (sandbox / "report").exists()
+
+
+
+@pytest.mark.parametrize("command", ["evaluate", "calibrate"])
+def test_batch_size_zero_is_refused_before_any_work(sandbox, command, monkeypatch):
+    """Round 5: --batch-size 0 divided by zero (a traceback) after the model had been loaded."""
+    from hydra_hf.evaluation import loading
+
+    monkeypatch.setattr(loading, "load_classifier", lambda *a, **k: pytest.fail("loaded a model first"))
+    before = tree_digest(sandbox)
+    if command == "evaluate":
+        rc, _, err = _evaluate(sandbox, "--batch-size", "0")
+    else:
+        rc, _, err = run_cli(["calibrate", str(sandbox / "hydra"), "--data", str(sandbox / "id.csv"), "--output",
+                              str(sandbox / "cal"), "--batch-size", "0"])
+    assert rc == 2 and "argument --batch-size: '0' is less than 1" in assert_one_line_error(err)
+    assert tree_digest(sandbox) == before
+
+
+# ---------------------------------------------------------------------------------- zero-shot class names
+ZERO_SHOT_COMMANDS = {
+    "calibrate": lambda w, out: ["calibrate", w / "hydra-clip", "--data", w / "images", "--risk", "none",
+                                 "--output", out / "cal"],
+    "evaluate": lambda w, out: ["evaluate", "--model", w / "hydra-clip", "--id-data", w / "images", "--ood-data",
+                                w / "images", "--bootstrap", "0", "--report", out / "report"],
+    "prune": lambda w, out: ["prune", "--model", w / "clip", "--id-data", w / "images", "--method", "taylor",
+                             "--members", "1", "--heads-per-layer", "1", "--no-progress", "--output", out / "m.json"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(ZERO_SHOT_COMMANDS))
+def test_class_names_that_partly_match_an_image_folder_are_refused(zero_shot_world, tmp_path, command):
+    """Round 5: --class-names cat,dgo,bird beside an image folder of bird/cat/dog was mapped by position
+    (the bird images labelled cat, the cat images dgo): two classes' labels silently swapped. Names that
+    partly match the folder's classes are refused in one line naming the unmatched ones."""
+    args = [str(a) for a in ZERO_SHOT_COMMANDS[command](zero_shot_world, tmp_path)]
+    rc, _, err = run_cli([*args, "--class-names", "cat,dgo,bird"])
+    line = assert_one_line_error(err)
+    assert rc == 2 and "'dog'" in line and "'dgo'" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_zero_shot_labels_match_by_name_refuse_a_partial_match_and_warn_on_none(caplog):
+    import datasets
+
+    from hydra_hf.data import zero_shot_labels
+
+    folder = datasets.Dataset.from_dict({"label": [0, 1, 2, 2]},
+                                        features=datasets.Features({"label": datasets.ClassLabel(
+                                            names=["bird", "cat", "dog"])}))
+    assert zero_shot_labels(folder, ["dog", "bird", "cat"], "data")["label"] == [1, 2, 0, 0]  # by name
+    with pytest.raises(ValueError, match="'dog'"):
+        zero_shot_labels(folder, ["cat", "dgo", "bird"], "data")
+    with caplog.at_level("WARNING"):  # no name in common (e.g. synset ids): in label order, and said so
+        assert zero_shot_labels(folder, ["a", "b", "c"], "data")["label"] == [0, 1, 2, 2]
+    assert "bird -> a" in caplog.text
+
+
+# ---------------------------------------------------------------------------------- labels through convert
+def test_convert_keeps_the_label2id_of_the_checkpoint(sandbox):
+    """Round 5: convert dropped label2id, so data labelled with the model's own class names was refused
+    with "give the model's label2id (config.label2id)", a fix no flag applies."""
+    config = json.loads((sandbox / "base" / "config.json").read_text())
+    names = {0: "negative", 1: "neutral", 2: "positive"}
+    config.update(id2label={str(k): v for k, v in names.items()}, label2id={v: k for k, v in names.items()})
+    (sandbox / "base" / "config.json").write_text(json.dumps(config))
+    rc, _, err = _convert(sandbox)
+    assert rc == 0, err
+    out = json.loads((sandbox / "out" / "config.json").read_text())
+    assert out["label2id"] == {v: k for k, v in names.items()} and out["id2label"] == {str(k): v for k, v in
+                                                                                          names.items()}
+    frame = pd.read_csv(sandbox / "id.csv")
+    frame["label"] = frame["label"].map(names)
+    frame.to_csv(sandbox / "named.csv", index=False)
+    rc, _, err = run_cli(["evaluate", "--model", str(sandbox / "out"), "--id-data", str(sandbox / "named.csv"),
+                          "--ood-data", str(sandbox / "ood.csv"), "--bootstrap", "0", "--report",
+                          str(sandbox / "report")])
+    assert rc == 0, err
+
+
+# ---------------------------------------------------------------------------------- a full disk
+def test_a_full_disk_names_the_file_being_written(sandbox, monkeypatch):
+    """Round 5: the disk-full message named the file being copied (an input) as the one being written."""
+    import errno
+    import shutil
+
+    from hydra_hf.calibration import fit
+
+    def full(src, dst, **kwargs):  # what shutil's copy raises: filename = the source, filename2 = the destination
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(src), None, str(dst))
+
+    monkeypatch.setattr(fit.shutil, "copy2", full)
+    rc, _, err = run_cli(["calibrate", str(sandbox / "hydra"), "--data", str(sandbox / "id.csv"), "--risk", "none",
+                          "--output", str(sandbox / "cal"), "--batch-size", "8"])
+    line = assert_one_line_error(err)
+    assert rc == 2 and "No space left on device writing" in line and "free some space" in line, line
+    written = line.split(" writing ")[1]
+    assert written.startswith(repr(str(sandbox / ".cal.tmp-"))[:-1]), line  # the output's temporary copy
+    assert not (sandbox / "cal").exists() and not list(sandbox.glob(".cal.*"))
+    del shutil
+
+
+# ---------------------------------------------------------------------------------- calibrate's flags
+CALIBRATE_FLAG_CASES = {
+    "a negative temperature": (["--temperature", "-1"], "--temperature -1.0"),
+    "a zero temperature": (["--temperature", "0"], "--temperature 0.0"),
+    "a negative RAPS penalty": (["--method", "raps", "--raps-penalty", "-0.5"], "--raps-penalty -0.5"),
+    "--raps-penalty without raps": (["--raps-penalty", "0.5"], "--raps-penalty 0.5 applies to --method raps"),
+    "--raps-rank without raps": (["--method", "aps", "--raps-rank", "2"], "--raps-rank 2 applies to --method raps"),
+    "--delta with --risk none": (["--risk", "none", "--delta", "0.05"], "--delta 0.05"),
+    "a risk of 1.5": (["--risk", "1.5"], "--risk 1.5"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CALIBRATE_FLAG_CASES))
+def test_calibrate_checks_its_flags_before_loading_the_model(sandbox, monkeypatch, case):
+    """Round 5: calibrate checked --temperature and the RAPS flags only after predicting, and ignored
+    --delta with --risk none; each is one line now, before the model is loaded."""
+    from hydra_hf import evaluation
+
+    monkeypatch.setattr(evaluation, "load_classifier", lambda *a, **k: pytest.fail("loaded the model first"))
+    flags, words = CALIBRATE_FLAG_CASES[case]
+    rc, _, err = run_cli(["calibrate", str(sandbox / "hydra"), "--data", str(sandbox / "id.csv"), "--output",
+                          str(sandbox / "cal"), *flags])
+    line = assert_one_line_error(err)
+    assert rc == 2 and words in line and "90% sets" not in line, line
+    assert not (sandbox / "cal").exists()
+
+
+# ---------------------------------------------------------------------------------- messages
+def test_messages_name_what_the_user_can_change(sandbox, zero_shot_world, tmp_path):
+    """Round 5: messages leaked internals: a template's str.format error (a KeyError traceback), a
+    `resolve_dataset(...)` hint, "for 90% sets" shown for a risk, and flags evaluate does not have (the
+    uncertified threshold of --conformal-alpha told to "raise --risk or --delta")."""
+    import datasets
+
+    from hydra_hf.calibration.report import fit_for_report
+    from hydra_hf.data import make_text_loader
+
+    w = zero_shot_world
+    for template in ("a {} of {kind}", "a {} of {0}", "a {} }"):
+        rc, _, err = run_cli(["evaluate", "--model", str(w / "hydra-clip"), "--id-data", str(w / "images"),
+                              "--ood-data", str(w / "images"), "--templates", template, "--report",
+                              str(tmp_path / "report")])
+        line = assert_one_line_error(err)
+        assert rc == 2 and repr(template) in line and "{{" in line, line
+    with pytest.raises(ValueError) as info:
+        make_text_loader(datasets.Dataset.from_dict({"sentence": ["a"]}), None)
+    assert "resolve_dataset" not in str(info.value) and "--text-column" in str(info.value)
+    rc, _, err = run_cli(["calibrate", str(sandbox / "hydra"), "--data", str(sandbox / "id.csv"), "--output",
+                          str(sandbox / "cal"), "--delta", "2"])
+    line = assert_one_line_error(err)
+    assert rc == 2 and "--delta 2.0" in line and "90% sets" not in line and "confidence" in line, line
+    g = torch.Generator().manual_seed(0)
+    member_logits, labels = torch.randn(40, 2, 3, generator=g), torch.randint(0, 3, (40,), generator=g)  # chance
+    record = fit_for_report(member_logits, labels, 0.2, {"method": "lac", "score": "msp", "risk": 0.01,
+                                                          "delta": 0.1})
+    assert record["threshold"] is None and "no threshold" in record["selective_error"]
+    assert "--risk" not in record["selective_error"] and "--delta" not in record["selective_error"]
+    assert not (tmp_path / "report").exists() and not (sandbox / "cal").exists()
+
+
+# ---------------------------------------------------------------------------------- slim masks: messages, twins
+def test_slim_masks_errors_name_the_entry_and_twins_count_neurons(sandbox, caplog):
+    """Round 5: a slim masks error named kept_neurons[0][0][1] for member 0's layer 1 (a spurious [0]); the
+    "same heads" warning ignored neurons: members with the same heads and other neurons are not one model
+    counted twice, members with the same heads and the same neurons are."""
+    from hydra_hf.masks import HeadMasks
+
+    _slim_masks(sandbox, "unsorted.json", neurons=([0, 5], [3, 1], []))
+    rc, _, err = _convert(sandbox, masks="unsorted.json")
+    line = assert_one_line_error(err)
+    assert rc == 2 and "kept_neurons[0][1] must be sorted" in line and "[0][0][1]" not in line, line
+    heads = [[0, 1], [2], []]
+    twins = HeadMasks(kept_heads=[heads, heads], num_heads=4, kept_neurons=[[[0], [1], []], [[0], [1], []]],
+                      intermediate_size=64)
+    apart = HeadMasks(kept_heads=[heads, heads], num_heads=4, kept_neurons=[[[0], [1], []], [[2], [1], []]],
+                      intermediate_size=64)
+    whole = HeadMasks(kept_heads=[heads, heads], num_heads=4, kept_neurons=[None, [list(range(64))] * 3],
+                      intermediate_size=64)  # a member keeping every neuron listed, and one keeping them by default
+    assert twins.identical_members() == [(0, 1)] and apart.identical_members() == []
+    assert whole.identical_members() == [(0, 1)]
+    apart.save(sandbox / "apart.json")
+    with caplog.at_level("WARNING"):
+        rc, _, err = _convert(sandbox, masks="apart.json")
+    assert rc == 0, err
+    assert "keep the same heads" not in caplog.text
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda m: m.update(kept_neuron=m.pop("kept_neurons")), "'kept_neuron'"),
+    (lambda m: m.update(kept_head=m.pop("kept_heads")), "'kept_head'"),
+    (lambda m: m.pop("kept_neurons"), "no member has 'kept_neurons'"),
+], ids=["kept_neuron", "kept_head", "no kept_neurons"])
+def test_a_version_2_masks_file_without_neurons_is_refused(sandbox, damage, words):
+    """Round 5: a version-2 file whose only kept_neurons was misspelled (kept_neuron) was read as members that
+    keep whole MLPs, silently; a member key one letter off a masks key is refused, naming both."""
+    path = _slim_masks(sandbox, "slim.json")
+    data = json.loads(path.read_text())
+    damage(data["members"][0])
+    path.write_text(json.dumps(data))
+    before = tree_digest(sandbox)
+    rc, _, err = _convert(sandbox, masks="slim.json")
+    line = assert_one_line_error(err)
+    assert rc == 2 and words in line, line
+    assert tree_digest(sandbox) == before and not (sandbox / "out").exists()

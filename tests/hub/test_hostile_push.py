@@ -213,6 +213,9 @@ HOSTILE: dict[str, tuple[Callable[[Path], None], list[str], str]] = {
         FOREIGN,
         "pipeline_hydra.py",
     ),
+    # --- round 5: no ":None:" line number when the parser gives none
+    "a null byte in shipped code": (_shipped("x = 1\x00"), FOREIGN,
+                                    "modeling_hydra_bert.py: does not parse as Python"),
     # --- row 14: report figures
     "report figure absolute path": (
         _report(lambda r: r.__setitem__("figures", {"x": "/etc/passwd.png"})),
@@ -232,6 +235,21 @@ HOSTILE: dict[str, tuple[Callable[[Path], None], list[str], str]] = {
     # --- config.json of the wrong shape
     "config.json is a list": (lambda sb: (sb / "model" / "config.json").write_text("[]"), [], "holds a list"),
     "config.json is not JSON": (lambda sb: (sb / "model" / "config.json").write_text("{"), [], "is not valid JSON"),
+    # --- round 5: a stored calibration the card would state and the pipeline would apply
+    "calibration q_hat -1": (
+        lambda sb: _edit_json(sb / "model" / "config.json", lambda c: c.__setitem__("calibration", {
+            "method": "lac", "alpha": 0.2, "q_hat": -1, "n": 40, "temperature": 1.0, "score": "msp",
+            "risk": None, "delta": None, "threshold": None})),
+        [],
+        "config.calibration q_hat -1",
+    ),
+    "calibration threshold a string": (
+        lambda sb: _edit_json(sb / "model" / "config.json", lambda c: c.__setitem__("calibration", {
+            "method": "lac", "alpha": 0.2, "q_hat": 0.5, "n": 40, "temperature": 1.0, "score": "msp",
+            "risk": 0.1, "delta": 0.1, "threshold": "0.3", "answered_fraction": 0.5})),
+        [],
+        "config.calibration threshold '0.3'",
+    ),
     "kept_heads of the wrong type": (
         lambda sb: _edit_json(sb / "model" / "config.json", lambda c: c.__setitem__("kept_heads", "x")),
         [],

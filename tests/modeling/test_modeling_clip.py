@@ -327,11 +327,12 @@ VISION_NEURONS = [[list(range(0, 64, 2)), [], list(range(10))], [list(range(1, 6
 TEXT_NEURONS = [[list(range(20)), [0, 63]], [[], list(range(1, 64, 2))], [list(range(40, 64)), list(range(64))]]
 
 
-def slim_two_tower_masks(text: bool = True) -> HeadMasks:
+def slim_two_tower_masks(text: bool = True, width: int = 64) -> HeadMasks:
+    """Slim members of a model whose MLPs have ``width`` neurons per layer (hf CLIP 64, open_clip 4 x 32)."""
     towers = {
-        "vision": HeadMasks(kept_heads=VISION_KEPT, num_heads=H, kept_neurons=VISION_NEURONS, intermediate_size=64)
+        "vision": HeadMasks(kept_heads=VISION_KEPT, num_heads=H, kept_neurons=VISION_NEURONS, intermediate_size=width)
     }
-    towers["text"] = (HeadMasks(kept_heads=TEXT_KEPT, num_heads=H, kept_neurons=TEXT_NEURONS, intermediate_size=64)
+    towers["text"] = (HeadMasks(kept_heads=TEXT_KEPT, num_heads=H, kept_neurons=TEXT_NEURONS, intermediate_size=width)
                       if text else HeadMasks(kept_heads=TEXT_KEPT, num_heads=H))
     return HeadMasks(towers=towers)
 
@@ -344,7 +345,7 @@ def test_slim_two_tower_members_match_their_references(hf_clip_dir, open_clip_di
     from hydra_hf.families import get_family
     from hydra_hf.pruning.neurons import zero_removed_neurons_
 
-    masks = slim_two_tower_masks(text_slim)
+    masks = slim_two_tower_masks(text_slim, width=64 if source == "hf_clip" else 128)
     masks.save(tmp_path / "masks.json")
     folder = hf_clip_dir if source == "hf_clip" else open_clip_dir
     model = convert_checkpoint(tmp_path / "masks.json", base=folder)

@@ -29,12 +29,22 @@ __all__ = ["CONFORMAL_METHODS", "ConformalFit", "check_alpha", "conformal_quanti
            "min_calibration_size", "prediction_sets"]
 
 
+# what a level in (0, 1) means, by its name (the examples of check_alpha's messages)
+LEVEL_EXAMPLES = {
+    "alpha": "e.g. 0.1: sets that hold the true label 90% of the time",
+    "risk": "e.g. 0.05: at most 5% errors among answered inputs",
+    "delta": "e.g. 0.1: the risk holds with 90% confidence",
+}
+
+
 def check_alpha(alpha: float, name: str = "alpha") -> float:
-    """``alpha`` as a float in (0, 1), or one line naming the bad value."""
+    """``alpha`` as a float in (0, 1), or one line naming the bad value (``name``: ``alpha``, ``risk`` or
+    ``delta``, or the flag that gave it, ``--risk``) and an example of that level."""
+    example = LEVEL_EXAMPLES.get(name.lstrip("-").split("-")[-1], LEVEL_EXAMPLES["alpha"])
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise HydraTypeError(f"{name} must be a number in (0, 1), got {alpha!r}; e.g. 0.1 for 90% sets")
+        raise HydraTypeError(f"{name} must be a number in (0, 1), got {alpha!r}; {example}")
     if not 0 < alpha < 1 or not math.isfinite(alpha):
-        raise HydraInputError(f"{name}={alpha!r} is outside (0, 1); pass e.g. 0.1 for 90% sets")
+        raise HydraInputError(f"{name} {alpha!r} is outside (0, 1); {example}")
     return float(alpha)
 
 

@@ -19,15 +19,23 @@ from typing import Any
 import torch
 
 from .. import evaluation as ev
-from ..data import read_templates, resolve_dataset, zero_shot_class_names, zero_shot_data
+from ..data import (
+    data_spec_paths,
+    read_templates,
+    resolve_dataset,
+    zero_shot_class_names,
+    zero_shot_data,
+    zero_shot_paths,
+)
 from ..errors import HydraInputError
 from ..evaluation.loading import load_causal_lm, zero_shot_family
 from ..evaluation.zero_shot import load_zero_shot_model
 from ..families import is_causal_lm_folder
+from ..modeling.configuration_hydra import check_calibration
 from ..modeling.pipeline_hydra import RANDOMIZED_METHODS, ZERO_SHOT_TEMPLATE, calibrated_member_probs
 from ..outputs import MARKER, check_output, read_json, regular_files, write_output_folder, write_text_atomic
 from ..version import __version__
-from .conformal import check_alpha, fit_conformal
+from .conformal import CONFORMAL_METHODS, check_alpha, fit_conformal
 from .generation import GENERATION_SCORES, fit_generation_abstention
 from .selective import fit_selective
 
@@ -37,6 +45,27 @@ logger = logging.getLogger(__name__)
 
 CONFIG_KEY = "calibration"
 TEMPERATURE_SEED = 0
+DEFAULT_DELTA = 0.1  # the confidence 1 - delta of the risk guarantee
+DEFAULT_PENALTY, DEFAULT_RANK = 0.1, 1  # RAPS' lambda and k_reg
+
+
+def check_settings(*, method: str, temperature: float | str | None, penalty: float, regularization_rank: int,
+                   randomized: bool) -> None:
+    """The fitting settings, checked before anything is predicted: one line each, naming the flag."""
+    if method not in CONFORMAL_METHODS:
+        raise HydraInputError(f"--method {method!r} is unknown; use one of {', '.join(CONFORMAL_METHODS)}")
+    if temperature is not None and temperature != "fit" and (
+        isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf
+    ):
+        raise HydraInputError(f"--temperature {temperature!r} must be a positive number (1: the model's own "
+                              "probabilities) or 'fit'")
+    if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not 0 <= penalty < math.inf:
+        raise HydraInputError(f"--raps-penalty {penalty!r} must be a finite number >= 0 (RAPS' lambda, e.g. 0.1)")
+    if isinstance(regularization_rank, bool) or not isinstance(regularization_rank, int) or regularization_rank < 0:
+        raise HydraInputError(f"--raps-rank {regularization_rank!r} must be a whole number >= 0 (e.g. 1)")
+    if randomized and method not in RANDOMIZED_METHODS:
+        raise HydraInputError(f"--randomized applies to {' and '.join(RANDOMIZED_METHODS)}, not {method} (its score "
+                              "1 - p_y needs no tie-breaking); drop --randomized or pick --method aps")
 
 
 def fit_calibration(
@@ -74,6 +103,8 @@ def fit_calibration(
     if risk is not None:
         check_alpha(risk, "risk")
         check_alpha(delta, "delta")
+    check_settings(method=method, temperature=temperature, penalty=penalty, regularization_rank=regularization_rank,
+                   randomized=randomized)
     if member_logits.dim() != 3 or labels.shape != member_logits.shape[:1]:
         raise HydraInputError(f"member_logits must be (n, M, C) and labels (n,), got {tuple(member_logits.shape)} and "
                               f"{tuple(labels.shape)}")
@@ -89,13 +120,6 @@ def fit_calibration(
                                       "n": int(half)}
         member_logits, labels = member_logits[rest], labels[rest]
         temperature = t
-    elif temperature is not None:
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, (int, float))
-            or not 0 < temperature < math.inf
-        ):
-            raise HydraInputError(f"temperature must be a positive number or 'fit', got {temperature!r}")
     record["temperature"] = float(temperature) if temperature is not None else 1.0
     member_probs = calibrated_member_probs(member_logits, record)  # (n, M, C) float64
     conformal = fit_conformal(member_probs.mean(dim=1), labels, alpha, method, penalty=penalty,
@@ -134,7 +158,9 @@ def data_sha256(dataset: Any) -> str:
 
 
 def guarantee_text(calibration: dict[str, Any]) -> str:
-    """The guarantee of a stored calibration, in words (for the model card and reports)."""
+    """The guarantee of a stored calibration, in words (for the model card and reports); a calibration that is
+    not what `hydra-hf calibrate` stores is a one-line ``ValueError`` (:func:`check_calibration`)."""
+    check_calibration(calibration)
     alpha, n = calibration["alpha"], calibration["n"]
     if calibration.get("task") == "causal_lm":
         return (
@@ -178,10 +204,10 @@ def calibrate_folder(
     method: str = "lac",
     score: str | None = None,
     risk: float | None = 0.1,
-    delta: float = 0.1,
+    delta: float | None = None,
     temperature: float | str | None = None,
-    penalty: float = 0.1,
-    regularization_rank: int = 1,
+    penalty: float | None = None,
+    regularization_rank: int | None = None,
     randomized: bool = False,
     seed: int = 0,
     text_column: str = "text",
@@ -204,14 +230,30 @@ def calibrate_folder(
     ``data`` (no labels; ``method``, ``risk``, ``delta`` and ``temperature`` do not apply). A two-tower
     (CLIP / SigLIP) folder classifies ``class_names`` (default: the sub-folders of an image folder ``data``)
     with the prompt ``templates`` (default: the zero-shot pipeline's ``"This is a photo of {}."``); both are
-    stored, and its pipeline decides only for those classes and that one template."""
-    check_alpha(alpha)  # bad flags fail before the model is loaded
+    stored, and its pipeline decides only for those classes and that one template.
+
+    ``delta`` (default 0.1) applies only with a ``risk``, ``penalty`` (RAPS' lambda, default 0.1) and
+    ``regularization_rank`` (its k_reg, default 1) only to ``method="raps"``: given where they do not apply,
+    they are refused, as every setting is, before the model is loaded."""
+    check_alpha(alpha, "--alpha")  # bad flags fail before the model is loaded
+    if risk is None and delta is not None:
+        raise HydraInputError(f"--delta {delta!r} is the confidence of the --risk guarantee, but --risk none fits no "
+                              "abstention threshold; drop --delta or give --risk")
+    given = [(flag, value) for flag, value in (("--raps-penalty", penalty), ("--raps-rank", regularization_rank))
+             if value is not None]
+    if given and method != "raps":
+        flag, value = given[0]
+        raise HydraInputError(f"{flag} {value!r} applies to --method raps, not {method}; drop it or pick --method "
+                              "raps")
+    explicit = {flag: value for flag, value in (("--delta", delta), *given) if value is not None}
+    delta = DEFAULT_DELTA if delta is None else delta
+    penalty = DEFAULT_PENALTY if penalty is None else penalty
+    regularization_rank = DEFAULT_RANK if regularization_rank is None else regularization_rank
     if risk is not None:
-        check_alpha(risk, "risk")
-        check_alpha(delta, "delta")
-    if randomized and method not in RANDOMIZED_METHODS:
-        raise HydraInputError(f"--randomized applies to {' and '.join(RANDOMIZED_METHODS)}, not {method} (its score "
-                              "1 - p_y needs no tie-breaking); drop --randomized or pick --method aps")
+        check_alpha(risk, "--risk")
+        check_alpha(delta, "--delta")
+    check_settings(method=method, temperature=temperature, penalty=penalty, regularization_rank=regularization_rank,
+                   randomized=randomized)
     config_file = Path(folder) / "config.json"
     if not config_file.is_file():
         raise HydraInputError(f"{str(folder)!r} has no config.json; pass a Hydra Ensemble classifier folder")
@@ -224,15 +266,18 @@ def calibrate_folder(
             f"{str(folder)!r} is already calibrated (config.json has {CONFIG_KEY!r}); pass --overwrite to replace its "
             "calibration"
         )
-    check_output(output, command="calibrate", overwrite=overwrite, inputs=[folder])  # before any work
+    # every file it reads: the output never holds one (--overwrite would delete it with the old output)
+    inputs = [Path(folder), *data_spec_paths(data), *zero_shot_paths(class_names, templates)]
+    check_output(output, command="calibrate", overwrite=overwrite, inputs=inputs)  # before any work
     if is_causal_lm_folder(folder):
         score = score or "mi"
         if score not in GENERATION_SCORES:
             raise HydraInputError(
                 f"--score {score!r} does not apply to a causal LM; use one of {', '.join(GENERATION_SCORES)}"
             )
-        if temperature is not None or randomized:
-            flag = "--temperature" if temperature is not None else "--randomized"
+        if temperature is not None or randomized or explicit:
+            flag = ("--temperature" if temperature is not None else "--randomized" if randomized
+                    else next(iter(explicit)))
             raise HydraInputError(f"{flag} does not apply to a causal LM's abstention thresholds; drop it")
         lm, tokenizer = load_causal_lm(folder)
         dataset = resolve_dataset(data, text_column=text_column, label_column=None, max_samples=max_samples)
@@ -242,7 +287,7 @@ def calibrate_folder(
         calibration = fit_generation_abstention(lm, tokenizer, list(dataset["text"]), alpha=alpha, score=score,
                                                 max_length=max_length, batch_size=batch_size)
         calibration.update({"data": data, "data_sha256": data_sha256(dataset)})
-        _write_calibrated_copy(folder, output, calibration, overwrite)
+        _write_calibrated_copy(folder, output, calibration, overwrite, inputs)
         return calibration
     score = score or "msp"
     family = zero_shot_family(folder)
@@ -261,7 +306,7 @@ def calibrate_folder(
                                       regularization_rank=regularization_rank, randomized=randomized, seed=seed)
         calibration.update({"class_names": names, "templates": prompts, "data": data,
                             "data_sha256": data_sha256(dataset), "hydra_hf_version": __version__})
-        _write_calibrated_copy(folder, output, calibration, overwrite)
+        _write_calibrated_copy(folder, output, calibration, overwrite, inputs)
         return calibration
     if class_names is not None or templates is not None:
         raise HydraInputError("--class-names / --templates apply to zero-shot CLIP / SigLIP folders; this folder is a "
@@ -296,13 +341,13 @@ def calibrate_folder(
     if "temperature_part" in calibration:
         calibration["n_total"] = int(predictions.labels.numel())
 
-    _write_calibrated_copy(folder, output, calibration, overwrite)
+    _write_calibrated_copy(folder, output, calibration, overwrite, inputs)
     logger.info("calibrated %s -> %s: %s", folder, output, guarantee_text(calibration))
     return calibration
 
 
 def _write_calibrated_copy(folder: str | os.PathLike, output: str | os.PathLike, calibration: dict[str, Any],
-                           overwrite: bool) -> None:
+                           overwrite: bool, inputs: list[Path]) -> None:
     """``output`` = every file of ``folder`` (not its command marker) with ``calibration`` in config.json."""
 
     def write(tmp: Path) -> None:
@@ -315,4 +360,4 @@ def _write_calibrated_copy(folder: str | os.PathLike, output: str | os.PathLike,
         config[CONFIG_KEY] = calibration
         write_text_atomic(tmp / "config.json", json.dumps(config, indent=2, sort_keys=True) + "\n")
 
-    write_output_folder(output, write, command="calibrate", overwrite=overwrite, inputs=[folder])
+    write_output_folder(output, write, command="calibrate", overwrite=overwrite, inputs=inputs)

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 
 from .. import metrics
-from ..errors import HydraInputError
 from ..evaluation.plots import risk_coverage_diagram
 from ..modeling.pipeline_hydra import calibrated_decisions, calibrated_member_probs
 from .fit import fit_calibration
+from .selective import UncertifiedRisk
 
 __all__ = ["DEFAULTS", "decision_metrics", "fit_for_report", "render_decisions", "risk_coverage_figure"]
 
@@ -44,11 +44,11 @@ def fit_for_report(member_logits: torch.Tensor, labels: torch.Tensor, alpha: flo
     )
     try:
         return fit_calibration(member_logits, labels, risk=settings["risk"], delta=settings["delta"], **kwargs)
-    except HydraInputError as exc:
-        if "no threshold" not in str(exc):
-            raise
+    except UncertifiedRisk as exc:  # the report says why, with what this fit's risk and delta come from
         record = fit_calibration(member_logits, labels, risk=None, **kwargs)
-        record.update(risk=settings["risk"], delta=settings["delta"], selective_error=str(exc))
+        record.update(risk=settings["risk"], delta=settings["delta"],
+                      selective_error=f"{exc.reason}: no abstention at this risk and delta (the stored calibration's, "
+                      "else hydra-hf calibrate's defaults); more validation data may certify it")
         return record
 
 

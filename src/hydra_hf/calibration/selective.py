@@ -70,6 +70,15 @@ class SelectiveFit:
                 "p_value": self.p_value, "selective_procedure": "learn-then-test, binomial p-value, fixed sequence"}
 
 
+class UncertifiedRisk(HydraInputError):
+    """No threshold certifies the risk on the calibration data. ``reason`` says why; the message adds ``fix``
+    (the flags of ``hydra-hf calibrate``): a caller with other options reports ``reason`` with its own fix."""
+
+    def __init__(self, reason: str, fix: str) -> None:
+        super().__init__(f"{reason}; {fix}")
+        self.reason = reason
+
+
 def fit_selective(
     member_probs: torch.Tensor,
     labels: torch.Tensor,
@@ -110,11 +119,11 @@ def fit_selective(
     if kept is None:
         surest = min(least, n)
         errors = int(sorted_wrong[surest - 1]) if surest else 0
-        raise HydraInputError(
+        raise UncertifiedRisk(
             f"no threshold on {score} certifies an error rate <= {risk:g} among answered inputs with confidence "
             f"{1 - delta:g} on these {n} examples (the {surest} surest already make {errors} errors; "
-            f"{least} answers with at most the allowed errors are needed); raise --risk or --delta, give more "
-            "calibration data, or pass --risk none for prediction sets only"
+            f"{least} answers with at most the allowed errors are needed)",
+            "raise --risk or --delta, give more calibration data, or pass --risk none for prediction sets only",
         )
     lam, k, errors, p = kept
     return SelectiveFit(score, risk, delta, float(lam), k / n, errors / k, p)

@@ -84,7 +84,9 @@ def _message(exc: BaseException) -> str:
     """The one line of ``exc``; a full or read-only disk also says what to do (outputs are written
     atomically, so nothing half-written was left)."""
     if isinstance(exc, OSError) and exc.errno in ENVIRONMENT_ERRNOS and not isinstance(exc, HydraError):
-        where = f" writing {exc.filename!r}" if exc.filename else ""
+        # a copy or a rename names its source first and the file being written second (filename2)
+        written = exc.filename2 or exc.filename
+        where = f" writing {written!r}" if written else ""
         return (f"{exc.strerror or one_line(exc)}{where}; free some space (or write to another filesystem) and "
                 "run again: nothing half-written was left")
     return one_line(exc)
@@ -99,6 +101,29 @@ def finite_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r} is not a finite number; give a finite value")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """The ``type=`` of every count flag (a batch size, a number of examples, tokens, samples, classes ...): a
+    whole number >= 1 (0 and negatives pass ``int()`` and then crash a run, e.g. ``--batch-size 0`` divided by
+    zero after the model was loaded)."""
+    return _whole(text, 1, "a positive whole number, e.g. 32")
+
+
+def non_negative_int(text: str) -> int:
+    """The ``type=`` of count flags where 0 means none (``--bootstrap 0``, ``--members 0``, ``--remove 0``) and
+    of seeds: a whole number >= 0."""
+    return _whole(text, 0, "a whole number >= 0")
+
+
+def _whole(text: str, minimum: int, expected: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give {expected}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{text!r} is less than {minimum}; give {expected}")
     return value
 
 

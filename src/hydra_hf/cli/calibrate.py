@@ -16,7 +16,7 @@ import json
 from ..calibration import calibrate_folder, guarantee_text
 from ..calibration.conformal import CONFORMAL_METHODS
 from ..calibration.selective import SELECTIVE_SCORES
-from . import finite_float
+from . import finite_float, non_negative_int, positive_int
 
 
 def _risk(value: str) -> float | None:
@@ -69,10 +69,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "of above it (deterministic APS covers far more with two classes); an input's uniform U is a hash "
         "of --seed and its probabilities: the same input always gets the same set (default: deterministic)",
     )
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--seed", type=non_negative_int, default=None,
                    help="with --randomized: the seed of the scores' U, stored in the calibration (default 0)")
-    p.add_argument("--raps-penalty", type=finite_float, default=0.1, help="RAPS' lambda (default 0.1)")
-    p.add_argument("--raps-rank", type=int, default=1, help="RAPS' k_reg: ranks above it are penalised (default 1)")
+    p.add_argument("--raps-penalty", type=finite_float, default=None, help="--method raps: its lambda (default 0.1)")
+    p.add_argument("--raps-rank", type=non_negative_int, default=None,
+                   help="--method raps: its k_reg, ranks above it are penalised (default 1)")
     p.add_argument("--score", choices=SELECTIVE_SCORES, default=None,
                    help="uncertainty that decides abstention: msp (1 - max probability), entropy, mi (the members' "
                    "mutual information) (default msp; a causal LM folder: mi, or entropy, with thresholds on the "
@@ -83,8 +84,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=0.1,
         help="error rate among answered inputs to certify, in (0, 1); 'none' fits the sets only (default 0.1)",
     )
-    p.add_argument("--delta", type=finite_float, default=0.1,
-                   help="the risk holds with probability >= 1 - delta over the calibration draw (default 0.1)")
+    p.add_argument("--delta", type=finite_float, default=None,
+                   help="with --risk: the risk holds with probability >= 1 - delta over the calibration draw "
+                   "(default 0.1)")
     p.add_argument("--temperature", type=_temperature, default=None, metavar="T|fit",
                    help="divide the member logits by T before everything; 'fit' fits T (NLL) on a seeded random half "
                    "of --data and calibrates on the other half (default: none)")
@@ -104,10 +106,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="zero-shot folders: the prompt templates (default: the pipeline's 'This is a photo of {}.'; the "
         "pipeline decides only for one template, the one it is called with)",
     )
-    p.add_argument("--max-samples", type=int, default=None, help="use the first N examples of --data")
-    p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass (default 32)")
+    p.add_argument("--max-samples", type=positive_int, default=None, help="use the first N examples of --data")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="examples per forward pass (default 32)")
     p.add_argument(
-        "--max-length", type=int, default=128, help="text: truncate inputs to this many tokens (default 128)"
+        "--max-length", type=positive_int, default=128, help="text: truncate inputs to this many tokens (default 128)"
     )
     p.add_argument("--overwrite", action="store_true",
                    help="replace the folder's existing calibration, and an earlier `hydra-hf calibrate` --output")

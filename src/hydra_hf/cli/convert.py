@@ -10,6 +10,7 @@ import logging
 from ..assemble import convert_checkpoint
 from ..families import family_names
 from ..masks import load_masks
+from . import non_negative_int, positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +43,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "timm folders by config.json's 'architecture', open_clip folders by open_clip_config.json)")
     p.add_argument("--towers", nargs="+", choices=["vision", "text"], default=None,
                    help="CLIP: the towers to prune; each must be in the masks file (default: the towers it lists)")
-    p.add_argument("--num-labels", type=int, default=None,
+    p.add_argument("--num-labels", type=positive_int, default=None,
                    help="classes of a classifier built from a bare encoder or a decoder's causal LM (new heads)")
     p.add_argument("--labels", default=None,
                    help="comma-separated class names for a bare encoder or a causal LM (e.g. neg,pos)")
-    p.add_argument("--seed", type=int, default=0, help="seed for newly initialised per-member classifiers")
+    p.add_argument("--seed", type=non_negative_int, default=0,
+                   help="seed for newly initialised per-member classifiers")
     p.add_argument(
         "--overwrite",
         action="store_true",

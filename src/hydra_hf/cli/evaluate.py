@@ -13,7 +13,7 @@ from .. import distributed
 from ..evaluation.folder import EvaluationSpec, evaluate_folder
 from ..evaluation.report import render_markdown_table
 from ..metrics import OOD_SCORES, SEQUENCE_SCORES
-from . import finite_float
+from . import finite_float, non_negative_int, positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "beside a zero-shot --model: a stock CLIP / SigLIP or open_clip folder")
     p.add_argument("--mc-dropout", action="append", default=[], metavar="NAME",
                    help="add MC Dropout of the model NAME (repeatable)")
-    p.add_argument("--mc-samples", type=int, default=10, help="MC Dropout samples (default 10)")
+    p.add_argument("--mc-samples", type=positive_int, default=10, help="MC Dropout samples (default 10)")
     p.add_argument(
         "--deep-ensemble",
         default=None,
@@ -52,7 +52,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="add Deep Ensembles (D): 3 classifier heads trained on NAME's frozen features (needs --train-data; "
         "NAME: a single stock classifier of any family)",
     )
-    p.add_argument("--ensemble-size", type=int, default=3, help="heads of Deep Ensembles (D) (default 3)")
+    p.add_argument("--ensemble-size", type=positive_int, default=3, help="heads of Deep Ensembles (D) (default 3)")
     p.add_argument("--temperature-scaling", action="store_true",
                    help="add a temperature-scaled copy of every model, fitted on --val-data")
     p.add_argument("--id-data", required=True, help="labelled in-distribution test data (file, folder or NAME:SPLIT; "
@@ -105,17 +105,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         + "; causal LMs: the mean over a sequence's tokens of msp, entropy or mutual_information, or "
         "likelihood (the mean token log-likelihood)",
     )
-    p.add_argument("--max-samples", type=int, default=None, help="cap every data set at this many examples")
-    p.add_argument("--batch-size", type=int, default=None,
+    p.add_argument("--max-samples", type=positive_int, default=None, help="cap every data set at this many examples")
+    p.add_argument("--batch-size", type=positive_int, default=None,
                    help="examples per forward pass; also the batch of the latency column (default 32; causal LMs 8: "
                    "their logits are B x M x T x V)")
     p.add_argument(
-        "--max-length", type=int, default=128, help="text: truncate inputs to this many tokens (default 128)"
+        "--max-length", type=positive_int, default=128, help="text: truncate inputs to this many tokens (default 128)"
     )
     p.add_argument("--compare", action="append", default=[], metavar="A=B",
                    help="paired bootstrap interval of A minus B for accuracy, NLL, ECE, Brier and every OOD AUROC / "
                    "FPR95 (repeatable; default: --name against the first --baseline)")
-    p.add_argument("--bootstrap", type=int, default=1000,
+    p.add_argument("--bootstrap", type=non_negative_int, default=1000,
                    help="bootstrap resamples of --compare (default 1000; 0: no intervals)")
     p.add_argument("--report", required=True,
                    help="output folder for the report (must not exist or be empty, unless --overwrite)")

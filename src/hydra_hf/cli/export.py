@@ -13,6 +13,7 @@ from ..onnx import require_onnx
 from ..onnx.export import export_onnx
 from ..onnx.int8 import DEFAULT_RECIPE, INT8_RECIPES
 from ..onnx.runtime import read_export_metadata
+from . import positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"export format; supported: {', '.join(FORMATS)}")
     p.add_argument("--output", required=True,
                    help="output folder (must not exist or be empty, unless --overwrite)")
-    p.add_argument("--opset", type=int, default=18, help="ONNX opset of the graph (default 18, the minimum)")
+    p.add_argument("--opset", type=positive_int, default=18, help="ONNX opset of the graph (default 18, the minimum)")
     p.add_argument("--quantize", default=None, metavar="int8",
                    help="also write an int8 graph (ONNX Runtime dynamic quantisation of MatMul / Gemm weights), the "
                    "folder's default graph, and quantization_report.json / .md; needs --calibration-data")
@@ -71,10 +72,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="column holding the integer class (or class name) of labelled data (default: label)")
     p.add_argument("--image-column", default=None,
                    help="column holding images (or image paths) of tabular image data; image folders need none")
-    p.add_argument("--max-samples", type=int, default=None, help="cap every report data set at this many examples")
-    p.add_argument("--batch-size", type=int, default=32, help="examples per forward pass of the report (default 32)")
+    p.add_argument("--max-samples", type=positive_int, default=None,
+                   help="cap every report data set at this many examples")
+    p.add_argument("--batch-size", type=positive_int, default=32,
+                   help="examples per forward pass of the report (default 32)")
     p.add_argument(
-        "--max-length", type=int, default=128, help="text: truncate report inputs to this many tokens (default 128)"
+        "--max-length", type=positive_int, default=128,
+        help="text: truncate report inputs to this many tokens (default 128)"
     )
     p.add_argument("--overwrite", action="store_true",
                    help="replace --output if it holds an earlier `hydra-hf export` output (never another folder)")

@@ -28,7 +28,7 @@ from ..finetune import (
     image_recipe,
     text_recipe,
 )
-from . import finite_float
+from . import finite_float, non_negative_int, positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,10 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
             continue
         base = f.type.replace(" | None", "")
-        kind = {"int": int, "float": finite_float, "str": str}[base]
+        # every count of FinetuneConfig is >= 1, a seed >= 0: checked at parse time (--batch-size 0 never
+        # reaches a loader)
+        whole = non_negative_int if f.name == "seed" else positive_int
+        kind = {"int": whole, "float": finite_float, "str": str}[base]
         kwargs["type"] = _optional(kind) if f.type.endswith("| None") else kind
         if f.name in choices:
             kwargs["choices"] = list(choices[f.name])
@@ -91,7 +94,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="checkpoints, logs and per-member folders (default: OUTPUT.work); a new or empty folder, or one an "
         "earlier `hydra-hf finetune` created; never the model folder, the output, or a folder holding them",
     )
-    p.add_argument("--members", type=int, nargs="+", default=None, metavar="M",
+    p.add_argument("--members", type=non_negative_int, nargs="+", default=None, metavar="M",
                    help="train only these members (e.g. one launch per GPU sharing --work-dir); fusing waits for all")
     p.add_argument(
         "--fused",
@@ -165,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         model_dir=args.model, masks=args.masks, train_data=args.train_data, eval_data=args.eval_data,
         output_dir=args.output, config=config, work_dir=args.work_dir, resume=args.resume,
         resume_partial=args.resume_partial, overwrite=args.overwrite, id2label=id2label,
+        inputs=[args.config] if args.config else [],  # read here: never inside --output or --work-dir
     )
     if args.fused:
         if args.members is not None:

@@ -55,18 +55,18 @@ from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoTokenize
 
 from ..convert.gguf import checkpoint_inputs, is_gguf
 from ..convert.io import from_pretrained
-from ..data import check_data_spec, read_class_names, zero_shot_class_names
+from ..data import check_data_spec, data_spec_paths, read_class_names, zero_shot_class_names, zero_shot_paths
 from ..errors import HydraUnsafeError
 from ..families import detect_family, get_adapter, is_causal_lm_folder, resolve_checkpoint
 from ..masks import load_masks
 from ..outputs import check_output_file
-from ..prompting import parse_label_words, read_zero_shot_prompts
+from ..prompting import TEXT_FIELD, parse_label_words, read_zero_shot_prompts
 from ..pruning.budget import Budget
 from ..pruning.diversity import PRUNING_METHODS, parse_methods, uses_ood
 from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, load_open_clip, load_timm_vit
 from ..pruning.members import PruningTarget, build_members, load_pruning_target, load_zero_shot_lm_target
 from ..pruning.neurons import check_mlp_keep
-from . import finite_float
+from . import finite_float, non_negative_int, positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -112,11 +112,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="pruning method, or several comma-separated (one member each): "
         + "; ".join(f"{m.name}: {m.help}" for m in PRUNING_METHODS.values()),
     )
-    p.add_argument("--members", type=int, default=3, help="members to compute (default 3)")
+    p.add_argument("--members", type=non_negative_int, default=3, help="members to compute (default 3)")
     budget = p.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--heads-per-layer", type=int, help="keep K heads in every layer")
-    budget.add_argument("--remove", type=int, help="remove N heads in total (anywhere)")
-    p.add_argument("--seed", type=int, default=0, help="seed of member 0; member m uses seed+m")
+    budget.add_argument("--heads-per-layer", type=non_negative_int, help="keep K heads in every layer")
+    budget.add_argument("--remove", type=non_negative_int, help="remove N heads in total (anywhere)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of member 0; member m uses seed+m")
     p.add_argument("--id-data", required=True, help="labelled ID data: file, save_to_disk folder or NAME[:SPLIT] "
                    "(a causal LM: any texts; the labels are the next tokens)")
     p.add_argument("--ood-data", help="OOD data (needed by circuit-ood and circuit-avg)")
@@ -130,25 +130,27 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="column holding the integer class (or class name) of --id-data (default: label; not for causal LMs)",
     )
     p.add_argument("--image-column", help="image column (image data); image folders need none")
-    p.add_argument("--max-samples", type=int, help="use at most this many ID (and OOD) examples")
+    p.add_argument("--max-samples", type=positive_int, help="use at most this many ID (and OOD) examples")
     p.add_argument(
-        "--max-length", type=int, default=128, help="max tokens per text (default 128; a causal LM: per sequence)"
+        "--max-length", type=positive_int, default=128,
+        help="max tokens per text (default 128; a causal LM: per sequence)"
     )
     p.add_argument(
         "--batch-size",
-        type=int,
+        type=positive_int,
         default=None,
         help="examples per forward pass while scoring (default 32; causal LMs 8: their logits are B x T x V)",
     )
-    p.add_argument("--num-labels", type=int, help="classes of a checkpoint without a trained classifier head")
+    p.add_argument("--num-labels", type=positive_int, help="classes of a checkpoint without a trained classifier head")
     p.add_argument(
         "--temperature", type=finite_float, help="Taylor sampling temperature (default 1 for several members)"
     )
     p.add_argument(
         "--data-fraction", type=finite_float, help="fraction of the data per member (default 0.8 for several)"
     )
-    p.add_argument("--heads-per-step", type=int, default=1, help="circuit heads removed per step (1 = exact greedy)")
-    p.add_argument("--taylor-rounds", type=int, default=None,
+    p.add_argument("--heads-per-step", type=positive_int, default=1,
+                   help="circuit heads removed per step (1 = exact greedy)")
+    p.add_argument("--taylor-rounds", type=positive_int, default=None,
                    help="Taylor's recomputes (default: the paper's, after every layer of a --heads-per-layer budget, "
                         "one ranking of a --remove budget); with --heads-per-layer, R recomputes over R groups of "
                         "consecutive layers (1: every layer from one gradient pass)")
@@ -399,12 +401,16 @@ def _is_masks_file(path: Path) -> bool:
 def _check_not_an_input(output: Path, args: argparse.Namespace) -> None:
     """The masks file may not replace (or be) one of the files this command reads."""
     real = output.resolve()
-    for name in ("model", "checkpoint", "include_masks", "class_names", "id_data", "ood_data"):
-        value = getattr(args, name, None)
-        if isinstance(value, str) and value and Path(value).exists() and Path(value).resolve() == real:
-            raise HydraUnsafeError(
-                f"--output {str(output)!r} is the --{name.replace('_', '-')} input; choose another file"
-            )
+    read = {"model": [args.model], "checkpoint": [args.checkpoint], "open_clip": [args.open_clip],
+            "include_masks": [args.include_masks], "class_names": zero_shot_paths(args.class_names),
+            "prompt": [args.prompt] if args.prompt and TEXT_FIELD not in args.prompt else [],
+            "id_data": data_spec_paths(args.id_data), "ood_data": data_spec_paths(args.ood_data)}
+    for name, paths in read.items():
+        for value in paths:
+            if value and Path(value).exists() and Path(value).resolve() == real:
+                raise HydraUnsafeError(
+                    f"--output {str(output)!r} is the --{name.replace('_', '-')} input; choose another file"
+                )
     if args.model and is_gguf(args.model):  # a GGUF file's folder and the cache of its plain copy are inputs too
         for folder in checkpoint_inputs(args.model)[2:]:
             if folder.resolve() in real.parents:

@@ -91,22 +91,28 @@ def label_arguments(
     ``(M, C, in)``) and label names when it has them, else ``id2label`` / ``num_labels`` (default 2).
 
     ``names``: the checkpoint's label names, a dict or a list (default ``raw["id2label"]``); they are kept
-    when there is one per class. ``raw["problem_type"]`` goes with a trained classifier.
+    when there is one per class, with ``label2id`` (their inverse: data labelled with the class names maps
+    through it). ``raw["problem_type"]`` goes with a trained classifier.
     """
     if head_key in state:
         n = state[head_key].shape[1]
         names = raw.get("id2label") if names is None else names
         out: dict[str, Any] = {"num_labels": n}
         if isinstance(names, dict) and len(names) == n:
-            out = {"id2label": {int(k): v for k, v in names.items()}}
+            out = _labels({int(k): v for k, v in names.items()})
         elif isinstance(names, (list, tuple)) and len(names) == n:
-            out = {"id2label": dict(enumerate(names))}
+            out = _labels(dict(enumerate(names)))
         if raw.get("problem_type"):
             out["problem_type"] = raw["problem_type"]
         return out
     if id2label:
-        return {"id2label": {int(k): v for k, v in id2label.items()}}
+        return _labels({int(k): v for k, v in id2label.items()})
     return {"num_labels": num_labels or 2}
+
+
+def _labels(id2label: dict[int, Any]) -> dict[str, Any]:
+    """``id2label`` and its inverse ``label2id`` (transformers 5 derives neither from the other)."""
+    return {"id2label": id2label, "label2id": {str(v): k for k, v in id2label.items()}}
 
 
 def load_fused(

@@ -213,15 +213,35 @@ def located(slices: dict[str, MLPSlice], state: dict[str, torch.Tensor]) -> dict
     return out
 
 
-def neurons_by_field(masks: HeadMasks) -> dict[str, list[list[list[int]]]]:
-    """The slim towers of ``masks`` as config fields: ``{"kept_heads": kept_neurons}`` for a one-tower file,
-    ``{"vision_kept_heads": ..., ...}`` for named towers (only towers whose members keep neuron subsets)."""
+def slim_fields(masks: HeadMasks) -> dict[str, str | None]:
+    """``{kept-heads field of the config: tower of the masks}`` of the slim towers of ``masks`` (``None``: the one
+    tower of one-tower masks)."""
     if not masks.slim:
         return {}
     if not masks.named:
-        return {"kept_heads": masks.kept_neurons()}
-    return {
-        f"{tower}_kept_heads": masks.kept_neurons(tower)
-        for tower in masks.tower_names
-        if masks.intermediate_size(tower) is not None
-    }
+        return {"kept_heads": None}
+    return {f"{t}_kept_heads": t for t in masks.tower_names if masks.intermediate_size(t) is not None}
+
+
+def mlp_width(model: nn.Module, field: str) -> int:
+    """The MLP width (neurons per layer) of the tower of the kept-heads ``field`` of a fused Hydra ``model``, read
+    off a model of its config whose members keep no neuron, built on the meta device (no memory, no weights)."""
+    empty = [[[] for _ in member] for member in getattr(model.config, field)]
+    widths = {sl.intermediate_size for sl in slices_of_config(type(model), slim_config(model.config, {field: empty}))
+              .values()}
+    if len(widths) != 1:
+        raise HydraInputError(f"the {field} tower's MLPs have widths {sorted(widths)}; slim members need one width")
+    return widths.pop()
+
+
+def check_slim_widths(masks: HeadMasks, model: nn.Module, *, name: str = "the model") -> None:
+    """Raise (one line naming both sizes) unless every slim tower of ``masks`` was made for the MLP width of
+    ``model``'s tower (:meth:`HeadMasks.check_mlp_width`); before :func:`neurons_by_field` lists any neuron."""
+    for field, tower in slim_fields(masks).items():
+        masks.check_mlp_width(tower, mlp_width(model, field), model=name)
+
+
+def neurons_by_field(masks: HeadMasks) -> dict[str, list[list[list[int]]]]:
+    """The slim towers of ``masks`` as config fields: ``{"kept_heads": kept_neurons}`` for a one-tower file,
+    ``{"vision_kept_heads": ..., ...}`` for named towers (only towers whose members keep neuron subsets)."""
+    return {field: masks.kept_neurons(tower) for field, tower in slim_fields(masks).items()}

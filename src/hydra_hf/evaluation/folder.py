@@ -44,6 +44,7 @@ from ..calibration.report import decision_metrics, fit_for_report, render_decisi
 from ..convert.gguf import checkpoint_inputs
 from ..data import (
     check_data_spec,
+    data_spec_paths,
     parse_spec,
     read_class_names,
     read_templates,
@@ -51,11 +52,14 @@ from ..data import (
     zero_shot_class_names,
     zero_shot_data,
     zero_shot_labels,
+    zero_shot_paths,
 )
+from ..errors import HydraInputError
 from ..families import is_causal_lm_folder
 from ..metrics import OOD_SCORES, SEQUENCE_SCORES
+from ..modeling.configuration_hydra import check_calibration
 from ..outputs import check_output, read_json, write_output_folder
-from ..prompting import parse_label_words, read_zero_shot_prompts
+from ..prompting import TEXT_FIELD, parse_label_words, read_zero_shot_prompts
 from . import loading
 from . import predictors as pr
 from .causal_lm import evaluate_causal_lm, write_causal_lm_report
@@ -161,11 +165,6 @@ class _Setup:
     notes: str | None = None
 
 
-def _inputs(models: Mapping[str, str]) -> list[Path]:
-    """What the report may never be, contain or lie inside: every model path (a GGUF's folder and cache too)."""
-    return [p for path in models.values() for p in checkpoint_inputs(path)]
-
-
 def _named(spec: str, default_name: str) -> tuple[str, str]:
     if "=" in spec:
         name, _, path = spec.partition("=")
@@ -179,7 +178,8 @@ def _check_models(spec: EvaluationSpec) -> tuple[dict[str, str], list[tuple[str,
         raise ValueError("--temperature-scaling needs --val-data (a labelled validation split)")
     for alpha in spec.conformal_alpha:
         if not 0 < alpha < 1:
-            raise ValueError(f"--conformal-alpha {alpha!r} is outside (0, 1); pass e.g. 0.1 for 90% sets")
+            raise ValueError(f"--conformal-alpha {alpha!r} is outside (0, 1); e.g. 0.1: sets that hold the true label "
+                             "90% of the time")
     if spec.conformal_alpha and not spec.val_data:
         raise ValueError(
             "--conformal-alpha needs --val-data (labelled data to fit the sets on, held out from the test data)"
@@ -216,6 +216,16 @@ def _check_models(spec: EvaluationSpec) -> tuple[dict[str, str], list[tuple[str,
         if not a or not b:
             raise ValueError(f"--compare needs A=B with two model names, e.g. {spec.name}=Single")
     return models, pairs
+
+
+def _inputs(spec: EvaluationSpec, models: dict[str, str]) -> list[str | Path]:
+    """Every file and folder the evaluation reads (models, data, class names, templates, prompts): the report
+    folder never holds one, so ``--overwrite`` never deletes what the run has just read."""
+    data = [spec.id_data, *(_named(o, "")[1] for o in spec.ood_data), spec.val_data, spec.train_data]
+    return [*(p for path in models.values() for p in checkpoint_inputs(path)),  # a GGUF's folder and cache too
+            *(p for d in data for p in data_spec_paths(d)),
+            *zero_shot_paths(spec.class_names, spec.templates),
+            *(Path(p) for p in spec.prompt if TEXT_FIELD not in p and os.path.isfile(p))]  # prompt files
 
 
 def _check_zero_shot_options(spec: EvaluationSpec, models: dict[str, str], family: str | None) -> None:
@@ -423,7 +433,7 @@ def _evaluate_causal_lm(spec: EvaluationSpec, models: dict[str, str]) -> FolderE
                 f"--baseline {name}={path} is not a causal LM folder (...ForCausalLM); {what} is compared with causal "
                 "LMs only"
             )
-    check_output(spec.report, command="evaluate", overwrite=spec.overwrite, inputs=_inputs(models))
+    check_output(spec.report, command="evaluate", overwrite=spec.overwrite, inputs=_inputs(spec, models))
 
     def texts(flag: str, source: str) -> list[str]:
         dataset = resolve_dataset(
@@ -459,7 +469,7 @@ def _evaluate_causal_lm(spec: EvaluationSpec, models: dict[str, str]) -> FolderE
         write_output_folder(spec.report, lambda tmp: write_causal_lm_report(reports, tmp, score=spec.score,
                                                                             settings=settings, params=params,
                                                                             compute=compute),
-                            command="evaluate", overwrite=spec.overwrite, inputs=_inputs(models))
+                            command="evaluate", overwrite=spec.overwrite, inputs=_inputs(spec, models))
     distributed.barrier()
     return FolderEvaluation("causal_lm", Path(spec.report), spec.score, causal_lm_reports=reports)
 
@@ -475,13 +485,19 @@ DECISIONS_NOTE = (
 
 
 def _stored_calibration(folder: str) -> dict[str, Any] | None:
-    """The ``calibration`` that `hydra-hf calibrate` stored in ``folder``'s config.json, or None."""
+    """The ``calibration`` that `hydra-hf calibrate` stored in ``folder``'s config.json (checked: one line naming
+    the folder and the field when it is not what `hydra-hf calibrate` stores), or None."""
     file = Path(folder) / "config.json"
     if not file.is_file():
         return None
     config = read_json(file, what="model config", fix="pass a model folder with a valid config.json")
-    stored = config.get(CALIBRATION_KEY) if isinstance(config, dict) else None
-    return stored if isinstance(stored, dict) else None
+    if not isinstance(config, dict):
+        return None
+    labels = config.get("id2label")
+    try:
+        return check_calibration(config.get(CALIBRATION_KEY), len(labels) if isinstance(labels, dict) else None)
+    except ValueError as exc:
+        raise HydraInputError(f"--model {str(folder)!r}: {exc}") from None
 
 
 def _wants_decisions(spec: EvaluationSpec) -> bool:
@@ -556,13 +572,14 @@ def evaluate_folder(spec: EvaluationSpec) -> FolderEvaluation:
         raise ValueError(
             f"--score {spec.score!r} is for causal LMs; a classifier's OOD scores are {', '.join(OOD_SCORES)}"
         )
+    _stored_calibration(spec.model)  # a calibration it would report is checked before any model loads
     found = None if causal_lm else loading.zero_shot_family(spec.model)  # None: a classifier (or its ONNX export)
     family = found.name if found is not None else None
     if not causal_lm:
         _check_zero_shot_options(spec, models, family)
 
     # claim the report folder before any work: no evaluation is lost to an unwritable --report
-    check_output(spec.report, command="evaluate", overwrite=spec.overwrite, inputs=_inputs(models))
+    check_output(spec.report, command="evaluate", overwrite=spec.overwrite, inputs=_inputs(spec, models))
     if causal_lm:
         setup = _zero_shot_lm_setup(spec, models)
     else:
@@ -603,7 +620,7 @@ def evaluate_folder(spec: EvaluationSpec) -> FolderEvaluation:
 
     if info.is_main:  # every process holds the same metrics; one writes them
         write_output_folder(
-            spec.report, write, command="evaluate", overwrite=spec.overwrite, inputs=_inputs(models)
+            spec.report, write, command="evaluate", overwrite=spec.overwrite, inputs=_inputs(spec, models)
         )
     distributed.barrier()
     kind = "zero_shot_lm" if causal_lm else "zero_shot" if family is not None else "classifier"

@@ -35,6 +35,7 @@ from transformers import AutoConfig, AutoModelForImageClassification, AutoModelF
 
 from ..convert import read_config
 from ..convert.gguf import checkpoint_inputs
+from ..data import data_spec_paths
 from ..errors import HydraInputError
 from ..families import resolve_checkpoint
 from ..masks import HeadMasks
@@ -384,8 +385,9 @@ def train_lora_ensemble(
         raise TypeError(f"train_lora_ensemble got unexpected arguments {unknown}")
     config = config or default_recipe(base_model_dir)
     out = Path(output_dir)
-    prepare_owned_folder(out, command=COMMAND, overwrite=overwrite, inputs=checkpoint_inputs(base_model_dir),
-                         keep=True)
+    # never deleted: the checkpoint (a GGUF's folder and cache too) and the data
+    inputs = [*checkpoint_inputs(base_model_dir), *data_spec_paths(train_data), *data_spec_paths(validation_data)]
+    prepare_owned_folder(out, command=COMMAND, overwrite=overwrite, inputs=inputs, keep=True)
     folders = []
     for m in range(members):
         folder = out / f"member_{m}"

@@ -138,6 +138,7 @@ def finetune_members(
     id2label: dict[int, str] | None = None,
     step_callback: Callable[[dict[str, Any]], None] | None = None,
     fuse: bool = True,
+    inputs: Sequence[str | os.PathLike] = (),
 ) -> Path | None:
     """Fine-tune every member (the base with that member's heads removed) on its own, then fuse.
 
@@ -174,6 +175,8 @@ def finetune_members(
         fuse: ``False`` trains and exports the members (``work_dir/member_<m>/model``) but never writes
             ``output_dir``: models that are used as separate models, such as the members of a Deep
             Ensemble (:func:`hydra_hf.finetune.baselines.train_deep_ensemble`).
+        inputs: other files the caller read for this run (e.g. a settings file): like the model, the masks
+            and the data, never inside ``output_dir`` or ``work_dir``, which ``overwrite`` would delete.
 
     Returns:
         ``output_dir``, or ``None`` when other members remain to be trained or ``fuse`` is ``False``.
@@ -181,7 +184,8 @@ def finetune_members(
     resume = check_resume_flags(resume, resume_partial, overwrite)
     accelerator, config = make_accelerator(config or default_recipe(model_dir))
     with accelerator.main_process_first():  # the main process fills the datasets cache first
-        run = prepare_run(model_dir, masks, train_data, eval_data, output_dir, config, work_dir, overwrite, id2label)
+        run = prepare_run(model_dir, masks, train_data, eval_data, output_dir, config, work_dir, overwrite, id2label,
+                          inputs)
     M = run.masks.num_members
     chosen = list(range(M)) if members is None else sorted(set(members))
     bad = [m for m in chosen if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < M]
@@ -269,6 +273,7 @@ def finetune_fused(
     overwrite: bool = False,
     id2label: dict[int, str] | None = None,
     step_callback: Callable[[dict[str, Any]], None] | None = None,
+    inputs: Sequence[str | os.PathLike] = (),
 ) -> Path:
     """Fuse first, then train the Hydra model as one (loss = mean member cross-entropy).
 
@@ -283,7 +288,8 @@ def finetune_fused(
     resume = check_resume_flags(resume, resume_partial, overwrite)
     accelerator, config = make_accelerator(config or default_recipe(model_dir))
     with accelerator.main_process_first():
-        run = prepare_run(model_dir, masks, train_data, eval_data, output_dir, config, work_dir, overwrite, id2label)
+        run = prepare_run(model_dir, masks, train_data, eval_data, output_dir, config, work_dir, overwrite, id2label,
+                          inputs)
     claim_work_dir(accelerator, run, ["fused"], resume=resume, shared=False)
     model = _build_hydra(run, run.masks, run.config.mlp_fusion, run.config.seed)
     shrink_and_perturb_(model, run.config.member_perturb, run.config.seed, run.arch.frozen_prefixes)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from ..assemble import detect_arch
 from ..convert import read_config
 from ..convert.gguf import checkpoint_inputs
 from ..convert.io import weight_names
-from ..data import ROTTEN_TOMATOES_LABELS, check_labels, parse_spec, resolve_dataset
+from ..data import ROTTEN_TOMATOES_LABELS, check_labels, data_spec_paths, resolve_dataset
 from ..errors import HydraInputError, HydraUnsafeError
 from ..families import get_family, resolve_checkpoint
 from ..masks import HeadMasks
@@ -155,15 +155,16 @@ def prepare_run(
     work_dir: str | os.PathLike | None,
     overwrite: bool,
     id2label: dict[int, str] | None,
+    extra_inputs: Sequence[str | os.PathLike] = (),
 ) -> FinetuneRun:
     """Check every input (fail before any work, nothing written) and load data and preprocessor. A GGUF
     ``model_dir`` (a ``.gguf`` file or a folder holding one) is read through its cached plain folder
-    (:func:`hydra_hf.families.resolve_checkpoint`)."""
+    (:func:`hydra_hf.families.resolve_checkpoint`). ``extra_inputs``: other files the caller read (a settings
+    file), kept out of the output and work folders."""
     source = Path(model_dir)
-    inputs = checkpoint_inputs(source) + ([] if isinstance(masks, HeadMasks) else [Path(masks)])
-    for data in (train_data, eval_data):  # data files and folders (not embedded data set names)
-        if isinstance(data, (str, os.PathLike)) and os.path.exists(path := parse_spec(str(data))[0]):
-            inputs.append(Path(path))
+    masks_file = masks.source if isinstance(masks, HeadMasks) else Path(masks)
+    inputs = [*checkpoint_inputs(source), *([masks_file] if masks_file is not None else []), *map(Path, extra_inputs),
+              *data_spec_paths(train_data), *data_spec_paths(eval_data)]  # data files and folders, not embedded sets
     output_dir = Path(output_dir)
     work_dir = Path(work_dir) if work_dir is not None else output_dir.with_name(output_dir.name + ".work")
     real_out, real_work = output_dir.resolve(), work_dir.resolve()

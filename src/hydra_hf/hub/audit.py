@@ -333,7 +333,8 @@ def _parse(source: str, filename: str) -> ast.Module:
     try:
         return ast.parse(source, filename=filename)
     except SyntaxError as exc:
-        raise HydraUnsafeError(f"{filename}:{exc.lineno}: does not parse as Python ({exc.msg})") from None
+        where = f"{filename}:{exc.lineno}" if exc.lineno else filename  # None for null bytes
+        raise HydraUnsafeError(f"{where}: does not parse as Python ({exc.msg})") from None
     except ValueError as exc:  # null bytes
         raise HydraUnsafeError(f"{filename}: does not parse as Python ({exc})") from None
 

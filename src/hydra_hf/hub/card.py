@@ -24,6 +24,7 @@ from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY
 from ..calibration.fit import guarantee_text
 from ..convert.gguf import gguf_source
 from ..cost import DEFAULT_TOKENS, relative_cost
+from ..errors import HydraInputError
 from ..evaluation.report import mean_std_rows, render_comparisons, render_markdown_table
 from ..families import family_of_config
 from ..modeling.configuration_hydra import custom_pipelines_for
@@ -524,11 +525,11 @@ def build_model_card(
     )
     threshold = config.get("uncertainty_threshold")
     calibration = None
-    if isinstance(config.get(CALIBRATION_KEY), Mapping):
+    if config.get(CALIBRATION_KEY) is not None:  # a guarantee the card would state, checked (push refuses it)
         try:
             calibration = guarantee_text(config[CALIBRATION_KEY])
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            logger.warning("config.json's %r cannot be read (%s); the card states no guarantee", CALIBRATION_KEY, exc)
+        except ValueError as exc:
+            raise HydraInputError(f"{str(folder)!r}: {exc}") from None
     id2label = config.get("id2label") if isinstance(config.get("id2label"), Mapping) else {}
     labels = [str(v) for _, v in sorted(id2label.items(), key=lambda kv: int(kv[0]) if str(kv[0]).isdigit() else 0)]
     title = report_data.get("title")

@@ -5,6 +5,7 @@ subset of attention heads, fused into one model."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -128,6 +129,113 @@ def check_kept_neurons(kept_neurons: Any, num_members: int, num_layers: int, whe
         if any(b <= a for a, b in zip(neurons, neurons[1:])):
             fix = "list each kept neuron once" if len(set(neurons)) != len(neurons) else "sort them"
             raise ValueError(f"{where}[{m}][{layer}] must be sorted and unique (increasing indices); {fix}")
+
+
+# ------------------------------------------------------------------------------ a stored calibration
+# What `hydra-hf calibrate` stores in ``config.calibration`` (``hydra_hf.calibration`` fits it): split conformal
+# sets and an abstention threshold of a classifier, or the abstention thresholds of a causal LM
+# (``"task": "causal_lm"``). The pipelines, ``generate_with_uncertainty`` and hydra_hf's readers all check it with
+# :func:`check_calibration` before they use it: a folder's config is input, not necessarily written by hydra-hf.
+CONFORMAL_METHODS = ("lac", "aps", "raps")
+RANDOMIZED_METHODS = ("aps", "raps")
+SELECTIVE_SCORES = ("msp", "entropy", "mi")  # uncertainty scores of a classifier: higher = less sure
+GENERATION_SCORE_NAMES = ("entropy", "mi")  # token scores of a causal LM's abstention
+CALIBRATION_TASKS = ("causal_lm",)  # a classifier's calibration names no task
+_SCORE_TOLERANCE = 1e-6  # sums of float probabilities exceed 1 (a score's bound) by rounding
+_RECALIBRATE = "calibrate the folder again (hydra-hf calibrate ... --overwrite) or remove the key"
+
+
+def check_calibration(calibration: Any, num_labels: int | None = None) -> dict[str, Any] | None:
+    """``config.calibration`` checked field by field (returned as it is), or None when there is none.
+
+    Every number is finite and in its range: ``alpha`` in (0, 1), ``n`` a positive integer, a classifier's
+    ``q_hat`` in the range of its method's scores ([0, 1] for lac and aps; raps adds its penalty per rank
+    above ``regularization_rank``, bounded with ``num_labels`` classes, or the stored ``class_names``), a
+    ``temperature`` above 0, a ``threshold`` in the range of its ``score`` (msp [0, 1], entropy and mi
+    [0, ln C]) with its ``risk``, ``delta`` in (0, 1) and ``answered_fraction`` in [0, 1]; a randomised
+    method (aps, raps) has an integer ``seed``. A causal LM's ``token_threshold`` and ``sequence_threshold``
+    are at least 0, its ``score`` entropy or mi.
+
+    Raises:
+        ValueError: one line naming the field, its value and the fix.
+    """
+    if calibration is None:
+        return None
+    if not isinstance(calibration, dict):
+        raise ValueError(f"config.calibration must be an object (what `hydra-hf calibrate` stores), got "
+                         f"{type(calibration).__name__}; {_RECALIBRATE}")
+
+    def refuse(key: str, expected: str) -> None:
+        raise ValueError(f"config.calibration {key} {calibration.get(key)!r} must be {expected}; {_RECALIBRATE}")
+
+    def number(key: str, low: float, high: float, *, interval: str, optional: bool = False) -> float | None:
+        value = calibration.get(key)
+        if value is None and optional:
+            return None
+        if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                or not low <= value <= high):
+            refuse(key, f"a finite number in {interval}")
+        return float(value)
+
+    def integer(key: str, low: int, *, optional: bool = False) -> int | None:
+        value = calibration.get(key)
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            refuse(key, f"an integer >= {low}")
+        return value
+
+    def fraction(key: str, *, optional: bool = False) -> float | None:  # in (0, 1), both ends open
+        value = number(key, 0.0, 1.0, interval="(0, 1)", optional=optional)
+        if value is not None and not 0 < value < 1:
+            refuse(key, "a finite number in (0, 1)")
+        return value
+
+    task = calibration.get("task")
+    if task is not None and task not in CALIBRATION_TASKS:
+        refuse("task", f"one of {list(CALIBRATION_TASKS)} or absent (a classifier's calibration)")
+    fraction("alpha")
+    integer("n", 1)
+    if task == "causal_lm":
+        if calibration.get("score") not in GENERATION_SCORE_NAMES:
+            refuse("score", f"one of {list(GENERATION_SCORE_NAMES)} (a causal LM's token score)")
+        for key in ("token_threshold", "sequence_threshold"):
+            number(key, 0.0, math.inf, interval="[0, inf) (entropy and mutual information are >= 0)")
+        return calibration
+    method = calibration.get("method")
+    if method not in CONFORMAL_METHODS:
+        refuse("method", f"one of {list(CONFORMAL_METHODS)}")
+    randomized = calibration.get("randomized", False)
+    if not isinstance(randomized, bool) or (randomized and method not in RANDOMIZED_METHODS):
+        refuse("randomized", f"true or false (true only for {' and '.join(RANDOMIZED_METHODS)}, not {method})")
+    integer("seed", 0, optional=not randomized)
+    penalty = number("penalty", 0.0, math.inf, interval="[0, inf)", optional=True) or 0.0
+    rank = integer("regularization_rank", 0, optional=True)
+    names = calibration.get("class_names")
+    if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+        refuse("class_names", "a list of class names")
+    templates = calibration.get("templates")
+    if templates is not None and (not isinstance(templates, list) or not all(isinstance(t, str) for t in templates)):
+        refuse("templates", "a list of prompt templates")
+    classes = len(names) if names else num_labels
+    top = 1.0
+    if method == "raps":
+        top = math.inf if not classes else 1.0 + penalty * max(classes - (1 if rank is None else rank), 0)
+    number("q_hat", 0.0, top + _SCORE_TOLERANCE, interval=f"[0, {top:g}] (the range of {method} scores)")
+    number("temperature", 0.0, math.inf, interval="(0, inf)", optional=True)
+    if calibration.get("temperature") == 0:
+        refuse("temperature", "a finite number in (0, inf)")
+    score = calibration.get("score", "msp")
+    if score not in SELECTIVE_SCORES:
+        refuse("score", f"one of {list(SELECTIVE_SCORES)}")
+    selective = calibration.get("threshold") is not None  # a threshold comes with its risk and delta
+    if selective:
+        high = 1.0 if score == "msp" else (math.log(classes) if classes and classes > 1 else math.inf)
+        number("threshold", 0.0, high + _SCORE_TOLERANCE, interval=f"[0, {high:.4g}] (the range of {score})")
+    fraction("risk", optional=not selective)
+    fraction("delta", optional=not selective)
+    number("answered_fraction", 0.0, 1.0, interval="[0, 1]", optional=True)
+    return calibration
 
 
 class HydraEnsembleConfig(PretrainedConfig):

@@ -21,6 +21,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 from transformers.utils import ModelOutput
 from transformers.utils.deprecation import deprecate_kwarg
 
+from .configuration_hydra import GENERATION_SCORE_NAMES, check_calibration
 from .hydra_layers import HydraClassifierOutput, HydraMemberLinear, LayerOutputs, ensemble_outputs, rows_linear
 
 # The cache is ``cache`` in and out, transformers' name (``generate()`` passes and reads it); the older
@@ -102,22 +103,20 @@ class HydraGenerateOutput(ModelOutput):
     sequence_mutual_information: torch.Tensor | None = None
 
 
-GENERATION_SCORES = {"entropy": "token_entropy", "mi": "token_mutual_information"}
+# token score -> the output field holding it
+GENERATION_SCORES = dict(zip(GENERATION_SCORE_NAMES, ("token_entropy", "token_mutual_information")))
 
 
 def add_generation_abstention(out: HydraGenerateOutput, calibration: Any) -> HydraGenerateOutput:
     """``out`` with ``token_abstain (B, N)`` and ``sequence_abstain (B,)`` (bool) when ``calibration`` (the
     config's, from ``hydra-hf calibrate`` on a causal LM) holds thresholds on a token score: a token abstains
     when its score is above ``token_threshold``, a sequence when its mean score is above
-    ``sequence_threshold``. Without such a calibration ``out`` is returned as it is."""
-    if not isinstance(calibration, dict) or calibration.get("task") != "causal_lm":
+    ``sequence_threshold``. Without such a calibration ``out`` is returned as it is; a calibration that is not
+    what `hydra-hf calibrate` stores (:func:`check_calibration`) is a ``ValueError``."""
+    calibration = check_calibration(calibration)
+    if calibration is None or calibration.get("task") != "causal_lm":
         return out
-    score = calibration.get("score")
-    if score not in GENERATION_SCORES:
-        raise ValueError(
-            f"config.calibration score {score!r} is not one of {list(GENERATION_SCORES)}; calibrate again"
-        )
-    tokens = out[GENERATION_SCORES[score]]  # (B, N), 0 after the end of sequence
+    tokens = out[GENERATION_SCORES[calibration["score"]]]  # (B, N), 0 after the end of sequence
     mask = out.generated_mask.bool()  # (B, N)
     sequence = (tokens * mask).sum(-1) / mask.sum(-1).clamp_min(1)  # (B,)
     out["token_abstain"] = (tokens > float(calibration["token_threshold"])) & mask

@@ -1,5 +1,5 @@
 # Shipped with every Hydra Ensemble model folder (remote code): imports only the standard library,
-# torch and transformers.
+# torch, transformers and sibling files.
 """Pipelines that return the Hydra Ensemble's prediction *and* its uncertainty.
 
 The stock pipelines already give the ensemble mean (a Hydra model's ``logits`` are the log of the
@@ -38,6 +38,13 @@ from transformers import (
     TextClassificationPipeline,
     TextGenerationPipeline,
     ZeroShotImageClassificationPipeline,
+)
+
+from .configuration_hydra import (
+    CONFORMAL_METHODS,
+    RANDOMIZED_METHODS,
+    SELECTIVE_SCORES,
+    check_calibration,
 )
 
 UNCERTAINTY_METRICS = ("predictive_entropy", "expected_entropy", "mutual_information")
@@ -161,9 +168,6 @@ def format_result(
 # use the full cumulative mass up to and including a class, so coverage is at least 1 - alpha, possibly
 # above it. ``randomized`` APS / RAPS subtract ``U * p_c`` (Romano et al. 2020), with one U per input
 # drawn by :func:`conformal_noise`: a hash of the input's probabilities and the stored seed.
-CONFORMAL_METHODS = ("lac", "aps", "raps")
-RANDOMIZED_METHODS = ("aps", "raps")
-SELECTIVE_SCORES = ("msp", "entropy", "mi")  # uncertainty scores: higher = less sure
 NOISE_DECIMALS = 4  # the probabilities are rounded to this many decimals before they are hashed
 _MASK64 = (1 << 64) - 1
 
@@ -275,24 +279,12 @@ def calibrated_decisions(member_logits: torch.Tensor, calibration: dict[str, Any
 
 
 def resolve_calibration(config: Any) -> dict[str, Any] | None:
-    """``config.calibration`` checked (a dict naming a known method, a finite ``q_hat``), or None."""
-    calibration = getattr(config, "calibration", None)
-    if calibration is None:
-        return None
-    if not isinstance(calibration, dict) or calibration.get("method") not in CONFORMAL_METHODS:
-        raise ValueError(
-            f"config.calibration={calibration!r} is not a calibration of `hydra-hf calibrate`; calibrate the folder "
-            "again or remove the key"
-        )
-    q_hat = calibration.get("q_hat")
-    if isinstance(q_hat, bool) or not isinstance(q_hat, (int, float)) or not math.isfinite(q_hat):
-        raise ValueError(
-            f"config.calibration q_hat must be a finite number, got {q_hat!r}; calibrate the folder again"
-        )
-    seed = calibration.get("seed")
-    if calibration.get("randomized") and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ValueError(f"config.calibration is randomized but its seed is {seed!r}, not an integer; calibrate the "
-                         "folder again")
+    """A classifier's ``config.calibration`` checked (:func:`check_calibration`: every field finite and in its
+    range), or None when it has none."""
+    calibration = check_calibration(getattr(config, "calibration", None), getattr(config, "num_labels", None))
+    if calibration is not None and calibration.get("task") is not None:
+        raise ValueError(f"config.calibration is a {calibration['task']} calibration, not a classifier's; calibrate "
+                         "the folder again (hydra-hf calibrate ... --overwrite) or remove the key")
     return calibration
 
 

@@ -29,7 +29,7 @@ from torch.export import Dim
 
 from .. import evaluation as ev
 from ..convert.io import checkpoint_dir, from_pretrained, read_config
-from ..data import parse_spec, resolve_dataset
+from ..data import data_spec_paths, parse_spec, resolve_dataset
 from ..errors import HydraInputError
 from ..evaluation import zero_shot_prompts
 from ..evaluation.onnx_check import (
@@ -40,6 +40,7 @@ from ..evaluation.onnx_check import (
 )
 from ..families import family_of_config
 from ..hub.audit import PACKAGED_CODE_DIR, packaged_code, sibling_imports
+from ..modeling.configuration_hydra import check_calibration
 from ..outputs import check_output, write_output_folder
 from ..saving import copy_preprocessor
 from ..version import __version__
@@ -338,7 +339,9 @@ def export_onnx(
         value = (data_options or {}).get(key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise HydraInputError(f"--{key.replace('_', '-')} {value!r}: give a positive whole number")
-    inputs = [model_dir]
+    # every file it reads (the folder, the report's data): the output never holds one
+    inputs = [Path(model_dir), *data_spec_paths(calibration_data),
+              *(p for spec in ood_data for p in data_spec_paths(_named_spec(spec)[1]))]
     check_output(output_dir, command=COMMAND, overwrite=overwrite, inputs=inputs)
     templates = list(templates)
     if not templates or not all(isinstance(t, str) and t.count("{}") == 1 for t in templates):
@@ -347,6 +350,10 @@ def export_onnx(
         )
     model, family, config_data = load_hydra_folder(model_dir)
     folder = Path(model_dir)
+    try:  # its pipelines apply a stored calibration: one that is not what `hydra-hf calibrate` stores fails now
+        check_calibration(config_data.get("calibration"), getattr(model.config, "num_labels", None))
+    except ValueError as exc:
+        raise HydraInputError(f"{str(folder)!r}: {exc}") from None
     preprocessor = _preprocessor(folder, family.modality)
     # the report's data is read before the (slow) export: a bad data option fails at once
     loaders, class_names = _report_loaders(model, preprocessor, family.modality, calibration_data, ood_data,
@@ -505,13 +512,20 @@ def _report_loaders(model, preprocessor, modality, calibration_data, ood_data, o
     id_loader = loader(id_data)
     oods = {}
     for spec in ood_data:
-        name, path = spec.partition("=")[::2] if "=" in spec else (parse_spec(spec)[0], spec)  # NAME=SPEC or SPEC
-        name, path = name.strip(), path.strip()
+        name, path = _named_spec(spec)
         if name in oods:
             raise HydraInputError(f"--ood-data name {name!r} is used twice; write NAME=SPEC to tell them apart")
         ood = data(path, False)
         oods[name] = loader(ood.remove_columns([c for c in ("label",) if c in ood.column_names]))
     return (id_loader, oods), class_names
+
+
+def _named_spec(spec: str) -> tuple[str, str]:
+    """``(name, data spec)`` of an ``--ood-data`` value: ``NAME=SPEC``, or ``SPEC`` named by its path."""
+    if "=" in spec:
+        name, _, path = spec.partition("=")
+        return name.strip(), path.strip()
+    return parse_spec(spec)[0], spec
 
 
 def _axes_doc(name: str, axes: dict[int, Any]) -> dict[str, Any]:

@@ -35,12 +35,13 @@ from typing import Any
 import datasets
 import torch
 
+from ..errors import HydraInputError
 from ..families.adapters import ModelAdapter
 from ..masks import HeadMasks
 from .budget import Budget
 from .circuits import as_metadata, circuit_prune, circuit_prune_criteria
 from .layout import HeadLayout
-from .neurons import check_mlp_keep, choose_neurons
+from .neurons import check_included_widths, check_mlp_keep, choose_neurons
 from .taylor import PruneResult, taylor_prune
 
 logger = logging.getLogger(__name__)
@@ -318,6 +319,15 @@ def prune_members(
         raise ValueError("include= adds members to a new selection, heads= reuses one; give one of them")
     if include is not None:
         include.check_towers(adapter.tower_names, model=f"the {adapter.kind} model being pruned")
+        model_shapes = {t: adapter.shape(t) for t in adapter.tower_names}
+        included = include.kept_heads_by_tower(model_shapes, model="the model being pruned")  # {tower: (M, L, list)}
+        outside = [t for t in include.tower_names if include.named and t not in layout.names]
+        if outside:  # its members would lose what they prune there: they are added unchanged or not at all
+            raise HydraInputError(
+                f"the included masks prune the {outside[0]} tower, which this run leaves whole (tower {tower!r}); "
+                "prune with --tower joint, or include masks of the pruned towers only"
+            )
+        check_included_widths(include, adapter)
 
     if heads is not None:
         masks = _reused_heads(heads, members, mlp_keep, adapter, metadata)
@@ -326,23 +336,29 @@ def prune_members(
                             ood_data=ood_data, tower=tower, temperature=temperature, data_fraction=data_fraction,
                             heads_per_step=heads_per_step, taylor_rounds=taylor_rounds, random_ties=several,
                             fast=fast, precision=precision, progress=progress)
-        masks = _choose_heads(ctx, method_list, members, seed, include, metadata)
-    if mlp_keep is not None and check_mlp_keep(mlp_keep) < 1:  # slim members: MLP neurons too (an extension)
-        masks = choose_neurons(
-            adapter, masks,
+        masks = _choose_heads(ctx, method_list, members, seed, include, included if include is not None else None,
+                              metadata)
+    computed = None  # the computed members, slim: MLP neurons too (an extension)
+    if mlp_keep is not None and check_mlp_keep(mlp_keep) < 1 and members:
+        computed = choose_neurons(
+            adapter, masks.select_members(range(members)),
             lambda m: make_batches(_subset(id_data, data_fraction, seed + m), seed + m),
             mlp_keep=mlp_keep, spread=mlp_spread, progress=progress,
         )
+        masks.metadata.update(mlp_keep=computed.metadata["mlp_keep"], mlp_spread=mlp_spread)
+    if computed is not None or (include is not None and include.slim):
+        masks = _with_member_neurons(masks, computed, include)
     grouped = grouped_query_heads(adapter)
     if grouped is not None and not masks.named:  # a decoder with grouped-query attention: say which KV heads stay
         masks = masks.with_key_value_heads(grouped)
     logger.info("%s", masks.summary())
     for i, j in masks.identical_members():
         logger.warning(
-            "members %d and %d keep the same heads (Jaccard 1.0): converted from one base they are one model "
+            "members %d and %d keep the same heads%s (Jaccard 1.0): converted from one base they are one model "
             "counted twice; give them other seeds or methods, or a smaller data fraction",
             i,
             j,
+            " and the same MLP neurons" if masks.slim else "",
         )
     return masks
 
@@ -362,12 +378,10 @@ def _reused_heads(heads: HeadMasks, members: int, mlp_keep: float | None, adapte
 
 
 def _choose_heads(ctx: MemberContext, method_list: list[str], members: int, seed: int, include: HeadMasks | None,
-                  metadata: dict[str, Any] | None) -> HeadMasks:
-    """Every member's heads (:func:`prune_members` before its slim members' neurons), in the masks' file shape."""
+                  included: dict[str, Any] | None, metadata: dict[str, Any] | None) -> HeadMasks:
+    """Every member's heads (:func:`prune_members` before its slim members' neurons), in the masks' file shape:
+    the computed members, then ``include``'s (``included``: their kept heads per tower)."""
     adapter, layout = ctx.adapter, ctx.layout
-    if include is not None:
-        shapes = {t: adapter.shape(t) for t in adapter.tower_names}
-        included = include.kept_heads_by_tower(shapes, model="the model being pruned")  # {tower: (M, L, list)}
     kept: list[dict[str, list[list[int]]]] = []  # per member: {tower: [[heads] per layer]}, the layout's towers
     member_meta: list[dict[str, Any]] = []
     shared = _shared_circuit_members(ctx, method_list, members, seed=seed)
@@ -400,6 +414,21 @@ def _choose_heads(ctx: MemberContext, method_list: list[str], members: int, seed
         "pairwise_jaccard": [[round(v, 4) for v in row] for row in masks.jaccard().tolist()],
     }
     return masks
+
+
+def _with_member_neurons(masks: HeadMasks, computed: HeadMasks | None, include: HeadMasks | None) -> HeadMasks:
+    """``masks`` (the computed members, then the included ones) with the computed members' chosen neurons and
+    the included members' own, unchanged (None where a member keeps every neuron)."""
+    n_computed = masks.num_members - (include.num_members if include is not None else 0)
+    neurons, widths = {}, {}
+    for key in masks.tower_names if masks.named else [None]:
+        ours = computed.member_neurons(key) if computed is not None else None
+        theirs = include.member_neurons(key) if include is not None else None
+        if ours is None and theirs is None:
+            continue
+        neurons[key] = (ours or [None] * n_computed) + (theirs or [None] * (masks.num_members - n_computed))
+        widths[key] = (computed.intermediate_size(key) if ours is not None else None) or include.intermediate_size(key)
+    return masks.with_neurons(neurons, widths)
 
 
 def _shared_circuit_members(

@@ -29,7 +29,7 @@ from torch import nn
 
 from ..convert.io import read_state_dict
 from ..convert.open_clip import CONFIG_NAME, WEIGHT_NAMES
-from ..data import DEFAULT_PROMPT_TEMPLATE
+from ..data import DEFAULT_PROMPT_TEMPLATE, zero_shot_prompts
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def class_prompts(class_names: list[str], template: str = DEFAULT_PROMPT_TEMPLAT
         raise ValueError(
             f"the prompt template {template!r} must contain '{{}}' exactly once (e.g. {DEFAULT_PROMPT_TEMPLATE!r})"
         )
-    return [template.format(name) for name in class_names]
+    return zero_shot_prompts(class_names, [template])  # its other braces checked there
 
 
 # ------------------------------------------------------------------------------------- weights

@@ -141,6 +141,22 @@ def check_mlp_keep(mlp_keep: Any) -> float:
     return float(mlp_keep)
 
 
+def check_included_widths(include: HeadMasks, adapter: ModelAdapter) -> None:
+    """Raise (one line naming both sizes) unless the slim towers of the included masks were made for the MLP
+    widths of the model being pruned (:meth:`HeadMasks.check_mlp_width`), before anything of their width is
+    built."""
+    if not include.slim:
+        return
+    family = family_of_model(adapter.model)
+    if family is None:
+        raise HydraInputError(f"slim members need a registered family; {type(adapter.model).__name__} is none")
+    shapes = mlp_shapes(adapter.model, family)
+    for tower in include.tower_names if include.named else [None]:
+        name = tower or adapter.resolve_tower(None)
+        if include.intermediate_size(tower) is not None and name in shapes:
+            include.check_mlp_width(tower, shapes[name][1], model="the model being pruned")
+
+
 def select_neurons(scores: torch.Tensor, keep: int, taken: torch.Tensor | None = None) -> list[list[int]]:
     """Per layer, the ``keep`` highest-scoring neurons of ``scores (L, I)``, sorted; with ``taken (L, I)`` (how
     many earlier members kept each neuron) the least-taken first, the score breaking ties among equally taken
