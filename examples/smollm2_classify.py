@@ -19,12 +19,14 @@ Models, per seed ``s`` of ``--seeds``:
 - **Hydra**: 3 members pruned from Single ``s`` by Taylor importance (``|W * dL/dW|`` of the Q/K/V rows, on the
   cross-entropy of ``--selection`` validation reviews that the early stopping never reads; prune-recompute in
   ``--taylor-rounds`` groups of layers; members sampled with the library's defaults, seeds ``10 s + m``), each
-  keeping ``--heads`` of the 9 query heads of every layer (the paper's per-layer budget); every member fine-tuned
-  ``--member-steps`` steps from Single ``s`` (seeds ``1000 + 10 s + m``, learning rate ``--member-lr``), fused with
-  the members' averaged MLP (the paper's).
-- **Slim Hydra**: the best slim recipe of docs/slim.md: the Hydra's members (the same heads), each also keeping its
-  own most important ``--slim-mlp`` of every layer's MLP neurons (Taylor importance inside the member, on the same
-  selection reviews); members fine-tuned longer (``--slim-steps``); averaged MLP as above.
+  keeping ``--heads`` of the 9 query heads of every layer (the paper's per-layer budget, about half); every member
+  fine-tuned ``--member-steps`` steps from Single ``s`` (default 40: one pass over the training reviews; seeds
+  ``1000 + 10 s + m``, learning rate ``--member-lr``), fused with the members' averaged MLP (the paper's).
+- **Slim Hydra**: the best slim recipe of docs/slim.md (``slim-k6-m33-top-ft480`` there): the Hydra's members (the
+  same heads), each also keeping its own most important ``--slim-mlp`` of every layer's MLP neurons (Taylor
+  importance inside the member, on the same selection reviews; no spreading), fine-tuned four times as long as
+  the Hydra's members (``--slim-steps``, default 160: four passes, the best epoch kept); averaged MLP as above.
+  Each member's training losses and validation accuracy per epoch are recorded (``member_checks``).
 
 Test data: the Rotten Tomatoes test reviews (``--id-test``) and the demo's four OOD kinds (``--ood-test`` of each
 test split: Guardian headlines, presidential debates, Hamlet, convention speeches), every text cut at
@@ -68,6 +70,7 @@ from hydra_hf.pruning.budget import Budget
 from hydra_hf.recipes.smollm2 import (
     LABELS,
     OOD_TEST,
+    PACKAGED,
     cached,
     cached_predictions,
     compare_over_seeds,
@@ -88,9 +91,9 @@ STAGES = ("singles", "hydra", "slim", "all")
 
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     """What the cells depend on: a run with other settings is refused in the same ``--output``."""
-    keys = ("base", "seeds", "train_samples", "epochs", "batch_size", "lr", "max_length", "bf16", "heads",
+    keys = ("seeds", "train_samples", "epochs", "batch_size", "lr", "max_length", "bf16", "heads",
             "selection", "taylor_rounds", "member_steps", "member_lr", "slim_mlp", "slim_steps", "id_test", "ood_test")
-    return {k: getattr(args, k) for k in keys}
+    return {"base": args.base_label, **{k: getattr(args, k) for k in keys}}
 
 
 def check_settings(out: Path, settings: dict[str, Any]) -> None:
@@ -230,6 +233,18 @@ def compute_of(out: Path, recipe: str, seed: int, tokens: int) -> dict[str, floa
     return relative_cost(from_masks, tokens)
 
 
+def member_checks(record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Did each member of a recipe learn? Its training loss over the first and the last tenth of its steps and its
+    validation accuracy after each epoch (the best epoch is the one fused)."""
+    out = []
+    for member, losses in zip(record["members"], record["losses"].values()):
+        tenth = max(1, len(losses) // 10)
+        out.append({"loss_first_tenth": sum(losses[:tenth]) / tenth, "loss_last_tenth": sum(losses[-tenth:]) / tenth,
+                    "validation_accuracy": [h.get("eval_accuracy") for h in member["history"]],
+                    "best_epoch": member["best_epoch"]})
+    return out
+
+
 def learned(record: dict[str, Any], numbers: dict[str, Any], majority: float) -> dict[str, Any]:
     """Did a Single learn? Its training loss over the first and the last tenth of its steps, its best validation
     accuracy and its test accuracy against the majority class's share."""
@@ -348,6 +363,7 @@ def summarize(args: argparse.Namespace, out: Path, records: dict[str, Any], pred
         "rows": rows, "numbers": {name: {str(s): n for s, n in per.items()} for name, per in numbers.items()},
         "comparisons": comparisons, "single_checks": {str(s): c for s, c in checks.items()},
         "training": {name: {k: v for k, v in rec.items() if k != "losses"} for name, rec in records.items()},
+        "member_checks": {name: member_checks(rec) for name, rec in records.items() if not name.startswith("single")},
         "single_steps_per_s": sum(r["steps_per_s"] for r in singles) / len(singles),
     }
 
@@ -369,10 +385,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heads", type=int, default=4, help="query heads per layer per member (of 9)")
     parser.add_argument("--selection", type=int, default=96, help="validation reviews the members are pruned on")
     parser.add_argument("--taylor-rounds", type=int, default=3, help="prune-recompute rounds (groups of layers)")
-    parser.add_argument("--member-steps", type=int, default=20, help="fine-tuning steps per Hydra member")
+    parser.add_argument("--member-steps", type=int, default=40, help="fine-tuning steps per Hydra member")
     parser.add_argument("--member-lr", type=float, default=2.5e-5)
     parser.add_argument("--slim-mlp", type=float, default=0.33, help="MLP neurons per slim member (its own top)")
-    parser.add_argument("--slim-steps", type=int, default=40, help="fine-tuning steps per slim member")
+    parser.add_argument("--slim-steps", type=int, default=160, help="fine-tuning steps per slim member")
     parser.add_argument("--id-test", type=int, default=600, help="ID test reviews (the first of the split)")
     parser.add_argument("--ood-test", type=int, default=250, help="texts per OOD kind")
     parser.add_argument("--n-boot", type=int, default=1000, help="paired bootstrap resamples per seed")
@@ -384,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                         datefmt="%H:%M:%S")
     threads = pin_threads(args.threads)  # first, before any torch work
     print(describe_threads(threads))
+    args.base_label = args.base or PACKAGED  # the settings name the packaged file, not where it is installed
     args.base = str(args.base or packaged_smollm2())
     if not (is_gguf(Path(args.base)) or (Path(args.base) / "config.json").is_file()):
         raise HydraInputError(f"--base {args.base!r} is neither a GGUF file nor a model folder")

@@ -72,21 +72,28 @@ def test_the_zero_shot_study_runs_end_to_end_and_resumes_from_its_cache(tiny_lm,
     study = _load("smollm2_zero_shot")
     out, results = tmp_path / "zero_shot", tmp_path / "zero_shot.json"
     args = ["--base", str(tiny_lm), "--output", str(out), "--results", str(results), "--seeds", "0", "1",
-            "--heads", "2", "--selection", "8", "--taylor-rounds", "1", "--max-text-tokens", "16", "--batch-size", "8",
-            "--no-bf16", "--id-test", "16", "--ood-test", "6", "--n-boot", "20"]
+            "--hydra", "remove=3", "heads-per-layer=2", "--selection", "8", "--taylor-rounds", "1",
+            "--max-text-tokens", "16", "--batch-size", "8", "--no-bf16", "--id-test", "16",
+            "--ood-test", "6", "--n-boot", "20"]
     assert study.main(args) == 0
     first = json.loads(results.read_text())
-    assert [r["model"] for r in first["rows"]] == ["Single", "Prompt ensemble", "Hydra (Taylor)"]
+    main, half = "Hydra (Taylor, 3 heads removed)", "Hydra (Taylor, 2 heads kept in every layer)"
+    assert [r["model"] for r in first["rows"]] == ["Single", "Prompt ensemble", main, half]
     rows = {r["model"]: r for r in first["rows"]}
-    assert rows["Prompt ensemble"]["members"] == 4 and rows["Hydra (Taylor)"]["members"] == 3
-    assert rows["Hydra (Taylor)"]["seeds"] == 2 and rows["Prompt ensemble"]["compute_x"] == 4.0
-    assert 1 < rows["Hydra (Taylor)"]["compute_x"] < 3
+    assert rows["Prompt ensemble"]["members"] == 4 and rows[main]["members"] == 3
+    assert rows[main]["seeds"] == 2 and rows["Prompt ensemble"]["compute_x"] == 4.0
+    assert 1 < rows[half]["compute_x"] < rows[main]["compute_x"] < 3
     assert first["test_sizes"] == {"id": 16, "guardian": 6, "debates": 6, "hamlet": 6, "speeches": 6}
-    assert set(first["comparisons"]) == {"Hydra - Single", "Hydra - Prompt ensemble", "Prompt ensemble - Single"}
+    assert set(first["comparisons"]) == {f"{main} - Single", f"{main} - Prompt ensemble", f"{half} - Single",
+                                         f"{half} - Prompt ensemble", "Prompt ensemble - Single"}
     assert first["comparisons"]["Prompt ensemble - Single"]["accuracy"]["p"] is None  # no seeds: bootstrap alone
-    masks = json.loads((out / "masks" / "hydra_seed1.json").read_text())
+    masks = json.loads((out / "masks" / "hydra_k2_seed1.json").read_text())
     assert [m["seed"] for m in masks["members"]] == [10, 11, 12]
     assert all(len(layer) == 2 for m in masks["members"] for layer in m["kept_heads"])
+    masks = json.loads((out / "masks" / "hydra_remove3_seed1.json").read_text())
+    assert all(sum(map(len, m["kept_heads"])) == 8 - 3 for m in masks["members"])  # 2 layers x 4 heads, 3 removed
+    assert first["budgets"][main]["query_heads_kept"] == 5 and first["budgets"][half]["kv_heads_kept"] <= 4
+    assert set(first["single_check"]) == {"accuracy", "majority", "above_chance"}
     # the Single's predictions are those of the library predictor with the headline prompt, read back from the cache
     single = torch.load(out / "predictions" / "single_prompt0.pt", weights_only=True)
     assert single["id"]["member_logits"].shape == (16, 1, 2)
@@ -94,19 +101,24 @@ def test_the_zero_shot_study_runs_end_to_end_and_resumes_from_its_cache(tiny_lm,
         (single["id"]["member_logits"][:, 0].argmax(-1) == single["id"]["labels"]).double().mean()), abs_tol=1e-12)
     # the docs' views render the file: its rows, every comparison and the prompts
     page = render_docs.VIEWS["smollm2-zero-shot"](first)
-    assert all(f"| {name} |" in page for name in ("Single", "Prompt ensemble", "Hydra (Taylor)", "Hydra - Single"))
+    assert all(f"| {name} |" in page for name in ("Single", "Prompt ensemble", main, half, f"{main} - Single"))
     assert f"| {100 * rows['Single']['accuracy']:.1f} |" in page and "| classify the sentiment |" in page
     readme = render_docs.VIEWS["smollm2-zero-shot-readme"](first)
-    assert "Prompt ensemble - Single:" in readme and f"{rows['Hydra (Taylor)']['compute_x']:.2f}" in readme
+    assert "Prompt ensemble - Single:" in readme and f"{rows[main]['compute_x']:.2f}" in readme
     # a second run resumes: nothing is pruned or predicted again, the same numbers come out
     monkeypatch.setattr(study, "build_members", lambda *a, **k: pytest.fail("pruned again"))
     monkeypatch.setattr(study, "predictions_of", lambda *a, **k: pytest.fail("predicted again"))
     assert study.main(args) == 0
     _same_cells(first, json.loads(results.read_text()))
     other = list(args)
-    other[other.index("--heads") + 1] = "3"
-    with pytest.raises(Exception, match="other heads"):
+    other[other.index("--selection") + 1] = "6"
+    with pytest.raises(Exception, match="other selection"):
         study.main(other)
+    # a cached masks file of another budget under this budget's name is refused, never mixed in
+    cell = out / "masks" / "hydra_k2_seed0.json"
+    cell.write_text((out / "masks" / "hydra_remove3_seed0.json").read_text())
+    with pytest.raises(Exception, match="pruned with the budget"):
+        study.main(args)
 
 
 def test_the_fine_tuned_study_runs_end_to_end_and_resumes_from_its_cache(tiny_lm, tmp_path, monkeypatch):
@@ -130,6 +142,9 @@ def test_the_fine_tuned_study_runs_end_to_end_and_resumes_from_its_cache(tiny_lm
     assert all(len(layer) == 24 for m in slim["members"] for layer in m["kept_neurons"])  # half of 48
     assert not (out / "hydra_seed0").exists()  # member checkpoints go once their predictions are written
     assert set(first["single_checks"]["0"]) >= {"loss_first_tenth", "loss_last_tenth", "learned"}
+    checks = first["member_checks"]["slim_seed1"]
+    assert len(checks) == 3 and all(len(c["validation_accuracy"]) == len(m["history"]) for c, m in zip(
+        checks, first["training"]["slim_seed1"]["members"]))
     page = render_docs.VIEWS["smollm2-classify"](first)
     assert "| Deep Ensemble - Single |" in page and "| seed 1 |" in page and "steps/s" in page
     assert "Slim - Hydra:" in render_docs.VIEWS["smollm2-classify-readme"](first)

