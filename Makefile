@@ -52,6 +52,7 @@ bench: setup
 	$(PY) bench/bench_cost.py --json $(BENCH_OUT)/cost.json
 	$(PY) bench/bench_onnx.py --json $(BENCH_OUT)/onnx.json
 	$(PY) bench/bench_decoder.py --json $(BENCH_OUT)/decoder.json
+	$(PY) bench/bench_import.py --json $(BENCH_OUT)/import.json
 	$(PY) tools/render_docs.py
 
 clean:

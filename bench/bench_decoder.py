@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import statistics
 import sys
@@ -44,13 +43,13 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_threads_argument, pin_bench_threads, random_kept_heads, table, write_results
 
 from hydra_hf.convert.hf_llama import decoder_member_from_state_dict, fuse_decoder, unfuse_decoder
+from hydra_hf.modeling import hydra_formulas
 from hydra_hf.modeling.configuration_hydra_llama import HydraEnsembleLlamaConfig
 from hydra_hf.modeling.modeling_hydra_llama import HydraEnsembleLlamaForCausalLM
 
@@ -129,8 +128,7 @@ def build(args: argparse.Namespace) -> tuple[dict, list]:
 # ------------------------------------------------------------------ greedy decoding, timed per phase
 def ensemble_log_probs(logits: list[torch.Tensor]) -> torch.Tensor:
     """Log of the mean of the members' softmaxes, from M logits ``(B, V)`` each, as the fused model computes it."""
-    log_p = F.log_softmax(torch.stack(logits, dim=1).float(), dim=-1)  # (B, M, V)
-    return torch.logsumexp(log_p, dim=1) - math.log(len(logits))
+    return hydra_formulas.ensemble_log_probs(torch.stack(logits, dim=1), dim=1)  # (B, M, V) -> (B, V)
 
 
 def cache_bytes(cache) -> int:

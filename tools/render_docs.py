@@ -126,6 +126,13 @@ def _demo_run(results: Mapping[str, Any]) -> str:
     return text + "\n"
 
 
+def _demo_time(results: Mapping[str, Any]) -> str:
+    """examples/demo.py's wall time in one sentence, for the README's `make demo` line."""
+    return (f"`make demo` ran in **{results['wall_s'] / 60:.1f} min** on {results['cpu_count']} cores of "
+            f"{_machine(results.get('machine'))} (load average {results['load_average'][0]:g} when it ended; "
+            "[docs/results.md](docs/results.md) has each stage's time).\n")
+
+
 def _int8_summary(results: Mapping[str, Any]) -> str:
     """The int8 ONNX row against fp32 Hydra (the first row): accuracy, ECE, the largest AUROC difference and
     the latency ratio, beside the targets (0.5 points, 0.01)."""
@@ -282,6 +289,28 @@ def _common_tests_table(results: Mapping[str, Any]) -> str:
             unexpected = sum(not f["expected"] for f in failures)
             failed += f" ({unexpected} unexpected)" if unexpected else " (expected)"
         lines.append(f"| {layout} | {counts['passed']} | {failed} | {counts['skipped']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _generation_conformance_tables(results: Mapping[str, Any]) -> str:
+    """tools/conformance/run_generation.py: passed / failed / skipped per family and layout (each failure's kind:
+    control-shared, head-axis or real), then every failing test with the layouts it fails in and why."""
+    lines = [f"Last run (transformers {results['transformers']}, CPU; `{results['command']}`):", "",
+             "| family | layout | passed | failed | skipped |", "|---|---|---|---|---|"]
+    for family, layouts in results["counts"].items():
+        for layout, counts in layouts.items():
+            kinds: dict[str, int] = {}
+            for f in results["failures"]:
+                if f["family"] == family and f["layout"] == layout:
+                    kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
+            failed = str(counts["failed"]) + (f" ({', '.join(f'{n} {k}' for k, n in kinds.items())})" if kinds else "")
+            lines.append(f"| {family} | {layout} | {counts['passed']} | {failed} | {counts['skipped']} |")
+    by_test: dict[tuple[str, str], list[str]] = {}
+    for f in results["failures"]:
+        by_test.setdefault((f["test"], f"{f['kind']}: {f['reason']}"), []).append(f"{f['family']} {f['layout']}")
+    if by_test:
+        lines += ["", "| failing test | where | why |", "|---|---|---|"]
+        lines += [f"| `{test}` | {', '.join(where)} | {why} |" for (test, why), where in by_test.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -717,6 +746,124 @@ def _bench_table(results: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _duration(seconds: float) -> str:
+    """A step's wall time as the Quickstart prints it: seconds below two minutes, else minutes."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def _quickstart_steps(results: Mapping[str, Any], section: str) -> list[Mapping[str, Any]]:
+    steps = [step for step in results["steps"] if step["section"] == section]
+    if not steps:
+        raise KeyError(f"no {section!r} step")
+    return steps
+
+
+def _quickstart_block(results: Mapping[str, Any]) -> str:
+    """examples/quickstart.py: the README's Quickstart, the commands it ran as printed, each step's comment with
+    that step's wall time, then the python block it ran."""
+    lines = ["```bash"]
+    for step in _quickstart_steps(results, "quickstart"):
+        if step["title"]:
+            title = f"# {step['title']} ({_duration(step['seconds'])})"
+            lines += title.split("\n")
+        lines += step["commands"]
+    python = _quickstart_steps(results, "python")[0]["python"]
+    return "\n".join(lines) + "\n```\n\n```python\n" + python + "```\n"
+
+
+def _quickstart_run(results: Mapping[str, Any]) -> str:
+    """examples/quickstart.py: what the Quickstart's run gave against the README's table (demo.json), the paired
+    comparison evaluate wrote, and where and how it ran."""
+    rows, demo, c = results["rows"], results["demo"], results["comparison"]["accuracy"]
+    single, members = results["single"], results["members"]
+    threads = results["threads"]["torch_threads"]
+    verdict = c["verdict"] if not results["near_chance"]["rows"] else "marked: a row is near chance"
+    quick = sum(s["seconds"] for s in results["steps"] if s["section"] in ("quickstart", "python"))
+    return (
+        f"Run as printed in a fresh folder (`{results['command']}`: these steps took {_duration(quick)} on "
+        f"{_machine(results.get('machine'))}, {threads} torch thread{'s' * (threads != 1)}, load average "
+        f"{results['load_average'][0]:g} when the run ended, so the times above are a shared machine's), the "
+        f"Single reached **{rows['Single']['accuracy']:.4f}** test accuracy and the Hydra **"
+        f"{rows['Hydra']['accuracy']:.4f}** (the table below: {demo['single_accuracy']:.4f} and "
+        f"{demo['hydra_accuracy']:.4f}); `evaluate` found Hydra − Single accuracy {_signed(c['difference'])} "
+        f"[{_signed(c['ci_low'])}, {_signed(c['ci_high'])}]: {verdict}. The Single's validation accuracy was "
+        f"{single['best_eval_accuracy']:.4f} after {single['steps']} steps, the members' "
+        + " / ".join(f"{m['best_eval_accuracy']:.4f}" for m in members)
+        + ". A run that barely learns (a learning rate too small for its steps) says so in one warning, and "
+        "`evaluate` and the model card mark a comparison with a baseline near chance instead of reporting a "
+        "win.\n")
+
+
+def _quickstart_calibrate(results: Mapping[str, Any]) -> str:
+    """examples/quickstart.py: the README's calibrate command with its time and what it fitted."""
+    step = _quickstart_steps(results, "calibrate")[0]
+    cal = results["calibration"]
+    return (f"**Calibrated decisions**: `{step['commands'][0]}` ({_duration(step['seconds'])}) writes a copy whose "
+            "pipeline adds conformal prediction sets and abstention ([docs/hub.md](docs/hub.md)). It calibrates on "
+            f"data no step above saw: the {cal['n']} training reviews after the first 6,000 (the recipes train on "
+            "the first 6,000; pruning and early stopping read the validation split). Here the "
+            f"{100 * (1 - cal['alpha']):g} % sets use q_hat = {cal['q_hat']:.4f}, and the model abstains when its "
+            f"{cal['score']} uncertainty is above {cal['threshold']:.4f}: it answered "
+            f"{100 * cal['answered_fraction']:.1f} % of the calibration reviews with "
+            f"{100 * cal['calibration_selective_error']:.1f} % errors among them, certified at most "
+            f"{100 * cal['risk']:g} % with confidence {100 * (1 - cal['delta']):g} %.\n")
+
+
+def _quickstart_slim(results: Mapping[str, Any]) -> str:
+    """examples/quickstart.py: the README's slim commands with their times and the compute they give."""
+    prune, members = _quickstart_steps(results, "slim")
+    slim = results["slim"]
+    return (f"**Slim members** (beyond the paper; [docs/slim.md](docs/slim.md)): `{prune['commands'][0]}` "
+            f"({_duration(prune['seconds'])}) keeps 6 heads per layer and each member's own top third of every MLP's "
+            f"neurons (no `--mlp-spread`: spreading the members over the MLP loses the OOD detection, below); "
+            f"`{members['commands'][0]}` ({_duration(members['seconds'])}) fine-tunes them four times as long as "
+            f"the Quickstart's members, the recipe that keeps the gain. The fused model costs "
+            f"{slim['compute_x']:.2f}x a Single's multiply-adds, against {slim['hydra_compute_x']:.2f}x for the "
+            "Quickstart's `hydra-rt`.\n")
+
+
+def _quickstart_export(results: Mapping[str, Any]) -> str:
+    """examples/quickstart.py: the README's export command with its time."""
+    step = _quickstart_steps(results, "export")[0]
+    return (f"`{step['commands'][0]}` ({_duration(step['seconds'])} here) writes one ONNX graph returning `logits` "
+            "and `member_logits` (dynamic batch and sequence axes), its int8 version (per-channel weights, the "
+            "`smoothquant` recipe) and a report comparing int8 with fp32; run it with `hydra-hf evaluate`, "
+            "`hydra_hf.onnx.pipeline(folder)` or plain `onnxruntime.InferenceSession`. optimum cannot export Hydra "
+            "folders (it does not import with transformers 5): [docs/deploy.md](docs/deploy.md).\n")
+
+
+def _uncertainty_scores(results: Mapping[str, Any]) -> str:
+    """examples/quickstart.py: the Quickstart's Hydra and Single under every OOD score (the Guardian headlines'
+    AUROC against the test reviews, and the wrong answers' AUROC against the right ones: error detection), then
+    which score to use for which, read from those rows."""
+    rows = results["scores"]
+    lines = ["| model | score | OOD: Guardian vs reviews (AUROC) | errors vs right answers (AUROC) |",
+             "|---|---|---:|---:|"]
+    lines += [f"| {r['model']} | `{r['score']}` | {r['ood_auroc']:.4f} | {r['error_auroc']:.4f} |" for r in rows]
+    hydra = {r["score"]: r for r in rows if r["model"] == "Hydra"}
+    best = max(hydra.values(), key=lambda r: r["ood_auroc"])
+    mi = hydra["mutual_information"]
+    worse = "below chance: it points the wrong way" if mi["ood_auroc"] < 0.5 else "far below MSP"
+    msp, energy = hydra["msp"], hydra["energy"]
+    text = (
+        "\nTo flag out-of-distribution text, use MSP (the pipeline's `score`: low = unsure; "
+        f"{msp['ood_auroc']:.4f} here) or energy (`logits.logsumexp(-1)`, {energy['ood_auroc']:.4f}; the best "
+        f"score here is `{best['score']}`); with two classes `predictive_entropy` ranks texts exactly as MSP "
+        "does. Not `mutual_information`: the members disagree *less* on these headlines than on reviews, so "
+        f"ranking by their disagreement gives AUROC {mi['ood_auroc']:.4f}, {worse} for this kind of shift "
+        "(docs/study.md finds the same on four OOD kinds and three seeds). ")
+    if mi["error_auroc"] >= 0.6:
+        text += ("The members' disagreement measures something else: where the ensemble is likely wrong on "
+                 f"in-distribution text (error AUROC {mi['error_auroc']:.4f}, against MSP's "
+                 f"{msp['error_auroc']:.4f}); it is what `hydra-hf calibrate --score mi` abstains on. ")
+    else:
+        text += (f"Nor does it rank the ensemble's own mistakes on reviews (error AUROC {mi['error_auroc']:.4f}, "
+                 f"against MSP's {msp['error_auroc']:.4f}): abstain on MSP too (`hydra-hf calibrate --score msp`, "
+                 "the default). ")
+    text += "The model card and the pipeline's docstring say the same.\n"
+    return "\n".join(lines) + "\n" + text
+
+
 VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "methods": _methods_table,
     "demo-run": _demo_run,
@@ -724,6 +871,7 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "hydra-vs-deep-ensemble": _versus_deep_ensemble_table,
     "int8": _int8_summary,
     "transformers-common-tests": _common_tests_table,
+    "generation-conformance": _generation_conformance_tables,
     "bench-slim": _bench_slim_table,
     "slim-pareto": _slim_pareto_table,
     "calibration": _calibration_tables,
@@ -743,6 +891,13 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "run-differences": _run_differences,
     "run-agreement": _run_agreement,
     "selection-noise": _selection_noise,
+    "quickstart": _quickstart_block,
+    "quickstart-run": _quickstart_run,
+    "quickstart-calibrate": _quickstart_calibrate,
+    "quickstart-slim": _quickstart_slim,
+    "quickstart-export": _quickstart_export,
+    "uncertainty-scores": _uncertainty_scores,
+    "demo-time": _demo_time,
     "smollm2-zero-shot": _smollm2_zero_shot,
     "smollm2-zero-shot-readme": _smollm2_zero_shot_readme,
     "smollm2-classify": _smollm2_classify,

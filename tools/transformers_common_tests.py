@@ -249,10 +249,12 @@ class HydraBertModelTester:
         model(input_ids, attention_mask=input_mask, token_type_ids=token_type_ids)
         model(input_ids, token_type_ids=token_type_ids)
         result = model(input_ids)
-        M = self.num_members
-        self.parent.assertEqual(result.last_hidden_state.shape,
+        M = self.num_members  # the standard fields in BERT's shapes (the members' mean), every member's apart
+        self.parent.assertEqual(result.last_hidden_state.shape, (self.batch_size, self.seq_length, self.hidden_size))
+        self.parent.assertEqual(result.pooler_output.shape, (self.batch_size, self.hidden_size))
+        self.parent.assertEqual(result.member_last_hidden_state.shape,
                                 (self.batch_size, M, self.seq_length, self.hidden_size))
-        self.parent.assertEqual(result.pooler_output.shape, (self.batch_size, M, self.hidden_size))
+        self.parent.assertEqual(result.member_pooler_output.shape, (self.batch_size, M, self.hidden_size))
 
     def create_and_check_for_sequence_classification(self, config, input_ids, token_type_ids, input_mask,
                                                       sequence_labels):

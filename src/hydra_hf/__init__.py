@@ -6,7 +6,15 @@ Importing hydra_hf registers its classes with transformers' Auto classes, so tha
 (``register_for_auto_class``) so that ``save_pretrained``, ``push_to_hub`` and the Trainer's saves write
 the modeling code next to the weights, as transformers does for classes loaded as remote code; and
 registers the uncertainty pipelines (``pipeline("hydra-text-classification", model=model, ...)``).
+
+Importing it imports only what that registration needs (the model classes, their configs and the family
+registry): the stages (``hydra_hf.hub``, ``hydra_hf.evaluation``, ``hydra_hf.finetune``, ...) are imported when
+first used, and no heavy optional package (datasets, pandas, scikit-learn, open_clip, timm, onnxruntime,
+matplotlib) is imported at all (tests/repo/test_import_cost.py; bench/bench_import.py measures the cost).
 """
+
+import importlib
+from typing import Any
 
 import transformers
 from transformers import AutoConfig
@@ -14,7 +22,6 @@ from transformers.pipelines import PIPELINE_REGISTRY
 
 from . import families
 from .assemble import convert_checkpoint
-from .hub.publish import install_push_to_hub
 from .masks import HeadMasks, load_masks
 from .modeling import pipeline_hydra
 from .modeling.configuration_hydra import HYDRA_PIPELINES, HydraEnsembleConfig
@@ -51,7 +58,7 @@ def _register_families() -> None:
 
     `register_for_auto_class` does what transformers does to a class it loads as remote code:
     `save_pretrained` then copies the class's file and its sibling imports (all shipped files) and writes
-    the class into `config.auto_map`. `install_push_to_hub` is the one place push_to_hub is overridden:
+    the class into `config.auto_map`. :func:`push_to_hub` replaces transformers' on these classes:
     `model.push_to_hub(...)` on hydra_hf's own classes uploads the same repository as `hydra-hf push`
     (card, shipped code, validation); see docs/hub.md."""
     for family in families.families():
@@ -67,7 +74,33 @@ def _register_families() -> None:
             model_class = family.model_class(auto_name)
             getattr(transformers, auto_name).register(config_class, model_class, exist_ok=True)
             model_class.register_for_auto_class(auto_name)
-            install_push_to_hub(model_class)
+            model_class.push_to_hub = push_to_hub
+
+
+def push_to_hub(self: Any, repo_id: str, **kwargs: Any) -> Any:
+    """``model.push_to_hub(repo_id, ...)`` on hydra_hf's model classes: the repository ``hydra-hf push`` makes
+    (:func:`hydra_hf.hub.hydra_push_to_hub`: card, shipped code, validation in a fresh process, one commit)."""
+    # hydra_hf.hub is imported on the first push, through the module __getattr__ below: importing it at the top
+    # would import the evaluation and calibration stack (and their data) with every `import hydra_hf`
+    return __getattr__("hub").hydra_push_to_hub(self, repo_id, **kwargs)
+
+
+push_to_hub.__hydra_hub__ = True  # type: ignore[attr-defined]
+
+# The sub-packages and modules of hydra_hf, imported on first access (`hydra_hf.hub.push(...)`, `hydra_hf.evaluation`
+# after a bare `import hydra_hf`): PEP 562's module __getattr__ keeps `import hydra_hf` to the registration above
+# instead of importing every stage of the library with it (bench/bench_import.py measures the difference).
+_SUBMODULES = frozenset({
+    "assemble", "calibration", "cli", "convert", "cost", "data", "distributed", "errors", "evaluation", "families",
+    "finetune", "hub", "lazy", "masks", "metrics", "modeling", "onnx", "outputs", "progress", "pruning", "recipes",
+    "reproducibility", "saving", "version",
+})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'hydra_hf' has no attribute {name!r}")
 
 
 _register_families()

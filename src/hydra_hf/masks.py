@@ -64,6 +64,7 @@ from typing import Any
 import torch
 
 from .errors import HydraInputError, HydraTypeError
+from .modeling import hydra_formulas as formulas
 from .modeling.configuration_hydra import check_kept_heads, check_kept_neurons
 from .outputs import read_json, write_output_file
 
@@ -884,6 +885,7 @@ def kept_kv_heads(kept_query_heads: Sequence[int], num_heads: int, num_key_value
     Masks name *query* heads. Query head ``h`` reads key/value head ``h // (num_heads / num_key_value_heads)``
     (transformers' ``repeat_kv``); a key/value head stays while any of its query heads is kept, and goes
     when all of them are removed. With ``num_key_value_heads == num_heads`` this is ``sorted(kept_query_heads)``.
+    The rule is :func:`hydra_hf.modeling.hydra_formulas.kept_kv_heads`; this checks the arguments first.
 
     Example: ``kept_kv_heads([0, 5], 8, 2) == [0, 1]``; ``kept_kv_heads([0, 1], 8, 2) == [0]``.
 
@@ -895,17 +897,15 @@ def kept_kv_heads(kept_query_heads: Sequence[int], num_heads: int, num_key_value
         raise HydraInputError(
             f"num_heads {num_heads} must be a positive multiple of num_key_value_heads {num_key_value_heads}"
         )
-    group = num_heads // num_key_value_heads
     bad = [h for h in kept_query_heads if not 0 <= int(h) < num_heads]
     if bad:
         raise HydraInputError(f"query heads {bad} are outside [0, {num_heads}); a layer has {num_heads} query heads")
-    return sorted({int(h) // group for h in kept_query_heads})
+    return formulas.kept_kv_heads(kept_query_heads, num_heads, num_key_value_heads)
 
 
 def members_kept_kv_heads(
     kept_heads: Sequence[Sequence[Sequence[int]]], num_heads: int, num_key_value_heads: int
 ) -> list[list[list[int]]]:
     """:func:`kept_kv_heads` of every member and layer: ``out[m][l]`` = the key/value heads member m keeps in
-    layer l. The shipped ``configuration_hydra_llama.kept_kv_heads`` is the same rule (shipped code cannot
-    import the library; a test holds the two equal)."""
+    layer l (the rule is the shipped ``hydra_formulas.kept_kv_heads``, which the loaded models apply too)."""
     return [[kept_kv_heads(layer, num_heads, num_key_value_heads) for layer in member] for member in kept_heads]

@@ -391,7 +391,7 @@ def test_slim_folder_remote_code_resave_pipeline_onnx_int8_and_push(tiny_bert_di
         main(["push", str(folder), "--repo-id", "org/slim", "--dry-run", "--staging", str(tmp_path / "staged")]) == 0
     )
     card = (tmp_path / "staged" / "README.md").read_text()
-    assert "MLP neurons kept" in card and "x the base model's multiply-adds" in card
+    assert "MLP neurons kept" in card and "x the multiply-adds per token of the Single" in card
 
 
 def test_slim_members_fine_tuned_apart_average_over_the_members_that_keep_a_neuron(tmp_path):

@@ -293,7 +293,7 @@ def test_eager_and_sdpa_agree(family, task, layout, store):
     for attn in ("sdpa", "eager"):
         model.set_attn_implementation(attn)
         with torch.no_grad():
-            out[attn] = model(**batch, output_hidden_states=True)
+            out[attn] = model(**batch, output_hidden_states=True, output_member_hidden_states=True)
     eager, sdpa = out["eager"].member_logits, out["sdpa"].member_logits
     if task == "causal_lm":  # padding positions attend to nothing: not compared
         eager, sdpa = eager.transpose(1, 2)[real], sdpa.transpose(1, 2)[real]
@@ -324,7 +324,8 @@ def test_return_dict_false_gives_the_outputs_as_a_tuple(family, task, layout, st
     model = _model(store, family, task, layout)
     model.set_attn_implementation("eager")
     batch = _inputs()
-    kwargs = dict(labels=_labels(task, batch), output_hidden_states=True, output_attentions=True)
+    kwargs = dict(labels=_labels(task, batch), output_hidden_states=True, output_member_hidden_states=True,
+                  output_attentions=True)
     if task == "causal_lm":
         kwargs["use_cache"] = False
     with torch.no_grad():
@@ -356,7 +357,8 @@ def _head_slices(layout: str, layer: int) -> list[slice]:
 def test_gradients_reach_the_returned_hidden_states_and_attentions(family, task, layout, store):
     model = _model(store, family, task, layout)
     model.set_attn_implementation("eager")
-    out = model(**_inputs(), output_hidden_states=True, output_attentions=True, use_cache=False)
+    out = model(**_inputs(), output_hidden_states=True, output_member_hidden_states=True, output_attentions=True,
+                use_cache=False)
     tensors = [*out.member_hidden_states, *out.attentions]
     for t in [*tensors, out.hidden_states[0]]:  # hidden_states[0]: the shared embeddings every member reads
         t.retain_grad()
@@ -584,10 +586,14 @@ def test_shift_labels_are_the_targets_as_given(family, task, layout, store):
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_config_constructs_without_arguments(family, store, tmp_path):
     """As transformers' ``ConfigTester`` (``check_config_can_be_init_without_params``, save / load): the family's
-    config class builds with no argument (an empty shell, no base yet) and survives a save / load round trip."""
+    config class builds with no argument (no base, no members yet; the base's settings answered from its stock
+    default config, as ``LlamaConfig()`` answers them) and survives a save / load round trip."""
     config_class = type(store(family, "causal_lm", "single")[0].config)
     config = config_class()
-    assert config.base_config == {} and config.kept_heads == [] and not hasattr(config, "head_dim")
+    stock = AutoConfig.for_model(config.base_model_type)
+    assert config.base_config == {} and config.kept_heads == []
+    assert (config.hidden_size, config.num_attention_heads) == (stock.hidden_size, stock.num_attention_heads)
+    assert config.head_dim == getattr(stock, "head_dim", stock.hidden_size // stock.num_attention_heads)
     config.save_pretrained(tmp_path)
     assert config_class.from_pretrained(tmp_path).to_dict() == config.to_dict()
 

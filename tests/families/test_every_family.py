@@ -286,6 +286,7 @@ def test_shipped_files_import_no_other_family():
     shared = {
         "configuration_hydra.py",
         "hydra_attention.py",
+        "hydra_formulas.py",
         "hydra_layers.py",
         "hydra_skeletons.py",
         "pipeline_hydra.py",

@@ -255,7 +255,7 @@ def test_eager_and_sdpa_agree(spec, layout, store):
     for attn in ("sdpa", "eager"):
         model.set_attn_implementation(attn)
         with torch.no_grad():
-            out[attn] = model(**batch, output_hidden_states=True)
+            out[attn] = model(**batch, output_hidden_states=True, output_member_hidden_states=True)
     torch.testing.assert_close(out["eager"].member_logits, out["sdpa"].member_logits, atol=ATOL, rtol=0)
     for a, b in zip(out["eager"].member_hidden_states, out["sdpa"].member_hidden_states):
         torch.testing.assert_close(a, b, atol=ATOL, rtol=0)
@@ -288,7 +288,7 @@ def test_return_dict_false_gives_the_outputs_as_a_tuple(spec, layout, store):
     model.set_attn_implementation("eager")
     batch = inputs(spec, model)
     labels = torch.tensor([0, 2, 1])
-    kwargs = dict(labels=labels, output_hidden_states=True, output_attentions=True)
+    kwargs = dict(labels=labels, output_hidden_states=True, output_member_hidden_states=True, output_attentions=True)
     with torch.no_grad():
         as_dict = model(**batch, **kwargs)
         as_tuple = model(**batch, **kwargs, return_dict=False)
@@ -318,7 +318,8 @@ def test_gradients_reach_the_returned_hidden_states_and_attentions(spec, layout,
     every attention map."""
     model = _model(store, spec, layout)
     model.set_attn_implementation("eager")
-    out = model(**inputs(spec, model), output_hidden_states=True, output_attentions=True)
+    out = model(**inputs(spec, model), output_hidden_states=True, output_member_hidden_states=True,
+                output_attentions=True)
     tensors = [*out.member_hidden_states, *out.attentions]
     for t in [*tensors, out.hidden_states[0]]:  # hidden_states[0]: the shared embeddings every member reads
         t.retain_grad()
@@ -464,7 +465,7 @@ def test_two_tower_checkpointing_gradients_and_config(name):
         for module in model.modules():
             if isinstance(module, HydraSelfAttention):
                 module.register_forward_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
-        out = model(**batch, output_hidden_states=True)
+        out = model(**batch, output_hidden_states=True, output_member_hidden_states=True)
         hidden = [*out.vision_model_output.member_hidden_states, *out.text_model_output.member_hidden_states]
         for h in hidden:
             h.retain_grad()

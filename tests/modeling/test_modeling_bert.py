@@ -125,7 +125,7 @@ def test_eager_and_sdpa_agree_and_attentions(tiny_bert_dir):
     with torch.no_grad():
         sdpa = model(**batch).member_logits
         model.set_attn_implementation("eager")
-        out = model(**batch, output_attentions=True, output_hidden_states=True)
+        out = model(**batch, output_attentions=True, output_hidden_states=True, output_member_hidden_states=True)
     torch.testing.assert_close(out.member_logits, sdpa, atol=ATOL, rtol=0)
     # one attention map per layer over all members' kept heads: K_l = sum of widths
     assert [a.shape[1] for a in out.attentions] == [6, 7, 3]

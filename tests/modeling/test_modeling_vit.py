@@ -201,7 +201,7 @@ def test_outputs_loss_and_attentions(hf_vit_dir):
     model = convert_checkpoint(HeadMasks(kept_heads=UNEQUAL, num_heads=H), base=hf_vit_dir)
     model.set_attn_implementation("eager")
     x, labels = pixels(4), torch.tensor([0, 1, 2, 1])
-    out = model(x, labels=labels, output_attentions=True, output_hidden_states=True)
+    out = model(x, labels=labels, output_attentions=True, output_hidden_states=True, output_member_hidden_states=True)
     expected = sum(torch.nn.functional.cross_entropy(out.member_logits[:, m], labels) for m in range(3)) / 3
     torch.testing.assert_close(out.loss, expected)
     assert out.member_logits.shape == (4, 3, 3) and out.logits.shape == (4, 3)

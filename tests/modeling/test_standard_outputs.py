@@ -49,6 +49,27 @@ def _assert_standard_fields(out, tied: bool) -> None:
     assert (out.member_hidden_states[-1] is out.member_last_hidden_state) == tied
 
 
+def _assert_each_flag_adds_its_field(call, tower: str | None = None) -> None:
+    """transformers' output contract (``ModelTesterMixin.test_attention_outputs`` counts the fields):
+    ``output_hidden_states=True`` adds exactly ``hidden_states``; the Hydra flag ``output_member_hidden_states=True``
+    adds exactly ``member_hidden_states``; the tuple grows by as many. ``tower``: a two-tower model's tower output
+    to look into (``text_model_output``)."""
+    def fields(**kwargs):
+        with torch.no_grad():
+            out = call(**kwargs)
+        return set((out[tower] if tower else out).keys())
+
+    plain = fields()
+    assert "hidden_states" not in plain and "member_hidden_states" not in plain
+    assert fields(output_hidden_states=True) - plain == {"hidden_states"}
+    assert fields(output_member_hidden_states=True) - plain == {"member_hidden_states"}
+    assert fields(output_hidden_states=True, output_member_hidden_states=True) - plain == {
+        "hidden_states", "member_hidden_states"}
+    if tower is None:
+        with torch.no_grad():
+            assert len(call(return_dict=False, output_hidden_states=True)) == len(plain) + 1
+
+
 # ------------------------------------------------------------------------------- encoder families
 @pytest.mark.parametrize("spec", SPECS, ids=ids)
 def test_one_member_of_every_head_gives_the_stock_encoder_outputs(spec, tmp_path):
@@ -87,8 +108,8 @@ def test_members_streams_under_their_own_names_and_their_mean_in_the_standard_fi
     model = convert_checkpoint(HeadMasks(kept_heads=THREE, num_heads=H), base=tmp_path / "stock").eval()
     batch = inputs(spec, stock)
     with torch.no_grad():
-        out = model.hydra(**batch, output_hidden_states=True)
-        classified = model(**batch, output_hidden_states=True)
+        out = model.hydra(**batch, output_hidden_states=True, output_member_hidden_states=True)
+        classified = model(**batch, output_hidden_states=True, output_member_hidden_states=True)
     _assert_standard_fields(out, tied=spec.name in TIED)
     assert out.member_last_hidden_state.shape[1] == 3
     real = batch.get("attention_mask", torch.ones(out.last_hidden_state.shape[:2])).bool()  # (B, T)
@@ -97,6 +118,8 @@ def test_members_streams_under_their_own_names_and_their_mean_in_the_standard_fi
     for a, b in zip(classified.member_hidden_states, out.member_hidden_states):  # the classifier passes them on
         torch.testing.assert_close(a, b, atol=0, rtol=0)
     assert [h.shape for h in classified.hidden_states] == [h.shape for h in out.hidden_states]
+    _assert_each_flag_adds_its_field(lambda **kw: model.hydra(**batch, **kw))
+    _assert_each_flag_adds_its_field(lambda **kw: model(**batch, **kw))
 
 
 # ------------------------------------------------------------------------------------ CLIP, SigLIP
@@ -144,7 +167,7 @@ def test_two_tower_outputs_have_the_towers_shapes(name, members, tmp_path):
         "pixel_values": torch.randn(2, 3, 16, 16, generator=g),
     }
     with torch.no_grad():
-        ours = model(**batch, output_hidden_states=True)
+        ours = model(**batch, output_hidden_states=True, output_member_hidden_states=True)
         # the stock towers (transformers 5's CLIPModel puts the projected embeddings in its pooler_output)
         theirs = {"text_model_output": stock.text_model(batch["input_ids"], output_hidden_states=True),
                   "vision_model_output": stock.vision_model(batch["pixel_values"], output_hidden_states=True)}
@@ -160,6 +183,8 @@ def test_two_tower_outputs_have_the_towers_shapes(name, members, tmp_path):
             torch.testing.assert_close(a.pooler_output, b.pooler_output, atol=ATOL, rtol=0)
             for x, y in zip(a.hidden_states, b.hidden_states):
                 torch.testing.assert_close(x, y, atol=ATOL, rtol=0)
+    for tower in ("text_model_output", "vision_model_output"):
+        _assert_each_flag_adds_its_field(lambda **kw: model(**batch, **kw), tower)
 
 
 # --------------------------------------------------------------------------------------- decoders
@@ -186,10 +211,13 @@ def test_decoder_outputs_and_generate_dict_outputs_have_transformers_shapes(fami
     with torch.no_grad():
         theirs = body(input_ids=ids, output_hidden_states=True)
         for model in (one, three):
-            ours = model.hydra(input_ids=ids, output_hidden_states=True, use_cache=False)
+            ours = model.hydra(input_ids=ids, output_hidden_states=True, output_member_hidden_states=True,
+                               use_cache=False)
             _assert_standard_fields(ours, tied=True)
             assert ours.last_hidden_state.shape == theirs.last_hidden_state.shape
             assert [h.shape for h in ours.hidden_states] == [h.shape for h in theirs.hidden_states]
+        _assert_each_flag_adds_its_field(lambda **kw: three.hydra(input_ids=ids, use_cache=False, **kw))
+        _assert_each_flag_adds_its_field(lambda **kw: three(input_ids=ids, use_cache=False, **kw))
         ours = one.hydra(input_ids=ids, output_hidden_states=True, use_cache=False)
         torch.testing.assert_close(ours.last_hidden_state, theirs.last_hidden_state, atol=ATOL, rtol=0)
         for a, b in zip(ours.hidden_states, theirs.hidden_states):

@@ -609,14 +609,15 @@ def test_output_attentions_eager_has_one_entry_per_layer():
 # --------------------------------------------------------------------------- docs/transformers.md
 def test_docs_transformers_snippets_run(folders, tmp_path, monkeypatch):
     """Every ```python block of docs/transformers.md, in order, in one namespace, next to a tiny Hydra
-    folder named as in the text (``hydra-bert``)."""
+    folder named as in the text (``hydra-bert`` on that page, the Quickstart's ``hydra-rt`` in the README)."""
     text = (REPO / "docs" / "transformers.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
     assert len(blocks) >= 4
     readme = (REPO / "README.md").read_text().split("## Using it with transformers", 1)[1].split("\n## ", 1)[0]
     blocks += re.findall(r"```python\n(.*?)```", readme, flags=re.S)  # the README's section, after the page's
     assert len(re.findall(r"```python\n", readme)) >= 1
-    shutil.copytree(folders["bert"] / "d0", tmp_path / "hydra-bert")
+    for name in ("hydra-bert", "hydra-rt"):
+        shutil.copytree(folders["bert"] / "d0", tmp_path / name)
     monkeypatch.chdir(tmp_path)
     # torch.compile's graph capture (what fullgraph=True checks) without inductor's C++ build: seconds, not minutes
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))

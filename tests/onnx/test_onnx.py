@@ -180,10 +180,11 @@ def test_export_folder_has_config_preprocessor_card_and_no_code(exported):
     assert {"model.onnx", "model_int8.onnx", "config.json", "hydra_onnx.json", "README.md", "tokenizer_config.json",
             "quantization_report.json", "quantization_report.md"} <= names
     assert not [n for n in names if n.endswith(".safetensors") or n.startswith("modeling_")]
-    assert sorted(n for n in names if n.endswith(".py")) == ["configuration_hydra.py", "pipeline_hydra.py"]
-    for name in ("configuration_hydra.py", "pipeline_hydra.py"):  # the source folder's modeling file was broken
+    code = ["configuration_hydra.py", "hydra_formulas.py", "pipeline_hydra.py"]  # the pipeline's formulas too
+    assert sorted(n for n in names if n.endswith(".py")) == code
+    for name in code:  # the source folder's modeling file was broken
         assert (folder / name).read_bytes() == (PACKAGED_CODE_DIR / name).read_bytes(), name
-    assert check_shipped_code(folder) == ["configuration_hydra.py", "pipeline_hydra.py"]  # the audit's allow-list
+    assert check_shipped_code(folder) == code  # the audit's allow-list
     config = json.loads((folder / "config.json").read_text())
     assert config["auto_map"] == {"AutoConfig": "configuration_hydra.HydraEnsembleConfig"}
     assert "custom_pipelines" not in config and config["model_type"].startswith("hydra_ensemble")

@@ -21,7 +21,7 @@ from hydra_hf.recipes import study as st
 def _write_cell(out, seed, cand, fold, aurocs, acc=0.80, ece=0.05, fusion="average"):
     f = st._cell_file(out, seed, cand, fold)
     f.parent.mkdir(parents=True, exist_ok=True)
-    ood = {k: {s: v for s in st.OOD_SCORES} | {"mutual_information_mean": 0.01, "disagreement_mean": 0.1}
+    ood = {k: {s: v for s in st.STUDY_SCORES} | {"mutual_information_mean": 0.01, "disagreement_mean": 0.1}
            for k, v in aurocs.items()}
     f.write_text(json.dumps({"fusions": {fusion: {"accuracy": acc, "ece": ece, "nll": 0.4, "mutual_information": 0.005,
                                                   "disagreement": 0.05, "ood": ood}}}))
@@ -73,7 +73,7 @@ def test_leave_one_kind_out_gain_and_decision(tmp_path):
     assert choice["candidate"] == "circ"
     table = st.render_decision_table(summary, s)
     assert "**chosen**" in table and "accurate-less" in table  # losers stay in the table
-    assert table.count("| no |") == len(st.OOD_SCORES)
+    assert table.count("| no |") == len(st.STUDY_SCORES)
     short = st.render_decision_table(summary, s, best_per_candidate=True, preamble=False)
     names = [line.split(" | ")[0][2:] for line in short.splitlines()[2:]]
     assert names == ["accurate-less", "circ", "taylor"]  # one row each, by gain; the ineligible one stays

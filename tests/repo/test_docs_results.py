@@ -160,6 +160,21 @@ def test_common_tests_view_marks_expected_and_unexpected_failures():
     ]
 
 
+def test_generation_conformance_view_counts_each_kind_of_failure():
+    results = {"command": "python tools/conformance/run_generation.py", "transformers": "5.24.0",
+               "counts": {"llama": {"control": {"passed": 9, "failed": 0, "skipped": 1},
+                                    "unequal": {"passed": 7, "failed": 2, "skipped": 1}}},
+               "failures": [{"family": "llama", "layout": "unequal", "test": "test_a", "kind": "head-axis",
+                             "reason": "K_l != H"},
+                            {"family": "llama", "layout": "unequal", "test": "test_b", "kind": "real",
+                             "reason": "a defect to fix"}]}
+    lines = render_docs.VIEWS["generation-conformance"](results).splitlines()
+    assert lines[2:6] == ["| family | layout | passed | failed | skipped |", "|---|---|---|---|---|",
+                          "| llama | control | 9 | 0 | 1 |", "| llama | unequal | 7 | 2 (1 head-axis, 1 real) | 1 |"]
+    assert lines[-2:] == ["| `test_a` | llama unequal | head-axis: K_l != H |",
+                          "| `test_b` | llama unequal | real: a defect to fix |"]
+
+
 @pytest.mark.parametrize(
     "damage, message",
     [

@@ -9,7 +9,9 @@ Rules (issue 27, STYLE.md habit 12):
 (c) no circle among the modules, counting function-local imports and the package ``__init__.py``
     that importing a submodule runs (``from ..onnx.runtime import X`` runs ``onnx/__init__.py``);
 (d) imports that run back up :data:`FLOORS` (from a lower floor to a higher one): at most
-    :data:`MAX_BACK_UP`.
+    :data:`MAX_BACK_UP`;
+(e) a lazy module (``hydra_hf.lazy.lazy_module("X")``: a stand-in at the top of a module, imported on first use)
+    only for the packages of :data:`LAZY_ALLOWED`, like a function-local import.
 """
 
 from __future__ import annotations
@@ -20,11 +22,12 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hydra_hf"
 
-# Optional heavy dependencies that may be imported inside a function (an extra installs them, or they
-# are slow to import and used by few calls).
+# Optional heavy dependencies that may be imported inside a function or through hydra_hf.lazy.lazy_module (an
+# extra installs them, or they are slow to import and used by few calls: datasets with pandas and pyarrow ~2 s,
+# scikit-learn ~1 s, scipy.stats 1-3 s; `import hydra_hf` loads none of them, tests/repo/test_import_cost.py).
 LAZY_ALLOWED = frozenset({
     "onnx", "onnxruntime", "onnxscript", "open_clip", "timm", "peft", "matplotlib", "torchao", "scattertext",
-    "mlxtend", "skimage", "gguf",
+    "mlxtend", "skimage", "gguf", "datasets", "pandas", "sklearn", "scipy",
 })
 
 # The floors, lowest first: a module may import from its own floor and the floors below. A module is
@@ -32,8 +35,9 @@ LAZY_ALLOWED = frozenset({
 # and the public names) is on the top floor.
 FLOORS: list[tuple[str, ...]] = [
     ("hydra_hf.modeling",),  # shipped code: standard library, torch, transformers, siblings
-    ("hydra_hf.version", "hydra_hf.errors", "hydra_hf.outputs", "hydra_hf.data", "hydra_hf.metrics",
-     "hydra_hf.distributed", "hydra_hf.reproducibility", "hydra_hf.progress", "hydra_hf.prompting"),
+    ("hydra_hf.version", "hydra_hf.errors", "hydra_hf.lazy", "hydra_hf.outputs", "hydra_hf.data",
+     "hydra_hf.metrics", "hydra_hf.distributed", "hydra_hf.reproducibility", "hydra_hf.progress",
+     "hydra_hf.prompting"),
     ("hydra_hf.masks",),
     ("hydra_hf.convert",),  # readers and the build helpers: no family, no stage
     # the registry, the head adapters, one module per family; cost from a config
@@ -228,3 +232,17 @@ def test_every_module_is_on_a_floor_and_few_imports_run_back_up():
         floor_of(module)
     arrows = back_up_arrows()
     assert len(arrows) <= MAX_BACK_UP, f"{len(arrows)} imports run back up the floors:\n" + "\n".join(arrows)
+
+
+def test_lazy_modules_are_heavy_optional_packages():
+    """``lazy_module("X")`` defers an import as a function-local one does: the same packages only."""
+    found = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            called = getattr(node.func, "id", getattr(node.func, "attr", None)) if isinstance(node, ast.Call) else None
+            if called == "lazy_module":
+                arg = node.args[0] if node.args else None
+                target = arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else None
+                if target is None or target.split(".")[0] not in LAZY_ALLOWED:
+                    found.append(f"{name}:{node.lineno} lazy_module({ast.unparse(arg) if arg else ''})")
+    assert found == [], f"lazy modules outside LAZY_ALLOWED {sorted(LAZY_ALLOWED)}:\n" + "\n".join(found)

@@ -31,6 +31,7 @@ from ..errors import HydraInputError
 from ..evaluation.loading import load_causal_lm, zero_shot_family
 from ..evaluation.zero_shot import load_zero_shot_model
 from ..families import is_causal_lm_folder
+from ..metrics import SEQUENCE_SCORES, resolve_score, stored_score
 from ..modeling.configuration_hydra import check_calibration
 from ..modeling.pipeline_hydra import RANDOMIZED_METHODS, ZERO_SHOT_TEMPLATE, calibrated_member_probs
 from ..outputs import MARKER, check_output, read_json, regular_files, write_output_folder, write_text_atomic
@@ -90,7 +91,9 @@ def fit_calibration(
         labels: ``(n,)`` true classes.
         alpha: the sets' miscoverage level in (0, 1).
         method: ``lac``, ``aps`` or ``raps`` (deterministic unless ``randomized``).
-        score: ``msp``, ``entropy`` or ``mi``: the uncertainty that decides abstention.
+        score: ``msp``, ``entropy`` or ``mutual_information`` (``mi``, its old spelling): the score whose
+            uncertainty decides abstention (``hydra_hf.metrics.OOD_SCORES``; stored under the spelling the
+            shipped pipelines read, ``stored_score``).
         risk, delta: the error rate among answered inputs to certify, with confidence ``1 - delta``
             (Learn then Test); ``risk=None`` fits the prediction sets only.
         temperature: None (the model's own probabilities), a number, or ``"fit"``: fitted (NLL) on a
@@ -108,6 +111,7 @@ def fit_calibration(
     if member_logits.dim() != 3 or labels.shape != member_logits.shape[:1]:
         raise HydraInputError(f"member_logits must be (n, M, C) and labels (n,), got {tuple(member_logits.shape)} and "
                               f"{tuple(labels.shape)}")
+    score = stored_score(score, "example", what="score")  # the spelling config.calibration holds
     record: dict[str, Any] = {}
     if temperature == "fit":
         order = torch.randperm(labels.numel(), generator=torch.Generator().manual_seed(TEMPERATURE_SEED))
@@ -225,7 +229,7 @@ def calibrate_folder(
     every error leaves ``output`` as it was. ``overwrite`` replaces an existing calibration of ``folder``
     (and an earlier ``hydra-hf calibrate`` output). Returns the stored calibration.
 
-    ``score`` (default ``msp``; a causal LM: ``mi``) decides abstention. A causal LM folder gets
+    ``score`` (default ``msp``; a causal LM: ``mutual_information``) decides abstention. A causal LM folder gets
     :func:`~hydra_hf.calibration.generation.fit_generation_abstention` thresholds fitted on the texts of
     ``data`` (no labels; ``method``, ``risk``, ``delta`` and ``temperature`` do not apply). A two-tower
     (CLIP / SigLIP) folder classifies ``class_names`` (default: the sub-folders of an image folder ``data``)
@@ -270,11 +274,11 @@ def calibrate_folder(
     inputs = [Path(folder), *data_spec_paths(data), *zero_shot_paths(class_names, templates)]
     check_output(output, command="calibrate", overwrite=overwrite, inputs=inputs)  # before any work
     if is_causal_lm_folder(folder):
-        score = score or "mi"
+        given = score or "mutual_information"
+        score = resolve_score(given, "sequence").stored  # the spelling config.calibration holds
         if score not in GENERATION_SCORES:
-            raise HydraInputError(
-                f"--score {score!r} does not apply to a causal LM; use one of {', '.join(GENERATION_SCORES)}"
-            )
+            usable = [s.name for s in SEQUENCE_SCORES.values() if s.stored in GENERATION_SCORES]
+            raise HydraInputError(f"--score {given!r} does not apply to a causal LM; use one of {', '.join(usable)}")
         if temperature is not None or randomized or explicit:
             flag = ("--temperature" if temperature is not None else "--randomized" if randomized
                     else next(iter(explicit)))

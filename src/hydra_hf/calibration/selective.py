@@ -104,26 +104,42 @@ def fit_selective(
     order = uncertainty.argsort()
     sorted_u, sorted_wrong = uncertainty[order], wrong[order].long().cumsum(0)  # errors among the k surest
     grid = threshold_grid(score, member_probs.shape[-1])
-    answered = torch.searchsorted(sorted_u, grid, right=True)  # (G,): inputs with u <= lambda
-    # fewer answers than this cannot reject even with no error (or are too few to test)
-    least = max(math.ceil(math.log(delta) / math.log1p(-risk)), int(min_answered))
-    kept = None
-    for lam, k in zip(grid.tolist(), answered.tolist()):
-        if k < least:
-            continue
-        errors = int(sorted_wrong[k - 1])
-        p = binomial_p_value(errors, k, risk)
-        if p > delta:
-            break
-        kept = (lam, k, errors, p)
+    answered = torch.searchsorted(sorted_u, grid, right=True).tolist()  # (G,): inputs with u <= lambda
+    thresholds = grid.tolist()
+
+    def fixed_sequence(risk: float) -> tuple[tuple[float, int, int, float] | None, tuple[int, int, float] | None]:
+        """(the last threshold rejected, the first test that failed: answered, errors, p-value)."""
+        # fewer answers than this cannot reject even with no error (or are too few to test)
+        least = max(math.ceil(math.log(delta) / math.log1p(-risk)), int(min_answered))
+        kept = None
+        for lam, k in zip(thresholds, answered):
+            if k < least:
+                continue
+            errors = int(sorted_wrong[k - 1])
+            p = binomial_p_value(errors, k, risk)
+            if p > delta:
+                return kept, (k, errors, p)
+            kept = (lam, k, errors, p)
+        return kept, None
+
+    kept, failed = fixed_sequence(risk)
     if kept is None:
-        surest = min(least, n)
-        errors = int(sorted_wrong[surest - 1]) if surest else 0
+        least = max(math.ceil(math.log(delta) / math.log1p(-risk)), int(min_answered))
+        if failed is None:  # no threshold answers enough inputs to be tested
+            why = f"even answering all {n} examples gives fewer than the {least} answers a test needs"
+        else:
+            k, errors, p = failed
+            why = (f"the strictest threshold with enough answers to test (the {k} surest; at least {least} are needed "
+                   f"at this risk and delta) already makes {errors} error{'s' * (errors != 1)}, which at risk "
+                   f"{risk:g} has p-value {p:.2f} > delta {delta:g}, and the test sequence stops at its first failure")
+        looser = next((r for r in (0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5) if r > risk and fixed_sequence(r)[0]), None)
+        hint = (f"raise --risk ({looser:g} certifies on these examples)" if looser else
+                "no --risk up to 0.5 certifies on these examples: check the labels, or raise --risk above 0.5")
         raise UncertifiedRisk(
             f"no threshold on {score} certifies an error rate <= {risk:g} among answered inputs with confidence "
-            f"{1 - delta:g} on these {n} examples (the {surest} surest already make {errors} errors; "
-            f"{least} answers with at most the allowed errors are needed)",
-            "raise --risk or --delta, give more calibration data, or pass --risk none for prediction sets only",
+            f"{1 - delta:g} on these {n} examples: {why}",
+            f"{hint}; or give more calibration data (its surest answers are then surer), raise --delta, or pass "
+            "--risk none for prediction sets only",
         )
     lam, k, errors, p = kept
     return SelectiveFit(score, risk, delta, float(lam), k / n, errors / k, p)

@@ -48,8 +48,9 @@ EXAMPLES = {
     "finetune": """example (fine-tune every member with the text recipe, then fuse):
   hydra-hf finetune --model runs/single --masks masks.json --train-data rotten_tomatoes:train \\
       --eval-data rotten_tomatoes:validation --output hydra-rt-ft""",
-    "calibrate": """example (90% LAC sets; abstain to keep the error among answered inputs at most 5%):
-  hydra-hf calibrate hydra-rt --data rotten_tomatoes:validation --alpha 0.1 --risk 0.05 --output hydra-rt-cal""",
+    "calibrate": """example (90% LAC sets; abstain to keep the error among answered inputs at most 5%; held-out data:
+the training reviews after the first 6,000, which the README's recipes never train on):
+  hydra-hf calibrate hydra-rt --data "rotten_tomatoes:train[6000:]" --alpha 0.1 --risk 0.05 --output hydra-rt-cal""",
     "evaluate": """example (Hydra against the single model, with temperature scaling, on two OOD sets):
   hydra-hf evaluate --model hydra-rt --baseline Single=runs/single --temperature-scaling \\
       --val-data rotten_tomatoes:validation --id-data rotten_tomatoes:test \\

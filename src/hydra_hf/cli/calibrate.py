@@ -15,7 +15,7 @@ import json
 
 from ..calibration import calibrate_folder, guarantee_text
 from ..calibration.conformal import CONFORMAL_METHODS
-from ..calibration.selective import SELECTIVE_SCORES
+from ..metrics import OOD_SCORES, canonical_score_name
 from . import finite_float, non_negative_int, positive_int
 
 
@@ -74,10 +74,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--raps-penalty", type=finite_float, default=None, help="--method raps: its lambda (default 0.1)")
     p.add_argument("--raps-rank", type=non_negative_int, default=None,
                    help="--method raps: its k_reg, ranks above it are penalised (default 1)")
-    p.add_argument("--score", choices=SELECTIVE_SCORES, default=None,
-                   help="uncertainty that decides abstention: msp (1 - max probability), entropy, mi (the members' "
-                   "mutual information) (default msp; a causal LM folder: mi, or entropy, with thresholds on the "
-                   "tokens and the sequences of unlabelled --data texts for generate_with_uncertainty)")
+    p.add_argument("--score", type=canonical_score_name, choices=[s.name for s in OOD_SCORES.values() if s.stored],
+                   default=None,
+                   help="the score whose uncertainty decides abstention, as evaluate --score names it: msp (1 - max "
+                   "probability), entropy, mutual_information (the members' disagreement; mi, its old spelling, is "
+                   "read too) (default msp; a causal LM folder: mutual_information, or entropy, with thresholds on "
+                   "the tokens and the sequences of unlabelled --data texts for generate_with_uncertainty)")
     p.add_argument(
         "--risk",
         type=_risk,

@@ -12,7 +12,7 @@ import logging
 from .. import distributed
 from ..evaluation.folder import EvaluationSpec, evaluate_folder
 from ..evaluation.report import render_markdown_table
-from ..metrics import OOD_SCORES, SEQUENCE_SCORES
+from ..metrics import OOD_SCORES, SEQUENCE_SCORES, canonical_score_name
 from . import finite_float, non_negative_int, positive_int
 
 logger = logging.getLogger(__name__)
@@ -99,6 +99,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--score",
         default="msp",
+        type=canonical_score_name,  # an older spelling (mi) is read, with a deprecation line
         choices=[*OOD_SCORES, *(s for s in SEQUENCE_SCORES if s not in OOD_SCORES)],
         help="OOD score (higher = more in-distribution; the paper uses msp): "
         + "; ".join(f"{s.name}: {s.help}" for s in OOD_SCORES.values())

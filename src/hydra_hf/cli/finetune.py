@@ -3,8 +3,10 @@ Hydra Ensemble folder. Runs as is, or under `accelerate launch` for several proc
 
     accelerate launch --multi_gpu --num_processes 2 -m hydra_hf.cli finetune --model ... --output ...
 
-Every `FinetuneConfig` setting has a flag (`--learning-rate`, `--num-epochs`, ...); `--config FILE`
-(JSON or YAML) sets many at once and the flags given on the command line override it.
+`--recipe NAME` starts from a registered recipe (`hydra_hf.finetune.RECIPES`: the paper's per task, the demo's
+Single and members), logged at the start of the run; every `FinetuneConfig` setting has a flag
+(`--learning-rate`, `--num-epochs`, ...); `--config FILE` (JSON or YAML) sets many at once; the flags given on the
+command line override both.
 """
 
 from __future__ import annotations
@@ -16,17 +18,17 @@ import logging
 
 from accelerate import PartialState
 
+from ..assemble import detect_arch
 from ..finetune import (
     MIXED_PRECISION,
     MLP_FUSIONS,
     OPTIMIZERS,
+    RECIPES,
     SCHEDULERS,
     FinetuneConfig,
-    default_recipe,
     finetune_fused,
     finetune_members,
-    image_recipe,
-    text_recipe,
+    get_recipe,
 )
 from . import finite_float, non_negative_int, positive_int
 
@@ -118,9 +120,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "folder is an error and is never deleted")
     p.add_argument(
         "--recipe",
-        choices=["text", "image"],
+        choices=list(RECIPES),
         default=None,
-        help="preset settings (default: the paper's recipe for the base: image for ViT, text otherwise)",
+        metavar="NAME",
+        help="preset settings, logged when the run starts (default: the paper's recipe for the base: image for "
+        "ViT, text otherwise): " + "; ".join(f"{name}: {recipe.help}" for name, recipe in RECIPES.items()),
     )
     p.add_argument("--config", default=None, help="JSON/YAML file of training settings (keys as the flags, with _)")
     p.add_argument(
@@ -142,16 +146,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def config_from_args(args: argparse.Namespace):
-    """The ``FinetuneConfig`` of the parsed arguments: recipe, then --config file, then flags."""
+def config_from_args(args: argparse.Namespace) -> FinetuneConfig:
+    """The ``FinetuneConfig`` of the parsed arguments: recipe, then --config file, then flags; the recipe
+    and what overrides it are logged in one line."""
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(FinetuneConfig) if hasattr(args, f.name)}
     if args.config:
         if args.recipe:
             overrides["recipe"] = args.recipe
-        return FinetuneConfig.from_file(args.config, **overrides)
-    if args.recipe is None:  # the paper's recipe for this base: image for ViT, text otherwise
-        return FinetuneConfig(**{**default_recipe(args.model).to_dict(), **overrides})
-    return (image_recipe if args.recipe == "image" else text_recipe)(**overrides)
+        config = FinetuneConfig.from_file(args.config, **overrides)
+        logger.info("settings from %s (recipe %s), flags over them: %s", args.config, args.recipe or "from the file",
+                    ", ".join(f"{k}={v}" for k, v in overrides.items() if k != "recipe") or "none")
+        return config
+    # no --recipe: the paper's recipe for this base, image for ViT, text otherwise
+    recipe = get_recipe(args.recipe or ("image" if detect_arch(args.model) == "vit" else "text"))
+    config = recipe.config(**overrides)
+    logger.info("%s", recipe.describe(overrides))
+    return config
 
 
 def run(args: argparse.Namespace) -> int:

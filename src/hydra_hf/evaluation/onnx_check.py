@@ -20,7 +20,7 @@ from .predictors import ModelPredictor, Predictor, predict
 REPORT_JSON = "quantization_report.json"
 REPORT_MD = "quantization_report.md"
 ID_METRICS = ("accuracy", "ece", "nll", "brier")
-OOD_SCORES = ("msp", "mutual_information")
+INT8_SCORES = ("msp", "mutual_information")  # the OOD scores (of hydra_hf.metrics.OOD_SCORES) the check reports
 
 
 def _numbers(predictions: Any, ood: Mapping[str, Any]) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def _numbers(predictions: Any, ood: Mapping[str, Any]) -> dict[str, Any]:
     }
     row["ood_auroc"] = {
         name: {score: metrics.ood_report(predictions.ood_scores(score), preds.ood_scores(score))["auroc"]
-               for score in OOD_SCORES}
+               for score in INT8_SCORES}
         for name, preds in ood.items()
     }
     return row
@@ -96,7 +96,7 @@ def quantization_report(
     rows = {name: _numbers(*p) for name, p in preds.items()}
     (a, a_ood), (b, b_ood) = preds["int8"], preds["fp32"]
     diff = {k: rows["int8"][k] - rows["fp32"][k] for k in ID_METRICS}
-    diff["ood_auroc"] = {o: {s: rows["int8"]["ood_auroc"][o][s] - rows["fp32"]["ood_auroc"][o][s] for s in OOD_SCORES}
+    diff["ood_auroc"] = {o: {s: rows["int8"]["ood_auroc"][o][s] - rows["fp32"]["ood_auroc"][o][s] for s in INT8_SCORES}
                          for o in ood_loaders}
     changes = [(a.member_logits - b.member_logits).abs().max()]
     changes += [(a_ood[o].member_logits - b_ood[o].member_logits).abs().max() for o in ood_loaders]
@@ -119,7 +119,7 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     """A short markdown summary of :func:`quantization_report`."""
     models = report["models"]
     oods = sorted(models["fp32"]["ood_auroc"])
-    head = ["model", *ID_METRICS] + [f"{o} AUROC ({s})" for o in oods for s in OOD_SCORES]
+    head = ["model", *ID_METRICS] + [f"{o} AUROC ({s})" for o in oods for s in INT8_SCORES]
     counts = report["num_examples"]
     ood_text = ", ".join(f"`{o}` ({counts[o]})" for o in oods) or "none"
     lines = [f"## Quantisation report: {report['title']}", "",
@@ -131,13 +131,13 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     for name in ("fp32", "int8"):
         row = models[name]
         cells = [f"{name} (`{row['file']}`)"] + [f"{row[k]:.4f}" for k in ID_METRICS]
-        cells += [f"{row['ood_auroc'][o][s]:.4f}" for o in oods for s in OOD_SCORES]
+        cells += [f"{row['ood_auroc'][o][s]:.4f}" for o in oods for s in INT8_SCORES]
         lines.append("| " + " | ".join(cells) + " |")
     d = report["difference_int8_minus_fp32"]
     cells = (
         ["int8 − fp32"]
         + [f"{d[k]:+.4f}" for k in ID_METRICS]
-        + [f"{d['ood_auroc'][o][s]:+.4f}" for o in oods for s in OOD_SCORES]
+        + [f"{d['ood_auroc'][o][s]:+.4f}" for o in oods for s in INT8_SCORES]
     )
     lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Same ensemble label: {100 * report['label_agreement']:.1f} % of calibration examples; same member "

@@ -26,7 +26,6 @@ import contextvars
 import functools
 import hashlib
 import logging
-import math
 import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -42,6 +41,7 @@ from transformers import PreTrainedTokenizerBase
 from .. import distributed, metrics
 from ..cost import relative_cost
 from ..data import zero_shot_prompts
+from ..modeling.hydra_formulas import log_mean_exp
 from ..progress import progress_bars
 
 logger = logging.getLogger(__name__)
@@ -495,7 +495,7 @@ def fit_temperature(predictions: Predictions, max_iter: int = 100) -> float:
     def nll():
         opt.zero_grad()
         log_probs = torch.log_softmax(logits / log_t.exp(), dim=-1)  # (N, M, C)
-        mixture = torch.logsumexp(log_probs, dim=1) - math.log(logits.shape[1])  # (N, C)
+        mixture = log_mean_exp(log_probs, dim=1)  # (N, C): log of the members' mean softmax
         loss = F.nll_loss(mixture, labels)
         loss.backward()
         return loss

@@ -24,7 +24,9 @@ import numpy as np
 import torch
 
 from ..errors import HydraInputError, HydraTypeError
+from ..metrics.chance import chance_levels, near_chance
 from ..outputs import write_text_atomic
+from ..reproducibility import describe_machine
 from . import plots
 from .run import EvaluationResult
 
@@ -489,19 +491,58 @@ def mean_std_rows(
     return out
 
 
-def render_comparisons(comparisons: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+def near_chance_rows(rows: Sequence[Mapping[str, Any]], labels: Any, num_classes: int | None = None) -> dict[str, Any]:
+    """The report's ``near_chance`` entry: the chance levels of the labelled ID data
+    (:func:`hydra_hf.metrics.chance_levels`) and, per row whose accuracy or NLL is near them, why
+    (:func:`hydra_hf.metrics.near_chance`). A comparison with such a row says nothing about the method
+    compared: the report and the model card mark it instead of reading its verdicts as a win."""
+    levels = chance_levels(labels, num_classes)
+    near = {}
+    for row in rows:
+        accuracy, nll = _as_number(row.get("accuracy")), _as_number(row.get("nll"))
+        reason = near_chance(levels, accuracy=accuracy, nll=nll)
+        if reason:
+            near[str(row.get("method"))] = reason
+    return {"levels": levels, "rows": near}
+
+
+def _compared(name: str) -> tuple[str, str]:
+    a, _, b = name.partition(" − ")
+    return a, b
+
+
+def near_chance_note(name: str, near: Mapping[str, str] | None) -> str | None:
+    """The line that marks the comparison ``"A − B"`` when A or B is near chance (``near``: the report's
+    ``near_chance["rows"]``), else None."""
+    weak = [(row, near[row]) for row in _compared(name) if near and row in near]
+    if not weak:
+        return None
+    who = "; ".join(f"**{row}** is near chance ({reason})" for row, reason in weak)
+    return (f"{who}: it learned next to nothing, so these differences are no win or loss of the method; train it "
+            "until it learns (hydra-hf finetune warns when a run does not) and compare again")
+
+
+def render_comparisons(comparisons: Mapping[str, Mapping[str, Mapping[str, Any]]],
+                       near_chance: Mapping[str, str] | None = None) -> str:
     """Markdown for paired bootstrap differences: one table per comparison (``"A − B"``), one row per
-    metric with the difference, its interval and the verdict (a tie when the interval holds 0)."""
+    metric with the difference, its interval and the verdict (a tie when the interval holds 0).
+    ``near_chance`` (row -> why, :func:`near_chance_rows`): a comparison with such a row is marked, and
+    its verdicts read "not comparable" instead of better / worse."""
     parts = ["## Paired differences\n"]
     for name, rows in comparisons.items():
         first = next(iter(rows.values()), {})
         level = int(round(100 * float(first.get("level", 0.95))))
         parts.append(f"**{name}** (paired bootstrap, {first.get('n_boot', '?')} resamples, {level} % interval; "
                      "a difference whose interval contains 0 is a tie)\n")
+        note = near_chance_note(name, near_chance)
+        if note:
+            parts.append(f"> {note}.\n")
         parts.append("| metric | difference | interval | verdict |\n|:---|---:|:---:|:---|")
         for metric, row in rows.items():
+            verdict = row["verdict"] if not note or row["verdict"] == "tie" else \
+                f"not comparable ({row['verdict']} than a model near chance)"
             parts.append(f"| {metric} | {row['difference']:+.4f} | [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}] | "
-                         f"{row['verdict']} |")
+                         f"{verdict} |")
         parts.append("")
     return "\n".join(parts) + "\n"
 
@@ -562,7 +603,9 @@ def write_report(
     if report.get("comparison_summary"):
         parts.append(render_seed_comparisons(report["comparison_summary"]))
     if report.get("comparisons"):
-        parts.append(render_comparisons(report["comparisons"]))
+        chance = report.get("near_chance")
+        near = chance.get("rows") if isinstance(chance, Mapping) else None
+        parts.append(render_comparisons(report["comparisons"], near))
     if report.get("notes"):
         parts.append("## Notes\n\n" + str(report["notes"]).strip() + "\n")
 
@@ -629,6 +672,16 @@ def write_evaluation_report(
         report["notes"] = notes
     if comparisons:
         report["comparisons"] = {name: dict(value) for name, value in comparisons.items()}
+    if result.latency_batch is not None:  # what a latency number means: its batch, machine and threads
+        report["latency"] = {"batch": result.latency_batch, "statistic": "median ms per batch",
+                             "machine": describe_machine(), "torch_threads": torch.get_num_threads()}
+    labelled = next((p for p in result.id_predictions.values() if p.labels is not None), None)
+    if labelled is not None:
+        report["near_chance"] = near_chance_rows(result.rows, labelled.labels, labelled.probs.shape[-1])
+        for name in report.get("comparisons") or {}:
+            note = near_chance_note(name, report["near_chance"]["rows"])
+            if note:
+                logger.warning("%s: %s", name, note.replace("**", ""))
     if extra:
         report.update(extra)
     return write_report(report, out)

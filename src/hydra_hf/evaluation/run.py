@@ -26,6 +26,7 @@ class EvaluationResult:
     ood_predictions: dict[str, dict[str, Predictions]]
     score: str
     scores: dict[str, str] = field(default_factory=dict)  # per-row OOD scores that differ from ``score``
+    latency_batch: int | None = None  # inputs in the batch the latency column was timed on (None: not timed)
 
     def score_of(self, name: str) -> str:
         """The OOD score of the row ``name``."""
@@ -58,11 +59,13 @@ def evaluate_predictors(
             rows.append(
                 _evaluate_row(name, predictor, id_loader, ood_loaders, score, scores, n_bins, id_preds, ood_preds)
             )
+    batch_size = None
     if latency_batch is not None:
         for row, ms in zip(rows, interleaved_latency_ms(list(predictors.values()), latency_batch)):
             row["latency_ms"] = ms
+        batch_size = len(next(iter(latency_batch.values())))
     return EvaluationResult(rows=rows, id_predictions=id_preds, ood_predictions=ood_preds, score=score,
-                            scores={k: v for k, v in scores.items() if v != score})
+                            scores={k: v for k, v in scores.items() if v != score}, latency_batch=batch_size)
 
 
 def _evaluate_row(

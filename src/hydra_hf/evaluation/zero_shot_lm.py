@@ -19,15 +19,18 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import datasets
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
 from .. import distributed
+from ..lazy import lazy_module
 from ..prompting import ZeroShotPrompt, label_word_logits, left_padded, text_ids
 from ..pruning.zero_shot_lm import pad_id
 from .predictors import Predictor, model_compute_ratio
+
+# heavy (datasets, pandas, pyarrow: ~2 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
+datasets = lazy_module("datasets")
 
 logger = logging.getLogger(__name__)
 

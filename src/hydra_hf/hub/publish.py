@@ -236,8 +236,9 @@ hydra_push_to_hub.__hydra_hub__ = True  # type: ignore[attr-defined]
 def install_push_to_hub(*classes: type) -> None:
     """Make ``cls.push_to_hub`` (and its subclasses') publish the full Hydra repository.
 
-    The one place that overrides ``push_to_hub``: ``hydra_hf/__init__.py`` calls it once, on
-    hydra_hf's own, locally registered base classes. The shipped modeling files cannot import
+    ``hydra_hf/__init__.py`` installs ``hydra_hf.push_to_hub``, which calls :func:`hydra_push_to_hub`, on
+    hydra_hf's own registered classes without importing this module; this function installs it on other
+    classes of hydra_hf's (tests, subclasses defined later). The shipped modeling files cannot import
     hydra_hf, so classes loaded with ``trust_remote_code`` keep transformers' ``push_to_hub`` (which
     uploads only what ``save_pretrained`` writes); use :func:`push_model` for those.
     """

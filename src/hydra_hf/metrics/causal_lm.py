@@ -31,9 +31,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..modeling.hydra_formulas import log_prob_uncertainty
 from . import classification as metrics
 from .scores import SEQUENCE_SCORES, TOKEN_QUANTITIES, TOKEN_SCORES
-from .uncertainty import entropy_of_log_probs
 
 __all__ = [
     "CHUNK_ELEMENTS",
@@ -139,25 +139,21 @@ def shift_for_next_token(
 
 def _chunk_quantities(x: torch.Tensor, target: torch.Tensor) -> dict[str, torch.Tensor]:
     """Every per-token quantity for ``c`` positions of logits ``x (c, M, V)`` and targets ``(c,)``."""
-    m = x.shape[1]
     dtype = torch.promote_types(x.dtype, torch.float32)
     lp = F.log_softmax(x.to(dtype), dim=-1)  # (c, M, V) members' log-probs
     lp = lp.clamp(min=torch.finfo(dtype).min)  # -inf (masked vocabulary) -> finite, so 0 * lp = 0
-    member_entropy = entropy_of_log_probs(lp)  # (c, M)
     member_pred = lp.argmax(dim=-1)  # (c, M)
-    ens_lp = torch.logsumexp(lp, dim=1) - math.log(m)  # (c, V) log of the mean softmax
+    u = log_prob_uncertainty(lp, dim=1)  # the ensemble's log of the mean softmax (c, V) and entropies (c,)
     del lp
-    ens_p = ens_lp.exp()
-    pred_entropy = entropy_of_log_probs(ens_lp)  # (c,)
-    conf, pred = ens_p.max(dim=-1)  # (c,)
+    ens_lp = u["log_probs"]
+    conf, pred = ens_lp.exp().max(dim=-1)  # (c,)
     nll = -ens_lp.gather(1, target[:, None]).squeeze(1)  # (c,)
-    expected = member_entropy.mean(dim=1)
     return {
         "nll": nll,
         "msp": conf,
-        "predictive_entropy": pred_entropy,
-        "expected_entropy": expected,
-        "mutual_information": (pred_entropy - expected).clamp(min=0),  # >= 0 by Jensen; removes rounding
+        "predictive_entropy": u["predictive_entropy"],
+        "expected_entropy": u["expected_entropy"],
+        "mutual_information": u["mutual_information"],
         "disagreement": (member_pred != pred[:, None]).to(dtype).mean(dim=1),
         "correct": pred == target,
         "prediction": pred,

@@ -31,9 +31,13 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from scipy import stats
 
-from .uncertainty import ensemble_mutual_information, entropy
+from ..lazy import lazy_module
+from ..modeling.hydra_formulas import ensemble_mutual_information, entropy
+
+# heavy (scipy.stats: 1-3 s; transformers imports only scipy.optimize): imported on first use, for the t-test over
+# seeds, so that `import hydra_hf` stays light (hydra_hf/lazy.py)
+stats = lazy_module("scipy.stats")
 
 __all__ = [
     "PROB_ATOL",

@@ -1,5 +1,13 @@
-"""The OOD scores, ONE registry by level: ``example`` (a classifier's input), ``sequence`` (a causal
-LM's text) and ``token`` (one next-token prediction). Every score is "higher = more in-distribution".
+"""The scores, ONE registry by level: ``example`` (a classifier's input), ``sequence`` (a causal LM's text)
+and ``token`` (one next-token prediction). One vocabulary: ``evaluate --score``, ``calibrate --score``, the
+reports, the study, the Single baselines and the docs name a score by its entry's ``name``; an older
+spelling (``aliases``: ``mi``) is still read, with a one-line deprecation log (:func:`resolve_score`).
+
+Each entry says its direction: a score is ``sign x`` a quantity (``sign`` +1: the quantity grows with
+confidence, e.g. the maximum softmax probability; -1: it grows with uncertainty, e.g. the entropy), so that
+every score is "higher = more in-distribution" (what the OOD AUROC ranks), and abstention thresholds the
+quantity's uncertainty direction (``-score``; ``1 - msp``). ``stored`` is the spelling a folder's
+``config.calibration`` holds for it, the one the shipped pipelines of every version read.
 
 Adding a score is one function (for an example score) plus one :func:`register_ood_score` call; the
 CLI (``evaluate --score``), the reports, the study and the Single baselines read the registry.
@@ -14,12 +22,14 @@ CLI (``evaluate --score``), the reports, the study and the Single baselines read
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
+from ..errors import HydraInputError
 from .classification import (
     ArrayLike,
     as_member_probs,
@@ -40,8 +50,13 @@ __all__ = [
     "TOKEN_SCORES",
     "level_scores",
     "ood_score",
+    "canonical_score_name",
     "register_ood_score",
+    "resolve_score",
+    "stored_score",
 ]
+
+logger = logging.getLogger(__name__)
 
 SCORE_LEVELS: tuple[str, ...] = ("example", "sequence", "token")
 """What one score value describes: a classifier's input, a causal LM's sequence, one next token."""
@@ -70,7 +85,13 @@ class OODScore:
         single_model: whether one model (M = 1) has it (mutual information needs members).
         help: one line for ``--help`` and the docs.
         level: ``"example"``, ``"sequence"`` or ``"token"``.
-        sign: ``token`` and ``sequence`` scores: +1 or -1, so that higher = more in-distribution.
+        sign: the direction: +1 when the score's quantity grows with confidence (msp, likelihood, negative
+            energy), -1 when it grows with uncertainty (entropy, mutual information); the score is ``sign x``
+            the quantity (``token`` and ``sequence`` scores are computed so; an ``example`` score's ``compute``
+            returns it), higher = more in-distribution.
+        aliases: older spellings still read (with a deprecation log), e.g. ``mi``.
+        stored: the spelling ``config.calibration["score"]`` holds when a folder abstains on this score (what the
+            shipped pipelines read); None: ``calibrate`` cannot abstain on it.
     """
 
     name: str
@@ -80,6 +101,8 @@ class OODScore:
     help: str
     level: Literal["example", "sequence", "token"] = "example"
     sign: float = 1.0
+    aliases: tuple[str, ...] = ()
+    stored: str | None = None
 
 
 SCORES: dict[str, dict[str, OODScore]] = {level: {} for level in SCORE_LEVELS}
@@ -106,16 +129,53 @@ def register_ood_score(score: OODScore) -> OODScore:
     if score.level != "example" and score.reads not in TOKEN_QUANTITIES:
         raise ValueError(f"OOD score {score.name!r}: a {score.level} score reads one of {list(TOKEN_QUANTITIES)}, "
                          f"got {score.reads!r}")
-    if score.name in SCORES[score.level]:
-        raise ValueError(f"an OOD score named {score.name!r} is already registered")
+    taken = {n for known in SCORES[score.level].values() for n in (known.name, *known.aliases)}
+    clash = sorted(taken & {score.name, *score.aliases})
+    if clash:
+        raise ValueError(f"an OOD score named {clash[0]!r} is already registered at level {score.level!r}")
     SCORES[score.level][score.name] = score
     return score
 
 
-register_ood_score(OODScore("msp", "probs", lambda p, t: msp(p), True, "maximum softmax probability (the paper's)"))
-register_ood_score(OODScore("entropy", "probs", lambda p, t: negative_entropy(p), True, "negative predictive entropy"))
+def canonical_score_name(name: str, what: str = "--score") -> str:
+    """The registry's name for ``name``: ``name`` itself, or the score it is an older spelling of (``aliases``;
+    one deprecation line is logged, ``what`` naming the input). Any other name is returned as given."""
+    for level in SCORE_LEVELS:
+        for score in SCORES[level].values():
+            if name in score.aliases:
+                logger.warning("%s %s is the old spelling of %s; write %s (the old one is read for now)", what, name,
+                               score.name, score.name)
+                return score.name
+    return name
+
+
+def resolve_score(name: str, level: str = "example", *, what: str = "--score") -> OODScore:
+    """The entry ``name`` names at ``level`` (its name or an older spelling, :func:`canonical_score_name`);
+    ``HydraInputError`` (one line, the choices) for any other name."""
+    scores = level_scores(level)
+    canonical = canonical_score_name(name, what)
+    if canonical not in scores:
+        raise HydraInputError(f"{what} {name!r} is not a {level} score; use one of {', '.join(scores)}")
+    return scores[canonical]
+
+
+def stored_score(name: str, level: str = "example", *, what: str = "--score") -> str:
+    """The spelling ``config.calibration["score"]`` holds for the score ``name`` names (:func:`resolve_score`);
+    ``HydraInputError`` when abstention cannot use it."""
+    score = resolve_score(name, level, what=what)
+    if score.stored is None:
+        usable = [s.name for s in level_scores(level).values() if s.stored]
+        raise HydraInputError(f"{what} {score.name} cannot decide abstention; use one of {', '.join(usable)}")
+    return score.stored
+
+
+register_ood_score(OODScore("msp", "probs", lambda p, t: msp(p), True, "maximum softmax probability (the paper's)",
+                            stored="msp"))
+register_ood_score(OODScore("entropy", "probs", lambda p, t: negative_entropy(p), True, "negative predictive entropy",
+                            sign=-1.0, stored="entropy"))
 register_ood_score(OODScore("mutual_information", "member_probs", lambda p, t: negative_mutual_information(p), False,
-                            "negative mutual information between the prediction and the members (their disagreement)"))
+                            "negative mutual information between the prediction and the members (their disagreement)",
+                            sign=-1.0, aliases=("mi",), stored="mi"))
 register_ood_score(OODScore("energy", "logits", energy_score, True, "negative energy of the logits (logsumexp)"))
 OOD_SCORE_NAMES: tuple[str, ...] = tuple(OOD_SCORES)
 """Names accepted by :func:`ood_score` (the keys of :data:`OOD_SCORES`)."""
@@ -136,7 +196,10 @@ for _name, _quantity, _sign, _single, _help in (
     ("likelihood", "nll", -1.0, True, "the log-likelihood of the next token"),
 ):
     for _level in ("token", "sequence"):
-        register_ood_score(OODScore(_name, _quantity, None, _single, _help, level=_level, sign=_sign))
+        # a causal LM abstains (generate_with_uncertainty) on its tokens' entropy or mutual information
+        _stored = {"entropy": "entropy", "mutual_information": "mi"}.get(_name)
+        register_ood_score(OODScore(_name, _quantity, None, _single, _help, level=_level, sign=_sign,
+                                    aliases=("mi",) if _name == "mutual_information" else (), stored=_stored))
 
 
 def ood_score(

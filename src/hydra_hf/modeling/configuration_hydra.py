@@ -5,11 +5,13 @@ subset of attention heads, fused into one model."""
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator
+from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from transformers import PretrainedConfig
+from transformers import AutoConfig, PretrainedConfig
 
 if TYPE_CHECKING:  # never executed: this line only makes transformers ship the pipeline file with this one
     # transformers finds a remote-code file's siblings by scanning it for relative imports (a regex, so
@@ -69,6 +71,25 @@ def without_base_labels(base: dict[str, Any]) -> dict[str, Any]:
         if key.endswith("_config") and isinstance(value, dict):
             out[key] = without_base_labels(value)
     return out
+
+
+_KEPT_HEADS_FIELDS = ("kept_heads", "vision_kept_heads", "text_kept_heads")  # a config naming members has a base
+
+
+@cache
+def default_base_config(base_model_type: str) -> dict[str, Any]:
+    """The settings of ``base_model_type``'s transformers config built without arguments (``LlamaConfig()``'s),
+    without its labels, with the common names its ``attribute_map`` aliases (DistilBERT's ``hidden_size`` for
+    ``dim``, as the converter writes them): what a Hydra config built without arguments answers for the
+    base's settings. Empty for a type transformers does not know. Callers must not modify it (one copy per
+    type)."""
+    try:
+        stock = AutoConfig.for_model(base_model_type)
+    except (KeyError, ValueError):
+        return {}
+    settings = stock.to_dict()
+    aliases = {alias: settings[name] for alias, name in stock.attribute_map.items() if name in settings}
+    return without_base_labels({**aliases, **settings})
 
 
 def _layer_lists(kept: Any, num_layers: int, where: str, what: str) -> Iterator[tuple[int, int, Any]]:
@@ -346,12 +367,41 @@ class HydraEnsembleConfig(PretrainedConfig):
             and not (name.endswith("_config") and isinstance(base[name], dict))
         )
 
+    def base_settings(self) -> dict[str, Any]:
+        """The base model's settings the config answers with: ``base_config`` or, for a config built without
+        arguments (no ``base_config``, no kept heads: the instance transformers builds to diff a config
+        against, or ``ConfigTester`` checks), the defaults of its base model type (``default_base_config``),
+        so that such a config answers ``hidden_size`` or ``vocab_size`` as ``LlamaConfig()`` does. Nothing
+        is written into ``base_config``: a saved config holds only what it was given."""
+        base = getattr(self, "base_config", None)
+        base_type = getattr(self, "base_model_type", None)
+        members = (  # literal names: the shipped-code audit allows getattr only so
+            getattr(self, "kept_heads", None), getattr(self, "vision_kept_heads", None),
+            getattr(self, "text_kept_heads", None),
+        )
+        if base or any(members) or not isinstance(base_type, str):
+            return base if isinstance(base, dict) else {}
+        return default_base_config(base_type)
+
+    def base_value(self, name: str) -> Any:
+        """``base_settings()[name]``; ``AttributeError`` (so that ``hasattr`` answers False and ``getattr``
+        with a default works) when the base's settings have no ``name``."""
+        base = self.base_settings()
+        if name not in base:
+            raise AttributeError(
+                f"{type(self).__name__} has no {name!r}: its base_config does not set it; pass the base model's "
+                "full config (e.g. BertConfig.from_pretrained(base).to_dict())"
+            )
+        return base[name]
+
     def __getattr__(self, name: str) -> Any:
-        # reached only when the normal lookup fails: the base model's settings read through
-        if name != "base_config":
-            base = getattr(self, "base_config", None)
-            if isinstance(base, dict) and self.is_base_setting(name, base):
-                return base[name]
+        # reached only when the normal lookup fails (a property raising AttributeError included): the base
+        # model's settings read through
+        if name not in ("base_config", "base_model_type", *_KEPT_HEADS_FIELDS) and not name.startswith("__"):
+            base = self.base_settings()
+            if self.is_base_setting(name, base):
+                value = base[name]  # a default (shared by every such config) is handed out as a copy
+                return value if base is getattr(self, "base_config", None) else copy.deepcopy(value)
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (nor has its base_config)")
 
     def sync_base_settings(self) -> None:
@@ -387,14 +437,24 @@ class HydraEnsembleConfig(PretrainedConfig):
 
     # ----------------------------------------------------------------------------------- checks
     def _tower_shape(self) -> tuple[int, int]:
-        """(num_layers, num_heads) of the base model, read from ``base_config``."""
-        missing = [k for k in ("num_hidden_layers", "num_attention_heads", "hidden_size") if k not in self.base_config]
+        """(num_layers, num_heads) of the base model, read from ``base_config`` (``ValueError`` naming the
+        missing keys; the properties turn it into ``AttributeError``)."""
+        base = self.base_settings()
+        missing = [k for k in ("num_hidden_layers", "num_attention_heads", "hidden_size") if k not in base]
         if missing:
             raise ValueError(
                 f"base_config is missing {missing}; pass the base model's full config "
                 "(e.g. BertConfig.from_pretrained(base).to_dict())"
             )
-        return int(self.base_config["num_hidden_layers"]), int(self.base_config["num_attention_heads"])
+        return int(base["num_hidden_layers"]), int(base["num_attention_heads"])
+
+    def _shape_attribute(self, index: int) -> int:
+        """``_tower_shape()[index]`` for a property: a base without the value raises ``AttributeError``, the
+        error ``hasattr`` and ``getattr(config, name, default)`` expect of a missing attribute."""
+        try:
+            return self._tower_shape()[index]
+        except ValueError as err:
+            raise AttributeError(str(err)) from None
 
     def _pruned_towers(self) -> dict[str, tuple[Any, int, int]]:
         """``{field: (kept_heads, num_layers, num_heads)}`` for every pruned tower, after checking the
@@ -435,17 +495,19 @@ class HydraEnsembleConfig(PretrainedConfig):
             )
 
     # ------------------------------------------------------------------------------ accessors
+    # The shape properties raise AttributeError, never another error, when the base lacks the value (a
+    # property's AttributeError is what hasattr() and getattr(config, name, default) catch).
     @property
     def num_hidden_layers(self) -> int:
-        return self._tower_shape()[0]
+        return self._shape_attribute(0)
 
     @property
     def num_attention_heads(self) -> int:
-        return self._tower_shape()[1]
+        return self._shape_attribute(1)
 
     @property
     def hidden_size(self) -> int:
-        return int(self.base_config["hidden_size"])
+        return int(self.base_value("hidden_size"))
 
     def heads_per_layer(self) -> list[list[int]]:
         """``out[m][l]`` = number of heads member ``m`` keeps in layer ``l``."""
@@ -526,7 +588,7 @@ class HydraTwoTowerConfig(HydraEnsembleConfig):
 
     def _tower_config(self, tower: str) -> dict[str, Any]:
         """``base_config[f"{tower}_config"]``, checked for the keys the model needs."""
-        sub = self.base_config.get(f"{tower}_config")
+        sub = self.base_settings().get(f"{tower}_config")
         if not isinstance(sub, dict):
             raise ValueError(
                 f"base_config has no {tower}_config; pass the base model's full CLIPConfig "
@@ -557,7 +619,10 @@ class HydraTwoTowerConfig(HydraEnsembleConfig):
     @property
     def hidden_size(self) -> int:
         """Width of the vision tower (the text tower's is ``base_config['text_config']['hidden_size']``)."""
-        return int(self._tower_config("vision")["hidden_size"])
+        try:
+            return int(self._tower_config("vision")["hidden_size"])
+        except ValueError as err:
+            raise AttributeError(str(err)) from None
 
     def kept_heads_of(self, tower: str) -> list[list[list[int]]]:
         """``out[m][l]`` = heads member m keeps in layer l of ``tower`` (``"vision"`` or ``"text"``)."""

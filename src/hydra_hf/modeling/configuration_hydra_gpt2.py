@@ -47,9 +47,10 @@ class HydraEnsembleGPT2Config(HydraEnsembleConfig):
     def _shape_value(self, name: str) -> int:
         """``base_config``'s value of ``name`` (``num_hidden_layers``, ``num_attention_heads``,
         ``hidden_size``) under GPT-2's own key (``n_layer``, ``n_head``, ``n_embd``) or the alias."""
+        base = self.base_settings()
         for key in (GPT2_SHAPE_KEYS[name], name):
-            if key in self.base_config:
-                return int(self.base_config[key])
+            if key in base:
+                return int(base[key])
         raise ValueError(
             f"base_config has no {GPT2_SHAPE_KEYS[name]} ({name}); pass the base model's full config "
             "(GPT2Config.from_pretrained(base).to_dict())"
@@ -60,10 +61,9 @@ class HydraEnsembleGPT2Config(HydraEnsembleConfig):
 
     def _pruned_towers(self) -> dict[str, tuple[Any, int, int]]:
         num_layers, num_heads = self._tower_shape()
-        if self.hidden_size % num_heads:
-            raise ValueError(
-                f"n_embd={self.hidden_size} is not a multiple of n_head={num_heads} in base_config"
-            )
+        hidden_size = self._shape_value("hidden_size")  # ValueError naming the key when it is missing
+        if hidden_size % num_heads:
+            raise ValueError(f"n_embd={hidden_size} is not a multiple of n_head={num_heads} in base_config")
         return {"kept_heads": (self.kept_heads, num_layers, num_heads)}
 
     def validate_hydra(self) -> None:
@@ -78,10 +78,11 @@ class HydraEnsembleGPT2Config(HydraEnsembleConfig):
 
     @property
     def hidden_size(self) -> int:
-        return self._shape_value("hidden_size")
+        try:
+            return self._shape_value("hidden_size")
+        except ValueError as err:  # a property's missing value is an AttributeError (hasattr answers False)
+            raise AttributeError(str(err)) from None
 
     @property
     def head_dim(self) -> int:
-        if not self.base_config:  # built without arguments, as transformers' configs can be: no base yet
-            raise AttributeError("head_dim is the base's: this config has no base_config")
         return self.hidden_size // self.num_attention_heads

@@ -1,5 +1,5 @@
 # Shipped with every Hydra Ensemble model folder built on a Llama-style decoder (remote code): imports only
-# the standard library, transformers and sibling files.
+# the standard library, torch, transformers and sibling files.
 """Configuration of a Hydra Ensemble built on a Llama-style decoder (Llama, Mistral, Qwen2, Qwen3)."""
 
 from __future__ import annotations
@@ -7,20 +7,10 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from .configuration_hydra import HydraEnsembleConfig
+from .hydra_formulas import members_kept_kv_heads
 
 LM_HEAD_FUSIONS = ("shared", "per_member")
 DECODER_BASE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-
-
-def kept_kv_heads(
-    kept_heads: list[list[list[int]]], num_heads: int, num_key_value_heads: int
-) -> list[list[list[int]]]:
-    """The key/value heads each member keeps: ``out[m][l]`` = sorted key/value heads with at least one kept
-    query head in member m's layer l (grouped-query attention: query head ``h`` reads key/value head
-    ``h // (num_heads // num_key_value_heads)``). The library's copy of this rule is
-    ``hydra_hf.masks.members_kept_kv_heads`` (shipped code cannot import it; a test holds the two equal)."""
-    group = num_heads // num_key_value_heads
-    return [[sorted({h // group for h in layer}) for layer in member] for member in kept_heads]
 
 
 class HydraEnsembleLlamaConfig(HydraEnsembleConfig):
@@ -31,7 +21,7 @@ class HydraEnsembleLlamaConfig(HydraEnsembleConfig):
     ``MistralConfig`` / ``Qwen2Config`` / ``Qwen3Config`` ``to_dict()`` and ``base_model_type`` its
     ``model_type``. ``kept_heads[m][l]`` lists the **query** heads member m keeps; with grouped-query
     attention (``num_key_value_heads < num_attention_heads``) a key/value head stays while any query head
-    of its group is kept (``kept_kv_heads``), so a member's key/value cache holds only those.
+    of its group is kept (``hydra_formulas.kept_kv_heads``), so a member's key/value cache holds only those.
 
     Args:
         lm_head_fusion (`str`): causal LMs: ``"shared"`` (one output embedding for all members: the base's,
@@ -102,16 +92,15 @@ class HydraEnsembleLlamaConfig(HydraEnsembleConfig):
 
     @property
     def num_key_value_heads(self) -> int:
-        kv = self.base_config.get("num_key_value_heads")
+        kv = self.base_settings().get("num_key_value_heads")
         return self.num_attention_heads if kv is None else kv
 
     @property
     def head_dim(self) -> int:
-        if not self.base_config:  # built without arguments, as transformers' configs can be: no base yet
-            raise AttributeError("head_dim is the base's: this config has no base_config")
-        return self.base_config.get("head_dim") or self.hidden_size // self.num_attention_heads
+        return self.base_settings().get("head_dim") or self.hidden_size // self.num_attention_heads
 
     @property
     def kept_kv_heads(self) -> list[list[list[int]]]:
-        """``kept_kv_heads[m][l]``: the key/value heads member m keeps in layer l (see ``kept_kv_heads()``)."""
-        return kept_kv_heads(self.kept_heads, self.num_attention_heads, self.num_key_value_heads)
+        """``kept_kv_heads[m][l]``: the key/value heads member m keeps in layer l (the grouped-query rule,
+        ``hydra_formulas.kept_kv_heads``)."""
+        return members_kept_kv_heads(self.kept_heads, self.num_attention_heads, self.num_key_value_heads)

@@ -9,7 +9,6 @@ of generated text (:class:`HydraGenerationUncertaintyMixin`: ``score_generated``
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +21,7 @@ from transformers.utils import ModelOutput
 from transformers.utils.deprecation import deprecate_kwarg
 
 from .configuration_hydra import GENERATION_SCORE_NAMES, check_calibration
+from .hydra_formulas import ensemble_log_probs, log_prob_uncertainty
 from .hydra_layers import HydraClassifierOutput, HydraMemberLinear, LayerOutputs, ensemble_outputs, rows_linear
 
 # The cache is ``cache`` in and out, transformers' name (``generate()`` passes and reads it); the older
@@ -46,7 +46,9 @@ class HydraDecoderOutput(ModelOutput):
             query heads of layer l in member order, with eager attention.
         member_last_hidden_state: ``(B, M, T, d)`` every member's final hidden states (after its final norm).
         member_hidden_states: per layer ``(B, M, T, d)``, every member's stream (the last one
-            ``member_last_hidden_state``); ``retain_grad()`` on them receives member m's gradient in slot ``[:, m]``.
+            ``member_last_hidden_state``), with ``output_member_hidden_states=True`` (``output_hidden_states``
+            adds only the standard ``hidden_states``, as transformers' contract has it); ``retain_grad()`` on them
+            receives member m's gradient in slot ``[:, m]``.
     """
 
     last_hidden_state: torch.Tensor | None = None
@@ -126,15 +128,13 @@ def add_generation_abstention(out: HydraGenerateOutput, calibration: Any) -> Hyd
 
 def token_uncertainty(member_logits: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-position uncertainty of an ensemble from ``member_logits (..., M, V)``: ``entropy`` and
-    ``mutual_information`` ``(...)`` (nats), the ensemble ``log_probs (..., V)`` and ``member_top (..., M)``."""
-    log_p = F.log_softmax(member_logits.float(), dim=-1)  # (..., M, V)
-    mean_log = torch.logsumexp(log_p, dim=-2) - math.log(member_logits.shape[-2])  # (..., V)
-    entropy = -(mean_log.exp() * mean_log).sum(-1)
-    member_entropy = -(log_p.exp() * log_p).sum(-1).mean(-1)
+    ``mutual_information`` ``(...)`` (nats), the ensemble ``log_probs (..., V)`` and ``member_top (..., M)``
+    (``hydra_formulas.log_prob_uncertainty``)."""
+    u = log_prob_uncertainty(F.log_softmax(member_logits.float(), dim=-1), dim=-2)  # members (..., M, V)
     return {
-        "entropy": entropy,
-        "mutual_information": (entropy - member_entropy).clamp_min(0.0),
-        "log_probs": mean_log,
+        "entropy": u["predictive_entropy"],
+        "mutual_information": u["mutual_information"],
+        "log_probs": u["log_probs"],
         "member_top": member_logits.argmax(-1),
     }
 
@@ -153,8 +153,7 @@ def ensemble_lm_outputs(
     transformers' ``Trainer`` passes with gradient accumulation, as to its own causal LMs): the loss is then the
     summed cross-entropy over members and tokens divided by ``M * num_items_in_batch``, so that the
     accumulated loss is the mean over every token of the step."""
-    log_p = F.log_softmax(member_logits.float(), dim=-1)
-    logits = (torch.logsumexp(log_p, dim=1) - math.log(member_logits.shape[1])).to(member_logits.dtype)
+    logits = ensemble_log_probs(member_logits, dim=1)  # (B, T, V)
     loss = None
     if labels is not None:
         M, V = member_logits.shape[1], member_logits.shape[-1]
@@ -265,6 +264,7 @@ class HydraDecoderModelMixin:
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         token_type_ids: torch.LongTensor | None = None,
+        output_member_hidden_states: bool = False,
         **kwargs,
     ) -> HydraDecoderOutput | tuple:
         """
@@ -275,6 +275,8 @@ class HydraDecoderModelMixin:
             cache: a transformers ``Cache`` (``DynamicCache``) to read and extend (``past_key_values``: its
                 deprecated name); with ``use_cache`` and no cache, a new one is made for the base's layer types.
             token_type_ids: ``(B, T)``, embedded and added where the base does it (GPT-2).
+            output_member_hidden_states: also return every member's per-layer streams (``member_hidden_states``);
+                ``output_hidden_states`` returns only the standard ``hidden_states``.
         Returns:
             ``HydraDecoderOutput``: ``last_hidden_state (B, T, d)`` (the members' mean), ``cache``,
             ``hidden_states``, ``attentions``, ``member_last_hidden_state (B, M, T, d)``, ``member_hidden_states``.
@@ -309,14 +311,16 @@ class HydraDecoderModelMixin:
         }
         positions = self.position_embeddings(embeddings, position_ids)  # rotary (cos, sin), each (B or 1, T, dk)
 
-        outs = LayerOutputs(embeddings, self.config.num_members, output_hidden_states, output_attentions)
+        record = output_hidden_states or output_member_hidden_states  # the layers record the streams for either
+        outs = LayerOutputs(embeddings, self.config.num_members, record, output_attentions)
         for layer in layers:
             outs.add(*layer(outs.input, masks[layer.attention_type], positions, cache if use_cache else None,
                             output_attentions))
         last = self.get_submodule(self.norm_name)(outs.streams()).transpose(0, 1)  # (B, M, T, d)
-        out = HydraDecoderOutput(
-            cache=cache if use_cache else None, attentions=outs.attentions, **outs.output_fields(last, tie_last=True)
+        fields = outs.output_fields(
+            last, tie_last=True, hidden_states=output_hidden_states, member_hidden_states=output_member_hidden_states
         )
+        out = HydraDecoderOutput(cache=cache if use_cache else None, attentions=outs.attentions, **fields)
         return out if return_dict else out.to_tuple()
 
 
@@ -347,7 +351,8 @@ class HydraDecoderClassifierMixin:
 
     def forward(
         self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
-        output_attentions=None, output_hidden_states=None, return_dict=None, token_type_ids=None, **kwargs,
+        output_attentions=None, output_hidden_states=None, return_dict=None, token_type_ids=None,
+        output_member_hidden_states: bool = False, **kwargs,
     ) -> HydraClassifierOutput | tuple:
         """``labels (B,)``: mean over members of each member's loss. Returns ``logits (B, C)``,
         ``member_logits (B, M, C)``."""
@@ -356,6 +361,7 @@ class HydraDecoderClassifierMixin:
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, inputs_embeds=inputs_embeds,
             token_type_ids=token_type_ids, use_cache=False, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, return_dict=True,
+            output_member_hidden_states=output_member_hidden_states,
         )
         hidden = outputs.member_last_hidden_state  # (B, M, T, d)
         B = hidden.shape[0]
@@ -521,6 +527,7 @@ class HydraCausalLMMixin(HydraGenerationUncertaintyMixin):
         return_dict: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         token_type_ids: torch.LongTensor | None = None,
+        output_member_hidden_states: bool = False,
         **kwargs,
     ) -> HydraCausalLMOutput | tuple:
         """
@@ -533,6 +540,7 @@ class HydraCausalLMMixin(HydraGenerationUncertaintyMixin):
             logits_to_keep: compute logits for the last ``logits_to_keep`` positions only (0: all), as
                 transformers' causal LMs (``generate()`` keeps 1).
             token_type_ids: GPT-2's token types (embedded like tokens); other decoders have none.
+            output_member_hidden_states: also return every member's per-layer streams (``member_hidden_states``).
         Returns:
             ``HydraCausalLMOutput``: ``logits (B, T', V)``, ``member_logits (B, M, T', V)``, ``loss``, ``cache``.
         """
@@ -541,6 +549,7 @@ class HydraCausalLMMixin(HydraGenerationUncertaintyMixin):
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
             inputs_embeds=inputs_embeds, use_cache=use_cache, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, return_dict=True, token_type_ids=token_type_ids,
+            output_member_hidden_states=output_member_hidden_states,
         )
         hidden = outputs.member_last_hidden_state  # (B, M, T, d)
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep

@@ -21,7 +21,6 @@ W_O (their block of output-projection columns); see ``tests/`` for the numerical
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +39,7 @@ from .hydra_attention import (  # noqa: F401  the attention's names, also this m
     eager_attention_forward,
     grouped_linear,
 )
+from .hydra_formulas import ensemble_log_probs, ensemble_sigmoid_logits
 
 
 @dataclass
@@ -69,8 +69,10 @@ class HydraModelOutput(ModelOutput):
         member_last_hidden_state: ``(B, M, T, d)`` every member's final hidden states (after the final
             LayerNorm for ViT and CLIP's text tower; before it for CLIP's vision tower, as in transformers' CLIP).
         member_pooler_output: ``(B, M, d)`` every member's pooled output (BERT pooler, CLIP towers; None for ViT).
-        member_hidden_states: per layer (embeddings first) ``(B, M, T, d)``, with ``output_hidden_states``:
-            ``member_hidden_states[l][:, m]`` is member m's stream. ``member_hidden_states[0]`` is the shared
+        member_hidden_states: per layer (embeddings first) ``(B, M, T, d)``, with
+            ``output_member_hidden_states=True`` (a Hydra flag: ``output_hidden_states`` adds only the standard
+            ``hidden_states``, as transformers' contract has it): ``member_hidden_states[l][:, m]`` is member m's
+            stream. ``member_hidden_states[0]`` is the shared
             embeddings expanded over the members (a stride-0 view); ``member_hidden_states[l]`` for ``l >= 1``
             is layer l's output. Each is a view of the tensor the next computation reads, so ``retain_grad()``
             on it receives member m's gradient in slot ``[:, m]``.
@@ -94,7 +96,8 @@ class HydraClassifierOutput(ModelOutput):
         logits: ``(B, C)`` log of the mean of the members' softmaxes (ensemble prediction).
         member_logits: ``(B, M, C)`` every member's own logits.
         hidden_states, attentions, member_hidden_states: as in ``HydraModelOutput`` (``hidden_states[l]``
-            ``(B, T, d)``, the members' mean; ``member_hidden_states[l]`` ``(B, M, T, d)``).
+            ``(B, T, d)``, the members' mean, with ``output_hidden_states``; ``member_hidden_states[l]``
+            ``(B, M, T, d)``, with ``output_member_hidden_states``).
     """
 
     loss: torch.Tensor | None = None
@@ -469,11 +472,12 @@ class LayerOutputs:
     every returned tensor is one the computation reads (as in transformers' models, ``retain_grad()`` on
     a returned hidden state or attention map receives its gradient). Every family's layer loop uses it::
 
-        outs = LayerOutputs(embeddings, M, output_hidden_states, output_attentions)
+        outs = LayerOutputs(embeddings, M, output_hidden_states or output_member_hidden_states, output_attentions)
         for layer in layers:
             outs.add(*layer(outs.input, mask))  # each layer returns (streams (M, B, T, d), weights)
         hidden = outs.streams()  # (M, B, T, d); after the final norm (if any), transposed to (B, M, T, d):
-        fields = outs.output_fields(member_last)  # the hidden-state fields of the model's output
+        fields = outs.output_fields(member_last, hidden_states=output_hidden_states,
+                                    member_hidden_states=output_member_hidden_states)  # the output's fields
 
     ``input`` is the next layer's input: the shared embeddings ``(B, T, d)`` for the first layer, or the
     members' streams ``(M, B, T, d)``. With ``output_hidden_states`` the first layer reads
@@ -515,13 +519,17 @@ class LayerOutputs:
         return hidden
 
     def output_fields(
-        self, member_last: torch.Tensor, tie_last: bool = False
+        self, member_last: torch.Tensor, tie_last: bool = False, hidden_states: bool = True,
+        member_hidden_states: bool = False,
     ) -> dict[str, torch.Tensor | tuple | None]:
         """The hidden-state fields of a model's output (see ``HydraModelOutput``) from every member's final
-        hidden states ``member_last (B, M, T, d)``: ``last_hidden_state (B, T, d)``, their mean, and with
-        ``output_hidden_states`` the per-layer ``hidden_states (B, T, d)`` (the shared embeddings, then the
-        members' mean after every layer) and ``member_hidden_states (B, M, T, d)``. ``tie_last``: the last
-        hidden state is the final one (after the final norm), as transformers' ModernBERT and language models
+        hidden states ``member_last (B, M, T, d)``: ``last_hidden_state (B, T, d)``, their mean, and of the
+        per-layer streams this record holds (built with ``output_hidden_states``) the ones asked for:
+        ``hidden_states`` (the call's ``output_hidden_states``): the per-layer ``hidden_states (B, T, d)`` (the
+        shared embeddings, then the members' mean after every layer); ``member_hidden_states`` (the call's
+        ``output_member_hidden_states``): every member's ``member_hidden_states (B, M, T, d)``. The standard
+        flag adds only the standard field, as transformers' contract has it. ``tie_last``: the last hidden
+        state is the final one (after the final norm), as transformers' ModernBERT and language models
         return it."""
         last = member_last.mean(dim=1)  # (B, T, d): the ensemble's choice, the members' mean
         fields = {"last_hidden_state": last, "member_last_hidden_state": member_last}
@@ -531,7 +539,10 @@ class LayerOutputs:
             hidden = (self.embeddings,) + means
             if tie_last:  # the same tensors, as transformers returns them
                 member_hidden, hidden = member_hidden[:-1] + (member_last,), hidden[:-1] + (last,)
-            fields.update(hidden_states=hidden, member_hidden_states=member_hidden)
+            if hidden_states:
+                fields["hidden_states"] = hidden
+            if member_hidden_states:
+                fields["member_hidden_states"] = member_hidden
         return fields
 
 
@@ -566,22 +577,6 @@ def padding_mask_to_additive(
         return None
     keep = attention_mask[:, None, None, :].to(dtype)  # (B, 1, 1, T)
     return (1.0 - keep) * torch.finfo(dtype).min
-
-
-def ensemble_log_probs(member_logits: torch.Tensor) -> torch.Tensor:
-    """Log of the mean of the members' softmaxes.
-
-    Shape: ``member_logits (B, M, C)`` -> ``(B, C)``. Its softmax is the ensemble's predictive
-    distribution, so any code that applies softmax to ``logits`` (pipelines) gets the ensemble mean.
-    """
-    log_probs = F.log_softmax(member_logits.float(), dim=-1)  # (B, M, C)
-    return (torch.logsumexp(log_probs, dim=1) - math.log(member_logits.shape[1])).to(member_logits.dtype)
-
-
-def ensemble_sigmoid_logits(member_logits: torch.Tensor) -> torch.Tensor:
-    """Multi-label: logit of the mean of the members' sigmoids, ``(B, M, C)`` -> ``(B, C)``."""
-    p = torch.sigmoid(member_logits.float()).mean(dim=1).clamp(1e-7, 1 - 1e-7)
-    return torch.log(p / (1 - p)).to(member_logits.dtype)
 
 
 def ensemble_outputs(

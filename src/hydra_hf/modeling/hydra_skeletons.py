@@ -122,25 +122,29 @@ def resolve_output_flags(
 
 
 def model_output(
-    member_last: torch.Tensor, member_pooled: torch.Tensor | None, outs: LayerOutputs, tie_last: bool = False
+    member_last: torch.Tensor, member_pooled: torch.Tensor | None, outs: LayerOutputs, tie_last: bool = False,
+    output_hidden_states: bool = True, output_member_hidden_states: bool = False,
 ) -> HydraModelOutput:
     """A fused encoder's output from every member's ``member_last (B, M, T, d)`` and ``member_pooled (B, M, d)``
     (or None) and the layers' record ``outs``: the standard fields are the members' mean (see ``HydraModelOutput``;
-    ``tie_last`` as in ``LayerOutputs.output_fields``)."""
+    ``tie_last`` and the two flags, which of the recorded per-layer fields to return, as in
+    ``LayerOutputs.output_fields``)."""
     return HydraModelOutput(
         pooler_output=member_pooled.mean(dim=1) if member_pooled is not None else None,  # (B, d)
         attentions=outs.attentions,
         member_pooler_output=member_pooled,
-        **outs.output_fields(member_last, tie_last),
+        **outs.output_fields(
+            member_last, tie_last, hidden_states=output_hidden_states, member_hidden_states=output_member_hidden_states
+        ),
     )
 
 
 def encoder_output(
     member_last: torch.Tensor, member_pooled: torch.Tensor | None, outs: LayerOutputs, return_dict: bool,
-    tie_last: bool = False,
+    tie_last: bool = False, output_hidden_states: bool = True, output_member_hidden_states: bool = False,
 ) -> HydraModelOutput | tuple:
     """``model_output`` as a ``HydraModelOutput`` or, without ``return_dict``, a tuple of its fields."""
-    out = model_output(member_last, member_pooled, outs, tie_last)
+    out = model_output(member_last, member_pooled, outs, tie_last, output_hidden_states, output_member_hidden_states)
     return out if return_dict else out.to_tuple()
 
 
@@ -191,8 +195,11 @@ class HydraTextEncoder(HydraPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        output_member_hidden_states: bool = False,
         **kwargs,
     ) -> HydraModelOutput | tuple:
+        """``output_member_hidden_states``: also return every member's per-layer streams,
+        ``member_hidden_states`` (``output_hidden_states`` returns only the standard ``hidden_states``)."""
         output_attentions, output_hidden_states, return_dict = resolve_output_flags(
             self.config, output_attentions, output_hidden_states, return_dict
         )
@@ -205,9 +212,12 @@ class HydraTextEncoder(HydraPreTrainedModel):
             position_ids,
             inputs_embeds,
             output_attentions,
-            output_hidden_states,
+            output_hidden_states or output_member_hidden_states,  # the layers record the streams for either
         )
-        return encoder_output(*outputs, return_dict, tie_last=self.tie_last_hidden_state)
+        return encoder_output(
+            *outputs, return_dict, tie_last=self.tie_last_hidden_state, output_hidden_states=output_hidden_states,
+            output_member_hidden_states=output_member_hidden_states,
+        )
 
     def forward_without_token_types(
         self,
@@ -218,13 +228,14 @@ class HydraTextEncoder(HydraPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        output_member_hidden_states: bool = False,
         **kwargs,
     ) -> HydraModelOutput | tuple:
         """``forward`` for a base without token types (DistilBERT, ModernBERT), so that its signature names
         only the inputs the model reads (ONNX export reads it)."""
         return HydraTextEncoder.forward(
             self, input_ids, attention_mask, None, position_ids, inputs_embeds, output_attentions,
-            output_hidden_states, return_dict,
+            output_hidden_states, return_dict, output_member_hidden_states,
         )
 
 
@@ -355,6 +366,7 @@ class HydraTextForSequenceClassification(HydraPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        output_member_hidden_states: bool = False,
         **kwargs,
     ) -> HydraClassifierOutput | tuple:
         return_dict = self.config.return_dict if return_dict is None else return_dict
@@ -362,6 +374,7 @@ class HydraTextForSequenceClassification(HydraPreTrainedModel):
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
             position_ids=position_ids, inputs_embeds=inputs_embeds, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, return_dict=True,
+            output_member_hidden_states=output_member_hidden_states,
         )
         member_logits = self.member_logits(outputs, attention_mask)  # (B, M, C)
         return classifier_output(member_logits, labels, self.config, outputs, return_dict)
@@ -376,12 +389,13 @@ class HydraTextForSequenceClassification(HydraPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        output_member_hidden_states: bool = False,
         **kwargs,
     ) -> HydraClassifierOutput | tuple:
         """``forward`` for a base without token types (see ``HydraTextEncoder.forward_without_token_types``)."""
         return HydraTextForSequenceClassification.forward(
             self, input_ids, attention_mask, None, position_ids, inputs_embeds, labels, output_attentions,
-            output_hidden_states, return_dict,
+            output_hidden_states, return_dict, output_member_hidden_states,
         )
 
 
@@ -440,8 +454,11 @@ class HydraVisionEncoder(HydraVisionPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        output_member_hidden_states: bool = False,
         **kwargs,
     ) -> HydraModelOutput | tuple:
+        """``output_member_hidden_states``: also return every member's per-layer streams,
+        ``member_hidden_states`` (``output_hidden_states`` returns only the standard ``hidden_states``)."""
         output_attentions, output_hidden_states, return_dict = resolve_output_flags(
             self.config, output_attentions, output_hidden_states, return_dict
         )
@@ -449,8 +466,10 @@ class HydraVisionEncoder(HydraVisionPreTrainedModel):
         patch = self.embeddings.patch_embeddings
         check_pixel_values(pixel_values, patch.num_channels, patch.image_size, interpolate or self.any_image_size)
         pixel_values = pixel_values.to(patch.projection.weight.dtype)
+        record = output_hidden_states or output_member_hidden_states  # the layers record the streams for either
         return encoder_output(
-            *self.encode(pixel_values, interpolate, output_attentions, output_hidden_states), return_dict
+            *self.encode(pixel_values, interpolate, output_attentions, record), return_dict,
+            output_hidden_states=output_hidden_states, output_member_hidden_states=output_member_hidden_states,
         )
 
 
@@ -530,12 +549,14 @@ class HydraVisionForImageClassification(HydraVisionPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        output_member_hidden_states: bool = False,
         **kwargs,
     ) -> HydraClassifierOutput | tuple:
         return_dict = self.config.return_dict if return_dict is None else return_dict
         outputs = self.hydra(
             pixel_values, interpolate_pos_encoding=interpolate_pos_encoding, output_attentions=output_attentions,
             output_hidden_states=output_hidden_states, return_dict=True,
+            output_member_hidden_states=output_member_hidden_states,
         )
         return classifier_output(self.member_logits(outputs), labels, self.config, outputs, return_dict)
 
@@ -613,14 +634,18 @@ class HydraTower(nn.Module):
 
     def run(
         self, embeddings: torch.Tensor, mask: torch.Tensor | None, output_attentions: bool, output_hidden_states: bool,
-        input_ids: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None, output_member_hidden_states: bool = False,
     ) -> HydraModelOutput:
         """The layers on the shared ``embeddings (B, T, d)``, then the family's pooling."""
+        record = output_hidden_states or output_member_hidden_states  # the layers record the streams for either
         hidden, outs = run_layers(
-            self.layers, embeddings, self.config.num_members, mask, output_hidden_states, output_attentions
+            self.layers, embeddings, self.config.num_members, mask, record, output_attentions
         )  # (M, B, T, d)
         hidden, pooled = self.pool(hidden, input_ids)
-        return model_output(hidden.transpose(0, 1), pooled.transpose(0, 1), outs)
+        return model_output(
+            hidden.transpose(0, 1), pooled.transpose(0, 1), outs, output_hidden_states=output_hidden_states,
+            output_member_hidden_states=output_member_hidden_states,
+        )
 
 
 class HydraVisionTower(HydraTower):
@@ -631,13 +656,13 @@ class HydraVisionTower(HydraTower):
 
     def forward(
         self, pixel_values: torch.Tensor, interpolate_pos_encoding: bool = False, output_attentions: bool = False,
-        output_hidden_states: bool = False,
+        output_hidden_states: bool = False, output_member_hidden_states: bool = False,
     ) -> HydraModelOutput:
         emb = self.embeddings
         size = (emb.image_size, emb.image_size)
         check_pixel_values(pixel_values, emb.patch_embedding.in_channels, size, bool(interpolate_pos_encoding))
         hidden = self.embed(pixel_values, bool(interpolate_pos_encoding))  # (B, T, d)
-        return self.run(hidden, None, output_attentions, output_hidden_states)
+        return self.run(hidden, None, output_attentions, output_hidden_states, None, output_member_hidden_states)
 
 
 class HydraTextTower(HydraTower):
@@ -650,13 +675,15 @@ class HydraTextTower(HydraTower):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None, output_attentions: bool = False, output_hidden_states: bool = False,
+        output_member_hidden_states: bool = False,
     ) -> HydraModelOutput:
         if input_ids is None:
             raise ValueError("input_ids is required: the texts tokenized with the model's tokenizer")
         input_ids = input_ids.view(-1, input_ids.shape[-1])  # (N, T)
         hidden = self.embeddings(input_ids=input_ids, position_ids=position_ids)  # (N, T, d)
         return self.run(
-            hidden, self.text_mask(attention_mask, hidden), output_attentions, output_hidden_states, input_ids
+            hidden, self.text_mask(attention_mask, hidden), output_attentions, output_hidden_states, input_ids,
+            output_member_hidden_states,
         )
 
 
@@ -715,13 +742,17 @@ class HydraTwoTowerModel(HydraPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        output_member_hidden_states: bool = False,
         **kwargs,
     ) -> HydraTwoTowerOutput | tuple:
+        """``output_member_hidden_states``: the towers' outputs also hold every member's per-layer streams,
+        ``member_hidden_states`` (``output_hidden_states`` returns only the standard ``hidden_states``)."""
         output_attentions, output_hidden_states, return_dict = resolve_output_flags(
             self.config, output_attentions, output_hidden_states, return_dict
         )
-        vision = self.vision_model(pixel_values, interpolate_pos_encoding, output_attentions, output_hidden_states)
-        text = self.text_model(input_ids, attention_mask, position_ids, output_attentions, output_hidden_states)
+        flags = (output_attentions, output_hidden_states, output_member_hidden_states)
+        vision = self.vision_model(pixel_values, interpolate_pos_encoding, *flags)
+        text = self.text_model(input_ids, attention_mask, position_ids, *flags)
         image_embeds = self.image_embeds(vision.member_pooler_output)  # (B, M, P)
         text_embeds = self.text_embeds(text.member_pooler_output)  # (N, M, P)
         image_embeds = image_embeds / image_embeds.norm(p=2, dim=-1, keepdim=True)

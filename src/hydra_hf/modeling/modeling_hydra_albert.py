@@ -10,6 +10,51 @@ applied to the MLP output. Every member has its own pooler (tanh) and classifier
 the mean of the members' softmaxes. The skeletons are in ``hydra_skeletons.py``.
 """
 
+# Route of forward: what HydraEnsembleAlbertForSequenceClassification(...) runs, file: function,
+# each call under its caller, in the order they first run (members of unequal widths; written by
+# tools/route_maps.py, checked by tests/modeling/test_route_maps.py).
+#   hydra_skeletons.py: HydraTextForSequenceClassification.forward
+#     hydra_skeletons.py: HydraTextEncoder.forward
+#       hydra_skeletons.py: resolve_output_flags
+#       hydra_skeletons.py: HydraPostLNTextModel.encode
+#         modeling_hydra_albert.py: HydraEnsembleAlbertModel.embed
+#           hydra_skeletons.py: HydraPostLNTextModel.embed
+#             transformers: AlbertEmbeddings.forward
+#         hydra_layers.py: padding_mask_to_additive
+#           hydra_layers.py: may_mask
+#         hydra_skeletons.py: run_layers
+#           hydra_layers.py: LayerOutputs.__init__
+#           hydra_layers.py: HydraPostLNLayer.forward
+#             hydra_attention.py: HydraSelfAttention.forward
+#               hydra_attention.py: HydraSelfAttention.folds_members
+#               hydra_attention.py: HydraSelfAttention.project
+#                 hydra_attention.py: grouped_linear
+#               hydra_attention.py: HydraSelfAttention.expand_kv
+#               hydra_attention.py: HydraSelfAttention.attend
+#                 transformers: sdpa_attention_forward
+#               hydra_attention.py: HydraSelfAttention._project_out
+#                 hydra_attention.py: HydraSelfAttention._member_rows
+#                 hydra_attention.py: grouped_linear
+#               hydra_attention.py: HydraSelfAttention.fold_mask
+#             hydra_layers.py: HydraLayerNorm.forward
+#             hydra_layers.py: HydraMLPBase.forward
+#               hydra_layers.py: HydraMLP._mlp
+#                 hydra_layers.py: rows_linear
+#                 transformers: NewGELUActivation.forward
+#           hydra_layers.py: LayerOutputs.add
+#           hydra_layers.py: LayerOutputs.streams
+#         hydra_layers.py: HydraMemberLinear.forward
+#       hydra_skeletons.py: encoder_output
+#         hydra_skeletons.py: model_output
+#           hydra_layers.py: LayerOutputs.output_fields
+#     hydra_skeletons.py: HydraTextForSequenceClassification.member_logits
+#       hydra_layers.py: HydraMemberLinear.forward
+#     hydra_skeletons.py: classifier_output
+#       hydra_layers.py: ensemble_outputs
+#         hydra_formulas.py: ensemble_log_probs
+#           hydra_formulas.py: log_mean_exp
+# (end of the route map)
+
 from __future__ import annotations
 
 import torch

@@ -14,6 +14,84 @@ the softmax over the texts, so transformers' ``zero-shot-image-classification`` 
 applies a softmax to ``logits_per_image``) returns the ensemble mean.
 """
 
+# Route of forward: what HydraEnsembleCLIPModel(...) runs, file: function,
+# each call under its caller, in the order they first run (members of unequal widths; written by
+# tools/route_maps.py, checked by tests/modeling/test_route_maps.py).
+#   hydra_skeletons.py: HydraTwoTowerModel.forward
+#     hydra_skeletons.py: resolve_output_flags
+#     hydra_skeletons.py: HydraVisionTower.forward
+#       hydra_skeletons.py: check_pixel_values
+#       modeling_hydra_clip.py: HydraCLIPVisionTower.embed
+#         transformers: CLIPVisionEmbeddings.forward
+#       hydra_skeletons.py: HydraTower.run
+#         hydra_skeletons.py: run_layers
+#           hydra_layers.py: LayerOutputs.__init__
+#           hydra_layers.py: HydraPreLNLayer.forward
+#             hydra_layers.py: HydraLayerNorm.forward
+#             hydra_attention.py: HydraSelfAttention.forward
+#               hydra_attention.py: HydraSelfAttention.folds_members
+#               hydra_attention.py: HydraSelfAttention.project
+#                 hydra_attention.py: HydraSelfAttention._member_rows
+#                 hydra_attention.py: grouped_linear
+#               hydra_attention.py: HydraSelfAttention.expand_kv
+#               hydra_attention.py: HydraSelfAttention.attend
+#                 transformers: sdpa_attention_forward
+#               hydra_attention.py: HydraSelfAttention._project_out
+#                 hydra_attention.py: HydraSelfAttention._member_rows
+#                 hydra_attention.py: grouped_linear
+#               hydra_attention.py: HydraSelfAttention.fold_mask
+#             hydra_layers.py: HydraMLPBase.forward
+#               hydra_layers.py: HydraMLP._mlp
+#                 hydra_layers.py: rows_linear
+#                 transformers: QuickGELUActivation.forward
+#           hydra_layers.py: LayerOutputs.add
+#           hydra_layers.py: LayerOutputs.streams
+#         modeling_hydra_clip.py: HydraCLIPVisionTower.pool
+#           hydra_layers.py: HydraLayerNorm.forward
+#         hydra_skeletons.py: model_output
+#           hydra_layers.py: LayerOutputs.output_fields
+#     hydra_skeletons.py: HydraTextTower.forward
+#       transformers: CLIPTextEmbeddings.forward
+#       modeling_hydra_clip.py: HydraCLIPTextTower.text_mask
+#         hydra_layers.py: may_mask
+#       hydra_skeletons.py: HydraTower.run
+#         hydra_skeletons.py: run_layers
+#           hydra_layers.py: LayerOutputs.__init__
+#           hydra_layers.py: HydraPreLNLayer.forward
+#             hydra_layers.py: HydraLayerNorm.forward
+#             hydra_attention.py: HydraSelfAttention.forward
+#               hydra_attention.py: HydraSelfAttention.folds_members
+#               hydra_attention.py: HydraSelfAttention.project
+#                 hydra_attention.py: HydraSelfAttention._member_rows
+#                 hydra_attention.py: grouped_linear
+#               hydra_attention.py: HydraSelfAttention.expand_kv
+#               hydra_attention.py: HydraSelfAttention.attend
+#                 transformers: sdpa_attention_forward
+#               hydra_attention.py: HydraSelfAttention._project_out
+#                 hydra_attention.py: HydraSelfAttention._member_rows
+#                 hydra_attention.py: grouped_linear
+#               hydra_attention.py: HydraSelfAttention.fold_mask
+#             hydra_layers.py: HydraMLPBase.forward
+#               hydra_layers.py: HydraMLP._mlp
+#                 hydra_layers.py: rows_linear
+#                 transformers: QuickGELUActivation.forward
+#           hydra_layers.py: LayerOutputs.add
+#           hydra_layers.py: LayerOutputs.streams
+#         modeling_hydra_clip.py: HydraCLIPTextTower.pool
+#           hydra_layers.py: HydraLayerNorm.forward
+#         hydra_skeletons.py: model_output
+#           hydra_layers.py: LayerOutputs.output_fields
+#     modeling_hydra_clip.py: HydraEnsembleCLIPModel.image_embeds
+#       hydra_layers.py: HydraMemberLinear.forward
+#     modeling_hydra_clip.py: HydraEnsembleCLIPModel.text_embeds
+#       hydra_layers.py: HydraMemberLinear.forward
+#     modeling_hydra_clip.py: HydraEnsembleCLIPModel.member_logits
+#     modeling_hydra_clip.py: HydraEnsembleCLIPModel.ensemble_logits
+#       hydra_formulas.py: ensemble_log_probs
+#         hydra_formulas.py: log_mean_exp
+#     hydra_skeletons.py: unit_mean
+# (end of the route map)
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,14 +104,8 @@ from transformers import initialization as init
 from transformers.models.clip.modeling_clip import CLIPTextEmbeddings, CLIPVisionEmbeddings
 
 from .configuration_hydra_clip import HydraEnsembleCLIPConfig
-from .hydra_layers import (
-    HydraLayerNorm,
-    HydraMemberLinear,
-    HydraPreTrainedModel,
-    ensemble_log_probs,
-    init_hydra_weights,
-    may_mask,
-)
+from .hydra_formulas import ensemble_log_probs
+from .hydra_layers import HydraLayerNorm, HydraMemberLinear, HydraPreTrainedModel, init_hydra_weights, may_mask
 from .hydra_skeletons import HydraTextTower, HydraTwoTowerModel, HydraTwoTowerOutput, HydraVisionTower, tower_layers
 
 

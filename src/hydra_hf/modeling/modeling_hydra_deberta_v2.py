@@ -21,6 +21,51 @@ where ``pk_h`` / ``pq_h`` are head h's rows of the position key / query projecti
 heads {a, b} keeps exactly their rows of every projection, and a removed head contributes nothing.
 """
 
+# Route of forward: what HydraEnsembleDebertaV2ForSequenceClassification(...) runs, file: function,
+# each call under its caller, in the order they first run (members of unequal widths; written by
+# tools/route_maps.py, checked by tests/modeling/test_route_maps.py).
+#   hydra_skeletons.py: HydraTextForSequenceClassification.forward
+#     hydra_skeletons.py: HydraTextEncoder.forward
+#       hydra_skeletons.py: resolve_output_flags
+#       modeling_hydra_deberta_v2.py: HydraEnsembleDebertaV2Model.encode
+#         transformers: DebertaV2Embeddings.forward
+#         hydra_layers.py: HydraLayerNorm.forward
+#         modeling_hydra_deberta_v2.py: relative_positions
+#         hydra_layers.py: LayerOutputs.__init__
+#         modeling_hydra_deberta_v2.py: HydraDebertaV2Layer.forward
+#           modeling_hydra_deberta_v2.py: HydraDisentangledSelfAttention.forward
+#             hydra_attention.py: HydraSelfAttention.folds_members
+#             hydra_attention.py: HydraSelfAttention.project
+#               hydra_attention.py: grouped_linear
+#             modeling_hydra_deberta_v2.py: HydraDisentangledSelfAttention.relative_scores
+#               modeling_hydra_deberta_v2.py: HydraDisentangledSelfAttention._position_projections
+#                 modeling_hydra_deberta_v2.py: HydraDisentangledSelfAttention._shared_rows
+#                 hydra_attention.py: HydraSelfAttention._member_rows
+#               modeling_hydra_deberta_v2.py: HydraDisentangledSelfAttention._by_head
+#             hydra_attention.py: HydraSelfAttention.attend
+#               transformers: sdpa_attention_forward
+#             hydra_attention.py: HydraSelfAttention._project_out
+#               hydra_attention.py: HydraSelfAttention._member_rows
+#               hydra_attention.py: grouped_linear
+#           hydra_layers.py: HydraLayerNorm.forward
+#           hydra_layers.py: HydraMLPBase.forward
+#             hydra_layers.py: HydraMLP._mlp
+#               hydra_layers.py: rows_linear
+#               transformers: GELUActivation.forward
+#         hydra_layers.py: LayerOutputs.add
+#         hydra_layers.py: LayerOutputs.streams
+#       hydra_skeletons.py: encoder_output
+#         hydra_skeletons.py: model_output
+#           hydra_layers.py: LayerOutputs.output_fields
+#     modeling_hydra_deberta_v2.py: HydraEnsembleDebertaV2ForSequenceClassification.member_logits
+#       hydra_layers.py: HydraMemberLinear.forward
+#       transformers: GELUActivation.forward
+#     hydra_skeletons.py: classifier_output
+#       hydra_layers.py: ensemble_outputs
+#         hydra_formulas.py: ensemble_log_probs
+#           hydra_formulas.py: log_mean_exp
+# (end of the route map)
+
 from __future__ import annotations
 
 import torch

@@ -25,6 +25,48 @@ The reference is transformers' GPT-2 with member m's removed heads' ``c_proj`` r
 (``tests/modeling/test_modeling_gpt2.py``), with and without the cache, on left-padded batches.
 """
 
+# Route of forward: what HydraEnsembleGPT2ForCausalLM(...) runs, file: function,
+# each call under its caller, in the order they first run (members of unequal widths; written by
+# tools/route_maps.py, checked by tests/modeling/test_route_maps.py).
+#   hydra_decoder.py: HydraCausalLMMixin.forward
+#     hydra_decoder.py: HydraDecoderModelMixin.forward
+#       hydra_decoder.py: HydraDecoderModelMixin.mask_config
+#         hydra_layers.py: HydraPreTrainedModel.base_config
+#       modeling_hydra_gpt2.py: HydraEnsembleGPT2Model.embed
+#       transformers: create_causal_mask
+#       hydra_decoder.py: HydraDecoderModelMixin.position_embeddings
+#       hydra_layers.py: LayerOutputs.__init__
+#       modeling_hydra_gpt2.py: HydraGPT2Block.forward
+#         hydra_layers.py: HydraLayerNorm.forward
+#         hydra_attention.py: HydraSelfAttention.forward
+#           hydra_attention.py: HydraSelfAttention.folds_members
+#           hydra_attention.py: HydraSelfAttention.project
+#             hydra_attention.py: HydraSelfAttention._member_rows
+#             hydra_attention.py: grouped_linear
+#           hydra_attention.py: HydraSelfAttention.expand_kv
+#           modeling_hydra_gpt2.py: HydraGPT2Attention.attend
+#             hydra_attention.py: HydraSelfAttention.attend
+#               transformers: sdpa_attention_forward
+#           hydra_attention.py: HydraSelfAttention._project_out
+#             hydra_attention.py: HydraSelfAttention._member_rows
+#             hydra_attention.py: grouped_linear
+#           hydra_attention.py: HydraSelfAttention.unfold
+#           hydra_attention.py: HydraSelfAttention.fold_mask
+#         hydra_layers.py: HydraMLPBase.forward
+#           hydra_layers.py: HydraMLP._mlp
+#             hydra_layers.py: rows_linear
+#             transformers: NewGELUActivation.forward
+#       hydra_layers.py: LayerOutputs.add
+#       hydra_layers.py: LayerOutputs.streams
+#       hydra_layers.py: HydraLayerNorm.forward
+#       hydra_layers.py: LayerOutputs.output_fields
+#     hydra_decoder.py: HydraCausalLMMixin.member_logits_of
+#       hydra_layers.py: rows_linear
+#     hydra_decoder.py: ensemble_lm_outputs
+#       hydra_formulas.py: ensemble_log_probs
+#         hydra_formulas.py: log_mean_exp
+# (end of the route map)
+
 from __future__ import annotations
 
 import torch

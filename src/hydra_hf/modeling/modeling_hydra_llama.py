@@ -24,6 +24,53 @@ The reference is transformers' model of the base with member m's removed query h
 set to zero (``tests/modeling/test_modeling_llama.py``), with and without the cache, on left-padded batches.
 """
 
+# Route of forward: what HydraEnsembleLlamaForCausalLM(...) runs, file: function,
+# each call under its caller, in the order they first run (members of unequal widths; written by
+# tools/route_maps.py, checked by tests/modeling/test_route_maps.py).
+#   hydra_decoder.py: HydraCausalLMMixin.forward
+#     hydra_decoder.py: HydraDecoderModelMixin.forward
+#       hydra_decoder.py: HydraDecoderModelMixin.mask_config
+#         modeling_hydra_llama.py: HydraEnsembleLlamaPreTrainedModel.base_config
+#       hydra_decoder.py: HydraDecoderModelMixin.embed
+#       transformers: create_causal_mask
+#       modeling_hydra_llama.py: HydraEnsembleLlamaModel.position_embeddings
+#         transformers: LlamaRotaryEmbedding.forward
+#       hydra_layers.py: LayerOutputs.__init__
+#       modeling_hydra_llama.py: HydraDecoderLayer.forward
+#         modeling_hydra_llama.py: HydraRMSNorm.forward
+#         hydra_attention.py: HydraSelfAttention.forward
+#           hydra_attention.py: HydraSelfAttention.folds_members
+#           hydra_attention.py: HydraGroupedQueryAttention.project
+#             hydra_attention.py: HydraGroupedQueryAttention._heads
+#               hydra_attention.py: grouped_linear
+#           hydra_attention.py: HydraSelfAttention.rotate
+#             hydra_attention.py: apply_rotary
+#               hydra_attention.py: rotate_half
+#           hydra_attention.py: HydraSelfAttention.expand_kv
+#           hydra_attention.py: HydraSelfAttention.attend
+#             transformers: sdpa_attention_forward
+#           hydra_attention.py: HydraSelfAttention._project_out
+#             hydra_attention.py: HydraSelfAttention._member_rows
+#             hydra_attention.py: grouped_linear
+#           hydra_attention.py: HydraSelfAttention.unfold
+#           hydra_attention.py: HydraSelfAttention.fold_mask
+#         hydra_layers.py: HydraMLPBase.forward
+#           hydra_layers.py: HydraGatedMLP._mlp
+#             hydra_layers.py: HydraGatedMLP._linear
+#               hydra_layers.py: rows_linear
+#             hydra_layers.py: HydraMLPBase._activate
+#               transformers: SiLUActivation.forward
+#       hydra_layers.py: LayerOutputs.add
+#       hydra_layers.py: LayerOutputs.streams
+#       modeling_hydra_llama.py: HydraRMSNorm.forward
+#       hydra_layers.py: LayerOutputs.output_fields
+#     hydra_decoder.py: HydraCausalLMMixin.member_logits_of
+#       hydra_layers.py: rows_linear
+#     hydra_decoder.py: ensemble_lm_outputs
+#       hydra_formulas.py: ensemble_log_probs
+#         hydra_formulas.py: log_mean_exp
+# (end of the route map)
+
 from __future__ import annotations
 
 import torch
@@ -35,7 +82,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from transformers.models.llama.modeling_llama import LlamaConfig, LlamaRotaryEmbedding
 
-from .configuration_hydra_llama import HydraEnsembleLlamaConfig, kept_kv_heads
+from .configuration_hydra_llama import HydraEnsembleLlamaConfig
 from .hydra_attention import HydraGroupedQueryAttention
 from .hydra_decoder import (  # noqa: F401  the decoders' shared outputs and uncertainty, also this module's names
     FULL_ATTENTION,
@@ -48,6 +95,7 @@ from .hydra_decoder import (  # noqa: F401  the decoders' shared outputs and unc
     HydraGenerateOutput,
     token_uncertainty,
 )
+from .hydra_formulas import kept_kv_heads
 from .hydra_layers import (
     HydraGatedMLP,
     HydraPreTrainedModel,
@@ -90,7 +138,7 @@ class HydraDecoderLayer(GradientCheckpointingLayer):
             hidden_dropout=0.0, mlp_fusion=config.mlp_fusion, kept_neurons=config.kept_neurons,
             head_size=getattr(base, "head_dim", None) or d // H,
         )
-        kept_kv = [member[layer_idx] for member in kept_kv_heads(config.kept_heads, H, Hkv)]
+        kept_kv = [kept_kv_heads(member[layer_idx], H, Hkv) for member in config.kept_heads]
         attention_bias = bool(getattr(base, "attention_bias", False))
         self.input_layernorm = HydraRMSNorm(M, d, base.rms_norm_eps)
         self.self_attn = HydraGroupedQueryAttention(

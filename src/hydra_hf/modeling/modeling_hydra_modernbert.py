@@ -20,6 +20,62 @@ The reference is transformers' ModernBERT with its eager or SDPA attention on pa
 flash-attention path unpads the batch, the same numbers).
 """
 
+# Route of forward: what HydraEnsembleModernBertForSequenceClassification(...) runs, file: function,
+# each call under its caller, in the order they first run (members of unequal widths; written by
+# tools/route_maps.py, checked by tests/modeling/test_route_maps.py).
+#   hydra_skeletons.py: HydraTextForSequenceClassification.forward_without_token_types
+#     hydra_skeletons.py: HydraTextForSequenceClassification.forward
+#       hydra_skeletons.py: HydraTextEncoder.forward_without_token_types
+#         hydra_skeletons.py: HydraTextEncoder.forward
+#           hydra_skeletons.py: resolve_output_flags
+#           modeling_hydra_modernbert.py: HydraEnsembleModernBertModel.encode
+#             transformers: ModernBertEmbeddings.forward
+#             modeling_hydra_modernbert.py: HydraEnsembleModernBertModel._masks
+#               hydra_layers.py: padding_mask_to_additive
+#                 hydra_layers.py: may_mask
+#             transformers: ModernBertRotaryEmbedding.forward
+#             hydra_layers.py: LayerOutputs.__init__
+#             modeling_hydra_modernbert.py: HydraModernBertLayer.forward
+#               modeling_hydra_modernbert.py: HydraRotarySelfAttention.forward
+#                 hydra_attention.py: HydraSelfAttention.forward
+#                   hydra_attention.py: HydraSelfAttention.folds_members
+#                   hydra_attention.py: HydraSelfAttention.project
+#                     hydra_attention.py: grouped_linear
+#                   hydra_attention.py: HydraSelfAttention.rotate
+#                     hydra_attention.py: apply_rotary
+#                       hydra_attention.py: rotate_half
+#                   hydra_attention.py: HydraSelfAttention.expand_kv
+#                   hydra_attention.py: HydraSelfAttention.attend
+#                     transformers: sdpa_attention_forward
+#                   hydra_attention.py: HydraSelfAttention._project_out
+#                     hydra_attention.py: HydraSelfAttention._member_rows
+#                     hydra_attention.py: grouped_linear
+#                   hydra_attention.py: HydraSelfAttention.fold_mask
+#               hydra_layers.py: HydraLayerNorm.forward
+#               hydra_layers.py: HydraMLPBase.forward
+#                 hydra_layers.py: HydraGatedMLP._mlp
+#                   hydra_layers.py: HydraGatedMLP._linear
+#                     hydra_layers.py: rows_linear
+#                   hydra_layers.py: HydraMLPBase._activate
+#                     transformers: GELUActivation.forward
+#             hydra_layers.py: LayerOutputs.add
+#             hydra_layers.py: LayerOutputs.streams
+#             hydra_layers.py: HydraLayerNorm.forward
+#           hydra_skeletons.py: encoder_output
+#             hydra_skeletons.py: model_output
+#               hydra_layers.py: LayerOutputs.output_fields
+#       modeling_hydra_modernbert.py: HydraEnsembleModernBertForSequenceClassification.member_logits
+#         modeling_hydra_modernbert.py: HydraModernBertHead.forward
+#           hydra_layers.py: HydraMemberLinear.forward
+#           transformers: GELUActivation.forward
+#           hydra_layers.py: HydraLayerNorm.forward
+#         hydra_layers.py: HydraMemberLinear.forward
+#       hydra_skeletons.py: classifier_output
+#         hydra_layers.py: ensemble_outputs
+#           hydra_formulas.py: ensemble_log_probs
+#             hydra_formulas.py: log_mean_exp
+# (end of the route map)
+
 from __future__ import annotations
 
 import torch

@@ -26,6 +26,89 @@ of the members' probabilities exactly as the stock SigLIP pipeline computes each
 ``logits_per_text`` is its transpose (the same pairs).
 """
 
+# Route of forward: what HydraEnsembleSiglipModel(...) runs, file: function,
+# each call under its caller, in the order they first run (members of unequal widths; written by
+# tools/route_maps.py, checked by tests/modeling/test_route_maps.py).
+#   hydra_skeletons.py: HydraTwoTowerModel.forward
+#     hydra_skeletons.py: resolve_output_flags
+#     hydra_skeletons.py: HydraVisionTower.forward
+#       hydra_skeletons.py: check_pixel_values
+#       hydra_skeletons.py: HydraVisionTower.embed
+#         transformers: SiglipVisionEmbeddings.forward
+#       hydra_skeletons.py: HydraTower.run
+#         hydra_skeletons.py: run_layers
+#           hydra_layers.py: LayerOutputs.__init__
+#           hydra_layers.py: HydraPreLNLayer.forward
+#             hydra_layers.py: HydraLayerNorm.forward
+#             hydra_attention.py: HydraSelfAttention.forward
+#               hydra_attention.py: HydraSelfAttention.folds_members
+#               hydra_attention.py: HydraSelfAttention.project
+#                 hydra_attention.py: HydraSelfAttention._member_rows
+#                 hydra_attention.py: grouped_linear
+#               hydra_attention.py: HydraSelfAttention.expand_kv
+#               hydra_attention.py: HydraSelfAttention.attend
+#                 transformers: sdpa_attention_forward
+#               hydra_attention.py: HydraSelfAttention._project_out
+#                 hydra_attention.py: HydraSelfAttention._member_rows
+#                 hydra_attention.py: grouped_linear
+#               hydra_attention.py: HydraSelfAttention.fold_mask
+#             hydra_layers.py: HydraMLPBase.forward
+#               hydra_layers.py: HydraMLP._mlp
+#                 hydra_layers.py: rows_linear
+#                 transformers: GELUTanh.forward
+#           hydra_layers.py: LayerOutputs.add
+#           hydra_layers.py: LayerOutputs.streams
+#         modeling_hydra_siglip.py: HydraSiglipVisionTower.pool
+#           hydra_layers.py: HydraLayerNorm.forward
+#           modeling_hydra_siglip.py: HydraSiglipAttentionPoolingHead.forward
+#             hydra_layers.py: HydraMemberLinear.forward
+#             hydra_layers.py: HydraLayerNorm.forward
+#             hydra_layers.py: HydraMLPBase.forward
+#               hydra_layers.py: HydraMLP._mlp
+#                 hydra_attention.py: grouped_linear
+#                 transformers: GELUTanh.forward
+#         hydra_skeletons.py: model_output
+#           hydra_layers.py: LayerOutputs.output_fields
+#     hydra_skeletons.py: HydraTextTower.forward
+#       transformers: SiglipTextEmbeddings.forward
+#       hydra_skeletons.py: HydraTextTower.text_mask
+#         hydra_layers.py: padding_mask_to_additive
+#       hydra_skeletons.py: HydraTower.run
+#         hydra_skeletons.py: run_layers
+#           hydra_layers.py: LayerOutputs.__init__
+#           hydra_layers.py: HydraPreLNLayer.forward
+#             hydra_layers.py: HydraLayerNorm.forward
+#             hydra_attention.py: HydraSelfAttention.forward
+#               hydra_attention.py: HydraSelfAttention.folds_members
+#               hydra_attention.py: HydraSelfAttention.project
+#                 hydra_attention.py: HydraSelfAttention._member_rows
+#                 hydra_attention.py: grouped_linear
+#               hydra_attention.py: HydraSelfAttention.expand_kv
+#               hydra_attention.py: HydraSelfAttention.attend
+#                 transformers: sdpa_attention_forward
+#               hydra_attention.py: HydraSelfAttention._project_out
+#                 hydra_attention.py: HydraSelfAttention._member_rows
+#                 hydra_attention.py: grouped_linear
+#               hydra_attention.py: HydraSelfAttention.fold_mask
+#             hydra_layers.py: HydraMLPBase.forward
+#               hydra_layers.py: HydraMLP._mlp
+#                 hydra_layers.py: rows_linear
+#                 transformers: GELUTanh.forward
+#           hydra_layers.py: LayerOutputs.add
+#           hydra_layers.py: LayerOutputs.streams
+#         modeling_hydra_siglip.py: HydraSiglipTextTower.pool
+#           hydra_layers.py: HydraLayerNorm.forward
+#           hydra_layers.py: HydraMemberLinear.forward
+#         hydra_skeletons.py: model_output
+#           hydra_layers.py: LayerOutputs.output_fields
+#     hydra_skeletons.py: HydraTwoTowerModel.image_embeds
+#     hydra_skeletons.py: HydraTwoTowerModel.text_embeds
+#     modeling_hydra_siglip.py: HydraEnsembleSiglipModel.member_logits
+#     modeling_hydra_siglip.py: HydraEnsembleSiglipModel.ensemble_logits
+#       hydra_formulas.py: ensemble_sigmoid_logits
+#     hydra_skeletons.py: unit_mean
+# (end of the route map)
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,6 +121,7 @@ from transformers import initialization as init
 from transformers.models.siglip.modeling_siglip import SiglipTextEmbeddings, SiglipVisionEmbeddings
 
 from .configuration_hydra_siglip import HydraEnsembleSiglipConfig
+from .hydra_formulas import ensemble_sigmoid_logits
 from .hydra_layers import (
     HydraLayerNorm,
     HydraLayerSpec,
@@ -64,18 +148,6 @@ class HydraSiglipOutput(HydraTwoTowerOutput):
         member_text_embeds: ``(N, M, P)`` L2-normalised text embeddings of every member.
         member_image_embeds: ``(B, M, P)`` L2-normalised image embeddings of every member.
     """
-
-
-def ensemble_sigmoid_logits(member_logits: torch.Tensor, dim: int = 1) -> torch.Tensor:
-    """``logit(mean_m sigmoid(z))`` over the member axis ``dim``, without clamping.
-
-    ``log p - log(1 - p)`` with ``log p = logsumexp(logsigmoid(z)) - log M`` and ``log(1 - p) =
-    logsumexp(logsigmoid(-z)) - log M``; the ``log M`` cancel. Exact for probabilities far below 1e-7,
-    which SigLIP's zero-shot scores often are. Shape: ``(B, M, N)`` -> ``(B, N)`` for ``dim=1``.
-    """
-    z = member_logits.float()
-    out = torch.logsumexp(F.logsigmoid(z), dim=dim) - torch.logsumexp(F.logsigmoid(-z), dim=dim)
-    return out.to(member_logits.dtype)
 
 
 class HydraSiglipAttentionPoolingHead(nn.Module):

@@ -42,7 +42,7 @@ from .gates import HeadGates, zero_head_columns_
 from .layout import JOINT, HeadLayout
 from .lm import LMGatedEvaluator, causal_lm_adapter, lm_batches, lm_batches_from_ids
 from .members import PruningTarget, build_members, load_pruning_target, load_zero_shot_lm_target
-from .scoring import auroc, batch_labels, circuit_score
+from .scoring import batch_labels, circuit_score
 from .taylor import PruneResult, normalize_layer_scores, select_top, taylor_prune, taylor_scores
 from .zero_shot_lm import zero_shot_lm_adapter, zero_shot_lm_batches
 
@@ -65,7 +65,6 @@ __all__ = [
     "ModelAdapter",
     "PruneResult",
     "PruningTarget",
-    "auroc",
     "batch_labels",
     "build_members",
     "causal_lm_adapter",

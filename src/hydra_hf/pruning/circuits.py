@@ -56,30 +56,29 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
-from sklearn.metrics import roc_auc_score
 from torch import nn
 from tqdm.auto import tqdm
 
 from ..families import get_adapter
 from ..families.adapters import ModelAdapter
+from ..metrics import ood_auroc
 from .budget import Budget
 from .cached_bert import PRECISIONS, CachedBertEvaluator, supports_cached_bert
 from .gates import HeadGates
 from .layout import HeadLayout
 from .lm import LMGatedEvaluator
-from .scoring import SCORES, Batch, auroc, batch_labels, circuit_score
+from .scoring import CIRCUIT_SCORES, Batch, batch_labels, circuit_score
 from .taylor import PruneResult
 
 logger = logging.getLogger(__name__)
 
-# SCORES, Batch, auroc and circuit_score live in .scoring (shared with .cached_bert); re-exported here.
+# CIRCUIT_SCORES, Batch and circuit_score live in .scoring (shared with .cached_bert); re-exported here.
 __all__ = [
-    "SCORES",
+    "CIRCUIT_SCORES",
     "Batch",
     "Evaluator",
     "GatedEvaluator",
     "as_metadata",
-    "auroc",
     "circuit_prune",
     "circuit_prune_criteria",
     "circuit_score",
@@ -298,8 +297,8 @@ class _GreedySearch:
 
 
 def _check_search_arguments(score: str, ood_batches: Sequence[Batch] | None, heads_per_step: int) -> None:
-    if score not in SCORES:
-        raise ValueError(f"unknown circuit score {score!r}; choose one of {list(SCORES)}")
+    if score not in CIRCUIT_SCORES:
+        raise ValueError(f"unknown circuit score {score!r}; choose one of {list(CIRCUIT_SCORES)}")
     if score != "acc" and not ood_batches:
         raise ValueError(f"circuit-{score} needs OOD validation data; give --ood-data")
     if heads_per_step < 1:
@@ -376,7 +375,7 @@ def circuit_prune_criteria(
     ood_batches: Sequence[Batch] | None,
     budget: Budget,
     *,
-    scores: Sequence[str] = SCORES,
+    scores: Sequence[str] = CIRCUIT_SCORES,
     seeds: Sequence[int | None] | None = None,
     tower: str | None = None,
     heads_per_step: int = 1,
@@ -398,7 +397,7 @@ def circuit_prune_criteria(
     member did not pay for itself.
 
     Args:
-        scores: one circuit score per member (:data:`SCORES`), repeats allowed.
+        scores: one circuit score per member (:data:`CIRCUIT_SCORES`), repeats allowed.
         seeds: tie-breaking seed per member (``random_ties``); default ``None`` for all.
         Other arguments: as :func:`circuit_prune`.
 
@@ -481,11 +480,11 @@ def reference_circuit_ranking(
     n_remove: int,
     score: str = "avg",
 ) -> list[tuple[int, int]]:
-    """A plain, obviously-correct Algorithm 1 for tests: full model per candidate, sklearn AUROC.
+    """A plain, obviously-correct Algorithm 1 for tests: full model per candidate, the MSP AUROC of
+    :func:`hydra_hf.metrics.ood_auroc` (tested against scikit-learn's, ties included).
 
     Ties: the lowest ``(layer, head)`` wins (first maximum in row-major order).
     """
-    # Lazy: scikit-learn adds 0.43 s to `import hydra_hf.pruning` (measured) and only this test reference uses it.
 
     adapter = get_adapter(model)
     L, H = adapter.shape(None)
@@ -501,9 +500,7 @@ def reference_circuit_ranking(
             if score == "acc":
                 return acc
             ood_logits = torch.cat([adapter.logits(b) for b in ood_batches or []])
-            msp = torch.cat([id_logits.softmax(-1).amax(-1), ood_logits.softmax(-1).amax(-1)]).double().numpy()
-            y = [1] * len(id_logits) + [0] * len(ood_logits)
-            ood = float(roc_auc_score(y, msp))
+            ood = ood_auroc(id_logits.softmax(-1).amax(-1).double(), ood_logits.softmax(-1).amax(-1).double())
             return ood if score == "ood" else (acc + ood) / 2
 
         gates = torch.ones(L, H)

@@ -32,17 +32,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import datasets
 import torch
 
 from ..errors import HydraInputError
 from ..families.adapters import ModelAdapter
+from ..lazy import lazy_module
 from ..masks import HeadMasks
 from .budget import Budget
 from .circuits import as_metadata, circuit_prune, circuit_prune_criteria
 from .layout import HeadLayout
 from .neurons import check_included_widths, check_mlp_keep, choose_neurons
 from .taylor import PruneResult, taylor_prune
+
+# heavy (datasets, pandas, pyarrow: ~2 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
+datasets = lazy_module("datasets")
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +82,7 @@ class PruningMethod:
         prune: ``(context, member_seed) -> PruneResult``.
         uses_ood: whether it needs OOD validation data.
         needs_labels: whether it needs labelled ID data.
-        circuit_score: for greedy circuit searches, the score (:data:`~hydra_hf.pruning.scoring.SCORES`):
+        circuit_score: for greedy circuit searches, the score (:data:`~hydra_hf.pruning.scoring.CIRCUIT_SCORES`):
             members of such methods that see the same data run in lockstep (:func:`circuit_prune_criteria`).
         help: one line for ``--help`` and the docs.
     """

@@ -41,9 +41,10 @@ from torch import nn
 
 from ..families.adapters import ModelAdapter, decoder_adapter, next_token_mask
 from ..masks import kept_kv_heads
+from ..metrics import ood_auroc
 from .gates import HeadGates
 from .layout import HeadLayout
-from .scoring import SCORES, Batch, auroc
+from .scoring import CIRCUIT_SCORES, Batch
 
 logger = logging.getLogger(__name__)
 
@@ -166,13 +167,13 @@ def lm_circuit_score(accuracy: float, msp_id: torch.Tensor | None, msp_ood: torc
     Shape:
         msp_id: ``(S_id,)``, msp_ood: ``(S_ood,)`` (per-sequence means; unused for ``"acc"``).
     """
-    if score not in SCORES:
-        raise ValueError(f"unknown circuit score {score!r}; choose one of {list(SCORES)}")
+    if score not in CIRCUIT_SCORES:
+        raise ValueError(f"unknown circuit score {score!r}; choose one of {list(CIRCUIT_SCORES)}")
     if score == "acc":
         return accuracy
     if msp_id is None or msp_ood is None:
         raise ValueError(f"the circuit score {score!r} needs OOD data (--ood-data)")
-    ood = auroc(msp_id, msp_ood)
+    ood = ood_auroc(msp_id, msp_ood)
     return ood if score == "ood" else (accuracy + ood) / 2
 
 

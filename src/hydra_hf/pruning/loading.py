@@ -21,17 +21,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import open_clip
-import timm
 import torch
-from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 
 from ..convert.io import read_state_dict
 from ..convert.open_clip import CONFIG_NAME, WEIGHT_NAMES
 from ..data import DEFAULT_PROMPT_TEMPLATE, zero_shot_prompts
+from ..lazy import lazy_module
 
 logger = logging.getLogger(__name__)
+
+# heavy and optional (open_clip with timm: ~1.5 s; the zero-shot and timm paths only): imported on first use, so
+# that `import hydra_hf` stays light (lazy.py)
+open_clip = lazy_module("open_clip")
+timm = lazy_module("timm")
 
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)  # open_clip's default image normalisation
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -214,7 +217,7 @@ def load_timm_vit(
         raise ValueError(
             f"--timm {name!r}: {exc}; give a timm ViT architecture such as vit_base_patch16_224"
         ) from None
-    if not isinstance(model, VisionTransformer):
+    if not isinstance(model, timm.models.vision_transformer.VisionTransformer):
         raise ValueError(
             f"--timm {name!r} builds a {type(model).__name__}; pruning supports timm VisionTransformer (vit_*) models"
         )

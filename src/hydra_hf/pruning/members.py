@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import datasets
 import torch
 from transformers import (
     AutoImageProcessor,
@@ -40,6 +39,7 @@ from ..data import make_image_loader, make_text_loader, pad_with_eos, resolve_da
 from ..errors import HydraInputError
 from ..families import detect_family, get_adapter, is_causal_lm_config, resolve_checkpoint
 from ..families.adapters import ModelAdapter
+from ..lazy import lazy_module
 from ..masks import HeadMasks
 from ..prompting import ZeroShotPrompt
 from .budget import Budget
@@ -51,7 +51,9 @@ from .zero_shot_lm import zero_shot_lm_adapter, zero_shot_lm_batches
 
 logger = logging.getLogger(__name__)
 
-Data = str | datasets.Dataset  # a data spec (resolve_dataset) or a dataset already in standard columns
+# heavy (datasets, pandas, pyarrow: ~2 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
+datasets = lazy_module("datasets")
+Data = Any  # a data spec (str, for resolve_dataset) or a datasets.Dataset already in standard columns
 
 
 @dataclass

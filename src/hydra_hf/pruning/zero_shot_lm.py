@@ -20,12 +20,15 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import datasets
 import torch
 from torch import nn
 
 from ..families.adapters import ModelAdapter, decoder_adapter
+from ..lazy import lazy_module
 from ..prompting import ZeroShotPrompt, label_word_logits, left_padded, text_ids
+
+# heavy (datasets, pandas, pyarrow: ~2 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
+datasets = lazy_module("datasets")
 
 INPUT_KEYS = ("input_ids", "attention_mask", "position_ids")
 

@@ -32,7 +32,7 @@ from typing import Any
 from ..evaluation import EnsemblePredictor, ModelPredictor
 from ..outputs import prepare_owned_folder, write_text_atomic
 from ..pruning import load_pruning_target
-from .study import OOD_SCORES, SINGLE_SCORES, Candidate, TextStudy, model_numbers, run_cell, study_data, train_single
+from .study import SINGLE_SCORES, STUDY_SCORES, Candidate, TextStudy, model_numbers, run_cell, study_data, train_single
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def ceiling_table(numbers: Mapping[str, Any]) -> dict[str, Any]:
     if numbers.get("hydra"):
         groups.append(("Hydra", [numbers["hydra"][s] for s in seeds if s in numbers["hydra"]]))  # the seeds it ran on
     for model, members in groups:
-        for score in OOD_SCORES:
+        for score in STUDY_SCORES:
             if score not in members[0]["ood"][kinds[0]]:
                 continue
             row = {"model": model, "score": score, "seeds": len(members), **per_seed_row(members, score)}

@@ -24,14 +24,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import datasets
 import torch
 
 from .. import metrics
 from ..data import resolve_dataset
 from ..errors import HydraInputError
 from ..evaluation import EvaluationResult, Predictions, compare_predictions
+from ..lazy import lazy_module
 from ..outputs import write_text_atomic
+
+# heavy (datasets, pandas, pyarrow: ~2 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
+datasets = lazy_module("datasets")
 
 logger = logging.getLogger(__name__)
 

@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import datasets
 import torch
 from scipy.stats import spearmanr
 from tqdm.auto import tqdm
@@ -56,6 +55,7 @@ from ..evaluation import ModelPredictor, make_loader, predict
 from ..evaluation.plots import transfer_gains
 from ..finetune import finetune_members, text_recipe
 from ..finetune.baselines import all_heads_masks
+from ..lazy import lazy_module
 from ..masks import HeadMasks
 from ..outputs import prepare_owned_folder, remove_dead_process_folders, write_text_atomic
 from ..pruning import build_members, load_pruning_target
@@ -66,10 +66,13 @@ from ..pruning.layout import HeadLayout
 from ..pruning.neurons import check_mlp_keep
 from .text import packaged_minilm
 
+# heavy (datasets, pandas, pyarrow: ~2 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
+datasets = lazy_module("datasets")
+
 logger = logging.getLogger(__name__)
 
-# the registered OOD scores (hydra_hf.metrics.OOD_SCORES), each a row of the decision table
-OOD_SCORES = tuple(metrics.OOD_SCORES)
+# the names of the registered OOD scores (hydra_hf.metrics.OOD_SCORES), each a row of the decision table
+STUDY_SCORES = metrics.OOD_SCORE_NAMES
 ANY_FOLD = "any"  # the fold name of a selection that uses no OOD data
 
 
@@ -353,7 +356,7 @@ def model_numbers(predictor: Any, data: _Data) -> dict[str, Any]:
     for kind in data.s.ood_validation:
         ood = predict(predictor, data.loaders[kind], desc=f"score: {kind}")
         row: dict[str, Any] = {}
-        for score in OOD_SCORES:
+        for score in STUDY_SCORES:
             if score == "mutual_information" and members < 2:
                 continue
             row[score] = metrics.ood_report(ident.ood_scores(score), ood.ood_scores(score))["auroc"]
@@ -625,7 +628,7 @@ def collect(output_dir: str | os.PathLike, s: TextStudy, candidates: Sequence[Ca
             cells = {fold: _read_json(f) for fold, f in cells.items()}
             fusions = sorted({fu for cell in cells.values() for fu in cell["fusions"]})
             for fusion in fusions:
-                for score in OOD_SCORES:
+                for score in STUDY_SCORES:
                     gains, own, per_kind, ok = [], [], {k: [] for k in kinds}, True
                     accs, eces, mis_id, mis_ood, dis_id, dis_ood = [], [], [], [], [], []
                     for fold, cell in cells.items():
