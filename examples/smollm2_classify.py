@@ -45,6 +45,7 @@ import contextlib
 import json
 import logging
 import shutil
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -258,31 +259,41 @@ def learned(record: dict[str, Any], numbers: dict[str, Any], majority: float) ->
             "learned": bool(last < first and numbers["accuracy"] > majority + 0.1)}
 
 
-def estimate(args: argparse.Namespace, base: Path) -> dict[str, float]:
-    """Core-minutes of the whole study from one measured training step and one forward pass (a batch of
-    ``--batch-size`` reviews at ``--max-length`` tokens, after a warm-up)."""
+def estimate(args: argparse.Namespace, base: Path) -> dict[str, Any]:
+    """What one fine-tuning step costs and the core-minutes of the whole study: training steps and forward passes
+    of a batch of ``--batch-size`` reviews at ``--max-length`` tokens, in fp32 and under bf16 autocast, each the
+    median of ``--estimate-steps`` after one warm-up; the study's minutes from the precision ``--bf16`` chooses."""
     model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=2, pad_token_id=2)
     ids = torch.randint(100, 1000, (args.batch_size, args.max_length))
     labels = torch.zeros(args.batch_size, dtype=torch.long)
     optimizer = torch.optim.AdamW([p for n, p in model.named_parameters() if "embed" not in n], lr=1e-5)
 
-    def step() -> float:
+    def precision(bf16: bool):
+        return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+    def step(bf16: bool) -> float:
         t0 = time.perf_counter()
-        with autocast(args):
+        with precision(bf16):
             loss = model(input_ids=ids, labels=labels).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
         return time.perf_counter() - t0
 
-    def forward() -> float:
+    def forward(bf16: bool) -> float:
         t0 = time.perf_counter()
-        with torch.inference_mode(), autocast(args):
+        with torch.inference_mode(), precision(bf16):
             model(input_ids=ids)
         return time.perf_counter() - t0
 
-    step(), forward()
-    step_s, forward_s = step(), forward()
+    measured = {}
+    for name, bf16 in (("bf16", True), ("fp32", False)):
+        step(bf16), forward(bf16)  # warm-up
+        step_s = statistics.median(step(bf16) for _ in range(args.estimate_steps))
+        forward_s = statistics.median(forward(bf16) for _ in range(args.estimate_steps))
+        measured[name] = {"train_step_s": step_s, "steps_per_s": 1 / step_s, "forward_s": forward_s}
+    chosen = measured["bf16" if args.bf16 else "fp32"]
+    step_s, forward_s = chosen["train_step_s"], chosen["forward_s"]
     seeds = len(args.seeds)
     single_steps = args.epochs * args.train_samples // args.batch_size
     examples = args.id_test + len(OOD_TEST) * args.ood_test
@@ -295,7 +306,9 @@ def estimate(args: argparse.Namespace, base: Path) -> dict[str, float]:
         "evaluation": seeds * examples * per_example * (1 + 2.5 + 1.2) / 60,
     }
     minutes["total"] = sum(minutes.values())
-    return {"train_step_s": step_s, "forward_s": forward_s, "core_minutes": minutes}
+    return {"batch_size": args.batch_size, "max_length": args.max_length, "steps_measured": args.estimate_steps,
+            "measured": measured, "precision": "bf16" if args.bf16 else "fp32", "core_minutes": minutes,
+            "core_hours": minutes["total"] / 60}
 
 
 def study(args: argparse.Namespace) -> dict[str, Any]:
@@ -394,6 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-boot", type=int, default=1000, help="paired bootstrap resamples per seed")
     parser.add_argument("--stop-after", choices=STAGES, default="all", help="stop after this stage's cells")
     parser.add_argument("--estimate-only", action="store_true", help="print the cost estimate and stop")
+    parser.add_argument("--estimate-steps", type=int, default=3, help="measured steps per precision (the median)")
     add_threads_argument(parser, default=1)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -34,6 +34,9 @@ Tomatoes test reviews and the demo's four OOD kinds (``--ood-test`` of each test
 Hydra are paired over its seeds (``hydra_hf.recipes.smollm2.compare_over_seeds``: decided when the t-test over the
 seeds gives p < 0.05 and every seed's paired bootstrap interval is on the same side of 0); the prompt ensemble
 against the Single (two deterministic models) by the paired bootstrap alone.
+
+``--from-cache`` computes nothing: it writes the results of the cells a stopped run left (a Hydra seed not run is
+left out and named under ``missing``; a Hydra with fewer than 2 seeds is compared with nothing).
 """
 
 from __future__ import annotations
@@ -221,29 +224,40 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
         stock = stock if stock is not None else AutoModelForCausalLM.from_pretrained(base).eval()
         return stock
 
-    per_prompt = [cached_predictions(out / "predictions" / f"single_prompt{k}.pt",
+    singles = [out / "predictions" / f"single_prompt{k}.pt" for k in range(len(PROMPTS))]
+    if args.from_cache and not all(file.is_file() for file in singles):
+        raise HydraInputError(f"--from-cache: {out} lacks the stock model's predictions "
+                              f"({', '.join(f.name for f in singles if not f.is_file())}); run without --from-cache")
+    per_prompt = [cached_predictions(singles[k],
                                      lambda k=k: predictions_of(args, stock_model(), tokenizer, PROMPTS[k], data))
                   for k in range(len(PROMPTS))]
-    hydras, budgets = {}, {}
+    hydras, budgets, missing = {}, {}, []
     for budget in args.hydra:  # the main budget's seeds first
         hydra, selection_s, kept, compute = {}, {}, [], []
         for seed in args.seeds:
+            cell = out / "predictions" / f"hydra_{budget_key(budget)}_seed{seed}.pt"
+            if args.from_cache and not cell.is_file():
+                missing.append(f"{hydra_name(budget)}, seed {seed}")
+                continue
             masks = hydra_masks(args, out, base, budget, seed, selection)
             selection_s[str(seed)] = masks.metadata.get("selection_seconds")
             kept.append(kept_heads(masks))
             model = convert_checkpoint(masks, base=base).eval()
             compute.append(ZeroShotLMPredictor(model, tokenizer, PROMPTS[0]).compute_ratio())
             hydra[seed] = cached_predictions(
-                out / "predictions" / f"hydra_{budget_key(budget)}_seed{seed}.pt",
-                lambda model=model: predictions_of(args, model, tokenizer, PROMPTS[0], data))
+                cell, lambda model=model: predictions_of(args, model, tokenizer, PROMPTS[0], data))
+        if not hydra:
+            continue
         hydras[hydra_name(budget)] = hydra
         budgets[hydra_name(budget)] = {
             "budget": budget.to_dict(), "selection_seconds": selection_s, "compute_x": statistics.fmean(compute),
             **{f"{k}_kept": statistics.fmean(h[k] for h in kept) for k in ("query_heads", "kv_heads")}}
-    return summarize(args, per_prompt, hydras, budgets, data)
+    return summarize(args, per_prompt, hydras, budgets, data, missing)
 
 
-def summarize(args, per_prompt, hydras, budgets, data) -> dict[str, Any]:
+def summarize(args, per_prompt, hydras, budgets, data, missing) -> dict[str, Any]:
+    """The results file: rows, comparisons (a Hydra of fewer than 2 seeds is compared with nothing: one seed
+    cannot say how much the member selection moves a metric), each prompt alone, and the cells not run."""
     kinds = list(OOD_TEST)
     single = {"stock": per_prompt[0]}
     ensemble = {"stock": ensemble_of(per_prompt)}
@@ -264,6 +278,8 @@ def summarize(args, per_prompt, hydras, budgets, data) -> dict[str, Any]:
         row["compute_x"] = compute[row["model"]]
     comparisons = {}
     for name, hydra in hydras.items():
+        if len(hydra) < 2:
+            continue
         comparisons[f"{name} - Single"] = compare_over_seeds(hydra, single, n_boot=args.n_boot)
         comparisons[f"{name} - Prompt ensemble"] = compare_over_seeds(hydra, ensemble, n_boot=args.n_boot)
     comparisons["Prompt ensemble - Single"] = compare_over_seeds({"ensemble": ensemble["stock"]}, single,
@@ -274,7 +290,8 @@ def summarize(args, per_prompt, hydras, budgets, data) -> dict[str, Any]:
     return {"settings": {**settings_of(args), "hydra": [b.to_dict() for b in args.hydra]}, "kinds": kinds,
             "seeds": args.seeds, "test_sizes": {name: len(d) for name, d in data.items()}, "rows": rows,
             "numbers": {name: {str(s): n for s, n in per.items()} for name, per in numbers.items()},
-            "comparisons": comparisons, "prompts": prompts, "single_check": check, "budgets": budgets}
+            "comparisons": comparisons, "prompts": prompts, "single_check": check, "budgets": budgets,
+            "missing": missing}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ood-test", type=int, default=250, help="texts per OOD kind")
     parser.add_argument("--n-boot", type=int, default=1000, help="paired bootstrap resamples per seed")
     parser.add_argument("--estimate-only", action="store_true", help="print the cost estimate and stop")
+    parser.add_argument("--from-cache", action="store_true",
+                        help="compute no cell: the results of the cells the cache holds (the Single's and the prompt "
+                        "ensemble's are required; Hydra seeds not run are left out and named in the file)")
     add_threads_argument(parser, default=1)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -678,8 +678,12 @@ def _smollm2_zero_shot(results: Mapping[str, Any]) -> str:
         words = " / ".join("|".join(repr(w) for w in ws) for ws in p["label_words"])
         prompts.append(f"| {p['name']} | {words} | {p['answer_prefix']!r} | {100 * p['accuracy']:.1f} | "
                        f"{p['nll']:.3f} | {p['ece']:.3f} |")
+    missing = results.get("missing") or []
+    stopped = (f" The run stopped before these cells: {'; '.join(missing)} (a Hydra with fewer than 2 seeds is "
+               "compared with nothing)." if missing else "")
     return (_smollm2_rows(results) + "\n" + _smollm2_comparisons(results) + "\nThe Single's prompt alone and each "
-            "prompt of the ensemble (the stock model):\n\n" + "\n".join(prompts) + "\n\n" + _run_line(results) + "\n")
+            "prompt of the ensemble (the stock model):\n\n" + "\n".join(prompts) + "\n\n" + _run_line(results)
+            + stopped + "\n")
 
 
 def _smollm2_classify(results: Mapping[str, Any]) -> str:

@@ -110,6 +110,18 @@ def test_the_zero_shot_study_runs_end_to_end_and_resumes_from_its_cache(tiny_lm,
     monkeypatch.setattr(study, "predictions_of", lambda *a, **k: pytest.fail("predicted again"))
     assert study.main(args) == 0
     _same_cells(first, json.loads(results.read_text()))
+    # --from-cache writes what a stopped run left: a seed not run is named, a one-seed Hydra compared with nothing
+    (out / "predictions" / "hydra_k2_seed1.pt").unlink()
+    assert study.main([*args, "--from-cache"]) == 0
+    partial = json.loads(results.read_text())
+    assert partial["missing"] == [f"{half}, seed 1"] and {r["model"]: r["seeds"] for r in partial["rows"]}[half] == 1
+    assert set(partial["comparisons"]) == {f"{main} - Single", f"{main} - Prompt ensemble", "Prompt ensemble - Single"}
+    assert partial["comparisons"][f"{main} - Single"] == first["comparisons"][f"{main} - Single"]
+    assert "seed 1" in render_docs.VIEWS["smollm2-zero-shot"](partial)
+    aside = (out / "predictions" / "single_prompt2.pt").rename(tmp_path / "single_prompt2.pt")
+    with pytest.raises(Exception, match="single_prompt2.pt"):
+        study.main([*args, "--from-cache"])
+    aside.rename(out / "predictions" / "single_prompt2.pt")
     other = list(args)
     other[other.index("--selection") + 1] = "6"
     with pytest.raises(Exception, match="other selection"):
