@@ -35,7 +35,9 @@ maximum softmax probability (and of entropy, energy, mutual information). Every 
 seeds (``hydra_hf.recipes.smollm2.compare_over_seeds``): decided when the paired t-test over the seeds gives
 p < 0.05 and every seed's paired bootstrap interval lies on the same side of 0.
 
-``--estimate-only`` prints the cost estimate (from a measured training step and forward pass) and stops.
+``--estimate-only`` measures what one fine-tuning step costs in fp32 and under bf16 autocast (the median of
+``--estimate-steps`` steps after a warm-up) and the study's core-minutes from it, prints them (and writes them to
+``--results``) and stops.
 """
 
 from __future__ import annotations
@@ -306,9 +308,8 @@ def estimate(args: argparse.Namespace, base: Path) -> dict[str, Any]:
         "evaluation": seeds * examples * per_example * (1 + 2.5 + 1.2) / 60,
     }
     minutes["total"] = sum(minutes.values())
-    return {"batch_size": args.batch_size, "max_length": args.max_length, "steps_measured": args.estimate_steps,
-            "measured": measured, "precision": "bf16" if args.bf16 else "fp32", "core_minutes": minutes,
-            "core_hours": minutes["total"] / 60}
+    return {"settings": settings_of(args), "steps_measured": args.estimate_steps, "measured": measured,
+            "precision": "bf16" if args.bf16 else "fp32", "core_minutes": minutes, "core_hours": minutes["total"] / 60}
 
 
 def study(args: argparse.Namespace) -> dict[str, Any]:
@@ -418,8 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     args.base = str(args.base or packaged_smollm2())
     if not (is_gguf(Path(args.base)) or (Path(args.base) / "config.json").is_file()):
         raise HydraInputError(f"--base {args.base!r} is neither a GGUF file nor a model folder")
-    if args.estimate_only:
-        print(json.dumps(estimate(args, resolve_checkpoint(args.base)), indent=1))
+    if args.estimate_only:  # with --results: the estimate's results file (docs/results/smollm2_classify_cost.json)
+        cost = {**estimate(args, resolve_checkpoint(args.base)), "threads": threads}
+        print(write_results_file(cost, args.results, __file__, argv))
         return 0
     wall, cpu = time.perf_counter(), time.process_time()
     results = study(args)

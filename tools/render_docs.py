@@ -704,6 +704,22 @@ def _smollm2_classify(results: Mapping[str, Any]) -> str:
             + cost + " " + _run_line(results) + "\n")
 
 
+def _smollm2_classify_cost(results: Mapping[str, Any]) -> str:
+    """examples/smollm2_classify.py --estimate-only: one fine-tuning step of the Single in bf16 autocast and fp32,
+    and the study's core-hours at the rate of the precision it runs in, part by part."""
+    settings, measured = results["settings"], results["measured"]
+    steps = [f"{name} {m['train_step_s']:.1f} s ({m['steps_per_s']:.2f} steps/s; a forward pass "
+             f"{m['forward_s']:.2f} s)" for name, m in measured.items()]
+    parts = ", ".join(f"{name} {minutes / 60:.1f}" for name, minutes in results["core_minutes"].items()
+                      if name != "total")
+    return (f"One fine-tuning step of the Single (batch {settings['batch_size']}, {settings['max_length']} tokens "
+            f"per review, embeddings frozen, AdamW): {'; '.join(steps)}, each the median of "
+            f"{results['steps_measured']} steps after a warm-up, {results['threads']['torch_threads']} torch thread "
+            f"on {_machine(results.get('machine'))}. At the {results['precision']} rate the whole study "
+            f"({len(settings['seeds'])} seeds) takes about {results['core_hours']:.1f} core-hours ({parts}) "
+            f"(`{results['command']}`).\n")
+
+
 def _smollm2_readme(results: Mapping[str, Any], what: str) -> str:
     kinds = results["kinds"]
     lines = [f"| {what} | compute (x Single) | accuracy (%) | ECE | " + " | ".join(f"{k} AUROC" for k in kinds)
@@ -906,6 +922,7 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "smollm2-zero-shot-readme": _smollm2_zero_shot_readme,
     "smollm2-classify": _smollm2_classify,
     "smollm2-classify-readme": _smollm2_classify_readme,
+    "smollm2-classify-cost": _smollm2_classify_cost,
 }
 """view name -> markdown of a results file (ending with a newline)."""
 

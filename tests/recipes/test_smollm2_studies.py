@@ -164,6 +164,15 @@ def test_the_fine_tuned_study_runs_end_to_end_and_resumes_from_its_cache(tiny_lm
     monkeypatch.setattr(study, "predictions_of", lambda *a, **k: pytest.fail("predicted again"))
     assert study.main(args) == 0
     _same_cells(first, json.loads(results.read_text()))
+    # --estimate-only: one step's cost in both precisions and the study's core-hours, rendered
+    cost_file = tmp_path / "cost.json"
+    assert study.main([*args[:args.index("--results")], "--results", str(cost_file), *args[args.index("--seeds"):],
+                       "--estimate-only", "--estimate-steps", "1"]) == 0
+    cost = json.loads(cost_file.read_text())
+    assert set(cost["measured"]) == {"bf16", "fp32"} and cost["precision"] == "fp32"
+    assert cost["core_hours"] == pytest.approx(cost["core_minutes"]["total"] / 60) > 0
+    text = render_docs.VIEWS["smollm2-classify-cost"](cost)
+    assert f"{cost['measured']['fp32']['steps_per_s']:.2f} steps/s" in text and "(2 seeds)" in text
 
 
 def _predictions(seed: int, shift: float, n: int = 200) -> smollm2.PredictionSet:
