@@ -715,8 +715,8 @@ def _smollm2_classify_cost(results: Mapping[str, Any]) -> str:
     return (f"One fine-tuning step of the Single (batch {settings['batch_size']}, {settings['max_length']} tokens "
             f"per review, embeddings frozen, AdamW): {'; '.join(steps)}, each the median of "
             f"{results['steps_measured']} steps after a warm-up, {results['threads']['torch_threads']} torch thread "
-            f"on {_machine(results.get('machine'))}. At the {results['precision']} rate the whole study "
-            f"({len(settings['seeds'])} seeds) takes about {results['core_hours']:.1f} core-hours ({parts}) "
+            f"on {_machine(results.get('machine'))}. From the {results['precision']} rate, the whole study "
+            f"({len(settings['seeds'])} seeds) is estimated at {results['core_hours']:.1f} core-hours ({parts}) "
             f"(`{results['command']}`).\n")
 
 
