@@ -664,9 +664,11 @@ def _decided_sentences(results: Mapping[str, Any]) -> str:
 def _run_line(results: Mapping[str, Any]) -> str:
     sizes = ", ".join(f"{name} {n}" for name, n in results["test_sizes"].items())
     precision = "bf16 autocast" if results["settings"].get("bf16") else "fp32"
+    took = ("written from the cache of a run that stopped early" if results.get("missing") else
+            f"the run took {results['wall_s'] / 3600:.1f} h of wall time and {results['cpu_s'] / 3600:.1f} h of CPU "
+            "time")
     return (f"Test sets: {sizes} texts. Seeds {', '.join(map(str, results['seeds']))}; {precision}; "
-            f"{results['threads']['torch_threads']} torch thread on {_machine(results.get('machine'))}; the run took "
-            f"{results['wall_s'] / 3600:.1f} h of wall time and {results['cpu_s'] / 3600:.1f} h of CPU time "
+            f"{results['threads']['torch_threads']} torch thread on {_machine(results.get('machine'))}; {took} "
             f"(`{results['command']}`).")
 
 
