@@ -266,7 +266,7 @@ def estimate(args: argparse.Namespace, base: Path) -> dict[str, Any]:
     of a batch of ``--batch-size`` reviews at ``--max-length`` tokens, in fp32 and under bf16 autocast, each the
     median of ``--estimate-steps`` after one warm-up; the study's minutes from the precision ``--bf16`` chooses."""
     model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=2, pad_token_id=2)
-    ids = torch.randint(100, 1000, (args.batch_size, args.max_length))
+    ids = torch.randint(0, min(1000, model.config.vocab_size), (args.batch_size, args.max_length))  # any tokens
     labels = torch.zeros(args.batch_size, dtype=torch.long)
     optimizer = torch.optim.AdamW([p for n, p in model.named_parameters() if "embed" not in n], lr=1e-5)
 
