@@ -20,7 +20,7 @@ from importlib import metadata
 PROG = "hydra-hf"
 DESCRIPTION = (
     "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, calibrate, evaluate, aggregate, "
-    "export, push."
+    "export, push, serve."
 )
 # Sub-commands, in the order `hydra-hf --help` lists them, with the one line it shows for each (the
 # `help=` of each command's `add_parser` in hydra_hf/cli/<command>.py).
@@ -33,6 +33,7 @@ COMMANDS = {
     "aggregate": "average several seeds' evaluation reports (mean ± std)",
     "export": "export a Hydra folder for deployment (ONNX, optionally int8)",
     "push": "publish a Hydra Ensemble folder to the Hub (model card, validation, one commit)",
+    "serve": "serve a folder over HTTP with its uncertainty (Ray Serve, dynamic batching)",
 }
 # a call made only of these top-level flags is answered here
 _TOP_FLAGS = ("-h", "--help", "--version", "-v", "--verbose")

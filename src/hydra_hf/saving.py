@@ -60,6 +60,8 @@ def atomic_folder(
 PIPELINE_FILE = f"{PIPELINE_MODULE}.py"
 # auto_map class -> (task name, pipeline class in PIPELINE_FILE, input type); the config's custom_pipelines
 PIPELINE_TASKS = HYDRA_PIPELINES
+# Shipped with every architecture: the Inference Endpoints custom handler (`hydra-hf serve` runs it too).
+HANDLER_FILE = "handler.py"
 
 
 def copy_modeling_code(folder: Path, arch: str, *, overwrite: bool = True) -> None:

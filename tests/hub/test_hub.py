@@ -263,6 +263,7 @@ def test_dry_run_image_and_zero_shot_models(tmp_path, arch):
     expected = {"vit": ("AutoModelForImageClassification", "HydraImageClassificationPipeline"),
                 "clip": ("AutoModelForZeroShotImageClassification", "HydraZeroShotImageClassificationPipeline")}[arch]
     assert (load["auto_class"], load["pipeline"]) == expected and load["member_logits"][1] == 3
+    assert load["handler"]["inputs"] == 2  # the folder's handler.py, loaded by path, answered in the task's shape
     assert {"preprocessor_config.json", "processor_config.json"} & set(result.files)
     heat_maps = {"heads.png"} if arch == "vit" else {"heads_vision.png", "heads_text.png"}
     assert heat_maps <= set(result.files)

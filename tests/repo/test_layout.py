@@ -28,6 +28,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "hydra_hf"
 LAZY_ALLOWED = frozenset({
     "onnx", "onnxruntime", "onnxscript", "open_clip", "timm", "peft", "matplotlib", "torchao", "scattertext",
     "mlxtend", "skimage", "gguf", "datasets", "pandas", "sklearn", "scipy",
+    # the serve extra (pip install 'hydra-hf[serve]'): Ray Serve and the Starlette responses of its HTTP proxy
+    "ray", "starlette",
 })
 
 # The floors, lowest first: a module may import from its own floor and the floors below. A module is
@@ -52,6 +54,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("hydra_hf.hub",),  # staging, cards, validation, push
     ("hydra_hf.onnx.export", "hydra_hf.onnx.int8"),  # export: measured with evaluation
     ("hydra_hf.recipes",),  # the pipelines, the selection study and the ceiling table
+    ("hydra_hf.workflows",),  # one module per verb over the wings (serve: Ray Serve over the folder's handler.py)
     ("hydra_hf.cli", "hydra_hf"),
 ]
 MAX_BACK_UP = 0

@@ -29,12 +29,12 @@ from ..version import __version__
 PROG = "hydra-hf"
 DESCRIPTION = (
     "Hydra Ensembles for Hugging Face transformers: prune, convert, fine-tune, calibrate, evaluate, aggregate, "
-    "export, push."
+    "export, push, serve."
 )
 # Sub-command modules, in the order `hydra-hf --help` lists them. The console script (hydra_hf_cli, outside
 # the package so that `--help` and `--version` need no torch) prints a copy of this top level;
 # tests/cli/test_cli_help.py checks that the two helps are equal.
-COMMANDS = ("prune", "convert", "finetune", "calibrate", "evaluate", "aggregate", "export", "push")
+COMMANDS = ("prune", "convert", "finetune", "calibrate", "evaluate", "aggregate", "export", "push", "serve")
 # the commands that load models or data: each takes --no-progress
 LONG_COMMANDS = ("prune", "convert", "finetune", "evaluate", "export", "push")
 
@@ -64,6 +64,9 @@ then: hydra-hf evaluate --model hydra-rt-onnx --baseline "ONNX fp32=hydra-rt-onn
       --baseline PyTorch=hydra-rt --id-data rotten_tomatoes:test --ood-data guardian_headlines:ood_test --report r""",
     "push": """example (stage and validate without uploading):
   hydra-hf push hydra-rt --repo-id my-org/hydra-minilm-rt --report report --dry-run""",
+    "serve": """example (2 replicas, batches of up to 32 texts, on this machine only):
+  hydra-hf serve hydra-rt --replicas 2 --max-batch-size 32 --port 8000
+then: curl -s localhost:8000/predict -d '{"inputs": ["a gripping film", "dull"]}'""",
 }
 
 

@@ -46,10 +46,11 @@ TASKS: dict[str, tuple[str, str]] = {
     "zero-shot-image-classification": ("AutoModelForZeroShotImageClassification", "zero-shot"),
 }
 MODALITIES = ("text", "image", "image-text")
-# Files every family ships besides its own modeling file (the config names the uncertainty pipelines).
+# Files every family ships besides its own modeling file (the config names the uncertainty pipelines; handler.py is
+# the folder's entry point for servers: Inference Endpoints' custom handler, `hydra-hf serve`).
 COMMON_SHIPPED = (
     "hydra_formulas.py", "configuration_hydra.py", "hydra_attention.py", "hydra_layers.py", "hydra_skeletons.py",
-    "pipeline_hydra.py",
+    "pipeline_hydra.py", "handler.py",
 )
 
 

@@ -33,6 +33,9 @@ isolated process, :mod:`hydra_hf.hub.validate`). Two lines of defence, both befo
   attributes other than :data:`ALLOWED_DUNDER_ATTRIBUTES` (so no ``__subclasses__`` /
   ``__globals__`` walks). ``trust_remote_code`` may not appear at all.
 - String annotations are parsed and checked like code (``typing`` can evaluate them).
+- **The entry point** (:data:`ENTRY_POINTS`: ``handler.py``, the folder's Inference Endpoints handler) is run by
+  a server, never imported when the model loads, and loads its own folder: it alone may pass
+  ``trust_remote_code=True`` (the literal ``True``, as a call's keyword); every other rule holds for it too.
 
 Both read a file as the interpreter does (:func:`python_source`): Python decodes a source file with the
 encoding its ``# -*- coding: X -*-`` line names, and under ``raw_unicode_escape`` (``\\u000a``) or
@@ -108,6 +111,9 @@ ALLOWED_DUNDER_ATTRIBUTES = frozenset({
     "__len__", "__iter__", "__getitem__", "__setitem__", "__contains__", "__repr__", "__eq__", "__hash__",
     "__enter__", "__exit__",
 })
+# Files a server runs as the folder's entry point (never imported by the modeling code): they may pass
+# trust_remote_code=True, to load the folder they ship in.
+ENTRY_POINTS = frozenset({"handler.py"})
 # The source encodings shipped code may have (``utf-8-sig``: a UTF-8 byte-order mark).
 UTF8_CODECS = ("utf-8", "utf-8-sig")
 ENCODING_FIX = ("save it as UTF-8 without a coding line naming another encoding, or re-write the folder with "
@@ -130,6 +136,7 @@ class _Auditor(ast.NodeVisitor):
     def __init__(self, filename: str, siblings: set[str]) -> None:
         self.filename = filename
         self.siblings = siblings  # module names shipped beside the file
+        self.entry_point = filename in ENTRY_POINTS
         self.checked_calls: set[int] = set()  # ids of Name nodes that are the callee of a vetted getattr(...)
         self.bound: list[set[str]] = []  # names known to hold a safe literal attribute name (see _bound_name)
 
@@ -183,7 +190,9 @@ class _Auditor(ast.NodeVisitor):
 
     def visit_Call(self, node: ast.Call) -> None:
         for keyword in node.keywords:
-            if keyword.arg == "trust_remote_code":
+            if keyword.arg == "trust_remote_code" and not (
+                self.entry_point and isinstance(keyword.value, ast.Constant) and keyword.value.value is True
+            ):
                 self.fail(node, "passes trust_remote_code")
         func = node.func
         if isinstance(func, ast.Name) and func.id in ATTRIBUTE_BUILTINS:

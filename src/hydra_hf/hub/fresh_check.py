@@ -17,7 +17,9 @@ Tasks:
         config's ``architectures`` names: a causal LM folder loads with ``AutoModelForCausalLM``), a
         forward pass on a dummy input gives finite member logits, and the shipped uncertainty pipeline
         of that auto class builds and runs when the folder has the tokenizer / image processor it needs
-        (a causal LM: ``hydra-text-generation`` generates 3 tokens with their uncertainty). Prints a summary.
+        (a causal LM: ``hydra-text-generation`` generates 3 tokens with their uncertainty); the folder's
+        ``handler.py`` (Inference Endpoints' custom handler), loaded by path as the toolkit loads it, answers a
+        request of two inputs in the task's shape. Prints a summary.
     text-probs: ``{"texts": [...]}`` through ``pipeline("text-classification", top_k=None)``;
         prints one ``{label: probability}`` per text.
     generate: ``{"input_ids": [[...]]}``: a causal LM's greedy ``generate()`` with the folder's own
@@ -39,8 +41,10 @@ if __name__ == "__main__":  # run as the check (importing this module changes no
     sys.modules["hydra_hf"] = None  # a Hub user who never installed hydra_hf
 
 import argparse
+import base64
 import importlib.util
 import inspect
+import io
 import json
 import os
 
@@ -135,7 +139,50 @@ def check_load(folder: str) -> dict:
             if len(result["member_scores"]) != config.num_members:
                 raise SystemExit(f"the pipeline's result has {len(result['member_scores'])} member scores")
             summary["pipeline_result"] = result
+        if os.path.isfile(os.path.join(folder, "handler.py")):
+            summary["handler"] = check_handler(folder, tasks[0], config.num_members)
     return summary
+
+
+def _png_base64() -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", (32, 32), (120, 30, 200)).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def check_handler(folder: str, task: str, members: int) -> dict:
+    """Load the folder's ``handler.py`` as Inference Endpoints does (a module named ``handler``, by path), build
+    ``EndpointHandler(folder)`` and answer one request of two inputs; the answer must have the task's shape: per
+    input a list of ``{label, score, ...}`` elements with the uncertainty and one score per member (classifiers),
+    or text-generation records with the per-token uncertainty (causal LMs)."""
+    spec = importlib.util.spec_from_file_location("handler", os.path.join(folder, "handler.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["handler"] = module
+    spec.loader.exec_module(module)
+    handler = module.EndpointHandler(folder)
+    if task == "hydra-text-generation":
+        answer = handler({"inputs": ["hello world", "a"], "parameters": {"max_new_tokens": 3, "do_sample": False}})
+        records = [record for per_input in answer for record in per_input]
+        if len(answer) != 2 or not all("generated_text" in r and "token_entropy" in r for r in records):
+            raise SystemExit(f"the handler's answer is not two lists of generation records: {answer}")
+        return {"task": task, "inputs": 2, "generated_text": records[0]["generated_text"]}
+    image = _png_base64()
+    request = {"hydra-text-classification": {"inputs": ["hello world", "a"]},
+               "hydra-image-classification": {"inputs": [image, image]},
+               "hydra-zero-shot-image-classification": {"inputs": [image, image],
+                                                        "parameters": {"candidate_labels": ["a", "b"]}}}[task]
+    answer = handler(request)
+    for per_input in answer:
+        scores = [element["score"] for element in per_input]
+        if scores != sorted(scores, reverse=True) or not all(
+            {"label", "score", "uncertainty", "member_scores"} <= set(element)
+            and len(element["member_scores"]) == members for element in per_input
+        ):
+            raise SystemExit(f"the handler's answer is not a sorted list of {{label, score, uncertainty, "
+                             f"member_scores}} per input: {per_input}")
+    if len(answer) != 2:
+        raise SystemExit(f"the handler answered {len(answer)} lists for 2 inputs")
+    return {"task": task, "inputs": 2, "labels": [per_input[0]["label"] for per_input in answer]}
 
 
 def text_probs(folder: str, inputs: dict) -> list:

@@ -7,7 +7,8 @@ Only what belongs in the repository is copied, and only from inside the folders 
   ``weight_map`` may name only those files);
 - the shipped ``.py`` files: the modules ``auto_map`` and ``custom_pipelines`` name (each must be
   ``MODULE.CLASS`` with ``MODULE.py`` a file of the folder, or one hydra_hf ships) and the siblings
-  they import, nothing else; each must be the file this hydra_hf ships, unchanged (read as Python reads
+  they import, and ``handler.py`` (the servers' entry point: hydra_hf's when the folder has none), nothing else;
+  each must be the file this hydra_hf ships, unchanged (read as Python reads
   it: UTF-8 only), and is staged as hydra_hf's own bytes, unless the user vouches for foreign code
   (``allow_foreign_code``: the folder's bytes), and all must pass the audit (:mod:`hydra_hf.hub.audit`);
 - tokenizer / image-processor / processor files and a causal LM's ``generation_config.json`` (their JSON
@@ -41,7 +42,7 @@ from ..errors import HydraTypeError, HydraUnsafeError, one_line
 from ..evaluation.plots import heads_heatmap
 from ..modeling.configuration_hydra import custom_pipelines_for
 from ..outputs import regular_files, resolve_inside, write_output_folder
-from ..saving import MODELING_DIR, PIPELINE_FILE
+from ..saving import HANDLER_FILE, MODELING_DIR, PIPELINE_FILE
 from .audit import (
     check_packaged,
     check_shipped_code,
@@ -273,6 +274,14 @@ def stage_into(
         except (SyntaxError, ValueError):
             continue  # the checks below name the file and line
         todo += [(name, f"{file} imports") for name in sorted(imports)]
+    # the servers' entry point: the folder's own when it has one (checked like every shipped file), else hydra_hf's
+    # (a folder written before folders shipped it gets it here)
+    if HANDLER_FILE in names:
+        source, staged = _stage_module(src, HANDLER_FILE, out, allow_foreign_code)
+        if not staged:
+            foreign[HANDLER_FILE] = source
+    else:
+        shutil.copyfile(MODELING_DIR / HANDLER_FILE, out / HANDLER_FILE)
     for file in sorted(foreign):  # foreign code nobody vouched for: the first file, with its first differing line
         check_packaged(file, foreign[file])
     if not (out / PIPELINE_FILE).exists():

@@ -12,6 +12,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from transformers import AutoConfig, PretrainedConfig
+from transformers.utils import logging
 
 if TYPE_CHECKING:  # never executed: this line only makes transformers ship the pipeline file with this one
     # transformers finds a remote-code file's siblings by scanning it for relative imports (a regex, so
@@ -20,6 +21,8 @@ if TYPE_CHECKING:  # never executed: this line only makes transformers ship the 
     # The config names `pipeline_hydra` in `custom_pipelines`, so the pipeline file must travel with it:
     # this import makes every save path and every download include it, with no `save_pretrained` override.
     from .pipeline_hydra import HydraTextClassificationPipeline  # noqa: F401
+
+logger = logging.get_logger(__name__)
 
 MLP_FUSIONS = ("average", "per_member")
 BASE_MODEL_TYPES = ("bert",)
@@ -35,6 +38,27 @@ HYDRA_PIPELINES: dict[str, tuple[str, str, str]] = {
         "hydra-zero-shot-image-classification", "HydraZeroShotImageClassificationPipeline", "multimodal"),
     "AutoModelForCausalLM": ("hydra-text-generation", "HydraTextGenerationPipeline", "text"),
 }
+
+
+# A stock pipeline task (and its aliases) -> the Hydra task that adds the uncertainty: `pipeline("text-classification",
+# model=hydra_folder, trust_remote_code=True)` builds transformers' stock pipeline (label and score only).
+STOCK_TASKS: dict[str, str] = {
+    **{task.removeprefix("hydra-"): task for task, _, _ in HYDRA_PIPELINES.values()},
+    "sentiment-analysis": "hydra-text-classification",
+}
+
+
+def warn_stock_task(config_dict: dict[str, Any], task: Any, name: Any) -> None:
+    """Log one warning when a pipeline asks for a folder through a stock task name that has a Hydra
+    uncertainty pipeline in its ``custom_pipelines`` (the stock pipeline would drop the uncertainty)."""
+    hydra_task = STOCK_TASKS.get(task) if isinstance(task, str) else None
+    if hydra_task is None or hydra_task not in (config_dict.get("custom_pipelines") or {}):
+        return
+    logger.warning_once(
+        f"{name}: pipeline task {task!r} builds transformers' stock pipeline, which returns the Hydra Ensemble's "
+        f"label and score without its uncertainty; ask for {hydra_task!r} (pipeline({hydra_task!r}, model=..., "
+        "trust_remote_code=True)) or leave the task out"
+    )
 
 
 def custom_pipelines_for(auto_map: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -412,6 +436,17 @@ class HydraEnsembleConfig(PretrainedConfig):
         base = getattr(self, "base_config", None)
         if isinstance(base, dict):
             base.update(self.to_dict()["base_config"])
+
+    @classmethod
+    def get_config_dict(
+        cls, pretrained_model_name_or_path: Any, **kwargs: Any
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """transformers' ``get_config_dict``; a pipeline that opens the folder through a stock task name
+        (``pipeline("text-classification", model=folder, trust_remote_code=True)``: ``from_pretrained`` gets the
+        task as ``_from_pipeline``) logs one warning naming the Hydra task (:func:`warn_stock_task`)."""
+        config_dict, unused = super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+        warn_stock_task(config_dict, kwargs.get("_from_pipeline"), pretrained_model_name_or_path)
+        return config_dict, unused
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs: Any) -> Any:

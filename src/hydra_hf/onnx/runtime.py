@@ -294,13 +294,15 @@ def load_preprocessor(folder: str | os.PathLike, modality: str) -> Any:
     return from_pretrained(loader, Path(folder))
 
 
-def pipeline(path: str | os.PathLike, *, file_name: str | None = None, **kwargs: Any) -> Any:
+def pipeline(path: str | os.PathLike, *, file_name: str | None = None, intra_op_num_threads: int | None = None,
+             **kwargs: Any) -> Any:
     """The Hydra uncertainty pipeline of ``pipeline_hydra`` (label, score, uncertainty, member labels,
     flagged) on an ONNX export, e.g. ``pipeline("hydra-onnx")("a gripping film")``.
 
+    ``intra_op_num_threads`` goes to :meth:`OnnxHydraModel.from_pretrained` (a server pins it per replica);
     ``kwargs`` go to the pipeline (``batch_size``, ``uncertainty_threshold``, ``top_k``, ...).
     """
-    model = OnnxHydraModel.from_pretrained(path, file_name=file_name)
+    model = OnnxHydraModel.from_pretrained(path, file_name=file_name, intra_op_num_threads=intra_op_num_threads)
     family = family_of_config(model.config)
     if not family.uncertainty_pipelines:
         raise HydraInputError(
