@@ -388,7 +388,7 @@ class Study:
                 causal_lm_adapter(self.single), methods="taylor", budget=Budget(heads_per_layer=spec["heads"]),
                 make_batches=lambda dataset, _seed: self.batches(dataset["input_ids"]), id_data=selection,
                 members=self.args.members, seed=100 * seed, mlp_keep=spec["mlp"], progress=False,
-                taylor_rescore_layers=self.args.rescore_layers,
+                taylor_rounds=None if self.args.rescore_layers else 1,  # 1: every layer from one pass
                 metadata={"study_seed": seed, "budget": budget},
             )
             masks.metadata["seconds"] = round(time.perf_counter() - start, 1)

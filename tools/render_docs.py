@@ -586,6 +586,170 @@ def _slim_image_summary(results: Mapping[str, Any]) -> str:
     return text + f" (`{results['command']}`).\n"
 
 
+# ------------------------------------------------------------------------------- SmolLM2 classification studies
+_POINTS = ("accuracy",)  # metrics shown in points (x 100), besides the AUROCs
+
+
+def _metric_label(metric: str) -> str:
+    kind, _, name = metric.rpartition(".")
+    return f"{kind} AUROC" if name == "auroc" else {"nll": "NLL", "ece": "ECE"}.get(metric, metric)
+
+
+def _in_points(metric: str) -> bool:
+    return metric in _POINTS or metric.endswith(".auroc")
+
+
+def _mean_pm(mean: float, std: float, seeds: int, spec: str, scale: float = 1.0) -> str:
+    return f"{scale * mean:{spec}}" + (f" ± {scale * std:{spec.lstrip('+')}}" if seeds > 1 else "")
+
+
+def _smollm2_rows(results: Mapping[str, Any]) -> str:
+    """The studies' rows: compute, seeds, accuracy, NLL, ECE and the MSP AUROC per OOD kind (mean ± std over the
+    seeds where a model has several)."""
+    kinds = results["kinds"]
+    lines = ["| model | compute (x Single) | members | seeds | accuracy (%) | NLL | ECE | "
+             + " | ".join(f"{k} AUROC" for k in kinds) + " |", "|:---|---:|---:|---:|---:|---:|---:|"
+             + "---:|" * len(kinds)]
+    for r in results["rows"]:
+        n = r["seeds"]
+        aurocs = " | ".join(_mean_pm(*r["auroc"][k], n, ".3f") for k in kinds)
+        lines.append(f"| {r['model']} | {r['compute_x']:.2f} | {r['members']} | {n} | "
+                     f"{_mean_pm(r['accuracy'], r['accuracy_std'], n, '.1f', 100)} | "
+                     f"{_mean_pm(r['nll'], r['nll_std'], n, '.3f')} | "
+                     f"{_mean_pm(r['ece'], r['ece_std'], n, '.3f')} | {aurocs} |")
+    return "\n".join(lines) + "\n"
+
+
+def _comparison_cell(c: Mapping[str, Any], metric: str) -> str:
+    scale = 100 if _in_points(metric) else 1
+    spec = "+.1f" if scale == 100 else "+.3f"
+    if c["p"] is None:  # two models without seeds: the bootstrap interval
+        lo, hi = c["intervals"][0]
+        text = f"{scale * c['mean']:{spec}} [{scale * lo:{spec}}, {scale * hi:{spec}}]"
+    else:
+        text = f"{scale * c['mean']:{spec}} ± {scale * c['std']:.1f}" if scale == 100 else \
+            f"{c['mean']:{spec}} ± {c['std']:.3f}"
+        text += f", p {c['p']:.2f}"
+    return f"**{text}**" if c["decided"] else text
+
+
+def _smollm2_comparisons(results: Mapping[str, Any]) -> str:
+    """Every comparison of the studies, metric by metric: the mean difference A - B over the seeds ± its standard
+    deviation and the p-value of the paired t-test (deterministic pairs: the bootstrap interval), in bold where
+    the seeds decide it (p < 0.05 and every seed's paired bootstrap interval on the same side of 0)."""
+    metrics = list(next(iter(results["comparisons"].values())))
+    lines = ["| A - B | " + " | ".join(_metric_label(m) + (" (points)" if _in_points(m) else "") for m in metrics)
+             + " |", "|:---|" + "---:|" * len(metrics)]
+    for name, comparison in results["comparisons"].items():
+        lines.append(f"| {name} | " + " | ".join(_comparison_cell(comparison[m], m) for m in metrics) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _decided_sentences(results: Mapping[str, Any]) -> str:
+    """What the seeds decide, one clause per comparison: the metrics whose sign they decide, with the difference."""
+    parts = []
+    for name, comparison in results["comparisons"].items():
+        decided = [(m, c) for m, c in comparison.items() if c["decided"]]
+        if not decided:
+            parts.append(f"{name}: nothing decided")
+            continue
+        words = []
+        for m, c in decided:
+            scale, unit = (100, " points") if _in_points(m) else (1, "")
+            words.append(f"{c['direction']} {_metric_label(m)} ({scale * c['mean']:+.{1 if scale == 100 else 3}f}"
+                         f"{unit})")
+        parts.append(f"{name}: " + ", ".join(words))
+    return "; ".join(parts)
+
+
+def _run_line(results: Mapping[str, Any]) -> str:
+    sizes = ", ".join(f"{name} {n}" for name, n in results["test_sizes"].items())
+    precision = "bf16 autocast" if results["settings"].get("bf16") else "fp32"
+    took = ("written from the cache of a run that stopped early" if results.get("missing") else
+            "written from the cells of its cache, which an earlier run computed (`--from-cache`; the cells' own "
+            "compute is not timed here)" if "--from-cache" in results.get("command", "") else
+            f"the run took {results['wall_s'] / 3600:.1f} h of wall time and {results['cpu_s'] / 3600:.1f} h of CPU "
+            "time")
+    return (f"Test sets: {sizes} texts. Seeds {', '.join(map(str, results['seeds']))}; {precision}; "
+            f"{results['threads']['torch_threads']} torch thread on {_machine(results.get('machine'))}; {took} "
+            f"(`{results['command']}`).")
+
+
+def _smollm2_zero_shot(results: Mapping[str, Any]) -> str:
+    """examples/smollm2_zero_shot.py: the rows, the comparisons, and each prompt of the ensemble alone."""
+    prompts = ["| prompt | label words (rotten / fresh) | answer starts with | accuracy (%) | NLL | ECE |",
+               "|:---|:---|:---|---:|---:|---:|"]
+    for p in results["prompts"]:
+        words = " / ".join("|".join(repr(w) for w in ws) for ws in p["label_words"])
+        prompts.append(f"| {p['name']} | {words} | {p['answer_prefix']!r} | {100 * p['accuracy']:.1f} | "
+                       f"{p['nll']:.3f} | {p['ece']:.3f} |")
+    missing = results.get("missing") or []
+    stopped = (f" The run stopped before these cells: {'; '.join(missing)} (a Hydra with fewer than 2 seeds is "
+               "compared with nothing)." if missing else "")
+    return (_smollm2_rows(results) + "\n" + _smollm2_comparisons(results) + "\nThe Single's prompt alone and each "
+            "prompt of the ensemble (the stock model):\n\n" + "\n".join(prompts) + "\n\n" + _run_line(results)
+            + stopped + "\n")
+
+
+def _smollm2_classify(results: Mapping[str, Any]) -> str:
+    """examples/smollm2_classify.py: the rows, the comparisons, whether every Single learned, and what one
+    fine-tuning step costs."""
+    checks = ["| Single | training loss, first tenth of its steps | last tenth | best validation accuracy (%) | "
+              "test accuracy (%) | majority class (%) | learned |", "|:---|---:|---:|---:|---:|---:|:---|"]
+    for seed, c in results["single_checks"].items():
+        checks.append(f"| seed {seed} | {c['loss_first_tenth']:.3f} | {c['loss_last_tenth']:.3f} | "
+                      f"{100 * c['best_validation_accuracy']:.1f} | {100 * c['test_accuracy']:.1f} | "
+                      f"{100 * c['majority']:.1f} | {'yes' if c['learned'] else 'no'} |")
+    rate = results["single_steps_per_s"]
+    settings = results["settings"]
+    cost = (f"One fine-tuning step of the Single (batch {settings['batch_size']}, up to {settings['max_length']} "
+            f"tokens per review) ran at {rate:.3f} steps/s ({1 / rate:.0f} s per step) here, on a core other jobs "
+            "shared.")
+    return (_smollm2_rows(results) + "\n" + _smollm2_comparisons(results) + "\n" + "\n".join(checks) + "\n\n"
+            + cost + " " + _run_line(results) + "\n")
+
+
+def _smollm2_classify_cost(results: Mapping[str, Any]) -> str:
+    """examples/smollm2_classify.py --estimate-only: one fine-tuning step of the Single in bf16 autocast and fp32,
+    and the study's core-hours at the rate of the precision it runs in, part by part."""
+    settings, measured = results["settings"], results["measured"]
+    steps = [f"{name} {m['train_step_s']:.1f} s ({m['steps_per_s']:.2f} steps/s; a forward pass "
+             f"{m['forward_s']:.2f} s)" for name, m in measured.items()]
+    parts = ", ".join(f"{name} {minutes / 60:.1f}" for name, minutes in results["core_minutes"].items()
+                      if name != "total")
+    return (f"One fine-tuning step of the Single (batch {settings['batch_size']}, {settings['max_length']} tokens "
+            f"per review, embeddings frozen, AdamW): {'; '.join(steps)}, each the median of "
+            f"{results['steps_measured']} steps after a warm-up, {results['threads']['torch_threads']} torch thread "
+            f"on {_machine(results.get('machine'))}. From the {results['precision']} rate, the whole study "
+            f"({len(settings['seeds'])} seeds) is estimated at {results['core_hours']:.1f} core-hours ({parts}) "
+            f"(`{results['command']}`).\n")
+
+
+def _smollm2_readme(results: Mapping[str, Any], what: str) -> str:
+    kinds = results["kinds"]
+    lines = [f"| {what} | compute (x Single) | accuracy (%) | ECE | " + " | ".join(f"{k} AUROC" for k in kinds)
+             + " |", "|:---|---:|---:|---:|" + "---:|" * len(kinds)]
+    for r in results["rows"]:
+        n = r["seeds"]
+        lines.append(f"| {r['model']} | {r['compute_x']:.2f} | "
+                     f"{_mean_pm(r['accuracy'], r['accuracy_std'], n, '.1f', 100)}"
+                     f" | {_mean_pm(r['ece'], r['ece_std'], n, '.3f')} | "
+                     + " | ".join(_mean_pm(*r["auroc"][k], n, ".3f") for k in kinds) + " |")
+    return ("\n".join(lines) + f"\n\nWhat the {len(results['seeds'])} seeds decide (p < 0.05 over the seeds and every "
+            f"seed's paired bootstrap interval on one side of 0): {_decided_sentences(results)} "
+            f"(`{results['command']}`).\n")
+
+
+def _smollm2_zero_shot_readme(results: Mapping[str, Any]) -> str:
+    """examples/smollm2_zero_shot.py for the README: the three models' headline rows and what the seeds decide."""
+    return _smollm2_readme(results, "zero-shot")
+
+
+def _smollm2_classify_readme(results: Mapping[str, Any]) -> str:
+    """examples/smollm2_classify.py for the README: the four models' headline rows and what the seeds decide."""
+    return _smollm2_readme(results, "fine-tuned")
+
+
 def _bench_number(value: Any) -> str:
     """A benchmark cell as bench/_common.table prints it: 3 significant digits below 100, whole numbers above."""
     if isinstance(value, float):
@@ -1091,6 +1255,11 @@ VIEWS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "quickstart-export": _quickstart_export,
     "uncertainty-scores": _uncertainty_scores,
     "demo-time": _demo_time,
+    "smollm2-zero-shot": _smollm2_zero_shot,
+    "smollm2-zero-shot-readme": _smollm2_zero_shot_readme,
+    "smollm2-classify": _smollm2_classify,
+    "smollm2-classify-readme": _smollm2_classify_readme,
+    "smollm2-classify-cost": _smollm2_classify_cost,
 }
 """view name -> markdown of a results file (ending with a newline)."""
 

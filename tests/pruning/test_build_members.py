@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
+from _tiny_decoders import save_llama, write_data
 
 from hydra_hf.cli import main
 from hydra_hf.data import resolve_dataset
@@ -74,3 +75,26 @@ def test_errors_name_the_problem(tiny_bert_dir, id_csv):
     images = resolve_dataset(str(id_csv)).rename_column("text", "image")
     with pytest.raises(ValueError, match="the model reads texts but --id-data has columns"):
         build_members(tiny_bert_dir, method="taylor", budget=Budget(remove=1), id_data=images)
+
+
+def test_slim_members_from_an_earlier_selection_equal_a_fresh_slim_selection(tmp_path):
+    """heads= reuses a selection's heads: its slim members' neurons are those a slim call chooses (a Llama with
+    grouped-query attention, so the key/value heads are derived again), and the head scores run once."""
+    folder = save_llama(tmp_path / "llama")
+    train, _ = write_data(tmp_path)
+    kwargs = dict(method="taylor", budget=Budget(heads_per_layer=2), members=3, seed=7, batch_size=8,
+                  progress=False)
+    target = load_pruning_target(folder)
+    data = resolve_dataset(train)
+    slim = build_members(target, id_data=data, mlp_keep=0.5, **kwargs)
+    heads = build_members(target, id_data=data, **kwargs)
+    again = build_members(target, id_data=data, mlp_keep=0.5, heads=heads, **kwargs)
+    assert again.kept_heads == slim.kept_heads == heads.kept_heads
+    assert again.kept_neurons() == slim.kept_neurons() and len(slim.kept_neurons()[0][0]) == 24  # half of 48
+    assert again.to_dict()["members"][0]["kept_kv_heads"] == slim.to_dict()["members"][0]["kept_kv_heads"]
+    with pytest.raises(ValueError, match="give mlp_keep"):
+        build_members(target, id_data=data, heads=heads, **kwargs)
+    with pytest.raises(ValueError, match="holds 3 members but members=2"):
+        build_members(target, id_data=data, mlp_keep=0.5, heads=heads, **{**kwargs, "members": 2})
+    with pytest.raises(ValueError, match="already keeps MLP neurons"):
+        build_members(target, id_data=data, mlp_keep=0.5, heads=slim, **kwargs)

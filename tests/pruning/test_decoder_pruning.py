@@ -288,21 +288,21 @@ def test_taylor_prune_budgets_on_a_causal_lm(name):
     assert int(glob.gates.sum()) == 5 and len(glob.removal_order) == 3
 
 
-def test_taylor_per_layer_budget_without_rescoring_keeps_each_layers_top_heads_of_one_pass():
-    """rescore_layers=False: one scoring pass with every head present, each layer keeping its top K of those
+def test_taylor_per_layer_budget_in_one_round_keeps_each_layers_top_heads_of_one_pass():
+    """rounds=1: one scoring pass with every head present, each layer keeping its top K of those
     scores; with rescoring the first layer is chosen from the same pass and the later layers from rescored ones."""
     model = CAUSAL["llama"]()
     adapter = causal_lm_adapter(model)
     data = batches(4, seed=6, batch_size=2)
     once = taylor_scores(adapter, data, criterion="weight")  # (L, H), every head present
-    fast = taylor_prune(adapter, data, Budget(heads_per_layer=2), rescore_layers=False, progress=False)
+    fast = taylor_prune(adapter, data, Budget(heads_per_layer=2), rounds=1, progress=False)
     want = torch.zeros_like(once)
     for layer, row in enumerate(once):
         want[layer, torch.sort(-row, stable=True).indices[:2]] = 1.0
-    assert torch.equal(fast.gates, want) and fast.metadata["rescore_layers"] is False
+    assert torch.equal(fast.gates, want) and fast.metadata["rounds"] == 1
     torch.testing.assert_close(fast.scores, once)
     slow = taylor_prune(adapter, data, Budget(heads_per_layer=2), progress=False)
-    assert torch.equal(slow.gates[0], want[0]) and "rescore_layers" not in slow.metadata
+    assert torch.equal(slow.gates[0], want[0]) and "rounds" not in slow.metadata
     torch.testing.assert_close(slow.scores[0], once[0])
     assert not torch.allclose(slow.scores[1], once[1])  # layer 1 was rescored with layer 0 pruned
 

@@ -18,6 +18,7 @@ from _tiny_models import (
 
 from hydra_hf.pruning import Budget, get_adapter, select_top, taylor_prune, taylor_scores
 from hydra_hf.pruning.gates import zero_head_columns_
+from hydra_hf.pruning.taylor import depth_groups
 
 
 @pytest.mark.parametrize("criterion", ["weight", "gate"])
@@ -77,6 +78,33 @@ def test_prune_recompute_uses_previous_layers_pruning():
     assert torch.allclose(result.scores[1], expected)
     assert not torch.allclose(result.scores[1], fresh[1])
     assert (result.gates.sum(dim=1) == 2).all()
+
+
+def test_per_layer_rounds_score_groups_of_layers_in_one_recompute():
+    assert depth_groups(30, 3) == [list(range(0, 10)), list(range(10, 20)), list(range(20, 30))]
+    assert depth_groups(5, 2) == [[0, 1, 2], [3, 4]] and depth_groups(3, 7) == [[0], [1], [2]]
+    model = tiny_bert(layers=4)
+    adapter = get_adapter(model)
+    batches = text_batches(32, 1)
+    two = taylor_prune(adapter, batches, Budget(heads_per_layer=2), rounds=2, progress=False)
+    # layers 0-1 come from the unpruned model's scores, layers 2-3 from one recompute with layers 0-1 pruned
+    fresh = taylor_scores(adapter, batches)
+    assert torch.equal(two.scores[:2], fresh[:2])
+    pruned_low = torch.ones(4, 4)
+    pruned_low[:2] = two.gates[:2]
+    assert torch.allclose(two.scores[2:], taylor_scores(adapter, batches, gates=pruned_low)[2:])
+    assert not torch.allclose(two.scores[2:], fresh[2:])
+    for layer in range(4):
+        assert set(torch.nonzero(two.gates[layer]).flatten().tolist()) == set(
+            torch.topk(two.scores[layer], 2).indices.tolist())
+    assert two.metadata["rounds"] == 2
+    # the default is the paper's layer-by-layer schedule, and R >= L rounds is the same schedule
+    default = taylor_prune(adapter, batches, Budget(heads_per_layer=2), progress=False)
+    assert torch.equal(default.gates, taylor_prune(adapter, batches, Budget(heads_per_layer=2), rounds=4,
+                                                   progress=False).gates)
+    assert "rounds" not in default.metadata
+    with pytest.raises(ValueError, match="rounds must be a positive integer"):
+        taylor_prune(adapter, batches, Budget(heads_per_layer=2), rounds=0, progress=False)
 
 
 def test_global_budget_and_sampling_seeds():

@@ -41,8 +41,8 @@ LAZY_ALLOWED = frozenset({
 FLOORS: list[tuple[str, ...]] = [
     ("hydra_hf.modeling",),  # shipped code: standard library, torch, transformers, siblings
     ("hydra_hf.version", "hydra_hf.errors", "hydra_hf.lazy", "hydra_hf.outputs", "hydra_hf.data",
-     "hydra_hf.metrics",
-     "hydra_hf.distributed", "hydra_hf.reproducibility", "hydra_hf.progress"),
+     "hydra_hf.metrics", "hydra_hf.distributed", "hydra_hf.reproducibility", "hydra_hf.progress",
+     "hydra_hf.prompting"),
     ("hydra_hf.masks",),
     ("hydra_hf.convert",),  # readers and the build helpers: no family, no stage
     # the registry, the head adapters, one module per family; cost from a config

@@ -34,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         required=True,
         help="model folder to evaluate (Hydra or any classifier; a `hydra-hf export --format onnx` folder, or a "
         ".onnx file in one, runs on ONNX Runtime; a CLIP / SigLIP folder classifies zero-shot: see --class-names, "
-        "--templates; a causal LM folder or a GGUF checkpoint, a .gguf file, is evaluated on next-token prediction)",
+        "--templates; a causal LM folder or a GGUF checkpoint, a .gguf file, is evaluated on next-token prediction, "
+        "or classifies zero-shot with --prompt)",
     )
     p.add_argument("--name", default="Hydra", help="name of --model in the report")
     p.add_argument("--baseline", action="append", default=[], metavar="NAME=DIR",
@@ -80,8 +81,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image-column", default=None,
                    help="column holding images (or image paths) of tabular image data; image folders need none")
     p.add_argument("--class-names", default=None,
-                   help="zero-shot models: the classes in label order, comma-separated or a file with one per line "
-                   "(default with an image folder as --id-data: its sub-folders, matched by name)")
+                   help="zero-shot models (CLIP / SigLIP, or a causal LM with --prompt): the classes in label order, "
+                   "comma-separated or a file with one per line (default with an image folder as --id-data: its "
+                   "sub-folders, matched by name)")
+    p.add_argument("--prompt", action="append", default=[], metavar="TEMPLATE|FILE",
+                   help="a causal LM classifies zero-shot: a user message holding {text} (where each text goes; \\n "
+                   "for a newline; the tokenizer's chat template renders it), or a JSON file of prompts (an object or "
+                   "a list: template, label_words, system, answer_prefix, name); repeatable: a prompt ensemble. A "
+                   "class's probability is its label words' next-token probability, renormalised over the classes")
+    p.add_argument("--label-words", default=None, metavar="WORDS",
+                   help="--prompt: each class's label word, comma-separated in label order, alternatives with | (e.g. "
+                   "'negative|bad,positive|good'; default: --class-names); the first token of each word is read")
     p.add_argument("--templates", default=None, metavar="SET|FILE|TEMPLATE",
                    help=f"zero-shot models: the prompt templates of every class (CLIP's prompt ensemble): "
                    f"{' / '.join(TEMPLATE_SET_NAMES)}, a file with one template per line, or one template with {{}} "

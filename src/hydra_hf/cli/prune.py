@@ -75,10 +75,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--class-names",
-        help="CLIP: class names in label order, comma-separated or a file with one per line (default with an image "
-        "folder as --id-data: its sub-folders)",
+        help="CLIP (or a causal LM with --prompt): class names in label order, comma-separated or a file with one "
+        "per line (default with an image folder as --id-data: its sub-folders)",
     )
     p.add_argument("--prompt-template", default=None, help='CLIP: prompt of each class (default "a photo of a {}.")')
+    p.add_argument("--prompt", default=None, metavar="TEMPLATE|FILE",
+                   help="a causal LM as a zero-shot classifier: the user message holding {text} (or a JSON file of "
+                   "one prompt, as `hydra-hf evaluate --prompt` reads it); members are pruned on the cross-entropy of "
+                   "the label words' next-token distribution, renormalised over the classes, on labelled --id-data")
+    p.add_argument("--label-words", default=None, metavar="WORDS",
+                   help="--prompt: each class's label word, comma-separated in label order, alternatives with | "
+                   "(default: --class-names)")
     p.add_argument("--tower", help="two-tower models: vision, text or joint (default joint: both towers together)")
     p.add_argument(
         "--method",
@@ -124,8 +131,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("--heads-per-step", type=positive_int, default=1,
                    help="circuit heads removed per step (1 = exact greedy)")
-    p.add_argument("--taylor-rounds", type=positive_int, default=1,
-                   help="recompute rounds of the global Taylor ranking")
+    p.add_argument("--taylor-rounds", type=positive_int, default=None,
+                   help="Taylor's recomputes (default: the paper's, after every layer of a --heads-per-layer budget, "
+                        "one ranking of a --remove budget); with --heads-per-layer, R recomputes over R groups of "
+                        "consecutive layers (1: every layer from one gradient pass)")
     p.add_argument("--mlp-keep", type=finite_float, metavar="F",
                    help="slim members (an extension): every member also keeps this fraction of each layer's MLP "
                         "neurons, by Taylor importance on its own data (e.g. 0.33: 3 members at about one model's "

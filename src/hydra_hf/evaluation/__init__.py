@@ -1,9 +1,10 @@
 """Evaluation: the baselines of the paper wrapped as predictors (:mod:`.predictors`), loading a model
 folder and its data (:mod:`.loading`), the run of every predictor on ID and OOD data (:mod:`.run`), the
 report files and figures (:mod:`.report`, :mod:`.plots`), causal LMs (:mod:`.causal_lm`), zero-shot folders
-(:mod:`.zero_shot`) and the ONNX int8 quality check (:mod:`.onnx_check`). ``hydra-hf evaluate`` as one call is
-:func:`hydra_hf.workflows.evaluate.evaluate_folder`; the shipped pipelines' uncertainty threshold
-(``fit_uncertainty_threshold``, re-exported here) is :mod:`hydra_hf.calibration.thresholds`'.
+(:mod:`.zero_shot`), a causal LM as a zero-shot classifier (:mod:`.zero_shot_lm`) and the ONNX int8 quality check
+(:mod:`.onnx_check`). ``hydra-hf evaluate`` as one call is :func:`hydra_hf.workflows.evaluate.evaluate_folder`;
+the shipped pipelines' uncertainty threshold (``fit_uncertainty_threshold``, re-exported here) is
+:mod:`hydra_hf.calibration.thresholds`'.
 
 Every model is wrapped in a :class:`Predictor` that returns *member logits* ``(B, M, C)``; the
 ensemble prediction is always the mean of the members' softmaxes, so all baselines go through the
@@ -38,6 +39,7 @@ from .predictors import (
 )
 from .report import write_evaluation_report
 from .run import COMPARED_METRICS, EvaluationResult, compare_predictions, evaluate_predictors, recipe_of
+from .zero_shot_lm import ZeroShotLMPredictor, make_text_batches
 
 __all__ = [
     "COMPARED_METRICS",
@@ -50,6 +52,7 @@ __all__ = [
     "Predictor",
     "TemperatureScaledPredictor",
     "UNCERTAINTY_METRICS",
+    "ZeroShotLMPredictor",
     "ZeroShotPredictor",
     "check_deep_ensemble_model",
     "classifier_layer",
@@ -59,6 +62,7 @@ __all__ = [
     "fit_tokenizer_to_model",
     "fit_uncertainty_threshold",
     "interleaved_latency_ms",
+    "make_text_batches",
     "load_classifier",
     "make_loader",
     "max_text_positions",

@@ -8,6 +8,7 @@
 - :mod:`.circuits` — Strategy 2, greedy circuit search (CircAcc / CircOOD / CircAvg);
 - :mod:`.cached_bert` — the cached, batched circuit evaluator for BERT classifiers;
 - :mod:`.lm` — decoders (causal LMs) on next-token prediction: batches, adapter, sequence-level evaluator;
+- :mod:`.zero_shot_lm` — a causal LM as a zero-shot classifier: prompt batches, the label-word adapter;
 - :mod:`.diversity` — M members from seeds, criteria and user masks;
 - :mod:`.members` — :class:`PruningTarget`: what selection needs of a loaded model (data specs -> masks,
   ``hydra-hf prune`` and every recipe: :func:`hydra_hf.workflows.prune.build_members`);
@@ -41,9 +42,10 @@ from .diversity import (
 from .gates import HeadGates, zero_head_columns_
 from .layout import JOINT, HeadLayout
 from .lm import LMGatedEvaluator, causal_lm_adapter, lm_batches, lm_batches_from_ids
-from .members import PruningTarget, load_pruning_target
+from .members import PruningTarget, load_pruning_target, load_zero_shot_lm_target
 from .scoring import batch_labels, circuit_score
 from .taylor import PruneResult, normalize_layer_scores, select_top, taylor_prune, taylor_scores
+from .zero_shot_lm import zero_shot_lm_adapter, zero_shot_lm_batches
 
 __all__ = [
     "METHODS",
@@ -73,6 +75,7 @@ __all__ = [
     "lm_batches",
     "lm_batches_from_ids",
     "load_pruning_target",
+    "load_zero_shot_lm_target",
     "make_evaluator",
     "normalize_layer_scores",
     "parse_methods",
@@ -84,4 +87,6 @@ __all__ = [
     "taylor_prune",
     "taylor_scores",
     "zero_head_columns_",
+    "zero_shot_lm_adapter",
+    "zero_shot_lm_batches",
 ]

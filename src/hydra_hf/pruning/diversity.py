@@ -66,8 +66,7 @@ class MemberContext:
     temperature: float
     data_fraction: float
     heads_per_step: int
-    taylor_rounds: int
-    taylor_rescore_layers: bool
+    taylor_rounds: int | None
     random_ties: bool
     fast: bool
     precision: str
@@ -177,8 +176,7 @@ def _taylor(criterion: str) -> Callable[[MemberContext, int], PruneResult]:
     def prune(ctx: MemberContext, member_seed: int) -> PruneResult:
         batches = ctx.make_batches(_subset(ctx.id_data, ctx.data_fraction, member_seed), member_seed)
         return taylor_prune(ctx.adapter, batches, ctx.budget, criterion=criterion, tower=ctx.tower, seed=member_seed,
-                            temperature=ctx.temperature, rounds=ctx.taylor_rounds,
-                            rescore_layers=ctx.taylor_rescore_layers, progress=ctx.progress)
+                            temperature=ctx.temperature, rounds=ctx.taylor_rounds, progress=ctx.progress)
     return prune
 
 
@@ -236,7 +234,7 @@ def prune_members(
     temperature: float | None = None,
     data_fraction: float | None = None,
     heads_per_step: int = 1,
-    taylor_rounds: int = 1,
+    taylor_rounds: int | None = None,
     include: HeadMasks | None = None,
     fast: bool = True,
     precision: str = "fp32",
@@ -244,7 +242,7 @@ def prune_members(
     metadata: dict[str, Any] | None = None,
     mlp_keep: float | None = None,
     mlp_spread: bool = False,
-    taylor_rescore_layers: bool = True,
+    heads: HeadMasks | None = None,
 ) -> HeadMasks:
     """Compute ``members`` pruning masks and return them as :class:`~hydra_hf.masks.HeadMasks`: the
     one-tower file shape for a one-tower model, named towers (the pruned ones) for CLIP-like models.
@@ -268,7 +266,8 @@ def prune_members(
         data_fraction: fraction of the data each member sees (default: 0.8 with several members,
             else 1.0).
         heads_per_step: circuit heads removed per greedy step (1 = exact).
-        taylor_rounds: recompute rounds of the global Taylor ranking (``Budget(remove=N)``).
+        taylor_rounds: Taylor's recomputes (:func:`~hydra_hf.pruning.taylor.taylor_prune`'s ``rounds``; None: the
+            paper's schedule, one per layer of a per-layer budget, one ranking of a global one).
         include: user masks whose members are appended unchanged (masks for this model: named
             towers for a two-tower model, where a tower they do not list keeps all its heads).
         fast: circuits: use the cached evaluator where the architecture has one.
@@ -279,8 +278,9 @@ def prune_members(
             member keeps, chosen by Taylor importance inside the member (its heads removed) on the member's own
             data sample (:func:`~hydra_hf.pruning.neurons.choose_neurons`); None or 1: whole MLPs (the paper).
         mlp_spread: slim members prefer the neurons earlier members left, so that they cover the MLP.
-        taylor_rescore_layers: Taylor with ``Budget(heads_per_layer=K)``: rescore after each layer (True) or score
-            once (:func:`~hydra_hf.pruning.taylor.taylor_prune`'s ``rescore_layers``).
+        heads: the members' heads, already chosen by an earlier call with the same ``seed`` and data (its
+            masks, without MLP neurons): only the slim members' neurons are chosen (``mlp_keep``), as that call
+            with ``mlp_keep`` would have chosen them -- one head selection serves a paper Hydra and a slim one.
 
     Returns:
         The masks; ``member_metadata[m]`` holds ``method``, ``seed``, ``scores``, ``ranking``, ...;
@@ -318,9 +318,11 @@ def prune_members(
         raise ValueError(f"data_fraction must be in (0, 1], got {data_fraction}")
     if not math.isfinite(temperature) or temperature < 0:  # nan passes `< 0`
         raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
-    model_shapes = {t: adapter.shape(t) for t in adapter.tower_names}
+    if include is not None and heads is not None:
+        raise ValueError("include= adds members to a new selection, heads= reuses one; give one of them")
     if include is not None:
         include.check_towers(adapter.tower_names, model=f"the {adapter.kind} model being pruned")
+        model_shapes = {t: adapter.shape(t) for t in adapter.tower_names}
         included = include.kept_heads_by_tower(model_shapes, model="the model being pruned")  # {tower: (M, L, list)}
         outside = [t for t in include.tower_names if include.named and t not in layout.names]
         if outside:  # its members would lose what they prune there: they are added unchanged or not at all
@@ -330,42 +332,15 @@ def prune_members(
             )
         check_included_widths(include, adapter)
 
-    kept: list[dict[str, list[list[int]]]] = []  # per member: {tower: [[heads] per layer]}, the layout's towers
-    member_meta: list[dict[str, Any]] = []
-    ctx = MemberContext(adapter=adapter, layout=layout, budget=budget, make_batches=make_batches, id_data=id_data,
-                        ood_data=ood_data, tower=tower, temperature=temperature, data_fraction=data_fraction,
-                        heads_per_step=heads_per_step, taylor_rounds=taylor_rounds,
-                        taylor_rescore_layers=taylor_rescore_layers, random_ties=several, fast=fast,
-                        precision=precision, progress=progress)
-    shared = _shared_circuit_members(ctx, method_list, members, seed=seed)
-    for m in range(members):
-        method = method_list[m % len(method_list)]
-        member_seed = seed + m
-        logger.info("member %d/%d: %s, seed %d", m + 1, members, method, member_seed)
-        result = shared[m] if m in shared else PRUNING_METHODS[method].prune(ctx, member_seed)
-        meta = as_metadata(result)
-        meta.update({"method": method, "seed": member_seed, "data_fraction": data_fraction})
-        kept.append({t: _kept_heads(g) for t, g in layout.per_tower(result.gates).items()})
-        member_meta.append(meta)
-    if include is not None:
-        for m, meta in enumerate(include.member_metadata):
-            kept.append({t: [list(h) for h in included[t][m]] for t in layout.names})
-            member_meta.append({**meta, "source": "included"})
-    # the file shape the model reads: unnamed for one tower, the pruned towers by name for several
-    masks = HeadMasks.for_model(
-        adapter.tower_names,
-        {t: [k[t] for k in kept] for t in layout.names},
-        {t: H for t, _, H in layout.towers},
-        member_metadata=member_meta,
-    )
-    masks.metadata = {
-        **(metadata or {}),
-        "method": ",".join(method_list),
-        "seed": seed,
-        "budget": budget.to_dict(),
-        "tower": tower,
-        "pairwise_jaccard": [[round(v, 4) for v in row] for row in masks.jaccard().tolist()],
-    }
+    if heads is not None:
+        masks = _reused_heads(heads, members, mlp_keep, adapter, metadata)
+    else:
+        ctx = MemberContext(adapter=adapter, layout=layout, budget=budget, make_batches=make_batches, id_data=id_data,
+                            ood_data=ood_data, tower=tower, temperature=temperature, data_fraction=data_fraction,
+                            heads_per_step=heads_per_step, taylor_rounds=taylor_rounds, random_ties=several,
+                            fast=fast, precision=precision, progress=progress)
+        masks = _choose_heads(ctx, method_list, members, seed, include, included if include is not None else None,
+                              metadata)
     computed = None  # the computed members, slim: MLP neurons too (an extension)
     if mlp_keep is not None and check_mlp_keep(mlp_keep) < 1 and members:
         computed = choose_neurons(
@@ -388,6 +363,59 @@ def prune_members(
             j,
             " and the same MLP neurons" if masks.slim else "",
         )
+    return masks
+
+
+def _reused_heads(heads: HeadMasks, members: int, mlp_keep: float | None, adapter: ModelAdapter,
+                  metadata: dict[str, Any] | None) -> HeadMasks:
+    """``heads`` (an earlier selection's masks) as the members whose MLP neurons :func:`prune_members` chooses."""
+    if mlp_keep is None or check_mlp_keep(mlp_keep) >= 1:
+        raise ValueError("heads= reuses chosen heads for slim members: give mlp_keep (the MLP share they keep)")
+    if heads.num_members != members:
+        raise ValueError(f"heads= holds {heads.num_members} members but members={members}; give the masks of this "
+                         "selection")
+    if heads.kept_neurons():
+        raise ValueError("heads= already keeps MLP neurons; give the masks of a selection without mlp_keep")
+    heads.check_towers(adapter.tower_names, model=f"the {adapter.kind} model being pruned")
+    return HeadMasks.from_dict({**heads.to_dict(), "metadata": {**heads.metadata, **(metadata or {})}})
+
+
+def _choose_heads(ctx: MemberContext, method_list: list[str], members: int, seed: int, include: HeadMasks | None,
+                  included: dict[str, Any] | None, metadata: dict[str, Any] | None) -> HeadMasks:
+    """Every member's heads (:func:`prune_members` before its slim members' neurons), in the masks' file shape:
+    the computed members, then ``include``'s (``included``: their kept heads per tower)."""
+    adapter, layout = ctx.adapter, ctx.layout
+    kept: list[dict[str, list[list[int]]]] = []  # per member: {tower: [[heads] per layer]}, the layout's towers
+    member_meta: list[dict[str, Any]] = []
+    shared = _shared_circuit_members(ctx, method_list, members, seed=seed)
+    for m in range(members):
+        method = method_list[m % len(method_list)]
+        member_seed = seed + m
+        logger.info("member %d/%d: %s, seed %d", m + 1, members, method, member_seed)
+        result = shared[m] if m in shared else PRUNING_METHODS[method].prune(ctx, member_seed)
+        meta = as_metadata(result)
+        meta.update({"method": method, "seed": member_seed, "data_fraction": ctx.data_fraction})
+        kept.append({t: _kept_heads(g) for t, g in layout.per_tower(result.gates).items()})
+        member_meta.append(meta)
+    if include is not None:
+        for m, meta in enumerate(include.member_metadata):
+            kept.append({t: [list(h) for h in included[t][m]] for t in layout.names})
+            member_meta.append({**meta, "source": "included"})
+    # the file shape the model reads: unnamed for one tower, the pruned towers by name for several
+    masks = HeadMasks.for_model(
+        adapter.tower_names,
+        {t: [k[t] for k in kept] for t in layout.names},
+        {t: H for t, _, H in layout.towers},
+        member_metadata=member_meta,
+    )
+    masks.metadata = {
+        **(metadata or {}),
+        "method": ",".join(method_list),
+        "seed": seed,
+        "budget": ctx.budget.to_dict(),
+        "tower": ctx.tower,
+        "pairwise_jaccard": [[round(v, 4) for v in row] for row in masks.jaccard().tolist()],
+    }
     return masks
 
 

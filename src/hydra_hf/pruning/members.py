@@ -1,7 +1,8 @@
 """What member selection needs of a loaded model, whatever its source: :class:`PruningTarget` (the head
 adapter, the preprocessing, the classes), :func:`load_pruning_target` for a Hugging Face text or image
-classifier folder or a decoder causal LM folder (or a GGUF checkpoint), and :func:`causal_lm_batches` (a causal
-LM's next-token batches). ``hydra-hf prune`` and every recipe go from a model and its data specs to masks with
+classifier folder or a decoder causal LM folder (or a GGUF checkpoint), :func:`load_zero_shot_lm_target` for a
+causal LM read as a zero-shot classifier through a prompt, and :func:`causal_lm_batches` (a causal LM's next-token
+batches). ``hydra-hf prune`` and every recipe go from a model and its data specs to masks with
 :func:`hydra_hf.workflows.prune.build_members`, which takes a :class:`PruningTarget` or a folder.
 
 Causal LMs (``*ForCausalLM``, ``GPT2LMHeadModel``: :func:`hydra_hf.families.is_causal_lm_config`) are pruned on
@@ -13,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,9 @@ from ..errors import HydraInputError
 from ..families import detect_family, get_adapter, is_causal_lm_config, resolve_checkpoint
 from ..families.adapters import ModelAdapter
 from ..lazy import lazy_module
+from ..prompting import ZeroShotPrompt
 from .lm import causal_lm_adapter, lm_batches
+from .zero_shot_lm import zero_shot_lm_adapter
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +53,8 @@ class PruningTarget:
     tokenizer: Any  # text models only
     num_labels: int
     label2id: dict[str, int] | None
-    zero_shot: bool  # CLIP: labels index the class names
+    zero_shot: bool  # CLIP, or a causal LM asked by prompt: labels index the class names
+    prompt: ZeroShotPrompt | None = None  # a causal LM as a zero-shot classifier: the prompt its texts are read in
 
     @property
     def modality(self) -> str:
@@ -61,6 +65,35 @@ class PruningTarget:
     def causal_lm(self) -> bool:
         """Whether the model is a causal LM pruned on next-token prediction (its labels are the next tokens)."""
         return self.adapter.task == "causal_lm"
+
+
+def load_zero_shot_lm_target(
+    folder: str | os.PathLike, prompt: ZeroShotPrompt, *, class_names: Sequence[str] | None = None,
+    trust_remote_code: bool = False,
+) -> PruningTarget:
+    """A causal LM folder (stock or Hydra, or a GGUF checkpoint) as the zero-shot classifier ``prompt`` makes of
+    it: its members are pruned on the cross-entropy of the label-word distribution of labelled ID texts read in
+    the prompt (:mod:`hydra_hf.pruning.zero_shot_lm`; ``build_members``' ``max_length`` caps each text's tokens).
+
+    Args:
+        folder: the causal LM.
+        prompt: the prompt and its label words (one list per class, in label order).
+        class_names: the classes' names (default: each class's first label word, stripped).
+    """
+    folder = resolve_checkpoint(Path(folder))
+    config = read_config(folder)
+    if not is_causal_lm_config(config):
+        what = ", ".join(config.get("architectures") or []) or "no architecture"
+        raise HydraInputError(f"{str(folder)!r} ({what}) is not a causal LM; zero-shot prompts need a ...ForCausalLM "
+                              "folder (or a GGUF checkpoint)")
+    names = list(class_names) if class_names is not None else [w[0].strip() for w in prompt.label_words]
+    if len(names) != prompt.num_classes:
+        raise HydraInputError(f"{len(names)} class names {names} for a prompt of {prompt.num_classes} classes; give "
+                              "one name per class of the label words")
+    model = from_pretrained(AutoModelForCausalLM, folder, trust_remote_code=trust_remote_code).eval()
+    tokenizer = from_pretrained(AutoTokenizer, folder, trust_remote_code=trust_remote_code)
+    adapter = zero_shot_lm_adapter(model, prompt.label_token_ids(tokenizer))
+    return PruningTarget(adapter, None, tokenizer, len(names), {n: i for i, n in enumerate(names)}, True, prompt)
 
 
 def label2id_of(config: Any) -> dict[str, int] | None:

@@ -10,6 +10,8 @@ Variants:
 
 - ``criterion="gate"``: ``|dL/dg|`` for the head gate ``g`` (Michel et al., 2019), per batch then
   averaged;
+- a per-layer budget recomputed in fewer rounds (``rounds=R``): the layers in ``R`` consecutive groups,
+  each group scored in one recompute (:func:`depth_groups`): ``R`` gradient passes instead of one per layer;
 - a global budget (``Budget(remove=N)``): heads are ranked across layers after normalizing each
   layer's scores to unit L2 norm (Michel et al.), and removed in ``rounds`` chunks with a recompute
   between chunks (``rounds=1``: one shot);
@@ -243,6 +245,15 @@ def select_top(
     return order[:k]
 
 
+def depth_groups(depths: int, rounds: int) -> list[list[int]]:
+    """The depths ``0 .. depths-1`` in ``min(rounds, depths)`` consecutive groups whose sizes differ by at most
+    one (the larger ones first): the prune-recompute schedule of a per-layer budget in ``rounds`` recomputes."""
+    count = min(rounds, depths)
+    sizes = [depths // count + (1 if g < depths % count else 0) for g in range(count)]
+    starts = [sum(sizes[:g]) for g in range(count)]
+    return [list(range(start, start + size)) for start, size in zip(starts, sizes)]
+
+
 def taylor_prune(
     adapter: ModelAdapter,
     batches: list[Mapping[str, torch.Tensor]],
@@ -252,8 +263,7 @@ def taylor_prune(
     tower: str | None = None,
     seed: int = 0,
     temperature: float = 0.0,
-    rounds: int = 1,
-    rescore_layers: bool = True,
+    rounds: int | None = None,
     progress: bool = True,
 ) -> PruneResult:
     """Prune one member with Taylor importance.
@@ -261,16 +271,19 @@ def taylor_prune(
     Args:
         adapter: the model's adapter.
         batches: labelled calibration batches (a list: it is iterated once per recompute).
-        budget: ``Budget(heads_per_layer=K)`` → prune–recompute layer by layer, keeping ``K`` heads in
-            each layer; ``Budget(remove=N)`` → global ranking over all layers (per-layer L2-normalized
+        budget: ``Budget(heads_per_layer=K)`` → prune–recompute by depth, keeping ``K`` heads in each
+            layer; ``Budget(remove=N)`` → global ranking over all layers (per-layer L2-normalized
             scores), ``N`` heads removed in ``rounds`` recompute rounds.
         criterion: ``"weight"`` (paper D.1.1) or ``"gate"`` (Michel et al.).
         tower: a tower name (``None``: the only one) or ``"joint"``: both towers of a CLIP model.
         seed: seeds the sampling of heads (only used when ``temperature > 0``).
         temperature: 0 = deterministic top-k; > 0 = sample the kept heads (see module docstring).
-        rescore_layers: ``Budget(heads_per_layer=K)`` only: recompute the scores after pruning each depth (True,
-            one pass over ``batches`` per layer), or score every layer once with all heads present and keep each
-            layer's top ``K`` of those scores (False: one pass in all; e.g. a 30-layer causal LM on CPU).
+        rounds: recomputes. ``None``: the paper's schedule -- a per-layer budget recomputes after every
+            layer (``L`` gradient passes), a global budget ranks once. With a per-layer budget, ``R`` splits
+            the depths into ``R`` consecutive groups of (nearly) equal size, each group's layers scored in one
+            recompute with the groups before it pruned (``R >= L``: layer by layer; ``1``: every layer from
+            one gradient pass): ``R`` passes instead of ``L``, the cost knob of deep models (30 layers of a
+            135M decoder are 30 backward passes per member).
 
     Both towers (``tower="joint"``), how raw scores of different towers are compared:
 
@@ -294,8 +307,9 @@ def taylor_prune(
     """
     layout = HeadLayout.of(adapter, tower)
     layout.check(budget)
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    if rounds is not None and (isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1):
+        raise ValueError(f"rounds must be a positive integer or None (the paper's schedule), got {rounds!r}")
+    given_rounds = rounds
     generator = torch.Generator().manual_seed(seed)
     gates = layout.ones()  # (R, H_max): one tower's (L, H), or the towers stacked (padding 0)
     R, H_max = gates.shape
@@ -309,13 +323,11 @@ def taylor_prune(
 
     if budget.heads_per_layer is not None:
         keep = budget.heads_per_layer
-        depth_rows = [
-            [r for r, (_, layer) in enumerate(layout.rows) if layer == d]
-            for d in range(max(L for _, L, _ in layout.towers))
-        ]
-        for d, rows in enumerate(tqdm(depth_rows, desc="taylor: layers", disable=not progress)):
-            if rescore_layers or d == 0:  # without rescoring: every layer's scores from the first pass
-                scores = score(f"layer {d}" if rescore_layers else "every layer")
+        depths = max(L for _, L, _ in layout.towers)
+        groups = depth_groups(depths, depths if rounds is None else rounds)
+        for g, group in enumerate(tqdm(groups, desc="taylor: layers", disable=not progress)):
+            scores = score(f"layers {group[0]}-{group[-1]}" if len(group) > 1 else f"layer {group[0]}")
+            rows = [r for r, (_, layer) in enumerate(layout.rows) if layer in group]
             for row in rows:
                 row_scores = scores[row, : heads_in_row[row]]  # (H_t,)
                 scores_at_pruning[row] = scores[row]
@@ -328,6 +340,7 @@ def taylor_prune(
                 removal.extend(layout.label(row, h) for h in dropped)
     else:
         n_remove = int(budget.remove)  # type: ignore[arg-type]
+        rounds = 1 if rounds is None else rounds
         per_round = [n_remove // rounds + (1 if r < n_remove % rounds else 0) for r in range(rounds)]
         for r, n in enumerate(tqdm(per_round, desc="taylor: rounds", disable=not progress)):
             if n == 0:
@@ -354,7 +367,7 @@ def taylor_prune(
         removal_order=removal,
         metadata={
             "method": method, "criterion": criterion, "seed": seed, "temperature": temperature,
-            **({} if rescore_layers or budget.heads_per_layer is None else {"rescore_layers": False}),
+            **({"rounds": given_rounds} if given_rounds is not None and budget.heads_per_layer is not None else {}),
             "tower": "joint" if layout.joint else layout.names[0],
         },
     )

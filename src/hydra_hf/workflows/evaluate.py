@@ -7,7 +7,13 @@ are ``class_names`` or the sub-folders of an image folder given as ``id_data``, 
 ``templates`` prompt ensemble. Both paths share the baselines' temperature scaling, the comparisons and
 the report; a calibrated folder (``hydra-hf calibrate``) adds its decisions.
 
-A causal LM folder (a Hydra one from ``hydra-hf convert``, a stock ``*ForCausalLM`` /
+A causal LM folder with ``prompt`` classifies zero-shot (:mod:`hydra_hf.evaluation.zero_shot_lm`): every text
+of the labelled ``id_data`` (and of the OOD sets) is read inside each prompt (a template holding ``{text}``, or a
+JSON file of prompts; several are a prompt ensemble), and a member's class probabilities are its label words'
+next-token probabilities renormalised over the classes (``label_words``, default the ``class_names``); the
+report is the classifier path's. Baselines are causal LMs, read with the same prompts.
+
+Without ``prompt``, a causal LM folder (a Hydra one from ``hydra-hf convert``, a stock ``*ForCausalLM`` /
 ``GPT2LMHeadModel``, or a GGUF checkpoint: a ``.gguf`` file or a folder holding one, read through its cached
 plain folder; baselines causal LMs too) is evaluated with
 :func:`hydra_hf.evaluation.causal_lm.evaluate_causal_lm` on the texts of ``id_data`` and of every
@@ -37,10 +43,12 @@ from ..data import (
     data_spec_paths,
     make_loader,
     parse_spec,
+    read_class_names,
     read_templates,
     resolve_dataset,
     zero_shot_class_names,
     zero_shot_data,
+    zero_shot_labels,
     zero_shot_paths,
 )
 from ..errors import HydraInputError
@@ -51,10 +59,12 @@ from ..evaluation.plots import risk_coverage_figure
 from ..evaluation.report import write_evaluation_report
 from ..evaluation.run import EvaluationResult, compare_predictions, evaluate_predictors
 from ..evaluation.zero_shot import check_same_images, load_zero_shot_model
+from ..evaluation.zero_shot_lm import ZeroShotLMPredictor, make_text_batches
 from ..families import is_causal_lm_folder
 from ..metrics import OOD_SCORES, SEQUENCE_SCORES
 from ..modeling.configuration_hydra import check_calibration
 from ..outputs import check_output, read_json, write_output_folder
+from ..prompting import TEXT_FIELD, parse_label_words, read_zero_shot_prompts
 
 __all__ = ["DECISIONS_NOTE", "EvaluateSpec", "EvaluationSpec", "FolderEvaluation", "evaluate", "evaluate_folder"]
 
@@ -80,6 +90,9 @@ class EvaluateSpec:
         train_data: labelled training data for Deep Ensembles (D).
         text_column, label_column, image_column: the columns of tabular data.
         class_names, templates: zero-shot models' classes and prompt templates.
+        prompt, label_words: a causal LM as a zero-shot classifier: its prompts (templates holding ``{text}`` or
+            JSON files of prompts; several: a prompt ensemble) and the classes' label words
+            (:func:`hydra_hf.prompting.parse_label_words`; default: the class names).
         score: the OOD score (:data:`hydra_hf.metrics.OOD_SCORES`; causal LMs:
             :data:`~hydra_hf.metrics.SEQUENCE_SCORES`).
         max_samples, batch_size, max_length: data cap; batch (None: 32, causal LMs 8); text truncation.
@@ -113,6 +126,8 @@ class EvaluateSpec:
     image_column: str | None = None
     class_names: str | None = None
     templates: str | None = None
+    prompt: list[str] = field(default_factory=list)
+    label_words: str | None = None
     score: str = "msp"
     max_samples: int | None = None
     batch_size: int | None = None
@@ -158,7 +173,7 @@ class FolderEvaluation:
     """What :func:`evaluate` wrote, and its numbers.
 
     Attributes:
-        kind: ``"classifier"``, ``"zero_shot"`` or ``"causal_lm"``.
+        kind: ``"classifier"``, ``"zero_shot"``, ``"zero_shot_lm"`` (a causal LM with prompts) or ``"causal_lm"``.
         report: the report folder.
         score: the OOD score of the report.
         result: classifiers and zero-shot models: every row's metrics and predictions.
@@ -219,12 +234,13 @@ def _check_models(spec: EvaluateSpec) -> tuple[dict[str, str], list[tuple[str, s
 
 
 def _inputs(spec: EvaluateSpec, models: dict[str, str]) -> list[str | Path]:
-    """Every file and folder the evaluation reads (models, data, class names, templates): the report
+    """Every file and folder the evaluation reads (models, data, class names, templates, prompts): the report
     folder never holds one, so ``--overwrite`` never deletes what the run has just read."""
     data = [spec.id_data, *(_named(o, "")[1] for o in spec.ood_data), spec.val_data, spec.train_data]
     return [*(p for path in models.values() for p in checkpoint_inputs(path)),  # a GGUF's folder and cache too
             *(p for d in data for p in data_spec_paths(d)),
-            *zero_shot_paths(spec.class_names, spec.templates)]
+            *zero_shot_paths(spec.class_names, spec.templates),
+            *(Path(p) for p in spec.prompt if TEXT_FIELD not in p and os.path.isfile(p))]  # prompt files
 
 
 def _check_zero_shot_options(spec: EvaluateSpec, models: dict[str, str], family: str | None) -> None:
@@ -346,6 +362,65 @@ def _zero_shot_setup(spec: EvaluateSpec, models: dict[str, str], family: str) ->
                   loader(val_data) if val_data is not None else None, settings, notes)
 
 
+def _zero_shot_lm_setup(spec: EvaluateSpec, models: dict[str, str]) -> _Setup:
+    """Predictors and loaders of causal LMs classifying zero-shot with ``spec.prompt``: every model reads the
+    same prompts, each text cut to ``spec.max_length`` tokens inside them."""
+    what = f"the causal LM --model {spec.model!r} classifying with --prompt"
+    for flag, given in (("--templates", spec.templates), ("--mc-dropout", spec.mc_dropout),
+                        ("--deep-ensemble", spec.deep_ensemble), ("--train-data", spec.train_data),
+                        ("--image-column", spec.image_column)):
+        if given:
+            raise ValueError(f"{flag} does not apply to {what}; drop {flag}")
+    for name, path in models.items():
+        if name != spec.name and not is_causal_lm_folder(path):
+            raise ValueError(f"--baseline {name}={path} is not a causal LM folder (...ForCausalLM); {what} is "
+                             "compared with causal LMs reading the same prompts")
+    words = parse_label_words(spec.label_words)
+    names = read_class_names(spec.class_names) if spec.class_names else None
+    prompts = read_zero_shot_prompts(spec.prompt, words or ([[n] for n in names] if names else None))
+    names = names or [ws[0].strip() for ws in prompts[0].label_words]
+    if len(names) != prompts[0].num_classes:
+        raise ValueError(f"--class-names gives {len(names)} classes but the prompts' label words "
+                         f"{prompts[0].num_classes}; give one name and one label word (or |-separated words) per "
+                         "class, in label order")
+    label2id = {name: i for i, name in enumerate(names)}
+
+    def data(flag: str, source: str, labelled: bool):
+        dataset = resolve_dataset(source, text_column=spec.text_column, label_column=spec.label_column if labelled
+                                  else None, require_labels=labelled, label2id=label2id if labelled else None,
+                                  max_samples=spec.max_samples)
+        if "text" not in dataset.column_names:
+            raise ValueError(f"{flag} {source!r} has columns {dataset.column_names} and no texts (--text-column)")
+        return zero_shot_labels(dataset, names, f"{flag} {source!r}") if labelled else dataset
+
+    # the data is read before the models: a bad data set fails at once
+    id_data = data("--id-data", spec.id_data, True)
+    wanted = spec.temperature_scaling or (spec.val_data and _wants_decisions(spec))
+    val_data = data("--val-data", spec.val_data, True) if wanted else None
+    oods = {}
+    for ood_spec in spec.ood_data:
+        name, path = _named(ood_spec, parse_spec(ood_spec)[0])
+        oods[name] = data("--ood-data", path, False).select_columns(["text"])
+    predictors: dict[str, pr.Predictor] = {}
+    for name, path in models.items():
+        model, tokenizer = loading.load_causal_lm(path, trust_remote_code=spec.trust_remote_code)
+        predictors[name] = ZeroShotLMPredictor(model, tokenizer, prompts, max_text_tokens=spec.max_length)
+
+    def loader(dataset):  # under `accelerate launch`, each process predicts one shard (gathered in order)
+        return make_text_batches(dataset, spec.batch_size, shard=True)
+
+    settings = {"class_names": names, "prompts": [dataclasses.asdict(p) for p in prompts],
+                "max_text_tokens": spec.max_length}
+    notes = (
+        f"Zero-shot causal LM: {len(names)} classes x {len(prompts)} prompt(s). A member's class probabilities are "
+        "its next-token probabilities of the classes' label words after the prompt (the first token of each word), "
+        "renormalised over the classes; several prompts are averaged like members. Latency: the prompts' shared "
+        "prefix cached."
+    )
+    return _Setup(predictors, loader(id_data), {name: loader(d) for name, d in oods.items()},
+                  loader(val_data) if val_data is not None else None, settings, notes)
+
+
 def _evaluate_causal_lm(spec: EvaluateSpec, models: dict[str, str]) -> FolderEvaluation:
     """A causal LM --model (and causal LM baselines): evaluate_causal_lm on the texts, one report."""
     info = distributed.process_info()
@@ -353,11 +428,13 @@ def _evaluate_causal_lm(spec: EvaluateSpec, models: dict[str, str]) -> FolderEva
     for flag, given in (("--temperature-scaling", spec.temperature_scaling), ("--val-data", spec.val_data),
                         ("--mc-dropout", spec.mc_dropout), ("--deep-ensemble", spec.deep_ensemble),
                         ("--train-data", spec.train_data), ("--class-names", spec.class_names),
-                        ("--templates", spec.templates), ("--compare", spec.compare),
+                        ("--label-words", spec.label_words), ("--templates", spec.templates),
+                        ("--compare", spec.compare),
                         ("--conformal-alpha", spec.conformal_alpha),
                         ("--image-column", spec.image_column)):
         if given:
-            raise ValueError(f"{flag} does not apply to {what} (a classifier option); drop {flag}")
+            raise ValueError(f"{flag} does not apply to {what} (a classifier option); drop {flag}, or classify "
+                             "zero-shot with --prompt")
     if spec.score not in SEQUENCE_SCORES:
         raise ValueError(f"--score {spec.score!r} is not a sequence score of a causal LM; choose one of "
                          f"{', '.join(SEQUENCE_SCORES)}")
@@ -499,20 +576,29 @@ def evaluate(spec: EvaluateSpec) -> FolderEvaluation:
     causal_lm = is_causal_lm_folder(spec.model)  # folder_kind in two steps: the zero-shot test comes after --score
     if spec.batch_size is None:
         spec = dataclasses.replace(spec, batch_size=8 if causal_lm else 32)
-    if causal_lm:
+    if causal_lm and not spec.prompt:
         return _evaluate_causal_lm(spec, models)
+    if spec.prompt and not causal_lm:
+        raise ValueError(f"--prompt classifies zero-shot with a causal LM, but --model {spec.model!r} is not one "
+                         "(...ForCausalLM, or a GGUF checkpoint); drop --prompt")
+    if spec.label_words and not spec.prompt:
+        raise ValueError("--label-words names the answers of a --prompt; give the prompt too, or drop --label-words")
     if spec.score not in OOD_SCORES:
         raise ValueError(
             f"--score {spec.score!r} is for causal LMs; a classifier's OOD scores are {', '.join(OOD_SCORES)}"
         )
     _stored_calibration(spec.model)  # a calibration it would report is checked before any model loads
-    found = loading.zero_shot_family(spec.model)  # None: a classifier (or an ONNX export of one)
+    found = None if causal_lm else loading.zero_shot_family(spec.model)  # None: a classifier (or its ONNX export)
     family = found.name if found is not None else None
-    _check_zero_shot_options(spec, models, family)
+    if not causal_lm:
+        _check_zero_shot_options(spec, models, family)
 
     # claim the report folder before any work: no evaluation is lost to an unwritable --report
     check_output(spec.report, command="evaluate", overwrite=spec.overwrite, inputs=_inputs(spec, models))
-    setup = _classifier_setup(spec, models) if family is None else _zero_shot_setup(spec, models, family)
+    if causal_lm:
+        setup = _zero_shot_lm_setup(spec, models)
+    else:
+        setup = _classifier_setup(spec, models) if family is None else _zero_shot_setup(spec, models, family)
     predictors = setup.predictors
     if spec.temperature_scaling:
         for name in list(predictors):
@@ -552,7 +638,8 @@ def evaluate(spec: EvaluateSpec) -> FolderEvaluation:
             spec.report, write, command="evaluate", overwrite=spec.overwrite, inputs=_inputs(spec, models)
         )
     distributed.barrier()
-    return FolderEvaluation("zero_shot" if family is not None else "classifier", Path(spec.report), spec.score, result)
+    kind = "zero_shot_lm" if causal_lm else "zero_shot" if family is not None else "classifier"
+    return FolderEvaluation(kind, Path(spec.report), spec.score, result)
 
 
 evaluate_folder = evaluate  # its second name (hydra_hf.evaluate_folder)

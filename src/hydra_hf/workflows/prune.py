@@ -18,6 +18,7 @@ and their mean (``avg``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -47,12 +48,14 @@ from ..families import detect_family, get_adapter, is_causal_lm_folder, resolve_
 from ..lazy import lazy_module
 from ..masks import HeadMasks, load_masks
 from ..outputs import check_output_file
+from ..prompting import TEXT_FIELD, parse_label_words, read_zero_shot_prompts
 from ..pruning.budget import Budget
 from ..pruning.diversity import parse_methods, prune_members, uses_ood
 from ..pruning.layout import HeadLayout
 from ..pruning.loading import DEFAULT_PROMPT_TEMPLATE, class_prompts, load_open_clip, load_timm_vit
-from ..pruning.members import PruningTarget, causal_lm_batches, load_pruning_target
+from ..pruning.members import PruningTarget, causal_lm_batches, load_pruning_target, load_zero_shot_lm_target
 from ..pruning.neurons import check_mlp_keep
+from ..pruning.zero_shot_lm import zero_shot_lm_batches
 
 __all__ = ["TOWERS", "PruneSpec", "build_members", "load_target", "prune"]
 
@@ -75,7 +78,10 @@ class PruneSpec:
         model: a Hugging Face checkpoint folder (text or ViT classifier, CLIP-like model, causal LM) or a GGUF
             checkpoint; or ``open_clip`` / ``timm``: a model name with its local ``checkpoint``.
         class_names, prompt_template: CLIP-like models' classes (default: an image folder's sub-folders) and
-            their prompt (default ``"a photo of a {}."``).
+            their prompt (default ``"a photo of a {}."``); a causal LM with ``prompt``: its classes' names.
+        prompt, label_words: a causal LM as a zero-shot classifier: the user message holding ``{text}`` (or a JSON
+            file of one prompt) and each class's label words (comma-separated, alternatives with ``|``; default:
+            ``class_names``); members are pruned on the cross-entropy of the label words' next-token distribution.
         tower: two-tower models: ``vision``, ``text`` or ``joint`` (default: joint).
         method: one pruning method or several, comma-separated (one member each).
         members, seed: members to compute; member m uses seed ``seed + m``.
@@ -84,7 +90,8 @@ class PruneSpec:
         max_samples, max_length, batch_size: data cap; tokens per text; examples per forward pass (default 32;
             causal LMs 8).
         num_labels: classes of a checkpoint without a trained classifier head.
-        temperature, data_fraction, heads_per_step, taylor_rounds: the methods' settings.
+        temperature, data_fraction, heads_per_step, taylor_rounds: the methods' settings (``taylor_rounds``
+            None: the paper's recomputes, after every layer of a per-layer budget).
         mlp_keep, mlp_spread: slim members: the fraction of each layer's MLP neurons every member keeps.
         include_masks: a masks file whose members are added unchanged.
         no_fast, circuit_precision, no_progress: circuits: the full model per candidate; fp32 / screened /
@@ -106,6 +113,8 @@ class PruneSpec:
     checkpoint: str | None = None
     class_names: str | None = None
     prompt_template: str | None = None
+    prompt: str | None = None
+    label_words: str | None = None
     tower: str | None = None
     method: str = "taylor"
     members: int = 3
@@ -124,7 +133,7 @@ class PruneSpec:
     temperature: float | None = None
     data_fraction: float | None = None
     heads_per_step: int = 1
-    taylor_rounds: int = 1
+    taylor_rounds: int | None = None
     mlp_keep: float | None = None
     mlp_spread: bool = False
     include_masks: str | None = None
@@ -162,6 +171,9 @@ class PruneSpec:
             raise ValueError(f"unknown --tower {self.tower!r}; choose one of {', '.join(TOWERS)}")
         if self.prompt_template is not None:
             class_prompts(["x"], self.prompt_template)  # ValueError for a template without exactly one {}
+        if self.label_words and not self.prompt:
+            raise ValueError("--label-words names the answers of a --prompt; give the prompt too, or drop "
+                             "--label-words")
 
     def budget(self) -> Budget:
         """Every member's budget."""
@@ -193,7 +205,11 @@ def prune(spec: PruneSpec) -> tuple[HeadMasks, Path]:
         metadata["architecture"] = {"open_clip": spec.open_clip} if spec.open_clip else {"timm": spec.timm}
     if target.zero_shot:
         metadata["class_names"] = list(target.label2id or {})
-        metadata["prompt_template"] = spec.prompt_template or "a photo of a {}."
+        if target.prompt is not None:  # a causal LM pruned on a prompt's label words
+            metadata["prompt"] = dataclasses.asdict(target.prompt)
+            metadata["max_length"] = spec.max_length
+        else:
+            metadata["prompt_template"] = spec.prompt_template or "a photo of a {}."
     masks = build_members(
         target,
         method=parse_methods(spec.method),
@@ -208,7 +224,7 @@ def prune(spec: PruneSpec) -> tuple[HeadMasks, Path]:
         ood_text_column=spec.ood_text_column,
         label_column=spec.label_column or "label",
         image_column=spec.image_column,
-        batch_size=spec.batch_size or (8 if target.causal_lm else 32),
+        batch_size=spec.batch_size or (8 if target.causal_lm or target.prompt is not None else 32),
         max_length=spec.max_length,
         temperature=spec.temperature,
         data_fraction=spec.data_fraction,
@@ -232,7 +248,11 @@ def _check_source(spec: PruneSpec) -> None:
         raise FileNotFoundError(
             f"--checkpoint {spec.checkpoint!r} does not exist; give the local weights file or folder"
         )
-    if spec.model and is_causal_lm_folder(spec.model):
+    if (spec.prompt or spec.label_words) and not (spec.model and is_causal_lm_folder(spec.model)):
+        flag = "--prompt" if spec.prompt else "--label-words"
+        raise ValueError(f"{flag} prunes a causal LM as a zero-shot classifier; give a causal LM (...ForCausalLM "
+                         "folder or a GGUF checkpoint) as --model, or drop it")
+    if spec.model and is_causal_lm_folder(spec.model) and not spec.prompt:
         if spec.label_column is not None:
             raise ValueError(
                 f"--label-column {spec.label_column!r} does not apply to the causal LM {spec.model!r}: its labels "
@@ -294,6 +314,17 @@ def load_target(spec: PruneSpec) -> PruningTarget:
         return PruningTarget(get_adapter(model), transform, None, model.num_classes, label2id, False)
 
     config, folder = _hf_config(spec.model, spec.trust_remote_code)
+    if spec.prompt:
+        if spec.num_labels is not None or spec.prompt_template:
+            flag = "--num-labels" if spec.num_labels is not None else "--prompt-template"
+            raise ValueError(f"{flag} does not apply with --prompt: the classes are the label words'; drop {flag}")
+        names = read_class_names(spec.class_names) if spec.class_names else None
+        words = parse_label_words(spec.label_words) or ([[n] for n in names] if names else None)
+        prompts = read_zero_shot_prompts([spec.prompt], words)
+        if len(prompts) != 1:
+            raise ValueError(f"--prompt {spec.prompt!r} holds {len(prompts)} prompts; members are pruned on one")
+        return load_zero_shot_lm_target(folder, prompts[0], class_names=names,
+                                        trust_remote_code=spec.trust_remote_code)
     family = detect_family(folder)  # refuses unknown layouts and task heads the family does not build
     if family.task == "zero-shot-image-classification":
         if spec.num_labels is not None:
@@ -339,6 +370,7 @@ def _check_not_an_input(output: Path, spec: PruneSpec) -> None:
     real = output.resolve()
     read = {"model": [spec.model], "checkpoint": [spec.checkpoint], "open_clip": [spec.open_clip],
             "include_masks": [spec.include_masks], "class_names": zero_shot_paths(spec.class_names),
+            "prompt": [spec.prompt] if spec.prompt and TEXT_FIELD not in spec.prompt else [],
             "id_data": data_spec_paths(spec.id_data), "ood_data": data_spec_paths(spec.ood_data)}
     for name, paths in read.items():
         for value in paths:
@@ -376,7 +408,7 @@ def build_members(
     temperature: float | None = None,
     data_fraction: float | None = None,
     heads_per_step: int = 1,
-    taylor_rounds: int = 1,
+    taylor_rounds: int | None = None,
     include: HeadMasks | None = None,
     fast: bool = True,
     precision: str = "fp32",
@@ -384,6 +416,7 @@ def build_members(
     metadata: dict[str, Any] | None = None,
     mlp_keep: float | None = None,
     mlp_spread: bool = False,
+    heads: HeadMasks | None = None,
 ) -> HeadMasks:
     """Choose the heads of ``members`` Hydra members of a model from its ID (and OOD) data.
 
@@ -407,8 +440,9 @@ def build_members(
         batch_size / max_length: examples per forward pass while scoring; tokens per text.
         device: where the batches go (None: where the data loader makes them, the CPU).
         temperature, data_fraction, heads_per_step, taylor_rounds, include, fast, precision,
-        progress, metadata, mlp_keep, mlp_spread: passed to :func:`~hydra_hf.pruning.diversity.prune_members`
-            (``mlp_keep``: slim members keep that fraction of every layer's MLP neurons too).
+        progress, metadata, mlp_keep, mlp_spread, heads: passed to :func:`~hydra_hf.pruning.diversity.prune_members`
+            (``mlp_keep``: slim members keep that fraction of every layer's MLP neurons too; ``heads``: the masks
+            of an earlier call with the same seed and data, whose heads the slim members keep).
 
     Returns:
         The masks (not saved: the caller writes them).
@@ -452,6 +486,10 @@ def build_members(
     logger.info("ID data: %d examples%s", len(id_data), f"; OOD data: {len(ood_data)}" if ood_data is not None else "")
 
     def make_batches(dataset: datasets.Dataset, seed: int) -> list[dict[str, torch.Tensor]]:
+        if target.prompt is not None:  # a causal LM as a zero-shot classifier: the texts inside its prompt
+            batches = zero_shot_lm_batches(target.tokenizer, target.prompt, dataset, batch_size=batch_size,
+                                           max_text_tokens=max_length)
+            return batches if device is None else [{k: v.to(device) for k, v in b.items()} for b in batches]
         if causal_lm:
             batches = causal_lm_batches(target, dataset, max_length=max_length, batch_size=batch_size,
                                         what="the ID / OOD texts (--id-data / --ood-data)")
@@ -485,4 +523,5 @@ def build_members(
         metadata=metadata,
         mlp_keep=mlp_keep,
         mlp_spread=mlp_spread,
+        heads=heads,
     )
