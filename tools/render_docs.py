@@ -666,6 +666,8 @@ def _run_line(results: Mapping[str, Any]) -> str:
     sizes = ", ".join(f"{name} {n}" for name, n in results["test_sizes"].items())
     precision = "bf16 autocast" if results["settings"].get("bf16") else "fp32"
     took = ("written from the cache of a run that stopped early" if results.get("missing") else
+            f"its fine-tuning cells took {results['cells_cpu_s'] / 3600:.1f} h of CPU time, the run that collected "
+            f"them {results['wall_s'] / 60:.0f} min" if "cells_cpu_s" in results else
             "written from the cells of its cache, which an earlier run computed (`--from-cache`; the cells' own "
             "compute is not timed here)" if "--from-cache" in results.get("command", "") else
             f"the run took {results['wall_s'] / 3600:.1f} h of wall time and {results['cpu_s'] / 3600:.1f} h of CPU "

