@@ -35,6 +35,9 @@ maximum softmax probability (and of entropy, energy, mutual information). Every 
 seeds (``hydra_hf.recipes.smollm2.compare_over_seeds``): decided when the paired t-test over the seeds gives
 p < 0.05 and every seed's paired bootstrap interval lies on the same side of 0.
 
+``--from-cache`` computes nothing: it writes the results of the cells a stopped run left (a Hydra or slim seed not
+run is left out and named under ``missing``; a recipe with fewer than 2 seeds is compared with nothing).
+
 ``--estimate-only`` measures what one fine-tuning step costs in fp32 and under bf16 autocast (the median of
 ``--estimate-steps`` steps after a warm-up) and the study's core-minutes from it, prints them (and writes them to
 ``--results``) and stops.
@@ -325,26 +328,39 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
         "validation": validation.select(range(EVAL_SAMPLES)),
         "selection": validation.select(range(EVAL_SAMPLES, EVAL_SAMPLES + args.selection)),
     }
-    records, predictions = {}, {}
+    records, predictions, missing = {}, {}, []
     for seed in args.seeds:
+        if args.from_cache and not all(c.is_file() for c in cells(out, "single", seed)):
+            raise HydraInputError(f"--from-cache: {out} lacks the Single of seed {seed} (its record and predictions); "
+                                  "run without --from-cache")
         records[f"single_seed{seed}"], predictions.setdefault("Single", {})[seed] = run_single(
             args, out, base, seed, data, tokenizer, training)
     if args.stop_after == "singles":
         return {"stopped_after": "singles"}
     for recipe in RECIPES:
         for seed in args.seeds:
+            if args.from_cache and not all(c.is_file() for c in cells(out, recipe, seed)):
+                missing.append(f"{NAMES[recipe]}, seed {seed}")
+                continue
             records[f"{recipe}_seed{seed}"], predictions.setdefault(recipe, {})[seed] = run_recipe(
                 args, out, recipe, seed, data, tokenizer, training)
         if args.stop_after == recipe:
             return {"stopped_after": recipe}
-    return summarize(args, out, records, predictions, data)
+    return summarize(args, out, records, predictions, data, missing)
+
+
+def cells(out: Path, model: str, seed: int) -> tuple[Path, Path]:
+    """The two cells a model of a seed leaves: its training record and its predictions."""
+    return out / "records" / f"{model}_seed{seed}.json", out / "predictions" / f"{model}_seed{seed}.pt"
 
 
 NAMES = {"Single": "Single", "hydra": "Hydra (Taylor)", "slim": "Slim Hydra (Taylor, top MLP)"}
 
 
 def summarize(args: argparse.Namespace, out: Path, records: dict[str, Any], predictions: dict[str, Any],
-              data: dict[str, Any]) -> dict[str, Any]:
+              data: dict[str, Any], missing: list[str]) -> dict[str, Any]:
+    """The results file: rows, comparisons (a recipe of fewer than 2 seeds is compared with nothing: one seed cannot
+    say how much the member selection moves a metric), the learning checks and the cells not run (``missing``)."""
     kinds = list(OOD_TEST)
     deep = ensemble_of([predictions["Single"][s] for s in args.seeds])
     numbers = {NAMES[name]: {s: model_numbers(p) for s, p in per_seed.items()}
@@ -356,19 +372,20 @@ def summarize(args: argparse.Namespace, out: Path, records: dict[str, Any], pred
     if not all(c["learned"] for c in checks.values()):
         logger.warning("a Single did not learn (%s): its comparisons mean nothing", checks)
     deep_key = {"deep": deep}
+    compared = {name: p for name, p in predictions.items() if len(p) >= 2}
+    pairs = [("Deep Ensemble - Single", deep_key, "Single"), ("Hydra - Single", "hydra", "Single"),
+             ("Hydra - Deep Ensemble", "hydra", deep_key), ("Slim - Single", "slim", "Single"),
+             ("Slim - Deep Ensemble", "slim", deep_key), ("Slim - Hydra", "slim", "hydra")]
     comparisons = {
-        "Deep Ensemble - Single": compare_over_seeds(deep_key, predictions["Single"], n_boot=args.n_boot),
-        "Hydra - Single": compare_over_seeds(predictions["hydra"], predictions["Single"], n_boot=args.n_boot),
-        "Hydra - Deep Ensemble": compare_over_seeds(predictions["hydra"], deep_key, n_boot=args.n_boot),
-        "Slim - Single": compare_over_seeds(predictions["slim"], predictions["Single"], n_boot=args.n_boot),
-        "Slim - Deep Ensemble": compare_over_seeds(predictions["slim"], deep_key, n_boot=args.n_boot),
-        "Slim - Hydra": compare_over_seeds(predictions["slim"], predictions["hydra"], n_boot=args.n_boot),
+        name: compare_over_seeds(a if isinstance(a, dict) else compared[a], b if isinstance(b, dict) else compared[b],
+                                 n_boot=args.n_boot)
+        for name, a, b in pairs if all(isinstance(x, dict) or x in compared for x in (a, b))
     }
     rows = seed_rows(numbers, kinds)
     compute = {"Single": 1.0, "Deep Ensemble": float(len(args.seeds))}
-    for recipe in RECIPES:
-        compute[NAMES[recipe]] = sum(compute_of(out, recipe, s, args.max_length)["macs_ratio"]
-                                     for s in args.seeds) / len(args.seeds)
+    for recipe in [r for r in RECIPES if r in predictions]:
+        compute[NAMES[recipe]] = statistics.fmean(compute_of(out, recipe, s, args.max_length)["macs_ratio"]
+                                                  for s in predictions[recipe])
     for row in rows:
         row["compute_x"] = compute[row["model"]]
     singles = [records[f"single_seed{s}"] for s in args.seeds]
@@ -381,6 +398,7 @@ def summarize(args: argparse.Namespace, out: Path, records: dict[str, Any], pred
         "member_checks": {name: member_checks(rec) for name, rec in records.items() if not name.startswith("single")},
         "single_steps_per_s": sum(r["steps_per_s"] for r in singles) / len(singles),
         "cells_cpu_s": sum(rec.get("cpu_seconds") or 0.0 for rec in records.values()),  # the fine-tuning cells
+        "missing": missing,
     }
 
 
@@ -402,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slim-steps", type=int, default=160, help="fine-tuning steps per slim member")
     parser.add_argument("--stop-after", choices=STAGES, default="all", help="stop after this stage's cells")
     parser.add_argument("--estimate-steps", type=int, default=3, help="measured steps per precision (the median)")
+    parser.add_argument("--from-cache", action="store_true",
+                        help="compute no cell: the results of the cells the cache holds (every Single's are required; "
+                        "Hydra and slim seeds not run are left out and named in the file)")
     args = parser.parse_args(argv)
     threads = start_study(args)  # first, before any torch work
     if not (is_gguf(Path(args.base)) or (Path(args.base) / "config.json").is_file()):

@@ -707,8 +707,11 @@ def _smollm2_classify(results: Mapping[str, Any]) -> str:
     cost = (f"One fine-tuning step of the Single (batch {settings['batch_size']}, up to {settings['max_length']} "
             f"tokens per review) ran at {rate:.3f} steps/s ({1 / rate:.0f} s per step) here, on a core other jobs "
             "shared.")
+    missing = results.get("missing") or []
+    stopped = (f" The run stopped before these cells: {'; '.join(missing)} (a recipe with fewer than 2 seeds is "
+               "compared with nothing)." if missing else "")
     return (_smollm2_rows(results) + "\n" + _smollm2_comparisons(results) + "\n" + "\n".join(checks) + "\n\n"
-            + cost + " " + _run_line(results) + "\n")
+            + cost + " " + _run_line(results) + stopped + "\n")
 
 
 def _smollm2_classify_cost(results: Mapping[str, Any]) -> str:

@@ -16,6 +16,7 @@ import transformers
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from hydra_hf import metrics
+from hydra_hf.errors import HydraInputError
 from hydra_hf.evaluation import Predictions
 from hydra_hf.recipes import smollm2
 
@@ -175,6 +176,19 @@ def test_the_fine_tuned_study_runs_end_to_end_and_resumes_from_its_cache(tiny_lm
     assert cost["core_hours"] == pytest.approx(cost["core_minutes"]["total"] / 60) and cost["core_hours"] > 0
     text = render_docs.VIEWS["smollm2-classify-cost"](cost)
     assert f"{cost['measured']['fp32']['steps_per_s']:.2f} steps/s" in text and "(2 seeds)" in text
+    # --from-cache: a slim seed whose cells are gone is named and its recipe compared with nothing; no cell computed
+    (out / "predictions" / "slim_seed1.pt").unlink()
+    assert study.main([*args, "--from-cache"]) == 0
+    partial = json.loads(results.read_text())
+    assert partial["missing"] == ["Slim Hydra (Taylor, top MLP), seed 1"]
+    assert not any(name.startswith("Slim") for name in partial["comparisons"])
+    assert {"Deep Ensemble - Single", "Hydra - Single", "Hydra - Deep Ensemble"} <= set(partial["comparisons"])
+    assert partial["comparisons"]["Hydra - Single"] == first["comparisons"]["Hydra - Single"]
+    assert "The run stopped before these cells: Slim Hydra (Taylor, top MLP), seed 1" in render_docs.VIEWS[
+        "smollm2-classify"](partial)
+    (out / "records" / "single_seed0.json").unlink()
+    with pytest.raises(HydraInputError, match="lacks the Single of seed 0"):
+        study.main([*args, "--from-cache"])
 
 
 def _predictions(seed: int, shift: float, n: int = 200) -> smollm2.PredictionSet:
