@@ -693,6 +693,9 @@ def _smollm2_zero_shot(results: Mapping[str, Any]) -> str:
             + stopped + "\n")
 
 
+CLASSIFY_RECIPES = {"hydra": "Hydra (Taylor)", "slim": "Slim Hydra (Taylor, top MLP)"}
+
+
 def _smollm2_classify(results: Mapping[str, Any]) -> str:
     """examples/smollm2_classify.py: the rows, the comparisons, whether every Single learned, and what one
     fine-tuning step costs."""
@@ -702,6 +705,14 @@ def _smollm2_classify(results: Mapping[str, Any]) -> str:
         checks.append(f"| seed {seed} | {c['loss_first_tenth']:.3f} | {c['loss_last_tenth']:.3f} | "
                       f"{100 * c['best_validation_accuracy']:.1f} | {100 * c['test_accuracy']:.1f} | "
                       f"{100 * c['majority']:.1f} | {'yes' if c['learned'] else 'no'} |")
+    members = ["| members of | seed | training loss, first tenth → last tenth (per member) | best validation accuracy "
+               "(%, per member) |", "|:---|---:|:---|:---|"]
+    for cell, member_list in results.get("member_checks", {}).items():
+        recipe, seed = cell.rsplit("_seed", 1)
+        losses = ", ".join(f"{m['loss_first_tenth']:.3f} → {m['loss_last_tenth']:.3f}" for m in member_list)
+        best = ", ".join(f"{100 * max(a for a in m['validation_accuracy'] if a is not None):.1f}"
+                         for m in member_list)
+        members.append(f"| {CLASSIFY_RECIPES.get(recipe, recipe)} | {seed} | {losses} | {best} |")
     rate = results["single_steps_per_s"]
     settings = results["settings"]
     cost = (f"One fine-tuning step of the Single (batch {settings['batch_size']}, up to {settings['max_length']} "
@@ -711,6 +722,7 @@ def _smollm2_classify(results: Mapping[str, Any]) -> str:
     stopped = (f" The run stopped before these cells: {'; '.join(missing)} (a recipe with fewer than 2 seeds is "
                "compared with nothing)." if missing else "")
     return (_smollm2_rows(results) + "\n" + _smollm2_comparisons(results) + "\n" + "\n".join(checks) + "\n\n"
+            + ("\n".join(members) + "\n\n" if len(members) > 2 else "")
             + cost + " " + _run_line(results) + stopped + "\n")
 
 

@@ -162,6 +162,9 @@ def test_the_fine_tuned_study_runs_end_to_end_and_resumes_from_its_cache(tiny_lm
     assert "| Deep Ensemble - Single |" in page and "| seed 1 |" in page and "steps/s" in page
     assert first["cells_cpu_s"] == pytest.approx(sum(first["training"][k]["cpu_seconds"] for k in first["training"]))
     assert f"its fine-tuning cells took {first['cells_cpu_s'] / 3600:.1f} h of CPU time" in page
+    best = 100 * max(a for a in checks[0]["validation_accuracy"] if a is not None)
+    assert f"| Slim Hydra (Taylor, top MLP) | 1 | {checks[0]['loss_first_tenth']:.3f} → " in page
+    assert f"{best:.1f}" in page
     assert "Slim - Hydra:" in render_docs.VIEWS["smollm2-classify-readme"](first)
     monkeypatch.setattr(study, "finetune_members", lambda *a, **k: pytest.fail("trained again"))
     monkeypatch.setattr(study, "predictions_of", lambda *a, **k: pytest.fail("predicted again"))
