@@ -22,14 +22,12 @@ Models, per seed ``s`` of ``--seeds``:
   keeping ``--heads`` of the 9 query heads of every layer (the paper's per-layer budget, about half); every member
   fine-tuned ``--member-steps`` steps from Single ``s`` (default 80 at peak learning rate ``--member-lr`` 5e-5: the
   Single's own recipe, two passes over the training reviews, the best epoch kept; seeds ``1000 + 10 s + m``), fused
-  with the members' averaged MLP (the paper's). Half as much (40 steps at 2.5e-5) left the members of every seed at
-  46-65 % validation accuracy, near the majority class's share: pruned to 4 of 9 heads, a member must relearn the
-  task, as the Single learned it.
+  with the members' averaged MLP (the paper's). Each member's training losses and validation accuracy per epoch
+  are recorded (``member_checks``): whether it learned is in the results beside its numbers.
 - **Slim Hydra**: the best slim recipe of docs/slim.md (``slim-k6-m33-top-ft480`` there): the Hydra's members (the
   same heads), each also keeping its own most important ``--slim-mlp`` of every layer's MLP neurons (Taylor
   importance inside the member, on the same selection reviews; no spreading), fine-tuned four times as long as
-  the Hydra's members (``--slim-steps``, default 320: four times the Hydra's, the best epoch kept); averaged MLP as above.
-  Each member's training losses and validation accuracy per epoch are recorded (``member_checks``).
+  the Hydra's members (``--slim-steps``, default 320, the best epoch kept); averaged MLP as above.
 
 Test data: the Rotten Tomatoes test reviews (``--id-test``) and the demo's four OOD kinds (``--ood-test`` of each
 test split: Guardian headlines, presidential debates, Hamlet, convention speeches), every text cut at
@@ -343,7 +341,7 @@ def study(args: argparse.Namespace) -> dict[str, Any]:
     for recipe in RECIPES:
         for seed in args.seeds:
             if args.from_cache and not all(c.is_file() for c in cells(out, recipe, seed)):
-                missing.append(f"{NAMES[recipe]}, seed {seed}")
+                missing.append(f"{names_of(args)[recipe]}, seed {seed}")
                 continue
             records[f"{recipe}_seed{seed}"], predictions.setdefault(recipe, {})[seed] = run_recipe(
                 args, out, recipe, seed, data, tokenizer, training)
@@ -357,7 +355,11 @@ def cells(out: Path, model: str, seed: int) -> tuple[Path, Path]:
     return out / "records" / f"{model}_seed{seed}.json", out / "predictions" / f"{model}_seed{seed}.pt"
 
 
-NAMES = {"Single": "Single", "hydra": "Hydra (Taylor)", "slim": "Slim Hydra (Taylor, top MLP)"}
+def names_of(args: argparse.Namespace) -> dict[str, str]:
+    """The models' names in the results: the recipes with their budget."""
+    heads = f"{args.heads} heads per layer"
+    return {"Single": "Single", "hydra": f"Hydra (Taylor, {heads})",
+            "slim": f"Slim Hydra (Taylor, {heads}, top {round(100 * args.slim_mlp)} % MLP)"}
 
 
 def summarize(args: argparse.Namespace, out: Path, records: dict[str, Any], predictions: dict[str, Any],
@@ -366,7 +368,8 @@ def summarize(args: argparse.Namespace, out: Path, records: dict[str, Any], pred
     say how much the member selection moves a metric), the learning checks and the cells not run (``missing``)."""
     kinds = list(OOD_TEST)
     deep = ensemble_of([predictions["Single"][s] for s in args.seeds])
-    numbers = {NAMES[name]: {s: model_numbers(p) for s, p in per_seed.items()}
+    names = names_of(args)
+    numbers = {names[name]: {s: model_numbers(p) for s, p in per_seed.items()}
                for name, per_seed in predictions.items()}
     numbers["Deep Ensemble"] = {"all": model_numbers(deep)}
     labels = data["id"]["label"]
@@ -387,7 +390,7 @@ def summarize(args: argparse.Namespace, out: Path, records: dict[str, Any], pred
     rows = seed_rows(numbers, kinds)
     compute = {"Single": 1.0, "Deep Ensemble": float(len(args.seeds))}
     for recipe in [r for r in RECIPES if r in predictions]:
-        compute[NAMES[recipe]] = statistics.fmean(compute_of(out, recipe, s, args.max_length)["macs_ratio"]
+        compute[names[recipe]] = statistics.fmean(compute_of(out, recipe, s, args.max_length)["macs_ratio"]
                                                   for s in predictions[recipe])
     for row in rows:
         row["compute_x"] = compute[row["model"]]
@@ -401,7 +404,7 @@ def summarize(args: argparse.Namespace, out: Path, records: dict[str, Any], pred
         "member_checks": {name: member_checks(rec) for name, rec in records.items() if not name.startswith("single")},
         "single_steps_per_s": sum(r["steps_per_s"] for r in singles) / len(singles),
         "cells_cpu_s": sum(rec.get("cpu_seconds") or 0.0 for rec in records.values()),  # the fine-tuning cells
-        "missing": missing,
+        "missing": missing, "recipe_names": {r: names[r] for r in RECIPES},
     }
 
 

@@ -693,9 +693,6 @@ def _smollm2_zero_shot(results: Mapping[str, Any]) -> str:
             + stopped + "\n")
 
 
-CLASSIFY_RECIPES = {"hydra": "Hydra (Taylor)", "slim": "Slim Hydra (Taylor, top MLP)"}
-
-
 def _smollm2_classify(results: Mapping[str, Any]) -> str:
     """examples/smollm2_classify.py: the rows, the comparisons, whether every Single learned, and what one
     fine-tuning step costs."""
@@ -712,7 +709,7 @@ def _smollm2_classify(results: Mapping[str, Any]) -> str:
         losses = ", ".join(f"{m['loss_first_tenth']:.3f} → {m['loss_last_tenth']:.3f}" for m in member_list)
         best = ", ".join(f"{100 * max(a for a in m['validation_accuracy'] if a is not None):.1f}"
                          for m in member_list)
-        members.append(f"| {CLASSIFY_RECIPES.get(recipe, recipe)} | {seed} | {losses} | {best} |")
+        members.append(f"| {results.get('recipe_names', {}).get(recipe, recipe)} | {seed} | {losses} | {best} |")
     rate = results["single_steps_per_s"]
     settings = results["settings"]
     cost = (f"One fine-tuning step of the Single (batch {settings['batch_size']}, up to {settings['max_length']} "

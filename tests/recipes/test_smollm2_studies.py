@@ -134,6 +134,9 @@ def test_the_zero_shot_study_runs_end_to_end_and_resumes_from_its_cache(tiny_lm,
         study.main(args)
 
 
+HYDRA, SLIM = "Hydra (Taylor, 2 heads per layer)", "Slim Hydra (Taylor, 2 heads per layer, top 50 % MLP)"
+
+
 def test_the_fine_tuned_study_runs_end_to_end_and_resumes_from_its_cache(tiny_lm, tmp_path, monkeypatch):
     study = _load("smollm2_classify")
     out, results = tmp_path / "classify", tmp_path / "classify.json"
@@ -144,9 +147,9 @@ def test_the_fine_tuned_study_runs_end_to_end_and_resumes_from_its_cache(tiny_lm
     assert study.main(args) == 0
     first = json.loads(results.read_text())
     rows = {r["model"]: r for r in first["rows"]}
-    assert set(rows) == {"Single", "Hydra (Taylor)", "Slim Hydra (Taylor, top MLP)", "Deep Ensemble"}
+    assert set(rows) == {"Single", HYDRA, SLIM, "Deep Ensemble"}
     assert rows["Deep Ensemble"]["members"] == 2 and rows["Deep Ensemble"]["compute_x"] == 2.0
-    assert rows["Slim Hydra (Taylor, top MLP)"]["compute_x"] < rows["Hydra (Taylor)"]["compute_x"]
+    assert rows[SLIM]["compute_x"] < rows[HYDRA]["compute_x"]
     assert first["training"]["single_seed0"]["steps_run"] == 2 and first["single_steps_per_s"] > 0
     assert first["training"]["slim_seed1"]["members"][2]["history"][-1]["step"] == 2
     hydra = json.loads((out / "masks" / "hydra_seed1.json").read_text())
@@ -163,7 +166,7 @@ def test_the_fine_tuned_study_runs_end_to_end_and_resumes_from_its_cache(tiny_lm
     assert first["cells_cpu_s"] == pytest.approx(sum(first["training"][k]["cpu_seconds"] for k in first["training"]))
     assert f"its fine-tuning cells took {first['cells_cpu_s'] / 3600:.1f} h of CPU time" in page
     best = 100 * max(a for a in checks[0]["validation_accuracy"] if a is not None)
-    assert f"| Slim Hydra (Taylor, top MLP) | 1 | {checks[0]['loss_first_tenth']:.3f} → " in page
+    assert f"| {SLIM} | 1 | {checks[0]['loss_first_tenth']:.3f} → " in page
     assert f"{best:.1f}" in page
     assert "Slim - Hydra:" in render_docs.VIEWS["smollm2-classify-readme"](first)
     monkeypatch.setattr(study, "finetune_members", lambda *a, **k: pytest.fail("trained again"))
@@ -183,11 +186,11 @@ def test_the_fine_tuned_study_runs_end_to_end_and_resumes_from_its_cache(tiny_lm
     (out / "predictions" / "slim_seed1.pt").unlink()
     assert study.main([*args, "--from-cache"]) == 0
     partial = json.loads(results.read_text())
-    assert partial["missing"] == ["Slim Hydra (Taylor, top MLP), seed 1"]
+    assert partial["missing"] == [f"{SLIM}, seed 1"]
     assert not any(name.startswith("Slim") for name in partial["comparisons"])
     assert {"Deep Ensemble - Single", "Hydra - Single", "Hydra - Deep Ensemble"} <= set(partial["comparisons"])
     assert partial["comparisons"]["Hydra - Single"] == first["comparisons"]["Hydra - Single"]
-    assert "The run stopped before these cells: Slim Hydra (Taylor, top MLP), seed 1" in render_docs.VIEWS[
+    assert f"The run stopped before these cells: {SLIM}, seed 1" in render_docs.VIEWS[
         "smollm2-classify"](partial)
     (out / "records" / "single_seed0.json").unlink()
     with pytest.raises(HydraInputError, match="lacks the Single of seed 0"):
